@@ -1,0 +1,117 @@
+/******************************************************************************
+ * optd.cuh: what every optimizerd kernel template shares.
+ *
+ * The renderer puts a block of `#define KNOB value` lines (plus OPTD_BF16 and,
+ * for check builds, -DOPTD_COUNT_CTAS=1) in front of a template and replaces
+ * the template's `#include "common/optd.cuh"` line with this file, so nothing
+ * here may rely on a real include path except the CUDA half/bfloat16 headers.
+ *
+ * Provided:
+ *   elem_t, to_f32(), from_f32()  the storage type of Q, K, V and O
+ *   elem2_t, to_f32x2(), from_f32x2(), unpack8()   paired / 16-byte forms
+ *   OPTD_ARGS, OPTD_ARG_NAMES      the kernel ABI (parameters / their names)
+ *   OPTD_CTA_DONE()                the per-CTA completion count of check builds
+ *   warp_sum(), warp_max()         butterfly reductions over a full warp
+ ******************************************************************************/
+#ifndef OPTD_COMMON_CUH
+#define OPTD_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#ifndef OPTD_BF16
+#error "OPTD_BF16 must be defined (0: fp16, 1: bf16) by the renderer"
+#endif
+
+// ---------------------------------------------------------------------------
+// Element type. All arithmetic is fp32; elem_t is only the storage format.
+// ---------------------------------------------------------------------------
+#if OPTD_BF16
+typedef __nv_bfloat16 elem_t;
+typedef __nv_bfloat162 elem2_t;
+__device__ __forceinline__ float to_f32(elem_t x) { return __bfloat162float(x); }
+__device__ __forceinline__ elem_t from_f32(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float2 to_f32x2(elem2_t x) { return __bfloat1622float2(x); }
+__device__ __forceinline__ elem2_t from_f32x2(float a, float b) { return __floats2bfloat162_rn(a, b); }
+#else
+typedef __half elem_t;
+typedef __half2 elem2_t;
+__device__ __forceinline__ float to_f32(elem_t x) { return __half2float(x); }
+__device__ __forceinline__ elem_t from_f32(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ float2 to_f32x2(elem2_t x) { return __half22float2(x); }
+__device__ __forceinline__ elem2_t from_f32x2(float a, float b) { return __floats2half2_rn(a, b); }
+#endif
+
+// 16 bytes (8 elements) to fp32, e.g. one vectorized global or shared load.
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
+    const elem2_t* h = reinterpret_cast<const elem2_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 t = to_f32x2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+// Scores are kept in the log2 domain: s2 = (q.k) * softmax_scale * log2(e), so
+// that exp(x * scale) == exp2f(s2) and a single FFMA folds the scale in.
+#define OPTD_LOG2E 1.4426950408889634f
+#define OPTD_LN2 0.6931471805599453f
+// NVRTC has no <math.h>, hence no INFINITY macro.
+#define OPTD_NEG_INF (__int_as_float(0xff800000))
+
+// ---------------------------------------------------------------------------
+// Kernel ABI, identical for every kernel of every template (the daemon's worker
+// launches them all with the same argument list).
+//   q, k, v, o     [B, H, S, D] contiguous, elem_t, 16-byte aligned
+//   o_partial      [n_splits, B, H, S, D] fp32 scratch (split-KV templates)
+//   lse_partial    [n_splits, B, H, S] fp32 scratch
+//   cta_counter    one uint, counted by OPTD_CTA_DONE() in check builds
+// ---------------------------------------------------------------------------
+#define OPTD_ARGS                                                                     \
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k,                       \
+        const elem_t* __restrict__ v, elem_t* __restrict__ o,                         \
+        float* __restrict__ o_partial, float* __restrict__ lse_partial, int batch,    \
+        int heads, int seq_len, int n_splits, float softmax_scale, int causal,        \
+        unsigned int* __restrict__ cta_counter
+
+#define OPTD_ARG_NAMES                                                                \
+    q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits, softmax_scale, \
+        causal, cta_counter
+
+// ---------------------------------------------------------------------------
+// CTA completion count. The check build compares the count with the planned
+// grid size, which catches CTAs that never ran or died. Call it last in every
+// exported kernel, on every path; the device implementations may return early
+// because the exported wrappers call it after them.
+// ---------------------------------------------------------------------------
+#if defined(OPTD_COUNT_CTAS) && OPTD_COUNT_CTAS
+#define OPTD_CTA_DONE()                                                         \
+    do {                                                                        \
+        if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {         \
+            atomicAdd(cta_counter, 1u);                                         \
+        }                                                                       \
+    } while (0)
+#else
+#define OPTD_CTA_DONE() \
+    do {                \
+        (void)cta_counter; \
+    } while (0)
+#endif
+
+// ---------------------------------------------------------------------------
+// Warp reductions: every lane ends with the result.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+    return x;
+}
+
+#endif  // OPTD_COMMON_CUH

@@ -1,0 +1,337 @@
+/******************************************************************************
+ * kv-split: shared-memory K/V tiles, and the KV sequence split across CTAs.
+ *
+ * Small problems (few heads, short sequences) give B * H * cdiv(S, BLOCK_M)
+ * CTAs, far fewer than the GPU has SMs. This template also splits the keys:
+ * gridDim.z = n_splits CTAs share one query block, split z covering key tiles
+ * [z * tps, (z + 1) * tps) with tps = cdiv(cdiv(S, 32), n_splits). Each split
+ * runs its own online softmax and writes a normalized partial output plus its
+ * log-sum-exp; a second kernel (combine) merges the splits:
+ *
+ *   lse = log(sum_z exp(lse_z)),   O = sum_z exp(lse_z - lse) * O_z
+ *
+ * With n_splits == 1 the forward kernel writes O directly and combine is not
+ * launched.
+ *
+ * Forward CTA: BLOCK_M query rows, NUM_WARPS warps, each warp owning
+ * R = BLOCK_M / NUM_WARPS consecutive rows. Per key tile of 32 keys:
+ *   1. all threads stage K and V (32 x D, elem_t) in shared memory; K's
+ *      16-byte chunks are XOR-swizzled by key so that the per-key reads in 2.
+ *      hit distinct banks without padding;
+ *   2. scores, lane-per-key: lane j computes q_r . k_j for the warp's R rows,
+ *      q read from shared memory as fp32 broadcasts (Q is staged once per CTA,
+ *      pre-scaled by softmax_scale * log2 e, so scores are in the log2 domain);
+ *   3. masking (key >= S, row >= S, causal key > row) and one warp-shuffle row
+ *      max per row per tile; p = exp2(s - m), the accumulator is rescaled once
+ *      per tile. Each lane keeps a partial row sum l, reduced once at the end;
+ *   4. O += P V with lane l owning dims 2l + 64i, 2l + 64i + 1 (D / 32 dims),
+ *      p_j broadcast from lane j by __shfl_sync.
+ * Causal: tiles entirely above the CTA's last row are not visited, and a warp
+ * skips the compute (not the __syncthreads) of tiles above its own rows.
+ *
+ * Partial results (n_splits > 1), fp32:
+ *   o_partial[z][b][h][s][:]  = O_z (normalized by the split's own sum), and
+ *   lse_partial[z][b][h][s]   = natural-log LSE of the split's scaled scores,
+ *                               m + log(l) with scores = softmax_scale * q.k
+ *                               (FlashAttention's softmax_lse convention).
+ * A split that has no unmasked key for a row writes lse = -inf and O = 0;
+ * combine gives it weight 0.
+ *
+ * Combine: one warp per output row (lane owns the same dims as above), 4 rows
+ * per 128-thread CTA.
+ *
+ * Knobs:   BLOCK_M     query rows per CTA              16, 32, 64
+ *          NUM_WARPS   warps per CTA (R = BLOCK_M / NUM_WARPS rows each)
+ *          MAX_SPLITS  cap on n_splits (only used by the launch formulas)
+ * Shared (static):  4 * BLOCK_M * D  (Q, fp32)  +  2 * 2 * 32 * D  (K, V)
+ *                   bytes; at most 48 KiB (BLOCK_M 64, D 128).
+ * CTAs:    fwd      cdiv(S, BLOCK_M) x (B * H) x n_splits
+ *          combine  cdiv(B * H * S, 4), only when n_splits > 1
+ * n_splits: 1 when B * H * cdiv(S, BLOCK_M) already fills 80% of the SMs,
+ *          else min(MAX_SPLITS, cdiv(SMS, that), cdiv(S, 32)), then lowered to
+ *          the smallest count with the same tiles per split (no empty split).
+ ******************************************************************************/
+
+/* optimizerd:spec
+[template]
+name = "kv-split"
+description = "K/V tiles in shared memory, lane-per-key scores, KV sequence split over gridDim.z with an LSE combine"
+min_cc = 80
+
+[knobs]
+BLOCK_M = [16, 32, 64]
+NUM_WARPS = [4, 8]
+MAX_SPLITS = [1, 2, 4, 8, 16, 32]
+
+[derived]
+m_blocks = "cdiv(S, BLOCK_M)"
+kv_tiles = "cdiv(S, 32)"
+base_ctas = "B * H * m_blocks"
+want_splits = "1 if 5 * base_ctas >= 4 * SMS else max(1, min(MAX_SPLITS, cdiv(SMS, base_ctas), kv_tiles))"
+tiles_per_split = "cdiv(kv_tiles, want_splits)"
+splits = "cdiv(kv_tiles, tiles_per_split)"
+
+[[launch]]
+kernel = "fwd"
+grid = ["m_blocks", "B * H", "splits"]
+block = ["NUM_WARPS * 32", "1", "1"]
+smem = "0"
+
+[[launch]]
+kernel = "combine"
+when = "splits > 1"
+grid = ["cdiv(B * H * S, 4)", "1", "1"]
+block = ["128", "1", "1"]
+smem = "0"
+*/
+
+#include "common/optd.cuh"
+
+#ifndef BLOCK_M
+#error "BLOCK_M must be defined"
+#endif
+#ifndef NUM_WARPS
+#error "NUM_WARPS must be defined"
+#endif
+#if BLOCK_M % NUM_WARPS != 0 || BLOCK_M < NUM_WARPS
+#error "BLOCK_M must be a positive multiple of NUM_WARPS"
+#endif
+
+#define KV_TILE 32                         // keys per tile: one per lane
+#define FWD_THREADS (NUM_WARPS * 32)
+#define ROWS_PER_WARP (BLOCK_M / NUM_WARPS)
+#define COMBINE_ROWS 4                     // rows (warps) per combine CTA; the spec says 128 threads
+
+// ---------------------------------------------------------------------------
+// Forward: one (query block, head, split) per CTA.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
+    static_assert(D % 64 == 0, "lanes own pairs of dims, 64 dims per step");
+    constexpr int R = ROWS_PER_WARP;
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row of K, V (8 or 16)
+    constexpr int DP = D / 64;     // dim pairs per lane
+    static_assert(CHUNKS >= 8, "the K swizzle permutes 8 chunks");
+
+    __shared__ __align__(16) float q_s[BLOCK_M * D];      // pre-scaled Q, fp32
+    __shared__ uint4 k_s[KV_TILE * CHUNKS];               // K tile, chunk c of key j at c ^ (j & 7)
+    __shared__ uint4 v_s[KV_TILE * CHUNKS];               // V tile, plain row-major
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int bh = blockIdx.y;  // b * H + h
+    const int split = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK_M;
+    const int row0 = m0 + warp * R;  // this warp's first row
+    const size_t head_off = (size_t)bh * seq_len * D;
+
+    // This split's key tiles; under causal masking none past the block's last row.
+    const int n_tiles = (seq_len + KV_TILE - 1) / KV_TILE;
+    const int tps = (n_tiles + n_splits - 1) / n_splits;
+    const int t_begin = split * tps;
+    int t_end = min(n_tiles, t_begin + tps);
+    if (causal) t_end = min(t_end, (min(seq_len, m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
+
+    float m_r[R], l_r[R], acc[R][2 * DP];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        m_r[r] = OPTD_NEG_INF;
+        l_r[r] = 0.f;  // this lane's share of the row sum
+#pragma unroll
+        for (int e = 0; e < 2 * DP; ++e) acc[r][e] = 0.f;
+    }
+
+    if (t_begin < t_end) {
+        // Stage Q once; rows past S are zero (their scores are masked anyway).
+        const float scale_log2 = softmax_scale * OPTD_LOG2E;
+        for (int c = tid; c < BLOCK_M * CHUNKS; c += FWD_THREADS) {
+            const int r = c / CHUNKS, cc = c % CHUNKS;
+            float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            if (m0 + r < seq_len) {
+                unpack8(*reinterpret_cast<const uint4*>(q + head_off + (size_t)(m0 + r) * D + cc * 8), f);
+            }
+            float4* dst = reinterpret_cast<float4*>(&q_s[r * D + cc * 8]);
+            dst[0] = make_float4(f[0] * scale_log2, f[1] * scale_log2, f[2] * scale_log2, f[3] * scale_log2);
+            dst[1] = make_float4(f[4] * scale_log2, f[5] * scale_log2, f[6] * scale_log2, f[7] * scale_log2);
+        }
+    }
+
+    for (int t = t_begin; t < t_end; ++t) {
+        const int kv0 = t * KV_TILE;
+        __syncthreads();  // the previous tile is no longer being read
+        // Keys past S are zero-filled: their p is 0, and 0 * V must not be NaN.
+        for (int c = tid; c < KV_TILE * CHUNKS; c += FWD_THREADS) {
+            const int j = c / CHUNKS, cc = c % CHUNKS;
+            uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
+            if (kv0 + j < seq_len) {
+                const size_t off = head_off + (size_t)(kv0 + j) * D + cc * 8;
+                kraw = *reinterpret_cast<const uint4*>(k + off);
+                vraw = *reinterpret_cast<const uint4*>(v + off);
+            }
+            k_s[j * CHUNKS + (cc ^ (j & 7))] = kraw;
+            v_s[j * CHUNKS + cc] = vraw;
+        }
+        __syncthreads();  // K, V (and Q on the first tile) are visible
+
+        // Warp-uniform skip: all rows past S, or (causal) the tile lies above them.
+        if (row0 >= seq_len || (causal && kv0 > row0 + R - 1)) continue;
+
+        // 2. Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
+        float s[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] = 0.f;
+#pragma unroll
+        for (int cc = 0; cc < CHUNKS; ++cc) {
+            float kf[8];
+            unpack8(k_s[lane * CHUNKS + (cc ^ (lane & 7))], kf);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                // Same address in every lane: a broadcast, no bank conflict.
+                const float4* qp = reinterpret_cast<const float4*>(&q_s[(warp * R + r) * D + cc * 8]);
+                const float4 a = qp[0], b = qp[1];
+                float x = s[r];
+                x = fmaf(a.x, kf[0], x); x = fmaf(a.y, kf[1], x);
+                x = fmaf(a.z, kf[2], x); x = fmaf(a.w, kf[3], x);
+                x = fmaf(b.x, kf[4], x); x = fmaf(b.y, kf[5], x);
+                x = fmaf(b.z, kf[6], x); x = fmaf(b.w, kf[7], x);
+                s[r] = x;
+            }
+        }
+
+        // 3. Mask, then online softmax with one max reduction per row per tile.
+        const int key = kv0 + lane;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = row0 + r;
+            const bool valid = key < seq_len && row < seq_len && (!causal || key <= row);
+            const float sr = valid ? s[r] : OPTD_NEG_INF;
+            const float m_new = fmaxf(m_r[r], warp_max(sr));
+            // A row with nothing unmasked yet keeps m = -inf; subtract 0 instead so
+            // that p and corr come out 0 rather than NaN (-inf - -inf).
+            const float m_use = (m_new == OPTD_NEG_INF) ? 0.f : m_new;
+            const float corr = exp2f(m_r[r] - m_use);
+            const float p = exp2f(sr - m_use);
+            l_r[r] = l_r[r] * corr + p;
+#pragma unroll
+            for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
+            m_r[r] = m_new;
+            s[r] = p;
+        }
+
+        // 4. O += P V. Keys past S, or (causal) past the warp's last row, have p = 0
+        // for every row of the warp: stop before them.
+        int j_end = min(KV_TILE, seq_len - kv0);
+        if (causal) j_end = min(j_end, row0 + R - kv0);
+        const elem2_t* v2 = reinterpret_cast<const elem2_t*>(v_s);
+#pragma unroll 4
+        for (int j = 0; j < j_end; ++j) {
+            float vf[2 * DP];
+#pragma unroll
+            for (int i = 0; i < DP; ++i) {
+                const float2 t2 = to_f32x2(v2[j * (D / 2) + lane + 32 * i]);
+                vf[2 * i] = t2.x;
+                vf[2 * i + 1] = t2.y;
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float p = __shfl_sync(0xffffffffu, s[r], j);
+#pragma unroll
+                for (int e = 0; e < 2 * DP; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e]);
+            }
+        }
+    }
+
+    // Epilogue: rows past S write nothing; lane l writes dims 2l + 64i, +1.
+    if (row0 >= seq_len) return;
+    const size_t rows_total = (size_t)batch * heads * seq_len;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+        if (row >= seq_len) break;  // warp-uniform
+        const float l = warp_sum(l_r[r]);
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: no unmasked key in this split
+        if (n_splits == 1) {
+            elem2_t* orow = reinterpret_cast<elem2_t*>(o + head_off + (size_t)row * D);
+#pragma unroll
+            for (int i = 0; i < DP; ++i)
+                orow[lane + 32 * i] = from_f32x2(acc[r][2 * i] * inv_l, acc[r][2 * i + 1] * inv_l);
+        } else {
+            const size_t prow = (size_t)split * rows_total + (size_t)bh * seq_len + row;
+            float2* orow = reinterpret_cast<float2*>(o_partial + prow * D);
+#pragma unroll
+            for (int i = 0; i < DP; ++i)
+                orow[lane + 32 * i] = make_float2(acc[r][2 * i] * inv_l, acc[r][2 * i + 1] * inv_l);
+            if (lane == 0) lse_partial[prow] = l > 0.f ? (m_r[r] + log2f(l)) * OPTD_LN2 : OPTD_NEG_INF;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Combine: one warp per output row of [B*H*S], merging n_splits partials.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void kv_split_combine(OPTD_ARGS) {
+    constexpr int DP = D / 64;
+    const int lane = threadIdx.x & 31;
+    const size_t rows_total = (size_t)batch * heads * seq_len;
+    const size_t row = (size_t)blockIdx.x * COMBINE_ROWS + (threadIdx.x >> 5);
+    if (row >= rows_total) return;
+
+    // Max LSE over splits, lanes reading different splits.
+    float m = OPTD_NEG_INF;
+    for (int z = lane; z < n_splits; z += 32) m = fmaxf(m, lse_partial[(size_t)z * rows_total + row]);
+    m = warp_max(m);
+
+    float2 acc[DP];
+#pragma unroll
+    for (int i = 0; i < DP; ++i) acc[i] = make_float2(0.f, 0.f);
+    float wsum = 0.f;  // this lane's share of sum_z exp(lse_z - m)
+    if (m != OPTD_NEG_INF) {
+        for (int z0 = 0; z0 < n_splits; z0 += 32) {
+            // Lane i holds split z0 + i's weight; an empty split (lse = -inf) gets 0.
+            const int z = z0 + lane;
+            const float w_lane =
+                z < n_splits ? exp2f((lse_partial[(size_t)z * rows_total + row] - m) * OPTD_LOG2E) : 0.f;
+            wsum += w_lane;
+            const int n = min(32, n_splits - z0);
+            for (int j = 0; j < n; ++j) {
+                const float w = __shfl_sync(0xffffffffu, w_lane, j);
+                if (w == 0.f) continue;  // warp-uniform
+                const float2* op =
+                    reinterpret_cast<const float2*>(o_partial + ((size_t)(z0 + j) * rows_total + row) * D);
+#pragma unroll
+                for (int i = 0; i < DP; ++i) {
+                    const float2 x = op[lane + 32 * i];
+                    acc[i].x = fmaf(w, x.x, acc[i].x);
+                    acc[i].y = fmaf(w, x.y, acc[i].y);
+                }
+            }
+        }
+    }
+    wsum = warp_sum(wsum);
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    elem2_t* orow = reinterpret_cast<elem2_t*>(o + row * D);  // row = (b * H + h) * S + s
+#pragma unroll
+    for (int i = 0; i < DP; ++i) orow[lane + 32 * i] = from_f32x2(acc[i].x * inv, acc[i].y * inv);
+}
+
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) optd_fwd_d64(OPTD_ARGS) {
+    kv_split_fwd<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) optd_fwd_d128(OPTD_ARGS) {
+    kv_split_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
+    kv_split_combine<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
+    kv_split_combine<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}

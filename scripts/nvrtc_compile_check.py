@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Compile every optimizerd kernel template with NVRTC, on the CPU, no GPU needed.
+
+For each template under kernel-templates/ (common/ excluded) this renders the
+source exactly as the daemon does -- one `#define KNOB value` line per knob plus
+`#define OPTD_BF16 0|1`, followed by the template with its
+`#include "common/optd.cuh"` line replaced by that file's text -- for every
+combination of the knob values in the template's `optimizerd:spec` block, both
+element types, each target architecture, and with and without
+-DOPTD_COUNT_CTAS=1 (the daemon's check build). Each is compiled to a cubin,
+which must contain every exported kernel the spec launches
+(optd_<role>_d64 and optd_<role>_d128).
+
+Prints a table of failures and exits 1 if there is any; with --resources also
+prints registers / spills / static shared memory per kernel (sm_90, fp16,
+timed build).
+
+NVRTC comes from .deps/ (scripts/setup.sh installs it); override with
+OPTIMIZERD_NVRTC_LIB (path to libnvrtc.so.*) and OPTIMIZERD_CUDA_INCLUDE.
+
+The rendering and spec helpers here are also imported by
+scripts/check_templates_gpu.py.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import ctypes
+import itertools
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES_DIR = ROOT / "kernel-templates"
+COMMON_INCLUDE = "common/optd.cuh"
+INCLUDE_LINE = f'#include "{COMMON_INCLUDE}"'
+HEAD_DIMS = (64, 128)
+DEFAULT_ARCHS = ("sm_80", "sm_89", "sm_90")
+
+_SPEC_RE = re.compile(r"/\*\s*optimizerd:spec[ \t]*\n(.*?)\*/", re.S)
+
+
+# ---------------------------------------------------------------------------
+# Templates: spec, knob combinations, rendering (shared with the GPU checker)
+# ---------------------------------------------------------------------------
+@dataclass
+class Template:
+    path: Path
+    rel: str  # path relative to kernel-templates/, e.g. "testing/oob_write.cu"
+    text: str
+    spec: dict
+
+    @property
+    def name(self) -> str:
+        return self.spec["template"]["name"]
+
+    @property
+    def testing(self) -> bool:
+        return bool(self.spec["template"].get("testing", False))
+
+    def knob_combos(self) -> list[dict[str, int]]:
+        """Every combination of knob values, in declared order (last knob fastest)."""
+        knobs = self.spec.get("knobs", {})
+        names = list(knobs)
+        return [dict(zip(names, vals)) for vals in itertools.product(*(knobs[n] for n in names))]
+
+    def kernel_names(self) -> list[str]:
+        """Exported kernels the spec launches, e.g. optd_fwd_d64, optd_fwd_d128."""
+        out = []
+        for launch in self.spec["launch"]:
+            for d in HEAD_DIMS:
+                name = f"optd_{launch['kernel']}_d{d}"
+                if name not in out:
+                    out.append(name)
+        return out
+
+
+def parse_spec(text: str, where: str = "<template>") -> dict:
+    m = _SPEC_RE.search(text)
+    if not m:
+        raise ValueError(f"{where}: no /* optimizerd:spec ... */ block")
+    spec = tomllib.loads(m.group(1))
+    for key in ("template", "knobs", "derived", "launch"):
+        if key not in spec:
+            raise ValueError(f"{where}: spec has no [{key}]")
+    if "splits" not in spec["derived"]:
+        raise ValueError(f"{where}: [derived] must define `splits`")
+    for knob, values in spec["knobs"].items():
+        if not values or not all(isinstance(v, int) for v in values):
+            raise ValueError(f"{where}: knob {knob} must be a non-empty list of integers")
+    return spec
+
+
+def load_templates(root: Path = TEMPLATES_DIR) -> list[Template]:
+    out = []
+    for path in sorted(root.rglob("*.cu")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("common/"):
+            continue
+        text = path.read_text()
+        out.append(Template(path, rel, text, parse_spec(text, rel)))
+    return out
+
+
+def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path = TEMPLATES_DIR) -> str:
+    """The daemon's rendering: defines, then the template with the include inlined."""
+    common = (root / COMMON_INCLUDE).read_text()
+    lines = tpl.text.splitlines(keepends=True)
+    hits = [i for i, ln in enumerate(lines) if ln.strip() == INCLUDE_LINE]
+    if len(hits) != 1:
+        raise ValueError(f"{tpl.rel}: expected exactly one line `{INCLUDE_LINE}`, found {len(hits)}")
+    if not common.endswith("\n"):
+        common += "\n"
+    lines[hits[0]] = common
+    header = "".join(f"#define {k} {v}\n" for k, v in knobs.items())
+    header += f"#define OPTD_BF16 {1 if bf16 else 0}\n"
+    return header + "".join(lines)
+
+
+def combo_label(knobs: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in knobs.items())
+
+
+# ---------------------------------------------------------------------------
+# NVRTC through ctypes
+# ---------------------------------------------------------------------------
+def default_nvrtc_lib() -> str:
+    return os.environ.get(
+        "OPTIMIZERD_NVRTC_LIB", str(ROOT / ".deps/cuda/nvidia/cu13/lib/libnvrtc.so.13")
+    )
+
+
+def default_cuda_include() -> str:
+    return os.environ.get("OPTIMIZERD_CUDA_INCLUDE", str(ROOT / ".deps/cuda/nvidia/cu13/include"))
+
+
+class Nvrtc:
+    def __init__(self, lib_path: str):
+        # libnvrtc dlopens libnvrtc-builtins by soname; outside LD_LIBRARY_PATH it is
+        # only found if already loaded, so load the one beside it first.
+        for builtins in sorted(Path(lib_path).parent.glob("libnvrtc-builtins.so.*")):
+            if ".alt." not in builtins.name:
+                ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+                break
+        self.lib = ctypes.CDLL(lib_path)
+        L = self.lib
+        L.nvrtcGetErrorString.restype = ctypes.c_char_p
+        L.nvrtcCreateProgram.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+            ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+        ]
+        L.nvrtcCompileProgram.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        L.nvrtcGetProgramLogSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        L.nvrtcGetProgramLog.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        L.nvrtcGetCUBINSize.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        L.nvrtcGetCUBIN.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        L.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+
+    def version(self) -> tuple[int, int]:
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+        return major.value, minor.value
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(rc).decode()}")
+
+    def compile(self, source: str, name: str, options: list[str]) -> tuple[bool, str, bytes]:
+        """Returns (ok, log, cubin)."""
+        prog = ctypes.c_void_p()
+        self._check(
+            self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
+            "nvrtcCreateProgram",
+        )
+        try:
+            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            rc = self.lib.nvrtcCompileProgram(prog, len(options), opts)
+            size = ctypes.c_size_t()
+            self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            self.lib.nvrtcGetProgramLog(prog, buf)
+            log = buf.value.decode(errors="replace")
+            if rc != 0:
+                return False, log or self.lib.nvrtcGetErrorString(rc).decode(), b""
+            self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            cubin = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+            return True, log, cubin.raw
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+# ---------------------------------------------------------------------------
+# ptxas -v parsing (resources per kernel)
+# ---------------------------------------------------------------------------
+_FUNC_RE = re.compile(r"Function properties for (\w+)")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED_RE = re.compile(r"Used (\d+) registers.*?(\d+) bytes smem")
+
+
+def parse_resources(log: str) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    cur = None
+    for line in log.splitlines():
+        if m := _FUNC_RE.search(line):
+            cur = m.group(1)
+            out.setdefault(cur, {})
+        elif cur and (m := _SPILL_RE.search(line)):
+            out[cur].update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+        elif cur and (m := _USED_RE.search(line)):
+            out[cur].update(regs=int(m.group(1)), smem=int(m.group(2)))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Jobs
+# ---------------------------------------------------------------------------
+@dataclass
+class Job:
+    template: str  # rel path
+    knobs: dict
+    bf16: bool
+    arch: str
+    count_ctas: bool
+    source: str
+    expect: list
+
+
+@dataclass
+class Result:
+    job: Job
+    ok: bool
+    reason: str
+    log: str
+    seconds: float
+    resources: dict
+
+
+_NVRTC: Nvrtc | None = None
+_INCLUDE = ""
+
+
+def _init_worker(lib: str, include: str) -> None:
+    global _NVRTC, _INCLUDE
+    _NVRTC = Nvrtc(lib)
+    _INCLUDE = include
+
+
+def _run_job(job: Job) -> Result:
+    assert _NVRTC is not None
+    opts = [f"--gpu-architecture={job.arch}", "-std=c++17", f"--include-path={_INCLUDE}", "--ptxas-options=-v"]
+    if job.count_ctas:
+        opts.append("-DOPTD_COUNT_CTAS=1")
+    t0 = time.perf_counter()
+    try:
+        ok, log, cubin = _NVRTC.compile(job.source, job.template.replace("/", "_"), opts)
+    except Exception as e:  # noqa: BLE001 - reported as a failure
+        return Result(job, False, f"nvrtc: {e}", "", time.perf_counter() - t0, {})
+    dt = time.perf_counter() - t0
+    if not ok:
+        return Result(job, False, "compile error", log, dt, {})
+    missing = [k for k in job.expect if (k.encode() + b"\0") not in cubin]
+    if missing:
+        return Result(job, False, "missing kernels: " + ", ".join(missing), log, dt, {})
+    return Result(job, True, "", log, dt, parse_resources(log))
+
+
+def build_jobs(templates: list[Template], archs: list[str]) -> list[Job]:
+    jobs = []
+    for tpl in templates:
+        expect = tpl.kernel_names()
+        for knobs in tpl.knob_combos():
+            for bf16 in (False, True):
+                src = render(tpl, knobs, bf16)
+                for arch in archs:
+                    for count in (False, True):
+                        jobs.append(Job(tpl.rel, knobs, bf16, arch, count, src, expect))
+    return jobs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", action="append", help="target(s), default sm_80, sm_89, sm_90")
+    ap.add_argument("--template", action="append", help="only these templates (file or spec name)")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--resources", action="store_true", help="print registers/spills/smem (sm_90, fp16)")
+    ap.add_argument("--show-log", action="store_true", help="print NVRTC logs of failures in full")
+    args = ap.parse_args()
+
+    lib, include = default_nvrtc_lib(), default_cuda_include()
+    if not Path(lib).exists():
+        print(f"libnvrtc not found at {lib}: run scripts/setup.sh or set OPTIMIZERD_NVRTC_LIB", file=sys.stderr)
+        return 2
+    templates = load_templates()
+    if args.template:
+        templates = [t for t in templates if t.rel in args.template or t.name in args.template
+                     or Path(t.rel).name in args.template]
+    archs = args.arch or list(DEFAULT_ARCHS)
+    jobs = build_jobs(templates, archs)
+    print(f"NVRTC {'.'.join(map(str, Nvrtc(lib).version()))} ({lib})")
+    print(f"{len(templates)} templates, {len(jobs)} compiles, archs {' '.join(archs)}, {args.jobs} jobs")
+
+    t0 = time.perf_counter()
+    results: list[Result] = []
+    with cf.ProcessPoolExecutor(args.jobs, initializer=_init_worker, initargs=(lib, include)) as pool:
+        for res in pool.map(_run_job, jobs, chunksize=2):
+            results.append(res)
+    wall = time.perf_counter() - t0
+
+    # Summary per template.
+    print()
+    print(f"{'template':28} {'combos':>6} {'compiles':>8} {'failed':>6} {'mean s':>7}")
+    for tpl in templates:
+        rs = [r for r in results if r.job.template == tpl.rel]
+        nf = sum(not r.ok for r in rs)
+        mean = sum(r.seconds for r in rs) / max(1, len(rs))
+        print(f"{tpl.rel:28} {len(tpl.knob_combos()):>6} {len(rs):>8} {nf:>6} {mean:>7.2f}")
+    print(f"wall {wall:.1f} s")
+
+    if args.resources:
+        print()
+        print(f"{'template':22} {'knobs':40} {'kernel':18} {'regs':>4} {'spill':>5} {'smem':>6}")
+        for r in results:
+            j = r.job
+            if r.ok and j.arch == "sm_90" and not j.bf16 and not j.count_ctas:
+                for kname, res in sorted(r.resources.items()):
+                    spill = res.get("spill_st", 0) + res.get("spill_ld", 0)
+                    print(f"{j.template:22} {combo_label(j.knobs):40} {kname:18} "
+                          f"{res.get('regs', -1):>4} {spill:>5} {res.get('smem', -1):>6}")
+
+    spills = [
+        (r, k) for r in results if r.ok for k, res in r.resources.items()
+        if res.get("spill_st", 0) or res.get("spill_ld", 0)
+    ]
+    if spills:
+        print(f"\nnote: {len(spills)} kernel builds spill registers (not a failure), e.g. "
+              f"{spills[0][0].job.template} {combo_label(spills[0][0].job.knobs)} {spills[0][1]} {spills[0][0].job.arch}")
+
+    failures = [r for r in results if not r.ok]
+    if not failures:
+        print("\nall compiles passed")
+        return 0
+    print(f"\n{len(failures)} FAILURES")
+    print(f"{'template':24} {'knobs':40} {'dtype':5} {'arch':6} {'count':5} reason")
+    for r in failures:
+        j = r.job
+        print(f"{j.template:24} {combo_label(j.knobs):40} {'bf16' if j.bf16 else 'fp16':5} "
+              f"{j.arch:6} {int(j.count_ctas):5} {r.reason}")
+    shown = failures if args.show_log else failures[:1]
+    for r in shown:
+        err = [ln for ln in r.log.splitlines() if "ptxas info" not in ln and ln.strip()]
+        print(f"\n--- log: {r.job.template} {combo_label(r.job.knobs)} {r.job.arch} ---")
+        print("\n".join(err[:40]))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

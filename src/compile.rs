@@ -1,0 +1,55 @@
+//! Compile: have the worker build a candidate with NVRTC (timed build and a
+//! CTA-counting check build), load it, and report its resource usage.
+
+use std::time::Duration;
+
+use crate::outcome::Failure;
+use crate::protocol::{Loaded, OccupancyQuery, Request, Response, ShapePlan};
+use crate::supervisor::Supervisor;
+
+/// Compile and load `source` as module `id` for the worker's device.
+pub async fn load(
+    sup: &mut Supervisor,
+    id: &str,
+    source: &str,
+    kernels: Vec<String>,
+    plans: &[ShapePlan],
+    timeout: Duration,
+) -> Result<Loaded, Failure> {
+    let arch = sup.device().map(|d| d.arch.clone()).unwrap_or_else(|| "sm_90".into());
+    let mut occupancy: Vec<OccupancyQuery> = Vec::new();
+    for l in plans.iter().flat_map(|p| &p.launches) {
+        let q = OccupancyQuery { kernel: l.kernel.clone(), block_threads: l.block.iter().product(), dyn_smem: l.dyn_smem };
+        if !occupancy.contains(&q) {
+            occupancy.push(q);
+        }
+    }
+    let request = Request::Load {
+        id: id.to_string(),
+        source: source.to_string(),
+        arch,
+        kernels,
+        occupancy,
+        compile_timeout_ms: timeout.as_millis() as u64,
+    };
+    match sup.request(&request, timeout).await {
+        Ok(Response::Loaded(l)) => Ok(l),
+        Ok(other) => Err(Failure::from_response("compile", other)),
+        Err(e) => Err(Failure::from_worker("compile", e)),
+    }
+}
+
+/// Waves of the first launch: CTAs over what the whole GPU holds at once.
+pub fn waves(plan: &ShapePlan, loaded: &Loaded, sm_count: u32) -> Option<f64> {
+    let first = plan.launches.first()?;
+    let threads: u32 = first.block.iter().product();
+    let per_sm = loaded
+        .occupancy
+        .iter()
+        .find(|o| o.kernel == first.kernel && o.block_threads == threads && o.dyn_smem == first.dyn_smem)?
+        .blocks_per_sm;
+    if per_sm == 0 {
+        return None;
+    }
+    Some(first.ctas() as f64 / (per_sm as f64 * sm_count as f64))
+}

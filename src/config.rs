@@ -1,0 +1,296 @@
+//! `agent.toml`: the run's configuration, parsed strictly.
+//!
+//! Unknown keys and bad values are errors that name the file, the line, the key and
+//! what is allowed, because a typo silently falling back to a default wastes a GPU run.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::protocol::{DType, Shape, TimingSpec, Tolerance};
+
+/// The default configuration, embedded so `optimizerd start` works without a file.
+pub const DEFAULT_CONFIG: &str = include_str!("../agent.toml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse { path: PathBuf, line: usize, column: usize, message: String },
+    #[error("{path}: `{key}` {message}")]
+    Invalid { path: PathBuf, key: String, message: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the config came from (a path, or `<embedded agent.toml>`); relative paths resolve against its folder.
+    #[serde(skip)]
+    pub source: PathBuf,
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+    #[serde(default)]
+    pub run: RunSection,
+    #[serde(default)]
+    pub workload: Workload,
+    #[serde(default)]
+    pub check: CheckSection,
+    #[serde(default)]
+    pub timing: TimingSection,
+    #[serde(default)]
+    pub worker: WorkerSection,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    pub runs_dir: PathBuf,
+    pub plan: PathBuf,
+    pub templates_dir: PathBuf,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        Self {
+            runs_dir: "runs".into(),
+            plan: "strategies/default.toml".into(),
+            templates_dir: "kernel-templates".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Workload {
+    pub dtype: DType,
+    pub shapes: Vec<ShapeEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapeEntry {
+    pub b: u32,
+    pub h: u32,
+    pub s: u32,
+    pub d: u32,
+    #[serde(default)]
+    pub causal: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckSection {
+    pub atol: f64,
+    pub rtol_l2: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimingSection {
+    pub warmup: u32,
+    pub rounds: u32,
+    pub samples_per_round: u32,
+    pub launches_per_sample: u32,
+    pub l2_multiple: f64,
+    pub max_input_sets: u32,
+    pub min_gain: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerSection {
+    #[serde(deserialize_with = "duration")]
+    pub hello_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub load_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub check_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub time_timeout: Duration,
+    pub max_restarts: u32,
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!("invalid duration {text:?} ({e}); write e.g. \"45s\", \"5m\", \"1h30m\""))
+    })
+}
+
+// Defaults: the same values as the embedded agent.toml (a test keeps them equal).
+impl Default for Workload {
+    fn default() -> Self {
+        let shape = |b, h, s, d, causal| ShapeEntry { b, h, s, d, causal };
+        Self {
+            dtype: DType::Fp16,
+            shapes: vec![
+                shape(1, 1, 32, 64, false),
+                shape(1, 1, 64, 64, false),
+                shape(1, 1, 128, 64, false),
+                shape(1, 1, 256, 64, false),
+                shape(1, 1, 512, 64, false),
+                shape(2, 8, 128, 64, false),
+                shape(4, 16, 1024, 64, true),
+                shape(2, 16, 4096, 128, true),
+            ],
+        }
+    }
+}
+
+impl Default for CheckSection {
+    fn default() -> Self {
+        Self { atol: 0.02, rtol_l2: 0.01 }
+    }
+}
+
+impl Default for TimingSection {
+    fn default() -> Self {
+        Self {
+            warmup: 5,
+            rounds: 4,
+            samples_per_round: 10,
+            launches_per_sample: 10,
+            l2_multiple: 3.0,
+            max_input_sets: 32,
+            min_gain: 0.02,
+        }
+    }
+}
+
+impl Default for WorkerSection {
+    fn default() -> Self {
+        Self {
+            hello_timeout: Duration::from_secs(60),
+            load_timeout: Duration::from_secs(90),
+            check_timeout: Duration::from_secs(120),
+            time_timeout: Duration::from_secs(300),
+            max_restarts: 5,
+        }
+    }
+}
+
+/// Supported head dimensions: the templates instantiate these.
+pub const HEAD_DIMS: [u32; 2] = [64, 128];
+
+impl Config {
+    /// Load `path`, or the embedded default when `path` is None and `agent.toml` is absent.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        match path {
+            Some(p) => Self::load_file(p),
+            None if Path::new("agent.toml").exists() => Self::load_file(Path::new("agent.toml")),
+            None => Self::parse(DEFAULT_CONFIG, Path::new("<embedded agent.toml>"), Path::new(".")),
+        }
+    }
+
+    pub fn load_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Self::parse(&text, path, base)
+    }
+
+    /// Parse `text` as if read from `path`; defaults fill what the file leaves out.
+    pub fn parse(text: &str, path: &Path, base_dir: &Path) -> Result<Self, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| parse_error(path, text, &e))?;
+        config.source = path.to_path_buf();
+        config.base_dir = base_dir.to_path_buf();
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid { path: self.source.clone(), key: key.to_string(), message: message.into() }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.workload.shapes.is_empty() {
+            return Err(self.invalid("workload.shapes", "is empty; list at least one { b, h, s, d } shape"));
+        }
+        for (i, s) in self.workload.shapes.iter().enumerate() {
+            if !HEAD_DIMS.contains(&s.d) {
+                return Err(self.invalid(
+                    &format!("workload.shapes[{i}].d"),
+                    format!("is {}; allowed values: {:?}", s.d, HEAD_DIMS),
+                ));
+            }
+            for (k, v) in [("b", s.b), ("h", s.h), ("s", s.s)] {
+                if v == 0 {
+                    return Err(self.invalid(&format!("workload.shapes[{i}].{k}"), "must be at least 1"));
+                }
+            }
+        }
+        let t = &self.timing;
+        for (k, v) in [
+            ("timing.rounds", t.rounds),
+            ("timing.samples_per_round", t.samples_per_round),
+            ("timing.launches_per_sample", t.launches_per_sample),
+            ("timing.max_input_sets", t.max_input_sets),
+        ] {
+            if v == 0 {
+                return Err(self.invalid(k, "must be at least 1"));
+            }
+        }
+        if !(0.0..1.0).contains(&t.min_gain) {
+            return Err(self.invalid("timing.min_gain", format!("is {}; allowed: 0 <= min_gain < 1 (0.02 = 2%)", t.min_gain)));
+        }
+        if !(t.l2_multiple >= 0.0) {
+            return Err(self.invalid("timing.l2_multiple", "must be >= 0"));
+        }
+        if !(self.check.atol > 0.0) || !(self.check.rtol_l2 > 0.0) {
+            return Err(self.invalid("check", "atol and rtol_l2 must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// Resolve a configured path against the config file's folder.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    pub fn shapes(&self) -> Vec<Shape> {
+        self.workload
+            .shapes
+            .iter()
+            .map(|s| Shape { b: s.b, h: s.h, s: s.s, d: s.d, causal: s.causal, dtype: self.workload.dtype })
+            .collect()
+    }
+
+    pub fn tolerance(&self) -> Tolerance {
+        Tolerance { atol: self.check.atol, rtol_l2: self.check.rtol_l2 }
+    }
+
+    pub fn timing_spec(&self) -> TimingSpec {
+        let t = &self.timing;
+        TimingSpec {
+            warmup: t.warmup,
+            rounds: t.rounds,
+            samples_per_round: t.samples_per_round,
+            launches_per_sample: t.launches_per_sample,
+            l2_multiple: t.l2_multiple,
+            max_input_sets: t.max_input_sets,
+        }
+    }
+}
+
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let (line, column) = e
+        .span()
+        .map(|span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            (line, column)
+        })
+        .unwrap_or((0, 0));
+    ConfigError::Parse { path: path.to_path_buf(), line, column, message: e.message().to_string() }
+}

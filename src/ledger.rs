@@ -1,0 +1,459 @@
+//! The ledger: `runs/optimizer.db`, SQLite in WAL mode, schema from `migrations/`.
+//!
+//! Every iteration is written in one transaction before the next one starts, so a
+//! crash loses at most the iteration in flight.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+
+use crate::protocol::DeviceInfo;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("cannot open ledger {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("cannot migrate ledger {path}: {source}")]
+    Migrate {
+        path: String,
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+    #[error("ledger query failed ({what}): {source}")]
+    Query {
+        what: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("no run `{0}` in the ledger")]
+    NoSuchRun(String),
+    #[error("the ledger has no runs yet; start one with `optimizerd start --budget 5m`")]
+    NoRuns,
+}
+
+type Result<T> = std::result::Result<T, LedgerError>;
+
+fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> LedgerError {
+    move |source| LedgerError::Query { what, source }
+}
+
+#[derive(Clone)]
+pub struct Ledger {
+    pool: SqlitePool,
+}
+
+/// A run as created by `start`.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub id: String,
+    pub started_at: String,
+    pub budget_s: f64,
+    pub run_dir: String,
+    pub config_source: String,
+    pub plan_path: String,
+    pub config_json: String,
+    pub workload_json: String,
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub id: String,
+    pub state: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub budget_s: f64,
+    pub used_s: f64,
+    pub stage: Option<String>,
+    pub run_dir: String,
+    pub gpu_name: Option<String>,
+    pub message: Option<String>,
+    pub iterations: i64,
+}
+
+/// One iteration, as recorded.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IterationRecord {
+    pub run_id: String,
+    pub seq: i64,
+    pub stage: String,
+    pub template: String,
+    pub params_json: String,
+    pub source_hash: Option<String>,
+    pub git_commit: Option<String>,
+    pub verdict: String,
+    pub reason: String,
+    pub compile_ms: Option<f64>,
+    pub registers: Option<i64>,
+    pub local_bytes: Option<i64>,
+    pub static_smem: Option<i64>,
+    pub resources_json: Option<String>,
+    pub score_us: Option<f64>,
+    pub error: Option<String>,
+    pub started_at: String,
+    pub finished_at: String,
+    pub shapes: Vec<ShapeRecord>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ShapeRecord {
+    pub shape: String,
+    pub shape_json: String,
+    pub n_splits: Option<i64>,
+    pub ctas: Option<i64>,
+    pub waves: Option<f64>,
+    pub check_passed: Option<bool>,
+    pub max_abs: Option<f64>,
+    pub rel_l2: Option<f64>,
+    pub ctas_ran: Option<i64>,
+    pub median_us: Option<f64>,
+    pub p10_us: Option<f64>,
+    pub p90_us: Option<f64>,
+    pub samples: Option<i64>,
+    pub incumbent_us: Option<f64>,
+    pub speedup_vs_incumbent: Option<f64>,
+    pub speedup_vs_baseline: Option<f64>,
+    pub threshold: Option<f64>,
+    pub tflops: Option<f64>,
+    pub won: bool,
+}
+
+/// The best kernel for one shape, updated in the same transaction as its iteration.
+#[derive(Debug, Clone, Serialize)]
+pub struct BestRow {
+    pub shape: String,
+    pub seq: i64,
+    pub median_us: f64,
+    pub baseline_us: Option<f64>,
+    pub source_path: String,
+    pub git_commit: Option<String>,
+}
+
+impl Ledger {
+    /// Open (creating if needed) the ledger at `path` and apply pending migrations.
+    pub async fn open(path: &Path) -> Result<Self> {
+        let shown = path.display().to_string();
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| LedgerError::Open { path: shown.clone(), source: sqlx::Error::Io(e) })?;
+        }
+        let opts = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+            .map_err(|source| LedgerError::Open { path: shown.clone(), source })?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a committed iteration survives power loss, not only a process crash.
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await
+            .map_err(|source| LedgerError::Open { path: shown.clone(), source })?;
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .map_err(|source| LedgerError::Migrate { path: shown, source })?;
+        Ok(Ledger { pool })
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    pub async fn create_run(&self, r: &NewRun) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO runs (id, state, started_at, budget_s, run_dir, config_source, plan_path, config_json, workload_json, pid)
+             VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&r.id)
+        .bind(&r.started_at)
+        .bind(r.budget_s)
+        .bind(&r.run_dir)
+        .bind(&r.config_source)
+        .bind(&r.plan_path)
+        .bind(&r.config_json)
+        .bind(&r.workload_json)
+        .bind(r.pid as i64)
+        .execute(&self.pool)
+        .await
+        .map_err(q("create run"))?;
+        Ok(())
+    }
+
+    pub async fn set_device(&self, run_id: &str, device: &DeviceInfo) -> Result<()> {
+        let json = serde_json::to_string(device).unwrap_or_default();
+        sqlx::query("UPDATE runs SET gpu_name = ?, device_json = ? WHERE id = ?")
+            .bind(&device.name)
+            .bind(json)
+            .bind(run_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("record device"))?;
+        Ok(())
+    }
+
+    pub async fn set_progress(&self, run_id: &str, stage: Option<&str>, used_s: f64) -> Result<()> {
+        sqlx::query("UPDATE runs SET stage = COALESCE(?, stage), used_s = ? WHERE id = ?")
+            .bind(stage)
+            .bind(used_s)
+            .bind(run_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("record progress"))?;
+        Ok(())
+    }
+
+    pub async fn finish_run(&self, run_id: &str, state: &str, message: &str, used_s: f64) -> Result<()> {
+        sqlx::query("UPDATE runs SET state = ?, message = ?, used_s = ?, finished_at = ? WHERE id = ?")
+            .bind(state)
+            .bind(message)
+            .bind(used_s)
+            .bind(now())
+            .bind(run_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("finish run"))?;
+        Ok(())
+    }
+
+    pub async fn event(&self, run_id: &str, kind: &str, message: &str) -> Result<()> {
+        sqlx::query("INSERT INTO events (run_id, at, kind, message) VALUES (?, ?, ?, ?)")
+            .bind(run_id)
+            .bind(now())
+            .bind(kind)
+            .bind(message)
+            .execute(&self.pool)
+            .await
+            .map_err(q("record event"))?;
+        Ok(())
+    }
+
+    /// Record one iteration, its per-shape rows and best-kernel updates atomically.
+    pub async fn record_iteration(&self, it: &IterationRecord, best: &[BestRow], used_s: f64) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(q("begin iteration"))?;
+        sqlx::query(
+            "INSERT INTO iterations (run_id, seq, stage, template, params_json, source_hash, git_commit, verdict, reason,
+                compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&it.run_id)
+        .bind(it.seq)
+        .bind(&it.stage)
+        .bind(&it.template)
+        .bind(&it.params_json)
+        .bind(&it.source_hash)
+        .bind(&it.git_commit)
+        .bind(&it.verdict)
+        .bind(&it.reason)
+        .bind(it.compile_ms)
+        .bind(it.registers)
+        .bind(it.local_bytes)
+        .bind(it.static_smem)
+        .bind(&it.resources_json)
+        .bind(it.score_us)
+        .bind(&it.error)
+        .bind(&it.started_at)
+        .bind(&it.finished_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("insert iteration"))?;
+        for s in &it.shapes {
+            sqlx::query(
+                "INSERT INTO iteration_shapes (run_id, seq, shape, shape_json, n_splits, ctas, waves, check_passed, max_abs,
+                    rel_l2, ctas_ran, median_us, p10_us, p90_us, samples, incumbent_us, speedup_vs_incumbent,
+                    speedup_vs_baseline, threshold, tflops, won)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&it.run_id)
+            .bind(it.seq)
+            .bind(&s.shape)
+            .bind(&s.shape_json)
+            .bind(s.n_splits)
+            .bind(s.ctas)
+            .bind(s.waves)
+            .bind(s.check_passed)
+            .bind(s.max_abs)
+            .bind(s.rel_l2)
+            .bind(s.ctas_ran)
+            .bind(s.median_us)
+            .bind(s.p10_us)
+            .bind(s.p90_us)
+            .bind(s.samples)
+            .bind(s.incumbent_us)
+            .bind(s.speedup_vs_incumbent)
+            .bind(s.speedup_vs_baseline)
+            .bind(s.threshold)
+            .bind(s.tflops)
+            .bind(s.won)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("insert iteration shape"))?;
+        }
+        for b in best {
+            sqlx::query(
+                "INSERT INTO best (run_id, shape, seq, median_us, baseline_us, source_path, git_commit) VALUES (?, ?, ?, ?, ?, ?, ?)
+                 ON CONFLICT(run_id, shape) DO UPDATE SET seq = excluded.seq, median_us = excluded.median_us,
+                    baseline_us = COALESCE(best.baseline_us, excluded.baseline_us), source_path = excluded.source_path,
+                    git_commit = excluded.git_commit",
+            )
+            .bind(&it.run_id)
+            .bind(&b.shape)
+            .bind(b.seq)
+            .bind(b.median_us)
+            .bind(b.baseline_us)
+            .bind(&b.source_path)
+            .bind(&b.git_commit)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("update best"))?;
+        }
+        sqlx::query("UPDATE runs SET used_s = ? WHERE id = ?")
+            .bind(used_s)
+            .bind(&it.run_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("update budget"))?;
+        tx.commit().await.map_err(q("commit iteration"))?;
+        Ok(())
+    }
+
+    pub async fn runs(&self) -> Result<Vec<RunRow>> {
+        let rows = sqlx::query(
+            "SELECT r.*, (SELECT COUNT(*) FROM iterations i WHERE i.run_id = r.id) AS n FROM runs r ORDER BY started_at DESC, id DESC",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("list runs"))?;
+        Ok(rows.iter().map(run_row).collect())
+    }
+
+    /// `id`, or the most recent run when None.
+    pub async fn run(&self, id: Option<&str>) -> Result<RunRow> {
+        let runs = self.runs().await?;
+        match id {
+            Some(id) => runs.into_iter().find(|r| r.id == id).ok_or_else(|| LedgerError::NoSuchRun(id.to_string())),
+            None => runs.into_iter().next().ok_or(LedgerError::NoRuns),
+        }
+    }
+
+    pub async fn iterations(&self, run_id: &str) -> Result<Vec<IterationRecord>> {
+        let rows = sqlx::query("SELECT * FROM iterations WHERE run_id = ? ORDER BY seq")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list iterations"))?;
+        let shape_rows = sqlx::query("SELECT * FROM iteration_shapes WHERE run_id = ? ORDER BY seq, rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list iteration shapes"))?;
+        let mut out: Vec<IterationRecord> = rows
+            .iter()
+            .map(|r| IterationRecord {
+                run_id: r.get("run_id"),
+                seq: r.get("seq"),
+                stage: r.get("stage"),
+                template: r.get("template"),
+                params_json: r.get("params_json"),
+                source_hash: r.get("source_hash"),
+                git_commit: r.get("git_commit"),
+                verdict: r.get("verdict"),
+                reason: r.get("reason"),
+                compile_ms: r.get("compile_ms"),
+                registers: r.get("registers"),
+                local_bytes: r.get("local_bytes"),
+                static_smem: r.get("static_smem"),
+                resources_json: r.get("resources_json"),
+                score_us: r.get("score_us"),
+                error: r.get("error"),
+                started_at: r.get("started_at"),
+                finished_at: r.get("finished_at"),
+                shapes: Vec::new(),
+            })
+            .collect();
+        for r in &shape_rows {
+            let seq: i64 = r.get("seq");
+            if let Some(it) = out.iter_mut().find(|i| i.seq == seq) {
+                it.shapes.push(ShapeRecord {
+                    shape: r.get("shape"),
+                    shape_json: r.get("shape_json"),
+                    n_splits: r.get("n_splits"),
+                    ctas: r.get("ctas"),
+                    waves: r.get("waves"),
+                    check_passed: r.get("check_passed"),
+                    max_abs: r.get("max_abs"),
+                    rel_l2: r.get("rel_l2"),
+                    ctas_ran: r.get("ctas_ran"),
+                    median_us: r.get("median_us"),
+                    p10_us: r.get("p10_us"),
+                    p90_us: r.get("p90_us"),
+                    samples: r.get("samples"),
+                    incumbent_us: r.get("incumbent_us"),
+                    speedup_vs_incumbent: r.get("speedup_vs_incumbent"),
+                    speedup_vs_baseline: r.get("speedup_vs_baseline"),
+                    threshold: r.get("threshold"),
+                    tflops: r.get("tflops"),
+                    won: r.get("won"),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn best(&self, run_id: &str) -> Result<Vec<BestRow>> {
+        let rows = sqlx::query("SELECT * FROM best WHERE run_id = ? ORDER BY rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list best"))?;
+        Ok(rows
+            .iter()
+            .map(|r| BestRow {
+                shape: r.get("shape"),
+                seq: r.get("seq"),
+                median_us: r.get("median_us"),
+                baseline_us: r.get("baseline_us"),
+                source_path: r.get("source_path"),
+                git_commit: r.get("git_commit"),
+            })
+            .collect())
+    }
+
+    pub async fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>> {
+        let rows = sqlx::query("SELECT at, kind, message FROM events WHERE run_id = ? ORDER BY rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list events"))?;
+        Ok(rows.iter().map(|r| (r.get("at"), r.get("kind"), r.get("message"))).collect())
+    }
+}
+
+fn run_row(r: &sqlx::sqlite::SqliteRow) -> RunRow {
+    RunRow {
+        id: r.get("id"),
+        state: r.get("state"),
+        started_at: r.get("started_at"),
+        finished_at: r.get("finished_at"),
+        budget_s: r.get("budget_s"),
+        used_s: r.get("used_s"),
+        stage: r.get("stage"),
+        run_dir: r.get("run_dir"),
+        gpu_name: r.get("gpu_name"),
+        message: r.get("message"),
+        iterations: r.get("n"),
+    }
+}
+
+/// Now, RFC 3339 UTC with milliseconds.
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}

@@ -1,0 +1,30 @@
+//! optimizerd: a daemon that optimizes CUDA attention kernels on the GPU it runs on.
+//!
+//! A candidate's life, one module per stage: [`render`] -> [`gate`] -> [`compile`]
+//! -> [`check`] -> [`timing`] -> [`decide`] -> [`record`], sequenced by [`engine`].
+//! GPU work happens in a child process ([`worker`]) watched by [`supervisor`] and
+//! spoken to over [`protocol`]. See docs/ARCHITECTURE.md.
+
+pub mod assets;
+pub mod check;
+pub mod cli;
+pub mod compile;
+pub mod config;
+pub mod decide;
+pub mod engine;
+pub mod gate;
+pub mod ledger;
+pub mod logging;
+pub mod nvrtc;
+pub mod outcome;
+pub mod plan;
+pub mod protocol;
+pub mod record;
+pub mod render;
+pub mod report;
+pub mod search;
+pub mod supervisor;
+pub mod template;
+pub mod timing;
+pub mod worker;
+pub mod workspace;

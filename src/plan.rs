@@ -1,0 +1,138 @@
+//! The strategy plan (`strategies/*.toml`): ordered stages, each naming a template,
+//! the part of its knob space to search, and how to search it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::assets;
+use crate::search::SearchKind;
+use crate::template::{Params, Template, TemplateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("plan {path}:{line}: {message}")]
+    Parse { path: PathBuf, line: usize, message: String },
+    #[error("plan {path}, stage `{stage}`: {message}")]
+    Stage { path: PathBuf, stage: String, message: String },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Asset(#[from] assets::AssetError),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanFile {
+    stage: Vec<StageSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// File under the templates folder.
+    pub template: String,
+    pub search: SearchKind,
+    /// Knob -> values to search (a subset of the template's); absent knobs use all allowed values.
+    #[serde(default)]
+    pub space: BTreeMap<String, Vec<i64>>,
+    /// Where a coordinate search starts; absent knobs start at their first value.
+    #[serde(default)]
+    pub start: BTreeMap<String, i64>,
+    /// Expression: the fewest CTAs the first launch may have on each shape.
+    #[serde(default = "default_min_ctas")]
+    pub min_ctas: String,
+    #[serde(default = "default_max_candidates")]
+    pub max_candidates: u32,
+}
+
+fn default_min_ctas() -> String {
+    "1".into()
+}
+
+fn default_max_candidates() -> u32 {
+    32
+}
+
+/// A stage with its template loaded and its search space resolved.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub spec: StageSpec,
+    pub template: Template,
+    /// Knob -> values searched, in the template's declaration order.
+    pub space: Vec<(String, Vec<i64>)>,
+    pub start: Params,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub path: PathBuf,
+    pub stages: Vec<Stage>,
+}
+
+impl Plan {
+    /// Load the plan file `plan` and every template it names from `templates_dir`.
+    pub fn load(plan: &Path, templates_dir: &Path) -> Result<Self, PlanError> {
+        let dir = plan.parent().unwrap_or(Path::new("."));
+        let file = plan.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+        let text = assets::read(dir, file)?;
+        Self::parse(plan, &text, templates_dir)
+    }
+
+    pub fn parse(path: &Path, text: &str, templates_dir: &Path) -> Result<Self, PlanError> {
+        let parsed: PlanFile = toml::from_str(text).map_err(|e| PlanError::Parse {
+            path: path.into(),
+            line: e.span().map_or(0, |s| text[..s.start].matches('\n').count() + 1),
+            message: e.message().to_string(),
+        })?;
+        let mut stages = Vec::new();
+        for spec in parsed.stage {
+            let template = Template::load(templates_dir, &spec.template)?;
+            let err = |message: String| PlanError::Stage { path: path.into(), stage: spec.name.clone(), message };
+            for (knob, values) in &spec.space {
+                let allowed = template
+                    .knobs
+                    .iter()
+                    .find(|(k, _)| k == knob)
+                    .map(|(_, v)| v)
+                    .ok_or_else(|| err(format!("space names `{knob}`, which is not a knob of {} (knobs: {})", spec.template, knob_names(&template))))?;
+                if let Some(bad) = values.iter().find(|v| !allowed.contains(v)) {
+                    return Err(err(format!("space.{knob} = {bad} is not allowed by {} (allowed: {allowed:?})", spec.template)));
+                }
+                if values.is_empty() {
+                    return Err(err(format!("space.{knob} is empty")));
+                }
+            }
+            let space: Vec<(String, Vec<i64>)> = template
+                .knobs
+                .iter()
+                .map(|(k, allowed)| (k.clone(), spec.space.get(k).cloned().unwrap_or_else(|| allowed.clone())))
+                .collect();
+            let mut start = Params::new();
+            for (k, values) in &space {
+                let v = match spec.start.get(k) {
+                    Some(v) if values.contains(v) => *v,
+                    Some(v) => return Err(err(format!("start.{k} = {v} is outside the searched values {values:?}"))),
+                    None => values[0],
+                };
+                start.insert(k.clone(), v);
+            }
+            if let Some(k) = spec.start.keys().find(|k| !space.iter().any(|(n, _)| n == *k)) {
+                return Err(err(format!("start names `{k}`, which is not a knob of {} (knobs: {})", spec.template, knob_names(&template))));
+            }
+            stages.push(Stage { spec, template, space, start });
+        }
+        if stages.is_empty() {
+            return Err(PlanError::Parse { path: path.into(), line: 0, message: "no [[stage]]".into() });
+        }
+        Ok(Plan { path: path.into(), stages })
+    }
+}
+
+fn knob_names(t: &Template) -> String {
+    t.knobs.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ")
+}

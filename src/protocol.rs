@@ -1,0 +1,294 @@
+//! The wire contract between the daemon and its GPU worker process.
+//!
+//! The daemon writes one JSON [`Request`] per line to the worker's stdin and reads
+//! one JSON [`Response`] per line from its stdout. Everything the worker needs to
+//! launch a kernel (grid, block, dynamic shared memory, split count) is computed by
+//! the daemon from the template's declared formulas, so the worker stays generic
+//! and the CTA check can compare what ran against what was planned.
+//!
+//! Kernel ABI shared by every template (see kernel-templates/common/optd.cuh):
+//! `(q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits,
+//!   softmax_scale, causal, cta_counter)`, tensors in [B,H,S,D] layout.
+
+use serde::{Deserialize, Serialize};
+
+/// Element type of Q, K, V and O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Fp16,
+    Bf16,
+}
+
+impl DType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::Fp16 => "fp16",
+            DType::Bf16 => "bf16",
+        }
+    }
+}
+
+/// One attention problem: Q,K,V,O in [B,H,S,D].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shape {
+    pub b: u32,
+    pub h: u32,
+    pub s: u32,
+    pub d: u32,
+    pub causal: bool,
+    pub dtype: DType,
+}
+
+impl Shape {
+    /// Stable, human-readable key, e.g. `b2h8s128d64` or `b4h16s1024d64-causal`.
+    pub fn key(&self) -> String {
+        let mut k = format!("b{}h{}s{}d{}", self.b, self.h, self.s, self.d);
+        if self.causal {
+            k.push_str("-causal");
+        }
+        if self.dtype != DType::Fp16 {
+            k.push('-');
+            k.push_str(self.dtype.as_str());
+        }
+        k
+    }
+
+    /// Elements in one of Q, K, V or O.
+    pub fn elems(&self) -> u64 {
+        self.b as u64 * self.h as u64 * self.s as u64 * self.d as u64
+    }
+
+    /// FLOPs of the forward pass: 4*B*H*S*S*D, halved when causal.
+    pub fn flops(&self) -> f64 {
+        let f = 4.0 * self.b as f64 * self.h as f64 * (self.s as f64).powi(2) * self.d as f64;
+        if self.causal {
+            f / 2.0
+        } else {
+            f
+        }
+    }
+}
+
+/// One kernel launch of a candidate on one shape, fully resolved by the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launch {
+    /// Exported function name, e.g. `optd_fwd_d64`.
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dyn_smem: u32,
+}
+
+impl Launch {
+    pub fn ctas(&self) -> u64 {
+        self.grid.iter().map(|&g| g as u64).product()
+    }
+}
+
+/// All launches of a candidate for one shape, in order, plus the scalars they share.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapePlan {
+    pub shape: Shape,
+    /// KV splits: sizes the fp32 partial buffers (`n_splits*B*H*S*D` and `n_splits*B*H*S`).
+    pub n_splits: u32,
+    pub launches: Vec<Launch>,
+}
+
+/// Correctness tolerance: pass when `max_abs <= atol` and `rel_l2 <= rtol_l2`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    pub atol: f64,
+    pub rtol_l2: f64,
+}
+
+/// Timing method knobs, sent with every `Time` request so the ledger can say how it was timed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimingSpec {
+    /// Untimed launches per kernel before sampling.
+    pub warmup: u32,
+    /// Interleaved rounds; each round samples every kernel `samples_per_round` times.
+    pub rounds: u32,
+    pub samples_per_round: u32,
+    /// Back-to-back launches between one pair of CUDA events; the sample is their mean.
+    pub launches_per_sample: u32,
+    /// Rotate input sets until they span this multiple of the L2 size (capped by `max_input_sets`).
+    pub l2_multiple: f64,
+    pub max_input_sets: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Describe the device. First request on every (re)started worker.
+    Hello,
+    /// Compile `source` twice (timed build, and a check build with `-DOPTD_COUNT_CTAS=1`),
+    /// load both, and report the resources of the timed build's `kernels`.
+    Load {
+        id: String,
+        source: String,
+        /// e.g. `sm_90`.
+        arch: String,
+        kernels: Vec<String>,
+        /// Occupancy queries: (kernel, threads per block, dynamic smem bytes).
+        occupancy: Vec<OccupancyQuery>,
+        compile_timeout_ms: u64,
+    },
+    /// Run the check build on fresh random inputs, smallest shape first, stop at the first failure.
+    Check {
+        id: String,
+        plans: Vec<ShapePlan>,
+        tolerance: Tolerance,
+        seed: u64,
+    },
+    /// Time several loaded kernels on each shape, interleaved.
+    Time {
+        cases: Vec<TimeCase>,
+        spec: TimingSpec,
+        seed: u64,
+    },
+    /// Drop a loaded module.
+    Unload { id: String },
+    Shutdown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OccupancyQuery {
+    pub kernel: String,
+    pub block_threads: u32,
+    pub dyn_smem: u32,
+}
+
+/// One shape, timed for each (loaded id, plan) entry, interleaved round by round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimeCase {
+    pub shape: Shape,
+    pub entries: Vec<TimeEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimeEntry {
+    pub id: String,
+    pub plan: ShapePlan,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Response {
+    Hello(DeviceInfo),
+    Loaded(Loaded),
+    /// NVRTC rejected the source; the log is kept as text.
+    CompileError { log: String },
+    Checked(Checked),
+    Timed(Timed),
+    Unloaded,
+    /// A CUDA error. `sticky` errors leave the context unusable: the worker exits after replying.
+    CudaError { during: String, message: String, sticky: bool },
+    /// The request itself was wrong (unknown id, bad plan): a bug in the daemon, not the candidate.
+    BadRequest { message: String },
+    Bye,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub cc_major: u32,
+    pub cc_minor: u32,
+    pub sm_count: u32,
+    /// Max dynamic shared memory per block after opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+    pub smem_optin: u32,
+    pub smem_per_sm: u32,
+    pub l2_bytes: u64,
+    pub max_threads_per_sm: u32,
+    /// e.g. 13000 for CUDA 13.0 (cuDriverGetVersion).
+    pub driver_version: i32,
+    /// (major, minor) of NVRTC.
+    pub nvrtc_version: (i32, i32),
+    /// e.g. `sm_90`.
+    pub arch: String,
+}
+
+impl DeviceInfo {
+    pub fn cc(&self) -> u32 {
+        self.cc_major * 10 + self.cc_minor
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Loaded {
+    pub compile_ms: f64,
+    pub kernels: Vec<KernelResources>,
+    pub occupancy: Vec<OccupancyResult>,
+    /// NVRTC's log for the timed build (warnings), possibly empty.
+    pub log: String,
+}
+
+/// From cuFuncGetAttribute on the loaded function (timed build).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelResources {
+    pub kernel: String,
+    pub registers: u32,
+    pub static_smem: u32,
+    /// Local memory per thread: non-zero means register spills (or a stack array).
+    pub local_bytes: u32,
+    pub max_threads: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OccupancyResult {
+    pub kernel: String,
+    pub block_threads: u32,
+    pub dyn_smem: u32,
+    /// cuOccupancyMaxActiveBlocksPerMultiprocessor.
+    pub blocks_per_sm: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checked {
+    /// One entry per shape checked, in order; stops after the first failure.
+    pub shapes: Vec<ShapeCheck>,
+}
+
+impl Checked {
+    pub fn first_failure(&self) -> Option<&ShapeCheck> {
+        self.shapes.iter().find(|s| !s.passed)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapeCheck {
+    pub shape: Shape,
+    pub passed: bool,
+    pub max_abs: f64,
+    pub rel_l2: f64,
+    /// Output elements still NaN-poisoned or non-finite after the launch.
+    pub unwritten: u64,
+    /// Output rows compared with the fp32 reference (all rows for small shapes, a stratified sample beyond).
+    pub rows_compared: u64,
+    /// CTAs counted per launch (check build), in launch order.
+    pub ctas_ran: Vec<u64>,
+    /// CTAs planned per launch (grid product), in launch order.
+    pub ctas_planned: Vec<u64>,
+    /// Why it failed, in words; empty when passed.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timed {
+    pub cases: Vec<TimedCase>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimedCase {
+    pub shape: Shape,
+    pub input_sets: u32,
+    /// Same order as the request's entries.
+    pub entries: Vec<TimedEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimedEntry {
+    pub id: String,
+    /// Per-launch microseconds of every sample, in the order taken.
+    pub samples_us: Vec<f64>,
+}

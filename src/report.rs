@@ -1,0 +1,103 @@
+//! Reports read from the ledger: the iteration history, a run's status, and the
+//! end-of-run summary of the best kernel per shape.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::ledger::{BestRow, IterationRecord, Ledger, LedgerError, RunRow};
+use crate::record::fmt_dur;
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub run: RunRow,
+    pub budget_left_s: f64,
+    pub best: Vec<BestRow>,
+    pub verdicts: Vec<(String, i64)>,
+}
+
+pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, LedgerError> {
+    let run = ledger.run(run).await?;
+    let best = ledger.best(&run.id).await?;
+    let its = ledger.iterations(&run.id).await?;
+    let mut verdicts: Vec<(String, i64)> = Vec::new();
+    for it in &its {
+        match verdicts.iter_mut().find(|(v, _)| *v == it.verdict) {
+            Some((_, n)) => *n += 1,
+            None => verdicts.push((it.verdict.clone(), 1)),
+        }
+    }
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts })
+}
+
+pub fn status_text(s: &Status) -> String {
+    let r = &s.run;
+    let mut out = String::new();
+    let _ = writeln!(out, "run        {}", r.id);
+    let _ = writeln!(out, "state      {}{}", r.state, r.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default());
+    let _ = writeln!(out, "gpu        {}", r.gpu_name.as_deref().unwrap_or("-"));
+    let _ = writeln!(out, "stage      {}", r.stage.as_deref().unwrap_or("-"));
+    let verdicts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{n} {v}")).collect();
+    let _ = writeln!(out, "iterations {}{}", r.iterations, if verdicts.is_empty() { String::new() } else { format!(" ({})", verdicts.join(", ")) });
+    let _ = writeln!(
+        out,
+        "budget     {} used of {}, {} left",
+        fmt_dur(std::time::Duration::from_secs_f64(r.used_s)),
+        fmt_dur(std::time::Duration::from_secs_f64(r.budget_s)),
+        fmt_dur(std::time::Duration::from_secs_f64(s.budget_left_s))
+    );
+    let _ = writeln!(out, "folder     {}", r.run_dir);
+    out.push('\n');
+    out.push_str(&best_table(&s.best, &r.run_dir));
+    out
+}
+
+/// The best kernel per shape: time, speedup over the baseline kernel, and its source.
+pub fn best_table(best: &[BestRow], run_dir: &str) -> String {
+    let mut out = String::new();
+    if best.is_empty() {
+        out.push_str("no correct kernel yet\n");
+        return out;
+    }
+    let _ = writeln!(out, "{:<24} {:>5} {:>12} {:>12} {:>9}  source", "shape", "iter", "best us", "baseline us", "speedup");
+    for b in best {
+        let speedup = b.baseline_us.map(|x| format!("{:.2}x", x / b.median_us)).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:<24} {:>5} {:>12.2} {:>12} {:>9}  {}/workspace/{}",
+            b.shape,
+            b.seq,
+            b.median_us,
+            b.baseline_us.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+            speedup,
+            run_dir,
+            b.source_path
+        );
+    }
+    out
+}
+
+pub fn history_text(its: &[IterationRecord]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:>5}  {}",
+        "iter", "stage", "verdict", "params", "geomean us", "regs", "won", "reason"
+    );
+    for it in its {
+        let won = it.shapes.iter().filter(|s| s.won).count();
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:>5}  {}",
+            it.seq,
+            it.stage,
+            it.verdict,
+            it.params_json,
+            it.score_us.map(|s| format!("{s:.2}")).unwrap_or_else(|| "-".into()),
+            it.registers.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+            if it.shapes.is_empty() { "-".to_string() } else { format!("{won}/{}", it.shapes.len()) },
+            it.reason
+        );
+    }
+    out
+}

@@ -1,0 +1,281 @@
+//! Kernel templates: loading a `.cu` file, parsing its spec comment, and evaluating
+//! the formulas it declares (derived values, launch grid, block, shared memory).
+//!
+//! A template is plain CUDA whose knobs are macros. Its machine-read spec sits in a
+//! `/* optimizerd:spec ... */` comment (TOML), so the formulas a human reads in the
+//! header are the ones the daemon evaluates. Expressions are minijinja expressions
+//! over the knobs, the shape (B, H, S, D, CAUSAL, ELEM_BYTES) and the device
+//! (SMS, SMEM_OPTIN, CC), with `cdiv`, `min` and `max`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::assets;
+use crate::protocol::{DeviceInfo, Launch, Shape, ShapePlan};
+
+/// Knob name -> chosen value. Ordered, so its JSON form is canonical.
+pub type Params = BTreeMap<String, i64>;
+
+const SPEC_START: &str = "/* optimizerd:spec";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template {path}: {message}")]
+    Spec { path: PathBuf, message: String },
+    #[error("template {template}: formula `{name}` = \"{expr}\": {message}")]
+    Formula { template: String, name: String, expr: String, message: String },
+    #[error(transparent)]
+    Asset(#[from] assets::AssetError),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecFile {
+    template: Meta,
+    knobs: toml::Table,
+    #[serde(default)]
+    derived: toml::Table,
+    launch: Vec<LaunchSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Meta {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Smallest compute capability (major*10+minor) the template compiles and runs on.
+    #[serde(default)]
+    pub min_cc: u32,
+    /// Test-only templates (planted faults); never in the default plan.
+    #[serde(default)]
+    pub testing: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    /// Role: the exported kernel is `optd_<role>_d<D>`.
+    pub kernel: String,
+    pub grid: [String; 3],
+    pub block: [String; 3],
+    pub smem: String,
+    /// Launch only when this evaluates true (e.g. `splits > 1`).
+    #[serde(default)]
+    pub when: Option<String>,
+}
+
+/// A parsed template: its CUDA text, and its declared knobs and formulas.
+#[derive(Debug, Clone)]
+pub struct Template {
+    pub meta: Meta,
+    /// Where it was read from (path relative to the templates dir).
+    pub file: String,
+    pub text: String,
+    /// Knob -> allowed values, in declaration order.
+    pub knobs: Vec<(String, Vec<i64>)>,
+    /// Derived name -> expression, in evaluation order.
+    pub derived: Vec<(String, String)>,
+    pub launches: Vec<LaunchSpec>,
+}
+
+impl Template {
+    /// Load `file` (e.g. `kv_split.cu`) from `dir`, or from the embedded copies.
+    pub fn load(dir: &Path, file: &str) -> Result<Self, TemplateError> {
+        let text = assets::read(dir, file)?;
+        Self::parse(file, text)
+    }
+
+    pub fn parse(file: &str, text: String) -> Result<Self, TemplateError> {
+        let err = |message: String| TemplateError::Spec { path: PathBuf::from(file), message };
+        let start = text
+            .find(SPEC_START)
+            .ok_or_else(|| err(format!("no `{SPEC_START}` comment; every template declares its knobs and formulas there")))?;
+        let body = &text[start + SPEC_START.len()..];
+        let end = body.find("*/").ok_or_else(|| err("spec comment is not closed with `*/`".into()))?;
+        let spec_text = &body[..end];
+        let spec: SpecFile = toml::from_str(spec_text).map_err(|e| {
+            let line = e.span().map_or(0, |s| text[..start].matches('\n').count() + spec_text[..s.start].matches('\n').count() + 1);
+            err(format!("line {line}: {}", e.message()))
+        })?;
+        let mut knobs = Vec::new();
+        for (name, values) in spec.knobs {
+            let values: Vec<i64> = values
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_integer()).collect())
+                .filter(|v: &Vec<i64>| !v.is_empty())
+                .ok_or_else(|| err(format!("knob `{name}`: expected a non-empty list of integers, e.g. {name} = [32, 64]")))?;
+            knobs.push((name, values));
+        }
+        let mut derived = Vec::new();
+        for (name, expr) in spec.derived {
+            let expr = expr
+                .as_str()
+                .ok_or_else(|| err(format!("derived `{name}`: expected an expression string")))?;
+            derived.push((name, expr.to_string()));
+        }
+        if !derived.iter().any(|(n, _)| n == "splits") {
+            derived.push(("splits".into(), "1".into()));
+        }
+        if spec.launch.is_empty() {
+            return Err(err("declares no [[launch]]".into()));
+        }
+        let t = Template { meta: spec.template, file: file.to_string(), text, knobs, derived, launches: spec.launch };
+        Ok(t)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+
+    /// The first allowed value of every knob: the template's own default candidate.
+    pub fn default_params(&self) -> Params {
+        self.knobs.iter().map(|(k, v)| (k.clone(), v[0])).collect()
+    }
+
+    /// Check that `params` sets exactly this template's knobs to allowed values.
+    pub fn validate_params(&self, params: &Params) -> Result<(), String> {
+        for (name, allowed) in &self.knobs {
+            match params.get(name) {
+                None => return Err(format!("knob `{name}` not set (allowed: {allowed:?})")),
+                Some(v) if !allowed.contains(v) => {
+                    return Err(format!("knob `{name}` = {v} is not allowed (allowed: {allowed:?})"))
+                }
+                _ => {}
+            }
+        }
+        if let Some(extra) = params.keys().find(|k| !self.knobs.iter().any(|(n, _)| n == *k)) {
+            return Err(format!("`{extra}` is not a knob of template {}", self.name()));
+        }
+        Ok(())
+    }
+
+    /// Exported kernel names for the head dims in use, e.g. `optd_fwd_d64`.
+    pub fn kernel_names(&self, head_dims: &[u32]) -> Vec<String> {
+        let mut names = Vec::new();
+        for d in head_dims {
+            for l in &self.launches {
+                let n = kernel_name(&l.kernel, *d);
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+        }
+        names
+    }
+
+    /// Evaluate every formula for one shape on one device: the launches that will run.
+    pub fn plan(&self, params: &Params, shape: &Shape, device: &DeviceInfo) -> Result<ShapePlan, TemplateError> {
+        let mut vars = shape_vars(shape, device);
+        vars.extend(params.iter().map(|(k, v)| (k.clone(), *v)));
+        let env = formula_env();
+        for (name, expr) in &self.derived {
+            let v = self.eval_int(&env, name, expr, &vars)?;
+            vars.insert(name.clone(), v);
+        }
+        let mut launches = Vec::new();
+        for (i, l) in self.launches.iter().enumerate() {
+            if let Some(when) = &l.when {
+                if !self.eval_bool(&env, &format!("launch[{i}].when"), when, &vars)? {
+                    continue;
+                }
+            }
+            let dims = |what: &str, exprs: &[String; 3]| -> Result<[u32; 3], TemplateError> {
+                let mut out = [0u32; 3];
+                for (j, e) in exprs.iter().enumerate() {
+                    let v = self.eval_int(&env, &format!("launch[{i}].{what}[{j}]"), e, &vars)?;
+                    out[j] = u32::try_from(v).map_err(|_| self.formula_err(&format!("launch[{i}].{what}[{j}]"), e, format!("gave {v}, outside 0..2^32")))?;
+                }
+                Ok(out)
+            };
+            let grid = dims("grid", &l.grid)?;
+            let block = dims("block", &l.block)?;
+            let smem = self.eval_int(&env, &format!("launch[{i}].smem"), &l.smem, &vars)?;
+            let dyn_smem = u32::try_from(smem).map_err(|_| self.formula_err(&format!("launch[{i}].smem"), &l.smem, format!("gave {smem}")))?;
+            launches.push(Launch { kernel: kernel_name(&l.kernel, shape.d), grid, block, dyn_smem });
+        }
+        let splits = vars.get("splits").copied().unwrap_or(1);
+        let n_splits = u32::try_from(splits)
+            .ok()
+            .filter(|&s| s >= 1)
+            .ok_or_else(|| self.formula_err("splits", "", format!("gave {splits}; must be >= 1")))?;
+        Ok(ShapePlan { shape: *shape, n_splits, launches })
+    }
+
+    fn formula_err(&self, name: &str, expr: &str, message: String) -> TemplateError {
+        TemplateError::Formula { template: self.name().to_string(), name: name.into(), expr: expr.into(), message }
+    }
+
+    fn eval(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<minijinja::Value, TemplateError> {
+        let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(name, expr, e.to_string()))?;
+        compiled.eval(minijinja::Value::from_serialize(vars)).map_err(|e| self.formula_err(name, expr, e.to_string()))
+    }
+
+    fn eval_int(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<i64, TemplateError> {
+        let v = self.eval(env, name, expr, vars)?;
+        if v.is_undefined() {
+            return Err(self.formula_err(name, expr, "uses an undefined name".into()));
+        }
+        if let Ok(i) = i64::try_from(v.clone()) {
+            return Ok(i);
+        }
+        match f64::try_from(v.clone()) {
+            Ok(f) if f.fract() == 0.0 && f.is_finite() => Ok(f as i64),
+            _ => Err(self.formula_err(name, expr, format!("gave {v}, not an integer (use // for integer division)"))),
+        }
+    }
+
+    fn eval_bool(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<bool, TemplateError> {
+        let v = self.eval(env, name, expr, vars)?;
+        if v.is_undefined() {
+            return Err(self.formula_err(name, expr, "uses an undefined name".into()));
+        }
+        Ok(v.is_true())
+    }
+}
+
+/// The names every formula may use besides knobs: the shape and the device.
+pub fn shape_vars(shape: &Shape, device: &DeviceInfo) -> BTreeMap<String, i64> {
+    let mut vars = BTreeMap::new();
+    vars.insert("B".into(), shape.b as i64);
+    vars.insert("H".into(), shape.h as i64);
+    vars.insert("S".into(), shape.s as i64);
+    vars.insert("D".into(), shape.d as i64);
+    vars.insert("CAUSAL".into(), shape.causal as i64);
+    vars.insert("ELEM_BYTES".into(), 2);
+    vars.insert("SMS".into(), device.sm_count as i64);
+    vars.insert("SMEM_OPTIN".into(), device.smem_optin as i64);
+    vars.insert("CC".into(), device.cc() as i64);
+    vars
+}
+
+/// Evaluate one integer expression outside a template (e.g. a stage's `min_ctas`).
+pub fn eval_int_expr(expr: &str, vars: &BTreeMap<String, i64>) -> Result<i64, String> {
+    let env = formula_env();
+    let v = env
+        .compile_expression(expr)
+        .and_then(|e| e.eval(minijinja::Value::from_serialize(vars)))
+        .map_err(|e| e.to_string())?;
+    i64::try_from(v.clone()).map_err(|_| format!("gave {v}, not an integer"))
+}
+
+pub fn kernel_name(role: &str, d: u32) -> String {
+    format!("optd_{role}_d{d}")
+}
+
+fn formula_env() -> minijinja::Environment<'static> {
+    use minijinja::value::Rest;
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.add_function("cdiv", |a: i64, b: i64| -> Result<i64, minijinja::Error> {
+        if b <= 0 {
+            return Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, "cdiv by a non-positive number"));
+        }
+        Ok((a + b - 1).div_euclid(b))
+    });
+    env.add_function("min", |xs: Rest<i64>| xs.iter().copied().min().unwrap_or(0));
+    env.add_function("max", |xs: Rest<i64>| xs.iter().copied().max().unwrap_or(0));
+    env
+}

@@ -1,0 +1,33 @@
+//! Time: the candidate and each shape's incumbent, interleaved in one worker
+//! process with CUDA events, summarized per kernel and shape.
+
+use std::time::Duration;
+
+use crate::decide::Stats;
+use crate::outcome::{Failure, Verdict};
+use crate::protocol::{Request, Response, TimeCase, TimeEntry, Timed, TimingSpec};
+use crate::supervisor::Supervisor;
+
+pub async fn run(sup: &mut Supervisor, cases: Vec<TimeCase>, spec: TimingSpec, seed: u64, timeout: Duration) -> Result<Timed, Failure> {
+    let expected: Vec<Vec<String>> = cases.iter().map(|c| c.entries.iter().map(|e| e.id.clone()).collect()).collect();
+    match sup.request(&Request::Time { cases, spec, seed }, timeout).await {
+        Ok(Response::Timed(t)) => {
+            let got: Vec<Vec<String>> = t.cases.iter().map(|c| c.entries.iter().map(|e| e.id.clone()).collect()).collect();
+            if got != expected {
+                return Err(Failure::new(Verdict::Error, "worker timed other kernels than asked"));
+            }
+            Ok(t)
+        }
+        Ok(other) => Err(Failure::from_response("time", other)),
+        Err(e) => Err(Failure::from_worker("time", e)),
+    }
+}
+
+/// Stats of entry `id` in one timed case.
+pub fn stats_of(case: &crate::protocol::TimedCase, id: &str) -> Option<Stats> {
+    case.entries.iter().find(|e| e.id == id).and_then(|e| Stats::from_samples(&e.samples_us))
+}
+
+pub fn entry(id: &str, plan: &crate::protocol::ShapePlan) -> TimeEntry {
+    TimeEntry { id: id.to_string(), plan: plan.clone() }
+}

@@ -1,0 +1,190 @@
+//! A scripted worker backend: the test double at the GPU boundary.
+//!
+//! It speaks the real protocol from a real child process, so the daemon's
+//! supervisor, ledger, git and search are exercised unchanged on a CPU machine.
+//! A JSON script says, per candidate (matched by substrings of its rendered
+//! source), whether it compiles, is correct, how fast it is, or whether it crashes
+//! or hangs the worker at a given step.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::protocol::{
+    Checked, DeviceInfo, KernelResources, Loaded, OccupancyResult, Request, Response, ShapeCheck, Timed, TimedCase, TimedEntry,
+};
+use crate::worker::Backend;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Script {
+    pub device: DeviceInfo,
+    /// First matching rule wins; a candidate matching none uses `default`.
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    pub default: Behaviour,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Every string must occur in the rendered source (e.g. "#define MAX_SPLITS 8").
+    pub source_contains: Vec<String>,
+    pub behaviour: Behaviour,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Behaviour {
+    /// Correct; each launch plan takes `us` microseconds (per shape key in `per_shape`, if listed).
+    Ok {
+        us: f64,
+        #[serde(default)]
+        per_shape: HashMap<String, f64>,
+    },
+    CompileError { log: String },
+    /// Check reports a large error.
+    Wrong,
+    /// Check reports fewer CTAs than planned (an early exit).
+    CtaShort,
+    /// The worker process aborts at `step` ("load", "check" or "time").
+    Crash { step: String },
+    /// The worker stops answering at `step`.
+    Hang { step: String },
+    /// A sticky CUDA error reply at `step`, after which the worker exits.
+    Sticky { step: String },
+}
+
+pub struct ScriptedBackend {
+    script: Script,
+    modules: HashMap<String, Behaviour>,
+}
+
+impl ScriptedBackend {
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)?;
+        let script: Script = serde_json::from_str(&text)?;
+        Ok(ScriptedBackend { script, modules: HashMap::new() })
+    }
+
+    fn behaviour_for(&self, source: &str) -> Behaviour {
+        self.script
+            .rules
+            .iter()
+            .find(|r| r.source_contains.iter().all(|s| source.contains(s.as_str())))
+            .map(|r| r.behaviour.clone())
+            .unwrap_or_else(|| self.script.default.clone())
+    }
+
+    /// Crash, hang or fail here if the behaviour says so for `step`.
+    fn trip(&self, b: &Behaviour, step: &str) -> Option<Response> {
+        match b {
+            Behaviour::Crash { step: s } if s == step => {
+                eprintln!("scripted worker: aborting at {step}");
+                std::process::abort();
+            }
+            Behaviour::Hang { step: s } if s == step => loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            },
+            Behaviour::Sticky { step: s } if s == step => Some(Response::CudaError {
+                during: step.into(),
+                message: "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered (scripted)".into(),
+                sticky: true,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Backend for ScriptedBackend {
+    fn handle(&mut self, request: Request) -> Response {
+        match request {
+            Request::Hello => Response::Hello(self.script.device.clone()),
+            Request::Load { id, source, kernels, occupancy, .. } => {
+                let b = self.behaviour_for(&source);
+                if let Some(r) = self.trip(&b, "load") {
+                    return r;
+                }
+                if let Behaviour::CompileError { log } = &b {
+                    return Response::CompileError { log: log.clone() };
+                }
+                self.modules.insert(id, b);
+                Response::Loaded(Loaded {
+                    compile_ms: 1.0,
+                    kernels: kernels
+                        .into_iter()
+                        .map(|k| KernelResources { kernel: k, registers: 64, static_smem: 0, local_bytes: 0, max_threads: 1024 })
+                        .collect(),
+                    occupancy: occupancy
+                        .into_iter()
+                        .map(|q| OccupancyResult { kernel: q.kernel, block_threads: q.block_threads, dyn_smem: q.dyn_smem, blocks_per_sm: 4 })
+                        .collect(),
+                    log: String::new(),
+                })
+            }
+            Request::Check { id, plans, tolerance, .. } => {
+                let Some(b) = self.modules.get(&id).cloned() else {
+                    return Response::BadRequest { message: format!("unknown module {id}") };
+                };
+                if let Some(r) = self.trip(&b, "check") {
+                    return r;
+                }
+                let mut shapes = Vec::new();
+                for p in plans {
+                    let planned: Vec<u64> = p.launches.iter().map(|l| l.ctas()).collect();
+                    let (ran, max_abs, reason) = match b {
+                        Behaviour::Wrong => (planned.clone(), 0.5, format!("max_abs 0.5 > atol {}", tolerance.atol)),
+                        Behaviour::CtaShort => (vec![1; planned.len()], 0.001, format!("launch 0: 1 CTAs ran, {} planned", planned[0])),
+                        _ => (planned.clone(), 0.001, String::new()),
+                    };
+                    let passed = reason.is_empty();
+                    shapes.push(ShapeCheck {
+                        shape: p.shape,
+                        passed,
+                        max_abs,
+                        rel_l2: max_abs / 10.0,
+                        unwritten: 0,
+                        rows_compared: (p.shape.b * p.shape.h * p.shape.s) as u64,
+                        ctas_ran: ran,
+                        ctas_planned: planned,
+                        reason,
+                    });
+                    if !passed {
+                        break;
+                    }
+                }
+                Response::Checked(Checked { shapes })
+            }
+            Request::Time { cases, spec, .. } => {
+                let mut out = Vec::new();
+                for case in cases {
+                    let mut entries = Vec::new();
+                    for e in case.entries {
+                        let Some(b) = self.modules.get(&e.id).cloned() else {
+                            return Response::BadRequest { message: format!("unknown module {}", e.id) };
+                        };
+                        if let Some(r) = self.trip(&b, "time") {
+                            return r;
+                        }
+                        let us = match &b {
+                            Behaviour::Ok { us, per_shape } => per_shape.get(&case.shape.key()).copied().unwrap_or(*us),
+                            _ => 1000.0,
+                        };
+                        let n = (spec.rounds * spec.samples_per_round) as usize;
+                        // Deterministic +-0.4% jitter: well inside the decision's noise floor.
+                        let samples_us = (0..n).map(|i| us * (1.0 + 0.002 * ((i % 5) as f64 - 2.0))).collect();
+                        entries.push(TimedEntry { id: e.id, samples_us });
+                    }
+                    out.push(TimedCase { shape: case.shape, input_sets: 1, entries });
+                }
+                Response::Timed(Timed { cases: out })
+            }
+            Request::Unload { id } => {
+                self.modules.remove(&id);
+                Response::Unloaded
+            }
+            Request::Shutdown => Response::Bye,
+        }
+    }
+}
