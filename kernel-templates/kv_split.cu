@@ -316,12 +316,12 @@ __device__ __forceinline__ void kv_split_combine(OPTD_ARGS) {
     for (int i = 0; i < DP; ++i) orow[lane + 32 * i] = from_f32x2(acc[i].x * inv, acc[i].y * inv);
 }
 
-extern "C" __global__ void __launch_bounds__(FWD_THREADS) optd_fwd_d64(OPTD_ARGS) {
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
     kv_split_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 
-extern "C" __global__ void __launch_bounds__(FWD_THREADS) optd_fwd_d128(OPTD_ARGS) {
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     kv_split_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }

@@ -1,0 +1,117 @@
+//! Shared fixtures: a temporary project (config, plan, worker script) whose runs
+//! are driven by the real engine against the scripted worker process.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use optimizerd::config::Config;
+use optimizerd::engine::{self, RunEnd, RunOptions};
+use optimizerd::protocol::DeviceInfo;
+use optimizerd::supervisor::WorkerCommand;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn h100() -> DeviceInfo {
+    DeviceInfo {
+        name: "NVIDIA H100 80GB HBM3 (scripted)".into(),
+        cc_major: 9,
+        cc_minor: 0,
+        sm_count: 132,
+        smem_optin: 232448,
+        smem_per_sm: 233472,
+        l2_bytes: 50 * 1024 * 1024,
+        max_threads_per_sm: 2048,
+        driver_version: 13000,
+        nvrtc_version: (13, 0),
+        arch: "sm_90".into(),
+    }
+}
+
+pub struct Project {
+    pub dir: tempfile::TempDir,
+}
+
+impl Project {
+    /// A project folder with `agent.toml` (two small shapes, short worker timeouts),
+    /// the plan `plan_toml` and the worker script `rules` (JSON array) + `default`.
+    pub fn new(plan_toml: &str, rules: serde_json::Value, default: serde_json::Value) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        let templates = repo_root().join("kernel-templates");
+        std::fs::write(
+            dir.path().join("agent.toml"),
+            format!(
+                r#"
+[run]
+runs_dir = "runs"
+plan = "plan.toml"
+templates_dir = "{}"
+
+[workload]
+dtype = "fp16"
+shapes = [ {{ b = 1, h = 1, s = 128, d = 64 }}, {{ b = 2, h = 8, s = 512, d = 128, causal = true }} ]
+
+[timing]
+rounds = 2
+samples_per_round = 5
+
+[worker]
+hello_timeout = "10s"
+load_timeout = "5s"
+check_timeout = "2s"
+time_timeout = "2s"
+max_restarts = 2
+"#,
+                templates.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("plan.toml"), plan_toml).unwrap();
+        let script = serde_json::json!({ "device": h100(), "rules": rules, "default": default });
+        std::fs::write(dir.path().join("script.json"), serde_json::to_string_pretty(&script).unwrap()).unwrap();
+        Project { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn config(&self) -> Config {
+        Config::load_file(&self.path().join("agent.toml")).unwrap()
+    }
+
+    pub fn worker(&self) -> WorkerCommand {
+        WorkerCommand {
+            program: PathBuf::from(env!("CARGO_BIN_EXE_optimizerd")),
+            args: vec!["worker".into(), "--script".into(), self.path().join("script.json").display().to_string()],
+            env: vec![],
+        }
+    }
+
+    pub async fn run(&self, run_id: &str, budget: Duration) -> RunEnd {
+        let config = self.config();
+        let opts = RunOptions {
+            plan_path: config.resolve(&config.run.plan),
+            config,
+            budget,
+            worker: self.worker(),
+            run_id: Some(run_id.into()),
+            seed: Some(7),
+        };
+        let (_, rx) = tokio::sync::watch::channel(false);
+        let (id, end) = engine::run(opts, rx).await.expect("run completes");
+        assert_eq!(id, run_id);
+        end
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.path().join("runs/optimizer.db")
+    }
+
+    pub fn workspace(&self, run_id: &str) -> PathBuf {
+        self.path().join("runs").join(run_id).join("workspace")
+    }
+}
