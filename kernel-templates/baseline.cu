@@ -17,7 +17,7 @@
  *
  * Knobs:   WARPS_PER_CTA  query rows per CTA (one warp each)
  * Shared:  none
- * CTAs:    cdiv(S, WARPS_PER_CTA) x (B * H) x 1
+ * CTAs:    cdiv(S, WARPS_PER_CTA) x (B * H) x 1   (B * H <= 65535, gridDim.y)
  ******************************************************************************/
 
 /* optimizerd:spec

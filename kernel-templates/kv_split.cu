@@ -45,11 +45,12 @@
  *          MAX_SPLITS  cap on n_splits (only used by the launch formulas)
  * Shared (static):  4 * BLOCK_M * D  (Q, fp32)  +  2 * 2 * 32 * D  (K, V)
  *                   bytes; at most 48 KiB (BLOCK_M 64, D 128).
- * CTAs:    fwd      cdiv(S, BLOCK_M) x (B * H) x n_splits
+ * CTAs:    fwd      cdiv(S, BLOCK_M) x (B * H) x n_splits   (B * H <= 65535)
  *          combine  cdiv(B * H * S, 4), only when n_splits > 1
  * n_splits: 1 when B * H * cdiv(S, BLOCK_M) already fills 80% of the SMs,
  *          else min(MAX_SPLITS, cdiv(SMS, that), cdiv(S, 32)), then lowered to
- *          the smallest count with the same tiles per split (no empty split).
+ *          the smallest count with the same tiles per split, so that without
+ *          causal masking no split is left without a tile.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -316,6 +317,8 @@ __device__ __forceinline__ void kv_split_combine(OPTD_ARGS) {
     for (int i = 0; i < DP; ++i) orow[lane + 32 * i] = from_f32x2(acc[i].x * inv, acc[i].y * inv);
 }
 
+// minBlocks = 1 leaves ptxas free to keep the R x D/32 accumulators in registers;
+// with the default it caps 256-thread builds at 64 registers and spills.
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
     kv_split_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();

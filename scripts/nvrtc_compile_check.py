@@ -204,7 +204,8 @@ class Nvrtc:
 # ---------------------------------------------------------------------------
 _FUNC_RE = re.compile(r"Function properties for (\w+)")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED_RE = re.compile(r"Used (\d+) registers.*?(\d+) bytes smem")
+_REGS_RE = re.compile(r"Used (\d+) registers")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
 
 
 def parse_resources(log: str) -> dict[str, dict[str, int]]:
@@ -216,8 +217,9 @@ def parse_resources(log: str) -> dict[str, dict[str, int]]:
             out.setdefault(cur, {})
         elif cur and (m := _SPILL_RE.search(line)):
             out[cur].update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
-        elif cur and (m := _USED_RE.search(line)):
-            out[cur].update(regs=int(m.group(1)), smem=int(m.group(2)))
+        elif cur and (m := _REGS_RE.search(line)):
+            sm = _SMEM_RE.search(line)
+            out[cur].update(regs=int(m.group(1)), smem=int(sm.group(1)) if sm else 0)
     return out
 
 

@@ -89,7 +89,12 @@ pub enum CompileFailure {
     TimedOut { limit_ms: u64, log: String },
     /// Any other NVRTC failure (bad option, internal error, out of memory, ...).
     #[error("NVRTC failed during {during}: {name} ({code}){}", if log.is_empty() { String::new() } else { format!(":\n{log}") })]
-    Nvrtc { during: &'static str, code: i32, name: String, log: String },
+    Nvrtc {
+        during: &'static str,
+        code: i32,
+        name: String,
+        log: String,
+    },
     /// The inputs could not be handed to NVRTC at all (e.g. a NUL byte in the source).
     #[error("invalid compile input: {0}")]
     InvalidInput(String),
@@ -115,13 +120,22 @@ impl CompileFailure {
         matches!(
             self,
             CompileFailure::InvalidInput(_)
-                | CompileFailure::Nvrtc { code: NVRTC_ERROR_INVALID_OPTION, .. }
+                | CompileFailure::Nvrtc {
+                    code: NVRTC_ERROR_INVALID_OPTION,
+                    ..
+                }
         )
     }
 
     /// True when NVRTC crashed internally: usually provoked by the program itself.
     pub fn is_internal_compiler_error(&self) -> bool {
-        matches!(self, CompileFailure::Nvrtc { code: NVRTC_ERROR_INTERNAL_ERROR, .. })
+        matches!(
+            self,
+            CompileFailure::Nvrtc {
+                code: NVRTC_ERROR_INTERNAL_ERROR,
+                ..
+            }
+        )
     }
 
     /// The NVRTC log, if any was produced.
@@ -140,26 +154,34 @@ impl CompileFailure {
 
 type Program = *mut c_void;
 type FlowCallback = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+type VersionFn = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
+type ErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
+type CreateProgramFn = unsafe extern "C" fn(
+    *mut Program,
+    *const c_char,
+    *const c_char,
+    c_int,
+    *const *const c_char,
+    *const *const c_char,
+) -> c_int;
+type CompileProgramFn = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
+type DestroyProgramFn = unsafe extern "C" fn(*mut Program) -> c_int;
+type SizeFn = unsafe extern "C" fn(Program, *mut usize) -> c_int;
+type BytesFn = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
+type SetFlowCallbackFn = unsafe extern "C" fn(Program, Option<FlowCallback>, *mut c_void) -> c_int;
 
 struct Api {
-    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
-    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    create_program: unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int,
-    compile_program: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
-    destroy_program: unsafe extern "C" fn(*mut Program) -> c_int,
-    get_cubin_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    get_cubin: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
-    get_log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    get_log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    version: VersionFn,
+    get_error_string: ErrorStringFn,
+    create_program: CreateProgramFn,
+    compile_program: CompileProgramFn,
+    destroy_program: DestroyProgramFn,
+    get_cubin_size: SizeFn,
+    get_cubin: BytesFn,
+    get_log_size: SizeFn,
+    get_log: BytesFn,
     /// `nvrtcSetFlowCallback` (NVRTC >= 12.x), used to cancel over-long compiles.
-    set_flow_callback: Option<unsafe extern "C" fn(Program, Option<FlowCallback>, *mut c_void) -> c_int>,
+    set_flow_callback: Option<SetFlowCallbackFn>,
 }
 
 impl Api {
@@ -200,22 +222,32 @@ fn api_for(lib: &Path) -> Result<&'static Api, NvrtcError> {
     if let Some(api) = map.get(&key) {
         return Ok(api);
     }
-    let c_path = CString::new(key.as_os_str().as_encoded_bytes()).map_err(|_| NvrtcError::LoadFailed {
-        path: key.clone(),
-        reason: "path contains a NUL byte".into(),
-    })?;
+    let c_path =
+        CString::new(key.as_os_str().as_encoded_bytes()).map_err(|_| NvrtcError::LoadFailed {
+            path: key.clone(),
+            reason: "path contains a NUL byte".into(),
+        })?;
     // SAFETY: c_path is a valid C string. Loading NVRTC runs its (trusted, NVIDIA-provided)
     // initializers; RTLD_GLOBAL makes it resident under its soname for cudarc's later dlopen.
     let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
     if handle.is_null() {
-        return Err(NvrtcError::LoadFailed { path: key, reason: dl_error() });
+        return Err(NvrtcError::LoadFailed {
+            path: key,
+            reason: dl_error(),
+        });
     }
     let sym = |name: &'static str| -> Result<*mut c_void, NvrtcError> {
-        let c_name = CString::new(name).map_err(|_| NvrtcError::MissingSymbol { path: key.clone(), symbol: name })?;
+        let c_name = CString::new(name).map_err(|_| NvrtcError::MissingSymbol {
+            path: key.clone(),
+            symbol: name,
+        })?;
         // SAFETY: handle is a live dlopen handle (never closed); c_name is a valid C string.
         let p = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
         if p.is_null() {
-            Err(NvrtcError::MissingSymbol { path: key.clone(), symbol: name })
+            Err(NvrtcError::MissingSymbol {
+                path: key.clone(),
+                symbol: name,
+            })
         } else {
             Ok(p)
         }
@@ -224,18 +256,28 @@ fn api_for(lib: &Path) -> Result<&'static Api, NvrtcError> {
     // signature in nvrtc.h matches the function-pointer type it is transmuted to.
     let api = unsafe {
         Api {
-            version: std::mem::transmute::<*mut c_void, _>(sym("nvrtcVersion")?),
-            get_error_string: std::mem::transmute::<*mut c_void, _>(sym("nvrtcGetErrorString")?),
-            create_program: std::mem::transmute::<*mut c_void, _>(sym("nvrtcCreateProgram")?),
-            compile_program: std::mem::transmute::<*mut c_void, _>(sym("nvrtcCompileProgram")?),
-            destroy_program: std::mem::transmute::<*mut c_void, _>(sym("nvrtcDestroyProgram")?),
-            get_cubin_size: std::mem::transmute::<*mut c_void, _>(sym("nvrtcGetCUBINSize")?),
-            get_cubin: std::mem::transmute::<*mut c_void, _>(sym("nvrtcGetCUBIN")?),
-            get_log_size: std::mem::transmute::<*mut c_void, _>(sym("nvrtcGetProgramLogSize")?),
-            get_log: std::mem::transmute::<*mut c_void, _>(sym("nvrtcGetProgramLog")?),
+            version: std::mem::transmute::<*mut c_void, VersionFn>(sym("nvrtcVersion")?),
+            get_error_string: std::mem::transmute::<*mut c_void, ErrorStringFn>(sym(
+                "nvrtcGetErrorString",
+            )?),
+            create_program: std::mem::transmute::<*mut c_void, CreateProgramFn>(sym(
+                "nvrtcCreateProgram",
+            )?),
+            compile_program: std::mem::transmute::<*mut c_void, CompileProgramFn>(sym(
+                "nvrtcCompileProgram",
+            )?),
+            destroy_program: std::mem::transmute::<*mut c_void, DestroyProgramFn>(sym(
+                "nvrtcDestroyProgram",
+            )?),
+            get_cubin_size: std::mem::transmute::<*mut c_void, SizeFn>(sym("nvrtcGetCUBINSize")?),
+            get_cubin: std::mem::transmute::<*mut c_void, BytesFn>(sym("nvrtcGetCUBIN")?),
+            get_log_size: std::mem::transmute::<*mut c_void, SizeFn>(sym(
+                "nvrtcGetProgramLogSize",
+            )?),
+            get_log: std::mem::transmute::<*mut c_void, BytesFn>(sym("nvrtcGetProgramLog")?),
             set_flow_callback: sym("nvrtcSetFlowCallback")
                 .ok()
-                .map(|p| std::mem::transmute::<*mut c_void, _>(p)),
+                .map(|p| std::mem::transmute::<*mut c_void, SetFlowCallbackFn>(p)),
         }
     };
     let api: &'static Api = Box::leak(Box::new(api));
@@ -256,17 +298,28 @@ struct Root {
 
 fn deps_root(base: &Path) -> Root {
     let cu13 = base.join(".deps/cuda/nvidia/cu13");
-    Root { libs: vec![cu13.join("lib/libnvrtc.so.13")], include: cu13.join("include") }
+    Root {
+        libs: vec![cu13.join("lib/libnvrtc.so.13")],
+        include: cu13.join("include"),
+    }
 }
 
 fn toolkit_root(base: &Path) -> Root {
     let mut libs = Vec::new();
-    for dir in ["lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"] {
+    for dir in [
+        "lib64",
+        "lib",
+        "targets/x86_64-linux/lib",
+        "targets/sbsa-linux/lib",
+    ] {
         for name in LIB_NAMES {
             libs.push(base.join(dir).join(name));
         }
     }
-    Root { libs, include: base.join("include") }
+    Root {
+        libs,
+        include: base.join("include"),
+    }
 }
 
 fn search_roots() -> Vec<Root> {
@@ -310,16 +363,26 @@ pub fn locate() -> Result<Toolchain, NvrtcError> {
 }
 
 fn locate_uncached() -> Result<Toolchain, NvrtcError> {
-    let env_lib = std::env::var_os(ENV_NVRTC_LIB).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let env_inc = std::env::var_os(ENV_CUDA_INCLUDE).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env_lib = std::env::var_os(ENV_NVRTC_LIB)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let env_inc = std::env::var_os(ENV_CUDA_INCLUDE)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
     if let Some(p) = &env_lib {
         if !p.is_file() {
-            return Err(NvrtcError::EnvLibMissing { var: ENV_NVRTC_LIB, path: p.clone() });
+            return Err(NvrtcError::EnvLibMissing {
+                var: ENV_NVRTC_LIB,
+                path: p.clone(),
+            });
         }
     }
     if let Some(p) = &env_inc {
         if !is_include_dir(p) {
-            return Err(NvrtcError::EnvIncludeInvalid { var: ENV_CUDA_INCLUDE, path: p.clone() });
+            return Err(NvrtcError::EnvIncludeInvalid {
+                var: ENV_CUDA_INCLUDE,
+                path: p.clone(),
+            });
         }
     }
     let roots = search_roots();
@@ -379,8 +442,13 @@ fn locate_uncached() -> Result<Toolchain, NvrtcError> {
     // SAFETY: nvrtcVersion writes two ints through valid pointers.
     let rc = unsafe { (api.version)(&mut major, &mut minor) };
     if rc != NVRTC_SUCCESS {
-        return Err(NvrtcError::Version { path: lib, message: api.error_name(rc) });
+        return Err(NvrtcError::Version {
+            path: lib,
+            message: api.error_name(rc),
+        });
     }
+
+    preload_builtins(&lib, (major, minor));
 
     // cudarc's own NVRTC wrappers dlopen by soname; with our copy resident they find it.
     // We do not depend on them, so a miss is only worth a note.
@@ -389,7 +457,48 @@ fn locate_uncached() -> Result<Toolchain, NvrtcError> {
         tracing::debug!(lib = %lib.display(), "cudarc cannot see NVRTC by soname; optimizerd uses its own handle");
     }
     tracing::debug!(lib = %lib.display(), include = %include_dir.display(), major, minor, "NVRTC located");
-    Ok(Toolchain { lib, include_dir, version: (major, minor) })
+    Ok(Toolchain {
+        lib,
+        include_dir,
+        version: (major, minor),
+    })
+}
+
+/// NVRTC dlopens `libnvrtc-builtins.so.MAJOR.MINOR` by bare name at its first compile,
+/// which fails unless that file is on the loader's path. Loading it from the directory of
+/// the library we found, `RTLD_GLOBAL`, makes that lookup resolve to the resident copy.
+fn preload_builtins(lib: &Path, (major, minor): (i32, i32)) {
+    let Some(dir) = lib.parent() else { return };
+    let exact = dir.join(format!("libnvrtc-builtins.so.{major}.{minor}"));
+    let candidate = if exact.is_file() {
+        Some(exact)
+    } else {
+        // Fall back to any builtins file of the same major version (not the `.alt` variant).
+        std::fs::read_dir(dir).ok().and_then(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.starts_with(&format!("libnvrtc-builtins.so.{major}"))
+                            && !n.contains(".alt.")
+                    })
+                })
+                .min()
+        })
+    };
+    let Some(path) = candidate else {
+        tracing::debug!(dir = %dir.display(), "no libnvrtc-builtins next to NVRTC; relying on the loader's path");
+        return;
+    };
+    let Ok(c_path) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: c_path is a valid C string naming NVIDIA's builtins library; the handle is
+    // deliberately never closed.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        tracing::warn!(path = %path.display(), error = %dl_error(), "could not preload NVRTC builtins");
+    }
 }
 
 // ----------------------------------------------------------------------------------------
@@ -484,9 +593,15 @@ pub fn compile_with_timeout(
     let mut options = base_options(tc, arch);
     for (k, v) in defines {
         if k.is_empty() || k.contains(|c: char| c.is_whitespace() || c == '=') {
-            return Err(CompileFailure::InvalidInput(format!("bad macro name {k:?}")));
+            return Err(CompileFailure::InvalidInput(format!(
+                "bad macro name {k:?}"
+            )));
         }
-        options.push(if v.is_empty() { format!("-D{k}") } else { format!("-D{k}={v}") });
+        options.push(if v.is_empty() {
+            format!("-D{k}")
+        } else {
+            format!("-D{k}={v}")
+        });
     }
     let c_opts = options
         .iter()
@@ -502,10 +617,22 @@ pub fn compile_with_timeout(
     // SAFETY: all strings are valid NUL-terminated C strings that outlive the program;
     // no headers are passed (count 0, null arrays).
     let rc = unsafe {
-        (api.create_program)(&mut prog, c_src.as_ptr(), c_name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+        (api.create_program)(
+            &mut prog,
+            c_src.as_ptr(),
+            c_name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
     };
     if rc != NVRTC_SUCCESS {
-        return Err(CompileFailure::Nvrtc { during: "nvrtcCreateProgram", code: rc, name: api.error_name(rc), log: String::new() });
+        return Err(CompileFailure::Nvrtc {
+            during: "nvrtcCreateProgram",
+            code: rc,
+            name: api.error_name(rc),
+            log: String::new(),
+        });
     }
     let guard = ProgramGuard { api, prog };
 
@@ -513,45 +640,80 @@ pub fn compile_with_timeout(
     if let (Some(deadline), Some(set_cb)) = (deadline.as_ref(), api.set_flow_callback) {
         // SAFETY: the payload points at `deadline`, which lives on this stack frame until
         // after nvrtcCompileProgram returns; the callback only reads it.
-        let rc = unsafe { set_cb(guard.prog, Some(cancel_after_deadline), deadline as *const Instant as *mut c_void) };
+        let rc = unsafe {
+            set_cb(
+                guard.prog,
+                Some(cancel_after_deadline),
+                deadline as *const Instant as *mut c_void,
+            )
+        };
         if rc != NVRTC_SUCCESS {
-            tracing::debug!(code = rc, "nvrtcSetFlowCallback failed; compile timeout not enforced");
+            tracing::debug!(
+                code = rc,
+                "nvrtcSetFlowCallback failed; compile timeout not enforced"
+            );
         }
     }
 
     // SAFETY: prog is live; opt_ptrs holds `len` valid C strings kept alive by c_opts.
-    let rc = unsafe { (api.compile_program)(guard.prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+    let rc =
+        unsafe { (api.compile_program)(guard.prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
     let log = program_log(api, guard.prog);
     let timed_out = deadline.map(|d| Instant::now() >= d).unwrap_or(false);
     match rc {
         NVRTC_SUCCESS => {}
         NVRTC_ERROR_CANCELLED => {
-            return Err(CompileFailure::TimedOut { limit_ms: timeout.map(|t| t.as_millis() as u64).unwrap_or(0), log })
+            return Err(CompileFailure::TimedOut {
+                limit_ms: timeout.map(|t| t.as_millis() as u64).unwrap_or(0),
+                log,
+            })
         }
         NVRTC_ERROR_COMPILATION => return Err(CompileFailure::Rejected { log }),
         code => {
-            return Err(CompileFailure::Nvrtc { during: "nvrtcCompileProgram", code, name: api.error_name(code), log })
+            return Err(CompileFailure::Nvrtc {
+                during: "nvrtcCompileProgram",
+                code,
+                name: api.error_name(code),
+                log,
+            })
         }
     }
     if timed_out {
         // NVRTC without flow callbacks finished anyway; honour the budget after the fact.
-        return Err(CompileFailure::TimedOut { limit_ms: timeout.map(|t| t.as_millis() as u64).unwrap_or(0), log });
+        return Err(CompileFailure::TimedOut {
+            limit_ms: timeout.map(|t| t.as_millis() as u64).unwrap_or(0),
+            log,
+        });
     }
 
     let mut size = 0usize;
     // SAFETY: prog compiled successfully; size is a valid out pointer.
     let rc = unsafe { (api.get_cubin_size)(guard.prog, &mut size) };
     if rc != NVRTC_SUCCESS {
-        return Err(CompileFailure::Nvrtc { during: "nvrtcGetCUBINSize", code: rc, name: api.error_name(rc), log });
+        return Err(CompileFailure::Nvrtc {
+            during: "nvrtcGetCUBINSize",
+            code: rc,
+            name: api.error_name(rc),
+            log,
+        });
     }
     let mut cubin = vec![0u8; size];
     // SAFETY: cubin has exactly the `size` bytes NVRTC reported.
     let rc = unsafe { (api.get_cubin)(guard.prog, cubin.as_mut_ptr() as *mut c_char) };
     if rc != NVRTC_SUCCESS {
-        return Err(CompileFailure::Nvrtc { during: "nvrtcGetCUBIN", code: rc, name: api.error_name(rc), log });
+        return Err(CompileFailure::Nvrtc {
+            during: "nvrtcGetCUBIN",
+            code: rc,
+            name: api.error_name(rc),
+            log,
+        });
     }
     drop(guard);
-    Ok(Compiled { cubin, log, ms: start.elapsed().as_secs_f64() * 1e3 })
+    Ok(Compiled {
+        cubin,
+        log,
+        ms: start.elapsed().as_secs_f64() * 1e3,
+    })
 }
 
 #[cfg(test)]
@@ -563,7 +725,10 @@ mod tests {
     fn toolchain() -> Toolchain {
         match locate() {
             Ok(tc) => tc,
-            Err(e) => panic!("NVRTC is required for these tests (CI={:?}): {e}", std::env::var("CI").ok()),
+            Err(e) => panic!(
+                "NVRTC is required for these tests (CI={:?}): {e}",
+                std::env::var("CI").ok()
+            ),
         }
     }
 
@@ -605,11 +770,25 @@ extern "C" __global__ void axpy_half(__half* y, const __half* x, float a, int n)
     #[test]
     fn defines_reach_the_preprocessor() {
         let tc = toolchain();
-        let ok = compile(&tc, FP16_KERNEL, "axpy.cu", "sm_90", &[("OPTD_COUNT_CTAS", "1".into())]);
+        let ok = compile(
+            &tc,
+            FP16_KERNEL,
+            "axpy.cu",
+            "sm_90",
+            &[("OPTD_COUNT_CTAS", "1".into())],
+        );
         assert!(ok.is_ok(), "{:?}", ok.err());
-        let bad = compile(&tc, FP16_KERNEL, "axpy.cu", "sm_90", &[("OPTD_COUNT_CTAS", "2".into())]);
+        let bad = compile(
+            &tc,
+            FP16_KERNEL,
+            "axpy.cu",
+            "sm_90",
+            &[("OPTD_COUNT_CTAS", "2".into())],
+        );
         match bad {
-            Err(CompileFailure::Rejected { log }) => assert!(log.contains("define value passed"), "{log}"),
+            Err(CompileFailure::Rejected { log }) => {
+                assert!(log.contains("define value passed"), "{log}")
+            }
             other => panic!("expected rejection, got {other:?}"),
         }
     }
@@ -620,7 +799,10 @@ extern "C" __global__ void axpy_half(__half* y, const __half* x, float a, int n)
         let src = "extern \"C\" __global__ void k(int* p) {\n  int x = 1\n  p[0] = x;\n}\n";
         match compile(&tc, src, "broken.cu", "sm_90", &[]) {
             Err(CompileFailure::Rejected { log }) => {
-                assert!(log.contains("broken.cu(3)") || log.contains("broken.cu(2)"), "{log}");
+                assert!(
+                    log.contains("broken.cu(3)") || log.contains("broken.cu(2)"),
+                    "{log}"
+                );
                 assert!(log.contains("error"), "{log}");
                 // Plain text: real newlines/quotes, no Debug escaping.
                 assert!(!log.contains("\\n") && !log.contains("\\\""), "{log}");
@@ -643,9 +825,17 @@ extern "C" __global__ void axpy_half(__half* y, const __half* x, float a, int n)
     #[test]
     fn exhausted_budget_cancels() {
         let tc = toolchain();
-        let e = compile_with_timeout(&tc, FP16_KERNEL, "a.cu", "sm_90", &[], Some(Duration::ZERO)).unwrap_err();
+        let e = compile_with_timeout(&tc, FP16_KERNEL, "a.cu", "sm_90", &[], Some(Duration::ZERO))
+            .unwrap_err();
         assert!(matches!(e, CompileFailure::TimedOut { .. }), "{e}");
-        let ok = compile_with_timeout(&tc, FP16_KERNEL, "a.cu", "sm_90", &[], Some(Duration::from_secs(120)));
+        let ok = compile_with_timeout(
+            &tc,
+            FP16_KERNEL,
+            "a.cu",
+            "sm_90",
+            &[],
+            Some(Duration::from_secs(120)),
+        );
         assert!(ok.is_ok(), "{:?}", ok.err());
     }
 }

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    result, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
+    result, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DriverError,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -30,8 +31,9 @@ use super::reference;
 use super::Backend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
 use crate::protocol::{
-    Checked, DeviceInfo, KernelResources, Launch, Loaded, OccupancyQuery, OccupancyResult, Request, Response, Shape,
-    ShapeCheck, ShapePlan, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec, Tolerance,
+    Checked, DeviceInfo, KernelResources, Launch, Loaded, OccupancyQuery, OccupancyResult, Request,
+    Response, Shape, ShapeCheck, ShapePlan, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec,
+    Tolerance,
 };
 
 /// Dynamic shared memory a kernel may use without opting in.
@@ -81,7 +83,8 @@ fn always_sticky(code: u32) -> bool {
         | 702 // LAUNCH_TIMEOUT
         | 709 // CONTEXT_IS_DESTROYED
         | 710 // ASSERT (device-side assert / trap)
-        | 714..=719 // HARDWARE_STACK_ERROR, ILLEGAL_INSTRUCTION, MISALIGNED_ADDRESS,
+        | 714
+            ..=719 // HARDWARE_STACK_ERROR, ILLEGAL_INSTRUCTION, MISALIGNED_ADDRESS,
                     // INVALID_ADDRESS_SPACE, INVALID_PC, LAUNCH_FAILED
         | 999 // UNKNOWN
     )
@@ -119,19 +122,35 @@ pub fn describe(err: DriverError) -> String {
 /// A request that could not be completed, already classified for the reply.
 #[derive(Debug)]
 enum Failure {
-    Cuda { during: String, message: String, sticky: bool },
+    Cuda {
+        during: String,
+        message: String,
+        sticky: bool,
+    },
     Bad(String),
     Compile(String),
 }
 
 impl Failure {
     fn cuda(during: impl Into<String>, err: DriverError, stage: Stage) -> Self {
-        Failure::Cuda { during: during.into(), message: describe(err), sticky: is_sticky(err, stage) }
+        Failure::Cuda {
+            during: during.into(),
+            message: describe(err),
+            sticky: is_sticky(err, stage),
+        }
     }
 
     fn into_response(self) -> Response {
         match self {
-            Failure::Cuda { during, message, sticky } => Response::CudaError { during, message, sticky },
+            Failure::Cuda {
+                during,
+                message,
+                sticky,
+            } => Response::CudaError {
+                during,
+                message,
+                sticky,
+            },
             Failure::Bad(message) => Response::BadRequest { message },
             Failure::Compile(log) => Response::CompileError { log },
         }
@@ -171,7 +190,11 @@ struct Build {
 
 impl Build {
     fn new(module: Arc<CudaModule>) -> Self {
-        Build { module, functions: HashMap::new(), smem_set: HashMap::new() }
+        Build {
+            module,
+            functions: HashMap::new(),
+            smem_set: HashMap::new(),
+        }
     }
 
     /// The named kernel, or `Ok(None)` when the module has no such function.
@@ -193,7 +216,12 @@ impl Build {
     }
 
     /// Raise the function's dynamic shared memory limit when `dyn_smem` needs opting in.
-    fn allow_smem(&mut self, name: &str, f: &CudaFunction, dyn_smem: u32) -> Result<(), DriverError> {
+    fn allow_smem(
+        &mut self,
+        name: &str,
+        f: &CudaFunction,
+        dyn_smem: u32,
+    ) -> Result<(), DriverError> {
         if dyn_smem <= DEFAULT_DYN_SMEM || self.smem_set.get(name).is_some_and(|&s| s >= dyn_smem) {
             return Ok(());
         }
@@ -219,15 +247,32 @@ struct Resolved<'a> {
 }
 
 /// Resolve every launch of `plan` in `build`, opting in to large shared memory as needed.
-fn resolve<'a>(build: &mut Build, plan: &'a ShapePlan, what: &str) -> Result<Vec<Resolved<'a>>, Failure> {
+fn resolve<'a>(
+    build: &mut Build,
+    plan: &'a ShapePlan,
+    what: &str,
+) -> Result<Vec<Resolved<'a>>, Failure> {
     let mut out = Vec::with_capacity(plan.launches.len());
     for (i, l) in plan.launches.iter().enumerate() {
-        let f = api(build.function(&l.kernel), || format!("{what}: resolving kernel {}", l.kernel))?
-            .ok_or_else(|| Failure::Bad(format!("{what}: launch {i} names kernel `{}`, which the loaded module does not define", l.kernel)))?;
-        api(build.allow_smem(&l.kernel, &f, l.dyn_smem), || {
-            format!("{what}: launch {i} ({}): allowing {} B of dynamic shared memory", l.kernel, l.dyn_smem)
+        let f = api(build.function(&l.kernel), || {
+            format!("{what}: resolving kernel {}", l.kernel)
+        })?
+        .ok_or_else(|| {
+            Failure::Bad(format!(
+                "{what}: launch {i} names kernel `{}`, which the loaded module does not define",
+                l.kernel
+            ))
         })?;
-        out.push(Resolved { function: f, launch: l });
+        api(build.allow_smem(&l.kernel, &f, l.dyn_smem), || {
+            format!(
+                "{what}: launch {i} ({}): allowing {} B of dynamic shared memory",
+                l.kernel, l.dyn_smem
+            )
+        })?;
+        out.push(Resolved {
+            function: f,
+            launch: l,
+        });
     }
     Ok(out)
 }
@@ -237,7 +282,10 @@ fn validate_shape(s: &Shape) -> Result<(), String> {
         return Err(format!("shape {} has a zero dimension", s.key()));
     }
     if i32::try_from(s.b).is_err() || i32::try_from(s.h).is_err() || i32::try_from(s.s).is_err() {
-        return Err(format!("shape {} does not fit the i32 kernel arguments", s.key()));
+        return Err(format!(
+            "shape {} does not fit the i32 kernel arguments",
+            s.key()
+        ));
     }
     Ok(())
 }
@@ -248,7 +296,11 @@ fn validate_plan(p: &ShapePlan) -> Result<(), String> {
         return Err(format!("plan for {} has no launches", p.shape.key()));
     }
     if i32::try_from(p.n_splits).is_err() {
-        return Err(format!("plan for {}: n_splits {} does not fit i32", p.shape.key(), p.n_splits));
+        return Err(format!(
+            "plan for {}: n_splits {} does not fit i32",
+            p.shape.key(),
+            p.n_splits
+        ));
     }
     for (i, l) in p.launches.iter().enumerate() {
         if l.grid.contains(&0) || l.block.contains(&0) {
@@ -281,7 +333,7 @@ struct Partials {
     lse: CudaSlice<f32>,
 }
 
-/// Arguments of the shared kernel ABI:
+/// Arguments of the shared kernel ABI (the CTA counter is passed per launch):
 /// `(q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits, softmax_scale, causal, cta_counter)`.
 struct Abi {
     q: sys::CUdeviceptr,
@@ -296,7 +348,6 @@ struct Abi {
     n_splits: i32,
     softmax_scale: f32,
     causal: i32,
-    cta_counter: sys::CUdeviceptr,
 }
 
 fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> sys::CUdeviceptr {
@@ -321,12 +372,17 @@ impl Abi {
             n_splits: plan.n_splits as i32,
             softmax_scale: reference::softmax_scale(s),
             causal: i32::from(s.causal),
-            cta_counter: 0,
         }
     }
 
     /// Queue one launch on `stream`.
-    fn launch(&self, f: &CudaFunction, l: &Launch, counter: sys::CUdeviceptr, stream: &CudaStream) -> Result<(), DriverError> {
+    fn launch(
+        &self,
+        f: &CudaFunction,
+        l: &Launch,
+        counter: sys::CUdeviceptr,
+        stream: &CudaStream,
+    ) -> Result<(), DriverError> {
         let mut params: [*mut c_void; 13] = [
             &self.q as *const _ as *mut c_void,
             &self.k as *const _ as *mut c_void,
@@ -384,7 +440,12 @@ impl CudaBackend {
         // cudarc panics rather than erroring on a few exotic failures (e.g. a driver missing
         // a symbol): turn those into an InitError too.
         let built = std::panic::catch_unwind(|| -> Result<_, InitError> {
-            let cuda = |step: &'static str| move |e: DriverError| InitError::Cuda { step, message: describe(e) };
+            let cuda = |step: &'static str| {
+                move |e: DriverError| InitError::Cuda {
+                    step,
+                    message: describe(e),
+                }
+            };
             let ctx = CudaContext::new(0).map_err(cuda("creating the context on device 0"))?;
             // SAFETY: this backend uses a single stream and synchronises explicitly before
             // any host access, freeing or unloading, so cudarc's per-buffer events are
@@ -406,7 +467,13 @@ impl CudaBackend {
             nvrtc_lib = %toolchain.lib.display(),
             "CUDA backend ready"
         );
-        Ok(CudaBackend { toolchain, ctx, stream, device, candidates: HashMap::new() })
+        Ok(CudaBackend {
+            toolchain,
+            ctx,
+            stream,
+            device,
+            candidates: HashMap::new(),
+        })
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -420,10 +487,20 @@ impl CudaBackend {
     fn dispatch(&mut self, request: Request) -> Response {
         let result = match request {
             Request::Hello => Ok(Response::Hello(self.device.clone())),
-            Request::Load { id, source, arch, kernels, occupancy, compile_timeout_ms } => {
-                self.load(id, &source, &arch, &kernels, &occupancy, compile_timeout_ms)
-            }
-            Request::Check { id, plans, tolerance, seed } => self.check(&id, &plans, tolerance, seed),
+            Request::Load {
+                id,
+                source,
+                arch,
+                kernels,
+                occupancy,
+                compile_timeout_ms,
+            } => self.load(id, &source, &arch, &kernels, &occupancy, compile_timeout_ms),
+            Request::Check {
+                id,
+                plans,
+                tolerance,
+                seed,
+            } => self.check(&id, &plans, tolerance, seed),
             Request::Time { cases, spec, seed } => self.time(&cases, &spec, seed),
             Request::Unload { id } => match self.candidates.remove(&id) {
                 Some(c) => {
@@ -431,7 +508,9 @@ impl CudaBackend {
                     drop(c);
                     Ok(Response::Unloaded)
                 }
-                None => Err(Failure::Bad(format!("unload: no candidate loaded with id {id:?}"))),
+                None => Err(Failure::Bad(format!(
+                    "unload: no candidate loaded with id {id:?}"
+                ))),
             },
             Request::Shutdown => Ok(Response::Bye),
         };
@@ -456,11 +535,21 @@ impl CudaBackend {
         // The two builds are independent: compile them side by side.
         let (timed, check) = std::thread::scope(|s| {
             let check = s.spawn(|| {
-                nvrtc::compile_with_timeout(tc, source, &name, arch, &[(COUNT_CTAS_DEFINE, "1".to_string())], timeout)
+                nvrtc::compile_with_timeout(
+                    tc,
+                    source,
+                    &name,
+                    arch,
+                    &[(COUNT_CTAS_DEFINE, "1".to_string())],
+                    timeout,
+                )
             });
             let timed = nvrtc::compile_with_timeout(tc, source, &name, arch, &[], timeout);
             let check = check.join().unwrap_or_else(|p| {
-                Err(CompileFailure::InvalidInput(format!("check-build compile thread panicked: {}", panic_message(p.as_ref()))))
+                Err(CompileFailure::InvalidInput(format!(
+                    "check-build compile thread panicked: {}",
+                    panic_message(p.as_ref())
+                )))
             });
             (timed, check)
         });
@@ -471,10 +560,21 @@ impl CudaBackend {
         })?;
         tracing::debug!(%id, compile_ms, timed_bytes = timed.cubin.len(), "compiled");
 
-        let Compiled { cubin: timed_cubin, log, .. } = timed;
-        let timed_module = api(self.ctx.load_module(Ptx::from_binary(timed_cubin)), || "load: loading the timed build's CUBIN".into())?;
-        let check_module = api(self.ctx.load_module(Ptx::from_binary(check.cubin)), || "load: loading the check build's CUBIN".into())?;
-        let mut cand = Candidate { timed: Build::new(timed_module), check: Build::new(check_module) };
+        let Compiled {
+            cubin: timed_cubin,
+            log,
+            ..
+        } = timed;
+        let timed_module = api(self.ctx.load_module(Ptx::from_binary(timed_cubin)), || {
+            "load: loading the timed build's CUBIN".into()
+        })?;
+        let check_module = api(self.ctx.load_module(Ptx::from_binary(check.cubin)), || {
+            "load: loading the check build's CUBIN".into()
+        })?;
+        let mut cand = Candidate {
+            timed: Build::new(timed_module),
+            check: Build::new(check_module),
+        };
 
         let mut resources = Vec::with_capacity(kernels.len());
         for k in kernels {
@@ -484,11 +584,19 @@ impl CudaBackend {
                      extern \"C\" __global__ void {k}(...) (without C++ name mangling)\n{log}"
                 ))
             };
-            let f = api(cand.timed.function(k), || format!("load: resolving kernel {k}"))?.ok_or_else(|| missing("timed"))?;
-            api(cand.check.function(k), || format!("load: resolving kernel {k} (check build)"))?
-                .ok_or_else(|| missing("check"))?;
+            let f = api(cand.timed.function(k), || {
+                format!("load: resolving kernel {k}")
+            })?
+            .ok_or_else(|| missing("timed"))?;
+            api(cand.check.function(k), || {
+                format!("load: resolving kernel {k} (check build)")
+            })?
+            .ok_or_else(|| missing("check"))?;
             let attr = |a: CUfunction_attribute| {
-                api(f.get_attribute(a), || format!("load: reading attributes of {k}")).map(|v| v.max(0) as u32)
+                api(f.get_attribute(a), || {
+                    format!("load: reading attributes of {k}")
+                })
+                .map(|v| v.max(0) as u32)
             };
             resources.push(KernelResources {
                 kernel: k.clone(),
@@ -501,10 +609,24 @@ impl CudaBackend {
 
         let mut occ = Vec::with_capacity(occupancy.len());
         for q in occupancy {
-            let f = api(cand.timed.function(&q.kernel), || format!("load: resolving kernel {}", q.kernel))?
-                .ok_or_else(|| Failure::Bad(format!("occupancy query names kernel `{}`, which the module does not define", q.kernel)))?;
+            let f = api(cand.timed.function(&q.kernel), || {
+                format!("load: resolving kernel {}", q.kernel)
+            })?
+            .ok_or_else(|| {
+                Failure::Bad(format!(
+                    "occupancy query names kernel `{}`, which the module does not define",
+                    q.kernel
+                ))
+            })?;
             let blocks = occupancy_of(&mut cand.timed, &f, q).map_err(|e| {
-                Failure::cuda(format!("load: occupancy of {} ({} threads, {} B smem)", q.kernel, q.block_threads, q.dyn_smem), e, Stage::Api)
+                Failure::cuda(
+                    format!(
+                        "load: occupancy of {} ({} threads, {} B smem)",
+                        q.kernel, q.block_threads, q.dyn_smem
+                    ),
+                    e,
+                    Stage::Api,
+                )
             })?;
             occ.push(OccupancyResult {
                 kernel: q.kernel.clone(),
@@ -515,12 +637,23 @@ impl CudaBackend {
         }
 
         self.candidates.insert(id, cand);
-        Ok(Response::Loaded(Loaded { compile_ms, kernels: resources, occupancy: occ, log }))
+        Ok(Response::Loaded(Loaded {
+            compile_ms,
+            kernels: resources,
+            occupancy: occ,
+            log,
+        }))
     }
 
     // -- Check -----------------------------------------------------------------------------
 
-    fn check(&mut self, id: &str, plans: &[ShapePlan], tol: Tolerance, seed: u64) -> Result<Response, Failure> {
+    fn check(
+        &mut self,
+        id: &str,
+        plans: &[ShapePlan],
+        tol: Tolerance,
+        seed: u64,
+    ) -> Result<Response, Failure> {
         for p in plans {
             validate_plan(p).map_err(|m| Failure::Bad(format!("check {id}: {m}")))?;
         }
@@ -530,7 +663,11 @@ impl CudaBackend {
             .ok_or_else(|| Failure::Bad(format!("check: no candidate loaded with id {id:?}")))?;
         let mut resolved = Vec::with_capacity(plans.len());
         for p in plans {
-            resolved.push(resolve(&mut cand.check, p, &format!("check {}", p.shape.key()))?);
+            resolved.push(resolve(
+                &mut cand.check,
+                p,
+                &format!("check {}", p.shape.key()),
+            )?);
         }
 
         let mut shapes = Vec::with_capacity(plans.len());
@@ -545,7 +682,13 @@ impl CudaBackend {
         Ok(Response::Checked(Checked { shapes }))
     }
 
-    fn check_shape(&self, plan: &ShapePlan, fns: &[Resolved<'_>], tol: Tolerance, seed: u64) -> Result<ShapeCheck, Failure> {
+    fn check_shape(
+        &self,
+        plan: &ShapePlan,
+        fns: &[Resolved<'_>],
+        tol: Tolerance,
+        seed: u64,
+    ) -> Result<ShapeCheck, Failure> {
         let shape = plan.shape;
         let key = shape.key();
         let stream = &self.stream;
@@ -553,15 +696,24 @@ impl CudaBackend {
 
         let (q, k, v) = reference::randn_inputs(&shape, seed);
         let set = self.upload_set(&shape, &q, &k, &v, &format!("check {key}"))?;
-        poison_u16(stream, &set.o, reference::nan_bits(shape.dtype)).map_err(|e| Failure::cuda(format!("check {key}: poisoning O"), e, Stage::Api))?;
+        poison_u16(stream, &set.o, reference::nan_bits(shape.dtype))
+            .map_err(|e| Failure::cuda(format!("check {key}: poisoning O"), e, Stage::Api))?;
         let partials = self.alloc_partials(&shape, plan.n_splits, true, &format!("check {key}"))?;
-        let counters = api(stream.alloc_zeros::<u32>(fns.len()), || format!("check {key}: allocating CTA counters"))?;
+        let counters = api(stream.alloc_zeros::<u32>(fns.len()), || {
+            format!("check {key}: allocating CTA counters")
+        })?;
         let counter_base = dptr(&counters, stream);
 
         let abi = Abi::new(plan, &set, &partials, stream);
         for (i, r) in fns.iter().enumerate() {
             r.function_launch(&abi, counter_base + 4 * i as u64, stream)
-                .map_err(|e| Failure::cuda(format!("check {key}: launch {i} ({})", r.launch.kernel), e, Stage::Launch))?;
+                .map_err(|e| {
+                    Failure::cuda(
+                        format!("check {key}: launch {i} ({})", r.launch.kernel),
+                        e,
+                        Stage::Launch,
+                    )
+                })?;
         }
 
         // The reference runs on the CPU while the GPU works.
@@ -569,10 +721,18 @@ impl CudaBackend {
         let want = reference::reference_rows(&shape, &q, &k, &v, &rows);
         drop((q, k, v));
 
-        after(stream.synchronize(), || format!("check {key}: running the launches"))?;
-        let ran: Vec<u32> = after(stream.clone_dtoh(&counters), || format!("check {key}: reading CTA counters"))?;
-        let out_bits: Vec<u16> = after(stream.clone_dtoh(&set.o), || format!("check {key}: reading O"))?;
-        after(stream.synchronize(), || format!("check {key}: reading results"))?;
+        after(stream.synchronize(), || {
+            format!("check {key}: running the launches")
+        })?;
+        let ran: Vec<u32> = after(stream.clone_dtoh(&counters), || {
+            format!("check {key}: reading CTA counters")
+        })?;
+        let out_bits: Vec<u16> = after(stream.clone_dtoh(&set.o), || {
+            format!("check {key}: reading O")
+        })?;
+        after(stream.synchronize(), || {
+            format!("check {key}: reading results")
+        })?;
         let out = reference::from_bits(&out_bits, shape.dtype);
         let cmp = reference::compare(&shape, &out, &rows, &want);
 
@@ -580,17 +740,35 @@ impl CudaBackend {
         let ctas_planned: Vec<u64> = fns.iter().map(|r| r.launch.ctas()).collect();
         let mut reasons = Vec::new();
         if cmp.unwritten > 0 {
-            reasons.push(format!("{} of {} outputs unwritten (NaN)", cmp.unwritten, n));
+            reasons.push(format!(
+                "{} of {} outputs unwritten (NaN)",
+                cmp.unwritten, n
+            ));
         }
         if cmp.max_abs > tol.atol || cmp.max_abs.is_nan() {
-            reasons.push(format!("max_abs {} > atol {}", fmt_err(cmp.max_abs), tol.atol));
+            reasons.push(format!(
+                "max_abs {} > atol {}",
+                fmt_err(cmp.max_abs),
+                tol.atol
+            ));
         }
         if cmp.rel_l2 > tol.rtol_l2 || cmp.rel_l2.is_nan() {
-            reasons.push(format!("rel_l2 {} > rtol_l2 {}", fmt_err(cmp.rel_l2), tol.rtol_l2));
+            reasons.push(format!(
+                "rel_l2 {} > rtol_l2 {}",
+                fmt_err(cmp.rel_l2),
+                tol.rtol_l2
+            ));
         }
-        for (i, (r, (&got, &planned))) in fns.iter().zip(ctas_ran.iter().zip(&ctas_planned)).enumerate() {
+        for (i, (r, (&got, &planned))) in fns
+            .iter()
+            .zip(ctas_ran.iter().zip(&ctas_planned))
+            .enumerate()
+        {
             if got != planned {
-                reasons.push(format!("launch {i} ({}): {got} CTAs ran, {planned} planned", r.launch.kernel));
+                reasons.push(format!(
+                    "launch {i} ({}): {got} CTAs ran, {planned} planned",
+                    r.launch.kernel
+                ));
             }
         }
         Ok(ShapeCheck {
@@ -608,10 +786,16 @@ impl CudaBackend {
 
     // -- Time ------------------------------------------------------------------------------
 
-    fn time(&mut self, cases: &[TimeCase], spec: &TimingSpec, seed: u64) -> Result<Response, Failure> {
+    fn time(
+        &mut self,
+        cases: &[TimeCase],
+        spec: &TimingSpec,
+        seed: u64,
+    ) -> Result<Response, Failure> {
         // Validate the whole request before touching the GPU.
         for (ci, case) in cases.iter().enumerate() {
-            validate_shape(&case.shape).map_err(|m| Failure::Bad(format!("time case {ci}: {m}")))?;
+            validate_shape(&case.shape)
+                .map_err(|m| Failure::Bad(format!("time case {ci}: {m}")))?;
             for e in &case.entries {
                 if e.plan.shape != case.shape {
                     return Err(Failure::Bad(format!(
@@ -621,9 +805,13 @@ impl CudaBackend {
                         case.shape.key()
                     )));
                 }
-                validate_plan(&e.plan).map_err(|m| Failure::Bad(format!("time case {ci}, entry {}: {m}", e.id)))?;
+                validate_plan(&e.plan)
+                    .map_err(|m| Failure::Bad(format!("time case {ci}, entry {}: {m}", e.id)))?;
                 if !self.candidates.contains_key(&e.id) {
-                    return Err(Failure::Bad(format!("time: no candidate loaded with id {:?}", e.id)));
+                    return Err(Failure::Bad(format!(
+                        "time: no candidate loaded with id {:?}",
+                        e.id
+                    )));
                 }
             }
         }
@@ -634,7 +822,12 @@ impl CudaBackend {
         Ok(Response::Timed(Timed { cases: out }))
     }
 
-    fn time_case(&mut self, case: &TimeCase, spec: &TimingSpec, seed: u64) -> Result<TimedCase, Failure> {
+    fn time_case(
+        &mut self,
+        case: &TimeCase,
+        spec: &TimingSpec,
+        seed: u64,
+    ) -> Result<TimedCase, Failure> {
         let shape = case.shape;
         let key = shape.key();
         let what = format!("time {key}");
@@ -642,28 +835,49 @@ impl CudaBackend {
         // Resolve every entry's kernels in its timed build.
         let mut entries: Vec<Vec<Resolved<'_>>> = Vec::with_capacity(case.entries.len());
         for e in &case.entries {
-            let cand = self
-                .candidates
-                .get_mut(&e.id)
-                .ok_or_else(|| Failure::Bad(format!("time: no candidate loaded with id {:?}", e.id)))?;
-            entries.push(resolve(&mut cand.timed, &e.plan, &format!("{what} ({})", e.id))?);
+            let cand = self.candidates.get_mut(&e.id).ok_or_else(|| {
+                Failure::Bad(format!("time: no candidate loaded with id {:?}", e.id))
+            })?;
+            entries.push(resolve(
+                &mut cand.timed,
+                &e.plan,
+                &format!("{what} ({})", e.id),
+            )?);
         }
 
         // Enough input sets to spill L2, so every execution reads from HBM.
         let set_bytes = (shape.elems() * 2 * 4).max(1) as f64;
         let want = (spec.l2_multiple * self.device.l2_bytes as f64 / set_bytes).ceil();
         let cap = spec.max_input_sets.max(1);
-        let n_sets = if want.is_finite() && want >= 1.0 { (want.min(cap as f64)) as u32 } else { 1 }.clamp(1, cap);
+        let n_sets = if want.is_finite() && want >= 1.0 {
+            (want.min(cap as f64)) as u32
+        } else {
+            1
+        }
+        .clamp(1, cap);
 
         let (q, k, v) = reference::randn_inputs(&shape, seed);
         let mut sets = Vec::with_capacity(n_sets as usize);
         for s in 0..n_sets {
-            sets.push(self.upload_set(&shape, &q, &k, &v, &format!("{what}: input set {s} of {n_sets}"))?);
+            sets.push(self.upload_set(
+                &shape,
+                &q,
+                &k,
+                &v,
+                &format!("{what}: input set {s} of {n_sets}"),
+            )?);
         }
         drop((q, k, v));
-        let max_splits = case.entries.iter().map(|e| e.plan.n_splits).max().unwrap_or(1);
+        let max_splits = case
+            .entries
+            .iter()
+            .map(|e| e.plan.n_splits)
+            .max()
+            .unwrap_or(1);
         let partials = self.alloc_partials(&shape, max_splits, false, &what)?;
-        let scratch = api(self.stream.alloc_zeros::<u32>(1), || format!("{what}: allocating the scratch counter"))?;
+        let scratch = api(self.stream.alloc_zeros::<u32>(1), || {
+            format!("{what}: allocating the scratch counter")
+        })?;
         let stream = &self.stream;
         let counter = dptr(&scratch, stream);
 
@@ -671,7 +885,11 @@ impl CudaBackend {
         let abis: Vec<Vec<Abi>> = case
             .entries
             .iter()
-            .map(|e| sets.iter().map(|set| Abi::new(&e.plan, set, &partials, stream)).collect())
+            .map(|e| {
+                sets.iter()
+                    .map(|set| Abi::new(&e.plan, set, &partials, stream))
+                    .collect()
+            })
             .collect();
         let mut cursor = 0usize;
         let execute = |ei: usize, cursor: &mut usize| -> Result<(), Failure> {
@@ -680,7 +898,10 @@ impl CudaBackend {
             for (i, r) in entries[ei].iter().enumerate() {
                 r.function_launch(abi, counter, stream).map_err(|e| {
                     Failure::cuda(
-                        format!("{what}: entry {} launch {i} ({})", case.entries[ei].id, r.launch.kernel),
+                        format!(
+                            "{what}: entry {} launch {i} ({})",
+                            case.entries[ei].id, r.launch.kernel
+                        ),
                         e,
                         Stage::Launch,
                     )
@@ -696,8 +917,16 @@ impl CudaBackend {
         }
         after(stream.synchronize(), || format!("{what}: warmup"))?;
 
-        let start = api(self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)), || format!("{what}: creating events"))?;
-        let end = api(self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)), || format!("{what}: creating events"))?;
+        let start = api(
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            || format!("{what}: creating events"),
+        )?;
+        let end = api(
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            || format!("{what}: creating events"),
+        )?;
         let per_sample = spec.launches_per_sample.max(1);
         let mut samples: Vec<Vec<f64>> = case
             .entries
@@ -710,13 +939,21 @@ impl CudaBackend {
                 // Alternate the order so that no entry always runs first.
                 let ei = if round % 2 == 0 { j } else { n_entries - 1 - j };
                 for _ in 0..spec.samples_per_round {
-                    after(start.record(stream), || format!("{what}: recording the start event"))?;
+                    after(start.record(stream), || {
+                        format!("{what}: recording the start event")
+                    })?;
                     for _ in 0..per_sample {
                         execute(ei, &mut cursor)?;
                     }
-                    after(end.record(stream), || format!("{what}: recording the end event"))?;
+                    after(end.record(stream), || {
+                        format!("{what}: recording the end event")
+                    })?;
                     let ms = elapsed(&start, &end).map_err(|e| {
-                        Failure::cuda(format!("{what}: entry {} sample", case.entries[ei].id), e, Stage::AfterLaunch)
+                        Failure::cuda(
+                            format!("{what}: entry {} sample", case.entries[ei].id),
+                            e,
+                            Stage::AfterLaunch,
+                        )
                     })?;
                     samples[ei].push(ms as f64 * 1000.0 / per_sample as f64);
                 }
@@ -731,45 +968,78 @@ impl CudaBackend {
                 .entries
                 .iter()
                 .zip(samples)
-                .map(|(e, s)| TimedEntry { id: e.id.clone(), samples_us: s })
+                .map(|(e, s)| TimedEntry {
+                    id: e.id.clone(),
+                    samples_us: s,
+                })
                 .collect(),
         })
     }
 
     // -- Buffers ---------------------------------------------------------------------------
 
-    fn upload_set(&self, shape: &Shape, q: &[f32], k: &[f32], v: &[f32], what: &str) -> Result<TensorSet, Failure> {
+    fn upload_set(
+        &self,
+        shape: &Shape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        what: &str,
+    ) -> Result<TensorSet, Failure> {
         let stream = &self.stream;
         let mib = shape.elems() as f64 * 2.0 / (1 << 20) as f64;
         let up = |x: &[f32], name: &str| {
             let bits = reference::to_bits(x, shape.dtype);
-            api(stream.clone_htod(&bits), || format!("{what}: uploading {name} ({mib:.1} MiB)"))
+            api(stream.clone_htod(&bits), || {
+                format!("{what}: uploading {name} ({mib:.1} MiB)")
+            })
         };
         let q = up(q, "Q")?;
         let k = up(k, "K")?;
         let v = up(v, "V")?;
-        let o = api(stream.alloc_zeros::<u16>(shape.elems() as usize), || format!("{what}: allocating O ({mib:.1} MiB)"))?;
+        let o = api(stream.alloc_zeros::<u16>(shape.elems() as usize), || {
+            format!("{what}: allocating O ({mib:.1} MiB)")
+        })?;
         Ok(TensorSet { q, k, v, o })
     }
 
-    fn alloc_partials(&self, shape: &Shape, n_splits: u32, poison: bool, what: &str) -> Result<Partials, Failure> {
+    fn alloc_partials(
+        &self,
+        shape: &Shape,
+        n_splits: u32,
+        poison: bool,
+        what: &str,
+    ) -> Result<Partials, Failure> {
         let stream = &self.stream;
         let splits = n_splits.max(1) as u64;
         let rows = shape.b as u64 * shape.h as u64 * shape.s as u64;
         let o_len = (splits * rows * shape.d as u64).max(1) as usize;
         let lse_len = (splits * rows).max(1) as usize;
-        let o = api(stream.alloc_zeros::<f32>(o_len), || format!("{what}: allocating o_partial ({o_len} floats)"))?;
-        let lse = api(stream.alloc_zeros::<f32>(lse_len), || format!("{what}: allocating lse_partial ({lse_len} floats)"))?;
+        let o = api(stream.alloc_zeros::<f32>(o_len), || {
+            format!("{what}: allocating o_partial ({o_len} floats)")
+        })?;
+        let lse = api(stream.alloc_zeros::<f32>(lse_len), || {
+            format!("{what}: allocating lse_partial ({lse_len} floats)")
+        })?;
         if poison {
-            poison_f32(stream, &o).map_err(|e| Failure::cuda(format!("{what}: poisoning o_partial"), e, Stage::Api))?;
-            poison_f32(stream, &lse).map_err(|e| Failure::cuda(format!("{what}: poisoning lse_partial"), e, Stage::Api))?;
+            poison_f32(stream, &o).map_err(|e| {
+                Failure::cuda(format!("{what}: poisoning o_partial"), e, Stage::Api)
+            })?;
+            poison_f32(stream, &lse).map_err(|e| {
+                Failure::cuda(format!("{what}: poisoning lse_partial"), e, Stage::Api)
+            })?;
         }
         Ok(Partials { o, lse })
     }
 }
 
 impl Resolved<'_> {
-    fn function_launch(&self, abi: &Abi, counter: sys::CUdeviceptr, stream: &CudaStream) -> Result<(), DriverError> {
+    fn function_launch(
+        &self,
+        abi: &Abi,
+        counter: sys::CUdeviceptr,
+        stream: &CudaStream,
+    ) -> Result<(), DriverError> {
         abi.launch(&self.function, self.launch, counter, stream)
     }
 }
@@ -804,7 +1074,7 @@ fn compile_failure(e: CompileFailure, prefix: &str, timeout_ms: u64) -> Failure 
 }
 
 fn fmt_err(x: f64) -> String {
-    if x >= 1e-3 && x < 1e4 {
+    if (1e-3..1e4).contains(&x) {
         format!("{x:.4}")
     } else {
         format!("{x:.3e}")
@@ -826,11 +1096,16 @@ fn poison_u16(stream: &CudaStream, buf: &CudaSlice<u16>, bits: u16) -> Result<()
 fn poison_f32(stream: &CudaStream, buf: &CudaSlice<f32>) -> Result<(), DriverError> {
     let p = dptr(buf, stream);
     // SAFETY: as in poison_u16, for `buf.len()` 32-bit elements.
-    unsafe { sys::cuMemsetD32Async(p, reference::NAN_BITS_F32, buf.len(), stream.cu_stream()) }.result()
+    unsafe { sys::cuMemsetD32Async(p, reference::NAN_BITS_F32, buf.len(), stream.cu_stream()) }
+        .result()
 }
 
 /// Blocks per SM for one occupancy query; 0 when the configuration cannot launch at all.
-fn occupancy_of(build: &mut Build, f: &CudaFunction, q: &OccupancyQuery) -> Result<u32, DriverError> {
+fn occupancy_of(
+    build: &mut Build,
+    f: &CudaFunction,
+    q: &OccupancyQuery,
+) -> Result<u32, DriverError> {
     let invalid = |e: &DriverError| e.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE;
     match build.allow_smem(&q.kernel, f, q.dyn_smem) {
         Ok(()) => {}
@@ -838,7 +1113,11 @@ fn occupancy_of(build: &mut Build, f: &CudaFunction, q: &OccupancyQuery) -> Resu
         Err(e) if invalid(&e) => return Ok(0),
         Err(e) => return Err(e),
     }
-    match f.occupancy_max_active_blocks_per_multiprocessor(q.block_threads, q.dyn_smem as usize, None) {
+    match f.occupancy_max_active_blocks_per_multiprocessor(
+        q.block_threads,
+        q.dyn_smem as usize,
+        None,
+    ) {
         Ok(n) => Ok(n),
         Err(e) if invalid(&e) => Ok(0),
         Err(e) => Err(e),
@@ -856,10 +1135,16 @@ fn device_info(ctx: &Arc<CudaContext>, tc: &Toolchain) -> Result<DeviceInfo, Dri
         cc_major: major.max(0) as u32,
         cc_minor: minor.max(0) as u32,
         sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
-        smem_optin: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
-        smem_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+        smem_optin: attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?,
+        smem_per_sm: attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )?,
         l2_bytes: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
-        max_threads_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+        max_threads_per_sm: attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+        )?,
         driver_version,
         nvrtc_version: tc.version,
         arch: format!("sm_{major}{minor}"),
@@ -876,7 +1161,11 @@ struct FailedInit {
 
 impl Backend for FailedInit {
     fn handle(&mut self, _request: Request) -> Response {
-        Response::CudaError { during: "init".to_string(), message: self.message.clone(), sticky: true }
+        Response::CudaError {
+            during: "init".to_string(),
+            message: self.message.clone(),
+            sticky: true,
+        }
     }
 }
 
@@ -891,7 +1180,9 @@ pub fn run_cuda_worker() -> anyhow::Result<()> {
             tracing::error!(error = %message, "CUDA worker could not start");
             // `serve` exits the process after replying with a sticky error; reaching the
             // end means stdin closed before any request arrived.
-            super::serve(&mut FailedInit { message: message.clone() })?;
+            super::serve(&mut FailedInit {
+                message: message.clone(),
+            })?;
             Err(anyhow::anyhow!(message))
         }
     }
@@ -908,19 +1199,48 @@ mod tests {
         assert!(is_sticky(e(R::CUDA_ERROR_ILLEGAL_ADDRESS), Stage::Api));
         assert!(is_sticky(e(R::CUDA_ERROR_LAUNCH_FAILED), Stage::Api));
         assert!(is_sticky(e(R::CUDA_ERROR_ASSERT), Stage::Api));
-        assert!(is_sticky(e(R::CUDA_ERROR_MISALIGNED_ADDRESS), Stage::Launch));
+        assert!(is_sticky(
+            e(R::CUDA_ERROR_MISALIGNED_ADDRESS),
+            Stage::Launch
+        ));
         assert!(!is_sticky(e(R::CUDA_ERROR_OUT_OF_MEMORY), Stage::Api));
         assert!(!is_sticky(e(R::CUDA_ERROR_INVALID_VALUE), Stage::Launch));
-        assert!(!is_sticky(e(R::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), Stage::Launch));
+        assert!(!is_sticky(
+            e(R::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+            Stage::Launch
+        ));
         assert!(is_sticky(e(R::CUDA_ERROR_NOT_READY), Stage::Launch));
-        assert!(is_sticky(e(R::CUDA_ERROR_INVALID_VALUE), Stage::AfterLaunch));
+        assert!(is_sticky(
+            e(R::CUDA_ERROR_INVALID_VALUE),
+            Stage::AfterLaunch
+        ));
     }
 
     #[test]
     fn compile_failures_map_to_responses() {
-        let r = compile_failure(CompileFailure::Rejected { log: "a.cu(3): error".into() }, "", 0).into_response();
-        assert_eq!(r, Response::CompileError { log: "a.cu(3): error".into() });
-        let r = compile_failure(CompileFailure::TimedOut { limit_ms: 5, log: String::new() }, "", 5).into_response();
+        let r = compile_failure(
+            CompileFailure::Rejected {
+                log: "a.cu(3): error".into(),
+            },
+            "",
+            0,
+        )
+        .into_response();
+        assert_eq!(
+            r,
+            Response::CompileError {
+                log: "a.cu(3): error".into()
+            }
+        );
+        let r = compile_failure(
+            CompileFailure::TimedOut {
+                limit_ms: 5,
+                log: String::new(),
+            },
+            "",
+            5,
+        )
+        .into_response();
         assert!(matches!(r, Response::CompileError { log } if log.contains("5 ms")));
         let r = compile_failure(CompileFailure::InvalidInput("x".into()), "", 0).into_response();
         assert!(matches!(r, Response::BadRequest { .. }));
@@ -928,9 +1248,25 @@ mod tests {
 
     #[test]
     fn plans_are_validated() {
-        let shape = Shape { b: 1, h: 1, s: 64, d: 64, causal: false, dtype: crate::protocol::DType::Fp16 };
-        let launch = Launch { kernel: "k".into(), grid: [1, 1, 1], block: [128, 1, 1], dyn_smem: 0 };
-        let ok = ShapePlan { shape, n_splits: 1, launches: vec![launch.clone()] };
+        let shape = Shape {
+            b: 1,
+            h: 1,
+            s: 64,
+            d: 64,
+            causal: false,
+            dtype: crate::protocol::DType::Fp16,
+        };
+        let launch = Launch {
+            kernel: "k".into(),
+            grid: [1, 1, 1],
+            block: [128, 1, 1],
+            dyn_smem: 0,
+        };
+        let ok = ShapePlan {
+            shape,
+            n_splits: 1,
+            launches: vec![launch.clone()],
+        };
         assert!(validate_plan(&ok).is_ok());
         let mut bad = ok.clone();
         bad.launches[0].grid = [0, 1, 1];

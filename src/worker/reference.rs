@@ -49,16 +49,28 @@ pub fn round_to_dtype(x: f32, dtype: DType) -> f32 {
 /// Bit patterns of `values` in `dtype`, ready for upload.
 pub fn to_bits(values: &[f32], dtype: DType) -> Vec<u16> {
     match dtype {
-        DType::Fp16 => values.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect(),
-        DType::Bf16 => values.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect(),
+        DType::Fp16 => values
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect(),
+        DType::Bf16 => values
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect(),
     }
 }
 
 /// Values of `dtype` bit patterns as f32 (exact).
 pub fn from_bits(bits: &[u16], dtype: DType) -> Vec<f32> {
     match dtype {
-        DType::Fp16 => bits.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect(),
-        DType::Bf16 => bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect(),
+        DType::Fp16 => bits
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect(),
+        DType::Bf16 => bits
+            .iter()
+            .map(|&b| half::bf16::from_bits(b).to_f32())
+            .collect(),
     }
 }
 
@@ -74,7 +86,10 @@ pub fn nan_bits(dtype: DType) -> u16 {
 pub const NAN_BITS_F32: u32 = 0x7FC0_0000;
 
 fn threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).max(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Fill `out` in parallel, chunk by chunk; `f(chunk_index, chunk)` must be deterministic.
@@ -82,7 +97,9 @@ fn par_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) 
     let n_chunks = out.len().div_ceil(chunk.max(1));
     let workers = threads().min(n_chunks).max(1);
     if workers == 1 {
-        out.chunks_mut(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+        out.chunks_mut(chunk.max(1))
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
         return;
     }
     let per_worker = n_chunks.div_ceil(workers);
@@ -162,7 +179,8 @@ pub fn select_rows(shape: &Shape, seed: u64) -> Vec<Row> {
 /// Offset of the first element of `row` in a [B,H,S,D] tensor.
 pub fn row_offset(shape: &Shape, row: Row) -> usize {
     let (b, h, i) = row;
-    (((b as usize * shape.h as usize) + h as usize) * shape.s as usize + i as usize) * shape.d as usize
+    (((b as usize * shape.h as usize) + h as usize) * shape.s as usize + i as usize)
+        * shape.d as usize
 }
 
 /// The softmax scale the kernels receive: `1/sqrt(D)` as f32.
@@ -189,6 +207,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Reference attention for one row into `out` (length D). `scores` and `acc` are scratch.
+#[allow(clippy::too_many_arguments)]
 fn reference_row(
     shape: &Shape,
     q: &[f32],
@@ -243,7 +262,11 @@ pub fn reference_rows(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], rows: &[Ro
     let workers = threads();
     let per_task = rows.len().div_ceil(workers * 8).max(1);
     let mut queues: Vec<Vec<(&mut [f32], &[Row])>> = (0..workers).map(|_| Vec::new()).collect();
-    for (t, task) in out.chunks_mut(per_task * d).zip(rows.chunks(per_task)).enumerate() {
+    for (t, task) in out
+        .chunks_mut(per_task * d)
+        .zip(rows.chunks(per_task))
+        .enumerate()
+    {
         queues[t % workers].push(task);
     }
     std::thread::scope(|sc| {
@@ -285,7 +308,9 @@ pub fn compare(shape: &Shape, out: &[f32], rows: &[Row], reference: &[f32]) -> C
     let mut ref2 = 0f64;
     for (r, &row) in reference.chunks(d.max(1)).zip(rows) {
         let off = row_offset(shape, row);
-        let Some(o) = out.get(off..off + d) else { continue };
+        let Some(o) = out.get(off..off + d) else {
+            continue;
+        };
         for (&g, &want) in o.iter().zip(r) {
             let want = want as f64;
             ref2 += want * want;
@@ -296,10 +321,18 @@ pub fn compare(shape: &Shape, out: &[f32], rows: &[Row], reference: &[f32]) -> C
             }
         }
     }
-    let rel_l2 = if ref2 > 0.0 { (err2 / ref2).sqrt() } else { err2.sqrt() };
+    let rel_l2 = if ref2 > 0.0 {
+        (err2 / ref2).sqrt()
+    } else {
+        err2.sqrt()
+    };
     Comparison {
         unwritten,
-        max_abs: if max_abs.is_finite() { max_abs } else { f64::MAX },
+        max_abs: if max_abs.is_finite() {
+            max_abs
+        } else {
+            f64::MAX
+        },
         rel_l2: if rel_l2.is_finite() { rel_l2 } else { f64::MAX },
         rows_compared: rows.len() as u64,
     }
@@ -310,7 +343,14 @@ mod tests {
     use super::*;
 
     fn shape(b: u32, h: u32, s: u32, d: u32, causal: bool, dtype: DType) -> Shape {
-        Shape { b, h, s, d, causal, dtype }
+        Shape {
+            b,
+            h,
+            s,
+            d,
+            causal,
+            dtype,
+        }
     }
 
     /// Straightforward per-row attention in f64 for cross-checking.
@@ -318,15 +358,31 @@ mod tests {
         let d = shape.d as usize;
         let base = row_offset(shape, (row.0, row.1, 0));
         let qi = row_offset(shape, row);
-        let n = if shape.causal { row.2 as usize + 1 } else { shape.s as usize };
+        let n = if shape.causal {
+            row.2 as usize + 1
+        } else {
+            shape.s as usize
+        };
         let scale = 1.0 / (d as f64).sqrt();
         let s: Vec<f64> = (0..n)
-            .map(|j| (0..d).map(|t| q[qi + t] as f64 * k[base + j * d + t] as f64).sum::<f64>() * scale)
+            .map(|j| {
+                (0..d)
+                    .map(|t| q[qi + t] as f64 * k[base + j * d + t] as f64)
+                    .sum::<f64>()
+                    * scale
+            })
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = p.iter().sum();
-        (0..d).map(|t| (0..n).map(|j| p[j] * v[base + j * d + t] as f64).sum::<f64>() / z).collect()
+        (0..d)
+            .map(|t| {
+                (0..n)
+                    .map(|j| p[j] * v[base + j * d + t] as f64)
+                    .sum::<f64>()
+                    / z
+            })
+            .collect()
     }
 
     #[test]
@@ -393,7 +449,10 @@ mod tests {
         let n = q.len() as f64;
         let mean = q.iter().map(|&x| x as f64).sum::<f64>() / n;
         let var = q.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-        assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.05, "mean {mean} var {var}");
+        assert!(
+            mean.abs() < 0.05 && (var - 1.0).abs() < 0.05,
+            "mean {mean} var {var}"
+        );
         // bf16 rounding too.
         let big = randn_rounded(1000, DType::Bf16, 1, 1);
         assert!(big.iter().all(|&x| x == round_to_dtype(x, DType::Bf16)));
@@ -409,7 +468,7 @@ mod tests {
 
     #[test]
     fn bits_round_trip_and_nan_patterns() {
-        let vals = [0.0f32, -1.5, 3.25, 65504.0];
+        let vals = [0.0f32, -1.5, 3.25, 1024.0];
         for dt in [DType::Fp16, DType::Bf16] {
             assert_eq!(from_bits(&to_bits(&vals, dt), dt), vals.to_vec());
             assert!(from_bits(&[nan_bits(dt)], dt)[0].is_nan());
@@ -424,22 +483,29 @@ mod tests {
         let small = shape(2, 2, 4096, 64, false, DType::Fp16);
         assert_eq!(select_rows(&small, 1).len(), 16384);
 
-        let big = shape(2, 4, 1000, 64, true, DType::Fp16);
+        let big = shape(2, 4, 3000, 64, true, DType::Fp16);
         let rows = select_rows(&big, 5);
-        assert_eq!(rows, select_rows(&big, 5), "deterministic");
-        assert_ne!(rows, select_rows(&big, 6), "seed-dependent");
+        assert!(rows == select_rows(&big, 5), "deterministic");
+        assert!(rows != select_rows(&big, 6), "seed-dependent");
         for bi in 0..2 {
             for hi in 0..4 {
-                let mine: Vec<u32> = rows.iter().filter(|r| r.0 == bi && r.1 == hi).map(|r| r.2).collect();
+                let mine: Vec<u32> = rows
+                    .iter()
+                    .filter(|r| r.0 == bi && r.1 == hi)
+                    .map(|r| r.2)
+                    .collect();
                 assert!(mine.windows(2).all(|w| w[0] < w[1]), "sorted, unique");
                 assert_eq!(mine[0], 0);
-                assert_eq!(*mine.last().unwrap(), 999);
-                for block in 0..1000u32.div_ceil(16) {
+                assert_eq!(*mine.last().unwrap(), 2999);
+                for block in 0..3000u32.div_ceil(16) {
                     let lo = block * 16;
-                    let hi = (lo + 16).min(1000);
-                    assert!(mine.iter().any(|&i| i >= lo && i < hi), "block {block} sampled");
+                    let hi = (lo + 16).min(3000);
+                    assert!(
+                        mine.iter().any(|&i| i >= lo && i < hi),
+                        "block {block} sampled"
+                    );
                 }
-                assert!(mine.len() <= 63 + 2);
+                assert!(mine.len() <= 188 + 2);
             }
         }
     }

@@ -1,0 +1,68 @@
+//! Every template variant compiles with NVRTC for sm_80, sm_89 and sm_90, in both
+//! builds (timed, and the CTA-counting check build) and both element types, and
+//! exports the kernels its spec launches. Needs NVRTC: `bash scripts/setup.sh`.
+
+mod common;
+
+use std::sync::Mutex;
+
+use optimizerd::nvrtc;
+use optimizerd::protocol::DType;
+use optimizerd::render::render;
+use optimizerd::search::{Search, SearchKind};
+use optimizerd::template::Template;
+
+const ARCHS: [&str; 3] = ["sm_80", "sm_89", "sm_90"];
+const TEMPLATES: [&str; 4] = ["baseline.cu", "kv_split.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"];
+
+#[test]
+fn every_template_variant_compiles_for_every_arch() {
+    let tc = nvrtc::locate().unwrap_or_else(|e| panic!("NVRTC is required for this test (run scripts/setup.sh): {e}"));
+    let dir = common::repo_root().join("kernel-templates");
+    let mut jobs = Vec::new();
+    for file in TEMPLATES {
+        let t = Template::load(&dir, file).unwrap();
+        let mut s = Search::new(SearchKind::Exhaustive, t.knobs.clone(), t.default_params(), 10_000);
+        let mut first = true;
+        while let Some(p) = s.next() {
+            for dtype in [DType::Fp16, DType::Bf16] {
+                let src = render(&t, &p, dtype, &dir).unwrap();
+                for arch in ARCHS {
+                    // The check build differs by one define; compile it for the first variant of each template and arch.
+                    jobs.push((t.clone(), p.clone(), dtype, arch, src.source.clone(), false));
+                    if first {
+                        jobs.push((t.clone(), p.clone(), dtype, arch, src.source.clone(), true));
+                    }
+                }
+            }
+            first = false;
+        }
+    }
+    let total = jobs.len();
+    let jobs = Mutex::new(jobs);
+    let failures = Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let Some((t, p, dtype, arch, source, count)) = jobs.lock().unwrap().pop() else { break };
+                let defines: Vec<(&str, String)> = if count { vec![("OPTD_COUNT_CTAS", "1".into())] } else { vec![] };
+                let what = format!("{} {p:?} {} {arch}{}", t.file, dtype.as_str(), if count { " (check build)" } else { "" });
+                match nvrtc::compile(&tc, &source, "candidate.cu", arch, &defines) {
+                    Ok(c) => {
+                        assert!(c.cubin.starts_with(b"\x7fELF"), "{what}: not a cubin");
+                        for k in t.kernel_names(&[64, 128]) {
+                            if !c.cubin.windows(k.len()).any(|w| w == k.as_bytes()) {
+                                failures.lock().unwrap().push(format!("{what}: kernel {k} not exported"));
+                            }
+                        }
+                    }
+                    Err(e) => failures.lock().unwrap().push(format!("{what}: {e}")),
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(failures.is_empty(), "{} of {total} compiles failed:\n{}", failures.len(), failures.join("\n"));
+    eprintln!("{total} template variants compiled");
+}

@@ -1,0 +1,164 @@
+//! Templates: spec parsing, rendering, launch formulas and the static gates.
+
+mod common;
+
+use std::path::PathBuf;
+
+use optimizerd::gate;
+use optimizerd::plan::Plan;
+use optimizerd::protocol::{DType, Shape};
+use optimizerd::render::render;
+use optimizerd::template::{Params, Template};
+
+fn templates_dir() -> PathBuf {
+    common::repo_root().join("kernel-templates")
+}
+
+fn shape(b: u32, h: u32, s: u32, d: u32, causal: bool) -> Shape {
+    Shape { b, h, s, d, causal, dtype: DType::Fp16 }
+}
+
+fn params(t: &Template, pairs: &[(&str, i64)]) -> Params {
+    let mut p = t.default_params();
+    for (k, v) in pairs {
+        p.insert(k.to_string(), *v);
+    }
+    p
+}
+
+#[test]
+fn both_shipped_plans_load_with_their_templates() {
+    for plan in ["default.toml", "fault-drill.toml"] {
+        let path = common::repo_root().join("strategies").join(plan);
+        let p = Plan::load(&path, &templates_dir()).unwrap_or_else(|e| panic!("{plan}: {e}"));
+        assert_eq!(p.stages[0].spec.name, "baseline");
+        assert_eq!(p.stages.last().unwrap().spec.name, "kv-split");
+    }
+}
+
+#[test]
+fn a_plan_naming_a_knob_the_template_lacks_is_rejected_with_the_knobs() {
+    let text = "[[stage]]\nname = \"x\"\ntemplate = \"kv_split.cu\"\nsearch = \"coordinate\"\nspace = { BLOCK_Q = [1] }\n";
+    let err = Plan::parse(&PathBuf::from("p.toml"), text, &templates_dir()).unwrap_err().to_string();
+    assert!(err.contains("BLOCK_Q") && err.contains("BLOCK_M") && err.contains("stage `x`"), "{err}");
+    let text = "[[stage]]\nname = \"x\"\ntemplate = \"kv_split.cu\"\nsearch = \"coordinate\"\nspace = { BLOCK_M = [48] }\n";
+    let err = Plan::parse(&PathBuf::from("p.toml"), text, &templates_dir()).unwrap_err().to_string();
+    assert!(err.contains("48") && err.contains("allowed"), "{err}");
+    let text = "[[stage]]\nname = \"x\"\ntemplate = \"kv_split.cu\"\nsearch = \"sideways\"\n";
+    let err = Plan::parse(&PathBuf::from("p.toml"), text, &templates_dir()).unwrap_err().to_string();
+    assert!(err.contains("sideways") && err.contains("coordinate") && err.contains("p.toml:4"), "{err}");
+}
+
+#[test]
+fn rendering_defines_every_knob_inlines_the_prelude_and_is_deterministic() {
+    let t = Template::load(&templates_dir(), "kv_split.cu").unwrap();
+    let p = params(&t, &[("BLOCK_M", 64), ("MAX_SPLITS", 8)]);
+    let a = render(&t, &p, DType::Bf16, &templates_dir()).unwrap();
+    let b = render(&t, &p, DType::Bf16, &templates_dir()).unwrap();
+    assert_eq!(a.hash, b.hash);
+    assert!(a.source.contains("#define BLOCK_M 64\n") && a.source.contains("#define MAX_SPLITS 8\n"));
+    assert!(a.source.contains("#define OPTD_BF16 1\n"));
+    assert!(!a.source.lines().any(|l| l.trim_start().starts_with("#include \"")), "local include not inlined");
+    assert!(a.source.contains("OPTD_ARGS"));
+    let c = render(&t, &p, DType::Fp16, &templates_dir()).unwrap();
+    assert_ne!(a.hash, c.hash);
+}
+
+#[test]
+fn rendering_rejects_values_the_template_does_not_allow() {
+    let t = Template::load(&templates_dir(), "kv_split.cu").unwrap();
+    let err = render(&t, &params(&t, &[("BLOCK_M", 48)]), DType::Fp16, &templates_dir()).unwrap_err().to_string();
+    assert!(err.contains("BLOCK_M") && err.contains("48"), "{err}");
+}
+
+#[test]
+fn kv_split_grid_follows_its_declared_formula_and_skips_combine_without_splits() {
+    let t = Template::load(&templates_dir(), "kv_split.cu").unwrap();
+    let dev = common::h100();
+    // Small problem: splits fill the GPU and the combine kernel runs.
+    let p = params(&t, &[("BLOCK_M", 32), ("MAX_SPLITS", 8)]);
+    let plan = t.plan(&p, &shape(1, 1, 512, 64, false), &dev).unwrap();
+    assert_eq!(plan.launches[0].kernel, "optd_fwd_d64");
+    assert_eq!(plan.launches[0].grid, [16, 1, plan.n_splits]);
+    assert!(plan.n_splits > 1 && plan.n_splits <= 8);
+    assert_eq!(plan.launches.len(), 2);
+    assert_eq!(plan.launches[1].kernel, "optd_combine_d64");
+    // Large problem: already fills the GPU, one split, no combine.
+    let plan = t.plan(&p, &shape(2, 16, 4096, 128, true), &dev).unwrap();
+    assert_eq!(plan.n_splits, 1);
+    assert_eq!(plan.launches.len(), 1);
+    assert_eq!(plan.launches[0].grid, [128, 32, 1]);
+    assert_eq!(plan.launches[0].kernel, "optd_fwd_d128");
+}
+
+#[test]
+fn every_knob_combination_plans_every_default_shape() {
+    let dev = common::h100();
+    let config = optimizerd::config::Config::parse("", std::path::Path::new("x"), std::path::Path::new(".")).unwrap();
+    let extra = [shape(1, 1, 1, 64, false), shape(1, 1, 17, 128, true), shape(1, 2, 4097, 64, true)];
+    for file in ["baseline.cu", "kv_split.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"] {
+        let t = Template::load(&templates_dir(), file).unwrap();
+        let space: Vec<(String, Vec<i64>)> = t.knobs.clone();
+        let mut s = optimizerd::search::Search::new(optimizerd::search::SearchKind::Exhaustive, space, t.default_params(), 10_000);
+        let mut n = 0;
+        while let Some(p) = s.next() {
+            n += 1;
+            let shapes: Vec<Shape> = config.shapes().into_iter().chain(extra).collect();
+            let plans = gate::check(&t, &p, &shapes, &dev, "1").unwrap_or_else(|e| panic!("{file} {p:?}: {}", e.0));
+            for plan in plans {
+                for l in &plan.launches {
+                    assert!(l.ctas() >= 1 && l.dyn_smem <= dev.smem_optin, "{file} {p:?} {l:?}");
+                }
+            }
+        }
+        assert!(n >= 1, "{file} has no knob combination");
+    }
+}
+
+#[test]
+fn the_gate_demands_enough_ctas_to_fill_the_gpu() {
+    let t = Template::load(&templates_dir(), "kv_split.cu").unwrap();
+    let dev = common::h100();
+    let shapes = [shape(1, 1, 512, 64, false)];
+    let min = "min(SMS, B * H * cdiv(S, 32))";
+    let no_split = params(&t, &[("BLOCK_M", 64), ("MAX_SPLITS", 1)]);
+    let err = gate::check(&t, &no_split, &shapes, &dev, min).unwrap_err();
+    assert!(err.0.contains("8 CTAs") && err.0.contains("at least 16"), "{}", err.0);
+    let split = params(&t, &[("BLOCK_M", 64), ("MAX_SPLITS", 16)]);
+    assert!(gate::check(&t, &split, &shapes, &dev, min).is_ok());
+}
+
+const SYNTHETIC: &str = r#"
+/* optimizerd:spec
+[template]
+name = "synthetic"
+[knobs]
+TILE = [1, 4096]
+[[launch]]
+kernel = "fwd"
+grid = ["1 if TILE == 1 else cdiv(S, 64)", "B * H", "1"]
+block = ["128", "1", "1"]
+smem = "TILE * D * 2"
+*/
+"#;
+
+#[test]
+fn the_gate_rejects_a_one_cta_grid_and_too_much_shared_memory() {
+    let t = Template::parse("synthetic.cu", SYNTHETIC.to_string()).unwrap();
+    let dev = common::h100();
+    let shapes = [shape(4, 16, 1024, 64, false)];
+    let one = params(&t, &[("TILE", 1)]);
+    let err = gate::check(&t, &one, &shapes, &dev, "SMS").unwrap_err();
+    assert!(err.0.contains("64 CTAs") && err.0.contains("at least 132"), "{}", err.0);
+    let huge = params(&t, &[("TILE", 4096)]);
+    let err = gate::check(&t, &huge, &shapes, &dev, "1").unwrap_err();
+    assert!(err.0.contains("524288 B") && err.0.contains("232448"), "{}", err.0);
+}
+
+#[test]
+fn a_formula_error_names_the_template_and_the_formula() {
+    let bad = SYNTHETIC.replace("TILE * D * 2", "TILES * D");
+    let t = Template::parse("bad.cu", bad).unwrap();
+    let err = gate::check(&t, &t.default_params(), &[shape(1, 1, 8, 64, false)], &common::h100(), "1").unwrap_err();
+    assert!(err.0.contains("synthetic") && err.0.contains("TILES * D"), "{}", err.0);
+}
