@@ -168,8 +168,8 @@ impl Default for WorkerSection {
         Self {
             hello_timeout: Duration::from_secs(60),
             load_timeout: Duration::from_secs(90),
-            check_timeout: Duration::from_secs(120),
-            time_timeout: Duration::from_secs(300),
+            check_timeout: Duration::from_secs(60),
+            time_timeout: Duration::from_secs(180),
             max_restarts: 5,
         }
     }
