@@ -30,7 +30,9 @@ pub async fn load(
         arch,
         kernels,
         occupancy,
-        compile_timeout_ms: timeout.as_millis() as u64,
+        // The worker cancels NVRTC a little before the hard limit so that a slow compile is
+        // reported as a compile timeout rather than a killed worker.
+        compile_timeout_ms: (timeout.as_millis() as u64) * 4 / 5,
     };
     match sup.request(&request, timeout).await {
         Ok(Response::Loaded(l)) => Ok(l),

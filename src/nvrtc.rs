@@ -369,6 +369,15 @@ fn locate_uncached() -> Result<Toolchain, NvrtcError> {
     let env_inc = std::env::var_os(ENV_CUDA_INCLUDE)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);
+    locate_in(env_lib, env_inc, search_roots())
+}
+
+/// The search itself, with the environment and the roots passed in (for tests).
+fn locate_in(
+    env_lib: Option<PathBuf>,
+    env_inc: Option<PathBuf>,
+    roots: Vec<Root>,
+) -> Result<Toolchain, NvrtcError> {
     if let Some(p) = &env_lib {
         if !p.is_file() {
             return Err(NvrtcError::EnvLibMissing {
@@ -385,8 +394,6 @@ fn locate_uncached() -> Result<Toolchain, NvrtcError> {
             });
         }
     }
-    let roots = search_roots();
-
     let mut searched = String::new();
     let (lib, paired_include) = match env_lib {
         Some(p) => (p, None),
@@ -753,6 +760,54 @@ extern "C" __global__ void axpy_half(__half* y, const __half* x, float a, int n)
         assert!(tc.version.0 >= 12, "version {:?}", tc.version);
         // Cached: the same answer twice.
         assert_eq!(locate().unwrap(), tc);
+    }
+
+    #[test]
+    fn search_failures_say_what_was_searched_and_how_to_fix_it() {
+        let dir = std::env::temp_dir().join(format!("optd-nvrtc-test-{}", std::process::id()));
+        let missing = locate_in(Some(dir.join("libnvrtc.so.13")), None, vec![]).unwrap_err();
+        assert!(
+            matches!(missing, NvrtcError::EnvLibMissing { .. }),
+            "{missing}"
+        );
+        assert!(
+            missing.to_string().contains("scripts/setup.sh"),
+            "{missing}"
+        );
+        assert!(missing.to_string().contains(ENV_NVRTC_LIB), "{missing}");
+
+        let bad_inc = locate_in(None, Some(dir.clone()), vec![]).unwrap_err();
+        assert!(
+            matches!(bad_inc, NvrtcError::EnvIncludeInvalid { .. }),
+            "{bad_inc}"
+        );
+
+        let none = locate_in(
+            None,
+            None,
+            vec![deps_root(&dir), toolkit_root(&dir.join("cuda"))],
+        )
+        .unwrap_err();
+        let msg = none.to_string();
+        assert!(matches!(none, NvrtcError::LibNotFound { .. }), "{msg}");
+        assert!(
+            msg.contains(".deps/cuda/nvidia/cu13/lib/libnvrtc.so.13"),
+            "{msg}"
+        );
+        assert!(msg.contains("cuda/lib64/libnvrtc.so"), "{msg}");
+        assert!(msg.contains("OPTIMIZERD_NVRTC_LIB"), "{msg}");
+    }
+
+    #[test]
+    fn explicit_paths_are_honoured() {
+        let tc = toolchain();
+        let again = locate_in(Some(tc.lib.clone()), Some(tc.include_dir.clone()), vec![]).unwrap();
+        assert_eq!(again, tc);
+        // The library alone: headers are found next to it.
+        let paired = locate_in(Some(tc.lib.clone()), None, vec![]);
+        if let Ok(p) = paired {
+            assert!(p.include_dir.join("cuda_fp16.h").is_file());
+        }
     }
 
     #[test]

@@ -504,9 +504,10 @@ impl CudaBackend {
             Request::Time { cases, spec, seed } => self.time(&cases, &spec, seed),
             Request::Unload { id } => match self.candidates.remove(&id) {
                 Some(c) => {
-                    // Nothing is in flight (every request ends synchronised); unload now.
-                    drop(c);
-                    Ok(Response::Unloaded)
+                    // Make sure none of its kernels can still be running, then unload.
+                    after(self.stream.synchronize(), || format!("unload {id}"))
+                        .map(|()| drop(c))
+                        .map(|()| Response::Unloaded)
                 }
                 None => Err(Failure::Bad(format!(
                     "unload: no candidate loaded with id {id:?}"
@@ -514,7 +515,34 @@ impl CudaBackend {
             },
             Request::Shutdown => Ok(Response::Bye),
         };
-        result.unwrap_or_else(Failure::into_response)
+        match result {
+            Ok(r) => r,
+            Err(f) => self.settle(f).into_response(),
+        }
+    }
+
+    /// After a failed request, wait for whatever it queued. A non-sticky failure becomes
+    /// sticky if earlier launches of the request turn out to have faulted.
+    fn settle(&self, failure: Failure) -> Failure {
+        match failure {
+            Failure::Cuda {
+                during,
+                message,
+                sticky: false,
+            } => match self.stream.synchronize() {
+                Ok(()) => Failure::Cuda {
+                    during,
+                    message,
+                    sticky: false,
+                },
+                Err(e) => Failure::Cuda {
+                    during,
+                    message: format!("{message}; then, waiting for earlier work: {}", describe(e)),
+                    sticky: true,
+                },
+            },
+            other => other,
+        }
     }
 
     // -- Load ------------------------------------------------------------------------------
@@ -581,7 +609,8 @@ impl CudaBackend {
             let missing = |build: &str| {
                 Failure::Compile(format!(
                     "kernel `{k}` not found in the {build} build: the source must define it as \
-                     extern \"C\" __global__ void {k}(...) (without C++ name mangling)\n{log}"
+                     extern \"C\" __global__ void {k}(...) (without C++ name mangling){}{log}",
+                    if log.is_empty() { "" } else { "\n" }
                 ))
             };
             let f = api(cand.timed.function(k), || {
@@ -636,6 +665,12 @@ impl CudaBackend {
             });
         }
 
+        if self.candidates.contains_key(&id) {
+            // Replacing a loaded candidate: none of its kernels may still be running.
+            after(self.stream.synchronize(), || {
+                format!("load {id}: replacing the loaded candidate")
+            })?;
+        }
         self.candidates.insert(id, cand);
         Ok(Response::Loaded(Loaded {
             compile_ms,
