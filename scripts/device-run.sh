@@ -27,6 +27,6 @@ run_dir=$(ls -d runs/2* | tail -n 1)
 cp "$run_dir/run.log" "$out/run.log" 2>/dev/null
 cp "$run_dir/worker.log" "$out/worker.log" 2>/dev/null
 echo "+ git -C $run_dir/workspace log --oneline best"
-git -C "$run_dir/workspace" log --oneline best | head -20
+git -C "$run_dir/workspace" log --oneline best -- | head -20
 git -C "$run_dir/workspace" for-each-ref refs/rejected --format='%(refname)' | tr '\n' ' '; echo
 exit $rc

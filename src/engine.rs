@@ -127,8 +127,8 @@ impl Engine {
             .await?;
 
         let readme = format!(
-            "# optimizerd workspace for run {run_id}\n\n`candidate.cu` is the kernel under test; `best/<shape>.cu` the best kernel per\n\
-             workload shape and `best/dispatch.json` how to launch each. `git log best` is the lineage\n\
+            "# optimizerd workspace for run {run_id}\n\n`candidate.cu` is the kernel under test; `kernels/<shape>.cu` the best kernel per\n\
+             workload shape and `kernels/dispatch.json` how to launch each. `git log best` is the lineage\n\
              of improvements; rejected candidates are kept under refs/rejected/<iteration>.\n"
         );
         let ws = Workspace::init(&run_dir.join("workspace"), &[("README.md", &readme), ("workload.json", &serde_json::to_string_pretty(&shapes)?)])?;
@@ -403,7 +403,7 @@ impl Engine {
         let mut best_rows = Vec::new();
         for (plan, median) in won {
             let key = plan.shape.key();
-            let source_path = format!("best/{key}.cu");
+            let source_path = format!("kernels/{key}.cu");
             if !self.baseline_us.contains_key(&key) {
                 self.baseline_us.insert(key.clone(), *median);
             }
@@ -429,8 +429,8 @@ impl Engine {
             });
         }
         let dispatch = self.dispatch_json();
-        let mut files: Vec<(String, String)> = won.iter().map(|(p, _)| (format!("best/{}.cu", p.shape.key()), source.to_string())).collect();
-        files.push(("best/dispatch.json".into(), dispatch));
+        let mut files: Vec<(String, String)> = won.iter().map(|(p, _)| (format!("kernels/{}.cu", p.shape.key()), source.to_string())).collect();
+        files.push(("kernels/dispatch.json".into(), dispatch));
         let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         let keys: Vec<String> = won.iter().map(|(p, _)| p.shape.key()).collect();
         let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({}) for {}", stage.template.name(), keys.join(", ")))?;

@@ -109,7 +109,7 @@ pub fn human_line(rec: &IterationRecord, best_speedup: Option<f64>, used: Durati
     let time = rec.score_us.map(|t| format!("{t:.1} us")).unwrap_or_else(|| "-".into());
     let best = best_speedup.map(|s| format!("best {s:.2}x")).unwrap_or_else(|| "best -".into());
     format!(
-        "#{:<3} {:<14} {:<13} {:<52} {:>9}  {:<13} [{} / {}]  {}",
+        "#{:<3} {:<21} {:<13} {:<46} {:>9}  {:<13} [{} / {}]  {}",
         rec.seq,
         rec.stage,
         rec.verdict,

@@ -1,7 +1,7 @@
 //! The run's workspace: a git repository of the kernel being optimized.
 //!
 //! Each candidate is committed (source + params) on top of `best` before it is
-//! compiled. If it wins, a follow-up commit files it under `best/` for the shapes it
+//! compiled. If it wins, a follow-up commit files it under `kernels/` for the shapes it
 //! won and the `best` branch advances, so `git log best` is the lineage of
 //! improvements. If it loses, the commit is kept under `refs/rejected/<seq>` for
 //! inspection and the working tree is reset hard to `best`.
@@ -171,7 +171,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let ws = Workspace::init(tmp.path(), &[("README.md", "hi\n")]).unwrap();
         let c1 = ws.commit_candidate(&[("candidate.cu", "one")], "iter 1").unwrap();
-        ws.accept(c1, &[("best/a.cu", "one")], "accept 1").unwrap();
+        ws.accept(c1, &[("kernels/a.cu", "one")], "accept 1").unwrap();
         let best = ws.best_tip().unwrap();
         let c2 = ws.commit_candidate(&[("candidate.cu", "two"), ("extra.txt", "x")], "iter 2").unwrap();
         assert_eq!(std::fs::read_to_string(tmp.path().join("candidate.cu")).unwrap(), "two");

@@ -115,11 +115,13 @@ async fn a_run_records_every_outcome_and_keeps_the_workspace_on_best() {
     for seq in [2, 3, 4, 5, 6] {
         assert!(repo.refname_to_id(&format!("refs/rejected/{seq}")).is_ok(), "refs/rejected/{seq} missing");
     }
+    // `git log best` must not be ambiguous: no path in the workspace is named `best`.
+    assert!(!p.workspace("drill").join("best").exists());
     let dispatch: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(p.workspace("drill").join("best/dispatch.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(p.workspace("drill").join("kernels/dispatch.json")).unwrap()).unwrap();
     assert_eq!(dispatch["b1h1s128d64"]["iteration"], 8);
     assert_eq!(dispatch["b2h8s512d128-causal"]["iteration"], 7);
-    let src = std::fs::read_to_string(p.workspace("drill").join("best/b1h1s128d64.cu")).unwrap();
+    let src = std::fs::read_to_string(p.workspace("drill").join("kernels/b1h1s128d64.cu")).unwrap();
     assert!(src.contains("#define MAX_SPLITS 16"));
 
     // The run row: finished, device recorded, budget accounted.
