@@ -1,17 +1,18 @@
 //! The command line: argument definitions and a thin dispatch to the library.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
-use crate::engine::{self, RunEnd, RunOptions};
-use crate::ledger::Ledger;
-use crate::report;
+use crate::engine::{self, Mode, RunEnd, RunOptions};
+use crate::ledger::{Ledger, RunRow};
 use crate::supervisor::WorkerCommand;
+use crate::{lock, report, shutdown};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,9 +21,9 @@ use crate::supervisor::WorkerCommand;
     about = "Optimize CUDA attention kernels on this machine's GPU, unattended.",
     long_about = "optimizerd walks a strategy plan (baseline -> kv-split -> ...), renders kernel templates, compiles \
 each candidate with NVRTC, rejects anything incorrect (fp32 reference, poisoned outputs) or launched on the wrong grid, \
-times survivors against the incumbent, keeps improvements as git commits and records every iteration in SQLite \
-(runs/optimizer.db).",
-    after_help = "Examples:\n  optimizerd start --budget 5m --foreground\n  optimizerd history\n  optimizerd status --json"
+times survivors against the best kernel so far for every workload shape, keeps improvements as git commits and records \
+every iteration in SQLite (runs/optimizer.db). A run survives crashes: `optimizerd resume` continues it.",
+    after_help = "Examples:\n  optimizerd doctor\n  optimizerd start --budget 90m\n  optimizerd watch\n  optimizerd stop\n  optimizerd resume\n  optimizerd history --json"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -31,12 +32,22 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start an optimization run.
+    /// Start an optimization run (detaches unless --foreground).
     Start(StartArgs),
+    /// Continue a stopped, interrupted or killed run where it stopped.
+    Resume(ResumeArgs),
+    /// Follow a run live: one line per iteration under a progress bar.
+    Watch(WatchArgs),
+    /// Stop a run gracefully (after the candidate in flight), or at once with --now.
+    Stop(StopArgs),
+    /// List runs with state, GPU, budget and best speedup.
+    Runs(JsonArgs),
     /// Print a run's iterations from the ledger.
     History(RunArgs),
     /// Print a run's state, stage, iterations, best kernel per shape and budget.
     Status(RunArgs),
+    /// Check the driver, GPU, NVRTC, headers, python/torch, the runs folder and the config.
+    Doctor(JsonArgs),
     /// Serve GPU requests on stdin/stdout (started by the daemon; not for direct use).
     #[command(hide = true)]
     Worker {
@@ -46,26 +57,74 @@ enum Command {
     },
 }
 
-#[derive(Debug, clap::Args)]
-struct StartArgs {
-    /// How long to optimize, e.g. 45s, 5m, 1h30m. The iteration in flight finishes past it.
-    #[arg(long, value_parser = parse_budget)]
-    budget: Duration,
+#[derive(Debug, Clone, clap::Args)]
+struct DaemonArgs {
     /// Configuration file; default agent.toml in the current folder, else the embedded defaults.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Strategy plan; default: `run.plan` from the configuration (strategies/default.toml).
-    #[arg(long)]
-    plan: Option<PathBuf>,
     /// Stay attached to the terminal (systemd, containers, CI). Without it the run detaches.
     #[arg(long)]
     foreground: bool,
-    /// Seed for the random inputs (default: drawn fresh for each run).
+    /// Run even if another run holds this GPU (timings will disturb each other).
+    #[arg(long)]
+    allow_concurrent: bool,
+    /// Seed for the random inputs (default: drawn fresh).
     #[arg(long)]
     seed: Option<u64>,
+    /// Test double: drive a scripted worker instead of the GPU.
+    #[arg(long, hide = true)]
+    worker_script: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct StartArgs {
+    /// How long to optimize, e.g. 45s, 5m, 1h30m. The candidate in flight finishes past it.
+    #[arg(long, value_parser = parse_budget)]
+    budget: Duration,
+    /// Strategy plan; default: `run.plan` from the configuration (strategies/default.toml).
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
     /// Run id to use (default: made from the clock).
     #[arg(long, hide = true)]
     run_id: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ResumeArgs {
+    /// Run id (default: the most recent unfinished run).
+    run: Option<String>,
+    /// Allow resuming on a different GPU model: the incumbents are re-timed there.
+    #[arg(long)]
+    rebaseline: bool,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct WatchArgs {
+    /// Run id (default: the most recent run).
+    run: Option<String>,
+    /// Pass the run's JSON log lines through unchanged.
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct StopArgs {
+    /// Run id (default: the run holding the GPU).
+    run: Option<String>,
+    /// Abandon the candidate in flight (recorded as interrupted) instead of finishing it.
+    #[arg(long)]
+    now: bool,
+    /// How long to wait for the daemon to exit.
+    #[arg(long, value_parser = parse_budget, default_value = "10m")]
+    wait: Duration,
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -80,10 +139,20 @@ struct RunArgs {
     json: bool,
 }
 
+#[derive(Debug, clap::Args)]
+struct JsonArgs {
+    /// Configuration file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
 fn parse_budget(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e}; write e.g. 45s, 5m, 1h30m"))?;
     if d.is_zero() {
-        return Err("budget must be more than zero".into());
+        return Err("must be more than zero".into());
     }
     Ok(d)
 }
@@ -93,8 +162,13 @@ pub fn main() -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Worker { script } => worker(script),
         Command::Start(args) => runtime()?.block_on(start(args)),
+        Command::Resume(args) => runtime()?.block_on(resume(args)),
+        Command::Watch(args) => runtime()?.block_on(watch(args)),
+        Command::Stop(args) => runtime()?.block_on(stop(args)),
+        Command::Runs(args) => runtime()?.block_on(runs(args)),
         Command::History(args) => runtime()?.block_on(history(args)),
         Command::Status(args) => runtime()?.block_on(status(args)),
+        Command::Doctor(args) => runtime()?.block_on(doctor(args)),
     }
 }
 
@@ -103,6 +177,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn worker(script: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    // A worker must not outlive its daemon: an orphan would hold the GPU.
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag on this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
     match script {
         Some(path) => {
             let mut backend = crate::worker::scripted::ScriptedBackend::from_file(&path)
@@ -114,35 +193,108 @@ fn worker(script: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn start(args: StartArgs) -> anyhow::Result<ExitCode> {
-    let config = Config::load(args.config.as_deref())?;
-    let plan_path = args.plan.clone().unwrap_or_else(|| config.resolve(&config.run.plan));
-    let run_id = args.run_id.clone().unwrap_or_else(engine::new_run_id);
-    let run_dir = config.resolve(&config.run.runs_dir).join(&run_id);
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
-
-    if !args.foreground {
-        return detach(&args, &run_id, &run_dir);
+fn worker_command(d: &DaemonArgs) -> anyhow::Result<WorkerCommand> {
+    let mut w = WorkerCommand::current_exe().context("cannot find this executable to start the worker")?;
+    if let Some(script) = &d.worker_script {
+        w.args = vec!["worker".into(), "--script".into(), script.display().to_string()];
     }
+    Ok(w)
+}
 
-    crate::logging::init(Some(&run_dir.join("run.log")))?;
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            tracing::warn!("stopping after the candidate in flight (Ctrl-C)");
-            let _ = tx.send(true);
+fn runs_dir(config: &Config) -> PathBuf {
+    config.resolve(&config.run.runs_dir)
+}
+
+async fn start(args: StartArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.daemon.config.as_deref())?;
+    let runs = runs_dir(&config);
+    let run_id = args.run_id.clone().unwrap_or_else(engine::new_run_id);
+    if !args.daemon.allow_concurrent {
+        if let Some((other, pid)) = lock::holder(&runs) {
+            return Err(lock::LockError::Held { run_id: other, pid }.into());
         }
-    });
+    }
+    let plan_path = args.plan.clone().unwrap_or_else(|| config.resolve(&config.run.plan));
+    if !args.daemon.foreground {
+        let mut argv: Vec<OsString> = vec!["start".into(), "--run-id".into(), run_id.clone().into()];
+        argv.push("--budget".into());
+        argv.push(humantime::format_duration(args.budget).to_string().into());
+        if let Some(p) = &args.plan {
+            argv.push("--plan".into());
+            argv.push(p.into());
+        }
+        return detach(argv, &args.daemon, &runs, &run_id);
+    }
     let opts = RunOptions {
         config: config.clone(),
         plan_path,
         budget: args.budget,
-        worker: WorkerCommand::current_exe()?,
+        worker: worker_command(&args.daemon)?,
         run_id: Some(run_id.clone()),
-        seed: args.seed,
+        seed: args.daemon.seed,
+        mode: Mode::New,
+        allow_concurrent: args.daemon.allow_concurrent,
     };
-    let (run_id, end) = engine::run(opts, rx).await?;
-    let ledger = Ledger::open(&config.resolve(&config.run.runs_dir).join("optimizer.db")).await?;
+    run_foreground(opts, &config, &run_id).await
+}
+
+async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.daemon.config.as_deref())?;
+    let runs = runs_dir(&config);
+    let ledger = open_ledger(&config).await?;
+    let run_id = match &args.run {
+        Some(id) => ledger.run(Some(id)).await?.id,
+        None => {
+            let all = ledger.runs().await?;
+            let live = lock::holder(&runs).map(|h| h.0);
+            all.into_iter()
+                .find(|r| r.state != "finished" && Some(&r.id) != live.as_ref())
+                .map(|r| r.id)
+                .context("no unfinished run to resume; `optimizerd runs` lists them")?
+        }
+    };
+    ledger.close().await;
+    if let Some((holder, pid)) = lock::holder(&runs) {
+        if holder == run_id {
+            anyhow::bail!("run {run_id} is running (pid {pid}); nothing to resume. Watch it with `optimizerd watch {run_id}`");
+        }
+        if !args.daemon.allow_concurrent {
+            return Err(lock::LockError::Held { run_id: holder, pid }.into());
+        }
+    }
+    if !args.daemon.foreground {
+        let mut argv: Vec<OsString> = vec!["resume".into(), run_id.clone().into()];
+        if args.rebaseline {
+            argv.push("--rebaseline".into());
+        }
+        return detach(argv, &args.daemon, &runs, &run_id);
+    }
+    let opts = RunOptions {
+        config: config.clone(),
+        plan_path: PathBuf::new(),
+        budget: Duration::ZERO,
+        worker: worker_command(&args.daemon)?,
+        run_id: Some(run_id.clone()),
+        seed: args.daemon.seed,
+        mode: Mode::Resume { rebaseline: args.rebaseline },
+        allow_concurrent: args.daemon.allow_concurrent,
+    };
+    run_foreground(opts, &config, &run_id).await
+}
+
+/// Run in this process: pid file, logs, signals, the engine, then the summary.
+async fn run_foreground(opts: RunOptions, config: &Config, run_id: &str) -> anyhow::Result<ExitCode> {
+    let run_dir = runs_dir(config).join(run_id);
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
+    crate::logging::init(Some(&run_dir.join("run.log")))?;
+    let pid_file = run_dir.join("daemon.pid");
+    std::fs::write(&pid_file, format!("{}\n", std::process::id())).with_context(|| format!("cannot write {}", pid_file.display()))?;
+    let (tx, sd) = shutdown::channel();
+    shutdown::spawn_signal_handler(tx);
+    let result = engine::run(opts, sd).await;
+    let _ = std::fs::remove_file(&pid_file);
+    let (run_id, end) = result?;
+    let ledger = open_ledger(config).await?;
     let s = report::status(&ledger, Some(&run_id)).await?;
     eprintln!("\n{}", report::status_text(&s));
     Ok(match end {
@@ -151,53 +303,183 @@ async fn start(args: StartArgs) -> anyhow::Result<ExitCode> {
             eprintln!("error: run {run_id} failed: {m}");
             ExitCode::from(2)
         }
+        RunEnd::Interrupted(m) => {
+            eprintln!("run {run_id} interrupted: {m}\nresume it with: optimizerd resume {run_id}");
+            ExitCode::from(3)
+        }
     })
 }
 
-/// Re-run this command with `--foreground` in its own session, output to the run folder.
-fn detach(args: &StartArgs, run_id: &str, run_dir: &Path) -> anyhow::Result<ExitCode> {
+/// Re-run `argv --foreground` in its own session, output to the run folder; report
+/// an immediate failure (no GPU, bad plan) instead of detaching silently.
+fn detach(mut argv: Vec<OsString>, d: &DaemonArgs, runs: &Path, run_id: &str) -> anyhow::Result<ExitCode> {
     use std::os::unix::process::CommandExt;
-    let out = std::fs::File::create(run_dir.join("daemon.out"))?;
+    argv.push("--foreground".into());
+    if let Some(c) = &d.config {
+        argv.push("--config".into());
+        argv.push(c.into());
+    }
+    if d.allow_concurrent {
+        argv.push("--allow-concurrent".into());
+    }
+    if let Some(s) = d.seed {
+        argv.push("--seed".into());
+        argv.push(s.to_string().into());
+    }
+    if let Some(w) = &d.worker_script {
+        argv.push("--worker-script".into());
+        argv.push(w.into());
+    }
+    let run_dir = runs.join(run_id);
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
+    let out_path = run_dir.join("daemon.out");
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(&out_path)?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.arg("start").arg("--foreground").arg("--run-id").arg(run_id);
-    cmd.arg("--budget").arg(humantime::format_duration(args.budget).to_string());
-    if let Some(c) = &args.config {
-        cmd.arg("--config").arg(c);
-    }
-    if let Some(p) = &args.plan {
-        cmd.arg("--plan").arg(p);
-    }
-    if let Some(s) = args.seed {
-        cmd.arg("--seed").arg(s.to_string());
-    }
-    cmd.stdin(std::process::Stdio::null()).stdout(out.try_clone()?).stderr(out);
-    // SAFETY: setsid() is async-signal-safe; it detaches the child from our terminal.
+    cmd.args(&argv).stdin(std::process::Stdio::null()).stdout(out.try_clone()?).stderr(out);
+    // SAFETY: setsid() is async-signal-safe; it detaches the child from our terminal and session.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
             Ok(())
         });
     }
-    let child = cmd.spawn().context("cannot start the daemon process")?;
-    std::fs::write(run_dir.join("daemon.pid"), child.id().to_string())?;
-    println!("run {run_id} started (pid {})", child.id());
-    println!("  log:     {}", run_dir.join("daemon.out").display());
-    println!("  status:  optimizerd status {run_id}");
-    println!("  history: optimizerd history {run_id}");
+    let mut child = cmd.spawn().context("cannot start the daemon process")?;
+    // Give it a moment: a run that cannot start at all should say so here.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        if let Some(status) = child.try_wait()? {
+            let text = std::fs::read_to_string(&out_path).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+            eprintln!("{}", tail.join("\n"));
+            anyhow::bail!("the daemon for run {run_id} exited at once ({status}); full output in {}", out_path.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("run {run_id} started in the background (pid {})", child.id());
+    println!("  watch:   optimizerd watch {run_id}");
+    println!("  stop:    optimizerd stop {run_id}");
+    println!("  output:  {}", out_path.display());
     Ok(ExitCode::SUCCESS)
 }
 
-async fn open_ledger(config: Option<&Path>) -> anyhow::Result<Ledger> {
-    let config = Config::load(config)?;
-    let db = config.resolve(&config.run.runs_dir).join("optimizer.db");
+async fn open_ledger(config: &Config) -> anyhow::Result<Ledger> {
+    let db = runs_dir(config).join("optimizer.db");
     if !db.exists() {
-        anyhow::bail!("no ledger at {}; start a run first: optimizerd start --budget 5m --foreground", db.display());
+        anyhow::bail!("no ledger at {}; start a run first: optimizerd start --budget 5m", db.display());
     }
     Ok(Ledger::open(&db).await?)
 }
 
+async fn stop(args: StopArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.config.as_deref())?;
+    let runs = runs_dir(&config);
+    let holder = lock::holder(&runs);
+    let run_id = match (&args.run, &holder) {
+        (Some(id), _) => id.clone(),
+        (None, Some((id, _))) => id.clone(),
+        (None, None) => anyhow::bail!("no run is running on this GPU (`optimizerd runs` lists them)"),
+    };
+    let pid = match &holder {
+        Some((id, pid)) if *id == run_id => *pid,
+        _ => {
+            let ledger = open_ledger(&config).await?;
+            let row = ledger.run(Some(&run_id)).await?;
+            anyhow::bail!(
+                "run {run_id} is not running (ledger state: {}); {}",
+                row.state,
+                if row.state == "finished" { "nothing to stop".to_string() } else { format!("its daemon is gone; continue it with `optimizerd resume {run_id}`") }
+            );
+        }
+    };
+    // The pid file is a convenience; the lock is the truth. Say when they disagree.
+    let pid_file = runs.join(&run_id).join("daemon.pid");
+    match std::fs::read_to_string(&pid_file).ok().map(|t| t.trim().parse::<u32>()) {
+        Some(Ok(p)) if p == pid => {}
+        Some(Ok(p)) => eprintln!("note: {} says pid {p}, the GPU lock says {pid}; using {pid}", pid_file.display()),
+        Some(Err(_)) => eprintln!("note: {} is corrupt; using pid {pid} from the GPU lock", pid_file.display()),
+        None => eprintln!("note: {} is missing; using pid {pid} from the GPU lock", pid_file.display()),
+    }
+    send(pid, libc::SIGTERM)?;
+    if args.now {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        send(pid, libc::SIGTERM)?;
+        println!("stopping run {run_id} now (pid {pid}): the candidate in flight is abandoned");
+    } else {
+        println!("stopping run {run_id} (pid {pid}) after the candidate in flight; `optimizerd stop --now` abandons it");
+    }
+    let t0 = Instant::now();
+    while lock::holder(&runs).is_some_and(|h| h.0 == run_id) {
+        if t0.elapsed() > args.wait {
+            anyhow::bail!("run {run_id} still running after {}; try `optimizerd stop --now {run_id}`", humantime::format_duration(args.wait));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ledger = open_ledger(&config).await?;
+    let row = ledger.run(Some(&run_id)).await?;
+    println!("run {run_id}: {}{}", row.state, row.message.map(|m| format!(" ({m})")).unwrap_or_default());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn send(pid: u32, sig: i32) -> anyhow::Result<()> {
+    // SAFETY: kill(2) sends a signal; no memory is involved.
+    if unsafe { libc::kill(pid as i32, sig) } != 0 {
+        anyhow::bail!("cannot signal pid {pid}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A run's state as the user should see it: `running` with no daemon means it was killed.
+fn live_state(r: &RunRow, holder: &Option<(String, u32)>) -> String {
+    let alive = holder.as_ref().is_some_and(|h| h.0 == r.id);
+    match r.state.as_str() {
+        "running" | "waiting_for_gpu" if !alive => "interrupted (daemon gone)".into(),
+        s => s.into(),
+    }
+}
+
+async fn runs(args: JsonArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.config.as_deref())?;
+    let ledger = open_ledger(&config).await?;
+    let holder = lock::holder(&runs_dir(&config));
+    let mut rows = Vec::new();
+    for r in ledger.runs().await? {
+        let best = ledger.best(&r.id).await?;
+        let speedup = best.iter().filter_map(|b| b.baseline_us.map(|x| x / b.median_us)).fold(None::<f64>, |m, s| Some(m.map_or(s, |m| m.max(s))));
+        rows.push((live_state(&r, &holder), speedup, r));
+    }
+    if args.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(state, speedup, r)| serde_json::json!({ "run": r, "live_state": state, "best_speedup": speedup }))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", report::runs_text(&rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.config.as_deref())?;
+    let ledger = open_ledger(&config).await?;
+    let opts = crate::watch::WatchOptions::default();
+    crate::watch::watch(&ledger, &runs_dir(&config), args.run.as_deref(), args.json, std::io::stdout(), &opts).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn doctor(args: JsonArgs) -> anyhow::Result<ExitCode> {
+    let report = crate::doctor::doctor(&crate::doctor::DoctorOptions::new(args.config.clone())?).await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(if report.failed() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
 async fn history(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let ledger = open_ledger(args.config.as_deref()).await?;
+    let config = Config::load(args.config.as_deref())?;
+    let ledger = open_ledger(&config).await?;
     let run = ledger.run(args.run.as_deref()).await?;
     let its = ledger.iterations(&run.id).await?;
     if args.json {
@@ -210,8 +492,10 @@ async fn history(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn status(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let ledger = open_ledger(args.config.as_deref()).await?;
-    let s = report::status(&ledger, args.run.as_deref()).await?;
+    let config = Config::load(args.config.as_deref())?;
+    let ledger = open_ledger(&config).await?;
+    let mut s = report::status(&ledger, args.run.as_deref()).await?;
+    s.run.state = live_state(&s.run, &lock::holder(&runs_dir(&config)));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {

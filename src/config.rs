@@ -113,7 +113,13 @@ pub struct WorkerSection {
     pub check_timeout: Duration,
     #[serde(deserialize_with = "duration")]
     pub time_timeout: Duration,
-    pub max_restarts: u32,
+    /// How long a run waits for the GPU to come back (driver reset, device lost) before
+    /// it ends as `interrupted`, resumable later. The budget does not burn meanwhile.
+    #[serde(deserialize_with = "duration")]
+    pub gpu_wait_limit: Duration,
+    /// Longest pause between two attempts to restart the worker (backoff doubles up to it).
+    #[serde(deserialize_with = "duration")]
+    pub gpu_retry_max: Duration,
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -170,7 +176,8 @@ impl Default for WorkerSection {
             load_timeout: Duration::from_secs(90),
             check_timeout: Duration::from_secs(60),
             time_timeout: Duration::from_secs(180),
-            max_restarts: 5,
+            gpu_wait_limit: Duration::from_secs(600),
+            gpu_retry_max: Duration::from_secs(30),
         }
     }
 }

@@ -8,16 +8,17 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::decide::{self, geomean, Stats};
 use crate::ledger::{self, BestRow, IterationRecord, Ledger, NewRun, ShapeRecord};
 use crate::outcome::{Failure, Verdict};
 use crate::plan::{Plan, Stage};
-use crate::protocol::{DeviceInfo, Loaded, Shape, ShapePlan, TimeCase};
+use crate::lock::GpuLock;
+use crate::protocol::{DeviceInfo, Launch, Loaded, Shape, ShapePlan, TimeCase};
 use crate::search::Search;
-use crate::supervisor::{Supervisor, WorkerCommand, WorkerFailure};
+use crate::shutdown::Shutdown;
+use crate::supervisor::{Supervisor, WorkerCommand};
 use crate::template::Params;
 use crate::workspace::Workspace;
 use crate::{check, compile, gate, record, render, timing};
@@ -32,6 +33,18 @@ pub struct RunOptions {
     pub run_id: Option<String>,
     /// Seed for input generation; None draws one.
     pub seed: Option<u64>,
+    /// A new run, or the continuation of one the ledger holds.
+    pub mode: Mode,
+    /// Skip the one-run-per-GPU lock.
+    pub allow_concurrent: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    New,
+    /// Continue `run_id` with its remaining budget, plan position and incumbents.
+    /// `rebaseline` allows a different GPU: the incumbents are re-timed there.
+    Resume { rebaseline: bool },
 }
 
 /// How a run ended.
@@ -43,6 +56,8 @@ pub enum RunEnd {
     Stopped,
     /// The worker could not be (re)started.
     Failed(String),
+    /// The GPU stayed unavailable past the wait limit; resumable.
+    Interrupted(String),
 }
 
 /// The current best kernel for one shape.
@@ -55,6 +70,18 @@ struct Incumbent {
     plan: ShapePlan,
     median_us: f64,
     source_path: String,
+}
+
+/// One row of `kernels/dispatch.json`: which kernel serves a shape and how to launch it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct DispatchEntry {
+    iteration: i64,
+    template: String,
+    params: Params,
+    source: String,
+    median_us: f64,
+    n_splits: u32,
+    launches: Vec<Launch>,
 }
 
 /// A compiled module the current worker holds: (id, source, kernels, plans for occupancy).
@@ -83,15 +110,21 @@ pub struct Engine {
     loaded: Vec<String>,
     seq: i64,
     started: Instant,
+    /// Budget already used before this process took over (resume).
+    used_before: Duration,
+    /// Time spent waiting for the GPU: not charged to the budget.
+    paused: Duration,
     budget: Duration,
     seed: u64,
+    shutdown: Shutdown,
+    /// Held while the run is alive; released on drop or death.
+    _lock: Option<GpuLock>,
 }
 
-/// Create the run (ledger row, run folder, workspace, worker) and drive it to its end.
-pub async fn run(opts: RunOptions, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<(String, RunEnd)> {
-    let mut engine = Engine::create(opts).await?;
-    let end = engine.drive(&mut shutdown).await;
-    let end = match end {
+/// Create (or resume) the run and drive it to its end.
+pub async fn run(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<(String, RunEnd)> {
+    let mut engine = Engine::create(opts, shutdown).await?;
+    let end = match engine.drive().await {
         Ok(e) => e,
         Err(e) => RunEnd::Failed(format!("{e:#}")),
     };
@@ -100,58 +133,118 @@ pub async fn run(opts: RunOptions, mut shutdown: watch::Receiver<bool>) -> anyho
 }
 
 impl Engine {
-    async fn create(opts: RunOptions) -> anyhow::Result<Engine> {
+    async fn create(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<Engine> {
         let cfg = opts.config;
         let runs_dir = cfg.resolve(&cfg.run.runs_dir);
-        let run_id = opts.run_id.unwrap_or_else(new_run_id);
+        std::fs::create_dir_all(&runs_dir).with_context(|| format!("cannot create runs folder {}", runs_dir.display()))?;
+        let resuming = matches!(opts.mode, Mode::Resume { .. });
+        let run_id = match (&opts.run_id, resuming) {
+            (Some(id), _) => id.clone(),
+            (None, false) => new_run_id(),
+            (None, true) => anyhow::bail!("resume needs a run id"),
+        };
+        let lock = if opts.allow_concurrent { None } else { Some(GpuLock::acquire(&runs_dir, &run_id)?) };
         let run_dir = runs_dir.join(&run_id);
         std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
         let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
         let templates_dir = cfg.resolve(&cfg.run.templates_dir);
-        let plan = Plan::load(&opts.plan_path, &templates_dir)?;
         let shapes = cfg.shapes();
         let seed = opts.seed.unwrap_or_else(rand::random);
-
-        ledger
-            .create_run(&NewRun {
-                id: run_id.clone(),
-                started_at: ledger::now(),
-                budget_s: opts.budget.as_secs_f64(),
-                run_dir: run_dir.display().to_string(),
-                config_source: cfg.source.display().to_string(),
-                plan_path: opts.plan_path.display().to_string(),
-                config_json: format!("{cfg:?}"),
-                workload_json: serde_json::to_string(&shapes)?,
-                pid: std::process::id(),
-            })
-            .await?;
-
-        let readme = format!(
-            "# optimizerd workspace for run {run_id}\n\n`candidate.cu` is the kernel under test; `kernels/<shape>.cu` the best kernel per\n\
-             workload shape and `kernels/dispatch.json` how to launch each. `git log best` is the lineage\n\
-             of improvements; rejected candidates are kept under refs/rejected/<iteration>.\n"
-        );
-        let ws = Workspace::init(&run_dir.join("workspace"), &[("README.md", &readme), ("workload.json", &serde_json::to_string_pretty(&shapes)?)])?;
-
         let mut sup = Supervisor::new(opts.worker, cfg.worker.hello_timeout, Some(run_dir.join("worker.log")));
-        let device = match start_worker(&mut sup, cfg.worker.max_restarts).await {
-            Ok(d) => d,
-            Err(e) => {
-                let msg = format!("{e}");
-                ledger.finish_run(&run_id, "failed", &msg, 0.0).await?;
-                anyhow::bail!("run {run_id}: {msg}");
+        sup.set_abort(shutdown.clone());
+
+        let (ws, device, plan_path, budget, used_before) = match opts.mode {
+            Mode::New => {
+                // Fail on a bad plan before anything is recorded.
+                Plan::load(&opts.plan_path, &templates_dir)?;
+                ledger
+                    .create_run(&NewRun {
+                        id: run_id.clone(),
+                        started_at: ledger::now(),
+                        budget_s: opts.budget.as_secs_f64(),
+                        run_dir: run_dir.display().to_string(),
+                        config_source: cfg.source.display().to_string(),
+                        plan_path: opts.plan_path.display().to_string(),
+                        config_json: format!("{cfg:?}"),
+                        workload_json: serde_json::to_string(&shapes)?,
+                        pid: std::process::id(),
+                    })
+                    .await?;
+                let readme = format!(
+                    "# optimizerd workspace for run {run_id}\n\n`candidate.cu` is the kernel under test; `kernels/<shape>.cu` the best kernel per\n\
+                     workload shape and `kernels/dispatch.json` how to launch each. `git log best` is the lineage\n\
+                     of improvements; rejected candidates are kept under refs/rejected/<iteration>.\n"
+                );
+                let ws = Workspace::init(
+                    &run_dir.join("workspace"),
+                    &[("README.md", &readme), ("workload.json", &serde_json::to_string_pretty(&shapes)?)],
+                )?;
+                // A machine that never showed a GPU for this run fails fast, with the reason.
+                let device = match sup.ensure_started().await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        ledger.finish_run(&run_id, "failed", &msg, 0.0).await?;
+                        anyhow::bail!("run {run_id}: {msg}");
+                    }
+                };
+                ledger.set_device(&run_id, &device).await?;
+                (ws, device, opts.plan_path.clone(), opts.budget, Duration::ZERO)
+            }
+            Mode::Resume { rebaseline } => {
+                let row = ledger.run(Some(&run_id)).await?;
+                if row.state == "finished" {
+                    anyhow::bail!("run {run_id} already finished ({}); nothing to resume", row.message.unwrap_or_default());
+                }
+                let interrupted = ledger.mark_interrupted(&run_id).await?;
+                let ws = Workspace::open(&run_dir.join("workspace"))?;
+                ws.recover()?;
+                ledger.set_state(&run_id, "running", None, Some(std::process::id())).await?;
+                let (plan_path, _) = ledger.run_origin(&run_id).await?;
+                let before = ledger.device(&run_id).await?;
+                let mut waited = Duration::ZERO;
+                let device = match wait_for_gpu(&mut sup, &ledger, &run_id, &cfg, &shutdown, &mut waited).await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        ledger.finish_run(&run_id, "interrupted", &e.to_string(), row.used_s).await?;
+                        anyhow::bail!("run {run_id}: {e}");
+                    }
+                };
+                if let Some(b) = &before {
+                    if (b.name != device.name || b.cc() != device.cc()) && !rebaseline {
+                        sup.shutdown().await;
+                        ledger.finish_run(&run_id, "interrupted", "resume refused: different GPU", row.used_s).await?;
+                        anyhow::bail!(
+                            "run {run_id} was measured on {} (sm_{}) and this GPU is {} (sm_{}): its timings would not compare. \
+                             Resume on the original GPU, or pass --rebaseline to re-time the incumbents here",
+                            b.name,
+                            b.cc(),
+                            device.name,
+                            device.cc()
+                        );
+                    }
+                }
+                ledger.set_device(&run_id, &device).await?;
+                let msg = format!(
+                    "resumed with {} of budget left{}",
+                    record::fmt_dur(Duration::from_secs_f64((row.budget_s - row.used_s).max(0.0))),
+                    if interrupted > 0 { format!("; {interrupted} iteration(s) marked interrupted") } else { String::new() }
+                );
+                ledger.event(&run_id, "resumed", &msg).await?;
+                tracing::info!(kind = "resumed", run = %run_id, message = %msg, "run {run_id} {msg}");
+                (ws, device, PathBuf::from(plan_path), Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s))
             }
         };
-        ledger.set_device(&run_id, &device).await?;
+        let plan = Plan::load(&plan_path, &templates_dir)?;
         tracing::info!(
-            run = %run_id, gpu = %device.name, cc = device.cc(), sms = device.sm_count, smem_optin = device.smem_optin,
+            kind = "device", run = %run_id, gpu = %device.name, cc = device.cc(), sms = device.sm_count, smem_optin = device.smem_optin,
             l2_bytes = device.l2_bytes, driver = device.driver_version, nvrtc = ?device.nvrtc_version,
             "GPU {} (sm_{}), {} SMs, {} KiB smem/block, {} MiB L2, driver {}, NVRTC {}.{}",
             device.name, device.cc(), device.sm_count, device.smem_optin / 1024, device.l2_bytes >> 20,
             device.driver_version, device.nvrtc_version.0, device.nvrtc_version.1
         );
         let generation = sup.generation();
-        Ok(Engine {
+        let mut engine = Engine {
             cfg,
             ledger,
             run_id,
@@ -168,23 +261,113 @@ impl Engine {
             loaded: Vec::new(),
             seq: 0,
             started: Instant::now(),
-            budget: opts.budget,
+            used_before,
+            paused: Duration::ZERO,
+            budget,
             seed,
-        })
+            shutdown,
+            _lock: lock,
+        };
+        if resuming {
+            engine.restore_incumbents().await?;
+        }
+        Ok(engine)
+    }
+
+    /// Rebuild each shape's incumbent from the ledger's best table and the workspace's
+    /// `kernels/`, then re-validate it on this GPU: correctness, and a fresh timing
+    /// that replaces the recorded one.
+    async fn restore_incumbents(&mut self) -> anyhow::Result<()> {
+        let best = self.ledger.best(&self.run_id).await?;
+        if best.is_empty() {
+            return Ok(());
+        }
+        let dispatch_path = self.ws.dir().join("kernels/dispatch.json");
+        let dispatch: BTreeMap<String, DispatchEntry> = serde_json::from_str(
+            &std::fs::read_to_string(&dispatch_path).with_context(|| format!("cannot read {}", dispatch_path.display()))?,
+        )
+        .with_context(|| format!("{} is not a dispatch table", dispatch_path.display()))?;
+        for b in &best {
+            let entry = dispatch
+                .get(&b.shape)
+                .with_context(|| format!("{} has no entry for {} (best iteration {})", dispatch_path.display(), b.shape, b.seq))?;
+            let shape = self
+                .shapes
+                .iter()
+                .find(|s| s.key() == b.shape)
+                .copied()
+                .with_context(|| format!("shape {} of the ledger is not in the workload", b.shape))?;
+            let source_path = self.ws.dir().join(&b.source_path);
+            let source = std::fs::read_to_string(&source_path).with_context(|| format!("cannot read {}", source_path.display()))?;
+            let id = format!("it{}", b.seq);
+            let plan = ShapePlan { shape, n_splits: entry.n_splits, launches: entry.launches.clone() };
+            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, kernels: vec![], plans: vec![] });
+            for l in &plan.launches {
+                if !module.kernels.contains(&l.kernel) {
+                    module.kernels.push(l.kernel.clone());
+                }
+            }
+            module.plans.push(plan.clone());
+            if let Some(base) = b.baseline_us {
+                self.baseline_us.insert(b.shape.clone(), base);
+            }
+            self.incumbents.insert(
+                b.shape.clone(),
+                Incumbent {
+                    seq: b.seq,
+                    id,
+                    template: entry.template.clone(),
+                    params: entry.params.clone(),
+                    plan,
+                    median_us: b.median_us,
+                    source_path: b.source_path.clone(),
+                },
+            );
+        }
+        // Re-validate: load, check and time every incumbent module on this GPU.
+        self.ensure_incumbents_loaded().await.map_err(|f| anyhow::anyhow!("re-validating the incumbents: {}", f.reason))?;
+        let ids: Vec<String> = dedup(self.incumbents.values().map(|i| i.id.clone()));
+        let mut notes = Vec::new();
+        for id in ids {
+            let plans: Vec<ShapePlan> = self.incumbents.values().filter(|i| i.id == id).map(|i| i.plan.clone()).collect();
+            let seed = self.seed ^ 0x5EED;
+            if let Err((f, _)) = check::run(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout).await {
+                anyhow::bail!("incumbent {id} failed re-validation on this GPU: {} ({})", f.reason, f.verdict);
+            }
+            let cases: Vec<TimeCase> = plans.iter().map(|p| TimeCase { shape: p.shape, entries: vec![timing::entry(&id, p)] }).collect();
+            let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout)
+                .await
+                .map_err(|f| anyhow::anyhow!("re-timing incumbent {id}: {}", f.reason))?;
+            for case in &timed.cases {
+                let key = case.shape.key();
+                if let (Some(st), Some(inc)) = (timing::stats_of(case, &id), self.incumbents.get_mut(&key)) {
+                    notes.push(format!("{key} {:.2} us (recorded {:.2})", st.median_us, inc.median_us));
+                    inc.median_us = st.median_us;
+                }
+            }
+        }
+        let msg = format!("incumbents re-validated (correct) and re-timed: {}", notes.join(", "));
+        self.ledger.event(&self.run_id, "incumbents_revalidated", &msg).await?;
+        tracing::info!(kind = "revalidated", "{msg}");
+        Ok(())
     }
 
     fn used(&self) -> Duration {
-        self.started.elapsed()
+        (self.used_before + self.started.elapsed()).saturating_sub(self.paused)
     }
 
     fn budget_left(&self) -> bool {
         self.used() < self.budget
     }
 
-    async fn drive(&mut self, shutdown: &mut watch::Receiver<bool>) -> anyhow::Result<RunEnd> {
+    async fn drive(&mut self) -> anyhow::Result<RunEnd> {
+        // Iterations already recorded (a resumed run) are replayed through each stage's
+        // search, which is deterministic, so the run stands exactly where it stopped.
+        let recorded = self.ledger.iterations(&self.run_id).await?;
+        self.seq = recorded.iter().map(|i| i.seq).max().unwrap_or(0);
         let stages = self.plan.stages.clone();
         for stage in &stages {
-            if *shutdown.borrow() {
+            if self.shutdown.requested() {
                 return Ok(RunEnd::Stopped);
             }
             if !self.budget_left() {
@@ -193,46 +376,69 @@ impl Engine {
             if self.device.cc() < stage.template.meta.min_cc {
                 let msg = format!(
                     "stage {} skipped: template {} needs compute capability {} and the device has {}",
-                    stage.spec.name, stage.spec.template, stage.template.meta.min_cc, self.device.cc()
+                    stage.spec.name,
+                    stage.spec.template,
+                    stage.template.meta.min_cc,
+                    self.device.cc()
                 );
-                tracing::warn!(stage = %stage.spec.name, "{msg}");
+                tracing::warn!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
                 self.ledger.event(&self.run_id, "stage_skipped", &msg).await?;
                 continue;
             }
-            self.ledger.set_progress(&self.run_id, Some(&stage.spec.name), self.used().as_secs_f64()).await?;
-            self.ledger.event(&self.run_id, "stage_start", &stage.spec.name).await?;
-            tracing::info!(stage = %stage.spec.name, "stage {}: {} ({} search over {})", stage.spec.name, stage.spec.description,
-                format!("{:?}", stage.spec.search).to_lowercase(), stage.spec.template);
             let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);
+            let done: Vec<&IterationRecord> = recorded
+                .iter()
+                .filter(|i| i.stage == stage.spec.name && i.verdict != "interrupted" && i.verdict != "running")
+                .collect();
+            for it in &done {
+                let Some(p) = search.next() else { break };
+                let recorded_params: Params = serde_json::from_str(&it.params_json).unwrap_or_default();
+                if p != recorded_params {
+                    anyhow::bail!(
+                        "the plan changed since iteration {} (stage {} now proposes {}, the ledger has {}); resume with the plan the run started with",
+                        it.seq,
+                        stage.spec.name,
+                        serde_json::to_string(&p).unwrap_or_default(),
+                        it.params_json
+                    );
+                }
+                search.report(&p, it.score_us);
+            }
+            self.ledger.set_progress(&self.run_id, Some(&stage.spec.name), self.used().as_secs_f64()).await?;
+            if done.is_empty() {
+                self.ledger.event(&self.run_id, "stage_start", &stage.spec.name).await?;
+                tracing::info!(kind = "stage", stage = %stage.spec.name, "stage {}: {} ({} search over {})", stage.spec.name, stage.spec.description,
+                    format!("{:?}", stage.spec.search).to_lowercase(), stage.spec.template);
+            } else {
+                tracing::info!(kind = "stage", stage = %stage.spec.name, "stage {}: continuing after {} recorded candidate(s)", stage.spec.name, done.len());
+            }
             while let Some(params) = search.next() {
-                if *shutdown.borrow() {
+                if self.shutdown.requested() {
                     return Ok(RunEnd::Stopped);
                 }
                 if !self.budget_left() {
                     return Ok(RunEnd::Finished("budget spent".into()));
                 }
                 let score = self.iterate(stage, &params).await?;
+                if self.shutdown.now_requested() {
+                    return Ok(RunEnd::Stopped);
+                }
                 search.report(&params, score);
-                if let Some(reason) = self.worker_gone().await {
-                    return Ok(RunEnd::Failed(reason));
+                if !self.sup.is_running() {
+                    let mut paused = self.paused;
+                    let r = wait_for_gpu(&mut self.sup, &self.ledger, &self.run_id, &self.cfg, &self.shutdown, &mut paused).await;
+                    self.paused = paused;
+                    match r {
+                        Ok(_) => {
+                            let _ = self.ledger.event(&self.run_id, "worker_restart", &format!("worker generation {}", self.sup.generation())).await;
+                        }
+                        Err(WaitEnd::Stopped) => return Ok(RunEnd::Stopped),
+                        Err(WaitEnd::GaveUp(m)) => return Ok(RunEnd::Interrupted(m)),
+                    }
                 }
             }
         }
         Ok(RunEnd::Finished("plan exhausted".into()))
-    }
-
-    /// After a crash the next request restarts the worker; if it cannot start, the run cannot go on.
-    async fn worker_gone(&mut self) -> Option<String> {
-        if self.sup.is_running() {
-            return None;
-        }
-        match start_worker(&mut self.sup, self.cfg.worker.max_restarts).await {
-            Ok(_) => {
-                let _ = self.ledger.event(&self.run_id, "worker_restart", &format!("worker generation {}", self.sup.generation())).await;
-                None
-            }
-            Err(e) => Some(e.to_string()),
-        }
     }
 
     /// One candidate's whole life. Returns its search score (None if it failed).
@@ -248,6 +454,8 @@ impl Engine {
             started_at: ledger::now(),
             ..Default::default()
         };
+        self.ledger.begin_iteration(&rec, self.used().as_secs_f64()).await?;
+        crate::failpoint::hit("iteration-begun", seq);
         let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
 
         // render
@@ -265,6 +473,7 @@ impl Engine {
             &format!("iteration {seq}: {} {}", stage.template.name(), rec.params_json),
         )?;
         rec.git_commit = Some(commit.to_string());
+        crate::failpoint::hit("candidate-committed", seq);
 
         // gate
         let plans = match gate::check(&stage.template, params, &self.shapes, &self.device, &stage.spec.min_ctas) {
@@ -433,6 +642,7 @@ impl Engine {
         files.push(("kernels/dispatch.json".into(), dispatch));
         let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         let keys: Vec<String> = won.iter().map(|(p, _)| p.shape.key()).collect();
+        crate::failpoint::hit("before-accept", seq);
         let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({}) for {}", stage.template.name(), keys.join(", ")))?;
         for b in &mut best_rows {
             b.git_commit = Some(accept.to_string());
@@ -444,14 +654,22 @@ impl Engine {
     }
 
     fn dispatch_json(&self) -> String {
-        let table: BTreeMap<&String, serde_json::Value> = self
+        let table: BTreeMap<&String, DispatchEntry> = self
             .incumbents
             .iter()
             .map(|(k, i)| {
-                (k, serde_json::json!({
-                    "iteration": i.seq, "template": i.template, "params": i.params, "source": i.source_path,
-                    "median_us": i.median_us, "n_splits": i.plan.n_splits, "launches": i.plan.launches,
-                }))
+                (
+                    k,
+                    DispatchEntry {
+                        iteration: i.seq,
+                        template: i.template.clone(),
+                        params: i.params.clone(),
+                        source: i.source_path.clone(),
+                        median_us: i.median_us,
+                        n_splits: i.plan.n_splits,
+                        launches: i.plan.launches.clone(),
+                    },
+                )
             })
             .collect();
         serde_json::to_string_pretty(&table).unwrap_or_default()
@@ -518,6 +736,7 @@ impl Engine {
             .fold(None::<f64>, |m, s| Some(m.map_or(s, |m| m.max(s))));
         let line = record::human_line(rec, best, self.used(), self.budget);
         tracing::info!(
+            kind = "iteration", best_speedup = best, used_s = self.used().as_secs_f64(), budget_s = self.budget.as_secs_f64(),
             seq = rec.seq, stage = %rec.stage, template = %rec.template, params = %rec.params_json, verdict = %rec.verdict,
             reason = %rec.reason, score_us = rec.score_us, error = rec.error.as_deref().unwrap_or(""), "{line}"
         );
@@ -527,12 +746,13 @@ impl Engine {
         self.sup.shutdown().await;
         let (state, message) = match end {
             RunEnd::Finished(m) => ("finished", m.clone()),
-            RunEnd::Stopped => ("stopped", "stopped by request".to_string()),
+            RunEnd::Stopped => ("stopped", "stopped by request; resume with `optimizerd resume`".to_string()),
             RunEnd::Failed(m) => ("failed", m.clone()),
+            RunEnd::Interrupted(m) => ("interrupted", format!("{m}; resume with `optimizerd resume`")),
         };
         let _ = self.ws.reset_to_best();
         self.ledger.finish_run(&self.run_id, state, &message, self.used().as_secs_f64()).await?;
-        tracing::info!(run = %self.run_id, state, "run {} {state}: {message}", self.run_id);
+        tracing::info!(kind = "run_end", run = %self.run_id, state, message = %message, "run {} {state}: {message}", self.run_id);
         Ok(())
     }
 
@@ -541,24 +761,77 @@ impl Engine {
     }
 }
 
-/// Start the worker, retrying up to `max_restarts` times.
-async fn start_worker(sup: &mut Supervisor, max_restarts: u32) -> Result<DeviceInfo, WorkerFailure> {
-    let mut last = None;
-    for attempt in 0..=max_restarts {
-        match sup.ensure_started().await {
-            Ok(d) => return Ok(d),
-            Err(e) => {
-                tracing::warn!(attempt, "worker start failed: {e}");
-                let fatal = matches!(&e, WorkerFailure::Start(m) if m.starts_with("init:"));
-                last = Some(e);
-                if fatal {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200 * (attempt as u64 + 1))).await;
-            }
+/// Why waiting for the GPU ended without a worker.
+#[derive(Debug)]
+enum WaitEnd {
+    Stopped,
+    GaveUp(String),
+}
+
+impl std::fmt::Display for WaitEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitEnd::Stopped => f.write_str("stopped while waiting for the GPU"),
+            WaitEnd::GaveUp(m) => f.write_str(m),
         }
     }
-    Err(last.unwrap_or_else(|| WorkerFailure::Start("no attempt made".into())))
+}
+
+/// Start the worker; while it cannot start, the run is `waiting_for_gpu`: retry with
+/// backoff, log each attempt, and add the time spent to `paused` (not charged to the
+/// budget). Gives up after `worker.gpu_wait_limit`.
+async fn wait_for_gpu(
+    sup: &mut Supervisor,
+    ledger: &Ledger,
+    run_id: &str,
+    cfg: &Config,
+    shutdown: &Shutdown,
+    paused: &mut Duration,
+) -> Result<DeviceInfo, WaitEnd> {
+    let mut last = match sup.ensure_started().await {
+        Ok(d) => return Ok(d),
+        Err(e) => e,
+    };
+    let began = Instant::now();
+    let mut delay = Duration::from_millis(250).min(cfg.worker.gpu_retry_max);
+    let _ = ledger.set_state(run_id, "waiting_for_gpu", Some(&last.to_string()), None).await;
+    let mut attempt = 1u32;
+    let result = loop {
+        tracing::warn!(
+            kind = "waiting_for_gpu", attempt, message = %last,
+            "waiting for the GPU (attempt {attempt} failed, next in {}; the budget is paused): {last}",
+            humantime::format_duration(delay)
+        );
+        if began.elapsed() >= cfg.worker.gpu_wait_limit {
+            break Err(WaitEnd::GaveUp(format!(
+                "GPU unavailable for {} ({attempt} attempts): {last}",
+                humantime::format_duration(Duration::from_secs(began.elapsed().as_secs()))
+            )));
+        }
+        let mut sd = shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {},
+            _ = sd.now() => break Err(WaitEnd::Stopped),
+        }
+        if shutdown.requested() {
+            break Err(WaitEnd::Stopped);
+        }
+        attempt += 1;
+        match sup.ensure_started().await {
+            Ok(d) => {
+                tracing::info!(kind = "gpu_back", attempt, "the GPU answered again at attempt {attempt}; the run continues");
+                let _ = ledger.set_state(run_id, "running", None, None).await;
+                break Ok(d);
+            }
+            Err(e) => last = e,
+        }
+        delay = (delay * 2).min(cfg.worker.gpu_retry_max);
+    };
+    *paused += began.elapsed();
+    let _ = ledger
+        .event(run_id, "waited_for_gpu", &format!("{attempt} attempts over {:.1}s (not charged to the budget)", began.elapsed().as_secs_f64()))
+        .await;
+    result
 }
 
 pub fn new_run_id() -> String {

@@ -15,6 +15,12 @@ use crate::protocol::DeviceInfo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
+    #[error("cannot write the ledger {path}: the disk is full or read-only ({source}); free space or fix permissions, then `optimizerd resume`")]
+    Unwritable {
+        path: String,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error("cannot open ledger {path}: {source}")]
     Open {
         path: String,
@@ -239,6 +245,13 @@ impl Ledger {
     /// Record one iteration, its per-shape rows and best-kernel updates atomically.
     pub async fn record_iteration(&self, it: &IterationRecord, best: &[BestRow], used_s: f64) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(q("begin iteration"))?;
+        // Replace the `running` placeholder written by begin_iteration.
+        sqlx::query("DELETE FROM iterations WHERE run_id = ? AND seq = ?")
+            .bind(&it.run_id)
+            .bind(it.seq)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("replace iteration"))?;
         sqlx::query(
             "INSERT INTO iterations (run_id, seq, stage, template, params_json, source_hash, git_commit, verdict, reason,
                 compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at)
@@ -321,8 +334,79 @@ impl Ledger {
             .execute(&mut *tx)
             .await
             .map_err(q("update budget"))?;
+        crate::failpoint::hit("ledger-mid-commit", it.seq);
         tx.commit().await.map_err(q("commit iteration"))?;
         Ok(())
+    }
+
+    /// Write a `running` row for an iteration about to start: if the daemon dies before
+    /// the iteration is recorded, `resume` finds it and marks it `interrupted`.
+    pub async fn begin_iteration(&self, it: &IterationRecord, used_s: f64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO iterations (run_id, seq, stage, template, params_json, verdict, reason, started_at, finished_at)
+             VALUES (?, ?, ?, ?, ?, 'running', 'in progress', ?, ?)",
+        )
+        .bind(&it.run_id)
+        .bind(it.seq)
+        .bind(&it.stage)
+        .bind(&it.template)
+        .bind(&it.params_json)
+        .bind(&it.started_at)
+        .bind(&it.started_at)
+        .execute(&self.pool)
+        .await
+        .map_err(q("begin iteration"))?;
+        self.set_progress(&it.run_id, None, used_s).await
+    }
+
+    /// Mark iterations left `running` by a daemon that died as `interrupted`; returns how many.
+    pub async fn mark_interrupted(&self, run_id: &str) -> Result<u64> {
+        let r = sqlx::query(
+            "UPDATE iterations SET verdict = 'interrupted', reason = 'the daemon stopped during this iteration', finished_at = ?
+             WHERE run_id = ? AND verdict = 'running'",
+        )
+        .bind(now())
+        .bind(run_id)
+        .execute(&self.pool)
+        .await
+        .map_err(q("mark interrupted"))?;
+        Ok(r.rows_affected())
+    }
+
+    /// Change a run's state (and pid), e.g. `waiting_for_gpu` or `running` again on resume.
+    pub async fn set_state(&self, run_id: &str, state: &str, message: Option<&str>, pid: Option<u32>) -> Result<()> {
+        sqlx::query("UPDATE runs SET state = ?, message = ?, pid = COALESCE(?, pid), finished_at = NULL WHERE id = ?")
+            .bind(state)
+            .bind(message)
+            .bind(pid.map(|p| p as i64))
+            .bind(run_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("set run state"))?;
+        Ok(())
+    }
+
+    /// The device the run was started on, as recorded.
+    pub async fn device(&self, run_id: &str) -> Result<Option<DeviceInfo>> {
+        let row = sqlx::query("SELECT device_json FROM runs WHERE id = ?")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(q("read device"))?;
+        Ok(row
+            .and_then(|r| r.get::<Option<String>, _>("device_json"))
+            .and_then(|j| serde_json::from_str(&j).ok()))
+    }
+
+    /// The plan file and configuration source a run was started with.
+    pub async fn run_origin(&self, run_id: &str) -> Result<(String, String)> {
+        let row = sqlx::query("SELECT plan_path, config_source FROM runs WHERE id = ?")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(q("read run"))?
+            .ok_or_else(|| LedgerError::NoSuchRun(run_id.to_string()))?;
+        Ok((row.get("plan_path"), row.get("config_source")))
     }
 
     pub async fn runs(&self) -> Result<Vec<RunRow>> {

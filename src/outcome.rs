@@ -30,6 +30,8 @@ pub enum Verdict {
     Timeout,
     /// Anything else (a non-sticky CUDA error at launch, a daemon-side problem).
     Error,
+    /// The daemon stopped (killed, or `stop --now`) while this candidate was in flight.
+    Interrupted,
 }
 
 impl Verdict {
@@ -45,6 +47,7 @@ impl Verdict {
             Verdict::Crashed => "crashed",
             Verdict::Timeout => "timeout",
             Verdict::Error => "error",
+            Verdict::Interrupted => "interrupted",
         }
     }
 }
@@ -79,6 +82,7 @@ impl Failure {
             WorkerFailure::Timeout(d) => Failure::new(Verdict::Timeout, format!("{during}: no answer within {}", humantime::format_duration(d))),
             WorkerFailure::Crashed(m) => Failure::new(Verdict::Crashed, format!("{during}: worker died")).with_error(m),
             WorkerFailure::Start(m) => Failure::new(Verdict::Error, format!("{during}: worker could not start")).with_error(m),
+            WorkerFailure::Aborted => Failure::new(Verdict::Interrupted, format!("{during}: abandoned by an immediate stop")),
         }
     }
 

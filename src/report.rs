@@ -101,3 +101,27 @@ pub fn history_text(its: &[IterationRecord]) -> String {
     }
     out
 }
+
+/// `optimizerd runs`: one line per run, newest first.
+pub fn runs_text(rows: &[(String, Option<f64>, RunRow)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<22} {:<26} {:<24} {:>17} {:>6} {:>8}", "run", "state", "gpu", "budget used", "iters", "best");
+    for (state, speedup, r) in rows {
+        let budget = format!(
+            "{} / {}",
+            fmt_dur(std::time::Duration::from_secs_f64(r.used_s)),
+            fmt_dur(std::time::Duration::from_secs_f64(r.budget_s))
+        );
+        let _ = writeln!(
+            out,
+            "{:<22} {:<26} {:<24} {:>17} {:>6} {:>8}",
+            r.id,
+            state,
+            r.gpu_name.as_deref().unwrap_or("-").chars().take(24).collect::<String>(),
+            budget,
+            r.iterations,
+            speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into())
+        );
+    }
+    out
+}

@@ -15,6 +15,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::protocol::{DeviceInfo, Request, Response};
+use crate::shutdown::Shutdown;
 
 /// How to start a worker: the program and its arguments (normally `optimizerd worker`).
 #[derive(Debug, Clone)]
@@ -43,6 +44,9 @@ pub enum WorkerFailure {
     /// The worker could not be started (or answered its first request with an error).
     #[error("worker could not start: {0}")]
     Start(String),
+    /// An immediate stop was requested; the worker was killed mid-request.
+    #[error("abandoned: immediate stop requested; worker killed")]
+    Aborted,
 }
 
 struct Running {
@@ -61,6 +65,8 @@ pub struct Supervisor {
     /// Incremented on every (re)start, so callers know loaded modules are gone.
     generation: u64,
     device: Option<DeviceInfo>,
+    /// An immediate stop kills the worker mid-request.
+    abort: Shutdown,
 }
 
 const STDERR_LINES: usize = 40;
@@ -75,7 +81,13 @@ impl Supervisor {
             stderr_log,
             generation: 0,
             device: None,
+            abort: Shutdown::never(),
         }
+    }
+
+    /// Abandon requests in flight when `abort` asks for an immediate stop.
+    pub fn set_abort(&mut self, abort: Shutdown) {
+        self.abort = abort;
     }
 
     pub fn generation(&self) -> u64 {
@@ -134,7 +146,16 @@ impl Supervisor {
             run.stdin.flush().await?;
             run.stdout.next_line().await
         };
-        match tokio::time::timeout(timeout, io).await {
+        let mut abort = self.abort.clone();
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(timeout, io) => Some(r),
+            _ = abort.now() => None,
+        };
+        let Some(outcome) = outcome else {
+            self.kill().await;
+            return Err(WorkerFailure::Aborted);
+        };
+        match outcome {
             Ok(Ok(Some(reply))) => match serde_json::from_str::<Response>(&reply) {
                 Ok(r) => Ok(r),
                 Err(e) => {

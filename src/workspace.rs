@@ -82,6 +82,27 @@ impl Workspace {
         self.reset_to_best()
     }
 
+    /// After a crash: remove lock files a killed process left behind (we hold the run's
+    /// GPU lock, so no other writer exists), point HEAD at `best` and reset hard to it.
+    pub fn recover(&self) -> Result<()> {
+        let git_dir = self.repo.path().to_path_buf();
+        for rel in ["index.lock", "HEAD.lock", "refs/heads/best.lock", "refs/heads/candidate.lock"] {
+            let p = git_dir.join(rel);
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|e| self.err(format!("remove stale {}", p.display()), io(e)))?;
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(git_dir.join("refs/rejected")) {
+            for e in rd.flatten() {
+                if e.path().extension().is_some_and(|x| x == "lock") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        self.repo.set_head(BEST).map_err(|e| self.err("point HEAD at best", e))?;
+        self.reset_to_best()
+    }
+
     /// `git reset --hard best`: index and working tree back to the incumbent.
     pub fn reset_to_best(&self) -> Result<()> {
         let tip = self.best_tip()?;

@@ -193,8 +193,7 @@ space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [8, 16, 32] }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
     let p = Project::new(PLAN, json!([]), json!({ "ok": { "us": 1.0 } }));
-    let mut config = p.config();
-    config.worker.max_restarts = 1;
+    let config = p.config();
     let mut worker = p.worker();
     worker.args = vec!["worker".into(), "--script".into(), "/nonexistent/script.json".into()];
     let opts = optimizerd::engine::RunOptions {
@@ -204,9 +203,10 @@ async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
         worker,
         run_id: Some("nostart".into()),
         seed: Some(1),
+        mode: optimizerd::engine::Mode::New,
+        allow_concurrent: false,
     };
-    let (_, rx) = tokio::sync::watch::channel(false);
-    let err = optimizerd::engine::run(opts, rx).await.unwrap_err();
+    let err = optimizerd::engine::run(opts, optimizerd::shutdown::Shutdown::never()).await.unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("worker could not start"), "{msg}");
     let ledger = Ledger::open(&p.db()).await.unwrap();

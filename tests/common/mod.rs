@@ -63,7 +63,8 @@ hello_timeout = "10s"
 load_timeout = "5s"
 check_timeout = "2s"
 time_timeout = "2s"
-max_restarts = 2
+gpu_wait_limit = "3s"
+gpu_retry_max = "200ms"
 "#,
                 templates.display()
             ),
@@ -100,9 +101,10 @@ max_restarts = 2
             worker: self.worker(),
             run_id: Some(run_id.into()),
             seed: Some(7),
+            mode: engine::Mode::New,
+            allow_concurrent: false,
         };
-        let (_, rx) = tokio::sync::watch::channel(false);
-        let (id, end) = engine::run(opts, rx).await.expect("run completes");
+        let (id, end) = engine::run(opts, optimizerd::shutdown::Shutdown::never()).await.expect("run completes");
         assert_eq!(id, run_id);
         end
     }
