@@ -344,16 +344,27 @@ fn detach(mut argv: Vec<OsString>, d: &DaemonArgs, runs: &Path, run_id: &str) ->
         });
     }
     let mut child = cmd.spawn().context("cannot start the daemon process")?;
-    // Give it a moment: a run that cannot start at all should say so here.
+    // Wait until the daemon reports its GPU (the `device` log line), so that a run that
+    // cannot start at all says so here rather than in a log nobody reads.
+    let log = run_dir.join("run.log");
+    // A resumed run's log already holds lines of earlier processes: look past them.
+    let skip = std::fs::metadata(&log).map(|m| m.len() as usize).unwrap_or(0);
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(3) {
+    loop {
         if let Some(status) = child.try_wait()? {
             let text = std::fs::read_to_string(&out_path).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
             eprintln!("{}", tail.join("\n"));
             anyhow::bail!("the daemon for run {run_id} exited at once ({status}); full output in {}", out_path.display());
         }
-        std::thread::sleep(Duration::from_millis(100));
+        if std::fs::read(&log).is_ok_and(|t| t.get(skip..).is_some_and(|new| String::from_utf8_lossy(new).contains("\"kind\":\"device\""))) {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            eprintln!("note: the daemon has not reported its GPU yet; it may be waiting for it (see `optimizerd watch {run_id}`)");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     println!("run {run_id} started in the background (pid {})", child.id());
     println!("  watch:   optimizerd watch {run_id}");

@@ -233,11 +233,11 @@ fn runs_check(config: &Config) -> Check {
     let dir = config.resolve(&config.run.runs_dir);
     let fix = format!(
         "make {} writable by this user (chmod/chown), or set `run.runs_dir` in {} to a writable folder",
-        dir.display(),
+        shown(&dir),
         config_name(config)
     );
     if let Err(e) = std::fs::create_dir_all(&dir) {
-        return Check::fail("runs", format!("cannot create {}: {e}", dir.display()), fix);
+        return Check::fail("runs", format!("cannot create {}: {e}", shown(&dir)), fix);
     }
     let probe = tempfile::Builder::new().prefix(".doctor-").tempfile_in(&dir).and_then(|mut f| {
         use std::io::Write;
@@ -245,17 +245,17 @@ fn runs_check(config: &Config) -> Check {
         f.as_file().sync_all()
     });
     if let Err(e) = probe {
-        return Check::fail("runs", format!("cannot write in {}: {e}", dir.display()), fix);
+        return Check::fail("runs", format!("cannot write in {}: {e}", shown(&dir)), fix);
     }
     let ledger = if dir.join("optimizer.db").exists() { "ledger optimizer.db present" } else { "no ledger yet" };
     match free_bytes(&dir) {
         Some(free) if free < (1 << 30) => Check::warn(
             "runs",
-            format!("{} (writable, {ledger}; only {} free)", dir.display(), human_bytes(free)),
-            format!("free disk space under {}: every run keeps logs and a git workspace there", dir.display()),
+            format!("{} (writable, {ledger}; only {} free)", shown(&dir), human_bytes(free)),
+            format!("free disk space under {}: every run keeps logs and a git workspace there", shown(&dir)),
         ),
-        Some(free) => Check::ok("runs", format!("{} (writable, {} free, {ledger})", dir.display(), human_bytes(free))),
-        None => Check::ok("runs", format!("{} (writable, {ledger})", dir.display())),
+        Some(free) => Check::ok("runs", format!("{} (writable, {} free, {ledger})", shown(&dir), human_bytes(free))),
+        None => Check::ok("runs", format!("{} (writable, {ledger})", shown(&dir))),
     }
 }
 
@@ -271,12 +271,12 @@ fn plan_check(config: &Config) -> Check {
                 "plan",
                 format!(
                     "{}{}: {} stage{} ({}), templates {}{}",
-                    plan_path.display(),
+                    shown(&plan_path),
                     embedded(plan_dir),
                     names.len(),
                     plural(names.len()),
                     names.join(", "),
-                    templates.display(),
+                    shown(&templates),
                     embedded(&templates)
                 ),
             )
@@ -290,6 +290,11 @@ fn plan_check(config: &Config) -> Check {
             ),
         ),
     }
+}
+
+/// A path as a person would write it: `runs`, not `./runs`.
+fn shown(p: &Path) -> String {
+    p.strip_prefix(".").unwrap_or(p).display().to_string()
 }
 
 fn config_name(config: &Config) -> String {

@@ -199,6 +199,17 @@ impl Engine {
                 let interrupted = ledger.mark_interrupted(&run_id).await?;
                 let ws = Workspace::open(&run_dir.join("workspace"))?;
                 ws.recover()?;
+                // The ledger is the truth: `best` goes back to its last recorded acceptance.
+                let recorded_tip = ledger
+                    .best(&run_id)
+                    .await?
+                    .into_iter()
+                    .max_by_key(|b| b.seq)
+                    .and_then(|b| b.git_commit)
+                    .and_then(|c| git2::Oid::from_str(&c).ok());
+                if ws.align_best(recorded_tip)? {
+                    ledger.event(&run_id, "workspace_aligned", "best moved back to the ledger's last recorded acceptance").await?;
+                }
                 ledger.set_state(&run_id, "running", None, Some(std::process::id())).await?;
                 let (plan_path, _) = ledger.run_origin(&run_id).await?;
                 let before = ledger.device(&run_id).await?;
@@ -454,8 +465,9 @@ impl Engine {
             started_at: ledger::now(),
             ..Default::default()
         };
+        crate::failpoint::set_iteration(seq);
         self.ledger.begin_iteration(&rec, self.used().as_secs_f64()).await?;
-        crate::failpoint::hit("iteration-begun", seq);
+        crate::failpoint::hit("iteration-begun");
         let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
 
         // render
@@ -473,7 +485,7 @@ impl Engine {
             &format!("iteration {seq}: {} {}", stage.template.name(), rec.params_json),
         )?;
         rec.git_commit = Some(commit.to_string());
-        crate::failpoint::hit("candidate-committed", seq);
+        crate::failpoint::hit("candidate-committed");
 
         // gate
         let plans = match gate::check(&stage.template, params, &self.shapes, &self.device, &stage.spec.min_ctas) {
@@ -642,7 +654,7 @@ impl Engine {
         files.push(("kernels/dispatch.json".into(), dispatch));
         let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         let keys: Vec<String> = won.iter().map(|(p, _)| p.shape.key()).collect();
-        crate::failpoint::hit("before-accept", seq);
+        crate::failpoint::hit("before-accept");
         let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({}) for {}", stage.template.name(), keys.join(", ")))?;
         for b in &mut best_rows {
             b.git_commit = Some(accept.to_string());

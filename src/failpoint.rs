@@ -5,7 +5,15 @@
 //! crash drills use it to hit exact moments such as the middle of a ledger
 //! transaction or a git commit. Unset, it costs one cached lookup.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::OnceLock;
+
+/// The iteration in progress, so that deep code (git, SQLite) can name failpoints.
+static ITERATION: AtomicI64 = AtomicI64::new(0);
+
+pub fn set_iteration(seq: i64) {
+    ITERATION.store(seq, Ordering::Relaxed);
+}
 
 pub const ENV: &str = "OPTIMIZERD_FAILPOINT";
 
@@ -20,8 +28,9 @@ fn armed() -> Option<&'static (String, i64)> {
         .as_ref()
 }
 
-/// Abort here if the failpoint `name` is armed for iteration `seq`.
-pub fn hit(name: &str, seq: i64) {
+/// Abort here if the failpoint `name` is armed for the iteration in progress.
+pub fn hit(name: &str) {
+    let seq = ITERATION.load(Ordering::Relaxed);
     if let Some((n, s)) = armed() {
         if n == name && *s == seq {
             eprintln!("failpoint {name}@{seq}: aborting");

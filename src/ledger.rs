@@ -15,7 +15,7 @@ use crate::protocol::DeviceInfo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    #[error("cannot write the ledger {path}: the disk is full or read-only ({source}); free space or fix permissions, then `optimizerd resume`")]
+    #[error("cannot write the ledger ({path}): the disk is full or read-only ({source}); free space or fix permissions, then `optimizerd resume`")]
     Unwritable {
         path: String,
         #[source]
@@ -48,7 +48,15 @@ pub enum LedgerError {
 type Result<T> = std::result::Result<T, LedgerError>;
 
 fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> LedgerError {
-    move |source| LedgerError::Query { what, source }
+    move |source| {
+        // SQLITE_FULL (13), SQLITE_READONLY (8), SQLITE_IOERR (10), SQLITE_CANTOPEN (14):
+        // the disk, not the query; say what to do about it.
+        let code = source.as_database_error().and_then(|d| d.code()).and_then(|c| c.parse::<i32>().ok());
+        match code.map(|c| c & 0xff) {
+            Some(8 | 10 | 13 | 14) => LedgerError::Unwritable { path: what.to_string(), source },
+            _ => LedgerError::Query { what, source },
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -334,7 +342,7 @@ impl Ledger {
             .execute(&mut *tx)
             .await
             .map_err(q("update budget"))?;
-        crate::failpoint::hit("ledger-mid-commit", it.seq);
+        crate::failpoint::hit("ledger-mid-commit");
         tx.commit().await.map_err(q("commit iteration"))?;
         Ok(())
     }

@@ -29,6 +29,9 @@ pub struct WatchOptions {
     /// After the ledger says the run ended, how long the log must stay quiet before
     /// watch returns without having seen a `run_end` line.
     pub settle: Duration,
+    /// While the ledger says the run is live but no live process is named by its
+    /// `daemon.pid`, how long to wait before concluding the daemon died.
+    pub gone_grace: Duration,
     /// Draw the progress bar (human mode only; indicatif also hides it when stderr
     /// is not a terminal).
     pub progress: bool,
@@ -36,8 +39,25 @@ pub struct WatchOptions {
 
 impl Default for WatchOptions {
     fn default() -> Self {
-        WatchOptions { poll: Duration::from_millis(250), settle: Duration::from_secs(1), progress: std::io::stderr().is_terminal() }
+        WatchOptions {
+            poll: Duration::from_millis(250),
+            settle: Duration::from_secs(1),
+            gone_grace: Duration::from_secs(3),
+            progress: std::io::stderr().is_terminal(),
+        }
     }
+}
+
+/// How a watch ended.
+#[derive(Debug, Clone)]
+pub struct WatchEnd {
+    /// The run's ledger row once its log was read to the end.
+    pub run: RunRow,
+    /// The log's `run_end` line was seen.
+    pub saw_run_end: bool,
+    /// The ledger still says the run is live, but its daemon is gone (killed, or the
+    /// machine rebooted): `optimizerd resume` continues it.
+    pub daemon_gone: bool,
 }
 
 /// A run is live (its log may still grow) in these ledger states.
@@ -46,8 +66,8 @@ pub fn is_live(state: &str) -> bool {
 }
 
 /// Follow run `run` (default: the most recent) from the ledger `ledger`, whose run
-/// folders are under `runs_dir`, printing to `out`. Returns the run's ledger row as
-/// it stands when the log has been read to its end.
+/// folders are under `runs_dir`, printing to `out`, until the run has ended (or its
+/// daemon is gone) and its log is read to the end.
 pub async fn watch<W: Write>(
     ledger: &Ledger,
     runs_dir: &Path,
@@ -55,7 +75,7 @@ pub async fn watch<W: Write>(
     json: bool,
     mut out: W,
     opts: &WatchOptions,
-) -> anyhow::Result<RunRow> {
+) -> anyhow::Result<WatchEnd> {
     let mut row = find_run(ledger, runs_dir, run).await?;
     let log_path = log_path(runs_dir, &row);
     let mut view = View::new(&row, json, opts.progress);
@@ -68,6 +88,9 @@ pub async fn watch<W: Write>(
     // When this watch first saw the ledger say the run is over, and whether it ended
     // long enough ago that its log cannot still grow.
     let mut ended: Option<(Instant, bool)> = (!is_live(&row.state)).then(|| (Instant::now(), ended_long_ago(&row, opts.settle)));
+    // Since when no live daemon was found for a run the ledger calls live.
+    let mut gone_since: Option<Instant> = None;
+    let mut daemon_gone = false;
 
     'follow: loop {
         if file.is_none() {
@@ -111,7 +134,9 @@ pub async fn watch<W: Write>(
                 let line = &pending[start..start + nl];
                 start += nl + 1;
                 match view.line(line, &mut out) {
-                    Ok(is_end) => saw_end |= is_end,
+                    // A resumed run's log goes on past an earlier session's run_end.
+                    Ok(Some(is_end)) => saw_end = is_end,
+                    Ok(None) => {}
                     Err(e) if e.kind() == ErrorKind::BrokenPipe => break 'follow,
                     Err(e) => return Err(e).context("cannot write the output"),
                 }
@@ -125,21 +150,34 @@ pub async fn watch<W: Write>(
             continue;
         }
 
-        // Nothing new: read to the end for now.
-        if saw_end && file.is_some() {
-            break;
-        }
+        // Nothing new: the log is read to its end for now.
         row = ledger.run(Some(&row.id)).await.with_context(|| format!("cannot read run {} from the ledger", row.id))?;
         view.ledger(&row);
-        if ended.is_none() && !is_live(&row.state) {
-            ended = Some((Instant::now(), ended_long_ago(&row, opts.settle)));
+        if is_live(&row.state) {
+            // Resumed while watched (or never ended).
+            ended = None;
+        } else {
+            if saw_end && file.is_some() {
+                break;
+            }
+            if ended.is_none() {
+                ended = Some((Instant::now(), ended_long_ago(&row, opts.settle)));
+            }
         }
         if let Some((seen, long_ago)) = ended {
             if file.is_some() && (long_ago || (seen.elapsed() >= opts.settle && last_growth.elapsed() >= opts.settle)) {
                 break;
             }
+        } else if daemon_alive(&log_path) {
+            gone_since = None;
+        } else {
+            let since = *gone_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= opts.gone_grace && last_growth.elapsed() >= opts.gone_grace {
+                daemon_gone = true;
+                break;
+            }
         }
-        view.tick();
+        view.redraw();
         tokio::time::sleep(opts.poll).await;
     }
 
@@ -147,19 +185,37 @@ pub async fn watch<W: Write>(
     if !pending.is_empty() {
         let line = std::mem::take(&mut pending);
         match view.line(&line, &mut out) {
-            Ok(is_end) => saw_end |= is_end,
+            Ok(Some(is_end)) => saw_end = is_end,
+            Ok(None) => {}
             Err(e) if e.kind() == ErrorKind::BrokenPipe => {}
             Err(e) => return Err(e).context("cannot write the output"),
         }
     }
     let row = ledger.run(Some(&row.id)).await.with_context(|| format!("cannot read run {} from the ledger", row.id))?;
-    if !saw_end {
+    if daemon_gone {
+        let _ = view.daemon_gone(&row, &mut out);
+    } else if !saw_end {
         // The log ended without a run_end line (an older log, or a daemon that died).
         let _ = view.end_from_ledger(&row, &mut out);
     }
-    view.finish();
+    let _ = view.finish(&mut out);
     let _ = out.flush();
-    Ok(row)
+    Ok(WatchEnd { run: row, saw_run_end: saw_end, daemon_gone })
+}
+
+/// Whether the daemon writing the run is alive: `daemon.pid` next to its log names a
+/// running process. (The GPU lock is not probed: taking it, even shared and briefly,
+/// could make a daemon starting at that moment believe the GPU is taken.)
+fn daemon_alive(log_path: &Path) -> bool {
+    let Some(dir) = log_path.parent() else { return false };
+    let Ok(text) = std::fs::read_to_string(dir.join("daemon.pid")) else { return false };
+    let Ok(pid) = text.trim().parse::<i32>() else { return false };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill(2) with signal 0 only checks that the process exists and may be signalled.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 async fn find_run(ledger: &Ledger, runs_dir: &Path, run: Option<&str>) -> anyhow::Result<RunRow> {
@@ -257,7 +313,7 @@ struct View {
     told_waiting: bool,
 }
 
-const BAR_TEMPLATE: &str = "{bar:32.cyan/blue} {msg}";
+const BAR_TEMPLATE: &str = "{bar:30.cyan/blue} {wide_msg}";
 
 impl View {
     fn new(row: &RunRow, json: bool, progress: bool) -> View {
@@ -282,17 +338,18 @@ impl View {
         v
     }
 
-    /// Handle one raw log line; true when it is the run's `run_end`.
-    fn line(&mut self, raw: &[u8], out: &mut impl Write) -> std::io::Result<bool> {
+    /// Handle one raw log line. For a tagged line (one with a kind), whether it is the
+    /// run's `run_end`; None for other lines.
+    fn line(&mut self, raw: &[u8], out: &mut impl Write) -> std::io::Result<Option<bool>> {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
         if raw.iter().all(u8::is_ascii_whitespace) {
-            return Ok(false);
+            return Ok(None);
         }
         let parsed: Option<Value> = serde_json::from_slice(raw).ok();
         let level = parsed.as_ref().and_then(|v| v.get("level")).and_then(Value::as_str).unwrap_or("").to_string();
         let fields = parsed.as_ref().and_then(|v| v.get("fields")).and_then(Value::as_object).cloned().unwrap_or_default();
         let kind = kind_of(&level, &fields).map(str::to_string);
-        let is_end = kind.as_deref() == Some("run_end");
+        let is_end = kind.as_ref().map(|k| k == "run_end");
 
         if self.json {
             out.write_all(raw)?;
@@ -326,34 +383,52 @@ impl View {
                 Some(format!("\n== {header}"))
             }
             Some("device") => Some(if message.is_empty() { format!("GPU {}", str_field(&fields, "gpu").unwrap_or("?")) } else { message.clone() }),
+            // The engine logs these with an explicit `message` field besides the formatted
+            // one; a JSON parser keeps the last, so either may arrive here.
             Some("waiting_for_gpu") => {
                 self.clock_running = false;
                 let attempt = fields.get("attempt").map(|a| format!(" (attempt {a})")).unwrap_or_default();
-                Some(format!("-- waiting for the GPU{attempt}: {message}"))
+                Some(if message.starts_with("waiting") {
+                    format!("-- {message}")
+                } else {
+                    format!("-- waiting for the GPU{attempt}: {message}")
+                })
             }
-            Some("resumed") => {
+            Some("resumed") | Some("gpu_back") => {
                 self.clock_running = true;
-                Some(format!("-- resumed: {message}"))
+                Some(if message.starts_with("run ") || kind.as_deref() == Some("gpu_back") {
+                    format!("-- {message}")
+                } else if message.starts_with("resumed") {
+                    format!("-- run {} {message}", self.run_id)
+                } else {
+                    format!("-- resumed: {message}")
+                })
             }
             Some("run_end") => {
                 self.clock_running = false;
-                Some(if message.is_empty() {
-                    format!("run {} {}", self.run_id, str_field(&fields, "state").unwrap_or("ended"))
-                } else {
+                let state = str_field(&fields, "state").unwrap_or("ended");
+                let run = str_field(&fields, "run").unwrap_or(&self.run_id);
+                Some(if message.starts_with("run ") {
                     message.clone()
+                } else if message.is_empty() {
+                    format!("run {run} {state}")
+                } else {
+                    format!("run {run} {state}: {message}")
                 })
             }
-            _ => match level.as_str() {
+            // Other tagged events are meant for people; untagged ones only when they warn.
+            k => match level.as_str() {
                 "WARN" => Some(format!("warning: {message}")),
                 "ERROR" => Some(format!("error: {message}")),
+                "INFO" if k.is_some() && !message.is_empty() => Some(format!("-- {message}")),
                 _ if parsed.is_none() => Some(String::from_utf8_lossy(raw).into_owned()),
                 _ => None,
             },
         };
+        self.redraw();
         if let Some(text) = text {
             self.print(out, &text)?;
         }
-        self.redraw();
         Ok(is_end)
     }
 
@@ -388,11 +463,8 @@ impl View {
         self.used_at = Instant::now();
     }
 
-    /// Advance the bar with the wall clock between reports while the run computes.
-    fn tick(&mut self) {
-        self.redraw();
-    }
-
+    /// Redraw the status line; between reports the bar advances with the wall clock
+    /// while the run computes.
     fn redraw(&mut self) {
         if self.json {
             return;
@@ -425,11 +497,36 @@ impl View {
         self.print(out, &text)
     }
 
-    fn finish(&mut self) {
-        self.clock_running = false;
-        self.redraw();
-        // Leave the last status line on the terminal.
-        self.bar.abandon();
+    fn daemon_gone(&mut self, row: &RunRow, out: &mut impl Write) -> std::io::Result<()> {
+        if self.json {
+            return Ok(());
+        }
+        self.print(
+            out,
+            &format!(
+                "run {} is `{}` in the ledger, but its daemon is gone (no live process in daemon.pid); \
+                 `optimizerd resume {}` continues it",
+                row.id, row.state, row.id
+            ),
+        )
+    }
+
+    /// Take the bar down and print where the run got to in its place.
+    fn finish(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        self.bar.finish_and_clear();
+        if self.json {
+            return Ok(());
+        }
+        let used = self.used_s.clamp(0.0, self.budget_s.max(0.0));
+        let best = self.best.map(|b| format!("best {b:.2}x over the baseline kernel")).unwrap_or_else(|| "no speedup yet".into());
+        writeln!(
+            out,
+            "{} iteration{}, {best}, {} of {} budget used",
+            self.iterations,
+            if self.iterations == 1 { "" } else { "s" },
+            fmt_dur(Duration::from_secs_f64(used)),
+            fmt_dur(Duration::from_secs_f64(self.budget_s.max(0.0)))
+        )
     }
 }
 

@@ -103,6 +103,38 @@ impl Workspace {
         self.reset_to_best()
     }
 
+    /// Point `best` at `target` (the ledger's last recorded acceptance, or the first
+    /// commit when nothing was accepted): a daemon killed between advancing `best` and
+    /// recording the iteration leaves git ahead of the ledger, and the ledger is the
+    /// truth. The orphaned tip is kept under `refs/unrecorded/<short id>`.
+    pub fn align_best(&self, target: Option<Oid>) -> Result<bool> {
+        let target = match target {
+            Some(t) => t,
+            None => self.root()?,
+        };
+        let tip = self.best_tip()?;
+        if tip == target {
+            return Ok(false);
+        }
+        self.repo
+            .reference(&format!("refs/unrecorded/{}", &tip.to_string()[..12]), tip, true, "best tip not in the ledger")
+            .map_err(|e| self.err("keep unrecorded tip", e))?;
+        self.repo.reference(BEST, target, true, "align best with the ledger").map_err(|e| self.err("move best", e))?;
+        self.reset_to_best()?;
+        Ok(true)
+    }
+
+    /// The first commit on `best`.
+    fn root(&self) -> Result<Oid> {
+        let mut walk = self.repo.revwalk().map_err(|e| self.err("revwalk", e))?;
+        walk.push(self.best_tip()?).map_err(|e| self.err("revwalk", e))?;
+        let mut last = None;
+        for oid in walk {
+            last = Some(oid.map_err(|e| self.err("revwalk", e))?);
+        }
+        last.ok_or_else(|| self.err("find the first commit", git2::Error::from_str("best has no commits")))
+    }
+
     /// `git reset --hard best`: index and working tree back to the incumbent.
     pub fn reset_to_best(&self) -> Result<()> {
         let tip = self.best_tip()?;
@@ -159,6 +191,7 @@ impl Workspace {
             index.add_path(Path::new(rel)).map_err(|e| self.err(format!("add {rel}"), e))?;
         }
         index.write().map_err(|e| self.err("write index", e))?;
+        crate::failpoint::hit("git-mid-commit");
         let tree_id = index.write_tree().map_err(|e| self.err("write tree", e))?;
         let tree = self.repo.find_tree(tree_id).map_err(|e| self.err("find tree", e))?;
         let sig = Signature::now("optimizerd", "optimizerd@localhost").map_err(|e| self.err("signature", e))?;

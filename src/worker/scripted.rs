@@ -24,6 +24,15 @@ pub struct Script {
     #[serde(default)]
     pub rules: Vec<Rule>,
     pub default: Behaviour,
+    /// Worker starts (1-based, counted across processes in `state_file`) that fail
+    /// at Hello as if the GPU were gone.
+    #[serde(default)]
+    pub fail_starts: Vec<u32>,
+    #[serde(default)]
+    pub state_file: Option<std::path::PathBuf>,
+    /// Milliseconds each load/check/time request takes, to make runs last.
+    #[serde(default)]
+    pub step_delay_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -99,8 +108,24 @@ impl ScriptedBackend {
 
 impl Backend for ScriptedBackend {
     fn handle(&mut self, request: Request) -> Response {
+        if matches!(request, Request::Load { .. } | Request::Check { .. } | Request::Time { .. }) && self.script.step_delay_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(self.script.step_delay_ms));
+        }
         match request {
-            Request::Hello => Response::Hello(self.script.device.clone()),
+            Request::Hello => {
+                if let Some(path) = &self.script.state_file {
+                    let n = std::fs::read_to_string(path).ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(0) + 1;
+                    let _ = std::fs::write(path, n.to_string());
+                    if self.script.fail_starts.contains(&n) {
+                        return Response::CudaError {
+                            during: "init".into(),
+                            message: format!("CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected (scripted start {n})"),
+                            sticky: true,
+                        };
+                    }
+                }
+                Response::Hello(self.script.device.clone())
+            }
             Request::Load { id, source, kernels, occupancy, .. } => {
                 let b = self.behaviour_for(&source);
                 if let Some(r) = self.trip(&b, "load") {
