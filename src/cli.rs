@@ -474,7 +474,13 @@ async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let ledger = open_ledger(&config).await?;
     let opts = crate::watch::WatchOptions::default();
-    crate::watch::watch(&ledger, &runs_dir(&config), args.run.as_deref(), args.json, std::io::stdout(), &opts).await?;
+    let end = crate::watch::watch(&ledger, &runs_dir(&config), args.run.as_deref(), args.json, std::io::stdout(), &opts).await?;
+    if end.daemon_gone {
+        if args.json {
+            eprintln!("run {}: its daemon is gone; continue it with `optimizerd resume {}`", end.run.id, end.run.id);
+        }
+        return Ok(ExitCode::from(3));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -242,7 +242,7 @@ impl Engine {
                     if interrupted > 0 { format!("; {interrupted} iteration(s) marked interrupted") } else { String::new() }
                 );
                 ledger.event(&run_id, "resumed", &msg).await?;
-                tracing::info!(kind = "resumed", run = %run_id, message = %msg, "run {run_id} {msg}");
+                tracing::info!(kind = "resumed", run = %run_id, detail = %msg, "run {run_id} {msg}");
                 (ws, device, PathBuf::from(plan_path), Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s))
             }
         };
@@ -764,7 +764,7 @@ impl Engine {
         };
         let _ = self.ws.reset_to_best();
         self.ledger.finish_run(&self.run_id, state, &message, self.used().as_secs_f64()).await?;
-        tracing::info!(kind = "run_end", run = %self.run_id, state, message = %message, "run {} {state}: {message}", self.run_id);
+        tracing::info!(kind = "run_end", run = %self.run_id, state, detail = %message, "run {} {state}: {message}", self.run_id);
         Ok(())
     }
 
@@ -810,7 +810,7 @@ async fn wait_for_gpu(
     let mut attempt = 1u32;
     let result = loop {
         tracing::warn!(
-            kind = "waiting_for_gpu", attempt, message = %last,
+            kind = "waiting_for_gpu", attempt, detail = %last,
             "waiting for the GPU (attempt {attempt} failed, next in {}; the budget is paused): {last}",
             humantime::format_duration(delay)
         );

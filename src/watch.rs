@@ -292,7 +292,7 @@ pub fn iteration_line(fields: &Map<String, Value>) -> String {
     let time = f64_field(fields, "score_us").map(|t| format!("{t:.1} us")).unwrap_or_else(|| "-".into());
     let best = f64_field(fields, "best_speedup").map(|s| format!("best {s:.2}x")).unwrap_or_else(|| "best -".into());
     let reason = str_field(fields, "reason").unwrap_or("");
-    let line = format!("#{:<4} {:<16} {:<13} {:<40} {:>9}  {:<12} {}", seq, stage, verdict, params, time, best, reason);
+    let line = format!("#{:<4} {:<16} {:<13} {:<46} {:>9}  {:<12} {}", seq, stage, verdict, params, time, best, reason);
     line.trim_end().to_string()
 }
 
@@ -310,7 +310,8 @@ struct View {
     /// advance the bar between iterations.
     used_at: Instant,
     clock_running: bool,
-    told_waiting: bool,
+    /// Shown after the status while the run's log has not appeared yet.
+    note: Option<String>,
 }
 
 const BAR_TEMPLATE: &str = "{bar:30.cyan/blue} {wide_msg}";
@@ -332,7 +333,7 @@ impl View {
             used_s: row.used_s,
             used_at: Instant::now(),
             clock_running: row.state == "running",
-            told_waiting: false,
+            note: None,
         };
         v.redraw();
         v
@@ -357,6 +358,7 @@ impl View {
             return Ok(is_end);
         }
 
+        self.note = None;
         let message = str_field(&fields, "message").unwrap_or("").to_string();
         let text: Option<String> = match kind.as_deref() {
             Some("iteration") => {
@@ -440,10 +442,7 @@ impl View {
     }
 
     fn waiting_for_log(&mut self, path: &Path) {
-        if !self.told_waiting && !self.json {
-            self.told_waiting = true;
-            self.bar.set_message(format!("waiting for {} to appear", path.display()));
-        }
+        self.note = Some(format!("(waiting for {} to appear)", path.display()));
     }
 
     /// Refresh what the ledger knows: budget, time used, stage, whether it runs.
@@ -479,10 +478,11 @@ impl View {
         let stage = self.stage.as_deref().unwrap_or("-");
         let best = self.best.map(|b| format!("best {b:.2}x")).unwrap_or_else(|| "best -".into());
         self.bar.set_message(format!(
-            "{} / {}  stage {stage}  {best}  {} iterations",
+            "{} / {}  stage {stage}  {best}  {} iterations{}",
             fmt_dur(Duration::from_secs_f64(used)),
             fmt_dur(Duration::from_secs_f64(self.budget_s.max(0.0))),
-            self.iterations
+            self.iterations,
+            self.note.as_deref().map(|n| format!("  {n}")).unwrap_or_default()
         ));
     }
 

@@ -22,7 +22,7 @@ fn repo_root() -> PathBuf {
 fn fast() -> WatchOptions {
     WatchOptions {
         poll: Duration::from_millis(20),
-        settle: Duration::from_millis(300),
+        settle: Duration::from_secs(1),
         gone_grace: Duration::from_millis(300),
         progress: false,
     }
@@ -170,6 +170,7 @@ async fn watch_replays_a_finished_run() {
     assert!(text.contains("warning: worker start failed: scripted"), "{text}");
     assert!(text.contains("run r1 finished: budget spent"), "{text}");
     assert!(!text.contains("worker started"), "debug lines are left out of the human view: {text}");
+    assert!(text.trim_end().ends_with("4 iterations, best 11.12x over the baseline kernel, 9s of 1m00s budget used"), "{text}");
     // Iterations in order.
     let pos = |p: &str| lines.iter().position(|l| l.starts_with(p)).unwrap();
     assert!(pos("#1 ") < pos("#2 ") && pos("#2 ") < pos("#3 ") && pos("#3 ") < pos("#4 "));
@@ -274,7 +275,9 @@ async fn watch_follows_a_live_run_until_its_end() {
     }
     assert!(human.contains("-- waiting for the GPU (attempt 1): device busy"), "{human}");
     assert!(human.contains("-- the GPU answered again at attempt 2; the run continues"), "{human}");
-    assert!(human.trim_end().ends_with("run live finished: budget spent"), "{human}");
+    let tail: Vec<&str> = human.trim_end().lines().rev().take(2).collect();
+    assert_eq!(tail[1], "run live finished: budget spent", "{human}");
+    assert!(tail[0].starts_with("6 iterations, best 7.00x"), "{human}");
 }
 
 #[tokio::test]
