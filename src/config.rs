@@ -45,6 +45,26 @@ pub struct Config {
     pub timing: TimingSection,
     #[serde(default)]
     pub worker: WorkerSection,
+    #[serde(default)]
+    pub baseline: BaselineSection,
+}
+
+/// The PyTorch SDPA baseline measured in every run.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BaselineSection {
+    /// Measure SDPA at the start of a run (skipped, with a note, when torch is missing).
+    pub sdpa: bool,
+    /// The command; `{script}` is scripts/sdpa_baseline.py (or its embedded copy).
+    pub sdpa_command: String,
+    #[serde(deserialize_with = "duration")]
+    pub sdpa_timeout: Duration,
+}
+
+impl Default for BaselineSection {
+    fn default() -> Self {
+        Self { sdpa: true, sdpa_command: "python3 {script}".into(), sdpa_timeout: Duration::from_secs(600) }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

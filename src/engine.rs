@@ -279,10 +279,44 @@ impl Engine {
             shutdown,
             _lock: lock,
         };
+        engine.measure_sdpa().await?;
         if resuming {
             engine.restore_incumbents().await?;
         }
         Ok(engine)
+    }
+
+    /// PyTorch SDPA on the workload, once per run (cached across runs on the same stack).
+    async fn measure_sdpa(&mut self) -> anyhow::Result<()> {
+        if !self.cfg.baseline.sdpa || !self.ledger.sdpa(&self.run_id).await?.is_empty() {
+            return Ok(());
+        }
+        match crate::sdpa::measure(&self.cfg, &self.ledger, &self.run_id, &self.run_dir, &self.device, &self.shapes).await {
+            Ok(rows) => {
+                let parts: Vec<String> = rows
+                    .iter()
+                    .map(|b| {
+                        let d = b.default_backend().cloned().unwrap_or_default();
+                        format!(
+                            "{} {} us ({}{})",
+                            b.shape,
+                            d.graph_us.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+                            d.picked.as_deref().unwrap_or("?"),
+                            if b.cached { ", cached" } else { "" }
+                        )
+                    })
+                    .collect();
+                let msg = format!("SDPA default, CUDA-graph time per call: {}", parts.join(", "));
+                self.ledger.event(&self.run_id, "sdpa", &msg).await?;
+                tracing::info!(kind = "sdpa", "{msg}");
+            }
+            Err(e) => {
+                let msg = format!("SDPA baseline unavailable ({e}); speedups are reported over the baseline kernel only");
+                self.ledger.event(&self.run_id, "sdpa_unavailable", &msg).await?;
+                tracing::warn!(kind = "sdpa_unavailable", "{msg}");
+            }
+        }
+        Ok(())
     }
 
     /// Rebuild each shape's incumbent from the ledger's best table and the workspace's

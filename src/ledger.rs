@@ -529,6 +529,81 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    pub async fn sdpa_cached(&self, key: &str) -> Result<Option<String>> {
+        let row = sqlx::query("SELECT result_json FROM sdpa_cache WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(q("read SDPA cache"))?;
+        Ok(row.map(|r| r.get("result_json")))
+    }
+
+    pub async fn sdpa_cache_put(&self, key: &str, json: &str) -> Result<()> {
+        sqlx::query("INSERT OR REPLACE INTO sdpa_cache (key, measured_at, result_json) VALUES (?, ?, ?)")
+            .bind(key)
+            .bind(now())
+            .bind(json)
+            .execute(&self.pool)
+            .await
+            .map_err(q("write SDPA cache"))?;
+        Ok(())
+    }
+
+    pub async fn sdpa_record(&self, run_id: &str, b: &crate::sdpa::ShapeBaseline, versions_json: &str) -> Result<()> {
+        let d = b.default_backend();
+        sqlx::query(
+            "INSERT OR REPLACE INTO sdpa (run_id, shape, default_graph_us, default_eager_us, picked, result_json, versions_json, cached)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(run_id)
+        .bind(&b.shape)
+        .bind(d.and_then(|t| t.graph_us))
+        .bind(d.and_then(|t| t.eager_us))
+        .bind(d.and_then(|t| t.picked.clone()))
+        .bind(serde_json::to_string(&b.backends).unwrap_or_default())
+        .bind(versions_json)
+        .bind(b.cached)
+        .execute(&self.pool)
+        .await
+        .map_err(q("record SDPA"))?;
+        Ok(())
+    }
+
+    /// Per shape: (default graph us, default eager us, picked backend, all backends JSON).
+    pub async fn sdpa(&self, run_id: &str) -> Result<Vec<SdpaRow>> {
+        let rows = sqlx::query("SELECT * FROM sdpa WHERE run_id = ? ORDER BY rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list SDPA"))?;
+        Ok(rows
+            .iter()
+            .map(|r| SdpaRow {
+                shape: r.get("shape"),
+                default_graph_us: r.get("default_graph_us"),
+                default_eager_us: r.get("default_eager_us"),
+                picked: r.get("picked"),
+                backends: serde_json::from_str(&r.get::<String, _>("result_json")).unwrap_or_default(),
+                versions: serde_json::from_str(&r.get::<String, _>("versions_json")).unwrap_or_default(),
+                cached: r.get("cached"),
+            })
+            .collect())
+    }
+}
+
+/// SDPA as recorded for one shape of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SdpaRow {
+    pub shape: String,
+    pub default_graph_us: Option<f64>,
+    pub default_eager_us: Option<f64>,
+    pub picked: Option<String>,
+    pub backends: serde_json::Value,
+    pub versions: serde_json::Value,
+    pub cached: bool,
+}
+
 fn run_row(r: &sqlx::sqlite::SqliteRow) -> RunRow {
     RunRow {
         id: r.get("id"),

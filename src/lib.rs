@@ -25,6 +25,7 @@ pub mod protocol;
 pub mod record;
 pub mod render;
 pub mod report;
+pub mod sdpa;
 pub mod search;
 pub mod shutdown;
 pub mod supervisor;

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::ledger::{BestRow, IterationRecord, Ledger, LedgerError, RunRow};
+use crate::ledger::{BestRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
 use crate::record::fmt_dur;
 
 #[derive(Debug, Serialize)]
@@ -14,6 +14,8 @@ pub struct Status {
     pub budget_left_s: f64,
     pub best: Vec<BestRow>,
     pub verdicts: Vec<(String, i64)>,
+    /// PyTorch SDPA on each shape (empty when it was unavailable).
+    pub sdpa: Vec<SdpaRow>,
 }
 
 pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, LedgerError> {
@@ -27,7 +29,8 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
             None => verdicts.push((it.verdict.clone(), 1)),
         }
     }
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts })
+    let sdpa = ledger.sdpa(&run.id).await?;
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa })
 }
 
 pub fn status_text(s: &Status) -> String {
@@ -48,28 +51,47 @@ pub fn status_text(s: &Status) -> String {
     );
     let _ = writeln!(out, "folder     {}", r.run_dir);
     out.push('\n');
-    out.push_str(&best_table(&s.best, &r.run_dir));
+    out.push_str(&best_table(&s.best, &s.sdpa, &r.run_dir));
+    if let Some(v) = s.sdpa.first().map(|x| &x.versions) {
+        let _ = writeln!(
+            out,
+            "\nsdpa: PyTorch {} (cuDNN {}), default backend, CUDA-graph GPU time per call; candidates: CUDA events around back-to-back launches",
+            v["torch"].as_str().unwrap_or("?"),
+            v["cudnn"].as_i64().map(|c| c.to_string()).unwrap_or_else(|| "-".into())
+        );
+    }
     out
 }
 
-/// The best kernel per shape: time, speedup over the baseline kernel, and its source.
-pub fn best_table(best: &[BestRow], run_dir: &str) -> String {
+/// The best kernel per shape: time, speedup over the baseline kernel and over SDPA, and its source.
+pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str) -> String {
     let mut out = String::new();
     if best.is_empty() {
         out.push_str("no correct kernel yet\n");
         return out;
     }
-    let _ = writeln!(out, "{:<24} {:>5} {:>12} {:>12} {:>9}  source", "shape", "iter", "best us", "baseline us", "speedup");
+    let _ = writeln!(
+        out,
+        "{:<24} {:>5} {:>11} {:>12} {:>8} {:>16} {:>8}  source",
+        "shape", "iter", "best us", "baseline us", "speedup", "sdpa us", "vs sdpa"
+    );
     for b in best {
         let speedup = b.baseline_us.map(|x| format!("{:.2}x", x / b.median_us)).unwrap_or_else(|| "-".into());
+        let s = sdpa.iter().find(|s| s.shape == b.shape);
+        let sdpa_us = s
+            .and_then(|s| s.default_graph_us.map(|t| format!("{t:.2} {}", s.picked.as_deref().unwrap_or(""))))
+            .unwrap_or_else(|| "-".into());
+        let vs = s.and_then(|s| s.default_graph_us).map(|t| format!("{:.2}x", t / b.median_us)).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<24} {:>5} {:>12.2} {:>12} {:>9}  {}/workspace/{}",
+            "{:<24} {:>5} {:>11.2} {:>12} {:>8} {:>16} {:>8}  {}/workspace/{}",
             b.shape,
             b.seq,
             b.median_us,
             b.baseline_us.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
             speedup,
+            sdpa_us,
+            vs,
             run_dir,
             b.source_path
         );

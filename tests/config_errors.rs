@@ -17,6 +17,7 @@ fn the_embedded_file_equals_the_built_in_defaults() {
     assert_eq!(from_file.check, from_nothing.check);
     assert_eq!(from_file.worker, from_nothing.worker);
     assert_eq!(from_file.run, from_nothing.run);
+    assert_eq!(from_file.baseline, from_nothing.baseline);
     assert_eq!(from_file.shapes().len(), 8);
 }
 

@@ -117,3 +117,13 @@ gpu_retry_max = "200ms"
         self.path().join("runs").join(run_id).join("workspace")
     }
 }
+
+impl Project {
+    /// Append TOML (e.g. a `[baseline]` section) to the project's agent.toml.
+    pub fn append_config(&self, toml: &str) {
+        let path = self.path().join("agent.toml");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(toml);
+        std::fs::write(path, text).unwrap();
+    }
+}

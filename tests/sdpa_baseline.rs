@@ -1,0 +1,82 @@
+//! The SDPA baseline in a run: recorded per shape, cached per device + torch + cuDNN,
+//! shown next to the best kernels; a machine without torch still runs.
+//! The script is replaced by a fake at the GPU boundary; the ledger and processes are real.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Project;
+use optimizerd::engine::RunEnd;
+use optimizerd::ledger::Ledger;
+use serde_json::json;
+
+const PLAN: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+"#;
+
+/// A stand-in for scripts/sdpa_baseline.py: fixed timings, and a count of measuring calls.
+const FAKE: &str = r#"#!/bin/sh
+if [ "$1" = "--versions" ]; then
+  echo '{"torch":"2.11.0+cu130","cuda":"13.0","cudnn":91900,"device":"NVIDIA H100 80GB HBM3","cc":"9.0"}'
+  exit 0
+fi
+echo x >> "$(dirname "$0")/measured.count"
+echo '{"versions":{"torch":"2.11.0+cu130","cuda":"13.0","cudnn":91900,"device":"NVIDIA H100 80GB HBM3","cc":"9.0"},"results":[
+ {"input_sets":16,"default":{"graph_us":6.0,"eager_us":32.5,"picked":"cudnn"},"flash":{"graph_us":5.3,"eager_us":30.0},"cudnn":{"graph_us":5.9,"eager_us":31.0},"efficient":{"error":"RuntimeError: no kernel"}},
+ {"input_sets":2,"default":{"graph_us":50.0,"eager_us":52.0,"picked":"cudnn"},"flash":{"graph_us":80.0,"eager_us":81.0},"cudnn":{"graph_us":50.0,"eager_us":52.0},"efficient":{"graph_us":90.0,"eager_us":91.0}}
+]}'
+"#;
+
+fn project() -> Project {
+    let p = Project::new(PLAN, json!([]), json!({ "ok": { "us": 25.0 } }));
+    let fake = p.path().join("fake_sdpa.sh");
+    std::fs::write(&fake, FAKE).unwrap();
+    p.append_config(&format!("\n[baseline]\nsdpa_command = \"sh {}\"\n", fake.display()));
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdpa_is_recorded_per_shape_and_cached_for_the_next_run() {
+    let p = project();
+    assert_eq!(p.run("one", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    assert_eq!(p.run("two", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    let count = std::fs::read_to_string(p.path().join("measured.count")).unwrap();
+    assert_eq!(count.lines().count(), 1, "the second run should have used the cache");
+
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    for (run, cached) in [("one", false), ("two", true)] {
+        let rows = ledger.sdpa(run).await.unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].shape, "b1h1s128d64");
+        assert_eq!(rows[0].default_graph_us, Some(6.0));
+        assert_eq!(rows[0].picked.as_deref(), Some("cudnn"));
+        assert_eq!(rows[0].backends["flash"]["graph_us"], json!(5.3));
+        assert!(rows[0].backends["efficient"]["error"].as_str().unwrap().contains("no kernel"));
+        assert_eq!(rows[1].shape, "b2h8s512d128-causal");
+        assert!(rows.iter().all(|r| r.cached == cached));
+        assert_eq!(rows[0].versions["cudnn"], json!(91900));
+    }
+    // The status table puts SDPA next to the best kernel: 6.0 / 25.0 = 0.24x.
+    let s = optimizerd::report::status(&ledger, Some("two")).await.unwrap();
+    let text = optimizerd::report::status_text(&s);
+    assert!(text.contains("6.00 cudnn") && text.contains("0.24x"), "{text}");
+    assert!(text.contains("cuDNN 91900"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_torch_the_run_goes_on_and_says_so() {
+    let p = Project::new(PLAN, json!([]), json!({ "ok": { "us": 25.0 } }));
+    p.append_config("\n[baseline]\nsdpa_command = \"python3-that-does-not-exist {script}\"\n");
+    assert_eq!(p.run("notorch", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    assert!(ledger.sdpa("notorch").await.unwrap().is_empty());
+    let events = ledger.events("notorch").await.unwrap();
+    let note = events.iter().find(|(_, k, _)| k == "sdpa_unavailable").expect("a note that SDPA is unavailable");
+    assert!(note.2.contains("over the baseline kernel only"), "{}", note.2);
+    assert_eq!(ledger.iterations("notorch").await.unwrap().len(), 1);
+}
