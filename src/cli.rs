@@ -48,6 +48,8 @@ enum Command {
     Status(RunArgs),
     /// Check the driver, GPU, NVRTC, headers, python/torch, the runs folder and the config.
     Doctor(JsonArgs),
+    /// Write each shape's best kernel as a standalone .cu plus manifest.json (launch recipe).
+    Export(ExportArgs),
     /// Serve GPU requests on stdin/stdout (started by the daemon; not for direct use).
     #[command(hide = true)]
     Worker {
@@ -140,6 +142,17 @@ struct RunArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct ExportArgs {
+    /// Run id (default: the most recent run).
+    run: Option<String>,
+    /// Folder to write the kernels and manifest.json into.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
 struct JsonArgs {
     /// Configuration file.
     #[arg(long)]
@@ -169,6 +182,7 @@ pub fn main() -> anyhow::Result<ExitCode> {
         Command::History(args) => runtime()?.block_on(history(args)),
         Command::Status(args) => runtime()?.block_on(status(args)),
         Command::Doctor(args) => runtime()?.block_on(doctor(args)),
+        Command::Export(args) => runtime()?.block_on(export(args)),
     }
 }
 
@@ -492,6 +506,17 @@ async fn doctor(args: JsonArgs) -> anyhow::Result<ExitCode> {
         print!("{}", report.text());
     }
     Ok(if report.failed() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.config.as_deref())?;
+    let ledger = open_ledger(&config).await?;
+    let run = ledger.run(args.run.as_deref()).await?;
+    let manifest = crate::export::export(&ledger, &run.id, &args.out).await?;
+    println!("exported the best kernels of run {} to {}", run.id, args.out.display());
+    println!("  manifest: {}", manifest.display());
+    println!("  try it:   python3 examples/run_exported.py {}", args.out.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn history(args: RunArgs) -> anyhow::Result<ExitCode> {

@@ -13,6 +13,7 @@ pub mod config;
 pub mod decide;
 pub mod doctor;
 pub mod engine;
+pub mod export;
 pub mod failpoint;
 pub mod gate;
 pub mod ledger;

@@ -160,6 +160,18 @@ impl Workspace {
         Ok(head.symbolic_target().unwrap_or_default().to_string())
     }
 
+    /// A file's text as committed on `best` (whatever the working tree holds now).
+    pub fn read_best(&self, rel: &str) -> Result<Option<String>> {
+        let commit = self.repo.find_commit(self.best_tip()?).map_err(|e| self.err("read best", e))?;
+        let tree = commit.tree().map_err(|e| self.err("read best tree", e))?;
+        let entry = match tree.get_path(Path::new(rel)) {
+            Ok(e) => e,
+            Err(_) => return Ok(None),
+        };
+        let blob = self.repo.find_blob(entry.id()).map_err(|e| self.err(format!("read {rel}"), e))?;
+        Ok(Some(String::from_utf8_lossy(blob.content()).into_owned()))
+    }
+
     /// Commit messages of `best`, newest first.
     pub fn best_log(&self) -> Result<Vec<String>> {
         let mut walk = self.repo.revwalk().map_err(|e| self.err("revwalk", e))?;
