@@ -410,6 +410,17 @@ impl Engine {
         // search, which is deterministic, so the run stands exactly where it stopped.
         let recorded = self.ledger.iterations(&self.run_id).await?;
         self.seq = recorded.iter().map(|i| i.seq).max().unwrap_or(0);
+        let stage_starts: BTreeMap<String, Params> = self
+            .ledger
+            .events(&self.run_id)
+            .await?
+            .into_iter()
+            .filter(|(_, kind, _)| kind == "stage_start")
+            .filter_map(|(_, _, m)| {
+                let (name, json) = m.split_once(" start ")?;
+                Some((name.to_string(), serde_json::from_str(json).ok()?))
+            })
+            .collect();
         let stages = self.plan.stages.clone();
         for stage in &stages {
             if self.shutdown.requested() {
@@ -431,6 +442,15 @@ impl Engine {
                 continue;
             }
             let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);
+            // Where this stage starts: recorded when it first began (so a resumed run
+            // replays from the same point), else chosen now.
+            let recorded_start = stage_starts.get(&stage.spec.name).cloned();
+            let start = match recorded_start.clone() {
+                Some(p) => p,
+                None if stage.spec.start_from_best => self.best_params_for(stage).unwrap_or_else(|| stage.start.clone()),
+                None => stage.start.clone(),
+            };
+            search.set_start(start.clone());
             let done: Vec<&IterationRecord> = recorded
                 .iter()
                 .filter(|i| i.stage == stage.spec.name && i.verdict != "interrupted" && i.verdict != "running")
@@ -450,8 +470,11 @@ impl Engine {
                 search.report(&p, it.score_us);
             }
             self.ledger.set_progress(&self.run_id, Some(&stage.spec.name), self.used().as_secs_f64()).await?;
+            if recorded_start.is_none() {
+                let msg = format!("{} start {}", stage.spec.name, serde_json::to_string(&start)?);
+                self.ledger.event(&self.run_id, "stage_start", &msg).await?;
+            }
             if done.is_empty() {
-                self.ledger.event(&self.run_id, "stage_start", &stage.spec.name).await?;
                 tracing::info!(kind = "stage", stage = %stage.spec.name, "stage {}: {} ({} search over {})", stage.spec.name, stage.spec.description,
                     format!("{:?}", stage.spec.search).to_lowercase(), stage.spec.template);
             } else {
@@ -484,6 +507,26 @@ impl Engine {
             }
         }
         Ok(RunEnd::Finished("plan exhausted".into()))
+    }
+
+    /// The params of this stage's template that serve the most shapes now, restricted
+    /// to the stage's space (knobs outside it keep the stage's start value).
+    fn best_params_for(&self, stage: &Stage) -> Option<Params> {
+        let mut counts: Vec<(Params, usize)> = Vec::new();
+        for inc in self.incumbents.values().filter(|i| i.template == stage.template.name()) {
+            match counts.iter_mut().find(|(p, _)| *p == inc.params) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((inc.params.clone(), 1)),
+            }
+        }
+        let (best, _) = counts.into_iter().max_by_key(|(_, n)| *n)?;
+        let mut start = stage.start.clone();
+        for (knob, values) in &stage.space {
+            if let Some(v) = best.get(knob).filter(|v| values.contains(v)) {
+                start.insert(knob.clone(), *v);
+            }
+        }
+        Some(start)
     }
 
     /// One candidate's whole life. Returns its search score (None if it failed).

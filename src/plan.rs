@@ -43,6 +43,11 @@ pub struct StageSpec {
     /// Where a coordinate search starts; absent knobs start at their first value.
     #[serde(default)]
     pub start: BTreeMap<String, i64>,
+    /// Start instead from the best point found so far for this template (the params of
+    /// the incumbent that serves the most shapes), e.g. for a tuning pass after a
+    /// coordinate pass. Falls back to `start` when the template has no incumbent.
+    #[serde(default)]
+    pub start_from_best: bool,
     /// Expression: the fewest CTAs the first launch may have on each shape.
     #[serde(default = "default_min_ctas")]
     pub min_ctas: String,

@@ -2,8 +2,11 @@
 //!
 //! `exhaustive` walks every combination in declared order; `coordinate` changes one
 //! knob at a time from a start point and keeps the best value of each knob before
-//! moving on (the "one variable at a time" method). Scores are reported back after
-//! each candidate; lower is better (geometric-mean time), `None` means it failed.
+//! moving on (the "one variable at a time" method); `evolve` mutates one or two knobs
+//! of the best point so far, at random from a fixed seed. Scores are reported back
+//! after each candidate; lower is better (geometric-mean time), `None` means it
+//! failed. Every kind is deterministic given the scores, so a resumed run replays the
+//! recorded iterations and stands exactly where it stopped.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +19,7 @@ use crate::template::Params;
 pub enum SearchKind {
     Exhaustive,
     Coordinate,
+    Evolve,
 }
 
 pub struct Search {
@@ -33,6 +37,9 @@ pub struct Search {
     value: usize,
     best: Option<(f64, i64)>,
     started: bool,
+    /// Evolve: the best point and score so far, and the generator of mutations.
+    elite: Option<(f64, Params)>,
+    rng: rand::rngs::StdRng,
 }
 
 impl Search {
@@ -49,6 +56,8 @@ impl Search {
             value: 0,
             best: None,
             started: false,
+            elite: None,
+            rng: rand::SeedableRng::seed_from_u64(0x0E70_1DE5),
         }
     }
 
@@ -58,6 +67,7 @@ impl Search {
             let candidate = match self.kind {
                 SearchKind::Exhaustive => self.next_exhaustive()?,
                 SearchKind::Coordinate => self.next_coordinate()?,
+                SearchKind::Evolve => self.next_evolve()?,
             };
             let key = serde_json::to_string(&candidate).unwrap_or_default();
             if self.seen.insert(key) {
@@ -70,6 +80,14 @@ impl Search {
 
     /// Feed back the outcome of `params` (lower score is better; None = failed).
     pub fn report(&mut self, params: &Params, score: Option<f64>) {
+        if self.kind == SearchKind::Evolve {
+            if let Some(s) = score {
+                if self.elite.as_ref().is_none_or(|(e, _)| s < *e) {
+                    self.elite = Some((s, params.clone()));
+                }
+            }
+            return;
+        }
         if self.kind != SearchKind::Coordinate {
             return;
         }
@@ -126,6 +144,39 @@ impl Search {
         }
     }
 
+    fn next_evolve(&mut self) -> Option<Params> {
+        use rand::Rng;
+        if !self.started {
+            self.started = true;
+            return Some(self.point.clone());
+        }
+        let base = self.elite.as_ref().map(|(_, p)| p.clone()).unwrap_or_else(|| self.point.clone());
+        let mutable: Vec<usize> = (0..self.space.len()).filter(|&i| self.space[i].1.len() > 1).collect();
+        if mutable.is_empty() {
+            return None;
+        }
+        // A bounded number of draws: in a small space every neighbour may be taken.
+        for _ in 0..256 {
+            let mut p = base.clone();
+            let changes = if mutable.len() > 1 && self.rng.random_bool(0.3) { 2 } else { 1 };
+            for _ in 0..changes {
+                let (name, values) = &self.space[mutable[self.rng.random_range(0..mutable.len())]];
+                let current = p.get(name).copied();
+                let others: Vec<i64> = values.iter().copied().filter(|v| Some(*v) != current).collect();
+                p.insert(name.clone(), others[self.rng.random_range(0..others.len())]);
+            }
+            if !self.seen.contains(&serde_json::to_string(&p).unwrap_or_default()) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Start somewhere else (e.g. the best point an earlier stage found), before the first `next`.
+    pub fn set_start(&mut self, start: Params) {
+        self.point = start;
+    }
+
     /// The point a coordinate search currently stands on (for the log).
     pub fn point(&self) -> &Params {
         &self.point
@@ -174,6 +225,42 @@ mod tests {
         }
         assert_eq!(order, vec![(1, 10), (2, 10), (3, 10), (3, 20)]);
         assert_eq!(s.point(), &params(3, 20));
+    }
+
+    #[test]
+    fn evolve_mutates_the_best_point_and_replays_identically() {
+        let space = vec![("A".to_string(), vec![1, 2, 3, 4]), ("B".to_string(), vec![10, 20, 30])];
+        let score = |p: &Params| ((p["A"] - 3).abs() * 10 + (p["B"] - 20).abs()) as f64;
+        let walk = || {
+            let mut s = Search::new(SearchKind::Evolve, space.clone(), params(1, 10), 8);
+            let mut seen = Vec::new();
+            while let Some(p) = s.next() {
+                seen.push((p["A"], p["B"]));
+                s.report(&p, Some(score(&p)));
+            }
+            seen
+        };
+        let a = walk();
+        assert_eq!(a.len(), 8);
+        assert_eq!(a[0], (1, 10), "starts at the start point");
+        let unique: std::collections::BTreeSet<_> = a.iter().collect();
+        assert_eq!(unique.len(), a.len(), "never proposes a point twice");
+        assert_eq!(a, walk(), "deterministic given the scores");
+        // It moved towards the optimum (A=3, B=20).
+        let best = a.iter().map(|&(x, y)| score(&params(x, y))).fold(f64::MAX, f64::min);
+        assert!(best < score(&params(1, 10)));
+    }
+
+    #[test]
+    fn evolve_stops_when_the_space_is_exhausted() {
+        let space = vec![("A".to_string(), vec![1, 2]), ("B".to_string(), vec![10])];
+        let mut s = Search::new(SearchKind::Evolve, space, params(1, 10), 100);
+        let mut n = 0;
+        while let Some(p) = s.next() {
+            n += 1;
+            s.report(&p, Some(1.0));
+        }
+        assert_eq!(n, 2);
     }
 
     #[test]

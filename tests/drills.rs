@@ -42,7 +42,11 @@ fn rules() -> serde_json::Value {
 
 /// A project whose worker takes `delay_ms` per request, so runs last a few seconds.
 fn project(delay_ms: u64, extra: serde_json::Value) -> Project {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 100.0 } }));
+    project_with(PLAN, delay_ms, extra)
+}
+
+fn project_with(plan: &str, delay_ms: u64, extra: serde_json::Value) -> Project {
+    let p = Project::new(plan, rules(), json!({ "ok": { "us": 100.0 } }));
     let path = p.path().join("script.json");
     let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     script["step_delay_ms"] = json!(delay_ms);
@@ -394,3 +398,25 @@ async fn a_full_disk_fails_clearly_without_corrupting_anything() {
     assert_consistent(&p, "full", &before, 1).await;
 }
 
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_in_an_evolutionary_stage_resumes_to_the_same_result() {
+    let plan = format!("{PLAN}\n[[stage]]\nname = \"tuning\"\ntemplate = \"kv_split.cu\"\nsearch = \"evolve\"\nstart_from_best = true\nspace = {{ BLOCK_M = [16, 32], NUM_WARPS = [4, 8] }}\nmax_candidates = 6\n");
+    let reference = project_with(&plan, 0, json!({}));
+    assert_eq!(reference.run("ref", Duration::from_secs(600)).await, optimizerd::engine::RunEnd::Finished("plan exhausted".into()));
+    let expect = best_params(&reference, "ref");
+    let ref_tuning: Vec<String> = iterations(&reference, "ref").await.iter().filter(|i| i.stage == "tuning").map(|i| i.params_json.clone()).collect();
+
+    // Iterations 1..13 are baseline and kv-split; die in the middle of recording tuning's second candidate.
+    let p = project_with(&plan, 0, json!({}));
+    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "evo"], &[(optimizerd::failpoint::ENV, "ledger-mid-commit@15")]);
+    assert!(!o.status.success());
+    let before = iterations(&p, "evo").await;
+    let o = cli(&p, &["resume", "--foreground", "evo"], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_consistent(&p, "evo", &before, 1).await;
+    assert_eq!(best_params(&p, "evo"), expect);
+    // The tuning stage proposed the same candidates as the uninterrupted run (the interrupted one again).
+    let tuning: Vec<String> = iterations(&p, "evo").await.iter().filter(|i| i.stage == "tuning" && i.verdict != "interrupted").map(|i| i.params_json.clone()).collect();
+    assert_eq!(tuning, ref_tuning);
+}

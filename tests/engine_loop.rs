@@ -213,3 +213,42 @@ async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
     let run = ledger.run(Some("nostart")).await.unwrap();
     assert_eq!(run.state, "failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tuning_stage_starts_from_the_best_point_so_far() {
+    let plan = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 8] }
+
+[[stage]]
+name = "tuning"
+template = "kv_split.cu"
+search = "evolve"
+start_from_best = true
+max_candidates = 4
+"#;
+    let rules = json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        { "source_contains": ["#define BLOCK_M 32\n", "#define MAX_SPLITS 8\n", "#define NUM_WARPS 4\n"], "behaviour": { "ok": { "us": 40.0 } } },
+        { "source_contains": ["#define MAX_SPLITS 1\n"], "behaviour": { "ok": { "us": 90.0 } } }
+    ]);
+    let p = Project::new(plan, rules, json!({ "ok": { "us": 45.0 } }));
+    assert_eq!(p.run("tune", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("tune").await.unwrap();
+    let tuning: Vec<&str> = its.iter().filter(|i| i.stage == "tuning").map(|i| i.params_json.as_str()).collect();
+    assert_eq!(tuning.len(), 4);
+    // The first tuning candidate is kv-split's winner (already measured: it is re-timed
+    // against itself and cannot win), then mutations of it.
+    assert_eq!(tuning[0], r#"{"BLOCK_M":32,"MAX_SPLITS":8,"NUM_WARPS":4}"#);
+    let events = ledger.events("tune").await.unwrap();
+    assert!(events.iter().any(|(_, k, m)| k == "stage_start" && m.starts_with("tuning start {\"BLOCK_M\":32,\"MAX_SPLITS\":8")), "{events:?}");
+}
