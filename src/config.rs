@@ -292,6 +292,25 @@ impl Config {
             .collect()
     }
 
+    /// The effective configuration as JSON, for the ledger (durations in words).
+    pub fn effective(&self) -> serde_json::Value {
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let w = &self.worker;
+        let t = &self.timing;
+        serde_json::json!({
+            "source": self.source.display().to_string(),
+            "run": { "runs_dir": self.run.runs_dir, "plan": self.run.plan, "templates_dir": self.run.templates_dir },
+            "workload": { "dtype": self.workload.dtype, "shapes": self.shapes() },
+            "check": { "atol": self.check.atol, "rtol_l2": self.check.rtol_l2 },
+            "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,
+                        "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,
+                        "max_input_sets": t.max_input_sets, "min_gain": t.min_gain },
+            "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
+                        "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max) },
+            "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
+        })
+    }
+
     pub fn tolerance(&self) -> Tolerance {
         Tolerance { atol: self.check.atol, rtol_l2: self.check.rtol_l2 }
     }

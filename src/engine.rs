@@ -165,7 +165,7 @@ impl Engine {
                         run_dir: run_dir.display().to_string(),
                         config_source: cfg.source.display().to_string(),
                         plan_path: opts.plan_path.display().to_string(),
-                        config_json: format!("{cfg:?}"),
+                        config_json: serde_json::to_string(&cfg.effective())?,
                         workload_json: serde_json::to_string(&shapes)?,
                         pid: std::process::id(),
                     })
@@ -845,9 +845,6 @@ impl Engine {
         Ok(())
     }
 
-    pub fn run_dir(&self) -> &PathBuf {
-        &self.run_dir
-    }
 }
 
 /// Why waiting for the GPU ended without a worker.

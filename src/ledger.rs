@@ -138,6 +138,8 @@ pub struct ShapeRecord {
     pub threshold: Option<f64>,
     pub tflops: Option<f64>,
     pub won: bool,
+    /// Input sets rotated through while timing this shape.
+    pub input_sets: Option<i64>,
 }
 
 /// The best kernel for one shape, updated in the same transaction as its iteration.
@@ -290,8 +292,8 @@ impl Ledger {
             sqlx::query(
                 "INSERT INTO iteration_shapes (run_id, seq, shape, shape_json, n_splits, ctas, waves, check_passed, max_abs,
                     rel_l2, ctas_ran, median_us, p10_us, p90_us, samples, incumbent_us, speedup_vs_incumbent,
-                    speedup_vs_baseline, threshold, tflops, won)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    speedup_vs_baseline, threshold, tflops, won, input_sets)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             )
             .bind(&it.run_id)
             .bind(it.seq)
@@ -314,6 +316,7 @@ impl Ledger {
             .bind(s.threshold)
             .bind(s.tflops)
             .bind(s.won)
+            .bind(s.input_sets)
             .execute(&mut *tx)
             .await
             .map_err(q("insert iteration shape"))?;
@@ -494,6 +497,7 @@ impl Ledger {
                     threshold: r.get("threshold"),
                     tflops: r.get("tflops"),
                     won: r.get("won"),
+                    input_sets: r.get("input_sets"),
                 });
             }
         }

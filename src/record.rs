@@ -61,7 +61,7 @@ pub fn timed(
     decision: Option<&ShapeDecision>,
     baseline_us: Option<f64>,
     won: bool,
-    _input_sets: u32,
+    input_sets: u32,
 ) {
     let Some(row) = shapes.iter_mut().find(|r| r.shape == key) else { return };
     let shape: Option<crate::protocol::Shape> = serde_json::from_str(&row.shape_json).ok();
@@ -75,6 +75,7 @@ pub fn timed(
     row.speedup_vs_baseline = baseline_us.map(|b| b / cand.median_us);
     row.tflops = shape.map(|s| s.flops() / (cand.median_us * 1e-6) / 1e12);
     row.won = won;
+    row.input_sets = Some(input_sets as i64);
 }
 
 /// Why the verdict, in one line: which shapes it won and by how much.

@@ -100,6 +100,7 @@ async fn a_run_records_every_outcome_and_keeps_the_workspace_on_best() {
     assert!((s7.speedup_vs_incumbent.unwrap() - 2.5).abs() < 0.05);
     assert!((s7.speedup_vs_baseline.unwrap() - 2.5).abs() < 0.05);
     assert_eq!(s7.check_passed, Some(true));
+    assert_eq!(s7.input_sets, Some(1), "the timing's input-set rotation is recorded");
     assert!(s7.ctas.unwrap() > 0 && s7.waves.unwrap() > 0.0);
 
     // Workspace: HEAD on best, clean, lineage = accepted iterations, rejects kept aside.
