@@ -120,6 +120,16 @@ pub struct TimingSection {
     pub l2_multiple: f64,
     pub max_input_sets: u32,
     pub min_gain: f64,
+    /// "graph": replay a CUDA graph of the launches (GPU time, like the SDPA baseline);
+    /// "events": launch them one by one between the events (includes launch gaps).
+    pub method: TimingMethod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimingMethod {
+    Graph,
+    Events,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -185,6 +195,7 @@ impl Default for TimingSection {
             l2_multiple: 3.0,
             max_input_sets: 32,
             min_gain: 0.02,
+            method: TimingMethod::Graph,
         }
     }
 }
@@ -304,7 +315,7 @@ impl Config {
             "check": { "atol": self.check.atol, "rtol_l2": self.check.rtol_l2 },
             "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,
                         "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,
-                        "max_input_sets": t.max_input_sets, "min_gain": t.min_gain },
+                        "max_input_sets": t.max_input_sets, "min_gain": t.min_gain, "method": t.method },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
                         "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max) },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
@@ -324,6 +335,7 @@ impl Config {
             launches_per_sample: t.launches_per_sample,
             l2_multiple: t.l2_multiple,
             max_input_sets: t.max_input_sets,
+            graph: t.method == TimingMethod::Graph,
         }
     }
 }

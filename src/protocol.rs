@@ -115,6 +115,10 @@ pub struct TimingSpec {
     /// Rotate input sets until they span this multiple of the L2 size (capped by `max_input_sets`).
     pub l2_multiple: f64,
     pub max_input_sets: u32,
+    /// Capture `launches_per_sample` executions in a CUDA graph and time its replays
+    /// (GPU time, as SDPA's baseline is timed); false: launch them one by one.
+    #[serde(default)]
+    pub graph: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

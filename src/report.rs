@@ -55,7 +55,7 @@ pub fn status_text(s: &Status) -> String {
     if let Some(v) = s.sdpa.first().map(|x| &x.versions) {
         let _ = writeln!(
             out,
-            "\nsdpa: PyTorch {} (cuDNN {}), default backend, CUDA-graph GPU time per call; candidates: CUDA events around back-to-back launches",
+            "\nsdpa: PyTorch {} (cuDNN {}), default backend, CUDA-graph GPU time per call (candidates: as set by timing.method)",
             v["torch"].as_str().unwrap_or("?"),
             v["cudnn"].as_i64().map(|c| c.to_string()).unwrap_or_else(|| "-".into())
         );

@@ -1,0 +1,418 @@
+/******************************************************************************
+ * mma-fa2: FlashAttention-2-style forward on the tensor cores (mma.sync).
+ *
+ * One CTA per (query tile of BLOCK_M = 16 * NUM_WARPS rows, b * H + h); each
+ * warp owns 16 consecutive query rows and runs the whole computation for them
+ * in registers, so the warps of a CTA only share the K/V tiles (no split of
+ * the keys across warps, hence no cross-warp reduction: the FA2 work split).
+ *
+ *   prologue  Q tile -> shared (cp.async, 16-byte chunks), the first
+ *             STAGES - 1 K/V tiles in flight; each warp then reads its 16 x D
+ *             slice of Q once into registers (ldmatrix.x4, A fragments).
+ *   per key tile of BLOCK_N keys (t = 0 .. n_tiles - 1):
+ *     1. wait for tile t (cp.async.wait_group STAGES - 2), __syncthreads, and
+ *        issue the load of tile t + STAGES - 1 into the ring slot tile t - 1
+ *        used (one barrier per tile; a commit every iteration, empty past
+ *        the end, keeps the group count uniform);
+ *     2. S = Q K^T with mma.sync.m16n8k16 (fp32 accumulators), K's B
+ *        fragments by ldmatrix.x4 (non-transposed: K rows are the B columns);
+ *     3. masking, only on the tiles that need it: keys >= S (ragged tail) and,
+ *        causal, keys > row on the tiles that cross the warp's diagonal;
+ *     4. online softmax per row: a thread holds 2 rows (g, g + 8 of the
+ *        m16n8 accumulator layout) and reduces their max across its quad of
+ *        4 lanes with 2 xor shuffles; p = exp2(s * c - m * c) with
+ *        c = softmax_scale * log2(e) (one FFMA + ex2), the O accumulator is
+ *        rescaled by exp2((m_old - m_new) * c); l stays a per-thread partial
+ *        sum, quad-reduced once at the end;
+ *     5. O += P V: the S accumulators, rounded to packed f16x2 / bf16x2, are
+ *        directly the A fragments of the second mma (P never leaves the
+ *        registers); V's B fragments by ldmatrix.x4.trans.
+ *   epilogue  O / l -> the warp's own rows of the Q tile in shared memory
+ *             (no barrier: only this warp reads them), then 16-byte coalesced
+ *             global stores of the rows < S.
+ *
+ * Shared memory rows are D * 2 bytes (8 or 16 chunks of 16 bytes). SWIZZLE=1
+ * stores chunk c of row r at c ^ (r % 8), so the 8 row addresses of every
+ * ldmatrix phase and of the cp.async writes hit 8 distinct 16-byte bank
+ * groups; SWIZZLE=0 pads rows to D + 8 elements for the same effect.
+ *
+ * Ragged S: K/V rows >= S are zero-filled in shared memory (cp.async with
+ * src-size 0) and their scores set to -inf; Q rows >= S are zero-filled,
+ * computed (warps wholly past S skip the math) and never stored.
+ * Causal: the key tiles wholly above the CTA's last row are not loaded, a
+ * warp skips the math (not the barrier) of tiles wholly above its own rows,
+ * and CTAs take query tiles in reverse (blockIdx.x = 0 gets the last, the
+ * heaviest), so the long CTAs start first and the short ones fill the tail.
+ *
+ * Knobs:   BLOCK_N    keys per K/V tile                          32, 64
+ *          NUM_WARPS  warps per CTA; BLOCK_M = 16 * NUM_WARPS     4, 8
+ *          STAGES     K/V tiles in the cp.async ring              2, 3
+ *          SWIZZLE    1: XOR-swizzled rows, 0: padded rows         1, 0
+ * Shared (dynamic, bytes):
+ *          2 * (D + 8 * (1 - SWIZZLE)) * (BLOCK_M + 2 * STAGES * BLOCK_N)
+ *          i.e. the Q tile plus STAGES K and V tiles; from 24 KiB (D 64,
+ *          BLOCK_N 32, 4 warps, 2 stages) to 136 KiB (D 128, BLOCK_N 64,
+ *          8 warps, 3 stages, padded). Combos over the device's opt-in limit
+ *          (99 KiB on sm_86/89) are rejected by the gate.
+ * CTAs:    cdiv(S, BLOCK_M) x (B * H) x 1, NUM_WARPS * 32 threads
+ *          (B * H <= 65535); no KV split, n_splits = 1, single launch.
+ * Registers: per thread D / 2 (O) + BLOCK_N / 2 (S) + D / 8 (Q fragments)
+ *          fp32 / b32 values plus addressing; __launch_bounds__(threads, 1).
+ ******************************************************************************/
+
+/* optimizerd:spec
+[template]
+name = "mma-fa2"
+description = "FlashAttention-2 forward: mma.sync m16n8k16, 16 query rows per warp, P kept in registers, cp.async K/V ring, swizzled or padded shared rows"
+min_cc = 80
+
+[knobs]
+BLOCK_N = [64, 32]
+NUM_WARPS = [4, 8]
+STAGES = [2, 3]
+SWIZZLE = [1, 0]
+
+[derived]
+block_m = "16 * NUM_WARPS"
+m_blocks = "cdiv(S, block_m)"
+row_bytes = "ELEM_BYTES * (D + 8 * (1 - SWIZZLE))"
+splits = "1"
+
+[[launch]]
+kernel = "fwd"
+grid = ["m_blocks", "B * H", "1"]
+block = ["NUM_WARPS * 32", "1", "1"]
+smem = "row_bytes * (block_m + 2 * STAGES * BLOCK_N)"
+*/
+
+#include "common/optd.cuh"
+
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined"
+#endif
+#ifndef NUM_WARPS
+#error "NUM_WARPS must be defined"
+#endif
+#ifndef STAGES
+#error "STAGES must be defined"
+#endif
+#ifndef SWIZZLE
+#error "SWIZZLE must be defined"
+#endif
+#if BLOCK_N % 16 != 0 || BLOCK_N < 16
+#error "BLOCK_N must be a positive multiple of 16 (two m16n8 tiles per ldmatrix.x4)"
+#endif
+#if STAGES < 2
+#error "STAGES must be at least 2"
+#endif
+#if NUM_WARPS < 1 || NUM_WARPS > 16
+#error "NUM_WARPS must be in 1..16"
+#endif
+
+#define FA_BLOCK_M (16 * NUM_WARPS)
+#define FA_THREADS (NUM_WARPS * 32)
+
+// ---------------------------------------------------------------------------
+// PTX wrappers (sm_80+).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes = 0 reads nothing and zero-fills the 16 bytes.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// D (16x8, fp32) += A (16x16, row) * B (16x8, col).
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if OPTD_BF16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// 2^x; ex2.approx(-inf) = +0, which masking relies on.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+    elem2_t h = from_f32x2(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Byte offset of 16-byte chunk `chunk` of tile row `row`.
+template <int D>
+__device__ __forceinline__ unsigned tile_off(int row, int chunk) {
+    constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
+    return static_cast<unsigned>(row * ROW_BYTES + ((SWIZZLE ? (chunk ^ (row & 7)) : chunk) << 4));
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one (query tile, b * H + h) per CTA.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
+    static_assert(D % 16 == 0, "D must be a multiple of 16");
+    constexpr int CH = D / 8;              // 16-byte chunks per row
+    constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
+    constexpr int Q_BYTES = FA_BLOCK_M * ROW_BYTES;
+    constexpr int KV_BYTES = BLOCK_N * ROW_BYTES;  // one K (or V) tile
+    constexpr int KSTEPS = D / 16;         // k-steps of S = Q K^T
+    constexpr int NT = BLOCK_N / 8;        // n8 tiles of S per warp
+    constexpr int DT = D / 8;              // n8 tiles of O per warp
+    constexpr int Q_ITERS = FA_BLOCK_M * CH / FA_THREADS;
+    constexpr int KV_ITERS = BLOCK_N * CH / FA_THREADS;
+    static_assert(FA_BLOCK_M * CH % FA_THREADS == 0, "Q tile chunks must split evenly over the threads");
+    static_assert(BLOCK_N * CH % FA_THREADS == 0 && KV_ITERS >= 1, "K/V tile chunks must split evenly over the threads");
+    static_assert(!SWIZZLE || CH >= 8, "the swizzle permutes 8 chunks");
+    (void)batch;
+    (void)heads;
+    (void)n_splits;
+    (void)o_partial;
+    (void)lse_partial;
+
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    const unsigned s_q = smem_u32(fa_smem);
+    const unsigned s_k = s_q + Q_BYTES;
+    const unsigned s_v = s_k + STAGES * KV_BYTES;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2;  // accumulator row (and row + 8)
+    const int tq = lane & 3;  // accumulator column pair
+    const int mi = lane >> 3; // ldmatrix: which 8x8 matrix this lane addresses
+    const int lr = lane & 7;  // ldmatrix: row within that matrix
+
+    // Causal: the heaviest query tiles (last rows) first.
+    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = m_block * FA_BLOCK_M;
+    const int wrow0 = m0 + warp * 16;  // this warp's first query row
+    const size_t head_off = (size_t)blockIdx.y * seq_len * D;
+    const elem_t* qh = q + head_off;
+    const elem_t* kh = k + head_off;
+    const elem_t* vh = v + head_off;
+
+    int n_tiles = (seq_len + BLOCK_N - 1) / BLOCK_N;
+    if (causal) n_tiles = min(n_tiles, (min(seq_len, m0 + FA_BLOCK_M) + BLOCK_N - 1) / BLOCK_N);
+
+    // --- Q tile (rows >= S zero-filled) ---------------------------------------
+#pragma unroll
+    for (int i = 0; i < Q_ITERS; ++i) {
+        const int c = tid + i * FA_THREADS;
+        const int r = c / CH, ch = c % CH;
+        const bool ok = m0 + r < seq_len;
+        cp_async16(s_q + tile_off<D>(r, ch), qh + (ok ? (size_t)(m0 + r) * D + ch * 8 : 0), ok);
+    }
+
+    // K/V tile t -> ring slot t % STAGES (keys >= S zero-filled).
+    auto load_kv = [&](int t) {
+        const int kv0 = t * BLOCK_N;
+        const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES);
+#pragma unroll
+        for (int i = 0; i < KV_ITERS; ++i) {
+            const int c = tid + i * FA_THREADS;
+            const int r = c / CH, ch = c % CH;
+            const bool ok = kv0 + r < seq_len;
+            const size_t src = ok ? (size_t)(kv0 + r) * D + ch * 8 : 0;
+            const unsigned dst = slot + tile_off<D>(r, ch);
+            cp_async16(s_k + dst, kh + src, ok);
+            cp_async16(s_v + dst, vh + src, ok);
+        }
+    };
+
+    // Group 0 holds Q and tile 0; groups 1 .. STAGES - 2 one tile each.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_tiles) load_kv(s);
+        cp_async_commit();
+    }
+
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    // Q A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+    // (rows 0-7, k 8-15), (rows 8-15, k 8-15) of each 16 x 16 k-step.
+    unsigned qf[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk)
+        ldmatrix_x4(qf[kk], s_q + tile_off<D>(warp * 16 + (mi & 1) * 8 + lr, 2 * kk + (mi >> 1)));
+
+    float acc[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m_r[2] = {OPTD_NEG_INF, OPTD_NEG_INF};  // running max of raw scores, rows g, g + 8
+    float l_r[2] = {0.f, 0.f};                    // this thread's share of the row sums
+    const float sl2 = softmax_scale * OPTD_LOG2E;
+
+    for (int t = 0; t < n_tiles; ++t) {
+        cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies)
+        __syncthreads();              // ... everyone's; slot (t - 1) % STAGES is free
+        if (t + STAGES - 1 < n_tiles) load_kv(t + STAGES - 1);
+        cp_async_commit();
+
+        const int kv0 = t * BLOCK_N;
+        // Warp-uniform: rows all past S, or (causal) the tile is wholly above them.
+        if (wrow0 >= seq_len || (causal && kv0 > wrow0 + 15)) continue;
+        const unsigned kb = s_k + (unsigned)((t % STAGES) * KV_BYTES);
+        const unsigned vb = s_v + (unsigned)((t % STAGES) * KV_BYTES);
+
+        // 2. S = Q K^T. ldmatrix.x4 on K: (keys 0-7, k 0-7), (keys 0-7, k 8-15),
+        //    (keys 8-15, k 0-7), (keys 8-15, k 8-15) -> B of n-tiles 2 j2, 2 j2 + 1.
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+            for (int j2 = 0; j2 < NT / 2; ++j2) {
+                unsigned b[4];
+                ldmatrix_x4(b, kb + tile_off<D>(j2 * 16 + (mi >> 1) * 8 + lr, 2 * kk + (mi & 1)));
+                mma16816(s[2 * j2], qf[kk], b[0], b[1]);
+                mma16816(s[2 * j2 + 1], qf[kk], b[2], b[3]);
+            }
+        }
+
+        // 3. Masking: ragged tail, and (causal) tiles crossing the warp's diagonal.
+        if (kv0 + BLOCK_N > seq_len || (causal && kv0 + BLOCK_N - 1 > wrow0)) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kv0 + j * 8 + 2 * tq + (e & 1);
+                    const int row = wrow0 + g + 8 * (e >> 1);
+                    if (key >= seq_len || (causal && key > row)) s[j][e] = OPTD_NEG_INF;
+                }
+            }
+        }
+
+        // 4. Online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3).
+        float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float neg_ms[2], corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = quad_max(mx[h]);
+            // A row with nothing unmasked yet keeps m = -inf; use 0 so that p and
+            // corr come out 0 rather than NaN.
+            neg_ms[h] = mx[h] == OPTD_NEG_INF ? 0.f : -mx[h] * sl2;
+            corr[h] = fast_exp2(fmaf(m_r[h], sl2, neg_ms[h]));
+            m_r[h] = mx[h];
+            l_r[h] *= corr[h];
+        }
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+            acc[j][0] *= corr[0];
+            acc[j][1] *= corr[0];
+            acc[j][2] *= corr[1];
+            acc[j][3] *= corr[1];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = fast_exp2(fmaf(s[j][e], sl2, neg_ms[e >> 1]));
+                l_r[e >> 1] += s[j][e];
+            }
+        }
+
+        // 5. O += P V. P's A fragment of keys 16 kk2 .. + 15 is n-tiles 2 kk2 and
+        //    2 kk2 + 1 of S. ldmatrix.x4.trans on V: (keys 0-7, d 0-7),
+        //    (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+#pragma unroll
+        for (int kk2 = 0; kk2 < NT / 2; ++kk2) {
+            unsigned a[4];
+            a[0] = pack2(s[2 * kk2][0], s[2 * kk2][1]);
+            a[1] = pack2(s[2 * kk2][2], s[2 * kk2][3]);
+            a[2] = pack2(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]);
+            a[3] = pack2(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3]);
+#pragma unroll
+            for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, vb + tile_off<D>(kk2 * 16 + (mi & 1) * 8 + lr, 2 * dj2 + (mi >> 1)));
+                mma16816(acc[2 * dj2], a, b[0], b[1]);
+                mma16816(acc[2 * dj2 + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
+
+    // --- Epilogue: O / l through the warp's own Q rows, then 16-byte stores ---
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float l = quad_sum(l_r[h]);
+        inv[h] = l > 0.f ? 1.f / l : 0.f;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(warp * 16 + g, j) + 4 * tq) =
+            pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
+        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(warp * 16 + g + 8, j) + 4 * tq) =
+            pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 16 * CH / 32; ++i) {
+        const int c = lane + 32 * i;
+        const int r = c / CH, ch = c % CH;
+        const int row = wrow0 + r;
+        if (row < seq_len) {
+            const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(warp * 16 + r, ch));
+            *reinterpret_cast<uint4*>(o + head_off + (size_t)row * D + ch * 8) = val;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
+    mma_fa2_fwd<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
+    mma_fa2_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
