@@ -185,6 +185,12 @@ __device__ __forceinline__ unsigned tile_off(int row, int chunk) {
     return static_cast<unsigned>(row * ROW_BYTES + ((SWIZZLE ? (chunk ^ (row & 7)) : chunk) << 4));
 }
 
+// A lane's tile_off(row, x) moved by chunk pair c (chunk x -> 2c + x), for rows
+// with row % 8 fixed; see the per-lane offsets in the kernel.
+__device__ __forceinline__ unsigned chunk_pair(unsigned lane_off, int c) {
+    return SWIZZLE ? (lane_off ^ (unsigned)(c << 5)) : lane_off + (unsigned)(c << 5);
+}
+
 // ---------------------------------------------------------------------------
 // Forward: one (query tile, b * H + h) per CTA.
 // ---------------------------------------------------------------------------
@@ -269,12 +275,20 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
 
+    // Per-lane ldmatrix offsets. Every matrix starts at a row that is a multiple
+    // of 8, so a lane's row % 8 is lr, and for an even chunk 2c:
+    //   tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5)     (SWIZZLE=1)
+    //                         = tile_off(row, x) + (c << 5)     (SWIZZLE=0)
+    // (the XOR touches chunk bits only), so the unrolled loops below need one
+    // offset per k-step (K) or per dim pair (V) and an immediate per row block.
+    const unsigned q_lane = tile_off<D>(warp * 16 + (mi & 1) * 8 + lr, mi >> 1);
+    const unsigned k_lane = tile_off<D>((mi >> 1) * 8 + lr, mi & 1);
+    const unsigned v_lane = tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
     // Q A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
     // (rows 0-7, k 8-15), (rows 8-15, k 8-15) of each 16 x 16 k-step.
     unsigned qf[KSTEPS][4];
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk)
-        ldmatrix_x4(qf[kk], s_q + tile_off<D>(warp * 16 + (mi & 1) * 8 + lr, 2 * kk + (mi >> 1)));
+    for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qf[kk], s_q + chunk_pair(q_lane, kk));
 
     float acc[DT][4];
 #pragma unroll
@@ -305,7 +319,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 #pragma unroll
             for (int j2 = 0; j2 < NT / 2; ++j2) {
                 unsigned b[4];
-                ldmatrix_x4(b, kb + tile_off<D>(j2 * 16 + (mi >> 1) * 8 + lr, 2 * kk + (mi & 1)));
+                ldmatrix_x4(b, kb + j2 * 16 * ROW_BYTES + chunk_pair(k_lane, kk));
                 mma16816(s[2 * j2], qf[kk], b[0], b[1]);
                 mma16816(s[2 * j2 + 1], qf[kk], b[2], b[3]);
             }
@@ -371,7 +385,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 #pragma unroll
             for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
                 unsigned b[4];
-                ldmatrix_x4_trans(b, vb + tile_off<D>(kk2 * 16 + (mi & 1) * 8 + lr, 2 * dj2 + (mi >> 1)));
+                ldmatrix_x4_trans(b, vb + kk2 * 16 * ROW_BYTES + chunk_pair(v_lane, dj2));
                 mma16816(acc[2 * dj2], a, b[0], b[1]);
                 mma16816(acc[2 * dj2 + 1], a, b[2], b[3]);
             }

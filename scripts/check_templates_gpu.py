@@ -27,10 +27,24 @@ combination of the knobs it does name and shared by the others.
   --faults    also run the testing templates, each in a child process: the
               out-of-bounds writer must fail with an illegal address, the
               infinite loop must still be running after --fault-timeout s.
+  --more-shapes   also check EXTRA_CHECK_SHAPES (more ragged / causal / D=128
+              cases; slower, off by default).
+  --sdpa      time every combination of the selected non-testing templates
+              against torch's scaled_dot_product_attention (default backend,
+              and the flash and cuDNN backends when available) on SDPA_SHAPES,
+              fp16, CUDA events, median; prints TFLOPS = 4 B H S^2 D / t
+              (halved for causal) and ends with a short table.
+  --build-cubins DIR  no GPU: compile every module the run would compile
+              (check and timed builds, fp16 and bf16) with NVRTC on this
+              machine (.deps, as scripts/nvrtc_compile_check.py) for --arch
+              (default sm_90) into DIR; a GPU run given --cubin-dir DIR loads
+              those instead of compiling (any module missing there is compiled
+              as usual), which saves the device machine the compile time.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import re
@@ -54,6 +68,16 @@ CHECK_SHAPES = [
 ]
 TIME_SHAPES = [
     (1, 1, 128, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False), (4, 16, 1024, 64, True),
+]
+# --more-shapes: ragged S around the tile sizes, causal and not, both head dims.
+EXTRA_CHECK_SHAPES = [
+    (1, 1, 1, 128, True), (1, 1, 17, 128, False), (1, 3, 100, 64, False), (1, 1, 64, 128, True),
+    (1, 1, 65, 64, True), (2, 3, 333, 64, True), (1, 1, 1000, 128, False), (1, 2, 1000, 128, True),
+    (1, 1, 4097, 64, True), (1, 2, 4097, 128, True),
+]
+# --sdpa: (B, H, S, D, causal)
+SDPA_SHAPES = [
+    (4, 16, 4096, 64, False), (4, 16, 4096, 64, True), (2, 16, 8192, 128, False), (2, 16, 8192, 128, True),
 ]
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
@@ -205,6 +229,8 @@ class Gpu:
         self._inputs: dict = {}
         self.last_errors = (0.0, 0.0, 1)
         self.timing_method = "graph"
+        self.cubin_dir: Path | None = None
+        self.cubins_loaded = 0
 
     # -- compilation --------------------------------------------------------
     def module(self, tpl: Template, knobs: dict, bf16: bool, count: bool):
@@ -213,7 +239,21 @@ class Gpu:
         if key not in self.modules:
             opts = ("-std=c++17",) + self.include + (("-DOPTD_COUNT_CTAS=1",) if count else ())
             t0 = time.perf_counter()
-            mod = self.cp.RawModule(code=render(tpl, knobs, bf16), options=opts, backend="nvrtc")
+            cubin = None
+            if self.cubin_dir is not None:
+                cubin = self.cubin_dir / cubin_name(render(tpl, knobs, bf16), count, f"sm_{self.dev['CC']}")
+            mod = None
+            if cubin is not None and cubin.exists():
+                try:
+                    mod = self.cp.RawModule(path=str(cubin))
+                    for kname in tpl.kernel_names():
+                        mod.get_function(kname)
+                    self.cubins_loaded += 1
+                except Exception as e:  # noqa: BLE001 - e.g. a driver older than the cubin: compile here
+                    print(f"  cubin {cubin.name} not loadable ({type(e).__name__}: {e}); compiling")
+                    mod = None
+            if mod is None:
+                mod = self.cp.RawModule(code=render(tpl, knobs, bf16), options=opts, backend="nvrtc")
             for kname in tpl.kernel_names():
                 mod.get_function(kname)  # compiles and loads now, so errors surface here
             self.compile_s += time.perf_counter() - t0
@@ -221,8 +261,9 @@ class Gpu:
         return self.modules[key]
 
     # -- data ---------------------------------------------------------------
-    def inputs(self, shape, dtype: str):
-        """(q, k, v as torch elem tensors, fp32 reference), cached per shape and dtype."""
+    def inputs(self, shape, dtype: str, need_ref: bool = True):
+        """(q, k, v as torch elem tensors, fp32 reference), cached per shape and dtype.
+        need_ref=False (timing only) skips the reference (None) until one is asked for."""
         key = (shape, dtype)
         if key not in self._inputs:
             torch = self.torch
@@ -230,6 +271,10 @@ class Gpu:
             gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(key).encode()))
             tdt = torch.float16 if dtype == "fp16" else torch.bfloat16
             q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(tdt) for _ in range(3))
+            self._inputs[key] = (q, k, v, None)
+        q, k, v, ref = self._inputs[key]
+        if ref is None and need_ref:
+            causal = shape[4]
             ref = self.F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
             self._inputs[key] = (q, k, v, ref)
         return self._inputs[key]
@@ -238,10 +283,10 @@ class Gpu:
         # cupy has no bfloat16: hand it the raw 16-bit storage, only the pointer matters.
         return self.cp.asarray(t.view(self.torch.int16)) if t.element_size() == 2 else self.cp.asarray(t)
 
-    def buffers(self, shape, splits: int, dtype: str, fill=float("nan")):
+    def buffers(self, shape, splits: int, dtype: str, fill=float("nan"), need_ref: bool = True):
         torch = self.torch
         b, h, s, d, _ = shape
-        q, k, v, ref = self.inputs(shape, dtype)
+        q, k, v, ref = self.inputs(shape, dtype, need_ref)
         o = torch.full_like(q, fill)
         o_part = torch.full((max(1, splits * b * h * s * d),), fill, device="cuda", dtype=torch.float32)
         lse = torch.full((max(1, splits * b * h * s),), fill, device="cuda", dtype=torch.float32)
@@ -290,12 +335,16 @@ class Gpu:
         return ok, f"max_abs {max_abs:.2e} rel_l2 {rel_l2:.2e} splits {splits}"
 
     # -- timing -------------------------------------------------------------
-    def time_us(self, tpl: Template, knobs: dict, shape, reps: int = 20, samples: int = 50) -> float:
-        """Median microseconds of one execution of the plan (all its launches)."""
+    def time_us(self, tpl: Template, knobs: dict, shape, reps: int = 20, samples: int = 50,
+                keep_output: bool = False) -> float:
+        """Median microseconds of one execution of the plan (all its launches).
+        keep_output: leave O in self.last_output (for a check against SDPA)."""
         cp = self.cp
         mod = self.module(tpl, knobs, False, count=False)
         splits, launches, _ = plan(tpl, knobs, shape, self.dev)
-        q, k, v, o, o_part, lse, _ = self.buffers(shape, splits, "fp16", fill=0.0)
+        q, k, v, o, o_part, lse, _ = self.buffers(shape, splits, "fp16", fill=0.0, need_ref=False)
+        if keep_output:
+            self.last_output = o
         args = self.args(shape, splits, q, k, v, o, o_part, lse)
         fns = [(self.kernel(mod, l), l) for l in launches]
         self.torch.cuda.synchronize()
@@ -343,6 +392,173 @@ class Gpu:
                 end.synchronize()
                 times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
         return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------
+# Precompiled cubins (--build-cubins here, --cubin-dir on the GPU machine)
+# ---------------------------------------------------------------------------
+def cubin_name(source: str, count: bool, arch: str) -> str:
+    h = hashlib.sha1(source.encode()).hexdigest()[:20]
+    return f"{h}-{'count' if count else 'timed'}-{arch}.cubin"
+
+
+def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int) -> int:
+    """Compile (CPU, NVRTC from .deps) every module a GPU run of these templates loads."""
+    import concurrent.futures as cf
+    from nvrtc_compile_check import Job, _init_worker, _run_job, default_cuda_include, default_nvrtc_lib
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo: dict[str, Job] = {}
+    for tpl in templates:
+        used = code_knobs(tpl)
+        seen = set()
+        for knobs in tpl.knob_combos():
+            ukey = tuple((k, knobs[k]) for k in used)
+            if ukey in seen:
+                continue
+            seen.add(ukey)
+            for bf16 in (False, True):
+                src = render(tpl, knobs, bf16)
+                for count in (False, True):
+                    todo[cubin_name(src, count, arch)] = Job(tpl.rel, knobs, bf16, arch, count, src, tpl.kernel_names())
+    lib, include = default_nvrtc_lib(), default_cuda_include()
+    bad = 0
+    t0 = time.perf_counter()
+    with cf.ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(lib, include)) as pool:
+        names = list(todo)
+        for name, res in zip(names, pool.map(_cubin_job, [todo[n] for n in names])):
+            ok, reason, cubin = res
+            if ok:
+                (out_dir / name).write_bytes(cubin)
+            else:
+                bad += 1
+                j = todo[name]
+                print(f"  FAIL {j.template} {combo_label(j.knobs)} bf16={j.bf16} count={j.count_ctas}: {reason}")
+    print(f"built {len(todo) - bad} cubins for {arch} in {out_dir} ({time.perf_counter() - t0:.1f} s), {bad} failures")
+    return 1 if bad else 0
+
+
+def _cubin_job(job):
+    import nvrtc_compile_check as ncc
+
+    opts = [f"--gpu-architecture={job.arch}", "-std=c++17", f"--include-path={ncc._INCLUDE}"]
+    if job.count_ctas:
+        opts.append("-DOPTD_COUNT_CTAS=1")
+    try:
+        ok, log, cubin = ncc._NVRTC.compile(job.source, job.template.replace("/", "_"), opts)
+    except Exception as e:  # noqa: BLE001
+        return False, f"nvrtc: {e}", b""
+    return ok, "" if ok else log[-2000:], cubin
+
+
+# ---------------------------------------------------------------------------
+# --sdpa: templates against torch's scaled_dot_product_attention
+# ---------------------------------------------------------------------------
+def attn_flops(shape) -> float:
+    b, h, s, d, causal = shape
+    f = 4.0 * b * h * s * s * d
+    return f / 2 if causal else f
+
+
+def time_torch_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
+    torch = gpu.torch
+    fn()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / reps)
+    return statistics.median(times)
+
+
+def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: int = 15) -> list[str]:
+    """Times every combo of each template and SDPA; returns the closing table's lines."""
+    torch, F = gpu.torch, gpu.F
+    backends = [("sdpa default", None)]
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backends += [("sdpa flash", SDPBackend.FLASH_ATTENTION), ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION)]
+    except ImportError:
+        sdpa_kernel = None
+    table = []
+    print(f"\nsdpa comparison (fp16, CUDA events, median of {samples} samples of {reps} back-to-back runs), {gpu.name}")
+    for tpl in (t for t in templates if not t.testing):
+        combos = tpl.knob_combos()
+        per_shape: dict = {}
+        for shape in SDPA_SHAPES:
+            q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
+            causal = shape[4]
+            sd = {}
+            ref_out = None
+            for label, be in backends:
+                def call(be=be):
+                    if be is None:
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    with sdpa_kernel(be):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                try:
+                    sd[label] = time_torch_us(gpu, call, reps, samples)
+                    if ref_out is None:
+                        ref_out = call()
+                except Exception as e:  # noqa: BLE001 - a backend may not support the shape
+                    sd[label] = float("nan")
+                    print(f"  {label} failed on {shape_key(shape)}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            rows = []
+            for knobs in combos:
+                try:
+                    _, launches, _ = plan(tpl, knobs, shape, gpu.dev)
+                    rows.append((gpu.time_us(tpl, knobs, shape, reps=reps, samples=samples), knobs))
+                except Exception as e:  # noqa: BLE001
+                    rows.append((float("nan"), knobs))
+                    print(f"  {tpl.name} {combo_label(knobs)} {shape_key(shape)}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''}")
+            ok_rows = [r for r in rows if r[0] == r[0]]
+            if not ok_rows:
+                continue
+            t_best, best = min(ok_rows, key=lambda r: r[0])
+            # The best combo's own output against SDPA's (fp16 vs fp16).
+            diff = float("nan")
+            try:
+                gpu.time_us(tpl, best, shape, reps=1, samples=1, keep_output=True)
+                torch.cuda.synchronize()
+                if ref_out is not None:
+                    diff = float((gpu.last_output.float() - ref_out.float()).abs().max())
+            except Exception as e:  # noqa: BLE001
+                print(f"  output check failed: {e}")
+            per_shape[shape] = (rows, t_best, best, sd, diff)
+        if not per_shape:
+            continue
+        fl = {s: attn_flops(s) for s in per_shape}
+        print(f"\n== {tpl.rel}: TFLOPS per combination (fp16)")
+        print(f"{'knobs':44} " + " ".join(f"{shape_key(s):>22}" for s in per_shape))
+        for i, knobs in enumerate(combos):
+            cells = []
+            for s, (rows, *_rest) in per_shape.items():
+                t = rows[i][0]
+                cells.append(f"{fl[s] / t / 1e6:22.1f}" if t == t else f"{'n/a':>22}")
+            print(f"{combo_label(knobs):44} " + " ".join(cells))
+        default = combos[0]
+        table.append(f"{tpl.name}: fp16 TFLOPS (us), {gpu.name}")
+        table.append(f"{'shape':22} {'best':>14} {'default':>14} " + " ".join(f"{l:>14}" for l, _ in backends)
+                     + f" {'best/dflt':>9} {'max|O-sdpa|':>11}  best knobs")
+        for s, (rows, t_best, best, sd, diff) in per_shape.items():
+            t_def = rows[0][0]
+            cell = lambda t: f"{fl[s] / t / 1e6:6.1f} ({t:6.0f})" if t == t else f"{'n/a':>14}"
+            ratio = t_best / sd["sdpa default"] if sd.get("sdpa default") == sd.get("sdpa default") else float("nan")
+            table.append(f"{shape_key(s):22} {cell(t_best):>14} {cell(t_def):>14} "
+                         + " ".join(f"{cell(sd[l]):>14}" for l, _ in backends)
+                         + f" {1 / ratio:9.2f} {diff:11.2e}  {combo_label(best)}")
+        table.append(f"'default' = first value of every knob ({combo_label(default)}); "
+                     f"best/dflt = SDPA default time / best time")
+    return table
 
 
 # ---------------------------------------------------------------------------
@@ -398,6 +614,12 @@ def main() -> int:
     ap.add_argument("--faults", action="store_true", help="also run the testing templates in child processes")
     ap.add_argument("--fault-timeout", type=float, default=20.0)
     ap.add_argument("--fault-child", help=argparse.SUPPRESS)
+    ap.add_argument("--more-shapes", action="store_true", help="also check EXTRA_CHECK_SHAPES")
+    ap.add_argument("--sdpa", action="store_true", help="time the selected templates against SDPA (SDPA_SHAPES)")
+    ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
+    ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
+    ap.add_argument("--arch", default="sm_90", help="target of --build-cubins (default sm_90)")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="--build-cubins processes")
     args = ap.parse_args()
 
     if args.fault_child:
@@ -410,20 +632,25 @@ def main() -> int:
                      or Path(t.rel).name in args.template]
     if args.dry_run:
         return dry_run(templates)
+    if args.build_cubins:
+        return build_cubins([t for t in templates if not t.testing], Path(args.build_cubins), args.arch, args.jobs)
+    check_shapes = CHECK_SHAPES + (EXTRA_CHECK_SHAPES if args.more_shapes else [])
 
     t_start = time.perf_counter()
     gpu = Gpu()
+    if args.cubin_dir:
+        gpu.cubin_dir = Path(args.cubin_dir)
     print(f"device {gpu.name}: {gpu.dev}; include {gpu.include}")
     failures = []
     n_checks = 0
     for tpl in (t for t in templates if not t.testing):
         combos = tpl.knob_combos()
-        print(f"\n== {tpl.rel}: {len(combos)} combos x 2 dtypes x {len(CHECK_SHAPES)} shapes "
+        print(f"\n== {tpl.rel}: {len(combos)} combos x 2 dtypes x {len(check_shapes)} shapes "
               f"(knobs in code: {code_knobs(tpl)})")
         for knobs in combos:
             for dtype in ("fp16", "bf16"):
                 combo_ok, worst_abs, worst_l2, split_counts = True, 0.0, 0.0, set()
-                for shape in CHECK_SHAPES:
+                for shape in check_shapes:
                     n_checks += 1
                     try:
                         ok, msg = gpu.check(tpl, knobs, shape, dtype)
@@ -444,7 +671,8 @@ def main() -> int:
                 print(f"  {combo_label(knobs):40} {dtype}  {'ok    ' if combo_ok else 'FAILED'}"
                       f"  worst max_abs {worst_abs:.2e}  rel_l2 {worst_l2:.2e}  splits used {sorted(split_counts)}")
     print(f"\ncorrectness: {n_checks} checks, {len(failures)} failures; "
-          f"compile {gpu.compile_s:.1f} s, elapsed {time.perf_counter() - t_start:.1f} s")
+          f"compile {gpu.compile_s:.1f} s ({gpu.cubins_loaded} modules from cubins), "
+          f"elapsed {time.perf_counter() - t_start:.1f} s")
     for f in failures:
         print("  FAIL", *f)
 
@@ -472,12 +700,17 @@ def main() -> int:
                   f"  {combo_label(best)} ({splits})")
         print(f"timed with: {gpu.timing_method}; 'kv start' = {combo_label(start_knobs)}")
 
+    sdpa_table = sdpa_compare(gpu, templates) if args.sdpa else []
+
     # Last: a killed hung kernel should not disturb anything, but it runs after the timing anyway.
     fault_failures = 0
     if args.faults:
         print("\nfault templates:")
         fault_failures = run_faults(templates, args.fault_timeout)
     print(f"\ntotal {time.perf_counter() - t_start:.1f} s")
+    if sdpa_table:
+        print()
+        print("\n".join(sdpa_table))
     return 1 if failures or fault_failures else 0
 
 

@@ -280,6 +280,8 @@ impl Engine {
             _lock: lock,
         };
         engine.measure_sdpa().await?;
+        // The SDPA measurement is a fixed, cached overhead: it is not charged to the budget.
+        engine.started = Instant::now();
         if resuming {
             engine.restore_incumbents().await?;
         }
