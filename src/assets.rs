@@ -30,6 +30,7 @@ static EMBEDDED: &[(&str, &str)] = embed! {
     "common/optd.cuh" => "kernel-templates/common/optd.cuh",
     "baseline.cu" => "kernel-templates/baseline.cu",
     "kv_split.cu" => "kernel-templates/kv_split.cu",
+    "mma_fa2.cu" => "kernel-templates/mma_fa2.cu",
     "testing/oob_write.cu" => "kernel-templates/testing/oob_write.cu",
     "testing/infinite_loop.cu" => "kernel-templates/testing/infinite_loop.cu",
     "default.toml" => "strategies/default.toml",

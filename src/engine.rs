@@ -453,6 +453,21 @@ impl Engine {
                 None => stage.start.clone(),
             };
             search.set_start(start.clone());
+            if stage.spec.start_from_best {
+                // Its start point was measured by an earlier stage: go straight to the neighbours.
+                let start_json = serde_json::to_string(&start)?;
+                let earlier = self
+                    .ledger
+                    .iterations(&self.run_id)
+                    .await?
+                    .into_iter()
+                    .filter(|i| i.stage != stage.spec.name && i.template == stage.template.name() && i.params_json == start_json)
+                    .filter_map(|i| i.score_us)
+                    .last();
+                if let Some(score) = earlier {
+                    search.prime(&start, score);
+                }
+            }
             let done: Vec<&IterationRecord> = recorded
                 .iter()
                 .filter(|i| i.stage == stage.spec.name && i.verdict != "interrupted" && i.verdict != "running")

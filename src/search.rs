@@ -172,6 +172,23 @@ impl Search {
         None
     }
 
+    /// The start point was already measured (by an earlier stage): count it as seen
+    /// with its score, so the search goes straight to its neighbours.
+    pub fn prime(&mut self, params: &Params, score: f64) {
+        self.seen.insert(serde_json::to_string(params).unwrap_or_default());
+        match self.kind {
+            SearchKind::Evolve => {
+                self.started = true;
+                self.elite = Some((score, params.clone()));
+            }
+            SearchKind::Coordinate => {
+                self.started = true;
+                self.report(params, Some(score));
+            }
+            SearchKind::Exhaustive => {}
+        }
+    }
+
     /// Start somewhere else (e.g. the best point an earlier stage found), before the first `next`.
     pub fn set_start(&mut self, start: Params) {
         self.point = start;
