@@ -454,17 +454,24 @@ impl Engine {
             };
             search.set_start(start.clone());
             if stage.spec.start_from_best {
-                // Its start point was measured by an earlier stage: go straight to the neighbours.
+                // Points earlier stages measured with this template are not proposed again,
+                // and the start point's score is known: go straight to its neighbours.
                 let start_json = serde_json::to_string(&start)?;
-                let earlier = self
+                let earlier: Vec<IterationRecord> = self
                     .ledger
                     .iterations(&self.run_id)
                     .await?
                     .into_iter()
-                    .filter(|i| i.stage != stage.spec.name && i.template == stage.template.name() && i.params_json == start_json)
-                    .filter_map(|i| i.score_us)
-                    .last();
-                if let Some(score) = earlier {
+                    .filter(|i| i.stage != stage.spec.name && i.template == stage.template.name())
+                    .collect();
+                for it in &earlier {
+                    if let Ok(p) = serde_json::from_str::<Params>(&it.params_json) {
+                        if it.params_json != start_json {
+                            search.mark_seen(&p);
+                        }
+                    }
+                }
+                if let Some(score) = earlier.iter().filter(|i| i.params_json == start_json).filter_map(|i| i.score_us).last() {
                     search.prime(&start, score);
                 }
             }

@@ -189,6 +189,11 @@ impl Search {
         }
     }
 
+    /// Never propose `params`: an earlier stage already measured it.
+    pub fn mark_seen(&mut self, params: &Params) {
+        self.seen.insert(serde_json::to_string(params).unwrap_or_default());
+    }
+
     /// Start somewhere else (e.g. the best point an earlier stage found), before the first `next`.
     pub fn set_start(&mut self, start: Params) {
         self.point = start;

@@ -250,6 +250,9 @@ max_candidates = 4
     // kv-split's winner was already measured: tuning goes straight to its neighbours,
     // one or two knobs away.
     let start: serde_json::Value = json!({"BLOCK_M": 32, "MAX_SPLITS": 8, "NUM_WARPS": 4});
+    // Nothing kv-split already measured is measured again.
+    let measured: Vec<&str> = its.iter().filter(|i| i.stage == "kv-split").map(|i| i.params_json.as_str()).collect();
+    assert!(tuning.iter().all(|t| !measured.contains(t)), "tuning re-measured {tuning:?} (kv-split had {measured:?})");
     for t in &tuning {
         let p: serde_json::Value = serde_json::from_str(t).unwrap();
         let changed = ["BLOCK_M", "MAX_SPLITS", "NUM_WARPS"].iter().filter(|k| p[**k] != start[**k]).count();
