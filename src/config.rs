@@ -277,10 +277,10 @@ impl Config {
         if !(0.0..1.0).contains(&t.min_gain) {
             return Err(self.invalid("timing.min_gain", format!("is {}; allowed: 0 <= min_gain < 1 (0.02 = 2%)", t.min_gain)));
         }
-        if !(t.l2_multiple >= 0.0) {
+        if t.l2_multiple.is_nan() || t.l2_multiple < 0.0 {
             return Err(self.invalid("timing.l2_multiple", "must be >= 0"));
         }
-        if !(self.check.atol > 0.0) || !(self.check.rtol_l2 > 0.0) {
+        if self.check.atol.is_nan() || self.check.atol <= 0.0 || self.check.rtol_l2.is_nan() || self.check.rtol_l2 <= 0.0 {
             return Err(self.invalid("check", "atol and rtol_l2 must be > 0"));
         }
         Ok(())

@@ -28,10 +28,10 @@ pub fn check(
         let first = plan.launches.first().ok_or_else(|| GateFailure(format!("{key}: no launch planned")))?;
         for l in &plan.launches {
             let threads: u32 = l.block.iter().product();
-            if threads == 0 || threads > 1024 || threads % 32 != 0 {
+            if threads == 0 || threads > 1024 || !threads.is_multiple_of(32) {
                 return Err(GateFailure(format!("{key}: {} block {:?} = {threads} threads (allowed: 32..=1024, a multiple of 32)", l.kernel, l.block)));
             }
-            if l.grid.iter().any(|&g| g == 0) || l.grid[1] > 65535 || l.grid[2] > 65535 || l.grid[0] > i32::MAX as u32 {
+            if l.grid.contains(&0) || l.grid[1] > 65535 || l.grid[2] > 65535 || l.grid[0] > i32::MAX as u32 {
                 return Err(GateFailure(format!("{key}: {} grid {:?} is outside the device's grid limits", l.kernel, l.grid)));
             }
             if l.dyn_smem > device.smem_optin {

@@ -103,8 +103,8 @@ pub fn history_text(its: &[IterationRecord]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:>5}  {}",
-        "iter", "stage", "verdict", "params", "geomean us", "regs", "won", "reason"
+        "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:>5}  reason",
+        "iter", "stage", "verdict", "params", "geomean us", "regs", "won"
     );
     for it in its {
         let won = it.shapes.iter().filter(|s| s.won).count();

@@ -1,0 +1,166 @@
+//! The incumbents: the best kernel for each shape, the modules the worker must hold
+//! to time them, and their promotion when a candidate wins (workspace `best` and
+//! `kernels/dispatch.json`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::ledger::BestRow;
+use crate::outcome::{Failure, Verdict};
+use crate::plan::Stage;
+use crate::protocol::{Launch, Loaded, ShapePlan};
+use crate::template::Params;
+use crate::compile;
+
+use super::{dedup, Engine};
+
+/// The current best kernel for one shape.
+#[derive(Debug, Clone)]
+pub(super) struct Incumbent {
+    pub(super) seq: i64,
+    pub(super) id: String,
+    pub(super) template: String,
+    pub(super) params: Params,
+    pub(super) plan: ShapePlan,
+    pub(super) median_us: f64,
+    pub(super) source_path: String,
+}
+
+/// One row of `kernels/dispatch.json`: which kernel serves a shape and how to launch it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct DispatchEntry {
+    pub(super) iteration: i64,
+    pub(super) template: String,
+    pub(super) params: Params,
+    pub(super) source: String,
+    pub(super) median_us: f64,
+    pub(super) n_splits: u32,
+    pub(super) launches: Vec<Launch>,
+}
+
+/// A compiled module the current worker holds: (id, source, kernels, plans for occupancy).
+#[derive(Debug, Clone)]
+pub(super) struct Module {
+    pub(super) source: String,
+    pub(super) kernels: Vec<String>,
+    pub(super) plans: Vec<ShapePlan>,
+}
+
+impl Engine {
+    /// Compile+load a module, then reload nothing else: incumbents are reloaded lazily.
+    pub(super) async fn load(&mut self, id: &str, source: &str, kernels: Vec<String>, plans: &[ShapePlan]) -> Result<Loaded, Failure> {
+        self.sync_generation();
+        let l = compile::load(&mut self.sup, id, source, kernels, plans, self.cfg.worker.load_timeout).await?;
+        self.loaded.push(id.to_string());
+        Ok(l)
+    }
+
+    pub(super) fn sync_generation(&mut self) {
+        if self.sup.generation() != self.loaded_generation {
+            self.loaded.clear();
+            self.loaded_generation = self.sup.generation();
+        }
+    }
+
+    /// After a worker restart, the incumbents' modules are gone: load them again.
+    pub(super) async fn ensure_incumbents_loaded(&mut self) -> Result<(), Failure> {
+        self.sync_generation();
+        let ids: Vec<String> = dedup(self.incumbents.values().map(|i| i.id.clone()));
+        for id in ids {
+            if self.loaded.contains(&id) {
+                continue;
+            }
+            let Some(m) = self.modules.get(&id).cloned() else { continue };
+            compile::load(&mut self.sup, &id, &m.source, m.kernels, &m.plans, self.cfg.worker.load_timeout)
+                .await
+                .map_err(|f| Failure::new(Verdict::Error, format!("reloading incumbent {id}: {}", f.reason)))?;
+            self.loaded.push(id);
+        }
+        Ok(())
+    }
+
+    /// The candidate becomes the incumbent for the shapes it won; `best` advances.
+    pub(super) async fn promote(
+        &mut self,
+        seq: i64,
+        id: &str,
+        stage: &Stage,
+        params: &Params,
+        source: &str,
+        commit: git2::Oid,
+        won: &[(ShapePlan, f64)],
+    ) -> anyhow::Result<Vec<BestRow>> {
+        let mut best_rows = Vec::new();
+        for (plan, median) in won {
+            let key = plan.shape.key();
+            let source_path = format!("kernels/{key}.cu");
+            if !self.baseline_us.contains_key(&key) {
+                self.baseline_us.insert(key.clone(), *median);
+            }
+            self.incumbents.insert(
+                key.clone(),
+                Incumbent {
+                    seq,
+                    id: id.to_string(),
+                    template: stage.template.name().to_string(),
+                    params: params.clone(),
+                    plan: plan.clone(),
+                    median_us: *median,
+                    source_path: source_path.clone(),
+                },
+            );
+            best_rows.push(BestRow {
+                shape: key.clone(),
+                seq,
+                median_us: *median,
+                baseline_us: self.baseline_us.get(&key).copied(),
+                source_path,
+                git_commit: None,
+            });
+        }
+        let dispatch = self.dispatch_json();
+        let mut files: Vec<(String, String)> = won.iter().map(|(p, _)| (format!("kernels/{}.cu", p.shape.key()), source.to_string())).collect();
+        files.push(("kernels/dispatch.json".into(), dispatch));
+        let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let keys: Vec<String> = won.iter().map(|(p, _)| p.shape.key()).collect();
+        crate::failpoint::hit("before-accept");
+        let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({}) for {}", stage.template.name(), keys.join(", ")))?;
+        for b in &mut best_rows {
+            b.git_commit = Some(accept.to_string());
+        }
+        // Modules no incumbent uses any more can be dropped from the reload set.
+        let live: Vec<String> = self.incumbents.values().map(|i| i.id.clone()).collect();
+        self.modules.retain(|k, _| live.contains(k));
+        Ok(best_rows)
+    }
+
+    pub(super) fn dispatch_json(&self) -> String {
+        let table: BTreeMap<&String, DispatchEntry> = self
+            .incumbents
+            .iter()
+            .map(|(k, i)| {
+                (
+                    k,
+                    DispatchEntry {
+                        iteration: i.seq,
+                        template: i.template.clone(),
+                        params: i.params.clone(),
+                        source: i.source_path.clone(),
+                        median_us: i.median_us,
+                        n_splits: i.plan.n_splits,
+                        launches: i.plan.launches.clone(),
+                    },
+                )
+            })
+            .collect();
+        serde_json::to_string_pretty(&table).unwrap_or_default()
+    }
+
+    pub(super) async fn unload_if_unused(&mut self, id: &str) {
+        if self.incumbents.values().any(|i| i.id == id) || !self.loaded.iter().any(|l| l == id) || !self.sup.is_running() {
+            return;
+        }
+        self.loaded.retain(|l| l != id);
+        let _ = self.sup.request(&crate::protocol::Request::Unload { id: id.to_string() }, Duration::from_secs(30)).await;
+    }
+}

@@ -1,0 +1,290 @@
+//! Setting a run up: a new run (ledger row, workspace, worker, device), or a resumed
+//! one (interrupted iteration marked, workspace aligned with the ledger, same GPU
+//! checked, incumbents rebuilt and re-validated); and the SDPA baseline.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::ledger::{self, Ledger, NewRun};
+use crate::lock::GpuLock;
+use crate::plan::Plan;
+use crate::protocol::{ShapePlan, TimeCase};
+use crate::supervisor::Supervisor;
+use crate::workspace::Workspace;
+use crate::{check, record, timing};
+
+use super::gpu_wait::wait_for_gpu;
+use super::incumbents::{DispatchEntry, Incumbent, Module};
+use super::{dedup, new_run_id, Engine, Mode, RunOptions};
+use crate::shutdown::Shutdown;
+
+impl Engine {
+    pub(super) async fn create(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<Engine> {
+        let cfg = opts.config;
+        let runs_dir = cfg.resolve(&cfg.run.runs_dir);
+        std::fs::create_dir_all(&runs_dir).with_context(|| format!("cannot create runs folder {}", runs_dir.display()))?;
+        let resuming = matches!(opts.mode, Mode::Resume { .. });
+        let run_id = match (&opts.run_id, resuming) {
+            (Some(id), _) => id.clone(),
+            (None, false) => new_run_id(),
+            (None, true) => anyhow::bail!("resume needs a run id"),
+        };
+        let lock = if opts.allow_concurrent { None } else { Some(GpuLock::acquire(&runs_dir, &run_id)?) };
+        let run_dir = runs_dir.join(&run_id);
+        std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
+        let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
+        let templates_dir = cfg.resolve(&cfg.run.templates_dir);
+        let shapes = cfg.shapes();
+        let seed = opts.seed.unwrap_or_else(rand::random);
+        let mut sup = Supervisor::new(opts.worker, cfg.worker.hello_timeout, Some(run_dir.join("worker.log")));
+        sup.set_abort(shutdown.clone());
+
+        let (ws, device, plan_path, budget, used_before) = match opts.mode {
+            Mode::New => {
+                // Fail on a bad plan before anything is recorded.
+                Plan::load(&opts.plan_path, &templates_dir)?;
+                ledger
+                    .create_run(&NewRun {
+                        id: run_id.clone(),
+                        started_at: ledger::now(),
+                        budget_s: opts.budget.as_secs_f64(),
+                        run_dir: run_dir.display().to_string(),
+                        config_source: cfg.source.display().to_string(),
+                        plan_path: opts.plan_path.display().to_string(),
+                        config_json: serde_json::to_string(&cfg.effective())?,
+                        workload_json: serde_json::to_string(&shapes)?,
+                        pid: std::process::id(),
+                    })
+                    .await?;
+                let readme = format!(
+                    "# optimizerd workspace for run {run_id}\n\n`candidate.cu` is the kernel under test; `kernels/<shape>.cu` the best kernel per\n\
+                     workload shape and `kernels/dispatch.json` how to launch each. `git log best` is the lineage\n\
+                     of improvements; rejected candidates are kept under refs/rejected/<iteration>.\n"
+                );
+                let ws = Workspace::init(
+                    &run_dir.join("workspace"),
+                    &[("README.md", &readme), ("workload.json", &serde_json::to_string_pretty(&shapes)?)],
+                )?;
+                // A machine that never showed a GPU for this run fails fast, with the reason.
+                let device = match sup.ensure_started().await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        ledger.finish_run(&run_id, "failed", &msg, 0.0).await?;
+                        anyhow::bail!("run {run_id}: {msg}");
+                    }
+                };
+                ledger.set_device(&run_id, &device).await?;
+                (ws, device, opts.plan_path.clone(), opts.budget, Duration::ZERO)
+            }
+            Mode::Resume { rebaseline } => {
+                let row = ledger.run(Some(&run_id)).await?;
+                if row.state == "finished" {
+                    anyhow::bail!("run {run_id} already finished ({}); nothing to resume", row.message.unwrap_or_default());
+                }
+                let interrupted = ledger.mark_interrupted(&run_id).await?;
+                let ws = Workspace::open(&run_dir.join("workspace"))?;
+                ws.recover()?;
+                // The ledger is the truth: `best` goes back to its last recorded acceptance.
+                let recorded_tip = ledger
+                    .best(&run_id)
+                    .await?
+                    .into_iter()
+                    .max_by_key(|b| b.seq)
+                    .and_then(|b| b.git_commit)
+                    .and_then(|c: String| git2::Oid::from_str(&c).ok());
+                if ws.align_best(recorded_tip)? {
+                    ledger.event(&run_id, "workspace_aligned", "best moved back to the ledger's last recorded acceptance").await?;
+                }
+                ledger.set_state(&run_id, "running", None, Some(std::process::id())).await?;
+                let (plan_path, _) = ledger.run_origin(&run_id).await?;
+                let before = ledger.device(&run_id).await?;
+                let mut waited = Duration::ZERO;
+                let device = match wait_for_gpu(&mut sup, &ledger, &run_id, &cfg, &shutdown, &mut waited).await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        ledger.finish_run(&run_id, "interrupted", &e.to_string(), row.used_s).await?;
+                        anyhow::bail!("run {run_id}: {e}");
+                    }
+                };
+                if let Some(b) = &before {
+                    if (b.name != device.name || b.cc() != device.cc()) && !rebaseline {
+                        sup.shutdown().await;
+                        ledger.finish_run(&run_id, "interrupted", "resume refused: different GPU", row.used_s).await?;
+                        anyhow::bail!(
+                            "run {run_id} was measured on {} (sm_{}) and this GPU is {} (sm_{}): its timings would not compare. \
+                             Resume on the original GPU, or pass --rebaseline to re-time the incumbents here",
+                            b.name,
+                            b.cc(),
+                            device.name,
+                            device.cc()
+                        );
+                    }
+                }
+                ledger.set_device(&run_id, &device).await?;
+                let msg = format!(
+                    "resumed with {} of budget left{}",
+                    record::fmt_dur(Duration::from_secs_f64((row.budget_s - row.used_s).max(0.0))),
+                    if interrupted > 0 { format!("; {interrupted} iteration(s) marked interrupted") } else { String::new() }
+                );
+                ledger.event(&run_id, "resumed", &msg).await?;
+                tracing::info!(kind = "resumed", run = %run_id, detail = %msg, "run {run_id} {msg}");
+                (ws, device, PathBuf::from(plan_path), Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s))
+            }
+        };
+        let plan = Plan::load(&plan_path, &templates_dir)?;
+        tracing::info!(
+            kind = "device", run = %run_id, gpu = %device.name, cc = device.cc(), sms = device.sm_count, smem_optin = device.smem_optin,
+            l2_bytes = device.l2_bytes, driver = device.driver_version, nvrtc = ?device.nvrtc_version,
+            "GPU {} (sm_{}), {} SMs, {} KiB smem/block, {} MiB L2, driver {}, NVRTC {}.{}",
+            device.name, device.cc(), device.sm_count, device.smem_optin / 1024, device.l2_bytes >> 20,
+            device.driver_version, device.nvrtc_version.0, device.nvrtc_version.1
+        );
+        let generation = sup.generation();
+        let mut engine = Engine {
+            cfg,
+            ledger,
+            run_id,
+            run_dir,
+            ws,
+            sup,
+            device,
+            shapes,
+            plan,
+            incumbents: BTreeMap::new(),
+            baseline_us: BTreeMap::new(),
+            modules: HashMap::new(),
+            loaded_generation: generation,
+            loaded: Vec::new(),
+            seq: 0,
+            started: Instant::now(),
+            used_before,
+            paused: Duration::ZERO,
+            budget,
+            seed,
+            shutdown,
+            _lock: lock,
+        };
+        engine.measure_sdpa().await?;
+        // The SDPA measurement is a fixed, cached overhead: it is not charged to the budget.
+        engine.started = Instant::now();
+        if resuming {
+            engine.restore_incumbents().await?;
+        }
+        Ok(engine)
+    }
+
+    /// PyTorch SDPA on the workload, once per run (cached across runs on the same stack).
+    pub(super) async fn measure_sdpa(&mut self) -> anyhow::Result<()> {
+        if !self.cfg.baseline.sdpa || !self.ledger.sdpa(&self.run_id).await?.is_empty() {
+            return Ok(());
+        }
+        match crate::sdpa::measure(&self.cfg, &self.ledger, &self.run_id, &self.run_dir, &self.device, &self.shapes).await {
+            Ok(rows) => {
+                let parts: Vec<String> = rows
+                    .iter()
+                    .map(|b| {
+                        let d = b.default_backend().cloned().unwrap_or_default();
+                        format!(
+                            "{} {} us ({}{})",
+                            b.shape,
+                            d.graph_us.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+                            d.picked.as_deref().unwrap_or("?"),
+                            if b.cached { ", cached" } else { "" }
+                        )
+                    })
+                    .collect();
+                let msg = format!("SDPA default, CUDA-graph time per call: {}", parts.join(", "));
+                self.ledger.event(&self.run_id, "sdpa", &msg).await?;
+                tracing::info!(kind = "sdpa", "{msg}");
+            }
+            Err(e) => {
+                let msg = format!("SDPA baseline unavailable ({e}); speedups are reported over the baseline kernel only");
+                self.ledger.event(&self.run_id, "sdpa_unavailable", &msg).await?;
+                tracing::warn!(kind = "sdpa_unavailable", "{msg}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuild each shape's incumbent from the ledger's best table and the workspace's
+    /// `kernels/`, then re-validate it on this GPU: correctness, and a fresh timing
+    /// that replaces the recorded one.
+    pub(super) async fn restore_incumbents(&mut self) -> anyhow::Result<()> {
+        let best = self.ledger.best(&self.run_id).await?;
+        if best.is_empty() {
+            return Ok(());
+        }
+        let dispatch_path = self.ws.dir().join("kernels/dispatch.json");
+        let dispatch: BTreeMap<String, DispatchEntry> = serde_json::from_str(
+            &std::fs::read_to_string(&dispatch_path).with_context(|| format!("cannot read {}", dispatch_path.display()))?,
+        )
+        .with_context(|| format!("{} is not a dispatch table", dispatch_path.display()))?;
+        for b in &best {
+            let entry = dispatch
+                .get(&b.shape)
+                .with_context(|| format!("{} has no entry for {} (best iteration {})", dispatch_path.display(), b.shape, b.seq))?;
+            let shape = self
+                .shapes
+                .iter()
+                .find(|s| s.key() == b.shape)
+                .copied()
+                .with_context(|| format!("shape {} of the ledger is not in the workload", b.shape))?;
+            let source_path = self.ws.dir().join(&b.source_path);
+            let source = std::fs::read_to_string(&source_path).with_context(|| format!("cannot read {}", source_path.display()))?;
+            let id = format!("it{}", b.seq);
+            let plan = ShapePlan { shape, n_splits: entry.n_splits, launches: entry.launches.clone() };
+            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, kernels: vec![], plans: vec![] });
+            for l in &plan.launches {
+                if !module.kernels.contains(&l.kernel) {
+                    module.kernels.push(l.kernel.clone());
+                }
+            }
+            module.plans.push(plan.clone());
+            if let Some(base) = b.baseline_us {
+                self.baseline_us.insert(b.shape.clone(), base);
+            }
+            self.incumbents.insert(
+                b.shape.clone(),
+                Incumbent {
+                    seq: b.seq,
+                    id,
+                    template: entry.template.clone(),
+                    params: entry.params.clone(),
+                    plan,
+                    median_us: b.median_us,
+                    source_path: b.source_path.clone(),
+                },
+            );
+        }
+        // Re-validate: load, check and time every incumbent module on this GPU.
+        self.ensure_incumbents_loaded().await.map_err(|f| anyhow::anyhow!("re-validating the incumbents: {}", f.reason))?;
+        let ids: Vec<String> = dedup(self.incumbents.values().map(|i| i.id.clone()));
+        let mut notes = Vec::new();
+        for id in ids {
+            let plans: Vec<ShapePlan> = self.incumbents.values().filter(|i| i.id == id).map(|i| i.plan.clone()).collect();
+            let seed = self.seed ^ 0x5EED;
+            if let Err((f, _)) = check::run(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout).await {
+                anyhow::bail!("incumbent {id} failed re-validation on this GPU: {} ({})", f.reason, f.verdict);
+            }
+            let cases: Vec<TimeCase> = plans.iter().map(|p| TimeCase { shape: p.shape, entries: vec![timing::entry(&id, p)] }).collect();
+            let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout)
+                .await
+                .map_err(|f| anyhow::anyhow!("re-timing incumbent {id}: {}", f.reason))?;
+            for case in &timed.cases {
+                let key = case.shape.key();
+                if let (Some(st), Some(inc)) = (timing::stats_of(case, &id), self.incumbents.get_mut(&key)) {
+                    notes.push(format!("{key} {:.2} us (recorded {:.2})", st.median_us, inc.median_us));
+                    inc.median_us = st.median_us;
+                }
+            }
+        }
+        let msg = format!("incumbents re-validated (correct) and re-timed: {}", notes.join(", "));
+        self.ledger.event(&self.run_id, "incumbents_revalidated", &msg).await?;
+        tracing::info!(kind = "revalidated", "{msg}");
+        Ok(())
+    }
+}
