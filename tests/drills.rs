@@ -428,3 +428,20 @@ async fn a_run_killed_in_an_evolutionary_stage_resumes_to_the_same_result() {
     let tuning: Vec<String> = iterations(&p, "evo").await.iter().filter(|i| i.stage == "tuning" && i.verdict != "interrupted").map(|i| i.params_json.clone()).collect();
     assert_eq!(tuning, ref_tuning);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_crash_and_a_worker_hang_leave_everything_consistent() {
+    let p = project(0, json!({}));
+    let path = p.path().join("script.json");
+    let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let rules = script["rules"].as_array_mut().unwrap();
+    rules.insert(0, json!({ "source_contains": ["#define MAX_SPLITS 2\n"], "behaviour": { "crash": { "step": "check" } } }));
+    rules.insert(0, json!({ "source_contains": ["#define MAX_SPLITS 32\n"], "behaviour": { "hang": { "step": "time" } } }));
+    std::fs::write(&path, serde_json::to_string(&script).unwrap()).unwrap();
+    start_detached(&p, "faults", "10m", &[]);
+    wait_until("the run to end", Duration::from_secs(60), || optimizerd::lock::holder(&runs_dir(&p)).is_none());
+    let its = iterations(&p, "faults").await;
+    assert_eq!(its.iter().filter(|i| i.verdict == "crashed").count(), 2, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
+    assert_eq!(its.iter().filter(|i| i.verdict == "timeout").count(), 2);
+    assert_consistent(&p, "faults", &its, 0).await;
+}
