@@ -11,6 +11,7 @@ pub mod cli;
 pub mod compile;
 pub mod config;
 pub mod decide;
+pub mod diagnose;
 pub mod doctor;
 pub mod engine;
 pub mod export;

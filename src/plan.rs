@@ -48,6 +48,11 @@ pub struct StageSpec {
     /// coordinate pass. Falls back to `start` when the template has no incumbent.
     #[serde(default)]
     pub start_from_best: bool,
+    /// Run the stage only when the diagnosis of the incumbents shows one of these
+    /// symptoms on some shape (`under_filled`, `spills`, `low_occupancy`,
+    /// `compute_gap`); empty: always. The figures behind the decision are recorded.
+    #[serde(default)]
+    pub when: Vec<crate::diagnose::Symptom>,
     /// Expression: the fewest CTAs the first launch may have on each shape.
     #[serde(default = "default_min_ctas")]
     pub min_ctas: String,

@@ -261,3 +261,46 @@ max_candidates = 4
     let events = ledger.events("tune").await.unwrap();
     assert!(events.iter().any(|(_, k, m)| k == "stage_start" && m.starts_with("tuning start {\"BLOCK_M\":32,\"MAX_SPLITS\":8")), "{events:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stages_run_only_when_the_diagnosis_shows_their_symptom() {
+    let plan = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [8] }
+when = ["under_filled"]
+
+[[stage]]
+name = "smaller-tiles"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [16], NUM_WARPS = [4], MAX_SPLITS = [8] }
+when = ["spills", "low_occupancy"]
+"#;
+    let p = Project::new(plan, json!([]), json!({ "ok": { "us": 50.0 } }));
+    assert_eq!(p.run("diag", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let stages: Vec<String> = ledger.iterations("diag").await.unwrap().iter().map(|i| i.stage.clone()).collect();
+    assert_eq!(stages, vec!["baseline", "kv-split"]);
+    let events = ledger.events("diag").await.unwrap();
+    let diagnoses: Vec<serde_json::Value> =
+        events.iter().filter(|(_, k, _)| k == "diagnosis").map(|(_, _, m)| serde_json::from_str(m).unwrap()).collect();
+    assert_eq!(diagnoses.len(), 2);
+    // The baseline's 32 CTAs on (1,1,128,64) cannot fill 132 SMs: kv-split runs.
+    assert_eq!(diagnoses[0]["stage"], "kv-split");
+    assert_eq!(diagnoses[0]["run"], true);
+    assert!(diagnoses[0]["findings"].as_array().unwrap().iter().any(|f| f["symptom"] == "under_filled"
+        && f["shape"] == "b1h1s128d64" && f["detail"].as_str().unwrap().contains("32 CTAs for 132 SMs")));
+    // The scripted kernels spill nothing and keep 4 blocks of 128 threads (16 warps) per SM.
+    assert_eq!(diagnoses[1]["stage"], "smaller-tiles");
+    assert_eq!(diagnoses[1]["run"], false);
+    assert_eq!(diagnoses[1]["figures"][0]["local_bytes"], 0);
+    assert!(events.iter().any(|(_, k, m)| k == "stage_not_needed" && m.starts_with("smaller-tiles: not needed")));
+}

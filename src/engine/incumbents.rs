@@ -13,6 +13,7 @@ use crate::template::Params;
 use crate::compile;
 
 use super::{dedup, Engine};
+use crate::diagnose::{diagnose, Figures, Finding};
 
 /// The current best kernel for one shape.
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub(super) struct DispatchEntry {
 /// A compiled module the current worker holds: (id, source, kernels, plans for occupancy).
 #[derive(Debug, Clone)]
 pub(super) struct Module {
+    /// What the last load reported (resources, occupancy), for the diagnosis.
+    pub(super) loaded: Option<Loaded>,
     pub(super) source: String,
     pub(super) kernels: Vec<String>,
     pub(super) plans: Vec<ShapePlan>,
@@ -62,6 +65,51 @@ impl Engine {
         }
     }
 
+    /// The diagnosis of every shape's incumbent (see `crate::diagnose`).
+    pub(super) async fn diagnose(&self) -> anyhow::Result<(Vec<Figures>, Vec<Finding>)> {
+        let sdpa = self.ledger.sdpa(&self.run_id).await?;
+        // The best attention throughput SDPA showed in this run, on any shape and backend.
+        let demonstrated = sdpa
+            .iter()
+            .filter_map(|row| {
+                let shape = self.shapes.iter().find(|s| s.key() == row.shape)?;
+                let best_us = row
+                    .backends
+                    .as_object()?
+                    .values()
+                    .filter_map(|b| b.get("graph_us").and_then(|t| t.as_f64()))
+                    .fold(f64::INFINITY, f64::min);
+                best_us.is_finite().then(|| shape.flops() / (best_us * 1e-6) / 1e12)
+            })
+            .fold(None::<f64>, |m, t| Some(m.map_or(t, |m| m.max(t))));
+        let mut figures = Vec::new();
+        let mut findings = Vec::new();
+        for (key, inc) in &self.incumbents {
+            let loaded = self.modules.get(&inc.id).and_then(|m| m.loaded.as_ref());
+            let first = inc.plan.launches.first();
+            let warps_per_sm = first.zip(loaded).and_then(|(l, ld)| {
+                let threads: u32 = l.block.iter().product();
+                ld.occupancy
+                    .iter()
+                    .find(|o| o.kernel == l.kernel && o.block_threads == threads && o.dyn_smem == l.dyn_smem)
+                    .map(|o| o.blocks_per_sm * threads / 32)
+            });
+            let f = Figures {
+                shape: key.clone(),
+                ctas: first.map_or(0, |l| l.ctas()),
+                sm_count: self.device.sm_count,
+                flops: inc.plan.shape.flops(),
+                median_us: inc.median_us,
+                local_bytes: loaded.map(|l| l.kernels.iter().map(|k| k.local_bytes).max().unwrap_or(0)),
+                warps_per_sm,
+                demonstrated_tflops: demonstrated,
+            };
+            findings.extend(diagnose(&f));
+            figures.push(f);
+        }
+        Ok((figures, findings))
+    }
+
     /// After a worker restart, the incumbents' modules are gone: load them again.
     pub(super) async fn ensure_incumbents_loaded(&mut self) -> Result<(), Failure> {
         self.sync_generation();
@@ -71,9 +119,12 @@ impl Engine {
                 continue;
             }
             let Some(m) = self.modules.get(&id).cloned() else { continue };
-            compile::load(&mut self.sup, &id, &m.source, m.kernels, &m.plans, self.cfg.worker.load_timeout)
+            let loaded = compile::load(&mut self.sup, &id, &m.source, m.kernels, &m.plans, self.cfg.worker.load_timeout)
                 .await
                 .map_err(|f| Failure::new(Verdict::Error, format!("reloading incumbent {id}: {}", f.reason)))?;
+            if let Some(m) = self.modules.get_mut(&id) {
+                m.loaded = Some(loaded);
+            }
             self.loaded.push(id);
         }
         Ok(())

@@ -131,6 +131,15 @@ impl Engine {
                 Some((name.to_string(), serde_json::from_str(json).ok()?))
             })
             .collect();
+        // Stages the diagnosis found unnecessary before a restart stay skipped.
+        let not_needed: Vec<String> = self
+            .ledger
+            .events(&self.run_id)
+            .await?
+            .into_iter()
+            .filter(|(_, kind, _)| kind == "stage_not_needed")
+            .filter_map(|(_, _, m)| m.split_once(':').map(|(name, _)| name.to_string()))
+            .collect();
         let stages = self.plan.stages.clone();
         for stage in &stages {
             if self.shutdown.requested() {
@@ -150,6 +159,14 @@ impl Engine {
                 tracing::warn!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
                 self.ledger.event(&self.run_id, "stage_skipped", &msg).await?;
                 continue;
+            }
+            if !stage.spec.when.is_empty() {
+                if not_needed.contains(&stage.spec.name) {
+                    continue;
+                }
+                if !stage_starts.contains_key(&stage.spec.name) && !self.needed(stage).await? {
+                    continue;
+                }
             }
             let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);
             // Where this stage starts: recorded when it first began (so a resumed run
@@ -241,6 +258,42 @@ impl Engine {
         Ok(RunEnd::Finished("plan exhausted".into()))
     }
 
+    /// Does the diagnosis of the incumbents show a symptom this stage treats? The
+    /// decision and the figures behind it go in the ledger either way.
+    async fn needed(&mut self, stage: &Stage) -> anyhow::Result<bool> {
+        if self.incumbents.is_empty() {
+            return Ok(true);
+        }
+        let (figures, findings) = self.diagnose().await?;
+        let relevant: Vec<String> = findings
+            .iter()
+            .filter(|f| stage.spec.when.contains(&f.symptom))
+            .map(|f| format!("{} {}", f.shape, f.detail))
+            .collect();
+        // Without an SDPA measurement there is no anchor to judge a compute gap by:
+        // a stage that treats it runs rather than being skipped on no evidence.
+        let unjudged = stage.spec.when.contains(&crate::diagnose::Symptom::ComputeGap)
+            && figures.iter().all(|f| f.demonstrated_tflops.is_none());
+        let mut relevant = relevant;
+        if unjudged {
+            relevant.push("compute_gap cannot be judged (no SDPA measurement): running".into());
+        }
+        let run = !relevant.is_empty();
+        let record = serde_json::json!({
+            "stage": stage.spec.name, "when": stage.spec.when, "run": run, "findings": findings, "figures": figures,
+        });
+        self.ledger.event(&self.run_id, "diagnosis", &record.to_string()).await?;
+        let when: Vec<String> = stage.spec.when.iter().map(|w| serde_json::to_value(w).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()).collect();
+        if run {
+            tracing::info!(kind = "diagnosis", stage = %stage.spec.name, "diagnosis for {}: {}", stage.spec.name, relevant.join("; "));
+        } else {
+            let msg = format!("{}: not needed: no shape shows {}", stage.spec.name, when.join(" or "));
+            self.ledger.event(&self.run_id, "stage_not_needed", &msg).await?;
+            tracing::info!(kind = "stage_skipped", stage = %stage.spec.name, "stage {msg}");
+        }
+        Ok(run)
+    }
+
     /// The params of this stage's template that serve the most shapes now, restricted
     /// to the stage's space (knobs outside it keep the stage's start value).
     fn best_params_for(&self, stage: &Stage) -> Option<Params> {
@@ -313,7 +366,7 @@ impl Engine {
         };
         record::resources(&mut rec, &loaded);
         record::waves(&mut shapes, &plans, &loaded, self.device.sm_count);
-        self.modules.insert(id.clone(), Module { source: rendered.source.clone(), kernels, plans: plans.clone() });
+        self.modules.insert(id.clone(), Module { source: rendered.source.clone(), kernels, plans: plans.clone(), loaded: Some(loaded.clone()) });
 
         // check
         let seed = self.seed ^ (seq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);

@@ -237,7 +237,7 @@ impl Engine {
             let source = std::fs::read_to_string(&source_path).with_context(|| format!("cannot read {}", source_path.display()))?;
             let id = format!("it{}", b.seq);
             let plan = ShapePlan { shape, n_splits: entry.n_splits, launches: entry.launches.clone() };
-            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, kernels: vec![], plans: vec![] });
+            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, kernels: vec![], plans: vec![], loaded: None });
             for l in &plan.launches {
                 if !module.kernels.contains(&l.kernel) {
                     module.kernels.push(l.kernel.clone());
