@@ -114,6 +114,8 @@ pub struct IterationRecord {
     pub error: Option<String>,
     pub started_at: String,
     pub finished_at: String,
+    /// Budget used (seconds) when the iteration was recorded.
+    pub used_s: Option<f64>,
     pub shapes: Vec<ShapeRecord>,
 }
 
@@ -264,8 +266,8 @@ impl Ledger {
             .map_err(q("replace iteration"))?;
         sqlx::query(
             "INSERT INTO iterations (run_id, seq, stage, template, params_json, source_hash, git_commit, verdict, reason,
-                compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at, used_s)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&it.run_id)
         .bind(it.seq)
@@ -285,6 +287,7 @@ impl Ledger {
         .bind(&it.error)
         .bind(&it.started_at)
         .bind(&it.finished_at)
+        .bind(used_s)
         .execute(&mut *tx)
         .await
         .map_err(q("insert iteration"))?;
@@ -471,6 +474,7 @@ impl Ledger {
                 error: r.get("error"),
                 started_at: r.get("started_at"),
                 finished_at: r.get("finished_at"),
+                used_s: r.get("used_s"),
                 shapes: Vec::new(),
             })
             .collect();

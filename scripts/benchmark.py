@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The benchmark: one optimizerd run from an empty ledger on the benchmark workload,
+then a dated section appended to docs/BENCHMARKS.md with the exact command, the GPU,
+driver, torch and cuDNN versions, and per shape: the best kernel's time and TFLOPS,
+SDPA's (default and FlashAttention-2 backends, same run, CUDA-graph GPU time), the
+ratios, and the budget used until the best kernel first matched SDPA default
+(time-to-target).
+
+    python3 scripts/benchmark.py --bin target/release/optimizerd --budget 20m
+
+Run it on the GPU machine (the binary is built elsewhere and carried). Standard
+library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def shape_of(key_json):
+    return json.loads(key_json) if isinstance(key_json, str) else key_json
+
+
+def flops(s):
+    f = 4.0 * s["b"] * s["h"] * s["s"] * s["s"] * s["d"]
+    return f / 2 if s["causal"] else f
+
+
+def tflops(s, us):
+    return flops(s) / (us * 1e-6) / 1e12 if us else None
+
+
+def fmt(x, spec=".2f", suffix=""):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="target/release/optimizerd")
+    ap.add_argument("--budget", default="20m")
+    ap.add_argument("--config", default="scripts/benchmark-agent.toml")
+    ap.add_argument("--out", default="docs/BENCHMARKS.md")
+    ap.add_argument("--work", help="folder for the run (default: a fresh temporary one)")
+    ap.add_argument("--worker-script", help=argparse.SUPPRESS)
+    ap.add_argument("--sdpa-command", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    binary = os.path.abspath(args.bin)
+    work = args.work or tempfile.mkdtemp(prefix="optimizerd-bench-")
+    os.makedirs(work, exist_ok=True)
+    # The benchmark config, with the runs folder inside the work folder (an empty ledger).
+    config_text = open(args.config).read().replace('runs_dir = "runs"', f'runs_dir = "{work}/runs"')
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+    config_text = config_text.replace('templates_dir = "kernel-templates"', f'templates_dir = "{repo}/kernel-templates"')
+    config_text = config_text.replace('plan = "strategies/default.toml"', f'plan = "{repo}/strategies/default.toml"')
+    if args.sdpa_command:
+        config_text += f'\n[baseline]\nsdpa_command = "{args.sdpa_command}"\n'
+    config = os.path.join(work, "agent.toml")
+    open(config, "w").write(config_text)
+
+    command = [binary, "start", "--budget", args.budget, "--foreground", "--config", config]
+    if args.worker_script:
+        command += ["--worker-script", args.worker_script]
+    shown = f"python3 scripts/benchmark.py --bin {args.bin} --budget {args.budget}"
+    print("+", " ".join(command), flush=True)
+    run = subprocess.run(command, cwd=repo)
+    if run.returncode != 0:
+        print(f"the run failed ({run.returncode})", file=sys.stderr)
+        return 1
+    status = json.loads(sh([binary, "status", "--json", "--config", config], cwd=repo).stdout)
+    history = json.loads(sh([binary, "history", "--json", "--config", config], cwd=repo).stdout)
+
+    versions = status["sdpa"][0]["versions"] if status["sdpa"] else {}
+    driver = "-"
+    if shutil.which("nvidia-smi"):
+        q = sh(["nvidia-smi", "--query-gpu=driver_version,clocks.sm", "--format=csv,noheader"])
+        driver = q.stdout.strip().splitlines()[0] if q.returncode == 0 and q.stdout.strip() else "-"
+    sdpa = {r["shape"]: r for r in status["sdpa"]}
+    shapes = {}
+    for it in history:
+        for s in it["shapes"]:
+            shapes.setdefault(s["shape"], shape_of(s["shape_json"]))
+
+    rows = []
+    for b in status["best"]:
+        key = b["shape"]
+        s = shapes[key]
+        sd = sdpa.get(key, {})
+        default_us = sd.get("default_graph_us")
+        flash_us = (sd.get("backends", {}).get("flash") or {}).get("graph_us")
+        # Time-to-target: budget used when some iteration first won this shape at or under SDPA default.
+        ttt = None
+        if default_us:
+            for it in history:
+                if any(x["shape"] == key and x["won"] and x["median_us"] is not None and x["median_us"] <= default_us for x in it["shapes"]):
+                    ttt = it.get("used_s")
+                    break
+        rows.append(
+            f"| {key} | {b['seq']} | {b['median_us']:.2f} | {fmt(tflops(s, b['median_us']), '.1f')} | "
+            f"{fmt(default_us)} {sd.get('picked') or ''} | {fmt(tflops(s, default_us), '.1f')} | "
+            f"{fmt(flash_us)} | {fmt(tflops(s, flash_us), '.1f')} | "
+            f"{fmt(default_us / b['median_us'] if default_us else None, '.2f', 'x')} | "
+            f"{fmt(flash_us / b['median_us'] if flash_us else None, '.2f', 'x')} | "
+            f"{fmt(ttt, '.0f', ' s') if ttt is not None else 'not reached'} |"
+        )
+
+    run_row = status["run"]
+    today = datetime.date.today().isoformat()
+    section = f"""
+## {today} — benchmark, {run_row.get('gpu_name') or '-'}
+
+- Command: `{shown}` (runs `optimizerd start --budget {args.budget} --foreground` from an empty ledger
+  with `{args.config}`); run `{run_row['id']}`, {run_row['iterations']} iterations,
+  {run_row['used_s']:.0f} s of budget used, state {run_row['state']}.
+- GPU {run_row.get('gpu_name') or '-'}; driver, SM clock: {driver}; torch {versions.get('torch', '-')},
+  CUDA {versions.get('cuda', '-')}, cuDNN {versions.get('cudnn', '-')}.
+- Times are GPU time per call: candidates by CUDA-graph replay (timing.method = graph), SDPA by
+  CUDA-graph replay in the same run. TFLOPS = 4*B*H*S*S*D / time, halved for causal.
+  Time-to-target: budget used when a kernel at or under SDPA default first won the shape.
+
+| shape | iter | best us | TFLOPS | SDPA default us | TFLOPS | SDPA flash us | TFLOPS | vs default | vs flash | time-to-target |
+|---|---|---|---|---|---|---|---|---|---|---|
+""" + "\n".join(rows) + "\n"
+    with open(os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out, "a") as f:
+        f.write(section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+//! scripts/benchmark.py end to end on CPU: a real run of the binary (scripted worker,
+//! fake SDPA at the GPU boundary) turned into a dated BENCHMARKS.md section.
+
+mod common;
+
+use std::process::Command;
+
+use serde_json::json;
+
+#[test]
+fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
+    let work = tempfile::tempdir().unwrap();
+    let script = json!({
+        "device": common::h100(),
+        "rules": [ { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100000.0 } } } ],
+        "default": { "ok": { "us": 4.0, "per_shape": { "b4h16s4096d64": 900.0, "b4h16s4096d64-causal": 500.0,
+                                                         "b2h16s8192d128": 3500.0, "b2h16s8192d128-causal": 1800.0 } } }
+    });
+    let script_path = work.path().join("script.json");
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    let fake = work.path().join("sdpa.py");
+    std::fs::write(
+        &fake,
+        r#"import json, sys
+v = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "device": "H100", "cc": "9.0"}
+if sys.argv[1] == "--versions":
+    print(json.dumps(v)); sys.exit(0)
+shapes = json.load(open(sys.argv[2]))
+res = [{"default": {"graph_us": 6.0 if s["s"] <= 512 else 600.0, "eager_us": 30.0, "picked": "cudnn"},
+        "flash": {"graph_us": 5.5 if s["s"] <= 512 else 950.0, "eager_us": 31.0}} for s in shapes]
+print(json.dumps({"versions": v, "results": res}))
+"#,
+    )
+    .unwrap();
+    let out_md = work.path().join("BENCHMARKS.md");
+    let repo = common::repo_root();
+    let o = Command::new("python3")
+        .current_dir(&repo)
+        .args(["scripts/benchmark.py", "--budget", "10m", "--work"])
+        .arg(work.path().join("w"))
+        .arg("--bin")
+        .arg(env!("CARGO_BIN_EXE_optimizerd"))
+        .arg("--out")
+        .arg(&out_md)
+        .arg("--worker-script")
+        .arg(&script_path)
+        .arg("--sdpa-command")
+        .arg(format!("python3 {}", fake.display()))
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{text}");
+    let md = std::fs::read_to_string(&out_md).unwrap();
+    assert!(md.contains("| shape | iter | best us | TFLOPS | SDPA default us |"), "{md}");
+    // Small shape: 4 us vs SDPA 6 us -> 1.50x, reached.
+    let small = md.lines().find(|l| l.starts_with("| b1h1s128d64 ")).expect("a row per shape");
+    assert!(small.contains("1.50x") && small.contains(" s |") && !small.contains("not reached"), "{small}");
+    // Large: 900 us vs 600 us default (0.67x) and 950 us flash (1.06x); TFLOPS = 4*4*16*4096^2*64 / 900 us = 305.4.
+    let big = md.lines().find(|l| l.starts_with("| b4h16s4096d64 ")).unwrap();
+    assert!(big.contains("0.67x") && big.contains("1.06x") && big.contains("305.4") && big.contains("not reached"), "{big}");
+    assert!(md.contains("torch 2.11.0+cu130") && md.contains("cuDNN 91900"), "{md}");
+    assert!(md.contains("python3 scripts/benchmark.py"), "{md}");
+}
