@@ -31,6 +31,7 @@ static EMBEDDED: &[(&str, &str)] = embed! {
     "baseline.cu" => "kernel-templates/baseline.cu",
     "kv_split.cu" => "kernel-templates/kv_split.cu",
     "mma_fa2.cu" => "kernel-templates/mma_fa2.cu",
+    "wmma.cu" => "kernel-templates/wmma.cu",
     "testing/oob_write.cu" => "kernel-templates/testing/oob_write.cu",
     "testing/infinite_loop.cu" => "kernel-templates/testing/infinite_loop.cu",
     "default.toml" => "strategies/default.toml",

@@ -96,7 +96,7 @@ fn every_knob_combination_plans_every_default_shape() {
     let dev = common::h100();
     let config = optimizerd::config::Config::parse("", std::path::Path::new("x"), std::path::Path::new(".")).unwrap();
     let extra = [shape(1, 1, 1, 64, false), shape(1, 1, 17, 128, true), shape(1, 2, 4097, 64, true)];
-    for file in ["baseline.cu", "kv_split.cu", "mma_fa2.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"] {
+    for file in ["baseline.cu", "kv_split.cu", "mma_fa2.cu", "wmma.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"] {
         let t = Template::load(&templates_dir(), file).unwrap();
         let space: Vec<(String, Vec<i64>)> = t.knobs.clone();
         let mut s = optimizerd::search::Search::new(optimizerd::search::SearchKind::Exhaustive, space, t.default_params(), 10_000);

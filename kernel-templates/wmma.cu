@@ -1,0 +1,397 @@
+/******************************************************************************
+ * wmma: FlashAttention forward on the tensor cores through the WMMA API.
+ *
+ * The first tensor-core step: both matrix products go through nvcuda::wmma
+ * (16 x 16 x 16 fragments, fp16 or bf16 inputs, fp32 accumulation), and
+ * everything between them (masking, online softmax) is plain per-thread code
+ * over a shared-memory tile. mma-fa2 later does the same work with mma.sync,
+ * keeping S and P in registers; this template is the simpler version, with
+ * no inline PTX and no knowledge of the fragment layouts.
+ *
+ * One CTA per (query tile of BLOCK_M rows, b * H + h), NUM_WARPS warps. The
+ * Q tile is staged once in shared memory; per key tile of BLOCK_N keys
+ * (t = 0 .. n_tiles - 1):
+ *   1. all threads load K and V (BLOCK_N x D) into shared memory with 16-byte
+ *      loads; keys >= S are zero-filled (their p is 0, and 0 * V must not be
+ *      NaN); one __syncthreads;
+ *   2. S = Q K^T: the (BLOCK_M / 16) x (BLOCK_N / 16) fragments of S are
+ *      dealt round-robin to the warps; each runs D / 16 wmma::mma_sync with Q
+ *      as row_major matrix_a and K as col_major matrix_b (the K tile stored
+ *      row-major, key by key, is K^T in column-major order), then stores its
+ *      fragment to the fp32 S tile in shared memory; one __syncthreads;
+ *   3. online softmax by threads: TPR = 32 * NUM_WARPS / BLOCK_M consecutive
+ *      lanes own one query row (columns part, part + TPR, ...), reduce its max
+ *      with xor shuffles and keep m (log2 domain: s * softmax_scale * log2 e,
+ *      one multiply before exp2f) and a partial row sum l in registers for
+ *      the whole key loop. Masked scores (key >= S, row >= S, causal
+ *      key > row) are -inf; p = exp2(x - m_new) is written to the P tile as
+ *      elem_t, and the rescale factor corr = exp2(m_old - m_new) of the row
+ *      to 16 copies in the row's line of the factor tile F; one __syncthreads;
+ *   4. O = corr * O + P V with wmma (P row_major matrix_a, V row_major
+ *      matrix_b): see "O accumulator" below.
+ * Epilogue: l is reduced across the row's lanes; F gets 1 / l (0 for rows
+ * with no unmasked key, i.e. rows >= S); each warp scales its O fragments,
+ * stores them one at a time to its own 16 x 20 fp32 staging block at the
+ * start of shared memory (the Q / K / V tiles, free by then; at most 10 KiB,
+ * never reaching F), and its lanes convert a row half each (8 values) to
+ * elem_t and write 16 bytes to global memory, rows < S only.
+ *
+ * O accumulator. The O tile (BLOCK_M x D fp32) stays in wmma accumulator
+ * fragments in registers across all key tiles: warp w owns row block
+ * w / WPR (WPR = NUM_WARPS / (BLOCK_M / 16) warps per 16-row block) and
+ * CPW = (D / 16) / WPR consecutive 16-column blocks of it. The element ->
+ * (row, column) mapping of a fragment is opaque, so the per-row rescale is
+ * done without knowing it: F holds, for each row block, a 16 x 16 fp32 matrix
+ * whose row r is 16 copies of row r's factor; a warp load_matrix_sync's it as
+ * an accumulator fragment of the same type as O, and multiplies element by
+ * element, o.x[e] *= f.x[e]. This is exact whatever the mapping: for one
+ * fragment type, load_matrix_sync and store_matrix_sync with the same layout
+ * are inverse maps, and mma_sync's C and D use that same mapping (storing D
+ * gives C + A B element by element), so element e of both fragments is the
+ * same (row, column), and f.x[e] is that row's factor. The same trick applies
+ * 1 / l at the end. (Keeping O in shared memory instead would cost
+ * 4 * BLOCK_M * D more bytes, 32 KiB at BLOCK_M 64, D 128, and a read-modify-
+ * write of the whole tile per key tile.)
+ *
+ * Ragged S: Q rows >= S are zero-filled and never stored; K/V rows >= S are
+ * zero-filled and masked. Skips (warp-uniform, always also masked): an S
+ * fragment whose rows are all >= S, keys all >= S, or (causal) keys all above
+ * its rows is neither computed nor stored (the softmax never reads its stale
+ * values: masked entries are selected as -inf, not computed); PV stops at the
+ * first 16-key block that is all >= S or (causal) all above the row block;
+ * a row block wholly >= S skips PV and the epilogue.
+ * Causal: key tiles wholly above the CTA's last row are not visited, and CTAs
+ * take query tiles in reverse (blockIdx.x = 0 gets the last, heaviest one).
+ *
+ * Shared memory rows are padded (no swizzle): Q, K, V rows D + 8 elem_t and P
+ * rows BLOCK_N + 8 elem_t (16 bytes of padding; WMMA needs ldm a multiple of
+ * 8 halves and 32-byte aligned fragment pointers, which 16-row / 16-column
+ * block offsets keep), S rows BLOCK_N + 4 floats.
+ *
+ * Knobs:   BLOCK_M    query rows per CTA, multiple of 16       64, 32
+ *          BLOCK_N    keys per K/V tile, multiple of 16        64, 32
+ *          NUM_WARPS  warps per CTA                            4, 8
+ *          (NUM_WARPS * 32 must be a multiple of BLOCK_M, and NUM_WARPS a
+ *          multiple of BLOCK_M / 16: true for every combination above.)
+ * Shared (dynamic, bytes), ELEM_BYTES = 2:
+ *            ELEM_BYTES * (D + 8) * (BLOCK_M + 2 * BLOCK_N)   Q, K, V tiles
+ *          + 4 * BLOCK_M * (BLOCK_N + 4)                       S tile, fp32
+ *          + ELEM_BYTES * BLOCK_M * (BLOCK_N + 8)              P tile
+ *          + 4 * BLOCK_M * 16                                  F (row factors)
+ *          from 22.5 KiB (BLOCK_M 32, BLOCK_N 32, D 64) to 81 KiB (64, 64,
+ *          D 128); over 48 KiB the worker sets the opt-in attribute, and every
+ *          combination fits sm_86/89's 99 KiB. m and l live in registers.
+ * CTAs:    cdiv(S, BLOCK_M) x (B * H) x 1, NUM_WARPS * 32 threads
+ *          (B * H <= 65535); no KV split, n_splits = 1, single launch.
+ * Registers: CPW * 8 fp32 (O fragments, at most 64) + BLOCK_N / TPR scores
+ *          per thread plus fragments in flight; __launch_bounds__(threads, 1).
+ ******************************************************************************/
+
+/* optimizerd:spec
+[template]
+name = "wmma"
+description = "FlashAttention forward with nvcuda::wmma 16x16x16 (S = Q K^T and O += P V), softmax by threads over an fp32 S tile in shared memory, O fragments rescaled through per-row factor fragments"
+min_cc = 80
+
+[knobs]
+BLOCK_M = [64, 32]
+BLOCK_N = [64, 32]
+NUM_WARPS = [4, 8]
+
+[derived]
+m_blocks = "cdiv(S, BLOCK_M)"
+splits = "1"
+
+[[launch]]
+kernel = "fwd"
+grid = ["m_blocks", "B * H", "1"]
+block = ["NUM_WARPS * 32", "1", "1"]
+smem = "ELEM_BYTES * (D + 8) * (BLOCK_M + 2 * BLOCK_N) + 4 * BLOCK_M * (BLOCK_N + 4) + ELEM_BYTES * BLOCK_M * (BLOCK_N + 8) + 64 * BLOCK_M"
+*/
+
+#include "common/optd.cuh"
+
+#include <mma.h>
+
+#ifndef BLOCK_M
+#error "BLOCK_M must be defined"
+#endif
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined"
+#endif
+#ifndef NUM_WARPS
+#error "NUM_WARPS must be defined"
+#endif
+#if BLOCK_M % 16 != 0 || BLOCK_M < 16
+#error "BLOCK_M must be a positive multiple of 16 (WMMA row blocks)"
+#endif
+#if BLOCK_N % 16 != 0 || BLOCK_N < 16
+#error "BLOCK_N must be a positive multiple of 16 (WMMA column / k blocks)"
+#endif
+#if NUM_WARPS < 1 || NUM_WARPS > 32
+#error "NUM_WARPS must be in 1..32"
+#endif
+#if (NUM_WARPS * 32) % BLOCK_M != 0
+#error "NUM_WARPS * 32 must be a multiple of BLOCK_M (whole lanes per softmax row)"
+#endif
+#if NUM_WARPS % (BLOCK_M / 16) != 0
+#error "NUM_WARPS must be a multiple of BLOCK_M / 16 (whole warps per O row block)"
+#endif
+
+#define WM_THREADS (NUM_WARPS * 32)
+
+namespace wm = nvcuda::wmma;
+
+typedef wm::fragment<wm::matrix_a, 16, 16, 16, elem_t, wm::row_major> wm_frag_a;      // Q, P
+typedef wm::fragment<wm::matrix_b, 16, 16, 16, elem_t, wm::col_major> wm_frag_kt;     // K^T
+typedef wm::fragment<wm::matrix_b, 16, 16, 16, elem_t, wm::row_major> wm_frag_v;      // V
+typedef wm::fragment<wm::accumulator, 16, 16, 16, float> wm_frag_acc;                 // S, O, F
+
+// Two fp32 values rounded to one packed elem2_t, as its 32 bits.
+__device__ __forceinline__ unsigned wm_pack2(float a, float b) {
+    elem2_t h = from_f32x2(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one (query tile, b * H + h) per CTA.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
+    static_assert(D % 16 == 0, "D must be a multiple of 16");
+    constexpr int CH = D / 8;                  // 16-byte chunks per Q / K / V row
+    constexpr int QK_LD = D + 8;               // elem_t per Q / K / V shared row
+    constexpr int S_LD = BLOCK_N + 4;          // fp32 per S shared row
+    constexpr int P_LD = BLOCK_N + 8;          // elem_t per P shared row
+    constexpr int F_LD = 16;                   // fp32 per factor row
+    constexpr int ST_LD = 20;                  // fp32 per row of a warp's epilogue staging block
+    constexpr int RB = BLOCK_M / 16;           // row blocks
+    constexpr int NB = BLOCK_N / 16;           // key blocks per tile
+    constexpr int CB = D / 16;                 // column blocks of O (and k-steps of Q K^T)
+    constexpr int WPR = NUM_WARPS / RB;        // warps per O row block
+    constexpr int CPW = CB / WPR;              // O fragments per warp
+    constexpr int TPR = WM_THREADS / BLOCK_M;  // softmax lanes per row
+    constexpr int CPT = BLOCK_N / TPR;         // softmax columns per lane
+    constexpr int FPT = F_LD / TPR;            // factor copies written per lane
+
+    constexpr int OFF_K = BLOCK_M * QK_LD * 2;
+    constexpr int OFF_V = OFF_K + BLOCK_N * QK_LD * 2;
+    constexpr int OFF_S = OFF_V + BLOCK_N * QK_LD * 2;
+    constexpr int OFF_P = OFF_S + BLOCK_M * S_LD * 4;
+    constexpr int OFF_F = OFF_P + BLOCK_M * P_LD * 2;
+    constexpr int SMEM_BYTES = OFF_F + BLOCK_M * F_LD * 4;  // == the spec's smem formula
+
+    constexpr int Q_ITERS = BLOCK_M * CH / WM_THREADS;
+    constexpr int KV_ITERS = BLOCK_N * CH / WM_THREADS;
+
+    static_assert(sizeof(elem_t) == 2, "elem_t is a 16-bit type (ELEM_BYTES = 2)");
+    static_assert(WPR >= 1 && CB % WPR == 0, "O column blocks must split evenly over a row block's warps");
+    static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "softmax lanes per row: a power of two <= 32");
+    static_assert(BLOCK_N % TPR == 0 && F_LD % TPR == 0, "softmax columns must split evenly over a row's lanes");
+    static_assert(BLOCK_M * CH % WM_THREADS == 0 && Q_ITERS >= 1, "Q chunks must split evenly over the threads");
+    static_assert(BLOCK_N * CH % WM_THREADS == 0 && KV_ITERS >= 1, "K/V chunks must split evenly over the threads");
+    static_assert(QK_LD % 8 == 0 && P_LD % 8 == 0 && S_LD % 4 == 0 && ST_LD % 4 == 0 && F_LD % 4 == 0,
+                  "WMMA ldm: a multiple of 8 halves / 4 floats");
+    static_assert(OFF_K % 32 == 0 && OFF_V % 32 == 0 && OFF_S % 32 == 0 && OFF_P % 32 == 0 && OFF_F % 32 == 0,
+                  "every region starts 32-byte aligned (WMMA pointers)");
+    static_assert(NUM_WARPS * 16 * ST_LD * 4 <= OFF_F, "epilogue staging must not overlap the factor tile");
+    static_assert((16 * ST_LD * 4) % 32 == 0, "staging blocks 32-byte aligned");
+    (void)SMEM_BYTES;
+    (void)batch;
+    (void)heads;
+    (void)n_splits;
+    (void)o_partial;
+    (void)lse_partial;
+
+    extern __shared__ __align__(128) unsigned char wm_smem[];
+    elem_t* q_s = reinterpret_cast<elem_t*>(wm_smem);
+    elem_t* k_s = reinterpret_cast<elem_t*>(wm_smem + OFF_K);
+    elem_t* v_s = reinterpret_cast<elem_t*>(wm_smem + OFF_V);
+    float* s_s = reinterpret_cast<float*>(wm_smem + OFF_S);
+    elem_t* p_s = reinterpret_cast<elem_t*>(wm_smem + OFF_P);
+    float* f_s = reinterpret_cast<float*>(wm_smem + OFF_F);
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+
+    // Causal: the heaviest query tiles (last rows) first.
+    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = m_block * BLOCK_M;
+    const size_t head_off = (size_t)blockIdx.y * seq_len * D;
+    const elem_t* qh = q + head_off;
+    const elem_t* kh = k + head_off;
+    const elem_t* vh = v + head_off;
+
+    int n_tiles = (seq_len + BLOCK_N - 1) / BLOCK_N;
+    if (causal) n_tiles = min(n_tiles, (min(seq_len, m0 + BLOCK_M) + BLOCK_N - 1) / BLOCK_N);
+
+    // --- Q tile, rows >= S zero-filled (visible after the loop's first barrier) ---
+#pragma unroll
+    for (int i = 0; i < Q_ITERS; ++i) {
+        const int c = tid + i * WM_THREADS;
+        const int r = c / CH, ch = c % CH;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (m0 + r < seq_len) val = *reinterpret_cast<const uint4*>(qh + (size_t)(m0 + r) * D + ch * 8);
+        *reinterpret_cast<uint4*>(q_s + r * QK_LD + ch * 8) = val;
+    }
+
+    // Softmax ownership: lanes part = 0 .. TPR - 1 of row srow (consecutive lanes
+    // of one warp, so the row reductions are xor shuffles within the warp).
+    const int srow = tid / TPR;
+    const int spart = tid % TPR;
+    const int grow = m0 + srow;  // global query row
+    const float sl2 = softmax_scale * OPTD_LOG2E;
+    float m_run = OPTD_NEG_INF;  // running row max, log2 domain
+    float l_run = 0.f;           // this lane's share of the row sum
+
+    // O ownership: row block prb, column blocks pcb0 .. pcb0 + CPW - 1.
+    const int prb = warp / WPR;
+    const int pcb0 = (warp % WPR) * CPW;
+    const int prow0 = m0 + prb * 16;
+    wm_frag_acc o_acc[CPW];
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) wm::fill_fragment(o_acc[i], 0.f);
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const int kv0 = t * BLOCK_N;
+
+        // 1. K, V tiles (keys >= S zero-filled).
+        __syncthreads();  // the previous tile's K, V, S, P, F are no longer read
+#pragma unroll
+        for (int i = 0; i < KV_ITERS; ++i) {
+            const int c = tid + i * WM_THREADS;
+            const int r = c / CH, ch = c % CH;
+            uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
+            if (kv0 + r < seq_len) {
+                const size_t off = (size_t)(kv0 + r) * D + ch * 8;
+                kraw = *reinterpret_cast<const uint4*>(kh + off);
+                vraw = *reinterpret_cast<const uint4*>(vh + off);
+            }
+            *reinterpret_cast<uint4*>(k_s + r * QK_LD + ch * 8) = kraw;
+            *reinterpret_cast<uint4*>(v_s + r * QK_LD + ch * 8) = vraw;
+        }
+        __syncthreads();  // K, V (and Q on the first tile) are visible
+
+        // 2. S = Q K^T, fragment (rb, nb) by warp (rb * NB + nb) % NUM_WARPS.
+        for (int f = warp; f < RB * NB; f += NUM_WARPS) {
+            const int rb = f / NB, nb = f % NB;
+            const int r0 = m0 + rb * 16, k0 = kv0 + nb * 16;
+            // Warp-uniform: wholly masked fragments are not computed (nor read unmasked).
+            if (r0 >= seq_len || k0 >= seq_len || (causal && k0 > r0 + 15)) continue;
+            wm_frag_acc s_acc;
+            wm::fill_fragment(s_acc, 0.f);
+#pragma unroll
+            for (int kk = 0; kk < CB; ++kk) {
+                wm_frag_a qa;
+                wm_frag_kt kb;
+                wm::load_matrix_sync(qa, q_s + rb * 16 * QK_LD + kk * 16, QK_LD);
+                wm::load_matrix_sync(kb, k_s + nb * 16 * QK_LD + kk * 16, QK_LD);
+                wm::mma_sync(s_acc, qa, kb, s_acc);
+            }
+            wm::store_matrix_sync(s_s + rb * 16 * S_LD + nb * 16, s_acc, S_LD, wm::mem_row_major);
+        }
+        __syncthreads();  // S is visible
+
+        // 3. Online softmax of row srow over columns spart + TPR * j.
+        {
+            float x[CPT];
+            float mx = m_run;
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                const int c = spart + TPR * j;
+                const int key = kv0 + c;
+                const bool valid = grow < seq_len && key < seq_len && (!causal || key <= grow);
+                // A select, not arithmetic on the masked value: skipped fragments hold stale data.
+                x[j] = valid ? s_s[srow * S_LD + c] * sl2 : OPTD_NEG_INF;
+                mx = fmaxf(mx, x[j]);
+            }
+#pragma unroll
+            for (int off = TPR / 2; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            // A row with nothing unmasked yet keeps m = -inf; subtract 0 instead so
+            // that p and corr come out 0 rather than NaN (-inf - -inf).
+            const float m_use = (mx == OPTD_NEG_INF) ? 0.f : mx;
+            const float corr = exp2f(m_run - m_use);
+            m_run = mx;
+            float ls = 0.f;
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                const float p = exp2f(x[j] - m_use);
+                ls += p;
+                p_s[srow * P_LD + spart + TPR * j] = from_f32(p);
+            }
+            l_run = l_run * corr + ls;
+#pragma unroll
+            for (int e = 0; e < FPT; ++e) f_s[srow * F_LD + spart * FPT + e] = corr;
+        }
+        __syncthreads();  // P and F are visible
+
+        // 4. O = corr * O + P V for this warp's fragments.
+        if (prow0 < seq_len) {  // warp-uniform
+            wm_frag_acc fc;
+            wm::load_matrix_sync(fc, f_s + prb * 16 * F_LD, F_LD, wm::mem_row_major);
+#pragma unroll
+            for (int i = 0; i < CPW; ++i) {
+#pragma unroll
+                for (int e = 0; e < fc.num_elements; ++e) o_acc[i].x[e] *= fc.x[e];
+            }
+#pragma unroll
+            for (int kk = 0; kk < NB; ++kk) {
+                const int k0 = kv0 + kk * 16;
+                // P is 0 from here on: keys >= S, or (causal) above every row of the block.
+                if (k0 >= seq_len || (causal && k0 > prow0 + 15)) break;
+                wm_frag_a pa;
+                wm::load_matrix_sync(pa, p_s + prb * 16 * P_LD + kk * 16, P_LD);
+#pragma unroll
+                for (int i = 0; i < CPW; ++i) {
+                    wm_frag_v vb;
+                    wm::load_matrix_sync(vb, v_s + kk * 16 * QK_LD + (pcb0 + i) * 16, QK_LD);
+                    wm::mma_sync(o_acc[i], pa, vb, o_acc[i]);
+                }
+            }
+        }
+    }
+
+    // --- Epilogue: F = 1 / l, O *= F, then staged 16-byte stores of rows < S ---
+    __syncthreads();  // the last tile's F, P, V are no longer read
+    {
+        float l = l_run;
+#pragma unroll
+        for (int off = TPR / 2; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: row >= S (nothing unmasked)
+#pragma unroll
+        for (int e = 0; e < FPT; ++e) f_s[srow * F_LD + spart * FPT + e] = inv_l;
+    }
+    __syncthreads();  // F is visible; Q, K, V, S, P are free for staging
+
+    if (prow0 >= seq_len) return;  // warp-uniform; the wrapper counts the CTA
+    wm_frag_acc fc;
+    wm::load_matrix_sync(fc, f_s + prb * 16 * F_LD, F_LD, wm::mem_row_major);
+    float* st = reinterpret_cast<float*>(wm_smem) + warp * 16 * ST_LD;  // this warp's staging block
+    const int r = lane >> 1, hc = (lane & 1) * 8;  // lane's row and column half in a fragment
+    const int row = prow0 + r;
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) {
+#pragma unroll
+        for (int e = 0; e < fc.num_elements; ++e) o_acc[i].x[e] *= fc.x[e];
+        wm::store_matrix_sync(st, o_acc[i], ST_LD, wm::mem_row_major);
+        __syncwarp();
+        if (row < seq_len) {
+            const float4 a = *reinterpret_cast<const float4*>(st + r * ST_LD + hc);
+            const float4 b = *reinterpret_cast<const float4*>(st + r * ST_LD + hc + 4);
+            *reinterpret_cast<uint4*>(o + head_off + (size_t)row * D + (pcb0 + i) * 16 + hc) =
+                make_uint4(wm_pack2(a.x, a.y), wm_pack2(a.z, a.w), wm_pack2(b.x, b.y), wm_pack2(b.z, b.w));
+        }
+        __syncwarp();  // the block is read before the next fragment overwrites it
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
+    wmma_fwd<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
+    wmma_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
