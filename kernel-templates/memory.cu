@@ -1,0 +1,570 @@
+/******************************************************************************
+ * memory: the kv-split kernel on the CUDA cores, with its data movement
+ * tuned: 16-byte vectorized loads, a cp.async K/V ring, a swizzled K tile.
+ *
+ * The computation is kv-split's (kv_split.cu), unchanged, so that this
+ * template measures what the memory techniques buy and nothing else:
+ *
+ *   - one CTA per (query block of BLOCK_M rows, b * H + h, KV split z);
+ *     NUM_WARPS warps, each owning R = BLOCK_M / NUM_WARPS consecutive rows;
+ *   - keys in tiles of 32, split z covering tiles [z * tps, (z + 1) * tps)
+ *     with tps = cdiv(cdiv(S, 32), n_splits);
+ *   - Q staged once per CTA in shared memory as fp32, pre-multiplied by
+ *     softmax_scale * log2(e) so that scores are in the log2 domain and the
+ *     softmax uses exp2f;
+ *   - scores lane-per-key: lane j computes q_r . k_j for the warp's R rows,
+ *     q read as fp32 broadcasts, k_j as 16-byte chunks of the K tile;
+ *   - masking (key >= S, row >= S, causal key > row), one warp-shuffle row
+ *     max per row per tile, p = exp2(s - m), the accumulator rescaled once
+ *     per tile, a per-lane partial row sum reduced once at the end;
+ *   - O += P V with lane l owning dims 2l + 64i, 2l + 64i + 1 (D / 32 dims),
+ *     p_j broadcast from lane j by __shfl_sync;
+ *   - n_splits > 1: each split writes its normalized O_z and natural-log LSE
+ *     to the fp32 partial buffers, and the combine kernel merges them:
+ *       lse = log(sum_z exp(lse_z)),   O = sum_z exp(lse_z - lse) * O_z
+ *     (o_partial[z][b][h][s][:], lse_partial[z][b][h][s]; a split with no
+ *     unmasked key for a row writes lse = -inf, O = 0, and gets weight 0).
+ *     With n_splits == 1 the forward kernel writes O and combine is skipped.
+ * Causal: key tiles wholly above the CTA's last row are not loaded, a warp
+ * skips the math (never the barriers) of tiles wholly above its own rows, and
+ * the diagonal tile is masked per element.
+ *
+ * What this template changes, each behind a knob:
+ *
+ * VEC_LOADS  1: global loads of Q (and of K, V when CP_ASYNC = 0) are 16-byte
+ *            uint4 loads, 8 elements per thread per load, consecutive threads
+ *            on consecutive 16-byte chunks of a row (a warp reads 512
+ *            contiguous bytes); the K/V loads of a tile are all issued before
+ *            the first shared-memory store.
+ *            0: one 2-byte element per thread per load (a warp reads 64
+ *            contiguous bytes), the naive form.
+ *            With CP_ASYNC = 1 the K/V copies are 16-byte cp.async whatever
+ *            VEC_LOADS says; only the Q load then depends on it.
+ * CP_ASYNC   1: K and V tiles go global -> shared with cp.async.cg 16-byte
+ *            copies into a ring of STAGES tiles. The prologue puts tiles
+ *            0 .. STAGES - 2 of the split in flight (one commit group each),
+ *            then Q is loaded (its global loads overlap those copies). Tile i
+ *            of the loop: cp.async.wait_group(STAGES - 2) (tile i has landed,
+ *            for this thread's copies), __syncthreads (for everyone's; and
+ *            nobody still reads slot (i - 1) % STAGES), issue tile
+ *            i + STAGES - 1 into that slot, commit (an empty group past the
+ *            end keeps the count uniform), compute on slot i % STAGES. One
+ *            barrier per tile; the copies of the next STAGES - 1 tiles run
+ *            under this tile's math. Keys >= S are zero-filled by the
+ *            src-size-0 form of cp.async (nothing is read) and masked.
+ *            0: synchronous loads into a single K/V buffer, two barriers per
+ *            tile (as kv-split); STAGES is then unused.
+ * STAGES     ring depth with CP_ASYNC = 1: 2 (double) or 3 (triple buffering).
+ * SWIZZLE    1: 16-byte chunk c of key j of the K tile is stored at chunk
+ *            c ^ (j % 8) of row j (rows of 2 * D bytes). In the score loop
+ *            the lanes of a quarter warp (8 consecutive keys, one LDS.128
+ *            phase) read the same logical chunk, which lands in 8 distinct
+ *            16-byte bank groups.
+ *            0: K rows padded to 2 * D + 16 bytes, which spreads the same
+ *            reads over the bank groups by the row stride instead.
+ *            V needs neither: in P V the lanes read consecutive 4-byte words
+ *            of one row, so the V tile is plain row-major, 2 * D bytes a row.
+ * Always on: exp2f on log2-domain scores, warp-shuffle max / sum reductions.
+ *
+ * Knobs:   BLOCK_M     query rows per CTA                      16, 32, 64
+ *          NUM_WARPS   warps per CTA (R = BLOCK_M / NUM_WARPS)  4, 8
+ *          MAX_SPLITS  cap on n_splits (launch formulas only)   1, 4, 8, 16
+ *          VEC_LOADS   16-byte global loads / 2-byte loads       1, 0
+ *          CP_ASYNC    cp.async ring / synchronous loads         1, 0
+ *          STAGES      ring depth (CP_ASYNC = 1 only)            2, 3
+ *          SWIZZLE     XOR-swizzled K tile / padded K rows       1, 0
+ * Shared (dynamic, bytes), with ring = CP_ASYNC ? STAGES : 1:
+ *          4 * BLOCK_M * D                          Q, fp32
+ *        + ring * 32 * (2 * D + 16 * (1 - SWIZZLE)) K tiles
+ *        + ring * 32 * 2 * D                        V tiles
+ *          from 12 KiB (BLOCK_M 16, D 64, one buffer, swizzled) to 81.5 KiB
+ *          (BLOCK_M 64, D 128, 3 stages, padded): every combination fits
+ *          the 99 KiB opt-in of sm_86 / sm_89 (the worker opts in above
+ *          48 KiB).
+ * CTAs:    fwd      cdiv(S, BLOCK_M) x (B * H) x n_splits, NUM_WARPS * 32
+ *                   threads (B * H <= 65535)
+ *          combine  cdiv(B * H * S, 4) x 1 x 1, 128 threads (one warp per
+ *                   output row), only when n_splits > 1
+ * n_splits: as kv-split: 1 when B * H * cdiv(S, BLOCK_M) already fills 80%
+ *          of the SMs, else min(MAX_SPLITS, cdiv(SMS, that), cdiv(S, 32)),
+ *          then lowered to the smallest count with the same tiles per split,
+ *          so that without causal masking no split is left without a tile.
+ * Registers: R * (D / 32 + 3) fp32 per thread plus a K chunk and addressing;
+ *          __launch_bounds__(threads, 1), as kv-split, so that ptxas keeps
+ *          the accumulators of BLOCK_M 64 / 4 warps in registers.
+ ******************************************************************************/
+
+/* optimizerd:spec
+[template]
+name = "memory"
+description = "kv-split on the CUDA cores with its data movement tuned: 16-byte vectorized loads, cp.async K/V ring (2-3 stages), XOR-swizzled or padded K tile"
+min_cc = 80
+
+[knobs]
+BLOCK_M = [16, 32, 64]
+NUM_WARPS = [4, 8]
+MAX_SPLITS = [1, 4, 8, 16]
+VEC_LOADS = [1, 0]
+CP_ASYNC = [1, 0]
+STAGES = [2, 3]
+SWIZZLE = [1, 0]
+
+[derived]
+m_blocks = "cdiv(S, BLOCK_M)"
+kv_tiles = "cdiv(S, 32)"
+base_ctas = "B * H * m_blocks"
+want_splits = "1 if 5 * base_ctas >= 4 * SMS else max(1, min(MAX_SPLITS, cdiv(SMS, base_ctas), kv_tiles))"
+tiles_per_split = "cdiv(kv_tiles, want_splits)"
+splits = "cdiv(kv_tiles, tiles_per_split)"
+ring = "1 + (STAGES - 1) * CP_ASYNC"
+k_row_bytes = "ELEM_BYTES * D + 16 * (1 - SWIZZLE)"
+smem_bytes = "4 * BLOCK_M * D + ring * 32 * (k_row_bytes + ELEM_BYTES * D)"
+
+[[launch]]
+kernel = "fwd"
+grid = ["m_blocks", "B * H", "splits"]
+block = ["NUM_WARPS * 32", "1", "1"]
+smem = "smem_bytes"
+
+[[launch]]
+kernel = "combine"
+when = "splits > 1"
+grid = ["cdiv(B * H * S, 4)", "1", "1"]
+block = ["128", "1", "1"]
+smem = "0"
+*/
+
+#include "common/optd.cuh"
+
+#ifndef BLOCK_M
+#error "BLOCK_M must be defined"
+#endif
+#ifndef NUM_WARPS
+#error "NUM_WARPS must be defined"
+#endif
+#ifndef VEC_LOADS
+#error "VEC_LOADS must be defined"
+#endif
+#ifndef CP_ASYNC
+#error "CP_ASYNC must be defined"
+#endif
+#ifndef STAGES
+#error "STAGES must be defined"
+#endif
+#ifndef SWIZZLE
+#error "SWIZZLE must be defined"
+#endif
+#if BLOCK_M % NUM_WARPS != 0 || BLOCK_M < NUM_WARPS
+#error "BLOCK_M must be a positive multiple of NUM_WARPS"
+#endif
+#if NUM_WARPS < 1 || NUM_WARPS > 8
+#error "NUM_WARPS must be in 1..8 (K/V tile chunks must split evenly over the threads)"
+#endif
+#if (VEC_LOADS != 0 && VEC_LOADS != 1) || (CP_ASYNC != 0 && CP_ASYNC != 1) || (SWIZZLE != 0 && SWIZZLE != 1)
+#error "VEC_LOADS, CP_ASYNC and SWIZZLE are 0 or 1"
+#endif
+#if STAGES < 2
+#error "STAGES must be at least 2"
+#endif
+
+#define KV_TILE 32                         // keys per tile: one per lane
+#define FWD_THREADS (NUM_WARPS * 32)
+#define ROWS_PER_WARP (BLOCK_M / NUM_WARPS)
+#define RING (CP_ASYNC ? STAGES : 1)       // K/V tiles resident in shared memory
+#define COMBINE_ROWS 4                     // rows (warps) per combine CTA; the spec says 128 threads
+
+// ---------------------------------------------------------------------------
+// cp.async (sm_80+).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy, L2 only (.cg); src_bytes = 0 reads nothing and zero-fills.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Shared-memory layout (bytes from the dynamic base, all multiples of 16):
+//   [0, Q_BYTES)                         Q, fp32, BLOCK_M x D, row-major
+//   [K_BASE, K_BASE + RING * K_TILE)     K tiles, 32 rows of K_ROW bytes
+//   [V_BASE, V_BASE + RING * V_TILE)     V tiles, 32 rows of 2 * D bytes
+// ---------------------------------------------------------------------------
+template <int D>
+struct Layout {
+    static constexpr int CHUNKS = D / 8;                          // 16-byte chunks per K/V row
+    static constexpr int K_ROW = 2 * D + (SWIZZLE ? 0 : 16);      // bytes per K row
+    static constexpr int V_ROW = 2 * D;                           // bytes per V row
+    static constexpr int K_TILE = KV_TILE * K_ROW;
+    static constexpr int V_TILE = KV_TILE * V_ROW;
+    static constexpr int Q_BYTES = 4 * BLOCK_M * D;
+    static constexpr int K_BASE = Q_BYTES;
+    static constexpr int V_BASE = K_BASE + RING * K_TILE;
+    static constexpr int TOTAL = V_BASE + RING * V_TILE;          // == the spec's smem_bytes
+};
+
+// Byte offset of 16-byte chunk c of key j within a K tile.
+template <int D>
+__device__ __forceinline__ int k_off(int j, int c) {
+    return j * Layout<D>::K_ROW + ((SWIZZLE ? (c ^ (j & 7)) : c) << 4);
+}
+
+// ---------------------------------------------------------------------------
+// K/V tile loads: keys kv0 .. kv0 + 31 into K tile ks and V tile vs (byte
+// pointers into shared memory); keys >= S are zero-filled so that 0 * V is 0.
+// ---------------------------------------------------------------------------
+#if CP_ASYNC
+template <int D>
+__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
+                                             const elem_t* vh, int kv0, int seq_len, int tid) {
+    constexpr int CH = Layout<D>::CHUNKS;
+    constexpr int ITERS = KV_TILE * CH / FWD_THREADS;
+    static_assert(KV_TILE * CH % FWD_THREADS == 0 && ITERS >= 1, "K/V chunks must split evenly over the threads");
+    const unsigned ks32 = smem_u32(ks), vs32 = smem_u32(vs);
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int c = tid + i * FWD_THREADS;
+        const int j = c / CH, cc = c % CH;
+        const bool ok = kv0 + j < seq_len;
+        // An out-of-range key copies 0 bytes from a valid address (the head's first row).
+        const size_t src = ok ? (size_t)(kv0 + j) * D + cc * 8 : 0;
+        cp_async16(ks32 + k_off<D>(j, cc), kh + src, ok);
+        cp_async16(vs32 + j * Layout<D>::V_ROW + cc * 16, vh + src, ok);
+    }
+}
+#elif VEC_LOADS
+template <int D>
+__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
+                                             const elem_t* vh, int kv0, int seq_len, int tid) {
+    constexpr int CH = Layout<D>::CHUNKS;
+    constexpr int ITERS = KV_TILE * CH / FWD_THREADS;
+    static_assert(KV_TILE * CH % FWD_THREADS == 0 && ITERS >= 1, "K/V chunks must split evenly over the threads");
+    uint4 kr[ITERS], vr[ITERS];
+    // All global loads first, then the shared stores: ITERS * 2 loads in flight.
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int c = tid + i * FWD_THREADS;
+        const int j = c / CH, cc = c % CH;
+        kr[i] = make_uint4(0u, 0u, 0u, 0u);
+        vr[i] = kr[i];
+        if (kv0 + j < seq_len) {
+            const size_t off = (size_t)(kv0 + j) * D + cc * 8;
+            kr[i] = *reinterpret_cast<const uint4*>(kh + off);
+            vr[i] = *reinterpret_cast<const uint4*>(vh + off);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ITERS; ++i) {
+        const int c = tid + i * FWD_THREADS;
+        const int j = c / CH, cc = c % CH;
+        *reinterpret_cast<uint4*>(ks + k_off<D>(j, cc)) = kr[i];
+        *reinterpret_cast<uint4*>(vs + j * Layout<D>::V_ROW + cc * 16) = vr[i];
+    }
+}
+#else
+template <int D>
+__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
+                                             const elem_t* vh, int kv0, int seq_len, int tid) {
+    constexpr int ITERS = KV_TILE * D / FWD_THREADS;
+    static_assert(KV_TILE * D % FWD_THREADS == 0, "K/V elements must split evenly over the threads");
+    const unsigned short* k16 = reinterpret_cast<const unsigned short*>(kh);
+    const unsigned short* v16 = reinterpret_cast<const unsigned short*>(vh);
+#pragma unroll 8
+    for (int i = 0; i < ITERS; ++i) {
+        const int e = tid + i * FWD_THREADS;
+        const int j = e / D, d = e % D;
+        unsigned short kx = 0, vx = 0;
+        if (kv0 + j < seq_len) {
+            const size_t off = (size_t)(kv0 + j) * D + d;
+            kx = k16[off];
+            vx = v16[off];
+        }
+        *reinterpret_cast<unsigned short*>(ks + k_off<D>(j, d >> 3) + 2 * (d & 7)) = kx;
+        *reinterpret_cast<unsigned short*>(vs + j * Layout<D>::V_ROW + 2 * d) = vx;
+    }
+}
+#endif
+
+// Q rows m0 .. m0 + BLOCK_M - 1 -> fp32, times scale_log2; rows >= S are zero.
+template <int D>
+__device__ __forceinline__ void load_q(float* q_s, const elem_t* qh, int m0, int seq_len, float scale_log2,
+                                       int tid) {
+#if VEC_LOADS
+    constexpr int CH = D / 8;
+    for (int c = tid; c < BLOCK_M * CH; c += FWD_THREADS) {
+        const int r = c / CH, cc = c % CH;
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (m0 + r < seq_len) unpack8(*reinterpret_cast<const uint4*>(qh + (size_t)(m0 + r) * D + cc * 8), f);
+        float4* dst = reinterpret_cast<float4*>(&q_s[r * D + cc * 8]);
+        dst[0] = make_float4(f[0] * scale_log2, f[1] * scale_log2, f[2] * scale_log2, f[3] * scale_log2);
+        dst[1] = make_float4(f[4] * scale_log2, f[5] * scale_log2, f[6] * scale_log2, f[7] * scale_log2);
+    }
+#else
+#pragma unroll 4
+    for (int e = tid; e < BLOCK_M * D; e += FWD_THREADS) {
+        const int r = e / D, d = e % D;
+        q_s[e] = m0 + r < seq_len ? to_f32(qh[(size_t)(m0 + r) * D + d]) * scale_log2 : 0.f;
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one (query block, head, split) per CTA.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
+    using L = Layout<D>;
+    static_assert(D % 64 == 0, "lanes own pairs of dims, 64 dims per step");
+    static_assert(sizeof(elem_t) == 2, "16-bit elements");
+    static_assert(!SWIZZLE || L::CHUNKS >= 8, "the K swizzle permutes 8 chunks");
+    constexpr int R = ROWS_PER_WARP;
+    constexpr int CHUNKS = L::CHUNKS;  // 16-byte chunks per row of K, V (8 or 16)
+    constexpr int DP = D / 64;         // dim pairs per lane
+
+    extern __shared__ __align__(16) unsigned char mem_smem[];
+    float* q_s = reinterpret_cast<float*>(mem_smem);
+    unsigned char* k_s = mem_smem + L::K_BASE;
+    unsigned char* v_s = mem_smem + L::V_BASE;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int bh = blockIdx.y;  // b * H + h
+    const int split = blockIdx.z;
+    const int m0 = blockIdx.x * BLOCK_M;
+    const int row0 = m0 + warp * R;  // this warp's first row
+    const size_t head_off = (size_t)bh * seq_len * D;
+    const elem_t* kh = k + head_off;
+    const elem_t* vh = v + head_off;
+
+    // This split's key tiles; under causal masking none past the block's last row.
+    const int n_tiles = (seq_len + KV_TILE - 1) / KV_TILE;
+    const int tps = (n_tiles + n_splits - 1) / n_splits;
+    const int t_begin = split * tps;
+    int t_end = min(n_tiles, t_begin + tps);
+    if (causal) t_end = min(t_end, (min(seq_len, m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
+    const int n_local = t_end - t_begin;  // may be <= 0: nothing to do but write the empty result
+
+#if CP_ASYNC
+    // Prologue: the split's first STAGES - 1 tiles in flight, one group each.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_local)
+            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, (t_begin + s) * KV_TILE, seq_len, tid);
+        cp_async_commit();
+    }
+#endif
+    // Q, once per CTA, while those copies are in flight; published by the loop's first barrier.
+    if (n_local > 0) load_q<D>(q_s, q + head_off, m0, seq_len, softmax_scale * OPTD_LOG2E, tid);
+
+    float m_r[R], l_r[R], acc[R][2 * DP];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        m_r[r] = OPTD_NEG_INF;
+        l_r[r] = 0.f;  // this lane's share of the row sum
+#pragma unroll
+        for (int e = 0; e < 2 * DP; ++e) acc[r][e] = 0.f;
+    }
+
+    // This lane's key row in a K tile: chunk cc at k_lane ^ (cc << 4) when swizzled
+    // (K_ROW is a multiple of 128, so row * K_ROW has no bits in 4..6 and the XOR
+    // of (lane & 7) << 4 with cc << 4 is the chunk swizzle), k_lane + (cc << 4) when padded.
+    const int k_lane = k_off<D>(lane, 0);
+
+    for (int i = 0; i < n_local; ++i) {
+        const int t = t_begin + i;
+        const int kv0 = t * KV_TILE;
+#if CP_ASYNC
+        cp_async_wait<STAGES - 2>();  // tile i has landed (this thread's copies)
+        __syncthreads();              // ... everyone's; slot (i - 1) % STAGES is free
+        if (i + STAGES - 1 < n_local) {
+            const int s = (i + STAGES - 1) % STAGES;
+            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, kv0 + (STAGES - 1) * KV_TILE,
+                            seq_len, tid);
+        }
+        cp_async_commit();
+        const int slot = i % STAGES;
+#else
+        __syncthreads();  // the previous tile is no longer being read
+        load_kv_tile<D>(k_s, v_s, kh, vh, kv0, seq_len, tid);
+        __syncthreads();  // K, V (and Q on the first tile) are visible
+        const int slot = 0;
+#endif
+        const unsigned char* kt = k_s + slot * L::K_TILE;
+        const unsigned char* vt = v_s + slot * L::V_TILE;
+
+        // Warp-uniform skip: all rows past S, or (causal) the tile lies above them.
+        if (row0 >= seq_len || (causal && kv0 > row0 + R - 1)) continue;
+
+        // Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
+        float s[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] = 0.f;
+#pragma unroll
+        for (int cc = 0; cc < CHUNKS; ++cc) {
+            float kf[8];
+            const int koff = SWIZZLE ? (k_lane ^ (cc << 4)) : (k_lane + (cc << 4));
+            unpack8(*reinterpret_cast<const uint4*>(kt + koff), kf);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                // Same address in every lane: a broadcast, no bank conflict.
+                const float4* qp = reinterpret_cast<const float4*>(&q_s[(warp * R + r) * D + cc * 8]);
+                const float4 a = qp[0], b = qp[1];
+                float x = s[r];
+                x = fmaf(a.x, kf[0], x); x = fmaf(a.y, kf[1], x);
+                x = fmaf(a.z, kf[2], x); x = fmaf(a.w, kf[3], x);
+                x = fmaf(b.x, kf[4], x); x = fmaf(b.y, kf[5], x);
+                x = fmaf(b.z, kf[6], x); x = fmaf(b.w, kf[7], x);
+                s[r] = x;
+            }
+        }
+
+        // Mask, then online softmax with one max reduction per row per tile.
+        const int key = kv0 + lane;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = row0 + r;
+            const bool valid = key < seq_len && row < seq_len && (!causal || key <= row);
+            const float sr = valid ? s[r] : OPTD_NEG_INF;
+            const float m_new = fmaxf(m_r[r], warp_max(sr));
+            // A row with nothing unmasked yet keeps m = -inf; subtract 0 instead so
+            // that p and corr come out 0 rather than NaN (-inf - -inf).
+            const float m_use = (m_new == OPTD_NEG_INF) ? 0.f : m_new;
+            const float corr = exp2f(m_r[r] - m_use);
+            const float p = exp2f(sr - m_use);
+            l_r[r] = l_r[r] * corr + p;
+#pragma unroll
+            for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
+            m_r[r] = m_new;
+            s[r] = p;
+        }
+
+        // O += P V. Keys past S, or (causal) past the warp's last row, have p = 0
+        // for every row of the warp: stop before them.
+        int j_end = min(KV_TILE, seq_len - kv0);
+        if (causal) j_end = min(j_end, row0 + R - kv0);
+        const elem2_t* v2 = reinterpret_cast<const elem2_t*>(vt);
+#pragma unroll 4
+        for (int j = 0; j < j_end; ++j) {
+            float vf[2 * DP];
+#pragma unroll
+            for (int d2 = 0; d2 < DP; ++d2) {
+                const float2 t2 = to_f32x2(v2[j * (D / 2) + lane + 32 * d2]);
+                vf[2 * d2] = t2.x;
+                vf[2 * d2 + 1] = t2.y;
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float p = __shfl_sync(0xffffffffu, s[r], j);
+#pragma unroll
+                for (int e = 0; e < 2 * DP; ++e) acc[r][e] = fmaf(p, vf[e], acc[r][e]);
+            }
+        }
+    }
+#if CP_ASYNC
+    cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
+#endif
+
+    // Epilogue: rows past S write nothing; lane l writes dims 2l + 64i, +1.
+    if (row0 >= seq_len) return;
+    const size_t rows_total = (size_t)batch * heads * seq_len;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = row0 + r;
+        if (row >= seq_len) break;  // warp-uniform
+        const float l = warp_sum(l_r[r]);
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: no unmasked key in this split
+        if (n_splits == 1) {
+            elem2_t* orow = reinterpret_cast<elem2_t*>(o + head_off + (size_t)row * D);
+#pragma unroll
+            for (int d2 = 0; d2 < DP; ++d2)
+                orow[lane + 32 * d2] = from_f32x2(acc[r][2 * d2] * inv_l, acc[r][2 * d2 + 1] * inv_l);
+        } else {
+            const size_t prow = (size_t)split * rows_total + (size_t)bh * seq_len + row;
+            float2* orow = reinterpret_cast<float2*>(o_partial + prow * D);
+#pragma unroll
+            for (int d2 = 0; d2 < DP; ++d2)
+                orow[lane + 32 * d2] = make_float2(acc[r][2 * d2] * inv_l, acc[r][2 * d2 + 1] * inv_l);
+            if (lane == 0) lse_partial[prow] = l > 0.f ? (m_r[r] + log2f(l)) * OPTD_LN2 : OPTD_NEG_INF;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Combine: one warp per output row of [B*H*S], merging n_splits partials
+// (kv-split's combine, same buffers and conventions).
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void memory_combine(OPTD_ARGS) {
+    constexpr int DP = D / 64;
+    const int lane = threadIdx.x & 31;
+    const size_t rows_total = (size_t)batch * heads * seq_len;
+    const size_t row = (size_t)blockIdx.x * COMBINE_ROWS + (threadIdx.x >> 5);
+    if (row >= rows_total) return;
+
+    // Max LSE over splits, lanes reading different splits.
+    float m = OPTD_NEG_INF;
+    for (int z = lane; z < n_splits; z += 32) m = fmaxf(m, lse_partial[(size_t)z * rows_total + row]);
+    m = warp_max(m);
+
+    float2 acc[DP];
+#pragma unroll
+    for (int i = 0; i < DP; ++i) acc[i] = make_float2(0.f, 0.f);
+    float wsum = 0.f;  // this lane's share of sum_z exp(lse_z - m)
+    if (m != OPTD_NEG_INF) {
+        for (int z0 = 0; z0 < n_splits; z0 += 32) {
+            // Lane i holds split z0 + i's weight; an empty split (lse = -inf) gets 0.
+            const int z = z0 + lane;
+            const float w_lane =
+                z < n_splits ? exp2f((lse_partial[(size_t)z * rows_total + row] - m) * OPTD_LOG2E) : 0.f;
+            wsum += w_lane;
+            const int n = min(32, n_splits - z0);
+            for (int j = 0; j < n; ++j) {
+                const float w = __shfl_sync(0xffffffffu, w_lane, j);
+                if (w == 0.f) continue;  // warp-uniform
+                const float2* op =
+                    reinterpret_cast<const float2*>(o_partial + ((size_t)(z0 + j) * rows_total + row) * D);
+#pragma unroll
+                for (int i = 0; i < DP; ++i) {
+                    const float2 x = op[lane + 32 * i];
+                    acc[i].x = fmaf(w, x.x, acc[i].x);
+                    acc[i].y = fmaf(w, x.y, acc[i].y);
+                }
+            }
+        }
+    }
+    wsum = warp_sum(wsum);
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    elem2_t* orow = reinterpret_cast<elem2_t*>(o + row * D);  // row = (b * H + h) * S + s
+#pragma unroll
+    for (int i = 0; i < DP; ++i) orow[lane + 32 * i] = from_f32x2(acc[i].x * inv, acc[i].y * inv);
+}
+
+// minBlocks = 1 leaves ptxas free to keep the R x D/32 accumulators in registers.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
+    memory_fwd<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
+    memory_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
+    memory_combine<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
+    memory_combine<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
