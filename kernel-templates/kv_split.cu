@@ -87,6 +87,7 @@ smem = "0"
 */
 
 #include "common/optd.cuh"
+#include "common/split_combine.cuh"
 
 #ifndef BLOCK_M
 #error "BLOCK_M must be defined"
@@ -101,7 +102,6 @@ smem = "0"
 #define KV_TILE 32                         // keys per tile: one per lane
 #define FWD_THREADS (NUM_WARPS * 32)
 #define ROWS_PER_WARP (BLOCK_M / NUM_WARPS)
-#define COMBINE_ROWS 4                     // rows (warps) per combine CTA; the spec says 128 threads
 
 // ---------------------------------------------------------------------------
 // Forward: one (query block, head, split) per CTA.
@@ -268,55 +268,6 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     }
 }
 
-// ---------------------------------------------------------------------------
-// Combine: one warp per output row of [B*H*S], merging n_splits partials.
-// ---------------------------------------------------------------------------
-template <int D>
-__device__ __forceinline__ void kv_split_combine(OPTD_ARGS) {
-    constexpr int DP = D / 64;
-    const int lane = threadIdx.x & 31;
-    const size_t rows_total = (size_t)batch * heads * seq_len;
-    const size_t row = (size_t)blockIdx.x * COMBINE_ROWS + (threadIdx.x >> 5);
-    if (row >= rows_total) return;
-
-    // Max LSE over splits, lanes reading different splits.
-    float m = OPTD_NEG_INF;
-    for (int z = lane; z < n_splits; z += 32) m = fmaxf(m, lse_partial[(size_t)z * rows_total + row]);
-    m = warp_max(m);
-
-    float2 acc[DP];
-#pragma unroll
-    for (int i = 0; i < DP; ++i) acc[i] = make_float2(0.f, 0.f);
-    float wsum = 0.f;  // this lane's share of sum_z exp(lse_z - m)
-    if (m != OPTD_NEG_INF) {
-        for (int z0 = 0; z0 < n_splits; z0 += 32) {
-            // Lane i holds split z0 + i's weight; an empty split (lse = -inf) gets 0.
-            const int z = z0 + lane;
-            const float w_lane =
-                z < n_splits ? exp2f((lse_partial[(size_t)z * rows_total + row] - m) * OPTD_LOG2E) : 0.f;
-            wsum += w_lane;
-            const int n = min(32, n_splits - z0);
-            for (int j = 0; j < n; ++j) {
-                const float w = __shfl_sync(0xffffffffu, w_lane, j);
-                if (w == 0.f) continue;  // warp-uniform
-                const float2* op =
-                    reinterpret_cast<const float2*>(o_partial + ((size_t)(z0 + j) * rows_total + row) * D);
-#pragma unroll
-                for (int i = 0; i < DP; ++i) {
-                    const float2 x = op[lane + 32 * i];
-                    acc[i].x = fmaf(w, x.x, acc[i].x);
-                    acc[i].y = fmaf(w, x.y, acc[i].y);
-                }
-            }
-        }
-    }
-    wsum = warp_sum(wsum);
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    elem2_t* orow = reinterpret_cast<elem2_t*>(o + row * D);  // row = (b * H + h) * S + s
-#pragma unroll
-    for (int i = 0; i < DP; ++i) orow[lane + 32 * i] = from_f32x2(acc[i].x * inv, acc[i].y * inv);
-}
-
 // minBlocks = 1 leaves ptxas free to keep the R x D/32 accumulators in registers;
 // with the default it caps 256-thread builds at 64 registers and spills.
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
@@ -329,12 +280,12 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d128(OPTD_
     OPTD_CTA_DONE();
 }
 
-extern "C" __global__ void __launch_bounds__(COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
-    kv_split_combine<64>(OPTD_ARG_NAMES);
+extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
+    optd_split_combine<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 
-extern "C" __global__ void __launch_bounds__(COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
-    kv_split_combine<128>(OPTD_ARG_NAMES);
+extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
+    optd_split_combine<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }

@@ -1,15 +1,23 @@
 /******************************************************************************
  * mma-fa2: FlashAttention-2-style forward on the tensor cores (mma.sync).
  *
- * One CTA per (query tile of BLOCK_M = 16 * NUM_WARPS rows, b * H + h); each
- * warp owns 16 consecutive query rows and runs the whole computation for them
- * in registers, so the warps of a CTA only share the K/V tiles (no split of
- * the keys across warps, hence no cross-warp reduction: the FA2 work split).
+ * One CTA per (query tile of BLOCK_M rows, b * H + h). The warps form
+ * NUM_WARPS / KV_WARPS row groups of 16 consecutive query rows
+ * (BLOCK_M = 16 * NUM_WARPS / KV_WARPS); each warp runs the whole computation
+ * for its group's rows in registers.
+ *   KV_WARPS = 1: one warp per row group, the warps only share the K/V tiles
+ *             (FA2's work split: no cross-warp reduction).
+ *   KV_WARPS > 1: the KV_WARPS warps of a row group split the keys (split-KV
+ *             inside the CTA, for short sequences: more CTAs, and each warp
+ *             walks 1 / KV_WARPS of the keys). A CTA key tile is then
+ *             KV_WARPS * BLOCK_N keys, warp ks taking sub-tile ks; at the end
+ *             the warps of a group merge their online softmaxes through shared
+ *             memory (see the epilogue).
  *
  *   prologue  Q tile -> shared (cp.async, 16-byte chunks), the first
  *             STAGES - 1 K/V tiles in flight; each warp then reads its 16 x D
  *             slice of Q once into registers (ldmatrix.x4, A fragments).
- *   per key tile of BLOCK_N keys (t = 0 .. n_tiles - 1):
+ *   per key tile of KV_WARPS * BLOCK_N keys (t = 0 .. n_tiles - 1):
  *     1. wait for tile t (cp.async.wait_group STAGES - 2), __syncthreads, and
  *        issue the load of tile t + STAGES - 1 into the ring slot tile t - 1
  *        used (one barrier per tile; a commit every iteration, empty past
@@ -27,9 +35,15 @@
  *     5. O += P V: the S accumulators, rounded to packed f16x2 / bf16x2, are
  *        directly the A fragments of the second mma (P never leaves the
  *        registers); V's B fragments by ldmatrix.x4.trans.
- *   epilogue  O / l -> the warp's own rows of the Q tile in shared memory
- *             (no barrier: only this warp reads them), then 16-byte coalesced
- *             global stores of the rows < S.
+ *   merge     (KV_WARPS > 1 only) after a barrier the K/V ring is free: each
+ *             warp publishes its row maxima m_w and sums l_w; every warp
+ *             rescales its O by exp2((m_w - m) c) / L with m = max_w m_w and
+ *             L = sum_w l_w exp2((m_w - m) c); warps ks > 0 store their O in
+ *             the ring (fp32, rows padded to D + 8), and warp ks = 0 adds
+ *             them to its own after a second barrier.
+ *   epilogue  O / l (or the merged O) -> the group's rows of the Q tile in
+ *             shared memory (no barrier: only this warp reads them), then
+ *             16-byte coalesced global stores of the rows < S.
  *
  * Shared memory rows are D * 2 bytes (8 or 16 chunks of 16 bytes). SWIZZLE=1
  * stores chunk c of row r at c ^ (r % 8), so the 8 row addresses of every
@@ -44,18 +58,22 @@
  * and CTAs take query tiles in reverse (blockIdx.x = 0 gets the last, the
  * heaviest), so the long CTAs start first and the short ones fill the tail.
  *
- * Knobs:   BLOCK_N    keys per K/V tile                          32, 64
- *          NUM_WARPS  warps per CTA; BLOCK_M = 16 * NUM_WARPS     4, 8
+ * Knobs:   BLOCK_N    keys per warp per K/V tile                 64, 32
+ *          NUM_WARPS  warps per CTA                               4, 8
  *          STAGES     K/V tiles in the cp.async ring              2, 3
  *          SWIZZLE    1: XOR-swizzled rows, 0: padded rows         1, 0
+ *          KV_WARPS   warps sharing a row group, splitting keys   1, 2, 4
  * Shared (dynamic, bytes):
- *          2 * (D + 8 * (1 - SWIZZLE)) * (BLOCK_M + 2 * STAGES * BLOCK_N)
+ *          2 * (D + 8 * (1 - SWIZZLE)) * (BLOCK_M + 2 * STAGES * KV_WARPS * BLOCK_N)
  *          i.e. the Q tile plus STAGES K and V tiles; from 24 KiB (D 64,
- *          BLOCK_N 32, 4 warps, 2 stages) to 136 KiB (D 128, BLOCK_N 64,
- *          8 warps, 3 stages, padded). Combos over the device's opt-in limit
- *          (99 KiB on sm_86/89) are rejected by the gate.
+ *          BLOCK_N 32, 4 warps, 2 stages, KV_WARPS 1) to 417 KiB (D 128,
+ *          BLOCK_N 64, 4 warps, 3 stages, KV_WARPS 4, padded). Combos over
+ *          the device's opt-in limit (227 KiB on sm_90, 99 KiB on sm_86/89)
+ *          are rejected by the gate. The merge of KV_WARPS > 1 reuses the
+ *          ring: (NUM_WARPS - NUM_WARPS / KV_WARPS) * 16 * (D + 8) * 4 bytes,
+ *          always less than the ring (static_assert).
  * CTAs:    cdiv(S, BLOCK_M) x (B * H) x 1, NUM_WARPS * 32 threads
- *          (B * H <= 65535); no KV split, n_splits = 1, single launch.
+ *          (B * H <= 65535); no split across CTAs, n_splits = 1, one launch.
  * Registers: per thread D / 2 (O) + BLOCK_N / 2 (S) + D / 8 (Q fragments)
  *          fp32 / b32 values plus addressing; __launch_bounds__(threads, 1).
  ******************************************************************************/
@@ -71,9 +89,10 @@ BLOCK_N = [64, 32]
 NUM_WARPS = [4, 8]
 STAGES = [2, 3]
 SWIZZLE = [1, 0]
+KV_WARPS = [1, 2, 4]
 
 [derived]
-block_m = "16 * NUM_WARPS"
+block_m = "16 * NUM_WARPS // KV_WARPS"
 m_blocks = "cdiv(S, block_m)"
 row_bytes = "ELEM_BYTES * (D + 8 * (1 - SWIZZLE))"
 splits = "1"
@@ -82,10 +101,11 @@ splits = "1"
 kernel = "fwd"
 grid = ["m_blocks", "B * H", "1"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "row_bytes * (block_m + 2 * STAGES * BLOCK_N)"
+smem = "row_bytes * (block_m + 2 * STAGES * KV_WARPS * BLOCK_N)"
 */
 
 #include "common/optd.cuh"
+#include "common/async_copy.cuh"
 
 #ifndef BLOCK_N
 #error "BLOCK_N must be defined"
@@ -108,29 +128,21 @@ smem = "row_bytes * (block_m + 2 * STAGES * BLOCK_N)"
 #if NUM_WARPS < 1 || NUM_WARPS > 16
 #error "NUM_WARPS must be in 1..16"
 #endif
+#ifndef KV_WARPS
+#error "KV_WARPS must be defined"
+#endif
+#if KV_WARPS < 1 || NUM_WARPS % KV_WARPS != 0
+#error "KV_WARPS must divide NUM_WARPS"
+#endif
 
-#define FA_BLOCK_M (16 * NUM_WARPS)
+#define FA_ROW_GROUPS (NUM_WARPS / KV_WARPS)  // 16-row groups per CTA
+#define FA_BLOCK_M (16 * FA_ROW_GROUPS)
+#define FA_TILE_N (KV_WARPS * BLOCK_N)        // keys per CTA tile (all warps of a group)
 #define FA_THREADS (NUM_WARPS * 32)
 
 // ---------------------------------------------------------------------------
 // PTX wrappers (sm_80+).
 // ---------------------------------------------------------------------------
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; src_bytes = 0 reads nothing and zero-fills the 16 bytes.
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -191,6 +203,92 @@ __device__ __forceinline__ unsigned chunk_pair(unsigned lane_off, int c) {
     return SWIZZLE ? (lane_off ^ (unsigned)(c << 5)) : lane_off + (unsigned)(c << 5);
 }
 
+#if KV_WARPS > 1
+// ---------------------------------------------------------------------------
+// Merge of the KV_WARPS warps of a row group, which saw disjoint key ranges.
+// Their O accumulators are unnormalized sums of exp2((s - m_w) c) v over their
+// own keys, with m_w their own running max (raw scores; c = scale * log2 e):
+//   m = max_w m_w,  f_w = exp2((m_w - m) c),  L = sum_w f_w l_w
+//   O = sum_w f_w O_w / L
+// Every warp scales its own O by f_w / L; warps ks > 0 then hand theirs to
+// warp ks = 0 through the (idle) K/V ring, which adds them up. Rows no warp
+// saw a key for (m = -inf) come out 0; rows >= S are never stored.
+// Shared memory: the maxima and sums in the Q tile ([2][NUM_WARPS][16] floats,
+// the Q fragments are in registers by now), the O rows after the Q tile,
+// (NUM_WARPS - FA_ROW_GROUPS) x 16 x (D + 8) floats (padded against bank
+// conflicts of the float2 stores).
+// On return inv = {1, 1}: the merged O is already normalized.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void kv_warps_merge(float (&acc)[D / 8][4], const float (&m_r)[2], const float (&l_sum)[2],
+                                               float (&inv)[2], float sl2, int warp, int rg, int ks, int g, int tq) {
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
+    constexpr int XO_ROW = D + 8;
+    float* ml = reinterpret_cast<float*>(fa_smem);  // [0]: maxima, [1]: sums; [NUM_WARPS][16] each
+    float* xo = reinterpret_cast<float*>(fa_smem + FA_BLOCK_M * ROW_BYTES);
+
+    __syncthreads();  // every warp is past its last K/V tile and its Q reads
+    if (tq == 0) {
+        ml[warp * 16 + g] = m_r[0];
+        ml[warp * 16 + g + 8] = m_r[1];
+        ml[(NUM_WARPS + warp) * 16 + g] = l_sum[0];
+        ml[(NUM_WARPS + warp) * 16 + g + 8] = l_sum[1];
+    }
+    __syncthreads();
+    float f[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        float m = OPTD_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < KV_WARPS; ++w) m = fmaxf(m, ml[(rg * KV_WARPS + w) * 16 + row]);
+        float total = 0.f;
+        if (m != OPTD_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < KV_WARPS; ++w) {
+                const float mw = ml[(rg * KV_WARPS + w) * 16 + row];
+                if (mw != OPTD_NEG_INF) total += ml[(NUM_WARPS + rg * KV_WARPS + w) * 16 + row] * fast_exp2((mw - m) * sl2);
+            }
+        }
+        const float own = (m_r[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : fast_exp2((m_r[h] - m) * sl2);
+        f[h] = total > 0.f ? own / total : 0.f;
+        inv[h] = 1.f;
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+        acc[j][0] *= f[0];
+        acc[j][1] *= f[0];
+        acc[j][2] *= f[1];
+        acc[j][3] *= f[1];
+    }
+    if (ks != 0) {
+        float* mine = xo + (rg * (KV_WARPS - 1) + ks - 1) * 16 * XO_ROW;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            *reinterpret_cast<float2*>(mine + g * XO_ROW + j * 8 + 2 * tq) = make_float2(acc[j][0], acc[j][1]);
+            *reinterpret_cast<float2*>(mine + (g + 8) * XO_ROW + j * 8 + 2 * tq) = make_float2(acc[j][2], acc[j][3]);
+        }
+    }
+    __syncthreads();
+    if (ks == 0) {
+#pragma unroll
+        for (int w = 1; w < KV_WARPS; ++w) {
+            const float* other = xo + (rg * (KV_WARPS - 1) + w - 1) * 16 * XO_ROW;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                const float2 a = *reinterpret_cast<const float2*>(other + g * XO_ROW + j * 8 + 2 * tq);
+                const float2 b = *reinterpret_cast<const float2*>(other + (g + 8) * XO_ROW + j * 8 + 2 * tq);
+                acc[j][0] += a.x;
+                acc[j][1] += a.y;
+                acc[j][2] += b.x;
+                acc[j][3] += b.y;
+            }
+        }
+    }
+}
+#endif
+
 // ---------------------------------------------------------------------------
 // Forward: one (query tile, b * H + h) per CTA.
 // ---------------------------------------------------------------------------
@@ -200,14 +298,20 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     constexpr int CH = D / 8;              // 16-byte chunks per row
     constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
     constexpr int Q_BYTES = FA_BLOCK_M * ROW_BYTES;
-    constexpr int KV_BYTES = BLOCK_N * ROW_BYTES;  // one K (or V) tile
+    constexpr int KV_BYTES = FA_TILE_N * ROW_BYTES;  // one K (or V) tile
     constexpr int KSTEPS = D / 16;         // k-steps of S = Q K^T
     constexpr int NT = BLOCK_N / 8;        // n8 tiles of S per warp
     constexpr int DT = D / 8;              // n8 tiles of O per warp
-    constexpr int Q_ITERS = FA_BLOCK_M * CH / FA_THREADS;
-    constexpr int KV_ITERS = BLOCK_N * CH / FA_THREADS;
-    static_assert(FA_BLOCK_M * CH % FA_THREADS == 0, "Q tile chunks must split evenly over the threads");
-    static_assert(BLOCK_N * CH % FA_THREADS == 0 && KV_ITERS >= 1, "K/V tile chunks must split evenly over the threads");
+    constexpr int Q_CHUNKS = FA_BLOCK_M * CH;
+    constexpr int Q_ITERS = (Q_CHUNKS + FA_THREADS - 1) / FA_THREADS;
+    constexpr int KV_ITERS = FA_TILE_N * CH / FA_THREADS;
+    static_assert(FA_TILE_N * CH % FA_THREADS == 0 && KV_ITERS >= 1, "K/V tile chunks must split evenly over the threads");
+    // The merge of KV_WARPS > 1 exchanges fp32 O rows (D + 8 floats) through the ring.
+    constexpr int XO_ROW = D + 8;
+    static_assert(KV_WARPS == 1 ||
+                      (NUM_WARPS - FA_ROW_GROUPS) * 16 * XO_ROW * 4 <= 2 * STAGES * KV_BYTES,
+                  "the KV_WARPS merge must fit in the K/V ring");
+    static_assert(2 * NUM_WARPS * 16 * 4 <= Q_BYTES, "row maxima and sums must fit in the Q tile");
     static_assert(!SWIZZLE || CH >= 8, "the swizzle permutes 8 chunks");
     (void)batch;
     (void)heads;
@@ -227,23 +331,26 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const int tq = lane & 3;  // accumulator column pair
     const int mi = lane >> 3; // ldmatrix: which 8x8 matrix this lane addresses
     const int lr = lane & 7;  // ldmatrix: row within that matrix
+    const int rg = warp / KV_WARPS;  // row group: query rows rg * 16 .. + 15 of the tile
+    const int ks = warp % KV_WARPS;  // key sub-tile of every CTA tile this warp takes
 
     // Causal: the heaviest query tiles (last rows) first.
     const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = m_block * FA_BLOCK_M;
-    const int wrow0 = m0 + warp * 16;  // this warp's first query row
+    const int wrow0 = m0 + rg * 16;  // this warp's first query row
     const size_t head_off = (size_t)blockIdx.y * seq_len * D;
     const elem_t* qh = q + head_off;
     const elem_t* kh = k + head_off;
     const elem_t* vh = v + head_off;
 
-    int n_tiles = (seq_len + BLOCK_N - 1) / BLOCK_N;
-    if (causal) n_tiles = min(n_tiles, (min(seq_len, m0 + FA_BLOCK_M) + BLOCK_N - 1) / BLOCK_N);
+    const int kv_end = causal ? min(seq_len, m0 + FA_BLOCK_M) : seq_len;  // keys any row here sees
+    const int n_tiles = (kv_end + FA_TILE_N - 1) / FA_TILE_N;
 
     // --- Q tile (rows >= S zero-filled) ---------------------------------------
 #pragma unroll
     for (int i = 0; i < Q_ITERS; ++i) {
         const int c = tid + i * FA_THREADS;
+        if (Q_CHUNKS % FA_THREADS != 0 && c >= Q_CHUNKS) break;
         const int r = c / CH, ch = c % CH;
         const bool ok = m0 + r < seq_len;
         cp_async16(s_q + tile_off<D>(r, ch), qh + (ok ? (size_t)(m0 + r) * D + ch * 8 : 0), ok);
@@ -251,7 +358,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 
     // K/V tile t -> ring slot t % STAGES (keys >= S zero-filled).
     auto load_kv = [&](int t) {
-        const int kv0 = t * BLOCK_N;
+        const int kv0 = t * FA_TILE_N;
         const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES);
 #pragma unroll
         for (int i = 0; i < KV_ITERS; ++i) {
@@ -281,7 +388,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     //                         = tile_off(row, x) + (c << 5)     (SWIZZLE=0)
     // (the XOR touches chunk bits only), so the unrolled loops below need one
     // offset per k-step (K) or per dim pair (V) and an immediate per row block.
-    const unsigned q_lane = tile_off<D>(warp * 16 + (mi & 1) * 8 + lr, mi >> 1);
+    const unsigned q_lane = tile_off<D>(rg * 16 + (mi & 1) * 8 + lr, mi >> 1);
     const unsigned k_lane = tile_off<D>((mi >> 1) * 8 + lr, mi & 1);
     const unsigned v_lane = tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
     // Q A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
@@ -303,11 +410,14 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         if (t + STAGES - 1 < n_tiles) load_kv(t + STAGES - 1);
         cp_async_commit();
 
-        const int kv0 = t * BLOCK_N;
-        // Warp-uniform: rows all past S, or (causal) the tile is wholly above them.
-        if (wrow0 >= seq_len || (causal && kv0 > wrow0 + 15)) continue;
-        const unsigned kb = s_k + (unsigned)((t % STAGES) * KV_BYTES);
-        const unsigned vb = s_v + (unsigned)((t % STAGES) * KV_BYTES);
+        const int kv0 = t * FA_TILE_N + ks * BLOCK_N;  // this warp's first key
+        // Warp-uniform: rows all past S, keys all past S, or (causal) the
+        // sub-tile is wholly above the rows.
+        if (wrow0 >= seq_len || kv0 >= seq_len || (causal && kv0 > wrow0 + 15)) continue;
+        // Sub-tile rows start at a multiple of 16, so row % 8 and the swizzle are unchanged.
+        const unsigned sub = (unsigned)((t % STAGES) * KV_BYTES + ks * BLOCK_N * ROW_BYTES);
+        const unsigned kb = s_k + sub;
+        const unsigned vb = s_v + sub;
 
         // 2. S = Q K^T. ldmatrix.x4 on K: (keys 0-7, k 0-7), (keys 0-7, k 8-15),
         //    (keys 8-15, k 0-7), (keys 8-15, k 8-15) -> B of n-tiles 2 j2, 2 j2 + 1.
@@ -393,19 +503,24 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     }
     cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
 
-    // --- Epilogue: O / l through the warp's own Q rows, then 16-byte stores ---
-    float inv[2];
+    float l_sum[2], inv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float l = quad_sum(l_r[h]);
-        inv[h] = l > 0.f ? 1.f / l : 0.f;
+        l_sum[h] = quad_sum(l_r[h]);
+        inv[h] = l_sum[h] > 0.f ? 1.f / l_sum[h] : 0.f;
     }
+#if KV_WARPS > 1
+    kv_warps_merge<D>(acc, m_r, l_sum, inv, sl2, warp, rg, ks, g, tq);
+    if (ks != 0) return;  // warp 0 of the group stores the merged rows
+#endif
+
+    // --- Epilogue: O / l through the group's Q rows, then 16-byte stores ---
     __syncwarp();
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
-        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(warp * 16 + g, j) + 4 * tq) =
+        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(rg * 16 + g, j) + 4 * tq) =
             pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
-        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(warp * 16 + g + 8, j) + 4 * tq) =
+        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(rg * 16 + g + 8, j) + 4 * tq) =
             pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
     }
     __syncwarp();
@@ -415,7 +530,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         const int r = c / CH, ch = c % CH;
         const int row = wrow0 + r;
         if (row < seq_len) {
-            const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(warp * 16 + r, ch));
+            const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(rg * 16 + r, ch));
             *reinterpret_cast<uint4*>(o + head_off + (size_t)row * D + ch * 8) = val;
         }
     }

@@ -10,6 +10,11 @@ ratios, and the budget used until the best kernel first matched SDPA default
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
+
+A run longer than one sitting: `--detach --work DIR --max-wait 540` starts the daemon in
+the background (its own session) and waits at most 540 s; if the run is still going it
+exits 75 and says so. The same command again attaches to the run in DIR instead of
+starting another, waits again, and writes the section once the run has ended.
 """
 import argparse
 import datetime
@@ -19,6 +24,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+
+STILL_RUNNING = 75  # EX_TEMPFAIL: the detached run has not ended yet; run the same command again
 
 
 def sh(cmd, **kw):
@@ -49,12 +57,17 @@ def main():
     ap.add_argument("--config", default="scripts/benchmark-agent.toml")
     ap.add_argument("--out", default="docs/BENCHMARKS.md")
     ap.add_argument("--work", help="folder for the run (default: a fresh temporary one)")
+    ap.add_argument("--detach", action="store_true",
+                    help="start the daemon in the background (or attach to the run in --work) and wait for it")
+    ap.add_argument("--max-wait", type=float, default=540.0, help="--detach: seconds to wait before exiting 75")
     ap.add_argument("--worker-script", help=argparse.SUPPRESS)
     ap.add_argument("--sdpa-command", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     binary = os.path.abspath(args.bin)
-    work = args.work or tempfile.mkdtemp(prefix="optimizerd-bench-")
+    if args.detach and not args.work:
+        ap.error("--detach needs --work DIR (the same folder when you run it again)")
+    work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="optimizerd-bench-"))
     os.makedirs(work, exist_ok=True)
     # The benchmark config, with the runs folder inside the work folder (an empty ledger).
     config_text = open(args.config).read().replace('runs_dir = "runs"', f'runs_dir = "{work}/runs"')
@@ -66,22 +79,44 @@ def main():
     config = os.path.join(work, "agent.toml")
     open(config, "w").write(config_text)
 
-    command = [binary, "start", "--budget", args.budget, "--foreground", "--config", config]
+    command = [binary, "start", "--budget", args.budget, "--config", config]
+    if not args.detach:
+        command.append("--foreground")
     if args.worker_script:
         command += ["--worker-script", args.worker_script]
-    shown = f"python3 scripts/benchmark.py --bin {args.bin} --budget {args.budget}"
-    print("+", " ".join(command), flush=True)
-    run = subprocess.run(command, cwd=repo)
-    if run.returncode != 0:
-        print(f"the run failed ({run.returncode})", file=sys.stderr)
-        return 1
+    shown = f"python3 scripts/benchmark.py --bin {args.bin} --budget {args.budget}" + (" --detach --work DIR" if args.detach else "")
+    marker = os.path.join(work, "started")
+    if args.detach and os.path.exists(marker):
+        print(f"attaching to the run in {work}", flush=True)
+    else:
+        print("+", " ".join(command), flush=True)
+        run = subprocess.run(command, cwd=repo)
+        if run.returncode != 0:
+            print(f"the run failed ({run.returncode})", file=sys.stderr)
+            return 1
+        open(marker, "w").write(" ".join(command) + "\n")
+    if args.detach:
+        deadline = time.monotonic() + args.max_wait
+        while True:
+            st = sh([binary, "status", "--json", "--config", config], cwd=repo)
+            state = json.loads(st.stdout)["run"]["state"] if st.returncode == 0 and st.stdout.strip() else "?"
+            if state not in ("running", "waiting_for_gpu", "?"):
+                break
+            if time.monotonic() > deadline:
+                print(f"the run in {work} is still {state}; run the same command again to wait for it",
+                      file=sys.stderr)
+                return STILL_RUNNING
+            time.sleep(5)
+        if state != "finished":
+            print(f"the run ended {state}; the section is written from what it recorded", file=sys.stderr)
     status = json.loads(sh([binary, "status", "--json", "--config", config], cwd=repo).stdout)
     history = json.loads(sh([binary, "history", "--json", "--config", config], cwd=repo).stdout)
 
     versions = status["sdpa"][0]["versions"] if status["sdpa"] else {}
     driver = "-"
     if shutil.which("nvidia-smi"):
-        q = sh(["nvidia-smi", "--query-gpu=driver_version,clocks.sm", "--format=csv,noheader"])
+        # The max SM clock: the current one, read after the run, is the idle clock.
+        q = sh(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm", "--format=csv,noheader"])
         driver = q.stdout.strip().splitlines()[0] if q.returncode == 0 and q.stdout.strip() else "-"
     sdpa = {r["shape"]: r for r in status["sdpa"]}
     shapes = {}
@@ -114,13 +149,14 @@ def main():
 
     run_row = status["run"]
     today = datetime.date.today().isoformat()
+    how = " (detached; this script waited for it with --detach)" if args.detach else " --foreground"
     section = f"""
 ## {today} — benchmark, {run_row.get('gpu_name') or '-'}
 
-- Command: `{shown}` (runs `optimizerd start --budget {args.budget} --foreground` from an empty ledger
+- Command: `{shown}` (runs `optimizerd start --budget {args.budget}{how}` from an empty ledger
   with `{args.config}`); run `{run_row['id']}`, {run_row['iterations']} iterations,
   {run_row['used_s']:.0f} s of budget used, state {run_row['state']}.
-- GPU {run_row.get('gpu_name') or '-'}; driver, SM clock: {driver}; torch {versions.get('torch', '-')},
+- GPU {run_row.get('gpu_name') or '-'}; driver, max SM clock: {driver}; torch {versions.get('torch', '-')},
   CUDA {versions.get('cuda', '-')}, cuDNN {versions.get('cudnn', '-')}.
 - Times are GPU time per call: candidates by CUDA-graph replay (timing.method = graph), SDPA by
   CUDA-graph replay in the same run. TFLOPS = 4*B*H*S*S*D / time, halved for causal.

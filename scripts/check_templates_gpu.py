@@ -27,6 +27,8 @@ combination of the knobs it does name and shared by the others.
   --faults    also run the testing templates, each in a child process: the
               out-of-bounds writer must fail with an illegal address, the
               infinite loop must still be running after --fault-timeout s.
+  --pairs T   check template T on a set of knob combinations that covers every
+              pair of knob values (instead of every combination).
   --more-shapes   also check EXTRA_CHECK_SHAPES (more ragged / causal / D=128
               cases; slower, off by default).
   --sdpa      time every combination of the selected non-testing templates
@@ -67,7 +69,8 @@ CHECK_SHAPES = [
     (1, 2, 1000, 64, True), (1, 1, 4097, 128, False), (4, 16, 1024, 64, True),
 ]
 TIME_SHAPES = [
-    (1, 1, 128, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False), (4, 16, 1024, 64, True),
+    (1, 1, 128, 64, False), (1, 1, 256, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False),
+    (4, 16, 1024, 64, True),
 ]
 # --more-shapes: ragged S around the tile sizes, causal and not, both head dims.
 EXTRA_CHECK_SHAPES = [
@@ -165,9 +168,35 @@ def _strip_comments(text: str) -> str:
 
 def code_knobs(tpl: Template) -> list[str]:
     """Knobs the code (not the comments or spec) mentions: only these can change a build."""
-    common = (TEMPLATES_DIR / "common/optd.cuh").read_text()
+    common = "".join(p.read_text() for p in sorted((TEMPLATES_DIR / "common").glob("*.cuh")))
     code = _strip_comments(tpl.text) + _strip_comments(common)
     return [k for k in tpl.spec["knobs"] if re.search(rf"\b{re.escape(k)}\b", code)]
+
+
+def pairwise_combos(tpl: Template) -> list[dict]:
+    """A covering set: every value of every knob appears together with every value of
+    every other knob in at least one combination (greedy, deterministic). Used where
+    the full product is too large to run on the device (memory.cu: 384 combos)."""
+    combos = tpl.knob_combos()
+    names = list(tpl.spec["knobs"])
+
+    def pairs(c: dict) -> set:
+        return {(a, c[a], b, c[b]) for i, a in enumerate(names) for b in names[i + 1:]}
+
+    uncovered = set().union(*(pairs(c) for c in combos))
+    chosen = []
+    while uncovered:
+        best = max(combos, key=lambda c: len(pairs(c) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    return chosen
+
+
+def combos_for(tpl: Template, pairs) -> list[dict]:
+    """All combos, or the pairwise covering set when --pairs names this template."""
+    if pairs and (tpl.rel in pairs or tpl.name in pairs or Path(tpl.rel).name in pairs):
+        return pairwise_combos(tpl)
+    return tpl.knob_combos()
 
 
 def dry_run(templates: list[Template]) -> int:
@@ -182,6 +211,9 @@ def dry_run(templates: list[Template]) -> int:
                 try:
                     splits, launches, _ = plan(tpl, knobs, shape, H100)
                 except Exception as e:  # noqa: BLE001
+                    if "of shared memory" in str(e):  # does not fit: the gate rejects it
+                        print(f"  {combo_label(knobs):40} {shape_key(shape):22} does not fit: {e}")
+                        continue
                     bad += 1
                     print(f"  {combo_label(knobs):40} {shape_key(shape):22} ERROR {e}")
                     continue
@@ -402,7 +434,7 @@ def cubin_name(source: str, count: bool, arch: str) -> str:
     return f"{h}-{'count' if count else 'timed'}-{arch}.cubin"
 
 
-def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int) -> int:
+def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int, pairs=None) -> int:
     """Compile (CPU, NVRTC from .deps) every module a GPU run of these templates loads."""
     import concurrent.futures as cf
     from nvrtc_compile_check import Job, _init_worker, _run_job, default_cuda_include, default_nvrtc_lib
@@ -412,7 +444,7 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int)
     for tpl in templates:
         used = code_knobs(tpl)
         seen = set()
-        for knobs in tpl.knob_combos():
+        for knobs in combos_for(tpl, pairs):
             ukey = tuple((k, knobs[k]) for k in used)
             if ukey in seen:
                 continue
@@ -611,10 +643,15 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="no GPU: render and print launch plans only")
     ap.add_argument("--template", action="append", help="only these templates (file or spec name)")
     ap.add_argument("--no-time", action="store_true", help="skip the timing table")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness checks (e.g. --sdpa only)")
+    ap.add_argument("--time-template", action="append", metavar="TEMPLATE",
+                    help="time every combination of this template on TIME_SHAPES, print the 3 fastest per shape")
     ap.add_argument("--faults", action="store_true", help="also run the testing templates in child processes")
     ap.add_argument("--fault-timeout", type=float, default=20.0)
     ap.add_argument("--fault-child", help=argparse.SUPPRESS)
     ap.add_argument("--more-shapes", action="store_true", help="also check EXTRA_CHECK_SHAPES")
+    ap.add_argument("--pairs", action="append", metavar="TEMPLATE",
+                    help="check this template on a pairwise covering set of its knob combinations")
     ap.add_argument("--sdpa", action="store_true", help="time the selected templates against SDPA (SDPA_SHAPES)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
@@ -633,7 +670,8 @@ def main() -> int:
     if args.dry_run:
         return dry_run(templates)
     if args.build_cubins:
-        return build_cubins([t for t in templates if not t.testing], Path(args.build_cubins), args.arch, args.jobs)
+        return build_cubins([t for t in templates if not t.testing], Path(args.build_cubins), args.arch, args.jobs,
+                            args.pairs)
     check_shapes = CHECK_SHAPES + (EXTRA_CHECK_SHAPES if args.more_shapes else [])
 
     t_start = time.perf_counter()
@@ -642,9 +680,11 @@ def main() -> int:
         gpu.cubin_dir = Path(args.cubin_dir)
     print(f"device {gpu.name}: {gpu.dev}; include {gpu.include}")
     failures = []
-    n_checks = 0
-    for tpl in (t for t in templates if not t.testing):
-        combos = tpl.knob_combos()
+    n_checks = n_unfit = 0
+    for tpl in (t for t in templates if not t.testing and not args.no_check):
+        combos = combos_for(tpl, args.pairs)
+        if len(combos) < len(tpl.knob_combos()):
+            print(f"\n{tpl.rel}: {len(combos)} of {len(tpl.knob_combos())} combos cover every pair of knob values (--pairs)")
         print(f"\n== {tpl.rel}: {len(combos)} combos x 2 dtypes x {len(check_shapes)} shapes "
               f"(knobs in code: {code_knobs(tpl)})")
         for knobs in combos:
@@ -652,6 +692,13 @@ def main() -> int:
                 combo_ok, worst_abs, worst_l2, split_counts = True, 0.0, 0.0, set()
                 for shape in check_shapes:
                     n_checks += 1
+                    try:
+                        plan(tpl, knobs, shape, gpu.dev)
+                    except ValueError as e:
+                        if "of shared memory" in str(e):  # the daemon's gate rejects it too
+                            n_checks -= 1
+                            n_unfit += 1
+                            continue
                     try:
                         ok, msg = gpu.check(tpl, knobs, shape, dtype)
                     except Exception as e:  # noqa: BLE001 - compile/launch errors are failures
@@ -670,7 +717,8 @@ def main() -> int:
                             return 1
                 print(f"  {combo_label(knobs):40} {dtype}  {'ok    ' if combo_ok else 'FAILED'}"
                       f"  worst max_abs {worst_abs:.2e}  rel_l2 {worst_l2:.2e}  splits used {sorted(split_counts)}")
-    print(f"\ncorrectness: {n_checks} checks, {len(failures)} failures; "
+    print(f"\ncorrectness: {n_checks} checks, {len(failures)} failures, "
+          f"{n_unfit} (combo, shape) pairs skipped: over the device's shared memory, as the gate does; "
           f"compile {gpu.compile_s:.1f} s ({gpu.cubins_loaded} modules from cubins), "
           f"elapsed {time.perf_counter() - t_start:.1f} s")
     for f in failures:
@@ -699,6 +747,25 @@ def main() -> int:
             print(f"{shape_key(shape):22} {t_base:9.1f} {t_start_cfg:9.1f} {t_best:9.1f} {t_base / t_best:7.1f}x"
                   f"  {combo_label(best)} ({splits})")
         print(f"timed with: {gpu.timing_method}; 'kv start' = {combo_label(start_knobs)}")
+
+    for name in args.time_template or []:
+        tpl = next((t for t in templates if name in (t.rel, t.name, Path(t.rel).name)), None)
+        if tpl is None:
+            print(f"--time-template {name}: not among the selected templates")
+            continue
+        print(f"\n{tpl.rel}: every combination on TIME_SHAPES (fp16, us per forward, {gpu.timing_method}); "
+              f"the 3 fastest per shape")
+        for shape in TIME_SHAPES:
+            rows = []
+            for knobs in tpl.knob_combos():
+                try:
+                    rows.append((gpu.time_us(tpl, knobs, shape), knobs))
+                except Exception as e:  # noqa: BLE001 - e.g. over the shared memory of this device
+                    if "of shared memory" not in str(e):
+                        print(f"  timing failed for {combo_label(knobs)} {shape_key(shape)}: {e}")
+            rows.sort(key=lambda r: r[0])
+            for rank, (us, knobs) in enumerate(rows[:3]):
+                print(f"  {shape_key(shape) if rank == 0 else '':22} {us:8.2f}  {combo_label(knobs)}")
 
     sdpa_table = sdpa_compare(gpu, templates) if args.sdpa else []
 

@@ -112,18 +112,26 @@ def load_templates(root: Path = TEMPLATES_DIR) -> list[Template]:
 
 
 def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path = TEMPLATES_DIR) -> str:
-    """The daemon's rendering: defines, then the template with the include inlined."""
-    common = (root / COMMON_INCLUDE).read_text()
-    lines = tpl.text.splitlines(keepends=True)
-    hits = [i for i, ln in enumerate(lines) if ln.strip() == INCLUDE_LINE]
-    if len(hits) != 1:
-        raise ValueError(f"{tpl.rel}: expected exactly one line `{INCLUDE_LINE}`, found {len(hits)}")
-    if not common.endswith("\n"):
-        common += "\n"
-    lines[hits[0]] = common
+    """The daemon's rendering: defines, then the template with its local includes inlined."""
+    if sum(1 for ln in tpl.text.splitlines() if ln.strip() == INCLUDE_LINE) != 1:
+        raise ValueError(f"{tpl.rel}: expected exactly one line `{INCLUDE_LINE}`")
     header = "".join(f"#define {k} {v}\n" for k, v in knobs.items())
     header += f"#define OPTD_BF16 {1 if bf16 else 0}\n"
-    return header + "".join(lines)
+    return header + _inline_includes(tpl.text, root, 0)
+
+
+def _inline_includes(text: str, root: Path, depth: int) -> str:
+    """`#include "x"` lines replaced by root/x (recursively), as src/render.rs does."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        m = re.match(r'\s*#\s*include\s*"([^"]+)"\s*$', line)
+        if m and depth < 4:
+            out.append(_inline_includes((root / m.group(1)).read_text(), root, depth + 1))
+            if not out[-1].endswith("\n"):
+                out.append("\n")
+        else:
+            out.append(line)
+    return "".join(out)
 
 
 def combo_label(knobs: dict[str, int]) -> str:

@@ -28,8 +28,11 @@ macro_rules! embed {
 /// Files under `kernel-templates/` and `strategies/`, by path relative to their folder.
 static EMBEDDED: &[(&str, &str)] = embed! {
     "common/optd.cuh" => "kernel-templates/common/optd.cuh",
+    "common/async_copy.cuh" => "kernel-templates/common/async_copy.cuh",
+    "common/split_combine.cuh" => "kernel-templates/common/split_combine.cuh",
     "baseline.cu" => "kernel-templates/baseline.cu",
     "kv_split.cu" => "kernel-templates/kv_split.cu",
+    "memory.cu" => "kernel-templates/memory.cu",
     "mma_fa2.cu" => "kernel-templates/mma_fa2.cu",
     "wmma.cu" => "kernel-templates/wmma.cu",
     "testing/oob_write.cu" => "kernel-templates/testing/oob_write.cu",

@@ -119,6 +119,8 @@ pub struct TimingSection {
     pub launches_per_sample: u32,
     pub l2_multiple: f64,
     pub max_input_sets: u32,
+    /// Fewer launches per sample for long kernels (see protocol::TimingSpec); 0: never.
+    pub sample_target_us: f64,
     pub min_gain: f64,
     /// "graph": replay a CUDA graph of the launches (GPU time, like the SDPA baseline);
     /// "events": launch them one by one between the events (includes launch gaps).
@@ -194,6 +196,7 @@ impl Default for TimingSection {
             launches_per_sample: 10,
             l2_multiple: 3.0,
             max_input_sets: 32,
+            sample_target_us: 2000.0,
             min_gain: 0.02,
             method: TimingMethod::Graph,
         }
@@ -280,6 +283,9 @@ impl Config {
         if t.l2_multiple.is_nan() || t.l2_multiple < 0.0 {
             return Err(self.invalid("timing.l2_multiple", "must be >= 0"));
         }
+        if t.sample_target_us.is_nan() || t.sample_target_us < 0.0 {
+            return Err(self.invalid("timing.sample_target_us", "must be >= 0 (0: always launches_per_sample)"));
+        }
         if self.check.atol.is_nan() || self.check.atol <= 0.0 || self.check.rtol_l2.is_nan() || self.check.rtol_l2 <= 0.0 {
             return Err(self.invalid("check", "atol and rtol_l2 must be > 0"));
         }
@@ -315,7 +321,8 @@ impl Config {
             "check": { "atol": self.check.atol, "rtol_l2": self.check.rtol_l2 },
             "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,
                         "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,
-                        "max_input_sets": t.max_input_sets, "min_gain": t.min_gain, "method": t.method },
+                        "max_input_sets": t.max_input_sets, "sample_target_us": t.sample_target_us,
+                        "min_gain": t.min_gain, "method": t.method },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
                         "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max) },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
@@ -336,6 +343,7 @@ impl Config {
             l2_multiple: t.l2_multiple,
             max_input_sets: t.max_input_sets,
             graph: t.method == TimingMethod::Graph,
+            sample_target_us: t.sample_target_us,
         }
     }
 }

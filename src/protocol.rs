@@ -119,6 +119,21 @@ pub struct TimingSpec {
     /// (GPU time, as SDPA's baseline is timed); false: launch them one by one.
     #[serde(default)]
     pub graph: bool,
+    /// Long kernels need no averaging over many launches: a case whose slowest entry
+    /// takes T us per execution (one timed warm-up execution each) uses
+    /// `clamp(ceil(sample_target_us / T), 1, launches_per_sample)` launches per sample
+    /// and at most as many warm-ups. 0 keeps `launches_per_sample` for every case.
+    #[serde(default)]
+    pub sample_target_us: f64,
+}
+
+/// Launches per sample for a case whose slowest entry took `slowest_us` per execution.
+pub fn launches_for(spec: &TimingSpec, slowest_us: f64) -> u32 {
+    let max = spec.launches_per_sample.max(1);
+    if spec.sample_target_us <= 0.0 || !slowest_us.is_finite() || slowest_us <= 0.0 {
+        return max;
+    }
+    ((spec.sample_target_us / slowest_us).ceil() as u32).clamp(1, max)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -295,4 +310,41 @@ pub struct TimedEntry {
     pub id: String,
     /// Per-launch microseconds of every sample, in the order taken.
     pub samples_us: Vec<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(launches: u32, target_us: f64) -> TimingSpec {
+        TimingSpec {
+            warmup: 5,
+            rounds: 4,
+            samples_per_round: 10,
+            launches_per_sample: launches,
+            l2_multiple: 3.0,
+            max_input_sets: 32,
+            graph: true,
+            sample_target_us: target_us,
+        }
+    }
+
+    #[test]
+    fn long_kernels_get_fewer_launches_per_sample_and_short_ones_the_configured_count() {
+        let s = spec(10, 2000.0);
+        assert_eq!(launches_for(&s, 5.0), 10, "a 5 us kernel: capped at launches_per_sample");
+        assert_eq!(launches_for(&s, 500.0), 4, "2000 / 500");
+        assert_eq!(launches_for(&s, 450.0), 5, "ceil(2000 / 450)");
+        assert_eq!(launches_for(&s, 40_000.0), 1, "a 40 ms kernel: one launch per sample");
+        assert_eq!(launches_for(&spec(10, 0.0), 40_000.0), 10, "0 disables the adaptation");
+        assert_eq!(launches_for(&s, f64::NAN), 10);
+        assert_eq!(launches_for(&spec(0, 2000.0), 5.0), 1, "never zero launches");
+    }
+
+    #[test]
+    fn a_timing_spec_without_sample_target_still_parses() {
+        let json = r#"{"warmup":5,"rounds":4,"samples_per_round":10,"launches_per_sample":10,"l2_multiple":3.0,"max_input_sets":32}"#;
+        let s: TimingSpec = serde_json::from_str(json).unwrap();
+        assert_eq!((s.sample_target_us, s.graph), (0.0, false));
+    }
 }

@@ -7,18 +7,18 @@ use std::process::Command;
 
 use serde_json::json;
 
-#[test]
-fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
-    let work = tempfile::tempdir().unwrap();
+/// The scripted worker (each GPU request taking `step_delay_ms`) and the fake SDPA script.
+fn fixtures(dir: &std::path::Path, step_delay_ms: u64) -> (std::path::PathBuf, std::path::PathBuf) {
     let script = json!({
         "device": common::h100(),
+        "step_delay_ms": step_delay_ms,
         "rules": [ { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100000.0 } } } ],
         "default": { "ok": { "us": 4.0, "per_shape": { "b4h16s4096d64": 900.0, "b4h16s4096d64-causal": 500.0,
                                                          "b2h16s8192d128": 3500.0, "b2h16s8192d128-causal": 1800.0 } } }
     });
-    let script_path = work.path().join("script.json");
+    let script_path = dir.join("script.json");
     std::fs::write(&script_path, script.to_string()).unwrap();
-    let fake = work.path().join("sdpa.py");
+    let fake = dir.join("sdpa.py");
     std::fs::write(
         &fake,
         r#"import json, sys
@@ -32,23 +32,38 @@ print(json.dumps({"versions": v, "results": res}))
 "#,
     )
     .unwrap();
-    let out_md = work.path().join("BENCHMARKS.md");
-    let repo = common::repo_root();
-    let o = Command::new("python3")
-        .current_dir(&repo)
+    (script_path, fake)
+}
+
+fn benchmark(work: &std::path::Path, out_md: &std::path::Path, script: &std::path::Path, fake: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new("python3")
+        .current_dir(common::repo_root())
         .args(["scripts/benchmark.py", "--budget", "10m", "--work"])
-        .arg(work.path().join("w"))
+        .arg(work)
         .arg("--bin")
         .arg(env!("CARGO_BIN_EXE_optimizerd"))
         .arg("--out")
-        .arg(&out_md)
+        .arg(out_md)
         .arg("--worker-script")
-        .arg(&script_path)
+        .arg(script)
         .arg("--sdpa-command")
         .arg(format!("python3 {}", fake.display()))
+        .args(extra)
         .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        .unwrap()
+}
+
+fn output_text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
+    let work = tempfile::tempdir().unwrap();
+    let (script_path, fake) = fixtures(work.path(), 0);
+    let out_md = work.path().join("BENCHMARKS.md");
+    let o = benchmark(&work.path().join("w"), &out_md, &script_path, &fake, &[]);
+    let text = output_text(&o);
     assert!(o.status.success(), "{text}");
     let md = std::fs::read_to_string(&out_md).unwrap();
     assert!(md.contains("| shape | iter | best us | TFLOPS | SDPA default us |"), "{md}");
@@ -60,4 +75,32 @@ print(json.dumps({"versions": v, "results": res}))
     assert!(big.contains("0.67x") && big.contains("1.06x") && big.contains("305.4") && big.contains("not reached"), "{big}");
     assert!(md.contains("torch 2.11.0+cu130") && md.contains("cuDNN 91900"), "{md}");
     assert!(md.contains("python3 scripts/benchmark.py"), "{md}");
+}
+
+#[test]
+fn a_detached_benchmark_exits_75_while_running_and_a_second_call_attaches_and_reports() {
+    let work = tempfile::tempdir().unwrap();
+    let (script_path, fake) = fixtures(work.path(), 150);
+    let out_md = work.path().join("BENCHMARKS.md");
+    let w = work.path().join("w");
+    let first = benchmark(&w, &out_md, &script_path, &fake, &["--detach", "--max-wait", "0"]);
+    assert_eq!(first.status.code(), Some(75), "{}", output_text(&first));
+    assert!(output_text(&first).contains("still running"), "{}", output_text(&first));
+    assert!(!out_md.exists(), "no section before the run has ended");
+    let second = benchmark(&w, &out_md, &script_path, &fake, &["--detach", "--max-wait", "300"]);
+    let text = output_text(&second);
+    assert!(second.status.success(), "{text}");
+    assert!(text.contains("attaching to the run"), "{text}");
+    let md = std::fs::read_to_string(&out_md).unwrap();
+    assert_eq!(md.matches("## ").count(), 1, "one section: {md}");
+    assert!(md.contains("state finished"), "{md}");
+    // One run only: the second call attached instead of starting another.
+    let runs = Command::new(env!("CARGO_BIN_EXE_optimizerd"))
+        .args(["runs", "--json", "--config"])
+        .arg(w.join("agent.toml"))
+        .current_dir(common::repo_root())
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&runs.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&runs)));
+    assert_eq!(listed.as_array().map(|a| a.len()), Some(1), "{listed}");
 }

@@ -15,7 +15,7 @@ use optimizerd::search::{Search, SearchKind};
 use optimizerd::template::Template;
 
 const ARCHS: [&str; 3] = ["sm_80", "sm_89", "sm_90"];
-const TEMPLATES: [&str; 6] = ["baseline.cu", "kv_split.cu", "mma_fa2.cu", "wmma.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"];
+const TEMPLATES: [&str; 7] = ["baseline.cu", "kv_split.cu", "memory.cu", "mma_fa2.cu", "wmma.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"];
 
 #[test]
 fn every_template_variant_compiles_for_every_arch() {

@@ -96,15 +96,24 @@ fn every_knob_combination_plans_every_default_shape() {
     let dev = common::h100();
     let config = optimizerd::config::Config::parse("", std::path::Path::new("x"), std::path::Path::new(".")).unwrap();
     let extra = [shape(1, 1, 1, 64, false), shape(1, 1, 17, 128, true), shape(1, 2, 4097, 64, true)];
-    for file in ["baseline.cu", "kv_split.cu", "mma_fa2.cu", "wmma.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"] {
+    for file in ["baseline.cu", "kv_split.cu", "memory.cu", "mma_fa2.cu", "wmma.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"] {
         let t = Template::load(&templates_dir(), file).unwrap();
         let space: Vec<(String, Vec<i64>)> = t.knobs.clone();
         let mut s = optimizerd::search::Search::new(optimizerd::search::SearchKind::Exhaustive, space, t.default_params(), 10_000);
-        let mut n = 0;
+        let (mut n, mut too_big) = (0, 0);
         while let Some(p) = s.next() {
             n += 1;
             let shapes: Vec<Shape> = config.shapes().into_iter().chain(extra).collect();
-            let plans = gate::check(&t, &p, &shapes, &dev, "1").unwrap_or_else(|e| panic!("{file} {p:?}: {}", e.0));
+            // A combination that needs more shared memory than the device has is the
+            // gate's to reject (mma-fa2's KV_WARPS 4 at D 128); anything else is a bug.
+            let plans = match gate::check(&t, &p, &shapes, &dev, "1") {
+                Ok(plans) => plans,
+                Err(e) if e.0.contains("dynamic shared memory, device allows") => {
+                    too_big += 1;
+                    continue;
+                }
+                Err(e) => panic!("{file} {p:?}: {}", e.0),
+            };
             for plan in plans {
                 for l in &plan.launches {
                     assert!(l.ctas() >= 1 && l.dyn_smem <= dev.smem_optin, "{file} {p:?} {l:?}");
@@ -112,6 +121,7 @@ fn every_knob_combination_plans_every_default_shape() {
             }
         }
         assert!(n >= 1, "{file} has no knob combination");
+        assert!(too_big * 4 <= n, "{file}: {too_big} of {n} combinations do not fit the H100's shared memory");
     }
 }
 

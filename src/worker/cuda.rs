@@ -945,13 +945,6 @@ impl CudaBackend {
             Ok(())
         };
 
-        for ei in 0..case.entries.len() {
-            for _ in 0..spec.warmup {
-                execute(ei, &mut cursor)?;
-            }
-        }
-        after(stream.synchronize(), || format!("{what}: warmup"))?;
-
         let start = api(
             self.ctx
                 .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
@@ -962,7 +955,26 @@ impl CudaBackend {
                 .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
             || format!("{what}: creating events"),
         )?;
-        let per_sample = spec.launches_per_sample.max(1);
+        // The first warm-up execution of each entry is timed: how long the slowest one
+        // runs decides how many launches a sample needs (protocol::launches_for).
+        let mut slowest_us = 0f64;
+        for ei in 0..case.entries.len() {
+            after(start.record(stream), || format!("{what}: recording the start event"))?;
+            execute(ei, &mut cursor)?;
+            after(end.record(stream), || format!("{what}: recording the end event"))?;
+            let ms = elapsed(&start, &end).map_err(|e| {
+                Failure::cuda(format!("{what}: entry {} warmup", case.entries[ei].id), e, Stage::AfterLaunch)
+            })?;
+            slowest_us = slowest_us.max(ms as f64 * 1000.0);
+        }
+        let per_sample = crate::protocol::launches_for(spec, slowest_us);
+        let warmup = spec.warmup.min(per_sample.max(2)).saturating_sub(1);
+        for ei in 0..case.entries.len() {
+            for _ in 0..warmup {
+                execute(ei, &mut cursor)?;
+            }
+        }
+        after(stream.synchronize(), || format!("{what}: warmup"))?;
         // Graph mode: capture `per_sample` executions of each entry once; a sample is one
         // replay, so the CPU's launch cost drops out and the time is the GPU's.
         let mut graphs = Vec::new();
