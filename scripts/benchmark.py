@@ -149,11 +149,11 @@ def main():
 
     run_row = status["run"]
     today = datetime.date.today().isoformat()
-    how = " (detached; this script waited for it with --detach)" if args.detach else " --foreground"
+    how = "` in the background, waited for by --detach" if args.detach else " --foreground`"
     section = f"""
 ## {today} — benchmark, {run_row.get('gpu_name') or '-'}
 
-- Command: `{shown}` (runs `optimizerd start --budget {args.budget}{how}` from an empty ledger
+- Command: `{shown}` (runs `optimizerd start --budget {args.budget}{how} from an empty ledger
   with `{args.config}`); run `{run_row['id']}`, {run_row['iterations']} iterations,
   {run_row['used_s']:.0f} s of budget used, state {run_row['state']}.
 - GPU {run_row.get('gpu_name') or '-'}; driver, max SM clock: {driver}; torch {versions.get('torch', '-')},

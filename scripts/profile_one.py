@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Run one kernel (a template at given knobs) or one SDPA backend on one shape a few
+times, for a profiler to attach to. Nothing is printed but what ran; the numbers come
+from the profiler, e.g. on the GPU machine:
+
+    ncu --clock-control none --set full -k regex:optd_fwd --launch-skip 2 --launch-count 1 \\
+        python3 scripts/profile_one.py mma_fa2.cu "BLOCK_N=64,NUM_WARPS=4,STAGES=2,SWIZZLE=1,KV_WARPS=1" 2,16,8192,128
+    ncu --clock-control none --set full -k regex:flash --launch-skip 2 --launch-count 1 \\
+        python3 scripts/profile_one.py sdpa flash 2,16,8192,128
+
+Shape: B,H,S,D[,causal]. fp16, randn inputs. Needs torch and cupy (as
+scripts/check_templates_gpu.py, whose renderer and launch planner this reuses).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_templates_gpu import Gpu, plan  # noqa: E402
+from nvrtc_compile_check import load_templates  # noqa: E402
+
+
+def parse_shape(text: str):
+    parts = text.split(",")
+    b, h, s, d = (int(x) for x in parts[:4])
+    causal = len(parts) > 4 and parts[4].strip().lower() in ("1", "causal", "true")
+    return (b, h, s, d, causal)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", help="a template file/name, or `sdpa`")
+    ap.add_argument("config", help="knobs K=V,K=V (template) or default|flash|cudnn|efficient (sdpa)")
+    ap.add_argument("shape", help="B,H,S,D[,causal]")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cubin-dir", help="precompiled cubins (see check_templates_gpu.py --build-cubins)")
+    args = ap.parse_args()
+    shape = parse_shape(args.shape)
+    gpu = Gpu()
+    if args.cubin_dir:
+        gpu.cubin_dir = Path(args.cubin_dir)
+    torch = gpu.torch
+    if args.what == "sdpa":
+        q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                    "efficient": SDPBackend.EFFICIENT_ATTENTION}
+        for _ in range(args.runs):
+            if args.config == "default":
+                gpu.F.scaled_dot_product_attention(q, k, v, is_causal=shape[4])
+            else:
+                with sdpa_kernel(backends[args.config]):
+                    gpu.F.scaled_dot_product_attention(q, k, v, is_causal=shape[4])
+        torch.cuda.synchronize()
+        print(f"ran sdpa {args.config} on {shape} x{args.runs}")
+        return 0
+    tpl = next(t for t in load_templates() if args.what in (t.rel, t.name, Path(t.rel).name))
+    knobs = dict(tpl.knob_combos()[0])
+    for kv in filter(None, args.config.split(",")):
+        key, val = kv.split("=")
+        if key not in knobs:
+            raise SystemExit(f"{tpl.rel} has no knob {key} (knobs: {', '.join(knobs)})")
+        knobs[key] = int(val)
+    splits, launches, _ = plan(tpl, knobs, shape, gpu.dev)
+    mod = gpu.module(tpl, knobs, False, count=False)
+    q, k, v, o, o_part, lse, _ = gpu.buffers(shape, splits, "fp16", fill=0.0, need_ref=False)
+    kargs = gpu.args(shape, splits, q, k, v, o, o_part, lse)
+    fns = [(gpu.kernel(mod, l), l) for l in launches]
+    for _ in range(args.runs):
+        for fn, l in fns:
+            fn(l["grid"], l["block"], kargs, shared_mem=l["smem"])
+    gpu.cp.cuda.Device().synchronize()
+    print(f"ran {tpl.rel} {knobs} on {shape} x{args.runs}: {[(l['kernel'], l['grid'], l['block'], l['smem']) for l in launches]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
