@@ -2,9 +2,12 @@
  * mma-fa2: FlashAttention-2-style forward on the tensor cores (mma.sync).
  *
  * One CTA per (query tile of BLOCK_M rows, b * H + h). The warps form
- * NUM_WARPS / KV_WARPS row groups of 16 consecutive query rows
- * (BLOCK_M = 16 * NUM_WARPS / KV_WARPS); each warp runs the whole computation
- * for its group's rows in registers.
+ * NUM_WARPS / KV_WARPS row groups of WARP_ROWS consecutive query rows
+ * (BLOCK_M = WARP_ROWS * NUM_WARPS / KV_WARPS); each warp runs the whole
+ * computation for its group's rows in registers, as WARP_ROWS / 16 m16 tiles.
+ * With two m-tiles every K and V fragment read from shared memory feeds two
+ * mma.sync instead of one (FA2's 128 x 64 tile on 4 warps): half the
+ * shared-memory traffic per FLOP, at twice the accumulator registers.
  *   KV_WARPS = 1: one warp per row group, the warps only share the K/V tiles
  *             (FA2's work split: no cross-warp reduction).
  *   KV_WARPS > 1: the KV_WARPS warps of a row group split the keys (split-KV
@@ -15,32 +18,39 @@
  *             memory (see the epilogue).
  *
  *   prologue  Q tile -> shared (cp.async, 16-byte chunks), the first
- *             STAGES - 1 K/V tiles in flight; each warp then reads its 16 x D
- *             slice of Q once into registers (ldmatrix.x4, A fragments).
+ *             STAGES - 1 K/V tiles in flight. WARP_ROWS = 16: each warp then
+ *             reads its 16 x D slice of Q once into registers (ldmatrix.x4,
+ *             A fragments). WARP_ROWS = 32: Q stays in shared memory (the
+ *             fragments of two m-tiles, D / 2 registers, do not fit next to
+ *             the doubled accumulators at D = 128) and step 2 reloads them
+ *             per k-step.
  *   per key tile of KV_WARPS * BLOCK_N keys (t = 0 .. n_tiles - 1):
  *     1. wait for tile t (cp.async.wait_group STAGES - 2), __syncthreads, and
  *        issue the load of tile t + STAGES - 1 into the ring slot tile t - 1
  *        used (one barrier per tile; a commit every iteration, empty past
  *        the end, keeps the group count uniform);
  *     2. S = Q K^T with mma.sync.m16n8k16 (fp32 accumulators), K's B
- *        fragments by ldmatrix.x4 (non-transposed: K rows are the B columns);
+ *        fragments by ldmatrix.x4 (non-transposed: K rows are the B columns),
+ *        each used by every m-tile (WARP_ROWS = 32: per k-step, one
+ *        ldmatrix.x4 of Q per m-tile, then the K fragments);
  *     3. masking, only on the tiles that need it: keys >= S (ragged tail) and,
  *        causal, keys > row on the tiles that cross the warp's diagonal;
- *     4. online softmax per row: a thread holds 2 rows (g, g + 8 of the
- *        m16n8 accumulator layout) and reduces their max across its quad of
+ *     4. online softmax per row: a thread holds 2 rows per m-tile (g, g + 8
+ *        of the m16n8 accumulator layout) and reduces their max across its quad of
  *        4 lanes with 2 xor shuffles; p = exp2(s * c - m * c) with
  *        c = softmax_scale * log2(e) (one FFMA + ex2), the O accumulator is
  *        rescaled by exp2((m_old - m_new) * c); l stays a per-thread partial
  *        sum, quad-reduced once at the end;
  *     5. O += P V: the S accumulators, rounded to packed f16x2 / bf16x2, are
  *        directly the A fragments of the second mma (P never leaves the
- *        registers); V's B fragments by ldmatrix.x4.trans.
+ *        registers); V's B fragments by ldmatrix.x4.trans, each used by
+ *        every m-tile.
  *   merge     (KV_WARPS > 1 only) after a barrier the K/V ring is free: each
  *             warp publishes its row maxima m_w and sums l_w; every warp
  *             rescales its O by exp2((m_w - m) c) / L with m = max_w m_w and
- *             L = sum_w l_w exp2((m_w - m) c); warps ks > 0 store their O in
- *             the ring (fp32, rows padded to D + 8), and warp ks = 0 adds
- *             them to its own after a second barrier.
+ *             L = sum_w l_w exp2((m_w - m) c); warps ks > 0 store their O
+ *             after the Q tile (fp32, rows padded to D + 8), and warp ks = 0
+ *             adds them to its own after a second barrier.
  *   epilogue  O / l (or the merged O) -> the group's rows of the Q tile in
  *             shared memory (no barrier: only this warp reads them), then
  *             16-byte coalesced global stores of the rows < S.
@@ -54,7 +64,7 @@
  * src-size 0) and their scores set to -inf; Q rows >= S are zero-filled,
  * computed (warps wholly past S skip the math) and never stored.
  * Causal: the key tiles wholly above the CTA's last row are not loaded, a
- * warp skips the math (not the barrier) of tiles wholly above its own rows,
+ * warp skips the math (not the barrier) of tiles wholly above its last row,
  * and CTAs take query tiles in reverse (blockIdx.x = 0 gets the last, the
  * heaviest), so the long CTAs start first and the short ones fill the tail.
  *
@@ -63,25 +73,32 @@
  *          STAGES     K/V tiles in the cp.async ring              2, 3
  *          SWIZZLE    1: XOR-swizzled rows, 0: padded rows         1, 0
  *          KV_WARPS   warps sharing a row group, splitting keys   1, 2, 4
- * Shared (dynamic, bytes):
- *          2 * (D + 8 * (1 - SWIZZLE)) * (BLOCK_M + 2 * STAGES * KV_WARPS * BLOCK_N)
- *          i.e. the Q tile plus STAGES K and V tiles; from 24 KiB (D 64,
- *          BLOCK_N 32, 4 warps, 2 stages, KV_WARPS 1) to 417 KiB (D 128,
- *          BLOCK_N 64, 4 warps, 3 stages, KV_WARPS 4, padded). Combos over
- *          the device's opt-in limit (227 KiB on sm_90, 99 KiB on sm_86/89)
- *          are rejected by the gate. The merge of KV_WARPS > 1 reuses the
- *          ring: (NUM_WARPS - NUM_WARPS / KV_WARPS) * 16 * (D + 8) * 4 bytes,
- *          always less than the ring (static_assert).
+ *          WARP_ROWS  query rows per warp (one or two m16 tiles)  16, 32
+ * Shared (dynamic, bytes), with R = 2 * (D + 8 * (1 - SWIZZLE)) per row:
+ *          R * BLOCK_M + max(R * 2 * STAGES * KV_WARPS * BLOCK_N,
+ *                            (NUM_WARPS - NUM_WARPS / KV_WARPS) * WARP_ROWS * (D + 8) * 4)
+ *          i.e. the Q tile plus STAGES K and V tiles, or plus the fp32 O rows
+ *          the merge of KV_WARPS > 1 exchanges where they are larger than the
+ *          ring (only BLOCK_N 32, 8 warps, 2 stages, swizzled, KV_WARPS 2,
+ *          WARP_ROWS 32); from 24 KiB (D 64, BLOCK_N 32, 4 warps, 2 stages,
+ *          KV_WARPS 1, WARP_ROWS 16) to 425 KiB (D 128, BLOCK_N 64, 8 warps,
+ *          3 stages, KV_WARPS 4, WARP_ROWS 32, padded). Combos over the
+ *          device's opt-in limit (227 KiB on sm_90, 99 KiB on sm_86/89) are
+ *          rejected by the gate.
  * CTAs:    cdiv(S, BLOCK_M) x (B * H) x 1, NUM_WARPS * 32 threads
  *          (B * H <= 65535); no split across CTAs, n_splits = 1, one launch.
- * Registers: per thread D / 2 (O) + BLOCK_N / 2 (S) + D / 8 (Q fragments)
+ * Registers: per thread WARP_ROWS / 16 * (D / 2 (O) + BLOCK_N / 2 (S)) plus
+ *          D / 4 (Q fragments, WARP_ROWS 16) or 8 (one k-step's, WARP_ROWS 32)
  *          fp32 / b32 values plus addressing; __launch_bounds__(threads, 1).
+ *          D 128, BLOCK_N 64, WARP_ROWS 32: 128 + 64 + 8 of the 255; ptxas
+ *          spills 1 (padded) to 9 (swizzled) rarely used values there (the row
+ *          sums), a few local loads per tile.
  ******************************************************************************/
 
 /* optimizerd:spec
 [template]
 name = "mma-fa2"
-description = "FlashAttention-2 forward: mma.sync m16n8k16, 16 query rows per warp, P kept in registers, cp.async K/V ring, swizzled or padded shared rows"
+description = "FlashAttention-2 forward: mma.sync m16n8k16, 16 or 32 query rows per warp, P kept in registers, cp.async K/V ring, swizzled or padded shared rows"
 min_cc = 80
 
 [knobs]
@@ -90,9 +107,10 @@ NUM_WARPS = [4, 8]
 STAGES = [2, 3]
 SWIZZLE = [1, 0]
 KV_WARPS = [1, 2, 4]
+WARP_ROWS = [16, 32]
 
 [derived]
-block_m = "16 * NUM_WARPS // KV_WARPS"
+block_m = "WARP_ROWS * NUM_WARPS // KV_WARPS"
 m_blocks = "cdiv(S, block_m)"
 row_bytes = "ELEM_BYTES * (D + 8 * (1 - SWIZZLE))"
 splits = "1"
@@ -101,7 +119,7 @@ splits = "1"
 kernel = "fwd"
 grid = ["m_blocks", "B * H", "1"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "row_bytes * (block_m + 2 * STAGES * KV_WARPS * BLOCK_N)"
+smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (NUM_WARPS - NUM_WARPS // KV_WARPS) * WARP_ROWS * (D + 8) * 4)"
 */
 
 #include "common/optd.cuh"
@@ -134,9 +152,16 @@ smem = "row_bytes * (block_m + 2 * STAGES * KV_WARPS * BLOCK_N)"
 #if KV_WARPS < 1 || NUM_WARPS % KV_WARPS != 0
 #error "KV_WARPS must divide NUM_WARPS"
 #endif
+#ifndef WARP_ROWS
+#error "WARP_ROWS must be defined"
+#endif
+#if WARP_ROWS != 16 && WARP_ROWS != 32
+#error "WARP_ROWS must be 16 or 32 (one or two m16 tiles per warp)"
+#endif
 
-#define FA_ROW_GROUPS (NUM_WARPS / KV_WARPS)  // 16-row groups per CTA
-#define FA_BLOCK_M (16 * FA_ROW_GROUPS)
+#define FA_MT (WARP_ROWS / 16)                // m16 tiles per warp
+#define FA_ROW_GROUPS (NUM_WARPS / KV_WARPS)  // WARP_ROWS-row groups per CTA
+#define FA_BLOCK_M (WARP_ROWS * FA_ROW_GROUPS)
 #define FA_TILE_N (KV_WARPS * BLOCK_N)        // keys per CTA tile (all warps of a group)
 #define FA_THREADS (NUM_WARPS * 32)
 
@@ -211,44 +236,49 @@ __device__ __forceinline__ unsigned chunk_pair(unsigned lane_off, int c) {
 //   m = max_w m_w,  f_w = exp2((m_w - m) c),  L = sum_w f_w l_w
 //   O = sum_w f_w O_w / L
 // Every warp scales its own O by f_w / L; warps ks > 0 then hand theirs to
-// warp ks = 0 through the (idle) K/V ring, which adds them up. Rows no warp
+// warp ks = 0 through shared memory, which adds them up. Rows no warp
 // saw a key for (m = -inf) come out 0; rows >= S are never stored.
-// Shared memory: the maxima and sums in the Q tile ([2][NUM_WARPS][16] floats,
-// the Q fragments are in registers by now), the O rows after the Q tile,
-// (NUM_WARPS - FA_ROW_GROUPS) x 16 x (D + 8) floats (padded against bank
-// conflicts of the float2 stores).
-// On return inv = {1, 1}: the merged O is already normalized.
+// Shared memory: the maxima and sums in the Q tile ([2][NUM_WARPS][WARP_ROWS]
+// floats; every warp is done with Q by the first barrier), the O rows after
+// the Q tile, (NUM_WARPS - FA_ROW_GROUPS) x WARP_ROWS x (D + 8) floats (padded
+// against bank conflicts of the float2 stores): in the ring, or past it where
+// larger (the smem formula's max).
+// Thread rows: h = 2 mt + {0, 1} is row 16 mt + g + {0, 8} of the warp's rows.
+// On return inv = 1: the merged O is already normalized.
 // ---------------------------------------------------------------------------
 template <int D>
-__device__ __forceinline__ void kv_warps_merge(float (&acc)[D / 8][4], const float (&m_r)[2], const float (&l_sum)[2],
-                                               float (&inv)[2], float sl2, int warp, int rg, int ks, int g, int tq) {
+__device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], const float (&m_r)[2 * FA_MT],
+                                               const float (&l_sum)[2 * FA_MT], float (&inv)[2 * FA_MT], float sl2,
+                                               int warp, int rg, int ks, int g, int tq) {
     extern __shared__ __align__(128) unsigned char fa_smem[];
     constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
     constexpr int XO_ROW = D + 8;
-    float* ml = reinterpret_cast<float*>(fa_smem);  // [0]: maxima, [1]: sums; [NUM_WARPS][16] each
+    float* ml = reinterpret_cast<float*>(fa_smem);  // [0]: maxima, [1]: sums; [NUM_WARPS][WARP_ROWS] each
     float* xo = reinterpret_cast<float*>(fa_smem + FA_BLOCK_M * ROW_BYTES);
 
     __syncthreads();  // every warp is past its last K/V tile and its Q reads
     if (tq == 0) {
-        ml[warp * 16 + g] = m_r[0];
-        ml[warp * 16 + g + 8] = m_r[1];
-        ml[(NUM_WARPS + warp) * 16 + g] = l_sum[0];
-        ml[(NUM_WARPS + warp) * 16 + g + 8] = l_sum[1];
+#pragma unroll
+        for (int h = 0; h < 2 * FA_MT; ++h) ml[warp * WARP_ROWS + 16 * (h >> 1) + g + 8 * (h & 1)] = m_r[h];
+#pragma unroll
+        for (int h = 0; h < 2 * FA_MT; ++h)
+            ml[(NUM_WARPS + warp) * WARP_ROWS + 16 * (h >> 1) + g + 8 * (h & 1)] = l_sum[h];
     }
     __syncthreads();
-    float f[2];
+    float f[2 * FA_MT];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = g + 8 * h;
+    for (int h = 0; h < 2 * FA_MT; ++h) {
+        const int row = 16 * (h >> 1) + g + 8 * (h & 1);
         float m = OPTD_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < KV_WARPS; ++w) m = fmaxf(m, ml[(rg * KV_WARPS + w) * 16 + row]);
+        for (int w = 0; w < KV_WARPS; ++w) m = fmaxf(m, ml[(rg * KV_WARPS + w) * WARP_ROWS + row]);
         float total = 0.f;
         if (m != OPTD_NEG_INF) {
 #pragma unroll
             for (int w = 0; w < KV_WARPS; ++w) {
-                const float mw = ml[(rg * KV_WARPS + w) * 16 + row];
-                if (mw != OPTD_NEG_INF) total += ml[(NUM_WARPS + rg * KV_WARPS + w) * 16 + row] * fast_exp2((mw - m) * sl2);
+                const float mw = ml[(rg * KV_WARPS + w) * WARP_ROWS + row];
+                if (mw != OPTD_NEG_INF)
+                    total += ml[(NUM_WARPS + rg * KV_WARPS + w) * WARP_ROWS + row] * fast_exp2((mw - m) * sl2);
             }
         }
         const float own = (m_r[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : fast_exp2((m_r[h] - m) * sl2);
@@ -256,33 +286,44 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[D / 8][4], const flo
         inv[h] = 1.f;
     }
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-        acc[j][0] *= f[0];
-        acc[j][1] *= f[0];
-        acc[j][2] *= f[1];
-        acc[j][3] *= f[1];
-    }
-    if (ks != 0) {
-        float* mine = xo + (rg * (KV_WARPS - 1) + ks - 1) * 16 * XO_ROW;
+    for (int mt = 0; mt < FA_MT; ++mt) {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            *reinterpret_cast<float2*>(mine + g * XO_ROW + j * 8 + 2 * tq) = make_float2(acc[j][0], acc[j][1]);
-            *reinterpret_cast<float2*>(mine + (g + 8) * XO_ROW + j * 8 + 2 * tq) = make_float2(acc[j][2], acc[j][3]);
+            acc[mt][j][0] *= f[2 * mt];
+            acc[mt][j][1] *= f[2 * mt];
+            acc[mt][j][2] *= f[2 * mt + 1];
+            acc[mt][j][3] *= f[2 * mt + 1];
+        }
+    }
+    if (ks != 0) {
+        float* mine = xo + (rg * (KV_WARPS - 1) + ks - 1) * WARP_ROWS * XO_ROW;
+#pragma unroll
+        for (int mt = 0; mt < FA_MT; ++mt) {
+            float* rows = mine + (16 * mt + g) * XO_ROW + 2 * tq;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                *reinterpret_cast<float2*>(rows + j * 8) = make_float2(acc[mt][j][0], acc[mt][j][1]);
+                *reinterpret_cast<float2*>(rows + 8 * XO_ROW + j * 8) = make_float2(acc[mt][j][2], acc[mt][j][3]);
+            }
         }
     }
     __syncthreads();
     if (ks == 0) {
 #pragma unroll
         for (int w = 1; w < KV_WARPS; ++w) {
-            const float* other = xo + (rg * (KV_WARPS - 1) + w - 1) * 16 * XO_ROW;
+            const float* other = xo + (rg * (KV_WARPS - 1) + w - 1) * WARP_ROWS * XO_ROW;
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                const float2 a = *reinterpret_cast<const float2*>(other + g * XO_ROW + j * 8 + 2 * tq);
-                const float2 b = *reinterpret_cast<const float2*>(other + (g + 8) * XO_ROW + j * 8 + 2 * tq);
-                acc[j][0] += a.x;
-                acc[j][1] += a.y;
-                acc[j][2] += b.x;
-                acc[j][3] += b.y;
+            for (int mt = 0; mt < FA_MT; ++mt) {
+                const float* rows = other + (16 * mt + g) * XO_ROW + 2 * tq;
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    const float2 a = *reinterpret_cast<const float2*>(rows + j * 8);
+                    const float2 b = *reinterpret_cast<const float2*>(rows + 8 * XO_ROW + j * 8);
+                    acc[mt][j][0] += a.x;
+                    acc[mt][j][1] += a.y;
+                    acc[mt][j][2] += b.x;
+                    acc[mt][j][3] += b.y;
+                }
             }
         }
     }
@@ -300,18 +341,18 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     constexpr int Q_BYTES = FA_BLOCK_M * ROW_BYTES;
     constexpr int KV_BYTES = FA_TILE_N * ROW_BYTES;  // one K (or V) tile
     constexpr int KSTEPS = D / 16;         // k-steps of S = Q K^T
+    constexpr int MT = FA_MT;              // m16 tiles per warp
+    constexpr int RH = 2 * MT;             // rows per thread: g, g + 8 of each m-tile
     constexpr int NT = BLOCK_N / 8;        // n8 tiles of S per warp
     constexpr int DT = D / 8;              // n8 tiles of O per warp
     constexpr int Q_CHUNKS = FA_BLOCK_M * CH;
     constexpr int Q_ITERS = (Q_CHUNKS + FA_THREADS - 1) / FA_THREADS;
     constexpr int KV_ITERS = FA_TILE_N * CH / FA_THREADS;
     static_assert(FA_TILE_N * CH % FA_THREADS == 0 && KV_ITERS >= 1, "K/V tile chunks must split evenly over the threads");
-    // The merge of KV_WARPS > 1 exchanges fp32 O rows (D + 8 floats) through the ring.
-    constexpr int XO_ROW = D + 8;
-    static_assert(KV_WARPS == 1 ||
-                      (NUM_WARPS - FA_ROW_GROUPS) * 16 * XO_ROW * 4 <= 2 * STAGES * KV_BYTES,
-                  "the KV_WARPS merge must fit in the K/V ring");
-    static_assert(2 * NUM_WARPS * 16 * 4 <= Q_BYTES, "row maxima and sums must fit in the Q tile");
+    // Shared memory: Q_BYTES + max(2 * STAGES * KV_BYTES, the merge's fp32 O
+    // rows of (NUM_WARPS - FA_ROW_GROUPS) * WARP_ROWS * (D + 8) floats), as the
+    // spec's smem formula says; the row maxima and sums go in the Q tile.
+    static_assert(2 * NUM_WARPS * WARP_ROWS * 4 <= Q_BYTES, "row maxima and sums must fit in the Q tile");
     static_assert(!SWIZZLE || CH >= 8, "the swizzle permutes 8 chunks");
     (void)batch;
     (void)heads;
@@ -327,17 +368,17 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int g = lane >> 2;  // accumulator row (and row + 8)
+    const int g = lane >> 2;  // accumulator row (and row + 8) of each m-tile
     const int tq = lane & 3;  // accumulator column pair
     const int mi = lane >> 3; // ldmatrix: which 8x8 matrix this lane addresses
     const int lr = lane & 7;  // ldmatrix: row within that matrix
-    const int rg = warp / KV_WARPS;  // row group: query rows rg * 16 .. + 15 of the tile
+    const int rg = warp / KV_WARPS;  // row group: query rows rg * WARP_ROWS .. + WARP_ROWS - 1 of the tile
     const int ks = warp % KV_WARPS;  // key sub-tile of every CTA tile this warp takes
 
     // Causal: the heaviest query tiles (last rows) first.
     const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = m_block * FA_BLOCK_M;
-    const int wrow0 = m0 + rg * 16;  // this warp's first query row
+    const int wrow0 = m0 + rg * WARP_ROWS;  // this warp's first query row
     const size_t head_off = (size_t)blockIdx.y * seq_len * D;
     const elem_t* qh = q + head_off;
     const elem_t* kh = k + head_off;
@@ -356,19 +397,43 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         cp_async16(s_q + tile_off<D>(r, ch), qh + (ok ? (size_t)(m0 + r) * D + ch * 8 : 0), ok);
     }
 
-    // K/V tile t -> ring slot t % STAGES (keys >= S zero-filled).
+    // K/V tile t -> ring slot t % STAGES (keys >= S zero-filled). Copy i of a
+    // thread is chunk tid % CH of row tid / CH + i * KV_RSTEP. WARP_ROWS = 32,
+    // short of registers, computes the offsets once: KV_RSTEP is a multiple of
+    // 8, so the swizzle is the same for every i and copy i is the first plus
+    // immediates (WARP_ROWS = 16 keeps its GPU-validated form).
+    constexpr int KV_RSTEP = FA_THREADS / CH;
+    static_assert(MT == 1 || (FA_THREADS % CH == 0 && (!SWIZZLE || KV_RSTEP % 8 == 0)),
+                  "K/V copy rows must step by a multiple of 8");
+    const int ld_row = tid / CH;
+    const unsigned ld_dst = tile_off<D>(ld_row, tid % CH);
+    const size_t ld_src = (size_t)ld_row * D + (tid % CH) * 8;
     auto load_kv = [&](int t) {
         const int kv0 = t * FA_TILE_N;
-        const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES);
+        if constexpr (MT == 1) {
+            const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES);
 #pragma unroll
-        for (int i = 0; i < KV_ITERS; ++i) {
-            const int c = tid + i * FA_THREADS;
-            const int r = c / CH, ch = c % CH;
-            const bool ok = kv0 + r < seq_len;
-            const size_t src = ok ? (size_t)(kv0 + r) * D + ch * 8 : 0;
-            const unsigned dst = slot + tile_off<D>(r, ch);
-            cp_async16(s_k + dst, kh + src, ok);
-            cp_async16(s_v + dst, vh + src, ok);
+            for (int i = 0; i < KV_ITERS; ++i) {
+                const int c = tid + i * FA_THREADS;
+                const int r = c / CH, ch = c % CH;
+                const bool ok = kv0 + r < seq_len;
+                const size_t src = ok ? (size_t)(kv0 + r) * D + ch * 8 : 0;
+                const unsigned dst = slot + tile_off<D>(r, ch);
+                cp_async16(s_k + dst, kh + src, ok);
+                cp_async16(s_v + dst, vh + src, ok);
+            }
+        } else {
+            const int rows_left = seq_len - kv0 - ld_row;  // copy i is a key < S iff i * KV_RSTEP < this
+            const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES) + ld_dst;
+            const size_t base = (size_t)kv0 * D + ld_src;
+#pragma unroll
+            for (int i = 0; i < KV_ITERS; ++i) {
+                const bool ok = i * KV_RSTEP < rows_left;
+                const size_t src = ok ? base + (size_t)i * KV_RSTEP * D : 0;
+                const unsigned dst = slot + i * KV_RSTEP * ROW_BYTES;
+                cp_async16(s_k + dst, kh + src, ok);
+                cp_async16(s_v + dst, vh + src, ok);
+            }
         }
     };
 
@@ -379,29 +444,43 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         cp_async_commit();
     }
 
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
+    // WARP_ROWS = 32 reads Q only inside the loop, after its first wait + barrier.
+    if constexpr (MT == 1) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+    }
 
     // Per-lane ldmatrix offsets. Every matrix starts at a row that is a multiple
     // of 8, so a lane's row % 8 is lr, and for an even chunk 2c:
     //   tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5)     (SWIZZLE=1)
     //                         = tile_off(row, x) + (c << 5)     (SWIZZLE=0)
     // (the XOR touches chunk bits only), so the unrolled loops below need one
-    // offset per k-step (K) or per dim pair (V) and an immediate per row block.
-    const unsigned q_lane = tile_off<D>(rg * 16 + (mi & 1) * 8 + lr, mi >> 1);
+    // offset per k-step (K, Q) or per dim pair (V) and an immediate per row block.
+    const unsigned q_lane = tile_off<D>(rg * WARP_ROWS + (mi & 1) * 8 + lr, mi >> 1);
     const unsigned k_lane = tile_off<D>((mi >> 1) * 8 + lr, mi & 1);
     const unsigned v_lane = tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
     // Q A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
-    // (rows 0-7, k 8-15), (rows 8-15, k 8-15) of each 16 x 16 k-step.
-    unsigned qf[KSTEPS][4];
+    // (rows 0-7, k 8-15), (rows 8-15, k 8-15) of each 16 x 16 k-step; held for
+    // the whole loop with one m-tile, reloaded per k-step with two.
+    unsigned qf[MT == 1 ? KSTEPS : 1][4];
+    if constexpr (MT == 1) {
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qf[kk], s_q + chunk_pair(q_lane, kk));
+        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qf[kk], s_q + chunk_pair(q_lane, kk));
+    }
 
-    float acc[DT][4];
+    float acc[MT][DT][4];
 #pragma unroll
-    for (int j = 0; j < DT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    float m_r[2] = {OPTD_NEG_INF, OPTD_NEG_INF};  // running max of raw scores, rows g, g + 8
-    float l_r[2] = {0.f, 0.f};                    // this thread's share of the row sums
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int j = 0; j < DT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+    }
+    float m_r[RH], l_r[RH];  // per row h (16 (h >> 1) + g + 8 (h & 1)): running max of
+                             // raw scores, this thread's share of the row sum
+#pragma unroll
+    for (int h = 0; h < RH; ++h) {
+        m_r[h] = OPTD_NEG_INF;
+        l_r[h] = 0.f;
+    }
     const float sl2 = softmax_scale * OPTD_LOG2E;
 
     for (int t = 0; t < n_tiles; ++t) {
@@ -413,51 +492,87 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         const int kv0 = t * FA_TILE_N + ks * BLOCK_N;  // this warp's first key
         // Warp-uniform: rows all past S, keys all past S, or (causal) the
         // sub-tile is wholly above the rows.
-        if (wrow0 >= seq_len || kv0 >= seq_len || (causal && kv0 > wrow0 + 15)) continue;
+        if (wrow0 >= seq_len || kv0 >= seq_len || (causal && kv0 > wrow0 + WARP_ROWS - 1)) continue;
         // Sub-tile rows start at a multiple of 16, so row % 8 and the swizzle are unchanged.
         const unsigned sub = (unsigned)((t % STAGES) * KV_BYTES + ks * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
         const unsigned vb = s_v + sub;
 
         // 2. S = Q K^T. ldmatrix.x4 on K: (keys 0-7, k 0-7), (keys 0-7, k 8-15),
-        //    (keys 8-15, k 0-7), (keys 8-15, k 8-15) -> B of n-tiles 2 j2, 2 j2 + 1.
-        float s[NT][4];
+        //    (keys 8-15, k 0-7), (keys 8-15, k 8-15) -> B of n-tiles 2 j2, 2 j2 + 1,
+        //    for every m-tile.
+        float s[MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+        }
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
+            unsigned qa[MT][4];
+            if constexpr (MT == 1) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qa[0][e] = qf[kk][e];
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], s_q + mt * 16 * ROW_BYTES + chunk_pair(q_lane, kk));
+            }
 #pragma unroll
             for (int j2 = 0; j2 < NT / 2; ++j2) {
                 unsigned b[4];
                 ldmatrix_x4(b, kb + j2 * 16 * ROW_BYTES + chunk_pair(k_lane, kk));
-                mma16816(s[2 * j2], qf[kk], b[0], b[1]);
-                mma16816(s[2 * j2 + 1], qf[kk], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816(s[mt][2 * j2], qa[mt], b[0], b[1]);
+                    mma16816(s[mt][2 * j2 + 1], qa[mt], b[2], b[3]);
+                }
             }
         }
 
         // 3. Masking: ragged tail, and (causal) tiles crossing the warp's diagonal.
         if (kv0 + BLOCK_N > seq_len || (causal && kv0 + BLOCK_N - 1 > wrow0)) {
+            if constexpr (MT == 1) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
+                for (int j = 0; j < NT; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = kv0 + j * 8 + 2 * tq + (e & 1);
-                    const int row = wrow0 + g + 8 * (e >> 1);
-                    if (key >= seq_len || (causal && key > row)) s[j][e] = OPTD_NEG_INF;
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kv0 + j * 8 + 2 * tq + (e & 1);
+                        const int row = wrow0 + g + 8 * (e >> 1);
+                        if (key >= seq_len || (causal && key > row)) s[0][j][e] = OPTD_NEG_INF;
+                    }
+                }
+            } else {
+                // Same test, cheaper (registers are short): key kv0 + 2 tq + col
+                // is kept iff col < min(S, row + 1) - kv0 - 2 tq, col an immediate.
+#pragma unroll
+                for (int h = 0; h < RH; ++h) {
+                    const int row = wrow0 + 16 * (h >> 1) + g + 8 * (h & 1);
+                    const int lim = (causal ? min(seq_len, row + 1) : seq_len) - kv0 - 2 * tq;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (j * 8 + e >= lim) s[h >> 1][j][2 * (h & 1) + e] = OPTD_NEG_INF;
+                    }
                 }
             }
         }
 
-        // 4. Online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3).
-        float mx[2] = {m_r[0], m_r[1]};
+        // 4. Online softmax, per m-tile rows g (e = 0, 1) and g + 8 (e = 2, 3).
+        float mx[RH];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+        for (int h = 0; h < RH; ++h) mx[h] = m_r[h];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                mx[2 * mt] = fmaxf(mx[2 * mt], fmaxf(s[mt][j][0], s[mt][j][1]));
+                mx[2 * mt + 1] = fmaxf(mx[2 * mt + 1], fmaxf(s[mt][j][2], s[mt][j][3]));
+            }
         }
-        float neg_ms[2], corr[2];
+        float neg_ms[RH], corr[RH];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < RH; ++h) {
             mx[h] = quad_max(mx[h]);
             // A row with nothing unmasked yet keeps m = -inf; use 0 so that p and
             // corr come out 0 rather than NaN.
@@ -467,45 +582,58 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
             l_r[h] *= corr[h];
         }
 #pragma unroll
-        for (int j = 0; j < DT; ++j) {
-            acc[j][0] *= corr[0];
-            acc[j][1] *= corr[0];
-            acc[j][2] *= corr[1];
-            acc[j][3] *= corr[1];
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int j = 0; j < DT; ++j) {
+                acc[mt][j][0] *= corr[2 * mt];
+                acc[mt][j][1] *= corr[2 * mt];
+                acc[mt][j][2] *= corr[2 * mt + 1];
+                acc[mt][j][3] *= corr[2 * mt + 1];
+            }
         }
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = fast_exp2(fmaf(s[j][e], sl2, neg_ms[e >> 1]));
-                l_r[e >> 1] += s[j][e];
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, neg_ms[2 * mt + (e >> 1)]));
+                    l_r[2 * mt + (e >> 1)] += s[mt][j][e];
+                }
             }
         }
 
         // 5. O += P V. P's A fragment of keys 16 kk2 .. + 15 is n-tiles 2 kk2 and
         //    2 kk2 + 1 of S. ldmatrix.x4.trans on V: (keys 0-7, d 0-7),
-        //    (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+        //    (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15), for
+        //    every m-tile.
 #pragma unroll
         for (int kk2 = 0; kk2 < NT / 2; ++kk2) {
-            unsigned a[4];
-            a[0] = pack2(s[2 * kk2][0], s[2 * kk2][1]);
-            a[1] = pack2(s[2 * kk2][2], s[2 * kk2][3]);
-            a[2] = pack2(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]);
-            a[3] = pack2(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3]);
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                a[mt][0] = pack2(s[mt][2 * kk2][0], s[mt][2 * kk2][1]);
+                a[mt][1] = pack2(s[mt][2 * kk2][2], s[mt][2 * kk2][3]);
+                a[mt][2] = pack2(s[mt][2 * kk2 + 1][0], s[mt][2 * kk2 + 1][1]);
+                a[mt][3] = pack2(s[mt][2 * kk2 + 1][2], s[mt][2 * kk2 + 1][3]);
+            }
 #pragma unroll
             for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
                 unsigned b[4];
                 ldmatrix_x4_trans(b, vb + kk2 * 16 * ROW_BYTES + chunk_pair(v_lane, dj2));
-                mma16816(acc[2 * dj2], a, b[0], b[1]);
-                mma16816(acc[2 * dj2 + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816(acc[mt][2 * dj2], a[mt], b[0], b[1]);
+                    mma16816(acc[mt][2 * dj2 + 1], a[mt], b[2], b[3]);
+                }
             }
         }
     }
     cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
 
-    float l_sum[2], inv[2];
+    float l_sum[RH], inv[RH];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < RH; ++h) {
         l_sum[h] = quad_sum(l_r[h]);
         inv[h] = l_sum[h] > 0.f ? 1.f / l_sum[h] : 0.f;
     }
@@ -515,22 +643,28 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 #endif
 
     // --- Epilogue: O / l through the group's Q rows, then 16-byte stores ---
+    // No barrier: only this warp read these Q rows (KV_WARPS > 1: the merge's
+    // barriers separate them from the other warps' reads).
     __syncwarp();
 #pragma unroll
-    for (int j = 0; j < DT; ++j) {
-        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(rg * 16 + g, j) + 4 * tq) =
-            pack2(acc[j][0] * inv[0], acc[j][1] * inv[0]);
-        *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(rg * 16 + g + 8, j) + 4 * tq) =
-            pack2(acc[j][2] * inv[1], acc[j][3] * inv[1]);
+    for (int mt = 0; mt < MT; ++mt) {
+        const int r0 = rg * WARP_ROWS + 16 * mt + g;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+            *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(r0, j) + 4 * tq) =
+                pack2(acc[mt][j][0] * inv[2 * mt], acc[mt][j][1] * inv[2 * mt]);
+            *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(r0 + 8, j) + 4 * tq) =
+                pack2(acc[mt][j][2] * inv[2 * mt + 1], acc[mt][j][3] * inv[2 * mt + 1]);
+        }
     }
     __syncwarp();
 #pragma unroll
-    for (int i = 0; i < 16 * CH / 32; ++i) {
+    for (int i = 0; i < WARP_ROWS * CH / 32; ++i) {
         const int c = lane + 32 * i;
         const int r = c / CH, ch = c % CH;
         const int row = wrow0 + r;
         if (row < seq_len) {
-            const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(rg * 16 + r, ch));
+            const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(rg * WARP_ROWS + r, ch));
             *reinterpret_cast<uint4*>(o + head_off + (size_t)row * D + ch * 8) = val;
         }
     }
