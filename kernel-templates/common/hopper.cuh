@@ -1,0 +1,132 @@
+/******************************************************************************
+ * hopper.cuh: sm_90 building blocks for warp-specialized kernels.
+ *
+ *   optd_tensor_map           a CUtensorMap as passed by value
+ *                             (`const __grid_constant__ optd_tensor_map`);
+ *                             the worker encodes it (cuTensorMapEncodeTiled)
+ *                             from the template's [[tensor_map]] declaration
+ *   mbar_*                    mbarriers in shared memory (init, arrive,
+ *                             expect_tx, parity wait)
+ *   tma_load_4d()             cp.async.bulk.tensor: one box global -> shared,
+ *                             completing on an mbarrier (transaction bytes)
+ *   wgmma_fence/commit/wait   wgmma ordering (sm_90a)
+ *   smem_desc_*()             wgmma shared-memory matrix descriptors for the
+ *                             128-byte swizzle that the TMA writes
+ *   reg_alloc/reg_dealloc     setmaxnreg (sm_90a)
+ *   named_bar_sync/arrive     bar.sync / bar.arrive with an id and a count
+ *
+ * Tensor-map geometry (the daemon's convention, see src/template.rs): a
+ * [B, H, S, D] tensor of 2-byte elements, swizzle W bytes, P = W / 2: rank 4,
+ * dims {P, S, D / P, B * H}; a box {P, rows, D / P, 1} lands in shared memory
+ * as D / P panels of `rows` rows of W bytes. With W = 128, 16-byte chunk c of
+ * row r of a panel sits at chunk c ^ (r % 8), relative to a 1024-byte aligned
+ * panel base: exactly wgmma's 128-byte swizzle mode.
+ ******************************************************************************/
+#ifndef OPTD_HOPPER_CUH
+#define OPTD_HOPPER_CUH
+
+struct __align__(64) optd_tensor_map {
+    unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// --- mbarriers ---------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Make the initialised barriers visible to the async proxy (TMA) as well.
+__device__ __forceinline__ void mbar_fence_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrive and announce `bytes` of TMA transactions for the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Wait until the phase with parity `parity` has completed. A fresh barrier is
+// in phase 0, so waiting on parity 1 returns at once (the producer's first pass
+// over its empty slots relies on that).
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// --- TMA ---------------------------------------------------------------------
+__device__ __forceinline__ void tma_prefetch_map(const optd_tensor_map* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+// Box at coordinates (c0, c1, c2, c3) (innermost first) -> shared `dst`.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const optd_tensor_map* map, unsigned bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
+// --- wgmma ordering ----------------------------------------------------------
+// Before the first wgmma of a batch: registers written by ordinary
+// instructions (accumulators, A fragments) become visible to it.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most N committed groups are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// The compiler does not know that a wgmma writes its accumulators
+// asynchronously: tie every register of `d` to this point so that no read is
+// moved above the wait that precedes it (and no write below the issue).
+template <int R>
+__device__ __forceinline__ void reg_fence(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// --- shared-memory matrix descriptors (128-byte swizzle) ---------------------
+// bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride
+// byte offset >> 4, 62-63 layout (1 = 128-byte swizzle). Start addresses
+// inside a swizzle atom (k-steps of 32 bytes) are plain byte offsets: the
+// hardware applies the XOR on the final address bits.
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+// K-major tile (rows of 128 bytes, 8-row atoms of 1024 bytes); LBO unused.
+__device__ __forceinline__ unsigned long long smem_desc_kmajor(unsigned addr) { return smem_desc(addr, 16, 1024); }
+// MN-major tile: N in 64-element panels `panel_bytes` apart, K rows of 128
+// bytes in 8-row atoms of 1024 bytes.
+__device__ __forceinline__ unsigned long long smem_desc_mnmajor(unsigned addr, unsigned panel_bytes) {
+    return smem_desc(addr, panel_bytes, 1024);
+}
+
+// --- registers and named barriers --------------------------------------------
+template <int N>
+__device__ __forceinline__ void reg_alloc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void reg_dealloc() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+#endif  // OPTD_HOPPER_CUH

@@ -1,0 +1,482 @@
+/******************************************************************************
+ * wgmma-tma: FlashAttention-3-style forward for Hopper (sm_90a): a producer
+ * warp feeds K/V tiles through the tensor memory accelerator into a ring of
+ * shared-memory slots; consumer warpgroups multiply on the tensor cores with
+ * wgmma.mma_async and keep the online softmax in registers.
+ *
+ * One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows, b * H + h), with
+ * CONSUMERS + 1 warpgroups of 128 threads:
+ *   warpgroup 0 (producer) gives its registers away (setmaxnreg.dec) and one
+ *             thread issues every load: the CTA's Q tile once, then K and V
+ *             of each key tile t into ring slot t % STAGES, each box a
+ *             cp.async.bulk.tensor completing on that slot's full mbarrier
+ *             (k_full / v_full), after waiting for the slot's empty mbarrier
+ *             (k_empty / v_empty) that the consumers arrive on when done.
+ *   warpgroups 1..CONSUMERS take the registers (setmaxnreg.inc); warpgroup c
+ *             owns query rows 64 (c - 1) .. + 63 of the tile. Per key tile:
+ *     1. S = Q K^T: D / 16 wgmma m64nBLOCK_Nk16, A (Q) and B (K) read from
+ *        shared memory through 128-byte-swizzle descriptors (K-major);
+ *     2. masking, only on tiles that need it: keys >= S and, causal, keys
+ *        above the row (tiles wholly above every row of the warpgroup are not
+ *        computed; tiles above every row of the CTA are not even loaded);
+ *     3. online softmax: a thread holds rows g and g + 8 of its warp's 16
+ *        (the m16n8 accumulator layout), max and sum reduced across the quad;
+ *        p = exp2(s * c - m * c), c = softmax_scale * log2(e); O rescaled by
+ *        exp2((m_old - m_new) c);
+ *     4. O += P V: P rounded to f16x2 / bf16x2 in registers is wgmma's
+ *        register A operand (BLOCK_N / 16 wgmma m64nDk16), V read from shared
+ *        memory as the MN-major ("transposed") B operand.
+ *   epilogue  O / l stored from registers, rows < S only.
+ *
+ *   OVERLAP = 1 (FA3's intra-warpgroup pipelining): iteration t issues
+ *             S_t = Q K_t^T and then O += P_{t-1} V_{t-1} before waiting, so
+ *             the softmax of tile t runs while the tensor cores do the PV of
+ *             tile t - 1 (P_{t-1} must stay untouched in its registers until
+ *             that wgmma completes: tile t's probabilities wait in the fp32 S
+ *             registers, packed only after wgmma.wait_group 0).
+ *   PINGPONG = 1: the consumer warpgroups take turns issuing their GEMMs
+ *             (named barriers 1..CONSUMERS, round robin), so one warpgroup's
+ *             softmax overlaps another's GEMMs.
+ *
+ * Shared memory (1024-byte aligned tiles, every tile a set of 128-byte-swizzled
+ * panels of 64 columns, as the TMA writes them):
+ *   Q     CONSUMERS x [D / 64][64 rows][128 B]
+ *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
+ *   dynamic bytes = 1024 (alignment) + 2 D (64 CONSUMERS + 2 STAGES BLOCK_N);
+ *   mbarriers static (8 (1 + 4 STAGES) bytes).
+ *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
+ * CTAs:    cdiv(S, 64 CONSUMERS) x (B * H) x 1, 128 (CONSUMERS + 1) threads;
+ *          causal: blockIdx.x = 0 takes the last (heaviest) query tile.
+ * Registers (setmaxnreg, per thread): producer 24 (2 consumers) or 32 (3);
+ *          consumers 240 or 160. A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
+ *          + BLOCK_N / 4 (P) values: D 128, BLOCK_N 128: 160.
+ * Tensor maps: q (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle.
+ *          Rows past S are zero-filled by the TMA (per head: the map is 4-D).
+ *
+ * Knobs:   BLOCK_N    keys per K/V tile (wgmma N of S = Q K^T)   128, 64, 176, 192
+ *          STAGES     K/V slots in the TMA ring                 2, 3
+ *          CONSUMERS  consumer warpgroups (64 query rows each)  2, 3
+ *          PINGPONG   consumer warpgroups take turns on the GEMMs 1, 0
+ *          OVERLAP    softmax of tile t under the PV of t - 1   1, 0
+ ******************************************************************************/
+
+/* optimizerd:spec
+[template]
+name = "wgmma-tma"
+description = "FlashAttention-3-style forward for Hopper: TMA producer warp + mbarrier ring, wgmma consumer warpgroups, setmaxnreg, ping-pong and intra-warpgroup overlap"
+min_cc = 90
+arch_specific = true
+
+[knobs]
+BLOCK_N = [128, 64, 176, 192]
+STAGES = [2, 3]
+CONSUMERS = [2, 3]
+PINGPONG = [1, 0]
+OVERLAP = [1, 0]
+
+[derived]
+block_m = "64 * CONSUMERS"
+m_blocks = "cdiv(S, block_m)"
+splits = "1"
+
+[[launch]]
+kernel = "fwd"
+grid = ["m_blocks", "B * H", "1"]
+block = ["128 * (CONSUMERS + 1)", "1", "1"]
+smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N)"
+
+[[tensor_map]]
+tensor = "q"
+box_rows = "64"
+swizzle = 128
+
+[[tensor_map]]
+tensor = "k"
+box_rows = "BLOCK_N"
+swizzle = 128
+
+[[tensor_map]]
+tensor = "v"
+box_rows = "BLOCK_N"
+swizzle = 128
+*/
+
+#include "common/optd.cuh"
+#include "common/hopper.cuh"
+#include "common/wgmma_ops.cuh"
+
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined"
+#endif
+#ifndef STAGES
+#error "STAGES must be defined"
+#endif
+#ifndef CONSUMERS
+#error "CONSUMERS must be defined"
+#endif
+#ifndef PINGPONG
+#error "PINGPONG must be defined"
+#endif
+#ifndef OVERLAP
+#error "OVERLAP must be defined"
+#endif
+#if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
+#error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
+#endif
+#if STAGES < 2
+#error "STAGES must be at least 2"
+#endif
+#if CONSUMERS != 2 && CONSUMERS != 3
+#error "CONSUMERS must be 2 or 3 (the setmaxnreg budgets are set for those)"
+#endif
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma-tma needs the arch-specific target sm_90a (wgmma, setmaxnreg): compile with --gpu-architecture=sm_90a"
+#endif
+// Planted fault for the check scripts: the consumers wait on the wrong parity
+// of the K barriers, i.e. they do not wait for the TMA at all.
+#ifndef OPTD_FAULT_MBAR_PHASE
+#define OPTD_FAULT_MBAR_PHASE 0
+#endif
+
+#define WT_THREADS (128 * (CONSUMERS + 1))
+#define WT_BLOCK_M (64 * CONSUMERS)
+#define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
+#define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+    elem2_t h = from_f32x2(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Shared-memory barriers: q_full, then per stage k_full, v_full, k_empty, v_empty.
+struct WtBarriers {
+    unsigned long long q_full;
+    unsigned long long k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+};
+
+// ---------------------------------------------------------------------------
+// Consumer: one warpgroup, 64 query rows.
+// ---------------------------------------------------------------------------
+template <int D>
+struct Consumer {
+    static constexpr int NT = BLOCK_N / 8;     // n8 column blocks of S
+    static constexpr int PK = BLOCK_N / 16;    // k-steps of O += P V
+    float o[D / 2];
+    float s[BLOCK_N / 2];
+    unsigned p[PK][4];
+    float m_r[2], l_r[2];
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            m_r[h] = OPTD_NEG_INF;
+            l_r[h] = 0.f;
+        }
+    }
+
+    // S = Q K^T (issue only).
+    __device__ __forceinline__ void issue_qk(unsigned q_tile, unsigned k_tile) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const unsigned off_q = (kk / 4) * 64 * 128 + (kk % 4) * 32;
+            const unsigned off_k = (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32;
+            wgmma_ss<BLOCK_N>(s, smem_desc_kmajor(q_tile + off_q), smem_desc_kmajor(k_tile + off_k), kk > 0);
+        }
+        wgmma_commit();
+    }
+
+    // O += P V (issue only). V's N (= D) spans D / 64 panels BLOCK_N * 128 bytes apart.
+    __device__ __forceinline__ void issue_pv(unsigned v_tile) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < PK; ++kk)
+            wgmma_rs<D>(o, p[kk], smem_desc_mnmajor(v_tile + kk * 16 * 128, BLOCK_N * 128));
+        wgmma_commit();
+    }
+
+    // Mask (when the tile needs it) and turn S into probabilities in place;
+    // returns the O correction factors of rows g, g + 8 in corr.
+    __device__ __forceinline__ void softmax(int kv0, int row_g, int seq_len, int causal, float sl2, float (&corr)[2]) {
+        const int tq = threadIdx.x & 3;
+        if (kv0 + BLOCK_N > seq_len || (causal && kv0 + BLOCK_N - 1 > row_g)) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row_g + 8 * h;
+                const int lim = (causal ? min(seq_len, row + 1) : seq_len) - kv0 - 2 * tq;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (j * 8 + e >= lim) s[4 * j + 2 * h + e] = OPTD_NEG_INF;
+                }
+            }
+        }
+        float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        float neg_ms[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = quad_max(mx[h]);
+            // A row with nothing unmasked yet keeps m = -inf: use 0 so that p
+            // and corr come out 0 rather than NaN.
+            neg_ms[h] = mx[h] == OPTD_NEG_INF ? 0.f : -mx[h] * sl2;
+            corr[h] = fast_exp2(fmaf(m_r[h], sl2, neg_ms[h]));
+            m_r[h] = mx[h];
+            l_r[h] *= corr[h];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], sl2, neg_ms[e >> 1]));
+                l_r[e >> 1] += s[4 * j + e];
+            }
+        }
+    }
+
+    __device__ __forceinline__ void rescale_and_pack(const float (&corr)[2]) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            o[4 * j] *= corr[0];
+            o[4 * j + 1] *= corr[0];
+            o[4 * j + 2] *= corr[1];
+            o[4 * j + 3] *= corr[1];
+        }
+        // P's A fragment of k-step kk: n8 blocks 2 kk (a0: row g, a1: row g + 8)
+        // and 2 kk + 1 (a2, a3), exactly the mma.sync m16n8k16 A layout.
+#pragma unroll
+        for (int kk = 0; kk < PK; ++kk) {
+            p[kk][0] = pack2(s[8 * kk], s[8 * kk + 1]);
+            p[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+            p[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+            p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    }
+};
+
+// Ping-pong turns: consumer c waits on barrier 1 + c; after issuing its GEMMs
+// it lets consumer c + 1 (round robin) go. 256 = the waiting warpgroup's 128
+// threads + the arriving one's.
+__device__ __forceinline__ void turn_wait(int c) {
+    if (PINGPONG) named_bar_sync(1 + c, 256);
+}
+__device__ __forceinline__ void turn_pass(int c) {
+    if (PINGPONG) named_bar_arrive(1 + (c + 1) % CONSUMERS, 256);
+}
+
+template <int D>
+__device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* tm_q, const optd_tensor_map* tm_k,
+                                              const optd_tensor_map* tm_v) {
+    static_assert(D % 64 == 0, "D must be a multiple of 64 (128-byte swizzle panels)");
+    constexpr int Q_WG_BYTES = 64 * D * 2;   // one consumer's 64 rows
+    constexpr int KV_BYTES = BLOCK_N * D * 2;  // one K or V tile
+    (void)batch;
+    (void)heads;
+    (void)n_splits;
+    (void)o_partial;
+    (void)lse_partial;
+    (void)q;
+    (void)k;
+    (void)v;
+
+    extern __shared__ unsigned char wt_smem[];
+    __shared__ WtBarriers bars;
+    // The swizzle pattern is a function of address bits 4-9: tiles start on 1024 bytes.
+    const unsigned base = (smem_addr(wt_smem) + 1023u) & ~1023u;
+    const unsigned s_q = base;
+    const unsigned s_k = s_q + CONSUMERS * Q_WG_BYTES;
+    const unsigned s_v = s_k + STAGES * KV_BYTES;
+
+    const int tid = threadIdx.x;
+    // Broadcast from lane 0: ptxas then knows the warpgroup index (and all that
+    // derives from it) is warp-uniform; a wgmma under a branch it thinks
+    // divergent is serialized (C7518).
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = m_block * WT_BLOCK_M;
+    const int bh = blockIdx.y;
+    const int kv_end = causal ? min(seq_len, m0 + WT_BLOCK_M) : seq_len;  // keys any row here sees
+    const int n_tiles = (kv_end + BLOCK_N - 1) / BLOCK_N;
+
+    if (tid == 0) {
+        mbar_init(smem_addr(&bars.q_full), 1);
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(smem_addr(&bars.k_full[s]), 1);
+            mbar_init(smem_addr(&bars.v_full[s]), 1);
+            mbar_init(smem_addr(&bars.k_empty[s]), 4 * CONSUMERS);  // one arrival per consumer warp
+            mbar_init(smem_addr(&bars.v_empty[s]), 4 * CONSUMERS);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ---- producer ------------------------------------------------------
+        reg_dealloc<WT_PRODUCER_REGS>();
+        if (tid == 0) {
+            tma_prefetch_map(tm_q);
+            tma_prefetch_map(tm_k);
+            tma_prefetch_map(tm_v);
+            const unsigned qf = smem_addr(&bars.q_full);
+            mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
+#pragma unroll
+            for (int c = 0; c < CONSUMERS; ++c) tma_load_4d(s_q + c * Q_WG_BYTES, tm_q, qf, 0, m0 + 64 * c, 0, bh);
+            for (int t = 0; t < n_tiles; ++t) {
+                const int s = t % STAGES;
+                const unsigned ph = (t / STAGES) & 1;
+                mbar_wait(smem_addr(&bars.k_empty[s]), ph ^ 1);
+                mbar_arrive_expect_tx(smem_addr(&bars.k_full[s]), KV_BYTES);
+                tma_load_4d(s_k + s * KV_BYTES, tm_k, smem_addr(&bars.k_full[s]), 0, t * BLOCK_N, 0, bh);
+                mbar_wait(smem_addr(&bars.v_empty[s]), ph ^ 1);
+                mbar_arrive_expect_tx(smem_addr(&bars.v_full[s]), KV_BYTES);
+                tma_load_4d(s_v + s * KV_BYTES, tm_v, smem_addr(&bars.v_full[s]), 0, t * BLOCK_N, 0, bh);
+            }
+        }
+    } else {
+        // ---- consumers -----------------------------------------------------
+        reg_alloc<WT_CONSUMER_REGS>();
+        const int c = wg - 1;
+        const int lane = tid & 31;
+        const int w = (tid / 32) & 3;
+        const int row0 = m0 + 64 * c;                  // the warpgroup's first row
+        const int row_g = row0 + 16 * w + (lane >> 2);  // this thread's rows: row_g, row_g + 8
+        // Key tiles this warpgroup computes: those below its last row (causal);
+        // none when all its rows are past S. The rest it only waits for and releases.
+        const int n_wg = row0 >= seq_len ? 0 : causal ? (min(seq_len, row0 + 64) + BLOCK_N - 1) / BLOCK_N : n_tiles;
+        const unsigned q_tile = s_q + c * Q_WG_BYTES;
+        const float sl2 = softmax_scale * OPTD_LOG2E;
+
+        Consumer<D> cs;
+        cs.init();
+        if (PINGPONG && c == CONSUMERS - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
+        mbar_wait(smem_addr(&bars.q_full), 0);
+
+        // Every wgmma is issued and waited for in one straight-line stretch:
+        // ptxas serializes wgmma whose wait it cannot pair up across branches
+        // (C7514/C7517/C7518). Hence separate loops for the tiles this
+        // warpgroup computes (0 .. n_wg - 1) and the ones it only releases.
+        auto k_full = [&](int t) { return smem_addr(&bars.k_full[t % STAGES]); };
+        auto v_full = [&](int t) { return smem_addr(&bars.v_full[t % STAGES]); };
+        auto release = [&](unsigned long long* bar_array, int t) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&bar_array[t % STAGES]));
+        };
+        auto parity = [](int t) { return (unsigned)((t / STAGES) & 1); };
+        auto k_tile = [&](int t) { return s_k + (t % STAGES) * KV_BYTES; };
+        auto v_tile = [&](int t) { return s_v + (t % STAGES) * KV_BYTES; };
+
+        if (OVERLAP && n_wg > 0) {
+            // Tile 0: S only.
+            mbar_wait(k_full(0), parity(0) ^ OPTD_FAULT_MBAR_PHASE);
+            turn_wait(c);
+            cs.issue_qk(q_tile, k_tile(0));
+            turn_pass(c);
+            wgmma_wait<0>();
+            reg_fence(cs.s);
+            release(bars.k_empty, 0);
+            float corr[2];
+            cs.softmax(0, row_g, seq_len, causal, sl2, corr);
+            cs.rescale_and_pack(corr);
+            // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
+            for (int t = 1; t < n_wg; ++t) {
+                mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
+                mbar_wait(v_full(t - 1), parity(t - 1));
+                turn_wait(c);
+                cs.issue_qk(q_tile, k_tile(t));
+                cs.issue_pv(v_tile(t - 1));
+                turn_pass(c);
+                wgmma_wait<1>();
+                reg_fence(cs.s);
+                release(bars.k_empty, t);
+                cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
+                wgmma_wait<0>();
+                reg_fence(cs.o);
+                release(bars.v_empty, t - 1);
+                cs.rescale_and_pack(corr);
+            }
+            mbar_wait(v_full(n_wg - 1), parity(n_wg - 1));
+            cs.issue_pv(v_tile(n_wg - 1));
+            wgmma_wait<0>();
+            reg_fence(cs.o);
+            release(bars.v_empty, n_wg - 1);
+        } else if (!OVERLAP) {
+            for (int t = 0; t < n_wg; ++t) {
+                mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
+                turn_wait(c);
+                cs.issue_qk(q_tile, k_tile(t));
+                turn_pass(c);
+                wgmma_wait<0>();
+                reg_fence(cs.s);
+                release(bars.k_empty, t);
+                float corr[2];
+                cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
+                cs.rescale_and_pack(corr);
+                mbar_wait(v_full(t), parity(t));
+                cs.issue_pv(v_tile(t));
+                wgmma_wait<0>();
+                reg_fence(cs.o);
+                release(bars.v_empty, t);
+            }
+        }
+        // Tiles above this warpgroup's rows (causal) or with all its rows past
+        // S: wait for them (a slot is reused only after every consumer is
+        // done) and release them; keep the ping-pong turns in step.
+        for (int t = n_wg; t < n_tiles; ++t) {
+            mbar_wait(k_full(t), parity(t));
+            mbar_wait(v_full(t), parity(t));
+            turn_wait(c);
+            turn_pass(c);
+            release(bars.k_empty, t);
+            release(bars.v_empty, t);
+        }
+        if (PINGPONG && c == 0) named_bar_sync(1, 256);  // the last consumer's final pass
+
+        // ---- epilogue: O / l, rows < S --------------------------------------
+        const int tq = lane & 3;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row_g + 8 * h;
+            const float l = quad_sum(cs.l_r[h]);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (row < seq_len) {
+                elem_t* orow = o + ((size_t)bh * seq_len + row) * D + 2 * tq;
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j)
+                    *reinterpret_cast<unsigned*>(orow + 8 * j) =
+                        pack2(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
+            }
+        }
+    }
+    __syncthreads();  // every warpgroup done: the CTA counts as complete only now
+}
+
+#define WT_KERNEL(DIM)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(WT_THREADS, 1)                                                \
+        optd_fwd_d##DIM(OPTD_ARGS, const __grid_constant__ optd_tensor_map tm_q,                               \
+                        const __grid_constant__ optd_tensor_map tm_k, const __grid_constant__ optd_tensor_map tm_v) { \
+        wgmma_tma_fwd<DIM>(OPTD_ARG_NAMES, &tm_q, &tm_k, &tm_v);                                               \
+        OPTD_CTA_DONE();                                                                                       \
+    }
+WT_KERNEL(64)
+WT_KERNEL(128)
