@@ -48,7 +48,8 @@
  * CTAs:    cdiv(S, 64 CONSUMERS) x (B * H) x 1, 128 (CONSUMERS + 1) threads;
  *          causal: blockIdx.x = 0 takes the last (heaviest) query tile.
  * Registers (setmaxnreg, per thread): producer 24 (2 consumers) or 32 (3);
- *          consumers 240 or 160. A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
+ *          consumers 240 or 160 (the launch allocation, 168 or 128 each, moved
+ *          from the producer to the consumers). A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
  *          + BLOCK_N / 4 (P) values: D 128, BLOCK_N 128: 160.
  * Tensor maps: q (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle.
  *          Rows past S are zero-filled by the TMA (per head: the map is 4-D).
@@ -73,6 +74,7 @@ STAGES = [2, 3]
 CONSUMERS = [2, 3]
 PINGPONG = [1, 0]
 OVERLAP = [1, 0]
+PERSISTENT = [1, 0]
 
 [derived]
 block_m = "64 * CONSUMERS"
@@ -81,7 +83,7 @@ splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["m_blocks", "B * H", "1"]
+grid = ["min(m_blocks * B * H, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * H", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
 smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N)"
 
@@ -119,6 +121,9 @@ swizzle = 128
 #endif
 #ifndef OVERLAP
 #error "OVERLAP must be defined"
+#endif
+#ifndef PERSISTENT
+#error "PERSISTENT must be defined"
 #endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
@@ -161,9 +166,9 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Shared-memory barriers: q_full, then per stage k_full, v_full, k_empty, v_empty.
+// Shared-memory barriers: q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
 struct WtBarriers {
-    unsigned long long q_full;
+    unsigned long long q_full, q_empty;
     unsigned long long k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
 };
 
@@ -290,8 +295,6 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     static_assert(D % 64 == 0, "D must be a multiple of 64 (128-byte swizzle panels)");
     constexpr int Q_WG_BYTES = 64 * D * 2;   // one consumer's 64 rows
     constexpr int KV_BYTES = BLOCK_N * D * 2;  // one K or V tile
-    (void)batch;
-    (void)heads;
     (void)n_splits;
     (void)o_partial;
     (void)lse_partial;
@@ -312,14 +315,34 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // derives from it) is warp-uniform; a wgmma under a branch it thinks
     // divergent is serialized (C7518).
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int m0 = m_block * WT_BLOCK_M;
-    const int bh = blockIdx.y;
-    const int kv_end = causal ? min(seq_len, m0 + WT_BLOCK_M) : seq_len;  // keys any row here sees
-    const int n_tiles = (kv_end + BLOCK_N - 1) / BLOCK_N;
+    const int n_mb = (seq_len + WT_BLOCK_M - 1) / WT_BLOCK_M;
+    const int n_work = PERSISTENT ? n_mb * batch * heads : 1;
+    const int work0 = PERSISTENT ? (int)blockIdx.x : 0;
+    const int work_step = PERSISTENT ? (int)gridDim.x : 1;
+    // Work tile -> (query tile, b * H + h). Causal: the heaviest query tiles
+    // (last rows) first. Persistent, not causal: consecutive work tiles share a
+    // head, so the CTAs running at once share its K/V in L2.
+    auto work_tile = [&](int wk, int& m_block, int& bh) {
+        if (!PERSISTENT) {
+            m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+            bh = blockIdx.y;
+        } else if (causal) {
+            m_block = n_mb - 1 - wk / (batch * heads);
+            bh = wk % (batch * heads);
+        } else {
+            m_block = wk % n_mb;
+            bh = wk / n_mb;
+        }
+    };
+    // Key tiles any row of query tile m_block sees (causal: up to its last row).
+    auto tiles_of = [&](int m_block) {
+        const int kv_end = causal ? min(seq_len, (m_block + 1) * WT_BLOCK_M) : seq_len;
+        return (kv_end + BLOCK_N - 1) / BLOCK_N;
+    };
 
     if (tid == 0) {
         mbar_init(smem_addr(&bars.q_full), 1);
+        mbar_init(smem_addr(&bars.q_empty), 4 * CONSUMERS);
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(smem_addr(&bars.k_full[s]), 1);
@@ -338,19 +361,28 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             tma_prefetch_map(tm_q);
             tma_prefetch_map(tm_k);
             tma_prefetch_map(tm_v);
-            const unsigned qf = smem_addr(&bars.q_full);
-            mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
+            int it = 0;  // K/V tiles loaded so far: ring slot it % STAGES
+            for (int wk = work0, n = 0; wk < n_work; wk += work_step, ++n) {
+                int m_block, bh;
+                work_tile(wk, m_block, bh);
+                const int m0 = m_block * WT_BLOCK_M;
+                // Q: the previous work tile's consumers must be done with it.
+                const unsigned qf = smem_addr(&bars.q_full);
+                mbar_wait(smem_addr(&bars.q_empty), (n & 1) ^ 1);
+                mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
 #pragma unroll
-            for (int c = 0; c < CONSUMERS; ++c) tma_load_4d(s_q + c * Q_WG_BYTES, tm_q, qf, 0, m0 + 64 * c, 0, bh);
-            for (int t = 0; t < n_tiles; ++t) {
-                const int s = t % STAGES;
-                const unsigned ph = (t / STAGES) & 1;
-                mbar_wait(smem_addr(&bars.k_empty[s]), ph ^ 1);
-                mbar_arrive_expect_tx(smem_addr(&bars.k_full[s]), KV_BYTES);
-                tma_load_4d(s_k + s * KV_BYTES, tm_k, smem_addr(&bars.k_full[s]), 0, t * BLOCK_N, 0, bh);
-                mbar_wait(smem_addr(&bars.v_empty[s]), ph ^ 1);
-                mbar_arrive_expect_tx(smem_addr(&bars.v_full[s]), KV_BYTES);
-                tma_load_4d(s_v + s * KV_BYTES, tm_v, smem_addr(&bars.v_full[s]), 0, t * BLOCK_N, 0, bh);
+                for (int c = 0; c < CONSUMERS; ++c) tma_load_4d(s_q + c * Q_WG_BYTES, tm_q, qf, 0, m0 + 64 * c, 0, bh);
+                const int n_tiles = tiles_of(m_block);
+                for (int t = 0; t < n_tiles; ++t, ++it) {
+                    const int s = it % STAGES;
+                    const unsigned ph = (it / STAGES) & 1;
+                    mbar_wait(smem_addr(&bars.k_empty[s]), ph ^ 1);
+                    mbar_arrive_expect_tx(smem_addr(&bars.k_full[s]), KV_BYTES);
+                    tma_load_4d(s_k + s * KV_BYTES, tm_k, smem_addr(&bars.k_full[s]), 0, t * BLOCK_N, 0, bh);
+                    mbar_wait(smem_addr(&bars.v_empty[s]), ph ^ 1);
+                    mbar_arrive_expect_tx(smem_addr(&bars.v_full[s]), KV_BYTES);
+                    tma_load_4d(s_v + s * KV_BYTES, tm_v, smem_addr(&bars.v_full[s]), 0, t * BLOCK_N, 0, bh);
+                }
             }
         }
     } else {
@@ -359,114 +391,126 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         const int c = wg - 1;
         const int lane = tid & 31;
         const int w = (tid / 32) & 3;
-        const int row0 = m0 + 64 * c;                  // the warpgroup's first row
-        const int row_g = row0 + 16 * w + (lane >> 2);  // this thread's rows: row_g, row_g + 8
-        // Key tiles this warpgroup computes: those below its last row (causal);
-        // none when all its rows are past S. The rest it only waits for and releases.
-        const int n_wg = row0 >= seq_len ? 0 : causal ? (min(seq_len, row0 + 64) + BLOCK_N - 1) / BLOCK_N : n_tiles;
-        const unsigned q_tile = s_q + c * Q_WG_BYTES;
-        const float sl2 = softmax_scale * OPTD_LOG2E;
-
-        Consumer<D> cs;
-        cs.init();
         if (PINGPONG && c == CONSUMERS - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
-        mbar_wait(smem_addr(&bars.q_full), 0);
+        int it0 = 0;  // K/V ring position of the work tile's first key tile
+        for (int wk = work0, n = 0; wk < n_work; wk += work_step, ++n) {
+            int m_block, bh;
+            work_tile(wk, m_block, bh);
+            const int m0 = m_block * WT_BLOCK_M;
+            const int n_tiles = tiles_of(m_block);
+            const int row0 = m0 + 64 * c;                  // the warpgroup's first row
+            const int row_g = row0 + 16 * w + (lane >> 2);  // this thread's rows: row_g, row_g + 8
+            // Key tiles this warpgroup computes: those below its last row (causal);
+            // none when all its rows are past S. The rest it only waits for and releases.
+            const int n_wg = row0 >= seq_len ? 0 : causal ? (min(seq_len, row0 + 64) + BLOCK_N - 1) / BLOCK_N : n_tiles;
+            const unsigned q_tile = s_q + c * Q_WG_BYTES;
+            const float sl2 = softmax_scale * OPTD_LOG2E;
 
-        // Every wgmma is issued and waited for in one straight-line stretch:
-        // ptxas serializes wgmma whose wait it cannot pair up across branches
-        // (C7514/C7517/C7518). Hence separate loops for the tiles this
-        // warpgroup computes (0 .. n_wg - 1) and the ones it only releases.
-        auto k_full = [&](int t) { return smem_addr(&bars.k_full[t % STAGES]); };
-        auto v_full = [&](int t) { return smem_addr(&bars.v_full[t % STAGES]); };
-        auto release = [&](unsigned long long* bar_array, int t) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_addr(&bar_array[t % STAGES]));
-        };
-        auto parity = [](int t) { return (unsigned)((t / STAGES) & 1); };
-        auto k_tile = [&](int t) { return s_k + (t % STAGES) * KV_BYTES; };
-        auto v_tile = [&](int t) { return s_v + (t % STAGES) * KV_BYTES; };
+            Consumer<D> cs;
+            cs.init();
+            mbar_wait(smem_addr(&bars.q_full), n & 1);
 
-        if (OVERLAP && n_wg > 0) {
-            // Tile 0: S only.
-            mbar_wait(k_full(0), parity(0) ^ OPTD_FAULT_MBAR_PHASE);
-            turn_wait(c);
-            cs.issue_qk(q_tile, k_tile(0));
-            turn_pass(c);
-            wgmma_wait<0>();
-            reg_fence(cs.s);
-            release(bars.k_empty, 0);
-            float corr[2];
-            cs.softmax(0, row_g, seq_len, causal, sl2, corr);
-            cs.rescale_and_pack(corr);
-            // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
-            for (int t = 1; t < n_wg; ++t) {
-                mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
-                mbar_wait(v_full(t - 1), parity(t - 1));
+            // Every wgmma is issued and waited for in one straight-line stretch:
+            // ptxas serializes wgmma whose wait it cannot pair up across branches
+            // (C7514/C7517/C7518). Hence separate loops for the tiles this
+            // warpgroup computes (0 .. n_wg - 1) and the ones it only releases.
+            // Key tile t of this work tile is K/V ring entry it0 + t.
+            auto k_full = [&](int t) { return smem_addr(&bars.k_full[(it0 + t) % STAGES]); };
+            auto v_full = [&](int t) { return smem_addr(&bars.v_full[(it0 + t) % STAGES]); };
+            auto release = [&](unsigned long long* bar_array, int t) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(smem_addr(&bar_array[(it0 + t) % STAGES]));
+            };
+            auto parity = [&](int t) { return (unsigned)(((it0 + t) / STAGES) & 1); };
+            auto k_tile = [&](int t) { return s_k + ((it0 + t) % STAGES) * KV_BYTES; };
+            auto v_tile = [&](int t) { return s_v + ((it0 + t) % STAGES) * KV_BYTES; };
+
+            if (OVERLAP && n_wg > 0) {
+                // Tile 0: S only.
+                mbar_wait(k_full(0), parity(0) ^ OPTD_FAULT_MBAR_PHASE);
                 turn_wait(c);
-                cs.issue_qk(q_tile, k_tile(t));
-                cs.issue_pv(v_tile(t - 1));
-                turn_pass(c);
-                wgmma_wait<1>();
-                reg_fence(cs.s);
-                release(bars.k_empty, t);
-                cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
-                wgmma_wait<0>();
-                reg_fence(cs.o);
-                release(bars.v_empty, t - 1);
-                cs.rescale_and_pack(corr);
-            }
-            mbar_wait(v_full(n_wg - 1), parity(n_wg - 1));
-            cs.issue_pv(v_tile(n_wg - 1));
-            wgmma_wait<0>();
-            reg_fence(cs.o);
-            release(bars.v_empty, n_wg - 1);
-        } else if (!OVERLAP) {
-            for (int t = 0; t < n_wg; ++t) {
-                mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
-                turn_wait(c);
-                cs.issue_qk(q_tile, k_tile(t));
+                cs.issue_qk(q_tile, k_tile(0));
                 turn_pass(c);
                 wgmma_wait<0>();
                 reg_fence(cs.s);
-                release(bars.k_empty, t);
+                release(bars.k_empty, 0);
                 float corr[2];
-                cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
+                cs.softmax(0, row_g, seq_len, causal, sl2, corr);
                 cs.rescale_and_pack(corr);
-                mbar_wait(v_full(t), parity(t));
-                cs.issue_pv(v_tile(t));
+                // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
+                for (int t = 1; t < n_wg; ++t) {
+                    mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
+                    mbar_wait(v_full(t - 1), parity(t - 1));
+                    turn_wait(c);
+                    cs.issue_qk(q_tile, k_tile(t));
+                    cs.issue_pv(v_tile(t - 1));
+                    turn_pass(c);
+                    wgmma_wait<1>();
+                    reg_fence(cs.s);
+                    release(bars.k_empty, t);
+                    cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
+                    wgmma_wait<0>();
+                    reg_fence(cs.o);
+                    release(bars.v_empty, t - 1);
+                    cs.rescale_and_pack(corr);
+                }
+                mbar_wait(v_full(n_wg - 1), parity(n_wg - 1));
+                cs.issue_pv(v_tile(n_wg - 1));
                 wgmma_wait<0>();
                 reg_fence(cs.o);
+                release(bars.v_empty, n_wg - 1);
+            } else if (!OVERLAP) {
+                for (int t = 0; t < n_wg; ++t) {
+                    mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
+                    turn_wait(c);
+                    cs.issue_qk(q_tile, k_tile(t));
+                    turn_pass(c);
+                    wgmma_wait<0>();
+                    reg_fence(cs.s);
+                    release(bars.k_empty, t);
+                    float corr[2];
+                    cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
+                    cs.rescale_and_pack(corr);
+                    mbar_wait(v_full(t), parity(t));
+                    cs.issue_pv(v_tile(t));
+                    wgmma_wait<0>();
+                    reg_fence(cs.o);
+                    release(bars.v_empty, t);
+                }
+            }
+            // Tiles above this warpgroup's rows (causal) or with all its rows past
+            // S: wait for them (a slot is reused only after every consumer is
+            // done) and release them; keep the ping-pong turns in step.
+            for (int t = n_wg; t < n_tiles; ++t) {
+                mbar_wait(k_full(t), parity(t));
+                mbar_wait(v_full(t), parity(t));
+                turn_wait(c);
+                turn_pass(c);
+                release(bars.k_empty, t);
                 release(bars.v_empty, t);
             }
-        }
-        // Tiles above this warpgroup's rows (causal) or with all its rows past
-        // S: wait for them (a slot is reused only after every consumer is
-        // done) and release them; keep the ping-pong turns in step.
-        for (int t = n_wg; t < n_tiles; ++t) {
-            mbar_wait(k_full(t), parity(t));
-            mbar_wait(v_full(t), parity(t));
-            turn_wait(c);
-            turn_pass(c);
-            release(bars.k_empty, t);
-            release(bars.v_empty, t);
-        }
-        if (PINGPONG && c == 0) named_bar_sync(1, 256);  // the last consumer's final pass
+            // Q is no longer read: the producer may load the next work tile's.
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&bars.q_empty));
+            it0 += n_tiles;
 
-        // ---- epilogue: O / l, rows < S --------------------------------------
-        const int tq = lane & 3;
+            // ---- epilogue: O / l, rows < S --------------------------------------
+            const int tq = lane & 3;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row_g + 8 * h;
-            const float l = quad_sum(cs.l_r[h]);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            if (row < seq_len) {
-                elem_t* orow = o + ((size_t)bh * seq_len + row) * D + 2 * tq;
+            for (int h = 0; h < 2; ++h) {
+                const int row = row_g + 8 * h;
+                const float l = quad_sum(cs.l_r[h]);
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                if (row < seq_len) {
+                    elem_t* orow = o + ((size_t)bh * seq_len + row) * D + 2 * tq;
 #pragma unroll
-                for (int j = 0; j < D / 8; ++j)
-                    *reinterpret_cast<unsigned*>(orow + 8 * j) =
-                        pack2(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
+                    for (int j = 0; j < D / 8; ++j)
+                        *reinterpret_cast<unsigned*>(orow + 8 * j) =
+                            pack2(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
+                }
             }
-        }
+        }  // work tiles
+        if (PINGPONG && c == 0) named_bar_sync(1, 256);  // the last consumer's final pass
     }
     __syncthreads();  // every warpgroup done: the CTA counts as complete only now
 }
