@@ -61,6 +61,8 @@
  *          OVERLAP    softmax of tile t under the PV of t - 1   1, 0
  *          PERSISTENT one CTA per SM looping over work tiles     1, 0
  *                     (grid min(tiles, SMs) x 1; 0: one CTA per tile)
+ *          LAZY_RESCALE  the softmax max moves only when it grows by   1, 0
+ *                     more than 2^8; warps skip the O rescale otherwise
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -77,6 +79,7 @@ CONSUMERS = [2, 3]
 PINGPONG = [1, 0]
 OVERLAP = [1, 0]
 PERSISTENT = [1, 0]
+LAZY_RESCALE = [1, 0]
 
 [derived]
 block_m = "64 * CONSUMERS"
@@ -126,6 +129,9 @@ swizzle = 128
 #endif
 #ifndef PERSISTENT
 #error "PERSISTENT must be defined"
+#endif
+#ifndef LAZY_RESCALE
+#error "LAZY_RESCALE must be defined"
 #endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
@@ -185,6 +191,7 @@ struct Consumer {
     float s[BLOCK_N / 2];
     unsigned p[PK][4];
     float m_r[2], l_r[2];
+    bool rescale;  // some row of this warp moved its max in the last softmax
 
     __device__ __forceinline__ void init() {
 #pragma unroll
@@ -241,9 +248,19 @@ struct Consumer {
             mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
         float neg_ms[2];
+        bool moved = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             mx[h] = quad_max(mx[h]);
+#if LAZY_RESCALE
+            // Keep the max the exponentials are taken against unless the row's
+            // max grew by more than 2^8 (p then stays <= 256: exact in fp16 /
+            // bf16, and l and O are fp32): most tiles then leave O alone.
+            if (m_r[h] != OPTD_NEG_INF && (mx[h] - m_r[h]) * sl2 <= 8.f) mx[h] = m_r[h];
+            else moved = true;
+#else
+            moved = true;
+#endif
             // A row with nothing unmasked yet keeps m = -inf: use 0 so that p
             // and corr come out 0 rather than NaN.
             neg_ms[h] = mx[h] == OPTD_NEG_INF ? 0.f : -mx[h] * sl2;
@@ -251,6 +268,8 @@ struct Consumer {
             m_r[h] = mx[h];
             l_r[h] *= corr[h];
         }
+        // Warp-uniform: the O rescale is skipped when no row of the warp moved.
+        rescale = __any_sync(0xffffffffu, moved);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -262,12 +281,14 @@ struct Consumer {
     }
 
     __device__ __forceinline__ void rescale_and_pack(const float (&corr)[2]) {
+        if (rescale) {
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            o[4 * j] *= corr[0];
-            o[4 * j + 1] *= corr[0];
-            o[4 * j + 2] *= corr[1];
-            o[4 * j + 3] *= corr[1];
+            for (int j = 0; j < D / 8; ++j) {
+                o[4 * j] *= corr[0];
+                o[4 * j + 1] *= corr[0];
+                o[4 * j + 2] *= corr[1];
+                o[4 * j + 3] *= corr[1];
+            }
         }
         // P's A fragment of k-step kk: n8 blocks 2 kk (a0: row g, a1: row g + 8)
         // and 2 kk + 1 (a2, a3), exactly the mma.sync m16n8k16 A layout.
