@@ -54,7 +54,7 @@
  * Tensor maps: q (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle.
  *          Rows past S are zero-filled by the TMA (per head: the map is 4-D).
  *
- * Knobs:   BLOCK_N    keys per K/V tile (wgmma N of S = Q K^T)   128, 64, 176, 192
+ * Knobs:   BLOCK_N    keys per K/V tile (wgmma N of S = Q K^T)   192, 128, 176
  *          STAGES     K/V slots in the TMA ring                 2, 3
  *          CONSUMERS  consumer warpgroups (64 query rows each)  2, 3
  *          PINGPONG   consumer warpgroups take turns on the GEMMs 1, 0
@@ -73,7 +73,7 @@ min_cc = 90
 arch_specific = true
 
 [knobs]
-BLOCK_N = [128, 64, 176, 192]
+BLOCK_N = [192, 128, 176]
 STAGES = [2, 3]
 CONSUMERS = [2, 3]
 PINGPONG = [1, 0]

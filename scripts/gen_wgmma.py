@@ -7,7 +7,7 @@ script. Run it after changing the N list:  python3 scripts/gen_wgmma.py
 """
 from pathlib import Path
 
-SS_N = [64, 96, 128, 176, 192]   # S = Q K^T: N = BLOCK_N, A and B from shared memory
+SS_N = [128, 176, 192]   # S = Q K^T: N = BLOCK_N, A and B from shared memory
 RS_N = [64, 128]            # O += P V:  N = D, A (P) from registers
 
 HEAD = '''/******************************************************************************
