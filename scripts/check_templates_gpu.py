@@ -21,12 +21,41 @@ Knobs that the kernel code never names (kv-split's MAX_SPLITS only enters the
 launch formulas) cannot change the compiled code, so one module is compiled per
 combination of the knobs it does name and shared by the others.
 
+Hopper templates (wgmma_tma.cu):
+  - `arch_specific = true`: compiled for sm_<min_cc>a (sm_90a), never for
+    --arch; on a GPU whose compute capability is not exactly min_cc they are
+    skipped with the reason printed (an sm_90a cubin runs only on cc 9.0).
+    In-process compiles pass --gpu-architecture=sm_90a to cupy.RawModule; CuPy
+    appends its own -arch=sm_90, and NVRTC 13.0 keeps sm_90a (checked on the CPU
+    machine with .deps' NVRTC 13.0.88; the templates #error without the sm_90a
+    feature macro, so a different NVRTC that picked sm_90 fails loudly). The
+    dependable path is --build-cubins here, --cubin-dir there.
+  - `[[tensor_map]]` entries: plan() resolves each map's geometry per shape
+    (tensor_map_geometry(): the daemon's convention, dims {P, S, D/P, B*H},
+    byte strides {2D, 2P, 2SD}, box {P, box_rows, D/P, 1}, P = swizzle / 2);
+    Gpu.launch_args() encodes them with cuda.bindings' cuTensorMapEncodeTiled
+    on the very q/k/v/o buffers of that check or timing run, and Gpu.launch()
+    (the one launch function of every path: check, timing and its CUDA graph,
+    --sdpa, --faults) passes them by value after the 13 ABI arguments through
+    cuLaunchKernel on the current CuPy stream. Needs cuda-bindings.
+  A (combo, shape) whose shared memory exceeds the device's, or whose tensor
+  map the TMA cannot encode, is skipped and counted, as the daemon's gate does.
+
   --dry-run   no GPU: render every template and print every launch plan
-              (SMS=132, H100 values), cross-checking the expression evaluator
-              against jinja2 when it is installed.
-  --faults    also run the testing templates, each in a child process: the
-              out-of-bounds writer must fail with an illegal address, the
-              infinite loop must still be running after --fault-timeout s.
+              (SMS=132, H100 values, cc 9.0) with each tensor map's geometry,
+              cross-checking the expression evaluator against jinja2 when it is
+              installed.
+  --faults    also run the planted faults, each in a child process (a sticky
+              error or a hung kernel would take the parent's context with it):
+              the out-of-bounds writer must fail with an illegal address, the
+              infinite loop must still be running --fault-timeout s after its
+              launch, testing/tensor_map_probe.cu (a TMA plumbing probe, not a
+              fault) must pass the full check; and every non-testing template
+              with tensor maps is rendered with `#define OPTD_FAULT_MBAR_PHASE 1`
+              first (its consumers wait on the wrong mbarrier parity) and checked
+              on FAULT_CHECK_SHAPES: "caught" when a check fails (values, NaN,
+              CTA count), the child crashes, or it hangs; "NOT caught" when it
+              passes. Compile / load time does not count against the timeout.
   --pairs T   check template T on a set of knob combinations that covers every
               pair of knob values (instead of every combination).
   --more-shapes   also check EXTRA_CHECK_SHAPES (more ragged / causal / D=128
@@ -37,15 +66,25 @@ combination of the knobs it does name and shared by the others.
               fp16, CUDA events, median; prints TFLOPS = 4 B H S^2 D / t
               (halved for causal) and ends with a short table.
   --build-cubins DIR  no GPU: compile every module the run would compile
-              (check and timed builds, fp16 and bf16) with NVRTC on this
-              machine (.deps, as scripts/nvrtc_compile_check.py) for --arch
-              (default sm_90) into DIR; a GPU run given --cubin-dir DIR loads
-              those instead of compiling (any module missing there is compiled
-              as usual), which saves the device machine the compile time.
+              (check and timed builds, fp16 and bf16, and the --faults
+              modules) with NVRTC on this machine (.deps, as
+              scripts/nvrtc_compile_check.py) for --arch (default sm_90), or
+              sm_<min_cc>a for arch-specific templates, into DIR (file names end
+              in the target, e.g. -count-sm_90a.cubin); a GPU run given
+              --cubin-dir DIR loads those instead of compiling (any module
+              missing there is compiled as usual), which saves the device
+              machine the compile time.
+
+The Hopper template on the GPU machine, e.g. (.dev is git-ignored: carry .dev/ctg there):
+  here:  python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --template wgmma_tma.cu \\
+             --template tensor_map_probe.cu --pairs wgmma_tma.cu
+  there: python3 scripts/check_templates_gpu.py --cubin-dir .dev/ctg --template wgmma_tma.cu \\
+             --template tensor_map_probe.cu --pairs wgmma_tma.cu --faults
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import math
 import os
@@ -53,13 +92,16 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvrtc_compile_check import (  # noqa: E402
-    HEAD_DIMS, ROOT, TEMPLATES_DIR, Template, combo_label, load_templates, render,
+    ABI_PARAMS, ROOT, TEMPLATES_DIR, TMA_SWIZZLES, Template, Unsupported, arch_targets, combo_label,
+    device_arch, load_templates, render, specific_arch,
 )
 
 # (B, H, S, D, causal)
@@ -82,9 +124,15 @@ EXTRA_CHECK_SHAPES = [
 SDPA_SHAPES = [
     (4, 16, 4096, 64, False), (4, 16, 4096, 64, True), (2, 16, 8192, 128, False), (2, 16, 8192, 128, True),
 ]
+# --faults: the testing templates' single launch, and the shapes a planted fault in a
+# real template is checked on (several key tiles per CTA, so a K/V ring slot is reused).
+FAULT_SHAPE = (1, 1, 128, 64, False)
+FAULT_CHECK_SHAPES = [(1, 1, 128, 64, False), (2, 4, 1000, 64, True), (1, 2, 4097, 128, False)]
+MBAR_FAULT_MACRO = "OPTD_FAULT_MBAR_PHASE"
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
+ELEM_BYTES = 2
 
 
 # ---------------------------------------------------------------------------
@@ -132,15 +180,81 @@ class Evaluator:
 EVAL = Evaluator()
 
 
+class DoesNotFit(ValueError):
+    """A (combo, shape) the daemon's gate rejects, so it is skipped, not failed: more shared
+    memory than the device has, or a tensor map the TMA cannot encode."""
+
+
+# ---------------------------------------------------------------------------
+# TMA tensor maps: the daemon's fixed geometry convention (src/protocol.rs,
+# TensorMap::geometry). Pure, so it is checked without a GPU.
+# ---------------------------------------------------------------------------
+def tensor_map_geometry(shape, box_rows: int, swizzle: int) -> dict:
+    """cuTensorMapEncodeTiled's arguments for one [B, H, S, D] contiguous tensor of 2-byte
+    elements seen through a `swizzle`-byte swizzle: P = swizzle / 2 elements per panel;
+    rank 4, dims innermost first {P, S, D/P, B*H}, byte strides of dims 1..3
+    {D*2, P*2, S*D*2}, box {P, box_rows, D/P, 1}, element strides {1, 1, 1, 1}.
+    Raises ValueError, saying why, where the TMA cannot encode it."""
+    b, h, s, d = shape[:4]
+    if swizzle not in TMA_SWIZZLES:
+        raise ValueError(f"swizzle = {swizzle} bytes; allowed: 32, 64, 128")
+    p = swizzle // ELEM_BYTES
+    if d <= 0 or d % p:
+        raise ValueError(f"D = {d} is not a multiple of the {p}-element panel of a {swizzle}-byte swizzle")
+    panels = d // p
+    if panels > 256:
+        raise ValueError(f"D / {p} = {panels} panels; a box dimension holds at most 256")
+    if not 1 <= box_rows <= 256:
+        raise ValueError(f"box_rows = {box_rows}; a box dimension holds 1..256")
+    if s <= 0 or b * h <= 0:
+        raise ValueError(f"shape {shape} has an empty dimension")
+    dims = (p, s, panels, b * h)
+    strides = (d * ELEM_BYTES, p * ELEM_BYTES, s * d * ELEM_BYTES)
+    if max(dims) > 1 << 32:
+        raise ValueError(f"a dimension of {max(dims)} exceeds the TMA's 2^32")
+    for st in strides:
+        if st % 16 or st >= 1 << 40:
+            raise ValueError(f"a stride of {st} bytes is not a multiple of 16 below 2^40")
+    return dict(swizzle=swizzle, dims=dims, strides_bytes=strides, box=(p, box_rows, panels, 1),
+                element_strides=(1, 1, 1, 1))
+
+
+def resolve_tensor_maps(tpl: Template, shape, ctx: dict) -> list[dict]:
+    """The template's [[tensor_map]] entries for one shape: param_index, tensor and the
+    geometry; box_rows is evaluated like the launch formulas. DoesNotFit when the TMA
+    cannot encode one (the daemon's gate rejects the shape too)."""
+    maps = []
+    for i, tm in enumerate(tpl.tensor_maps):
+        rows = EVAL(str(tm["box_rows"]), ctx)
+        try:
+            geometry = tensor_map_geometry(shape, rows, tm["swizzle"])
+        except ValueError as e:
+            raise DoesNotFit(f"tensor_map[{i}] ({tm['tensor']}, box_rows \"{tm['box_rows']}\" = {rows}, "
+                             f"swizzle {tm['swizzle']}): {e}") from None
+        maps.append(dict(param_index=ABI_PARAMS + i, tensor=tm["tensor"], **geometry))
+    return maps
+
+
+def describe_tensor_map(m: dict) -> str:
+    def braces(xs):
+        return "{" + ", ".join(str(x) for x in xs) + "}"
+    return (f"param {m['param_index']} {m['tensor']}: dims {braces(m['dims'])} strides_bytes "
+            f"{braces(m['strides_bytes'])} box {braces(m['box'])} swizzle {m['swizzle']}B")
+
+
 def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict], dict]:
-    """(n_splits, launches, context) for one shape; launches carry name/grid/block/smem."""
+    """(n_splits, launches, context) for one shape. Each launch has kernel, grid, block, smem
+    and tensor_maps: the template's resolved [[tensor_map]] entries (the same list for every
+    launch; empty for templates without). Raises DoesNotFit where the daemon's gate would
+    reject the (combo, shape), ValueError for a plan that is wrong."""
     b, h, s, d, causal = shape
-    ctx = dict(knobs, B=b, H=h, S=s, D=d, CAUSAL=int(causal), ELEM_BYTES=2, **dev)
+    ctx = dict(knobs, B=b, H=h, S=s, D=d, CAUSAL=int(causal), ELEM_BYTES=ELEM_BYTES, **dev)
     for name, expr in tpl.spec["derived"].items():
         ctx[name] = EVAL(str(expr), ctx)
     splits = ctx["splits"]
     if splits < 1:
         raise ValueError(f"splits = {splits} < 1")
+    tensor_maps = resolve_tensor_maps(tpl, shape, ctx)
     launches = []
     for launch in tpl.spec["launch"]:
         if "when" in launch and not EVAL(launch["when"], ctx):
@@ -151,8 +265,9 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
         if min(grid) < 1 or min(block) < 1 or math.prod(block) > 1024 or grid[1] > 65535 or grid[2] > 65535:
             raise ValueError(f"bad launch {launch['kernel']}: grid {grid} block {block}")
         if smem > dev["SMEM_OPTIN"]:
-            raise ValueError(f"launch {launch['kernel']} wants {smem} B of shared memory")
-        launches.append(dict(kernel=f"optd_{launch['kernel']}_d{d}", grid=tuple(grid), block=tuple(block), smem=smem))
+            raise DoesNotFit(f"launch {launch['kernel']} wants {smem} B of shared memory")
+        launches.append(dict(kernel=f"optd_{launch['kernel']}_d{d}", grid=tuple(grid), block=tuple(block), smem=smem,
+                             tensor_maps=tensor_maps))
     return splits, launches, ctx
 
 
@@ -199,28 +314,164 @@ def combos_for(tpl: Template, pairs) -> list[dict]:
     return tpl.knob_combos()
 
 
+def target_label(tpl: Template) -> str:
+    if tpl.arch_specific:
+        return f"target {specific_arch(tpl)} (arch-specific: cc {tpl.min_cc} only)"
+    return "target sm_<cc> of the GPU (--arch for --build-cubins)"
+
+
 def dry_run(templates: list[Template]) -> int:
     bad = 0
     for tpl in templates:
         used = code_knobs(tpl)
-        print(f"== {tpl.rel} ({tpl.name}{', testing' if tpl.testing else ''}); knobs in code: {used}")
+        print(f"== {tpl.rel} ({tpl.name}{', testing' if tpl.testing else ''}); knobs in code: {used}; "
+              f"{target_label(tpl)}; {len(tpl.tensor_maps)} tensor maps")
+        try:
+            device_arch(tpl, H100["CC"])
+        except Unsupported as e:
+            print(f"  skipped on an H100: {e}")
+            continue
         for knobs in tpl.knob_combos():
             for bf16 in (False, True):
                 render(tpl, knobs, bf16)
             for shape in CHECK_SHAPES + TIME_SHAPES:
                 try:
                     splits, launches, _ = plan(tpl, knobs, shape, H100)
+                except DoesNotFit as e:  # the gate rejects it
+                    print(f"  {combo_label(knobs):40} {shape_key(shape):22} does not fit: {e}")
+                    continue
                 except Exception as e:  # noqa: BLE001
-                    if "of shared memory" in str(e):  # does not fit: the gate rejects it
-                        print(f"  {combo_label(knobs):40} {shape_key(shape):22} does not fit: {e}")
-                        continue
                     bad += 1
                     print(f"  {combo_label(knobs):40} {shape_key(shape):22} ERROR {e}")
                     continue
                 desc = "; ".join(f"{l['kernel']} {l['grid']}x{l['block'][0]} smem {l['smem']}" for l in launches)
                 print(f"  {combo_label(knobs):40} {shape_key(shape):22} splits {splits:2}  {desc}")
+                for m in launches[0]["tensor_maps"] if launches else []:
+                    print(f"      tensor map {describe_tensor_map(m)}")
     print(f"\ndry run: {'jinja2 cross-checked' if EVAL.env else 'jinja2 not installed'}, {bad} errors")
     return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------------
+# Driver API launches, for templates with tensor maps: CuPy's RawKernel call cannot
+# pass a 128-byte struct by value, cuLaunchKernel (cuda.bindings) can.
+# ---------------------------------------------------------------------------
+class TensorMapArg:
+    """One encoded CUtensorMap, copied into 128 bytes of 64-byte aligned host memory (the
+    storage of a cuda.bindings CUtensorMap object is not 64-byte aligned): what a
+    kernelParams entry points at. `address` stays valid as long as this object."""
+
+    SIZE, ALIGN = 128, 64
+
+    def __init__(self, src_address: int):
+        self._storage = (ctypes.c_ubyte * (self.SIZE + self.ALIGN))()
+        base = ctypes.addressof(self._storage)
+        self.address = base + (-base) % self.ALIGN
+        ctypes.memmove(self.address, src_address, self.SIZE)
+
+    def raw(self) -> bytes:
+        return ctypes.string_at(self.address, self.SIZE)
+
+
+class KernelParams:
+    """cuLaunchKernel's kernelParams: a void*[] whose entry i points at the storage of kernel
+    parameter i (a ctypes scalar, or a TensorMapArg). Keeps that storage alive."""
+
+    def __init__(self, values: list):
+        self.values = values
+        ptrs = [v.address if isinstance(v, TensorMapArg) else ctypes.addressof(v) for v in values]
+        self._array = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        self.address = ctypes.addressof(self._array)
+
+    def sizes(self) -> list[int]:
+        return [v.SIZE if isinstance(v, TensorMapArg) else ctypes.sizeof(v) for v in self.values]
+
+
+def abi_values(q: int, k: int, v: int, o: int, o_part: int, lse: int, shape, splits: int, counter: int) -> list:
+    """The 13 ABI parameters as ctypes values: six pointers, batch, heads, seq_len, n_splits
+    (int32), softmax_scale = 1/sqrt(D) (float32), causal (int32), the CTA counter pointer."""
+    b, h, s, d, causal = shape
+    return [ctypes.c_uint64(x) for x in (q, k, v, o, o_part, lse)] + [
+        ctypes.c_int32(b), ctypes.c_int32(h), ctypes.c_int32(s), ctypes.c_int32(splits),
+        ctypes.c_float(1.0 / math.sqrt(d)), ctypes.c_int32(int(causal)), ctypes.c_uint64(counter),
+    ]
+
+
+class Driver:
+    """The few cuda.bindings.driver calls this script makes, each checked: a failure raises
+    RuntimeError naming the call, its arguments and the CUDA error."""
+
+    def __init__(self):
+        try:
+            from cuda.bindings import driver
+        except ImportError as e:
+            raise RuntimeError(
+                "templates with [[tensor_map]] are encoded (cuTensorMapEncodeTiled) and launched "
+                f"(cuLaunchKernel) through cuda-bindings, which is not importable: {e}; pip install cuda-bindings"
+            ) from None
+        self.cu = driver
+        self._checked_params: set = set()
+
+    def check(self, result, what: str):
+        """result: a cuda.bindings return tuple (CUresult, values...). Returns the values."""
+        err, *values = result if isinstance(result, tuple) else (result,)
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            name = self.cu.cuGetErrorName(err)[1] or b"?"
+            text = self.cu.cuGetErrorString(err)[1] or b""
+            raise RuntimeError(f"{what}: {name.decode(errors='replace')}: {text.decode(errors='replace')}")
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def encode_tensor_map(self, m: dict, address: int) -> TensorMapArg:
+        """cuTensorMapEncodeTiled for the resolved map `m` (see tensor_map_geometry) over the
+        tensor at device address `address`: UINT16 elements, no interleave, m's swizzle,
+        L2 promotion 128B, OOB fill NONE (rows past S read as zeros)."""
+        cu = self.cu
+        if address % 16:
+            raise ValueError(f"tensor {m['tensor']} at {address:#x}: the TMA needs a 16-byte aligned address")
+        swizzle = {32: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+                   64: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+                   128: cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}[m["swizzle"]]
+        tmap = self.check(
+            cu.cuTensorMapEncodeTiled(
+                cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, len(m["dims"]), address,
+                [cu.cuuint64_t(x) for x in m["dims"]],
+                [cu.cuuint64_t(x) for x in m["strides_bytes"]],
+                [cu.cuuint32_t(x) for x in m["box"]],
+                [cu.cuuint32_t(x) for x in m["element_strides"]],
+                cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            ),
+            f"cuTensorMapEncodeTiled({describe_tensor_map(m)}, address {address:#x})",
+        )
+        return TensorMapArg(tmap.getPtr())
+
+    def check_params(self, func: int, name: str, params: KernelParams) -> None:
+        """Once per kernel: its parameter sizes (cuFuncGetParamInfo) must be those we pass, so a
+        spec whose [[tensor_map]] list disagrees with the kernel's signature fails here, in words."""
+        key = (func, tuple(params.sizes()))
+        if key in self._checked_params:
+            return
+        cu, sizes = self.cu, []
+        while len(sizes) <= len(params.values):
+            err, _offset, size = cu.cuFuncGetParamInfo(func, len(sizes))
+            if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:  # past the last parameter
+                break
+            if err != cu.CUresult.CUDA_SUCCESS:  # cannot tell (e.g. an old driver): launch unchecked
+                self._checked_params.add(key)
+                return
+            sizes.append(size)
+        if sizes != params.sizes():
+            raise RuntimeError(
+                f"{name} takes {len(sizes)} parameters of {sizes} bytes, but the launch passes {len(params.values)} "
+                f"of {params.sizes()} bytes (13 ABI parameters, then one 128-byte CUtensorMap per [[tensor_map]] of "
+                f"the spec): the kernel's signature and the spec's [[tensor_map]] entries disagree")
+        self._checked_params.add(key)
+
+    def launch(self, func: int, name: str, grid, block, smem: int, stream: int, params: KernelParams) -> None:
+        self.check_params(func, name, params)
+        self.check(self.cu.cuLaunchKernel(func, *grid, *block, smem, stream, params.address, 0),
+                   f"cuLaunchKernel({name}, grid {tuple(grid)}, block {tuple(block)}, smem {smem}, stream {stream:#x})")
 
 
 # ---------------------------------------------------------------------------
@@ -235,6 +486,32 @@ def cuda_include_opts() -> tuple[str, ...]:
         if c and os.path.exists(os.path.join(c, "cuda_bf16.h")):
             return (f"-I{c}",)
     return ()
+
+
+def build_source(tpl: Template, knobs: dict, bf16: bool, mbar_fault: bool = False) -> str:
+    """The source of one build: the daemon's rendering, with `#define OPTD_FAULT_MBAR_PHASE 1`
+    first for the planted-fault build (--faults) of a Hopper template."""
+    source = render(tpl, knobs, bf16)
+    return f"#define {MBAR_FAULT_MACRO} 1\n{source}" if mbar_fault else source
+
+
+@dataclass
+class Kernel:
+    """One planned launch of a loaded module, ready to go (Gpu.prepare)."""
+    name: str
+    grid: tuple
+    block: tuple
+    smem: int
+    fn: object  # cupy RawKernel; fn.kernel.ptr is its CUfunction handle
+
+
+@dataclass
+class LaunchArgs:
+    """The arguments of every launch of one plan on one set of buffers. `cupy`: the 13 ABI
+    arguments for a RawKernel call; `params`: for templates with tensor maps, cuLaunchKernel's
+    kernelParams (the same 13 values, then one CUtensorMap per [[tensor_map]]), else None."""
+    cupy: tuple
+    params: KernelParams | None
 
 
 class Gpu:
@@ -263,17 +540,36 @@ class Gpu:
         self.timing_method = "graph"
         self.cubin_dir: Path | None = None
         self.cubins_loaded = 0
+        self._driver: Driver | None = None
+
+    @property
+    def driver(self) -> Driver:
+        """cuda.bindings, imported on first use: only templates with tensor maps need it."""
+        if self._driver is None:
+            self._driver = Driver()
+        return self._driver
+
+    def arch(self, tpl: Template) -> str:
+        """The template's target on this GPU (sm_90, sm_90a); raises Unsupported, saying why."""
+        return device_arch(tpl, self.dev["CC"])
 
     # -- compilation --------------------------------------------------------
-    def module(self, tpl: Template, knobs: dict, bf16: bool, count: bool):
+    def module(self, tpl: Template, knobs: dict, bf16: bool, count: bool, mbar_fault: bool = False):
+        """The loaded module of one build: the cubin from --cubin-dir when it has one, else
+        compiled here with cupy.RawModule (NVRTC). mbar_fault: the planted-fault build."""
+        arch = self.arch(tpl)
         used = code_knobs(tpl)
-        key = (tpl.rel, tuple((k, knobs[k]) for k in used), bf16, count)
+        key = (tpl.rel, tuple((k, knobs[k]) for k in used), bf16, count, mbar_fault)
         if key not in self.modules:
+            source = build_source(tpl, knobs, bf16, mbar_fault)
             opts = ("-std=c++17",) + self.include + (("-DOPTD_COUNT_CTAS=1",) if count else ())
+            if tpl.arch_specific:
+                # CuPy appends -arch=sm_<cc>; NVRTC 13 keeps the arch-specific sm_<cc>a over it.
+                opts += (f"--gpu-architecture={arch}",)
             t0 = time.perf_counter()
             cubin = None
             if self.cubin_dir is not None:
-                cubin = self.cubin_dir / cubin_name(render(tpl, knobs, bf16), count, f"sm_{self.dev['CC']}")
+                cubin = self.cubin_dir / cubin_name(source, count, arch)
             mod = None
             if cubin is not None and cubin.exists():
                 try:
@@ -285,9 +581,17 @@ class Gpu:
                     print(f"  cubin {cubin.name} not loadable ({type(e).__name__}: {e}); compiling")
                     mod = None
             if mod is None:
-                mod = self.cp.RawModule(code=render(tpl, knobs, bf16), options=opts, backend="nvrtc")
-            for kname in tpl.kernel_names():
-                mod.get_function(kname)  # compiles and loads now, so errors surface here
+                try:
+                    mod = self.cp.RawModule(code=source, options=opts, backend="nvrtc")
+                    for kname in tpl.kernel_names():
+                        mod.get_function(kname)  # compiles and loads now, so errors surface here
+                except Exception as e:  # noqa: BLE001 - re-raised with the way around it
+                    if not tpl.arch_specific:
+                        raise
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                    raise RuntimeError(
+                        f"{tpl.rel}: in-process NVRTC compile for {arch} failed ({first}); build its cubins on the "
+                        f"CPU machine (--build-cubins DIR) and pass --cubin-dir DIR here") from e
             self.compile_s += time.perf_counter() - t0
             self.modules[key] = mod
         return self.modules[key]
@@ -335,22 +639,56 @@ class Gpu:
         )
 
     def kernel(self, mod, launch):
+        """The RawKernel of one planned launch, allowed its dynamic shared memory."""
         fn = mod.get_function(launch["kernel"])
         if launch["smem"] > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = launch["smem"]
         return fn
 
+    # -- launching: every path (check, timing and its graph, --sdpa, --faults) ----
+    def prepare(self, mod, launch: dict) -> Kernel:
+        return Kernel(launch["kernel"], launch["grid"], launch["block"], launch["smem"], self.kernel(mod, launch))
+
+    def launch_args(self, shape, splits: int, launches: list[dict], q, k, v, o, o_part, lse) -> LaunchArgs:
+        """The arguments of these launches on these buffers; tensor maps are encoded here, on
+        the very q/k/v/o tensors the launches use (so the maps go stale with the buffers)."""
+        cupy_args = self.args(shape, splits, q, k, v, o, o_part, lse)
+        maps = launches[0]["tensor_maps"] if launches else []
+        if not maps:
+            return LaunchArgs(cupy_args, None)
+        b, h, s, d, _ = shape
+        tensors = dict(q=q, k=k, v=v, o=o)
+        values = abi_values(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), o_part.data_ptr(),
+                            lse.data_ptr(), shape, splits, self.counter.data.ptr)
+        for m in maps:
+            t = tensors[m["tensor"]]
+            if tuple(t.shape) != (b, h, s, d) or not t.is_contiguous() or t.element_size() != ELEM_BYTES:
+                raise ValueError(f"tensor map on {m['tensor']}: needs a contiguous [B,H,S,D] tensor of 2-byte "
+                                 f"elements, got {tuple(t.shape)} {t.dtype} contiguous={t.is_contiguous()}")
+            values.append(self.driver.encode_tensor_map(m, t.data_ptr()))
+        return LaunchArgs(cupy_args, KernelParams(values))
+
+    def launch(self, kernel: Kernel, args: LaunchArgs) -> None:
+        """Launch on the current CuPy stream (a capturing stream records it in its graph):
+        CuPy's RawKernel call, or for templates with tensor maps cuLaunchKernel."""
+        if args.params is None:
+            kernel.fn(kernel.grid, kernel.block, args.cupy, shared_mem=kernel.smem)
+        else:
+            stream = self.cp.cuda.get_current_stream().ptr
+            self.driver.launch(kernel.fn.kernel.ptr, kernel.name, kernel.grid, kernel.block, kernel.smem, stream,
+                               args.params)
+
     # -- correctness --------------------------------------------------------
-    def check(self, tpl: Template, knobs: dict, shape, dtype: str) -> tuple[bool, str]:
+    def check(self, tpl: Template, knobs: dict, shape, dtype: str, mbar_fault: bool = False) -> tuple[bool, str]:
         torch = self.torch
-        mod = self.module(tpl, knobs, dtype == "bf16", count=True)
+        mod = self.module(tpl, knobs, dtype == "bf16", count=True, mbar_fault=mbar_fault)
         splits, launches, _ = plan(tpl, knobs, shape, self.dev)
         q, k, v, o, o_part, lse, ref = self.buffers(shape, splits, dtype)
-        args = self.args(shape, splits, q, k, v, o, o_part, lse)
+        args = self.launch_args(shape, splits, launches, q, k, v, o, o_part, lse)
         torch.cuda.synchronize()
         for launch in launches:
             self.counter.fill(0)
-            self.kernel(mod, launch)(launch["grid"], launch["block"], args, shared_mem=launch["smem"])
+            self.launch(self.prepare(mod, launch), args)
             self.cp.cuda.Device().synchronize()
             ran, planned = int(self.counter.get()[0]), math.prod(launch["grid"])
             if ran != planned:
@@ -377,14 +715,14 @@ class Gpu:
         q, k, v, o, o_part, lse, _ = self.buffers(shape, splits, "fp16", fill=0.0, need_ref=False)
         if keep_output:
             self.last_output = o
-        args = self.args(shape, splits, q, k, v, o, o_part, lse)
-        fns = [(self.kernel(mod, l), l) for l in launches]
+        args = self.launch_args(shape, splits, launches, q, k, v, o, o_part, lse)
+        kernels = [self.prepare(mod, l) for l in launches]
         self.torch.cuda.synchronize()
         stream = cp.cuda.Stream(non_blocking=True)
 
         def run_once():
-            for fn, l in fns:
-                fn(l["grid"], l["block"], args, shared_mem=l["smem"])
+            for kernel in kernels:
+                self.launch(kernel, args)
 
         graph = None
         with stream:
@@ -434,25 +772,47 @@ def cubin_name(source: str, count: bool, arch: str) -> str:
     return f"{h}-{'count' if count else 'timed'}-{arch}.cubin"
 
 
+def fault_builds(tpl: Template) -> list[tuple[dict, bool]]:
+    """(knobs, mbar_fault) of the --faults builds of `tpl` (fp16, check build; see
+    fault_cases): a testing template's, and a real template's planted-fault build when it has
+    tensor maps and uses OPTD_FAULT_MBAR_PHASE."""
+    if tpl.testing:
+        return [(knobs, False) for knobs in fault_combos(tpl)]
+    if tpl.tensor_maps and names_mbar_fault(tpl):
+        return [(knobs, True) for knobs in fault_combos(tpl)]
+    return []
+
+
 def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int, pairs=None) -> int:
-    """Compile (CPU, NVRTC from .deps) every module a GPU run of these templates loads."""
+    """Compile (CPU, NVRTC from .deps) every module a GPU run of these templates loads: check
+    and timed builds of every (code-distinct) combination of the real templates, and the
+    --faults builds. Arch-specific templates are built for sm_<min_cc>a, the others for `arch`.
+    Cubins already in out_dir (same name: same source, build and target) are kept."""
     import concurrent.futures as cf
-    from nvrtc_compile_check import Job, _init_worker, _run_job, default_cuda_include, default_nvrtc_lib
+    from nvrtc_compile_check import Job, _init_worker, default_cuda_include, default_nvrtc_lib
 
     out_dir.mkdir(parents=True, exist_ok=True)
     todo: dict[str, Job] = {}
     for tpl in templates:
-        used = code_knobs(tpl)
-        seen = set()
-        for knobs in combos_for(tpl, pairs):
-            ukey = tuple((k, knobs[k]) for k in used)
-            if ukey in seen:
-                continue
-            seen.add(ukey)
-            for bf16 in (False, True):
-                src = render(tpl, knobs, bf16)
-                for count in (False, True):
-                    todo[cubin_name(src, count, arch)] = Job(tpl.rel, knobs, bf16, arch, count, src, tpl.kernel_names())
+        target = arch_targets(tpl, [arch])[0]
+        builds = []  # (knobs, bf16, count, mbar_fault)
+        if not tpl.testing:
+            used = code_knobs(tpl)
+            seen = set()
+            for knobs in combos_for(tpl, pairs):
+                ukey = tuple((k, knobs[k]) for k in used)
+                if ukey not in seen:
+                    seen.add(ukey)
+                    builds += [(knobs, bf16, count, False) for bf16 in (False, True) for count in (False, True)]
+        builds += [(knobs, False, True, mbar_fault) for knobs, mbar_fault in fault_builds(tpl)]
+        for knobs, bf16, count, mbar_fault in builds:
+            src = build_source(tpl, knobs, bf16, mbar_fault)
+            todo[cubin_name(src, count, target)] = Job(tpl.rel, knobs, bf16, target, count, src, tpl.kernel_names())
+        if tpl.arch_specific:
+            print(f"  {tpl.rel}: arch-specific, built for {target} (not --arch {arch})")
+    kept = [n for n in todo if (out_dir / n).exists()]
+    for name in kept:
+        del todo[name]
     lib, include = default_nvrtc_lib(), default_cuda_include()
     bad = 0
     t0 = time.perf_counter()
@@ -465,8 +825,11 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
             else:
                 bad += 1
                 j = todo[name]
-                print(f"  FAIL {j.template} {combo_label(j.knobs)} bf16={j.bf16} count={j.count_ctas}: {reason}")
-    print(f"built {len(todo) - bad} cubins for {arch} in {out_dir} ({time.perf_counter() - t0:.1f} s), {bad} failures")
+                print(f"  FAIL {j.template} {combo_label(j.knobs)} bf16={j.bf16} count={j.count_ctas} {j.arch}: "
+                      f"{reason}")
+    targets = sorted({j.arch for j in todo.values()} | {n.rsplit("-", 1)[1][:-len(".cubin")] for n in kept})
+    print(f"built {len(todo) - bad} cubins for {', '.join(targets) or arch} in {out_dir} "
+          f"({time.perf_counter() - t0:.1f} s), {len(kept)} already there, {bad} failures")
     return 1 if bad else 0
 
 
@@ -523,6 +886,11 @@ def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: 
     table = []
     print(f"\nsdpa comparison (fp16, CUDA events, median of {samples} samples of {reps} back-to-back runs), {gpu.name}")
     for tpl in (t for t in templates if not t.testing):
+        try:
+            gpu.arch(tpl)
+        except Unsupported as e:
+            print(f"  {tpl.rel}: skipped: {e}")
+            continue
         combos = tpl.knob_combos()
         per_shape: dict = {}
         for shape in SDPA_SHAPES:
@@ -594,46 +962,206 @@ def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: 
 
 
 # ---------------------------------------------------------------------------
-# Fault templates, each in a child process (a sticky error or a hung kernel
-# would take the parent's context with it).
+# --faults: planted faults, each in a child process (a sticky error or a hung
+# kernel would take the parent's context with it).
+#   testing/oob_write.cu       launched once: must die with an illegal address
+#   testing/infinite_loop.cu   launched once: must still run --fault-timeout s later
+#   testing/*probe*.cu         not a fault: a plumbing probe that must pass the check
+#   other testing templates    launched once: must crash or hang
+#   real templates with [[tensor_map]]: rendered with OPTD_FAULT_MBAR_PHASE = 1 and
+#       checked on FAULT_CHECK_SHAPES: "caught" when a check fails, it crashes or hangs.
 # ---------------------------------------------------------------------------
-def fault_child(rel: str) -> None:
-    gpu = Gpu()
-    tpl = next(t for t in load_templates() if t.rel == rel)
-    knobs = tpl.knob_combos()[0]
-    shape = (1, 1, 128, 64, False)
-    mod = gpu.module(tpl, knobs, False, count=True)
-    splits, launches, _ = plan(tpl, knobs, shape, gpu.dev)
-    q, k, v, o, o_part, lse, _ = gpu.buffers(shape, splits, "fp16")
-    args = gpu.args(shape, splits, q, k, v, o, o_part, lse)
-    gpu.torch.cuda.synchronize()
-    print("launching", flush=True)
-    for launch in launches:
-        gpu.kernel(mod, launch)(launch["grid"], launch["block"], args, shared_mem=launch["smem"])
-    gpu.cp.cuda.Device().synchronize()
-    print("finished without error", flush=True)
+EXIT_CHECK_FAILED = 3
+EXIT_NOTHING_CHECKED = 4
 
 
-def run_faults(templates: list[Template], timeout: float) -> int:
-    failures = 0
-    for tpl in (t for t in templates if t.testing):
-        cmd = [sys.executable, __file__, "--fault-child", tpl.rel]
+@dataclass
+class FaultCase:
+    label: str
+    tpl: Template
+    mode: str  # "launch": plan FAULT_SHAPE and launch once; "check": Gpu.check on FAULT_CHECK_SHAPES
+    mbar_fault: bool  # the OPTD_FAULT_MBAR_PHASE build
+    expect: str  # "illegal address", "hang", "crash or hang", "pass", or "caught" (a planted fault)
+
+
+def is_probe(tpl: Template) -> bool:
+    """A testing template that is no fault but a plumbing probe: it must pass the check."""
+    return tpl.testing and "probe" in Path(tpl.rel).name
+
+
+def fault_combos(tpl: Template) -> list[dict]:
+    """A probe is checked at every knob combination; a fault runs at the first (the default)."""
+    return tpl.knob_combos() if is_probe(tpl) else tpl.knob_combos()[:1]
+
+
+def names_mbar_fault(tpl: Template) -> bool:
+    """Whether the template's code (not its comments) uses OPTD_FAULT_MBAR_PHASE."""
+    return re.search(rf"\b{MBAR_FAULT_MACRO}\b", _strip_comments(tpl.text)) is not None
+
+
+def fault_cases(templates: list[Template], cc: int) -> list[FaultCase]:
+    cases = []
+    for tpl in templates:
+        if not tpl.testing and not tpl.tensor_maps:
+            continue
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            out = (p.stdout + p.stderr).strip().splitlines()
-            last = out[-1] if out else ""
-            hung, crashed = False, p.returncode != 0 and "launching" in p.stdout
-            illegal = "illegal" in (p.stdout + p.stderr).lower()
-        except subprocess.TimeoutExpired:
-            hung, crashed, illegal, last = True, False, False, f"still running after {timeout:.0f} s, killed"
-        if "oob" in tpl.rel:
-            ok = crashed and illegal
-        elif "infinite" in tpl.rel:
-            ok = hung
+            device_arch(tpl, cc)
+        except Unsupported as e:
+            print(f"  {tpl.rel:44} skipped: {e}")
+            continue
+        name = Path(tpl.rel).name
+        if not tpl.testing:
+            cases.append(FaultCase(f"{tpl.rel} + {MBAR_FAULT_MACRO}=1", tpl, "check", True, "caught"))
+        elif "oob" in name:
+            cases.append(FaultCase(tpl.rel, tpl, "launch", False, "illegal address"))
+        elif "infinite" in name:
+            cases.append(FaultCase(tpl.rel, tpl, "launch", False, "hang"))
+        elif is_probe(tpl):
+            cases.append(FaultCase(tpl.rel, tpl, "check", False, "pass"))
         else:
-            ok = crashed or hung
+            cases.append(FaultCase(tpl.rel, tpl, "launch", False, "crash or hang"))
+    return cases
+
+
+def fault_child(rel: str, mode: str, mbar_fault: bool, cubin_dir: str | None) -> int:
+    """One fault case in this (child) process. Prints "launching" once every module is
+    loaded, so the parent's run timeout leaves out compile and load time. Exit status: 0 ran
+    (and, in check mode, every check passed), EXIT_CHECK_FAILED, EXIT_NOTHING_CHECKED."""
+    gpu = Gpu()
+    if cubin_dir:
+        gpu.cubin_dir = Path(cubin_dir)
+    tpl = next(t for t in load_templates() if t.rel == rel)
+    combos = fault_combos(tpl)
+    mods = {combo_label(kn): gpu.module(tpl, kn, False, count=True, mbar_fault=mbar_fault) for kn in combos}
+    if mode == "launch":
+        knobs = combos[0]
+        splits, launches, _ = plan(tpl, knobs, FAULT_SHAPE, gpu.dev)
+        q, k, v, o, o_part, lse, _ = gpu.buffers(FAULT_SHAPE, splits, "fp16")
+        args = gpu.launch_args(FAULT_SHAPE, splits, launches, q, k, v, o, o_part, lse)
+        kernels = [gpu.prepare(mods[combo_label(knobs)], launch) for launch in launches]
+        gpu.torch.cuda.synchronize()
+        print("launching", flush=True)
+        for kernel in kernels:
+            gpu.launch(kernel, args)
+        gpu.cp.cuda.Device().synchronize()
+        print("finished without error", flush=True)
+        return 0
+    print("launching", flush=True)
+    checked = failed = 0
+    for knobs in combos:
+        for shape in FAULT_CHECK_SHAPES:
+            try:
+                ok, msg = gpu.check(tpl, knobs, shape, "fp16", mbar_fault=mbar_fault)
+            except DoesNotFit as e:
+                print(f"skip {combo_label(knobs)} {shape_key(shape)}: does not fit: {e}", flush=True)
+                continue
+            checked += 1
+            failed += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {combo_label(knobs)} {shape_key(shape)}: {msg}", flush=True)
+    if not checked:
+        print("no shape of FAULT_CHECK_SHAPES fits", flush=True)
+        return EXIT_NOTHING_CHECKED
+    print(f"{failed} of {checked} checks failed" if failed else f"all {checked} checks passed", flush=True)
+    return EXIT_CHECK_FAILED if failed else 0
+
+
+@dataclass
+class ChildRun:
+    returncode: int | None  # None: killed
+    output: str  # stdout and stderr, merged
+    launched: bool  # it printed "launching": its modules were loaded
+    killed_in: str | None  # "start": still compiling / loading; "run": hung after launching
+
+
+def run_child(cmd: list[str], start_timeout: float, run_timeout: float) -> ChildRun:
+    """Runs cmd; the run timeout starts when it prints "launching", so a slow compile is never
+    mistaken for a hung kernel."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    launched = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.strip() == "launching":
+                launched.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + start_timeout
+    while not launched.is_set() and proc.poll() is None and time.monotonic() < deadline:
+        launched.wait(0.2)
+    killed_in = None
+    if proc.poll() is None:
+        if not launched.is_set():
+            killed_in = "start"
+        else:
+            try:
+                proc.wait(run_timeout)
+            except subprocess.TimeoutExpired:
+                killed_in = "run"
+        if killed_in:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    return ChildRun(None if killed_in else proc.returncode, "\n".join(lines), launched.is_set(), killed_in)
+
+
+def judge(case: FaultCase, run: ChildRun, start_timeout: float, run_timeout: float) -> tuple[bool, str, str]:
+    """(as expected, verdict word, detail) of one fault case's child run."""
+    last = next((ln for ln in reversed(run.output.splitlines()) if ln.strip()), "")
+    if run.killed_in == "start":
+        return False, "UNEXPECTED", f"did not launch: still compiling / loading after {start_timeout:.0f} s, killed"
+    if not run.launched:
+        return False, "UNEXPECTED", f"did not launch (exit {run.returncode}): {last[-200:]}"
+    if run.returncode == EXIT_NOTHING_CHECKED:
+        return False, "UNEXPECTED", last
+    hung = run.killed_in == "run"
+    passed = run.returncode == 0
+    check_failed = run.returncode == EXIT_CHECK_FAILED
+    crashed = not hung and not passed and not check_failed
+    if hung:
+        how = f"hung: still running {run_timeout:.0f} s after launching, killed"
+    elif check_failed:
+        first_fail = next((ln for ln in run.output.splitlines() if ln.startswith("FAIL")), last)
+        how = f"check failed: {first_fail[5:]}"
+    elif crashed:
+        how = f"crashed (exit {run.returncode}): {last}"
+    else:
+        how = last
+    how = how[-200:]
+    if case.expect == "caught":
+        if hung or check_failed or crashed:
+            return True, "caught", how
+        return False, "NOT caught", how
+    ok = {
+        "illegal address": crashed and "illegal" in run.output.lower(),
+        "hang": hung,
+        "crash or hang": crashed or hung,
+        "pass": passed,
+    }[case.expect]
+    return ok, "as expected" if ok else "UNEXPECTED", f"(expected: {case.expect}) {how}"
+
+
+def run_faults(templates: list[Template], cc: int, timeout: float, start_timeout: float,
+               cubin_dir: str | None) -> int:
+    """Runs every fault case of these templates in a child process; returns the number of
+    cases that did not behave as expected (a planted fault NOT caught counts)."""
+    failures = 0
+    for case in fault_cases(templates, cc):
+        if case.mbar_fault and not names_mbar_fault(case.tpl):
+            failures += 1
+            print(f"  {case.label:44} {'UNEXPECTED':12} the template never uses {MBAR_FAULT_MACRO}, "
+                  f"so the fault cannot be planted")
+            continue
+        cmd = [sys.executable, __file__, "--fault-child", case.tpl.rel, "--fault-mode", case.mode]
+        if case.mbar_fault:
+            cmd.append("--fault-mbar-phase")
+        if cubin_dir:
+            cmd += ["--cubin-dir", cubin_dir]
+        ok, word, detail = judge(case, run_child(cmd, start_timeout, timeout), start_timeout, timeout)
         failures += not ok
-        print(f"  {tpl.rel:28} {'as expected' if ok else 'UNEXPECTED':12} {last[-150:]}")
+        print(f"  {case.label:44} {word:12} {detail}", flush=True)
     return failures
 
 
@@ -646,22 +1174,29 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks (e.g. --sdpa only)")
     ap.add_argument("--time-template", action="append", metavar="TEMPLATE",
                     help="time every combination of this template on TIME_SHAPES, print the 3 fastest per shape")
-    ap.add_argument("--faults", action="store_true", help="also run the testing templates in child processes")
-    ap.add_argument("--fault-timeout", type=float, default=20.0)
+    ap.add_argument("--faults", action="store_true",
+                    help="also run the planted faults (testing templates; OPTD_FAULT_MBAR_PHASE builds of templates "
+                         "with tensor maps) in child processes")
+    ap.add_argument("--fault-timeout", type=float, default=20.0,
+                    help="seconds a fault child may run after launching before it counts as hung (default 20)")
+    ap.add_argument("--fault-start-timeout", type=float, default=600.0,
+                    help="seconds a fault child may take to compile / load before it launches (default 600)")
     ap.add_argument("--fault-child", help=argparse.SUPPRESS)
+    ap.add_argument("--fault-mode", choices=("launch", "check"), default="launch", help=argparse.SUPPRESS)
+    ap.add_argument("--fault-mbar-phase", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--more-shapes", action="store_true", help="also check EXTRA_CHECK_SHAPES")
     ap.add_argument("--pairs", action="append", metavar="TEMPLATE",
                     help="check this template on a pairwise covering set of its knob combinations")
     ap.add_argument("--sdpa", action="store_true", help="time the selected templates against SDPA (SDPA_SHAPES)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
-    ap.add_argument("--arch", default="sm_90", help="target of --build-cubins (default sm_90)")
+    ap.add_argument("--arch", default="sm_90",
+                    help="target of --build-cubins (default sm_90); arch_specific templates: sm_<min_cc>a always")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="--build-cubins processes")
     args = ap.parse_args()
 
     if args.fault_child:
-        fault_child(args.fault_child)
-        return 0
+        return fault_child(args.fault_child, args.fault_mode, args.fault_mbar_phase, args.cubin_dir)
 
     templates = load_templates()
     if args.template:
@@ -670,8 +1205,7 @@ def main() -> int:
     if args.dry_run:
         return dry_run(templates)
     if args.build_cubins:
-        return build_cubins([t for t in templates if not t.testing], Path(args.build_cubins), args.arch, args.jobs,
-                            args.pairs)
+        return build_cubins(templates, Path(args.build_cubins), args.arch, args.jobs, args.pairs)
     check_shapes = CHECK_SHAPES + (EXTRA_CHECK_SHAPES if args.more_shapes else [])
 
     t_start = time.perf_counter()
@@ -682,6 +1216,11 @@ def main() -> int:
     failures = []
     n_checks = n_unfit = 0
     for tpl in (t for t in templates if not t.testing and not args.no_check):
+        try:
+            gpu.arch(tpl)
+        except Unsupported as e:
+            print(f"\n== {tpl.rel}: skipped: {e}")
+            continue
         combos = combos_for(tpl, args.pairs)
         if len(combos) < len(tpl.knob_combos()):
             print(f"\n{tpl.rel}: {len(combos)} of {len(tpl.knob_combos())} combos cover every pair of knob values (--pairs)")
@@ -691,14 +1230,14 @@ def main() -> int:
             for dtype in ("fp16", "bf16"):
                 combo_ok, worst_abs, worst_l2, split_counts = True, 0.0, 0.0, set()
                 for shape in check_shapes:
-                    n_checks += 1
                     try:
                         plan(tpl, knobs, shape, gpu.dev)
-                    except ValueError as e:
-                        if "of shared memory" in str(e):  # the daemon's gate rejects it too
-                            n_checks -= 1
-                            n_unfit += 1
-                            continue
+                    except DoesNotFit:  # the daemon's gate rejects it too
+                        n_unfit += 1
+                        continue
+                    except ValueError:
+                        pass  # a bad plan: gpu.check raises it again, as a failure
+                    n_checks += 1
                     try:
                         ok, msg = gpu.check(tpl, knobs, shape, dtype)
                     except Exception as e:  # noqa: BLE001 - compile/launch errors are failures
@@ -718,7 +1257,8 @@ def main() -> int:
                 print(f"  {combo_label(knobs):40} {dtype}  {'ok    ' if combo_ok else 'FAILED'}"
                       f"  worst max_abs {worst_abs:.2e}  rel_l2 {worst_l2:.2e}  splits used {sorted(split_counts)}")
     print(f"\ncorrectness: {n_checks} checks, {len(failures)} failures, "
-          f"{n_unfit} (combo, shape) pairs skipped: over the device's shared memory, as the gate does; "
+          f"{n_unfit} (combo, shape) pairs skipped as the gate does (over the device's shared memory, or a "
+          f"tensor map the TMA cannot encode); "
           f"compile {gpu.compile_s:.1f} s ({gpu.cubins_loaded} modules from cubins), "
           f"elapsed {time.perf_counter() - t_start:.1f} s")
     for f in failures:
@@ -753,6 +1293,11 @@ def main() -> int:
         if tpl is None:
             print(f"--time-template {name}: not among the selected templates")
             continue
+        try:
+            gpu.arch(tpl)
+        except Unsupported as e:
+            print(f"--time-template {name}: skipped: {e}")
+            continue
         print(f"\n{tpl.rel}: every combination on TIME_SHAPES (fp16, us per forward, {gpu.timing_method}); "
               f"the 3 fastest per shape")
         for shape in TIME_SHAPES:
@@ -760,9 +1305,10 @@ def main() -> int:
             for knobs in tpl.knob_combos():
                 try:
                     rows.append((gpu.time_us(tpl, knobs, shape), knobs))
-                except Exception as e:  # noqa: BLE001 - e.g. over the shared memory of this device
-                    if "of shared memory" not in str(e):
-                        print(f"  timing failed for {combo_label(knobs)} {shape_key(shape)}: {e}")
+                except DoesNotFit:  # e.g. over the shared memory of this device
+                    pass
+                except Exception as e:  # noqa: BLE001
+                    print(f"  timing failed for {combo_label(knobs)} {shape_key(shape)}: {e}")
             rows.sort(key=lambda r: r[0])
             for rank, (us, knobs) in enumerate(rows[:3]):
                 print(f"  {shape_key(shape) if rank == 0 else '':22} {us:8.2f}  {combo_label(knobs)}")
@@ -772,8 +1318,10 @@ def main() -> int:
     # Last: a killed hung kernel should not disturb anything, but it runs after the timing anyway.
     fault_failures = 0
     if args.faults:
-        print("\nfault templates:")
-        fault_failures = run_faults(templates, args.fault_timeout)
+        print(f"\nplanted faults (each in a child process; hang = still running {args.fault_timeout:.0f} s "
+              f"after launching):")
+        fault_failures = run_faults(templates, gpu.dev["CC"], args.fault_timeout, args.fault_start_timeout,
+                                    args.cubin_dir)
     print(f"\ntotal {time.perf_counter() - t_start:.1f} s")
     if sdpa_table:
         print()

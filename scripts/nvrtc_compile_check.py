@@ -11,8 +11,13 @@ element types, each target architecture, and with and without
 which must contain every exported kernel the spec launches
 (optd_<role>_d64 and optd_<role>_d128).
 
+Templates with `arch_specific = true` (Hopper: wgmma, setmaxnreg, TMA) are
+compiled only for their arch-specific target sm_<min_cc>a (e.g. sm_90a), whatever
+--arch says: that is the only target they build for and the only one the daemon
+uses for them (see arch_targets()).
+
 Prints a table of failures and exits 1 if there is any; with --resources also
-prints registers / spills / static shared memory per kernel (sm_90, fp16,
+prints registers / spills / static shared memory per kernel (sm_90 or sm_90a, fp16,
 timed build).
 
 NVRTC comes from .deps/ (scripts/setup.sh installs it); override with
@@ -45,6 +50,9 @@ COMMON_INCLUDE = "common/optd.cuh"
 INCLUDE_LINE = f'#include "{COMMON_INCLUDE}"'
 HEAD_DIMS = (64, 128)
 DEFAULT_ARCHS = ("sm_80", "sm_89", "sm_90")
+ABI_PARAMS = 13  # q k v o o_partial lse_partial batch heads seq_len n_splits softmax_scale causal cta_counter
+TENSOR_NAMES = ("q", "k", "v", "o")
+TMA_SWIZZLES = (32, 64, 128)
 
 _SPEC_RE = re.compile(r"/\*\s*optimizerd:spec[ \t]*\n(.*?)\*/", re.S)
 
@@ -66,6 +74,21 @@ class Template:
     @property
     def testing(self) -> bool:
         return bool(self.spec["template"].get("testing", False))
+
+    @property
+    def min_cc(self) -> int:
+        return int(self.spec["template"].get("min_cc", 0))
+
+    @property
+    def arch_specific(self) -> bool:
+        """Compiled for sm_<min_cc>a (e.g. sm_90a); runs only where cc == min_cc."""
+        return bool(self.spec["template"].get("arch_specific", False))
+
+    @property
+    def tensor_maps(self) -> list[dict]:
+        """The spec's [[tensor_map]] entries (tensor, box_rows, swizzle), in kernel-parameter
+        order: map i is parameter ABI_PARAMS + i of every launch."""
+        return self.spec.get("tensor_map", [])
 
     def knob_combos(self) -> list[dict[str, int]]:
         """Every combination of knob values, in declared order (last knob fastest)."""
@@ -97,6 +120,20 @@ def parse_spec(text: str, where: str = "<template>") -> dict:
     for knob, values in spec["knobs"].items():
         if not values or not all(isinstance(v, int) for v in values):
             raise ValueError(f"{where}: knob {knob} must be a non-empty list of integers")
+    meta = spec["template"]
+    if meta.get("arch_specific", False) and not (isinstance(meta.get("min_cc"), int) and meta["min_cc"] > 0):
+        raise ValueError(f"{where}: arch_specific = true needs min_cc (e.g. 90: the target is sm_90a)")
+    for i, tm in enumerate(spec.get("tensor_map", [])):
+        what = f"{where}: [[tensor_map]] #{i}"
+        unknown = set(tm) - {"tensor", "box_rows", "swizzle"}
+        if unknown:
+            raise ValueError(f"{what}: unknown keys {sorted(unknown)} (allowed: tensor, box_rows, swizzle)")
+        if tm.get("tensor") not in TENSOR_NAMES:
+            raise ValueError(f"{what}: tensor = {tm.get('tensor')!r}; allowed: {', '.join(TENSOR_NAMES)}")
+        if not isinstance(tm.get("box_rows"), (int, str)) or isinstance(tm.get("box_rows"), bool):
+            raise ValueError(f"{what}: box_rows must be a formula string or an integer")
+        if tm.get("swizzle") not in TMA_SWIZZLES:
+            raise ValueError(f"{what}: swizzle = {tm.get('swizzle')!r} bytes; allowed: 32, 64, 128")
     return spec
 
 
@@ -136,6 +173,38 @@ def _inline_includes(text: str, root: Path, depth: int) -> str:
 
 def combo_label(knobs: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in knobs.items())
+
+
+# ---------------------------------------------------------------------------
+# Targets: plain sm_XY, or sm_XYa for arch-specific templates
+# ---------------------------------------------------------------------------
+class Unsupported(Exception):
+    """The template cannot run on this GPU; str(e) says why."""
+
+
+def specific_arch(tpl: Template) -> str | None:
+    """`sm_<min_cc>a` (e.g. sm_90a) for an arch-specific template, else None."""
+    return f"sm_{tpl.min_cc}a" if tpl.arch_specific else None
+
+
+def arch_targets(tpl: Template, archs: list[str]) -> list[str]:
+    """The targets a CPU compile of `tpl` uses: its arch-specific target alone, or `archs`."""
+    return [specific_arch(tpl)] if tpl.arch_specific else list(archs)
+
+
+def device_arch(tpl: Template, cc: int) -> str:
+    """The NVRTC target of `tpl` on a GPU of compute capability `cc` (90 for 9.0), as the
+    daemon chooses it (src/template.rs, Meta::target_arch); raises Unsupported with the
+    reason when the template cannot run there."""
+    if tpl.arch_specific:
+        if cc != tpl.min_cc:
+            raise Unsupported(
+                f"{tpl.name} is arch-specific ({specific_arch(tpl)}): its cubin runs only on compute "
+                f"capability {tpl.min_cc // 10}.{tpl.min_cc % 10} exactly, and this GPU is sm_{cc}")
+        return specific_arch(tpl)
+    if cc < tpl.min_cc:
+        raise Unsupported(f"{tpl.name} needs compute capability {tpl.min_cc} and this GPU has {cc}")
+    return f"sm_{cc}"
 
 
 # ---------------------------------------------------------------------------
@@ -291,7 +360,7 @@ def build_jobs(templates: list[Template], archs: list[str]) -> list[Job]:
         for knobs in tpl.knob_combos():
             for bf16 in (False, True):
                 src = render(tpl, knobs, bf16)
-                for arch in archs:
+                for arch in arch_targets(tpl, archs):
                     for count in (False, True):
                         jobs.append(Job(tpl.rel, knobs, bf16, arch, count, src, expect))
     return jobs
@@ -299,10 +368,12 @@ def build_jobs(templates: list[Template], archs: list[str]) -> list[Job]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", action="append", help="target(s), default sm_80, sm_89, sm_90")
+    ap.add_argument("--arch", action="append",
+                    help="target(s), default sm_80, sm_89, sm_90; arch_specific templates: sm_<min_cc>a only")
     ap.add_argument("--template", action="append", help="only these templates (file or spec name)")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--resources", action="store_true", help="print registers/spills/smem (sm_90, fp16)")
+    ap.add_argument("--resources", action="store_true",
+                    help="print registers/spills/smem (sm_90 or sm_90a, fp16)")
     ap.add_argument("--show-log", action="store_true", help="print NVRTC logs of failures in full")
     args = ap.parse_args()
 
@@ -318,6 +389,9 @@ def main() -> int:
     jobs = build_jobs(templates, archs)
     print(f"NVRTC {'.'.join(map(str, Nvrtc(lib).version()))} ({lib})")
     print(f"{len(templates)} templates, {len(jobs)} compiles, archs {' '.join(archs)}, {args.jobs} jobs")
+    for tpl in templates:
+        if tpl.arch_specific:
+            print(f"  {tpl.rel}: arch-specific, compiled for {specific_arch(tpl)} only")
 
     t0 = time.perf_counter()
     results: list[Result] = []
@@ -341,7 +415,7 @@ def main() -> int:
         print(f"{'template':22} {'knobs':40} {'kernel':18} {'regs':>4} {'spill':>5} {'smem':>6}")
         for r in results:
             j = r.job
-            if r.ok and j.arch == "sm_90" and not j.bf16 and not j.count_ctas:
+            if r.ok and j.arch in ("sm_90", "sm_90a") and not j.bf16 and not j.count_ctas:
                 for kname, res in sorted(r.resources.items()):
                     spill = res.get("spill_st", 0) + res.get("spill_ld", 0)
                     print(f"{j.template:22} {combo_label(j.knobs):40} {kname:18} "
