@@ -1,5 +1,8 @@
 //! Compile: have the worker build a candidate with NVRTC (timed build and a
 //! CTA-counting check build), load it, and report its resource usage.
+//!
+//! The target is the caller's: the device's `sm_<cc>`, or `sm_<cc>a` for arch-specific
+//! templates (see [`crate::template::Meta::target_arch`]); the ledger records which.
 
 use std::time::Duration;
 
@@ -7,16 +10,17 @@ use crate::outcome::Failure;
 use crate::protocol::{Loaded, OccupancyQuery, Request, Response, ShapePlan};
 use crate::supervisor::Supervisor;
 
-/// Compile and load `source` as module `id` for the worker's device.
+/// Compile and load `source` as module `id` for `arch` (e.g. `sm_90`, `sm_90a`).
 pub async fn load(
     sup: &mut Supervisor,
     id: &str,
     source: &str,
+    arch: &str,
     kernels: Vec<String>,
     plans: &[ShapePlan],
     timeout: Duration,
 ) -> Result<Loaded, Failure> {
-    let arch = sup.device().map(|d| d.arch.clone()).unwrap_or_else(|| "sm_90".into());
+    let arch = arch.to_string();
     let mut occupancy: Vec<OccupancyQuery> = Vec::new();
     for l in plans.iter().flat_map(|p| &p.launches) {
         let q = OccupancyQuery { kernel: l.kernel.clone(), block_threads: l.block.iter().product(), dyn_smem: l.dyn_smem };

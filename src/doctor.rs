@@ -2,8 +2,9 @@
 //!
 //! Checks, in order: the configuration parses; the runs folder is writable; the plan
 //! and its templates load; NVRTC and the CUDA headers are found; a worker starts and
-//! reports the GPU and driver; NVRTC is not newer than the driver; python3 with torch
-//! is there for the optional SDPA baseline. Each check says `ok`, `warn`, `fail` (or
+//! reports the GPU and driver; NVRTC can compile for the GPU's arch-specific target
+//! (`sm_90a` on Hopper, which templates with `arch_specific = true` use); NVRTC is not
+//! newer than the driver; python3 with torch is there for the optional SDPA baseline. Each check says `ok`, `warn`, `fail` (or
 //! `skip` when an earlier failure left nothing to check) with a detail, and every
 //! problem comes with its fix. The report is returned, not printed: the caller shows
 //! [`Report::text`] or the report as JSON and exits non-zero when [`Report::failed`].
@@ -45,7 +46,7 @@ impl Status {
 /// One line of the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
-    /// `config`, `runs`, `plan`, `nvrtc`, `gpu`, `versions` or `torch`.
+    /// `config`, `runs`, `plan`, `nvrtc`, `gpu`, `arch`, `versions` or `torch`.
     pub name: String,
     pub status: Status,
     pub detail: String,
@@ -222,6 +223,8 @@ pub async fn doctor(opts: &DoctorOptions) -> Report {
         Err((detail, fix)) => Check::fail("gpu", detail, fix),
     });
 
+    checks.push(arch_check(config.as_ref(), device.as_ref(), nvrtc.as_ref().ok()).await);
+
     let nvrtc_version = device.as_ref().map(|d| d.nvrtc_version).or_else(|| nvrtc.as_ref().ok().map(|t| t.version));
     checks.push(versions_check(nvrtc_version, device.as_ref().map(|d| d.driver_version)));
     checks.push(torch);
@@ -289,6 +292,82 @@ fn plan_check(config: &Config) -> Check {
                 config_name(config)
             ),
         ),
+    }
+}
+
+/// Uses only sm_90a instructions (setmaxnreg, wgmma.fence): it compiles only when NVRTC
+/// really targets the arch-specific variant.
+const ARCH_SPECIFIC_PROBE: &str = r#"
+extern "C" __global__ void __launch_bounds__(128) optd_probe_sm90a(int* out) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    if (threadIdx.x == 0) *out = 1;
+}
+"#;
+
+/// Can NVRTC build for this GPU's arch-specific target, and which templates of the plan
+/// use it (or are skipped on this GPU, and why)?
+async fn arch_check(config: Option<&Config>, device: Option<&DeviceInfo>, tc: Option<&crate::nvrtc::Toolchain>) -> Check {
+    let Some(d) = device else {
+        return Check::skip("arch", "not checked: no GPU reported");
+    };
+    // The plan's arch-specific templates (name, min_cc), once each.
+    let mut specific: Vec<crate::template::Meta> = Vec::new();
+    if let Some(plan) = config.and_then(|c| Plan::load(&c.resolve(&c.run.plan), &c.resolve(&c.run.templates_dir)).ok()) {
+        for st in plan.stages {
+            if st.template.meta.arch_specific && !specific.iter().any(|m| m.name == st.template.meta.name) {
+                specific.push(st.template.meta);
+            }
+        }
+    }
+    let usable: Vec<&str> = specific.iter().filter(|m| m.target_arch(d).is_ok()).map(|m| m.name.as_str()).collect();
+    let skipped: Vec<String> = specific.iter().filter_map(|m| m.target_arch(d).err()).collect();
+    let skipped_text = if skipped.is_empty() { String::new() } else { format!("
+skipped on this GPU: {}", skipped.join("; ")) };
+    if d.cc() < 90 {
+        let what = if specific.is_empty() {
+            "the plan has no arch-specific template".to_string()
+        } else {
+            format!("the plan's arch-specific templates are skipped{skipped_text}")
+        };
+        return Check::ok(
+            "arch",
+            format!(
+                "{}: templates compile for {}; Hopper templates (arch_specific, sm_90a: wgmma, setmaxnreg) need compute capability 9.0 exactly, so {what}",
+                d.arch, d.arch
+            ),
+        );
+    }
+    let target = format!("sm_{}{}a", d.cc_major, d.cc_minor);
+    let Some(tc) = tc.cloned() else {
+        return Check::skip("arch", format!("not checked: NVRTC was not found, so {target} cannot be probed"));
+    };
+    let probe_target = target.clone();
+    let compiled = tokio::task::spawn_blocking(move || {
+        // setmaxnreg/wgmma exist only on sm_90a; other arch-specific targets get an empty kernel.
+        let src = if probe_target == "sm_90a" { ARCH_SPECIFIC_PROBE } else { "extern \"C\" __global__ void optd_probe(int* out) { *out = 1; }" };
+        crate::nvrtc::compile(&tc, src, "arch_probe.cu", &probe_target, &[])
+    })
+    .await;
+    let users = if usable.is_empty() { "no template of the plan uses it".to_string() } else { format!("used by {}", usable.join(", ")) };
+    match compiled {
+        Ok(Ok(_)) => Check::ok(
+            "arch",
+            format!(
+                "NVRTC compiles for {target} (setmaxnreg, wgmma probe): templates with arch_specific = true use {target} ({users}), the others {}{skipped_text}",
+                d.arch
+            ),
+        ),
+        Ok(Err(e)) => {
+            let detail = format!("NVRTC cannot compile for {target}, the arch-specific target of this GPU ({users}): {e}");
+            let fix = "use NVRTC 12.0 or newer (scripts/setup.sh installs 13.0), or remove the arch-specific stages from the plan";
+            if usable.is_empty() {
+                Check::warn("arch", detail, fix)
+            } else {
+                Check::fail("arch", detail, fix)
+            }
+        }
+        Err(e) => Check::warn("arch", format!("the {target} probe compile did not finish: {e}"), "run `optimizerd doctor` again"),
     }
 }
 

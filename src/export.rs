@@ -2,7 +2,10 @@
 //! `manifest.json` that says everything a CUDA host needs to launch it (CuPy
 //! RawModule, a torch extension, the driver API): kernel names, argument order and
 //! types, launch geometry as formulas of (B, H, S, D), dynamic shared memory, the
-//! softmax-scale convention, dtype, causal, and the measured time.
+//! softmax-scale convention, dtype, causal, and the measured time. Kernels of Hopper
+//! templates also carry their NVRTC target (`arch`, e.g. `sm_90a`) and their TMA tensor
+//! maps: as formulas per kernel, and resolved per exported shape (one geometry,
+//! [`crate::protocol::TensorMap::geometry`], shared with the gate and the worker).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +14,8 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::ledger::Ledger;
-use crate::template::Template;
+use crate::protocol::{Shape, TensorMap, TensorMapGeometry, ABI_PARAMS};
+use crate::template::{Template, TensorMapSpec};
 use crate::workspace::Workspace;
 
 #[derive(Debug, Serialize)]
@@ -31,6 +35,8 @@ pub struct Abi {
     pub softmax_scale: &'static str,
     pub causal: &'static str,
     pub compile: &'static str,
+    /// Parameters after `args`, for kernels with `tensor_maps`.
+    pub tensor_maps: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -44,8 +50,90 @@ pub struct KernelEntry {
     /// (fixed as #defines in the file); minijinja/Jinja2 expressions with cdiv, min, max.
     pub derived: Vec<(String, String)>,
     pub launches: Vec<LaunchFormula>,
+    /// NVRTC/nvcc target it was compiled and timed for: the GPU's `sm_<cc>`, or
+    /// `sm_<cc>a` (e.g. `sm_90a`) when `arch_specific`, which runs only on that exact cc.
+    pub arch: Option<String>,
+    pub arch_specific: bool,
+    /// TMA tensor maps passed by value after the 13 ABI arguments, as formulas of
+    /// (B, H, S, D) and the knobs; each shape lists them resolved.
+    pub tensor_maps: Vec<TensorMapEntry<String>>,
     /// The shapes this kernel is the best for, with their resolved launches and times.
     pub shapes: Vec<serde_json::Value>,
+}
+
+/// One tensor map, as `cuTensorMapEncodeTiled` takes it. `T` is a formula string in a
+/// kernel's entry and a number in each resolved shape.
+#[derive(Debug, Serialize)]
+pub struct TensorMapEntry<T> {
+    /// Kernel parameter index (0-based): 13 + position among the kernel's maps.
+    pub param_index: usize,
+    /// `q`, `k`, `v` or `o`: the global address is that tensor's pointer (16-byte aligned).
+    pub tensor: &'static str,
+    /// CU_TENSOR_MAP_DATA_TYPE_UINT16: the 16-bit patterns of fp16 or bf16.
+    pub data_type: &'static str,
+    pub rank: u32,
+    /// globalDim, innermost first: {P, S, D/P, B*H} with P = swizzle_bytes / 2.
+    pub dims: Vec<T>,
+    /// globalStrides of dims 1..rank-1 in bytes (dim 0 is contiguous): {D*2, P*2, S*D*2}.
+    pub strides_bytes: Vec<T>,
+    /// boxDim: {P, box_rows, D/P, 1}.
+    #[serde(rename = "box")]
+    pub box_dims: Vec<T>,
+    pub element_strides: [u32; 4],
+    /// CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B.
+    pub swizzle_bytes: u32,
+    pub interleave: &'static str,
+    pub l2_promotion: &'static str,
+    /// `none`: rows past S read as zeros.
+    pub oob_fill: &'static str,
+}
+
+impl<T> TensorMapEntry<T> {
+    fn new(index: usize, tensor: &'static str, swizzle: u32, dims: Vec<T>, strides_bytes: Vec<T>, box_dims: Vec<T>) -> Self {
+        TensorMapEntry {
+            param_index: ABI_PARAMS + index,
+            tensor,
+            data_type: "uint16",
+            rank: TensorMapGeometry::RANK,
+            dims,
+            strides_bytes,
+            box_dims,
+            element_strides: [1; 4],
+            swizzle_bytes: swizzle,
+            interleave: "none",
+            l2_promotion: "128B",
+            oob_fill: "none",
+        }
+    }
+}
+
+/// A declared map as formulas (the convention of `TensorMap::geometry`, written out).
+fn map_formulas(index: usize, spec: &TensorMapSpec) -> TensorMapEntry<String> {
+    let p = spec.swizzle / 2;
+    TensorMapEntry::new(
+        index,
+        spec.tensor.as_str(),
+        spec.swizzle,
+        // `//`: integer division, as in the launch formulas (minijinja / Jinja2).
+        vec![p.to_string(), "S".into(), format!("D // {p}"), "B * H".into()],
+        vec!["D * 2".into(), (p * 2).to_string(), "S * D * 2".into()],
+        vec![p.to_string(), spec.box_rows.clone(), format!("D // {p}"), "1".into()],
+    )
+}
+
+/// A resolved map of one shape.
+fn map_resolved(index: usize, map: &TensorMap, shape: &Shape) -> anyhow::Result<TensorMapEntry<u64>> {
+    let g = map
+        .geometry(shape)
+        .map_err(|why| anyhow::anyhow!("tensor_map[{index}] ({}) of {}: {why}", map.tensor.as_str(), shape.key()))?;
+    Ok(TensorMapEntry::new(
+        index,
+        map.tensor.as_str(),
+        map.swizzle,
+        g.dims.to_vec(),
+        g.strides_bytes.to_vec(),
+        g.box_dims.iter().map(|&b| b as u64).collect(),
+    ))
 }
 
 #[derive(Debug, Serialize)]
@@ -78,7 +166,8 @@ fn abi() -> Abi {
         layout: "Q, K, V, O in [B, H, S, D], contiguous, 16-byte aligned",
         softmax_scale: "softmax(Q K^T * softmax_scale) V with softmax_scale = 1/sqrt(D), passed by the caller",
         causal: "when causal != 0, key j is masked for query i if j > i",
-        compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path, for the GPU's real arch (e.g. sm_90); launches run in order on one stream",
+        compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path, for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); launches run in order on one stream",
+        tensor_maps: "kernels with tensor_maps take, after the 13 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry",
     }
 }
 
@@ -93,19 +182,30 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
     )?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let iterations = ledger.iterations(&run.id).await?;
+    let device = ledger.device(&run.id).await?;
     let mut kernels: Vec<KernelEntry> = Vec::new();
     for b in &best {
         let source = ws.read_best(&b.source_path)?.with_context(|| format!("{} is not on best", b.source_path))?;
         let entry = dispatch.get(&b.shape).with_context(|| format!("kernels/dispatch.json has no {}", b.shape))?;
-        let shape_json: serde_json::Value = iterations
-            .iter()
-            .find(|i| i.seq == b.seq)
+        let iteration = iterations.iter().find(|i| i.seq == b.seq);
+        let shape_json: serde_json::Value = iteration
             .and_then(|i| i.shapes.iter().find(|s| s.shape == b.shape))
             .and_then(|s| serde_json::from_str(&s.shape_json).ok())
             .unwrap_or_default();
+        let maps: Vec<TensorMap> = match entry.get("tensor_maps") {
+            Some(m) => serde_json::from_value(m.clone()).with_context(|| format!("kernels/dispatch.json: tensor_maps of {}", b.shape))?,
+            None => Vec::new(),
+        };
+        let resolved_maps = if maps.is_empty() {
+            Vec::new()
+        } else {
+            let shape: Shape = serde_json::from_value(shape_json.clone())
+                .with_context(|| format!("the ledger has no shape for {} to resolve its tensor maps", b.shape))?;
+            maps.iter().enumerate().map(|(i, m)| map_resolved(i, m, &shape)).collect::<anyhow::Result<Vec<_>>>()?
+        };
         let measured = serde_json::json!({
             "key": b.shape, "shape": shape_json, "median_us": b.median_us, "baseline_us": b.baseline_us,
-            "n_splits": entry["n_splits"], "launches": entry["launches"],
+            "n_splits": entry["n_splits"], "launches": entry["launches"], "tensor_maps": resolved_maps,
         });
         if let Some(k) = kernels.iter_mut().find(|k| k.iteration == b.seq) {
             k.shapes.push(measured);
@@ -115,6 +215,10 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
         let file = format!("it{}-{}.cu", b.seq, template.name());
         std::fs::write(out.join(&file), &source).with_context(|| format!("cannot write {}", out.join(&file).display()))?;
         let dtype = if source.contains("#define OPTD_BF16 1") { "bf16" } else { "fp16" };
+        // As recorded when compiled; older ledgers: what the target would be on the run's GPU.
+        let arch = iteration
+            .and_then(|i| i.arch.clone())
+            .or_else(|| device.as_ref().and_then(|d| template.meta.target_arch(d).ok()));
         kernels.push(KernelEntry {
             file,
             iteration: b.seq,
@@ -133,6 +237,9 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
                     when: l.when.clone(),
                 })
                 .collect(),
+            arch,
+            arch_specific: template.meta.arch_specific,
+            tensor_maps: template.tensor_maps.iter().enumerate().map(|(i, m)| map_formulas(i, m)).collect(),
             shapes: vec![measured],
         });
     }

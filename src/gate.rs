@@ -4,7 +4,9 @@
 //! candidate is rejected when a launch would ask for more shared memory than the
 //! device allows, an impossible block or grid, or when its first launch would put
 //! fewer CTAs on the GPU than the stage demands (a (1,1,1) grid by mistake, or a
-//! split that leaves most SMs idle).
+//! split that leaves most SMs idle). It also refuses a template the device cannot run
+//! (compute capability below `min_cc`, or an arch-specific template such as wgmma-tma's
+//! sm_90a on another cc) and tensor maps the TMA cannot encode for a shape.
 
 use crate::protocol::{DeviceInfo, Shape, ShapePlan};
 use crate::template::{eval_int_expr, shape_vars, Params, Template};
@@ -21,10 +23,12 @@ pub fn check(
     device: &DeviceInfo,
     min_ctas: &str,
 ) -> Result<Vec<ShapePlan>, GateFailure> {
+    template.meta.target_arch(device).map_err(GateFailure)?;
     let mut plans = Vec::with_capacity(shapes.len());
     for shape in shapes {
         let key = shape.key();
         let plan = template.plan(params, shape, device).map_err(|e| GateFailure(format!("{key}: {e}")))?;
+        check_tensor_maps(template, &plan)?;
         let first = plan.launches.first().ok_or_else(|| GateFailure(format!("{key}: no launch planned")))?;
         for l in &plan.launches {
             let threads: u32 = l.block.iter().product();
@@ -53,4 +57,25 @@ pub fn check(
         plans.push(plan);
     }
     Ok(plans)
+}
+
+/// Every tensor map of the plan must be encodable by the TMA for its shape (the same
+/// geometry the worker encodes and the export describes).
+fn check_tensor_maps(template: &Template, plan: &ShapePlan) -> Result<(), GateFailure> {
+    for (i, m) in plan.tensor_maps.iter().enumerate() {
+        if let Err(why) = m.geometry(&plan.shape) {
+            let spec = template.tensor_maps.get(i);
+            return Err(GateFailure(format!(
+                "{}: template {}, tensor_map[{i}] ({}, box_rows \"{}\" = {}, swizzle {}): {why}; fix: choose knobs or a swizzle \
+                 for which D is a multiple of swizzle / 2 and box_rows is in 1..=256, or drop this shape",
+                plan.shape.key(),
+                template.name(),
+                m.tensor.as_str(),
+                spec.map_or("?", |s| s.box_rows.as_str()),
+                m.box_rows,
+                m.swizzle
+            )));
+        }
+    }
+    Ok(())
 }

@@ -116,6 +116,8 @@ pub struct IterationRecord {
     pub finished_at: String,
     /// Budget used (seconds) when the iteration was recorded.
     pub used_s: Option<f64>,
+    /// NVRTC target it was compiled for (`sm_90`, `sm_90a`); None when not compiled.
+    pub arch: Option<String>,
     pub shapes: Vec<ShapeRecord>,
 }
 
@@ -266,8 +268,8 @@ impl Ledger {
             .map_err(q("replace iteration"))?;
         sqlx::query(
             "INSERT INTO iterations (run_id, seq, stage, template, params_json, source_hash, git_commit, verdict, reason,
-                compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at, used_s)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at, used_s, arch)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&it.run_id)
         .bind(it.seq)
@@ -288,6 +290,7 @@ impl Ledger {
         .bind(&it.started_at)
         .bind(&it.finished_at)
         .bind(used_s)
+        .bind(&it.arch)
         .execute(&mut *tx)
         .await
         .map_err(q("insert iteration"))?;
@@ -475,6 +478,7 @@ impl Ledger {
                 started_at: r.get("started_at"),
                 finished_at: r.get("finished_at"),
                 used_s: r.get("used_s"),
+                arch: r.get("arch"),
                 shapes: Vec::new(),
             })
             .collect();

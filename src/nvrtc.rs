@@ -11,7 +11,9 @@
 //! copy the dynamic loader would pick by name.
 //!
 //! [`compile`] turns one CUDA C++ source into a CUBIN for a real architecture
-//! (`sm_90`, ...), keeping NVRTC's log as plain text so it can be shown to a person.
+//! (`sm_90`, ..., or an arch-specific one such as `sm_90a`, whose cubin runs only on
+//! that exact compute capability but may use wgmma and setmaxnreg), keeping NVRTC's
+//! log as plain text so it can be shown to a person.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -819,6 +821,28 @@ extern "C" __global__ void axpy_half(__half* y, const __half* x, float a, int n)
             assert!(!c.cubin.is_empty(), "{arch}: empty cubin");
             assert_eq!(&c.cubin[..4], b"\x7fELF", "{arch}: not an ELF image");
             assert!(c.ms > 0.0);
+        }
+    }
+
+    /// sm_90a (wgmma, setmaxnreg) is a target of its own: the same source is rejected
+    /// for plain sm_90 and gives a cubin for sm_90a.
+    #[test]
+    fn arch_specific_target_compiles_sm90a_only_instructions() {
+        let tc = toolchain();
+        let src = r#"
+extern "C" __global__ void __launch_bounds__(128) probe(int* out) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "not compiled for sm_90a"
+#endif
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    if (threadIdx.x == 0) *out = 1;
+}
+"#;
+        let c = compile(&tc, src, "probe.cu", "sm_90a", &[]).unwrap_or_else(|e| panic!("sm_90a: {e}"));
+        assert_eq!(&c.cubin[..4], b"\x7fELF", "sm_90a: not an ELF image");
+        match compile(&tc, src, "probe.cu", "sm_90", &[]) {
+            Err(CompileFailure::Rejected { log }) => assert!(log.contains("sm_90a"), "{log}"),
+            other => panic!("sm_90 must reject sm_90a-only code: {other:?}"),
         }
     }
 

@@ -8,7 +8,9 @@
 //!
 //! Kernel ABI shared by every template (see kernel-templates/common/optd.cuh):
 //! `(q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits,
-//!   softmax_scale, causal, cta_counter)`, tensors in [B,H,S,D] layout.
+//!   softmax_scale, causal, cta_counter)`, tensors in [B,H,S,D] layout, followed by
+//! one 128-byte `CUtensorMap` (by value, 64-byte aligned) per [`TensorMap`] of the
+//! plan, in declaration order (templates with `[[tensor_map]]`, see [`TensorMap`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +95,125 @@ pub struct ShapePlan {
     /// KV splits: sizes the fp32 partial buffers (`n_splits*B*H*S*D` and `n_splits*B*H*S`).
     pub n_splits: u32,
     pub launches: Vec<Launch>,
+    /// TMA tensor maps appended, in this order, to the parameters of every launch.
+    /// Absent in older ledgers and for templates without `[[tensor_map]]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_maps: Vec<TensorMap>,
+}
+
+/// Parameters of the shared ABI before any tensor map: a map's kernel parameter index is
+/// `ABI_PARAMS + its position in [`ShapePlan::tensor_maps`]`.
+pub const ABI_PARAMS: usize = 13;
+
+/// Which ABI tensor a tensor map describes (its global address is that tensor's pointer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TensorName {
+    Q,
+    K,
+    V,
+    O,
+}
+
+impl TensorName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TensorName::Q => "q",
+            TensorName::K => "k",
+            TensorName::V => "v",
+            TensorName::O => "o",
+        }
+    }
+}
+
+/// One TMA tensor map of a plan, resolved for its shape: which tensor, how many rows a
+/// box holds, and the swizzle. Everything else follows from the shape by a fixed
+/// convention, computed in one place: [`TensorMap::geometry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorMap {
+    pub tensor: TensorName,
+    pub box_rows: u32,
+    /// Swizzle span in bytes: 32, 64 or 128.
+    pub swizzle: u32,
+}
+
+/// Arguments of `cuTensorMapEncodeTiled` (besides the address and the enums, which are
+/// fixed: UINT16 data, no interleave, L2 promotion 128B, OOB fill none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TensorMapGeometry {
+    /// Elements per swizzle panel: `swizzle / 2`.
+    pub panel: u32,
+    /// Innermost first: {P, S, D/P, B*H}.
+    pub dims: [u64; 4],
+    /// Byte strides of dims 1..3 (dim 0 is contiguous): {D*2, P*2, S*D*2}.
+    pub strides_bytes: [u64; 3],
+    /// {P, box_rows, D/P, 1}.
+    pub box_dims: [u32; 4],
+    pub element_strides: [u32; 4],
+}
+
+impl TensorMapGeometry {
+    pub const RANK: u32 = 4;
+
+    /// Bytes one box brings into shared memory (the mbarrier transaction count).
+    pub fn box_bytes(&self) -> u64 {
+        self.box_dims.iter().map(|&b| b as u64).product::<u64>() * ELEM_BYTES
+    }
+}
+
+/// Q, K, V and O hold 2-byte elements (fp16 or bf16).
+pub const ELEM_BYTES: u64 = 2;
+
+impl TensorMap {
+    /// The map of this tensor for `shape`, by the fixed convention: the tensor is
+    /// [B,H,S,D] contiguous with 2-byte elements; with swizzle W bytes a panel holds
+    /// P = W/2 elements, so D splits into D/P panels and the map is rank 4,
+    /// dims (innermost first) {P, S, D/P, B*H}, byte strides of dims 1..3
+    /// {D*2, P*2, S*D*2}, box {P, box_rows, D/P, 1}, element strides all 1. A box is a
+    /// [D/P panels][box_rows rows][P elements] block in shared memory, each panel row W
+    /// bytes, swizzled; rows past S read as zeros.
+    ///
+    /// Err: why the map cannot be encoded (the TMA's limits), in words.
+    pub fn geometry(&self, shape: &Shape) -> Result<TensorMapGeometry, String> {
+        if !matches!(self.swizzle, 32 | 64 | 128) {
+            return Err(format!("swizzle = {} bytes; allowed: 32, 64, 128", self.swizzle));
+        }
+        let panel = self.swizzle / ELEM_BYTES as u32;
+        let d = shape.d as u64;
+        if shape.d == 0 || !d.is_multiple_of(panel as u64) {
+            return Err(format!(
+                "D = {} is not a multiple of the {panel}-element panel of a {}-byte swizzle (D % {panel} must be 0)",
+                shape.d, self.swizzle
+            ));
+        }
+        let panels = d / panel as u64;
+        if panels > 256 {
+            return Err(format!("D / {panel} = {panels} panels; a box dimension holds at most 256"));
+        }
+        if !(1..=256).contains(&self.box_rows) {
+            return Err(format!("box_rows = {}; a box dimension holds 1..=256", self.box_rows));
+        }
+        let (s, bh) = (shape.s as u64, shape.b as u64 * shape.h as u64);
+        if s == 0 || bh == 0 {
+            return Err(format!("shape {} has an empty dimension", shape.key()));
+        }
+        let dims = [panel as u64, s, panels, bh];
+        let strides_bytes = [d * ELEM_BYTES, panel as u64 * ELEM_BYTES, s * d * ELEM_BYTES];
+        // cuTensorMapEncodeTiled: dims up to 2^32, strides multiples of 16 below 2^40.
+        if let Some(bad) = dims.iter().find(|&&x| x > 1 << 32) {
+            return Err(format!("a dimension of {bad} exceeds the TMA's 2^32"));
+        }
+        if let Some(bad) = strides_bytes.iter().find(|&&x| x >= 1 << 40 || !x.is_multiple_of(16)) {
+            return Err(format!("a stride of {bad} bytes is not a multiple of 16 below 2^40"));
+        }
+        Ok(TensorMapGeometry {
+            panel,
+            dims,
+            strides_bytes,
+            box_dims: [panel, self.box_rows, panels as u32, 1],
+            element_strides: [1; 4],
+        })
+    }
 }
 
 /// Correctness tolerance: pass when `max_abs <= atol` and `rel_l2 <= rtol_l2`.
@@ -146,7 +267,7 @@ pub enum Request {
     Load {
         id: String,
         source: String,
-        /// e.g. `sm_90`.
+        /// NVRTC target, e.g. `sm_90`, or `sm_90a` for arch-specific templates.
         arch: String,
         kernels: Vec<String>,
         /// Occupancy queries: (kernel, threads per block, dynamic smem bytes).

@@ -103,20 +103,21 @@ pub fn history_text(its: &[IterationRecord]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:>5}  reason",
-        "iter", "stage", "verdict", "params", "geomean us", "regs", "won"
+        "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:<7} {:>5}  reason",
+        "iter", "stage", "verdict", "params", "geomean us", "regs", "arch", "won"
     );
     for it in its {
         let won = it.shapes.iter().filter(|s| s.won).count();
         let _ = writeln!(
             out,
-            "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:>5}  {}",
+            "{:>4}  {:<22} {:<13} {:<50} {:>10} {:>6} {:<7} {:>5}  {}",
             it.seq,
             it.stage,
             it.verdict,
             it.params_json,
             it.score_us.map(|s| format!("{s:.2}")).unwrap_or_else(|| "-".into()),
             it.registers.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+            it.arch.as_deref().unwrap_or("-"),
             if it.shapes.is_empty() { "-".to_string() } else { format!("{won}/{}", it.shapes.len()) },
             it.reason
         );

@@ -6,6 +6,20 @@
 //! header are the ones the daemon evaluates. Expressions are minijinja expressions
 //! over the knobs, the shape (B, H, S, D, CAUSAL, ELEM_BYTES) and the device
 //! (SMS, SMEM_OPTIN, CC), with `cdiv`, `min` and `max`.
+//!
+//! Hopper templates may also declare
+//! - `arch_specific = true` under `[template]`: compiled for `sm_<cc>a` (e.g. `sm_90a`,
+//!   for wgmma and setmaxnreg) instead of `sm_<cc>`. Such a cubin runs only on exactly
+//!   that compute capability, so the template is usable only when the device's cc
+//!   equals its `min_cc` ([`Meta::target_arch`]).
+//! - `[[tensor_map]]` entries (`tensor` = q|k|v|o, `box_rows` = a formula, `swizzle` =
+//!   32|64|128 bytes): TMA tensor maps the worker encodes against the tensor's device
+//!   pointer and appends, in declaration order, after the 13 ABI parameters of every
+//!   launch (`const __grid_constant__ optd_tensor_map tm_x`, 128 bytes by value). The
+//!   geometry is a fixed convention over the [B,H,S,D] tensor of 2-byte elements: with
+//!   swizzle W and P = W/2 elements per panel, rank 4, dims {P, S, D/P, B*H} (innermost
+//!   first), byte strides {D*2, P*2, S*D*2}, box {P, box_rows, D/P, 1}; see
+//!   [`crate::protocol::TensorMap::geometry`], the one place it is computed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::assets;
-use crate::protocol::{DeviceInfo, Launch, Shape, ShapePlan};
+use crate::protocol::{DeviceInfo, Launch, Shape, ShapePlan, TensorMap, TensorName};
 
 /// Knob name -> chosen value. Ordered, so its JSON form is canonical.
 pub type Params = BTreeMap<String, i64>;
@@ -38,6 +52,8 @@ struct SpecFile {
     #[serde(default)]
     derived: toml::Table,
     launch: Vec<LaunchSpec>,
+    #[serde(default)]
+    tensor_map: Vec<TensorMapSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -52,6 +68,63 @@ pub struct Meta {
     /// Test-only templates (planted faults); never in the default plan.
     #[serde(default)]
     pub testing: bool,
+    /// Compile for the arch-specific target `sm_<min_cc>a` (wgmma, setmaxnreg): the cubin
+    /// runs only on a device whose compute capability is exactly `min_cc`.
+    #[serde(default)]
+    pub arch_specific: bool,
+}
+
+impl Meta {
+    /// The NVRTC target for this template on `device`: `sm_90`, or `sm_90a` when
+    /// arch-specific. Err: why the template cannot run there, in words.
+    pub fn target_arch(&self, device: &DeviceInfo) -> Result<String, String> {
+        let cc = device.cc();
+        if !self.arch_specific {
+            if cc < self.min_cc {
+                return Err(format!("template {} needs compute capability {} and the device has {cc}", self.name, self.min_cc));
+            }
+            return Ok(device.arch.clone());
+        }
+        if cc != self.min_cc {
+            return Err(format!(
+                "{} needs sm_{}a (compute capability {}.{}); this GPU is sm_{}{}: an arch-specific cubin runs only on that exact compute capability",
+                self.name,
+                self.min_cc,
+                self.min_cc / 10,
+                self.min_cc % 10,
+                device.cc_major,
+                device.cc_minor
+            ));
+        }
+        Ok(format!("sm_{}{}a", device.cc_major, device.cc_minor))
+    }
+}
+
+/// One `[[tensor_map]]` of the spec: a TMA map passed after the ABI parameters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorMapSpec {
+    pub tensor: TensorName,
+    /// Rows of one box: a formula (`BLOCK_N`, `64`), evaluated per shape.
+    #[serde(deserialize_with = "formula")]
+    pub box_rows: String,
+    /// Bytes: 32, 64 or 128.
+    pub swizzle: u32,
+}
+
+/// A formula written as a string, or as a plain integer (`box_rows = 64`).
+fn formula<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum F {
+        Int(i64),
+        Expr(String),
+    }
+    match F::deserialize(d) {
+        Ok(F::Int(i)) => Ok(i.to_string()),
+        Ok(F::Expr(e)) => Ok(e),
+        Err(_) => Err(serde::de::Error::custom("expected a formula string (e.g. \"BLOCK_N\") or an integer")),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -79,6 +152,8 @@ pub struct Template {
     /// Derived name -> expression, in evaluation order.
     pub derived: Vec<(String, String)>,
     pub launches: Vec<LaunchSpec>,
+    /// TMA tensor maps, in kernel-parameter order (after the 13 ABI parameters).
+    pub tensor_maps: Vec<TensorMapSpec>,
 }
 
 impl Template {
@@ -122,7 +197,35 @@ impl Template {
         if spec.launch.is_empty() {
             return Err(err("declares no [[launch]]".into()));
         }
-        let t = Template { meta: spec.template, file: file.to_string(), text, knobs, derived, launches: spec.launch };
+        for (i, m) in spec.tensor_map.iter().enumerate() {
+            if !matches!(m.swizzle, 32 | 64 | 128) {
+                return Err(err(format!(
+                    "tensor_map[{i}] ({}): swizzle = {} is not allowed (allowed: 32, 64, 128 bytes)",
+                    m.tensor.as_str(),
+                    m.swizzle
+                )));
+            }
+        }
+        if !spec.tensor_map.is_empty() && spec.template.min_cc < 90 {
+            return Err(err(format!(
+                "declares [[tensor_map]] but min_cc = {}: TMA tensor maps need compute capability 9.0; set min_cc = 90",
+                spec.template.min_cc
+            )));
+        }
+        if spec.template.arch_specific && spec.template.min_cc == 0 {
+            return Err(err(
+                "arch_specific = true needs min_cc: the one compute capability its sm_<cc>a cubin runs on (e.g. min_cc = 90 for sm_90a)".into(),
+            ));
+        }
+        let t = Template {
+            meta: spec.template,
+            file: file.to_string(),
+            text,
+            knobs,
+            derived,
+            launches: spec.launch,
+            tensor_maps: spec.tensor_map,
+        };
         Ok(t)
     }
 
@@ -196,12 +299,19 @@ impl Template {
             let dyn_smem = u32::try_from(smem).map_err(|_| self.formula_err(&format!("launch[{i}].smem"), &l.smem, format!("gave {smem}")))?;
             launches.push(Launch { kernel: kernel_name(&l.kernel, shape.d), grid, block, dyn_smem });
         }
+        let mut tensor_maps = Vec::with_capacity(self.tensor_maps.len());
+        for (i, m) in self.tensor_maps.iter().enumerate() {
+            let name = format!("tensor_map[{i}].box_rows");
+            let rows = self.eval_int(&env, &name, &m.box_rows, &vars)?;
+            let box_rows = u32::try_from(rows).map_err(|_| self.formula_err(&name, &m.box_rows, format!("gave {rows}, outside 0..2^32")))?;
+            tensor_maps.push(TensorMap { tensor: m.tensor, box_rows, swizzle: m.swizzle });
+        }
         let splits = vars.get("splits").copied().unwrap_or(1);
         let n_splits = u32::try_from(splits)
             .ok()
             .filter(|&s| s >= 1)
             .ok_or_else(|| self.formula_err("splits", "", format!("gave {splits}; must be >= 1")))?;
-        Ok(ShapePlan { shape: *shape, n_splits, launches })
+        Ok(ShapePlan { shape: *shape, n_splits, launches, tensor_maps })
     }
 
     fn formula_err(&self, name: &str, expr: &str, message: String) -> TemplateError {

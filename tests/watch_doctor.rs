@@ -494,3 +494,48 @@ async fn doctor_reports_a_broken_config_and_skips_what_needs_it() {
     assert_eq!(status_of(&report, "plan"), Status::Skip);
     assert_eq!(status_of(&report, "gpu"), Status::Ok, "the GPU check does not need the config: {text}");
 }
+
+/// A project whose plan has an arch-specific (sm_90a) stage, on a GPU of compute capability `cc`.
+fn hopper_project(cc: (u32, u32)) -> tempfile::TempDir {
+    let dir = project("runs", 13000);
+    let plan = "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\n\n\
+                [[stage]]\nname = \"hopper\"\ntemplate = \"testing/tensor_map_probe.cu\"\nsearch = \"exhaustive\"\n";
+    std::fs::write(dir.path().join("plan.toml"), plan).unwrap();
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        format!("[run]\nruns_dir = \"runs\"\nplan = \"plan.toml\"\ntemplates_dir = \"{}\"\n", repo_root().join("kernel-templates").display()),
+    )
+    .unwrap();
+    let mut device = h100(13000);
+    device["cc_major"] = json!(cc.0);
+    device["cc_minor"] = json!(cc.1);
+    device["arch"] = json!(format!("sm_{}{}", cc.0, cc.1));
+    let script = json!({ "device": device, "default": { "ok": { "us": 10.0 } } });
+    std::fs::write(dir.path().join("script.json"), script.to_string()).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn doctor_compiles_for_sm_90a_on_hopper_and_names_the_templates_using_it() {
+    let dir = hopper_project((9, 0));
+    let report = doctor::doctor(&options(dir.path(), &dir.path().join("script.json"))).await;
+    let text = report.text();
+    let arch = report.check("arch").unwrap_or_else(|| panic!("no arch check:\n{text}"));
+    assert_eq!(arch.status, Status::Ok, "{text}");
+    assert!(arch.detail.contains("NVRTC compiles for sm_90a") && arch.detail.contains("test-tensor-map-probe"), "{text}");
+    assert!(arch.detail.contains("the others sm_90"), "{text}");
+    assert!(!report.failed(), "{text}");
+}
+
+#[tokio::test]
+async fn doctor_says_hopper_templates_are_skipped_on_an_sm_89_gpu() {
+    let dir = hopper_project((8, 9));
+    let report = doctor::doctor(&options(dir.path(), &dir.path().join("script.json"))).await;
+    let text = report.text();
+    let arch = report.check("arch").unwrap();
+    assert_eq!(arch.status, Status::Ok, "{text}");
+    assert!(arch.detail.contains("skipped") && arch.detail.contains("test-tensor-map-probe needs sm_90a (compute capability 9.0); this GPU is sm_89"), "{text}");
+    // No GPU at all: nothing to say about targets.
+    let report = doctor::doctor(&options(dir.path(), &dir.path().join("no-such-script.json"))).await;
+    assert_eq!(status_of(&report, "arch"), Status::Skip);
+}

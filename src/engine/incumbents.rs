@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::ledger::BestRow;
 use crate::outcome::{Failure, Verdict};
 use crate::plan::Stage;
-use crate::protocol::{Launch, Loaded, ShapePlan};
+use crate::protocol::{Launch, Loaded, ShapePlan, TensorMap};
 use crate::template::Params;
 use crate::compile;
 
@@ -37,6 +37,9 @@ pub(super) struct DispatchEntry {
     pub(super) median_us: f64,
     pub(super) n_splits: u32,
     pub(super) launches: Vec<Launch>,
+    /// TMA tensor maps appended to every launch's parameters (templates with `[[tensor_map]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) tensor_maps: Vec<TensorMap>,
 }
 
 /// A compiled module the current worker holds: (id, source, kernels, plans for occupancy).
@@ -45,15 +48,17 @@ pub(super) struct Module {
     /// What the last load reported (resources, occupancy), for the diagnosis.
     pub(super) loaded: Option<Loaded>,
     pub(super) source: String,
+    /// NVRTC target it was built for (`sm_90`, or `sm_90a` for arch-specific templates).
+    pub(super) arch: String,
     pub(super) kernels: Vec<String>,
     pub(super) plans: Vec<ShapePlan>,
 }
 
 impl Engine {
     /// Compile+load a module, then reload nothing else: incumbents are reloaded lazily.
-    pub(super) async fn load(&mut self, id: &str, source: &str, kernels: Vec<String>, plans: &[ShapePlan]) -> Result<Loaded, Failure> {
+    pub(super) async fn load(&mut self, id: &str, source: &str, arch: &str, kernels: Vec<String>, plans: &[ShapePlan]) -> Result<Loaded, Failure> {
         self.sync_generation();
-        let l = compile::load(&mut self.sup, id, source, kernels, plans, self.cfg.worker.load_timeout).await?;
+        let l = compile::load(&mut self.sup, id, source, arch, kernels, plans, self.cfg.worker.load_timeout).await?;
         self.loaded.push(id.to_string());
         Ok(l)
     }
@@ -119,7 +124,7 @@ impl Engine {
                 continue;
             }
             let Some(m) = self.modules.get(&id).cloned() else { continue };
-            let loaded = compile::load(&mut self.sup, &id, &m.source, m.kernels, &m.plans, self.cfg.worker.load_timeout)
+            let loaded = compile::load(&mut self.sup, &id, &m.source, &m.arch, m.kernels, &m.plans, self.cfg.worker.load_timeout)
                 .await
                 .map_err(|f| Failure::new(Verdict::Error, format!("reloading incumbent {id}: {}", f.reason)))?;
             if let Some(m) = self.modules.get_mut(&id) {
@@ -200,6 +205,7 @@ impl Engine {
                         median_us: i.median_us,
                         n_splits: i.plan.n_splits,
                         launches: i.plan.launches.clone(),
+                        tensor_maps: i.plan.tensor_maps.clone(),
                     },
                 )
             })

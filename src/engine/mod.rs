@@ -148,14 +148,9 @@ impl Engine {
             if !self.budget_left() {
                 return Ok(RunEnd::Finished("budget spent".into()));
             }
-            if self.device.cc() < stage.template.meta.min_cc {
-                let msg = format!(
-                    "stage {} skipped: template {} needs compute capability {} and the device has {}",
-                    stage.spec.name,
-                    stage.spec.template,
-                    stage.template.meta.min_cc,
-                    self.device.cc()
-                );
+            // Too old a GPU, or an arch-specific template (sm_90a) on another cc.
+            if let Err(why) = stage.template.meta.target_arch(&self.device) {
+                let msg = format!("stage {} skipped ({}): {why}", stage.spec.name, stage.spec.template);
                 tracing::warn!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
                 self.ledger.event(&self.run_id, "stage_skipped", &msg).await?;
                 continue;
@@ -356,17 +351,22 @@ impl Engine {
         };
         let mut shapes = record::planned_shapes(&plans);
 
-        // compile
+        // compile (the gate has already refused a target this device cannot run)
+        let arch = match stage.template.meta.target_arch(&self.device) {
+            Ok(a) => a,
+            Err(why) => return self.conclude(rec, Some(commit), Err(Failure::new(Verdict::Gated, why)), shapes).await,
+        };
+        rec.arch = Some(arch.clone());
         let id = format!("it{seq}");
         let head_dims: Vec<u32> = dedup(self.shapes.iter().map(|s| s.d));
         let kernels = stage.template.kernel_names(&head_dims);
-        let loaded = match self.load(&id, &rendered.source, kernels.clone(), &plans).await {
+        let loaded = match self.load(&id, &rendered.source, &arch, kernels.clone(), &plans).await {
             Ok(l) => l,
             Err(f) => return self.conclude(rec, Some(commit), Err(f), shapes).await,
         };
         record::resources(&mut rec, &loaded);
         record::waves(&mut shapes, &plans, &loaded, self.device.sm_count);
-        self.modules.insert(id.clone(), Module { source: rendered.source.clone(), kernels, plans: plans.clone(), loaded: Some(loaded.clone()) });
+        self.modules.insert(id.clone(), Module { source: rendered.source.clone(), arch, kernels, plans: plans.clone(), loaded: Some(loaded.clone()) });
 
         // check
         let seed = self.seed ^ (seq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -495,7 +495,8 @@ impl Engine {
         tracing::info!(
             kind = "iteration", best_speedup = best, used_s = self.used().as_secs_f64(), budget_s = self.budget.as_secs_f64(),
             seq = rec.seq, stage = %rec.stage, template = %rec.template, params = %rec.params_json, verdict = %rec.verdict,
-            reason = %rec.reason, score_us = rec.score_us, error = rec.error.as_deref().unwrap_or(""), "{line}"
+            reason = %rec.reason, score_us = rec.score_us, error = rec.error.as_deref().unwrap_or(""),
+            arch = rec.arch.as_deref().unwrap_or(""), "{line}"
         );
     }
 

@@ -13,6 +13,7 @@ use crate::lock::GpuLock;
 use crate::plan::Plan;
 use crate::protocol::{ShapePlan, TimeCase};
 use crate::supervisor::Supervisor;
+use crate::template::Template;
 use crate::workspace::Workspace;
 use crate::{check, record, timing};
 
@@ -236,8 +237,21 @@ impl Engine {
             let source_path = self.ws.dir().join(&b.source_path);
             let source = std::fs::read_to_string(&source_path).with_context(|| format!("cannot read {}", source_path.display()))?;
             let id = format!("it{}", b.seq);
-            let plan = ShapePlan { shape, n_splits: entry.n_splits, launches: entry.launches.clone() };
-            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, kernels: vec![], plans: vec![], loaded: None });
+            // The target comes from the kernel's own spec (the rendered source keeps it):
+            // an sm_90a incumbent cannot be rebuilt for another GPU.
+            let template = Template::parse(&b.source_path, source.clone()).with_context(|| format!("incumbent {id} ({})", b.source_path))?;
+            let tensor_maps = if entry.tensor_maps.is_empty() && !template.tensor_maps.is_empty() {
+                // A dispatch table written without them: resolve them again from the spec.
+                template.plan(&entry.params, &shape, &self.device).with_context(|| format!("incumbent {id}: tensor maps for {}", b.shape))?.tensor_maps
+            } else {
+                entry.tensor_maps.clone()
+            };
+            let plan = ShapePlan { shape, n_splits: entry.n_splits, launches: entry.launches.clone(), tensor_maps };
+            let arch = template
+                .meta
+                .target_arch(&self.device)
+                .map_err(|why| anyhow::anyhow!("incumbent {id} for {} cannot run on this GPU: {why}", b.shape))?;
+            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, arch, kernels: vec![], plans: vec![], loaded: None });
             for l in &plan.launches {
                 if !module.kernels.contains(&l.kernel) {
                     module.kernels.push(l.kernel.clone());

@@ -32,8 +32,8 @@ use super::Backend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
 use crate::protocol::{
     Checked, DeviceInfo, KernelResources, Launch, Loaded, OccupancyQuery, OccupancyResult, Request,
-    Response, Shape, ShapeCheck, ShapePlan, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec,
-    Tolerance,
+    Response, Shape, ShapeCheck, ShapePlan, TensorMap, TensorName, TimeCase, Timed, TimedCase,
+    TimedEntry, TimingSpec, Tolerance, ABI_PARAMS,
 };
 
 /// Dynamic shared memory a kernel may use without opting in.
@@ -302,6 +302,11 @@ fn validate_plan(p: &ShapePlan) -> Result<(), String> {
             p.n_splits
         ));
     }
+    for (i, m) in p.tensor_maps.iter().enumerate() {
+        m.geometry(&p.shape).map_err(|why| {
+            format!("plan for {}: tensor_map[{i}] ({}): {why}", p.shape.key(), m.tensor.as_str())
+        })?;
+    }
     for (i, l) in p.launches.iter().enumerate() {
         if l.grid.contains(&0) || l.block.contains(&0) {
             return Err(format!(
@@ -334,7 +339,8 @@ struct Partials {
 }
 
 /// Arguments of the shared kernel ABI (the CTA counter is passed per launch):
-/// `(q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits, softmax_scale, causal, cta_counter)`.
+/// `(q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits, softmax_scale, causal, cta_counter)`,
+/// then one encoded `CUtensorMap` per tensor map of the plan, passed by value.
 struct Abi {
     q: sys::CUdeviceptr,
     k: sys::CUdeviceptr,
@@ -348,6 +354,11 @@ struct Abi {
     n_splits: i32,
     softmax_scale: f32,
     causal: i32,
+    /// Encoded against this tensor set's pointers. `CUtensorMap` is 128-byte aligned (the
+    /// kernel needs 64), and the Vec's buffer stays put while the Abi lives, so the
+    /// parameter pointers into it are valid through every launch (and graph capture,
+    /// which copies them) made from this Abi.
+    maps: Vec<sys::CUtensorMap>,
 }
 
 fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> sys::CUdeviceptr {
@@ -357,9 +368,11 @@ fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> sys::CUdeviceptr {
 }
 
 impl Abi {
-    fn new(plan: &ShapePlan, set: &TensorSet, partials: &Partials, stream: &CudaStream) -> Self {
+    /// The launch arguments of `plan` on one tensor set; `what` names the request for
+    /// a tensor-map encoding failure.
+    fn new(plan: &ShapePlan, set: &TensorSet, partials: &Partials, stream: &CudaStream, what: &str) -> Result<Self, Failure> {
         let s = &plan.shape;
-        Abi {
+        let mut abi = Abi {
             q: dptr(&set.q, stream),
             k: dptr(&set.k, stream),
             v: dptr(&set.v, stream),
@@ -372,7 +385,27 @@ impl Abi {
             n_splits: plan.n_splits as i32,
             softmax_scale: reference::softmax_scale(s),
             causal: i32::from(s.causal),
-        }
+            maps: Vec::new(),
+        };
+        abi.maps = plan
+            .tensor_maps
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let ptr = match m.tensor {
+                    TensorName::Q => abi.q,
+                    TensorName::K => abi.k,
+                    TensorName::V => abi.v,
+                    TensorName::O => abi.o,
+                };
+                encode_tensor_map(i, m, s, ptr).map_err(|f| match f {
+                    Failure::Cuda { during, message, sticky } => Failure::Cuda { during: format!("{what}: {during}"), message, sticky },
+                    Failure::Bad(m) => Failure::Bad(format!("{what}: {m}")),
+                    other => other,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(abi)
     }
 
     /// Queue one launch on `stream`.
@@ -383,7 +416,7 @@ impl Abi {
         counter: sys::CUdeviceptr,
         stream: &CudaStream,
     ) -> Result<(), DriverError> {
-        let mut params: [*mut c_void; 13] = [
+        let mut abi: [*mut c_void; ABI_PARAMS] = [
             &self.q as *const _ as *mut c_void,
             &self.k as *const _ as *mut c_void,
             &self.v as *const _ as *mut c_void,
@@ -398,10 +431,23 @@ impl Abi {
             &self.causal as *const _ as *mut c_void,
             &counter as *const _ as *mut c_void,
         ];
+        // Templates without tensor maps launch from the fixed array, as before; the others
+        // append one pointer per encoded map.
+        let mut with_maps: Vec<*mut c_void>;
+        let params: &mut [*mut c_void] = if self.maps.is_empty() {
+            &mut abi
+        } else {
+            with_maps = Vec::with_capacity(ABI_PARAMS + self.maps.len());
+            with_maps.extend_from_slice(&abi);
+            with_maps.extend(self.maps.iter().map(|m| m as *const sys::CUtensorMap as *mut c_void));
+            &mut with_maps
+        };
         // SAFETY: `f` belongs to a module that stays loaded while this request runs (the
         // candidate is only dropped by Unload, after we synchronise). `params` holds 13
         // pointers to live values matching the ABI's 13 parameters (device pointers are
-        // 64-bit, scalars i32/f32); cuLaunchKernel copies them before returning. All
+        // 64-bit, scalars i32/f32), then one pointer per tensor map to a 128-byte
+        // CUtensorMap owned by `self`, matching the template's `__grid_constant__` map
+        // parameters in declaration order; cuLaunchKernel copies them before returning. All
         // buffers were sized by the plan's shape and n_splits. What the kernel does with
         // them is the candidate's business: faults surface as sticky errors at the next sync.
         unsafe {
@@ -411,10 +457,70 @@ impl Abi {
                 (l.block[0], l.block[1], l.block[2]),
                 l.dyn_smem,
                 stream.cu_stream(),
-                &mut params,
+                params,
             )
         }
     }
+}
+
+/// Encode tensor map `index` of a plan for `shape`, over the tensor at `ptr`, with the
+/// geometry of [`TensorMap::geometry`] and the convention's fixed settings (UINT16
+/// bit patterns, no interleave, L2 promotion 128B, out-of-bounds rows read as zeros).
+fn encode_tensor_map(
+    index: usize,
+    map: &TensorMap,
+    shape: &Shape,
+    ptr: sys::CUdeviceptr,
+) -> Result<sys::CUtensorMap, Failure> {
+    let name = format!("tensor_map[{index}] ({})", map.tensor.as_str());
+    let g = map
+        .geometry(shape)
+        .map_err(|why| Failure::Bad(format!("{name}: {why}")))?;
+    if !ptr.is_multiple_of(16) {
+        return Err(Failure::Bad(format!(
+            "{name}: the tensor's address {ptr:#x} is not 16-byte aligned"
+        )));
+    }
+    let swizzle = match map.swizzle {
+        32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+        64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        other => {
+            return Err(Failure::Bad(format!(
+                "{name}: swizzle {other} bytes (allowed: 32, 64, 128)"
+            )))
+        }
+    };
+    let mut encoded = sys::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: `encoded` is a writable, 128-byte-aligned CUtensorMap; the dims, strides,
+    // box and element-stride arrays hold rank (4), rank - 1 (3), 4 and 4 entries as the
+    // call requires; `ptr` is a live device allocation of the shape's [B,H,S,D] tensor.
+    let rc = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut encoded,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            crate::protocol::TensorMapGeometry::RANK,
+            ptr as *mut c_void,
+            g.dims.as_ptr(),
+            g.strides_bytes.as_ptr(),
+            g.box_dims.as_ptr(),
+            g.element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    rc.result().map_err(|e| Failure::Cuda {
+        during: format!(
+            "encoding {name}: dims {:?}, strides {:?} B, box {:?}, swizzle {} B",
+            g.dims, g.strides_bytes, g.box_dims, map.swizzle
+        ),
+        message: describe(e),
+        // Encoding is a host-side call: nothing ran, the context is intact.
+        sticky: false,
+    })?;
+    Ok(encoded)
 }
 
 // ----------------------------------------------------------------------------------------
@@ -739,7 +845,7 @@ impl CudaBackend {
         })?;
         let counter_base = dptr(&counters, stream);
 
-        let abi = Abi::new(plan, &set, &partials, stream);
+        let abi = Abi::new(plan, &set, &partials, stream, &format!("check {key}"))?;
         for (i, r) in fns.iter().enumerate() {
             r.function_launch(&abi, counter_base + 4 * i as u64, stream)
                 .map_err(|e| {
@@ -916,16 +1022,17 @@ impl CudaBackend {
         let stream = &self.stream;
         let counter = dptr(&scratch, stream);
 
-        // Per entry and set: the launch arguments, built once.
+        // Per entry and set: the launch arguments, built once (tensor maps encoded against
+        // that set's buffers), before any capture: a captured graph keeps copies of them.
         let abis: Vec<Vec<Abi>> = case
             .entries
             .iter()
             .map(|e| {
                 sets.iter()
-                    .map(|set| Abi::new(&e.plan, set, &partials, stream))
-                    .collect()
+                    .map(|set| Abi::new(&e.plan, set, &partials, stream, &format!("{what} ({})", e.id)))
+                    .collect::<Result<Vec<_>, _>>()
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         let mut cursor = 0usize;
         let execute = |ei: usize, cursor: &mut usize| -> Result<(), Failure> {
             let abi = &abis[ei][*cursor % sets.len()];
@@ -1345,6 +1452,7 @@ mod tests {
             shape,
             n_splits: 1,
             launches: vec![launch.clone()],
+            tensor_maps: vec![],
         };
         assert!(validate_plan(&ok).is_ok());
         let mut bad = ok.clone();
@@ -1353,8 +1461,15 @@ mod tests {
         let mut bad = ok.clone();
         bad.launches.clear();
         assert!(validate_plan(&bad).is_err());
-        let mut bad = ok;
+        let mut bad = ok.clone();
         bad.shape.d = 0;
         assert!(validate_plan(&bad).is_err());
+        // Tensor maps: validated with the same geometry the daemon's gate used.
+        let mut maps = ok;
+        maps.tensor_maps = vec![TensorMap { tensor: TensorName::K, box_rows: 64, swizzle: 128 }];
+        assert!(validate_plan(&maps).is_ok());
+        maps.tensor_maps[0].box_rows = 300;
+        let err = validate_plan(&maps).unwrap_err();
+        assert!(err.contains("tensor_map[0] (k)") && err.contains("box_rows = 300"), "{err}");
     }
 }

@@ -127,3 +127,30 @@ impl Project {
         std::fs::write(path, text).unwrap();
     }
 }
+
+impl Project {
+    /// Make the scripted worker report `device` (e.g. an sm_89 GPU) instead of the H100.
+    pub fn set_device(&self, device: &DeviceInfo) {
+        let path = self.path().join("script.json");
+        let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        script["device"] = serde_json::to_value(device).unwrap();
+        std::fs::write(path, serde_json::to_string_pretty(&script).unwrap()).unwrap();
+    }
+}
+
+/// An Ada GPU (sm_89): no arch-specific Hopper target.
+pub fn l4() -> DeviceInfo {
+    DeviceInfo {
+        name: "NVIDIA L4 (scripted)".into(),
+        cc_major: 8,
+        cc_minor: 9,
+        sm_count: 58,
+        smem_optin: 101376,
+        smem_per_sm: 102400,
+        l2_bytes: 48 * 1024 * 1024,
+        max_threads_per_sm: 1536,
+        driver_version: 13000,
+        nvrtc_version: (13, 0),
+        arch: "sm_89".into(),
+    }
+}

@@ -1,0 +1,136 @@
+//! A Hopper template through the run loop (scripted worker): compiled for sm_90a on an
+//! sm_90 GPU with the target recorded, skipped with the reason on an sm_89 GPU, its
+//! tensor maps carried into the dispatch table and the export manifest, and resumed.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Project;
+use optimizerd::engine::{self, Mode, RunEnd, RunOptions};
+use optimizerd::ledger::Ledger;
+use serde_json::{json, Value};
+
+const PLAN: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "hopper"
+template = "testing/tensor_map_probe.cu"
+search = "exhaustive"
+"#;
+
+fn rules() -> Value {
+    json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        { "source_contains": ["template `test-tensor-map-probe`", "#define BOX_ROWS 64\n"], "behaviour": { "ok": { "us": 50.0 } } },
+        { "source_contains": ["template `test-tensor-map-probe`", "#define BOX_ROWS 16\n"], "behaviour": { "ok": { "us": 50.0 } } }
+    ])
+}
+
+fn project() -> Project {
+    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    p.append_config("\n[baseline]\nsdpa = false\n");
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arch_specific_template_is_compiled_for_sm_90a_and_exported_with_its_tensor_maps() {
+    let p = project();
+    assert_eq!(p.run("h", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("h").await.unwrap();
+    let rows: Vec<(&str, &str, Option<&str>)> = its.iter().map(|i| (i.stage.as_str(), i.verdict.as_str(), i.arch.as_deref())).collect();
+    assert_eq!(
+        rows,
+        vec![("baseline", "baseline", Some("sm_90")), ("hopper", "accepted", Some("sm_90a")), ("hopper", "rejected", Some("sm_90a"))]
+    );
+    let history = optimizerd::report::history_text(&its);
+    assert!(history.lines().next().unwrap().contains("arch"), "{history}");
+    assert!(history.lines().any(|l| l.contains("hopper") && l.contains("sm_90a")), "{history}");
+
+    // The dispatch table keeps each shape's resolved maps, so a resume or an export has them.
+    let dispatch: Value = serde_json::from_str(&std::fs::read_to_string(p.workspace("h").join("kernels/dispatch.json")).unwrap()).unwrap();
+    assert_eq!(dispatch["b1h1s128d64"]["tensor_maps"], json!([{ "tensor": "k", "box_rows": 64, "swizzle": 128 }]));
+
+    let out = p.path().join("exported");
+    let manifest = optimizerd::export::export(&ledger, "h", &out).await.unwrap();
+    let m: Value = serde_json::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    let k = &m["kernels"][0];
+    assert_eq!(k["template"], "test-tensor-map-probe", "{m:#}");
+    assert_eq!((k["arch"].clone(), k["arch_specific"].clone()), (json!("sm_90a"), json!(true)));
+    assert_eq!(
+        k["tensor_maps"],
+        json!([{
+            "param_index": 13, "tensor": "k", "data_type": "uint16", "rank": 4,
+            "dims": ["64", "S", "D // 64", "B * H"], "strides_bytes": ["D * 2", "128", "S * D * 2"],
+            "box": ["64", "BOX_ROWS", "D // 64", "1"], "element_strides": [1, 1, 1, 1],
+            "swizzle_bytes": 128, "interleave": "none", "l2_promotion": "128B", "oob_fill": "none"
+        }])
+    );
+    let shapes = k["shapes"].as_array().unwrap();
+    let by_key = |key: &str| shapes.iter().find(|s| s["key"] == key).unwrap_or_else(|| panic!("{key} not exported: {m:#}"));
+    let small = &by_key("b1h1s128d64")["tensor_maps"][0];
+    assert_eq!((small["param_index"].clone(), small["tensor"].clone()), (json!(13), json!("k")));
+    assert_eq!((small["dims"].clone(), small["strides_bytes"].clone(), small["box"].clone()), (json!([64, 128, 1, 1]), json!([128, 128, 16384]), json!([64, 64, 1, 1])));
+    let big = &by_key("b2h8s512d128-causal")["tensor_maps"][0];
+    assert_eq!((big["dims"].clone(), big["strides_bytes"].clone(), big["box"].clone()), (json!([64, 512, 2, 16]), json!([256, 128, 131072]), json!([64, 64, 2, 1])));
+    assert_eq!(big["swizzle_bytes"], 128);
+    assert_eq!(big["data_type"], "uint16");
+    assert!(m["abi"]["tensor_maps"].as_str().unwrap().contains("__grid_constant__"));
+    // The exported source is what was timed, and compiles for the recorded target only.
+    let src = std::fs::read_to_string(out.join(k["file"].as_str().unwrap())).unwrap();
+    let tc = optimizerd::nvrtc::locate().expect("NVRTC (scripts/setup.sh)");
+    optimizerd::nvrtc::compile(&tc, &src, "exported.cu", "sm_90a", &[]).expect("the exported kernel compiles for sm_90a");
+
+    // Resume: the incumbent is rebuilt for sm_90a from its own spec, and re-validated.
+    ledger.set_state("h", "stopped", None, None).await.unwrap();
+    ledger.close().await;
+    assert_eq!(resume(&p, "h", false).await.unwrap(), RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let events = ledger.events("h").await.unwrap();
+    assert!(events.iter().any(|(_, kind, _)| kind == "incumbents_revalidated"), "{events:?}");
+    ledger.set_state("h", "stopped", None, None).await.unwrap();
+    ledger.close().await;
+    // On an sm_89 GPU (--rebaseline) the sm_90a incumbent cannot be rebuilt: said plainly.
+    p.set_device(&common::l4());
+    let err = format!("{:#}", resume(&p, "h", true).await.unwrap_err());
+    assert!(err.contains("cannot run on this GPU") && err.contains("needs sm_90a") && err.contains("sm_89"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_an_sm_89_gpu_the_arch_specific_stage_is_skipped_with_the_reason() {
+    let p = project();
+    p.set_device(&common::l4());
+    assert_eq!(p.run("ada", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("ada").await.unwrap();
+    let rows: Vec<(&str, Option<&str>)> = its.iter().map(|i| (i.stage.as_str(), i.arch.as_deref())).collect();
+    assert_eq!(rows, vec![("baseline", Some("sm_89"))], "nothing of the hopper stage ran");
+    let skipped: Vec<String> = ledger.events("ada").await.unwrap().into_iter().filter(|(_, k, _)| k == "stage_skipped").map(|(_, _, m)| m).collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0].contains("stage hopper skipped")
+            && skipped[0].contains("test-tensor-map-probe needs sm_90a (compute capability 9.0); this GPU is sm_89"),
+        "{skipped:?}"
+    );
+}
+
+async fn resume(p: &Project, run_id: &str, rebaseline: bool) -> anyhow::Result<RunEnd> {
+    let config = p.config();
+    let opts = RunOptions {
+        plan_path: config.resolve(&config.run.plan),
+        config,
+        budget: Duration::from_secs(600),
+        worker: p.worker(),
+        run_id: Some(run_id.into()),
+        seed: Some(7),
+        mode: Mode::Resume { rebaseline },
+        allow_concurrent: false,
+    };
+    engine::run(opts, optimizerd::shutdown::Shutdown::never()).await.map(|(_, end)| end)
+}

@@ -1,0 +1,289 @@
+//! Hopper templates on the CPU: `arch_specific` and `[[tensor_map]]` in a spec, the
+//! tensor-map geometry convention, the NVRTC target per device, and the gate's checks.
+
+mod common;
+
+use std::path::PathBuf;
+
+use optimizerd::gate;
+use optimizerd::protocol::{DType, DeviceInfo, Shape, ShapePlan, TensorMap, TensorName};
+use optimizerd::search::{Search, SearchKind};
+use optimizerd::template::{Params, Template};
+
+fn templates_dir() -> PathBuf {
+    common::repo_root().join("kernel-templates")
+}
+
+fn shape(b: u32, h: u32, s: u32, d: u32) -> Shape {
+    Shape { b, h, s, d, causal: false, dtype: DType::Fp16 }
+}
+
+fn with(t: &Template, pairs: &[(&str, i64)]) -> Params {
+    let mut p = t.default_params();
+    for (k, v) in pairs {
+        p.insert(k.to_string(), *v);
+    }
+    p
+}
+
+/// A Hopper-style spec; `extra` lands inside `[template]`, `maps` at the end.
+fn spec(extra: &str, maps: &str) -> String {
+    format!(
+        r#"
+/* optimizerd:spec
+[template]
+name = "hopper-synthetic"
+min_cc = 90
+{extra}
+[knobs]
+BLOCK_N = [128, 64, 512]
+[[launch]]
+kernel = "fwd"
+grid = ["cdiv(S, 128)", "B * H", "1"]
+block = ["384", "1", "1"]
+smem = "1024"
+[[launch]]
+kernel = "combine"
+grid = ["1", "1", "1"]
+block = ["32", "1", "1"]
+smem = "0"
+{maps}
+*/
+"#
+    )
+}
+
+const MAPS: &str = r#"
+[[tensor_map]]
+tensor = "q"
+box_rows = 64
+swizzle = 128
+
+[[tensor_map]]
+tensor = "k"
+box_rows = "BLOCK_N"
+swizzle = 128
+
+[[tensor_map]]
+tensor = "v"
+box_rows = "BLOCK_N // 2"
+swizzle = 64
+"#;
+
+fn hopper() -> Template {
+    Template::parse("hopper.cu", spec("arch_specific = true", MAPS)).unwrap()
+}
+
+fn parse_err(extra: &str, maps: &str) -> String {
+    Template::parse("bad.cu", spec(extra, maps)).unwrap_err().to_string()
+}
+
+fn device(major: u32, minor: u32) -> DeviceInfo {
+    DeviceInfo { cc_major: major, cc_minor: minor, arch: format!("sm_{major}{minor}"), ..common::h100() }
+}
+
+// ---------------------------------------------------------------------------------------
+// Spec parsing
+
+#[test]
+fn a_spec_declares_arch_specific_and_tensor_maps_in_parameter_order() {
+    let t = hopper();
+    assert!(t.meta.arch_specific);
+    let maps: Vec<(TensorName, &str, u32)> = t.tensor_maps.iter().map(|m| (m.tensor, m.box_rows.as_str(), m.swizzle)).collect();
+    assert_eq!(
+        maps,
+        vec![(TensorName::Q, "64", 128), (TensorName::K, "BLOCK_N", 128), (TensorName::V, "BLOCK_N // 2", 64)],
+        "an integer box_rows is read as the formula \"64\""
+    );
+    // The defaults: neither, for every template so far.
+    let plain = Template::parse("plain.cu", spec("", "")).unwrap();
+    assert!(!plain.meta.arch_specific && plain.tensor_maps.is_empty());
+    let base = Template::load(&templates_dir(), "baseline.cu").unwrap();
+    assert!(!base.meta.arch_specific && base.tensor_maps.is_empty());
+}
+
+#[test]
+fn bad_tensor_maps_are_rejected_naming_the_file_the_line_and_the_key() {
+    let err = parse_err("", "[[tensor_map]]\ntensor = \"k\"\nbox_row = \"64\"\nswizzle = 128\n");
+    assert!(err.contains("bad.cu") && err.contains("box_row") && err.contains("box_rows") && err.contains("line 21"), "{err}");
+    let err = parse_err("", "[[tensor_map]]\ntensor = \"x\"\nbox_rows = \"64\"\nswizzle = 128\n");
+    assert!(err.contains("bad.cu") && err.contains("`x`") && err.contains("`q`, `k`, `v`, `o`"), "{err}");
+    let err = parse_err("", "[[tensor_map]]\ntensor = \"k\"\nbox_rows = \"64\"\nswizzle = 96\n");
+    assert!(err.contains("bad.cu") && err.contains("tensor_map[0] (k)") && err.contains("swizzle = 96") && err.contains("32, 64, 128"), "{err}");
+    let err = parse_err("", "[[tensor_map]]\ntensor = \"k\"\nswizzle = 128\n");
+    assert!(err.contains("box_rows"), "{err}");
+    let err = parse_err("", "[[tensor_map]]\ntensor = \"k\"\nbox_rows = [64]\nswizzle = 128\n");
+    assert!(err.contains("box_rows") || err.contains("formula"), "{err}");
+    // Unknown keys of [template] stay errors.
+    let err = parse_err("arch_specfic = true", "");
+    assert!(err.contains("arch_specfic") && err.contains("arch_specific"), "{err}");
+}
+
+#[test]
+fn tensor_maps_need_hopper_and_arch_specific_needs_its_cc() {
+    let text = spec("", MAPS).replace("min_cc = 90", "min_cc = 80");
+    let err = Template::parse("old.cu", text).unwrap_err().to_string();
+    assert!(err.contains("old.cu") && err.contains("[[tensor_map]]") && err.contains("min_cc = 90"), "{err}");
+    let text = spec("arch_specific = true", "").replace("min_cc = 90", "");
+    let err = Template::parse("nocc.cu", text).unwrap_err().to_string();
+    assert!(err.contains("nocc.cu") && err.contains("arch_specific") && err.contains("min_cc"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Geometry: one function, used by the gate, the worker and the export
+
+#[test]
+fn geometry_at_d64_and_d128_follows_the_convention() {
+    let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle };
+    // D 64, 128-byte swizzle: one 64-element panel.
+    let g = k(128, 128).geometry(&shape(2, 8, 512, 64)).unwrap();
+    assert_eq!(g.panel, 64);
+    assert_eq!(g.dims, [64, 512, 1, 16]);
+    assert_eq!(g.strides_bytes, [128, 128, 512 * 64 * 2]);
+    assert_eq!(g.box_dims, [64, 128, 1, 1]);
+    assert_eq!(g.element_strides, [1, 1, 1, 1]);
+    assert_eq!(g.box_bytes(), 128 * 64 * 2);
+    // D 128: two panels, each row of a panel 128 bytes apart from the next panel's.
+    let g = k(64, 128).geometry(&shape(4, 16, 4096, 128)).unwrap();
+    assert_eq!(g.dims, [64, 4096, 2, 64]);
+    assert_eq!(g.strides_bytes, [256, 128, 4096 * 128 * 2]);
+    assert_eq!(g.box_dims, [64, 64, 2, 1]);
+    assert_eq!(g.box_bytes(), 64 * 128 * 2);
+    // Smaller swizzles: narrower panels.
+    let g = k(32, 64).geometry(&shape(1, 2, 100, 128)).unwrap();
+    assert_eq!((g.dims, g.strides_bytes, g.box_dims), ([32, 100, 4, 2], [256, 64, 100 * 256], [32, 32, 4, 1]));
+    let g = k(16, 32).geometry(&shape(1, 1, 17, 64)).unwrap();
+    assert_eq!((g.dims, g.strides_bytes, g.box_dims), ([16, 17, 4, 1], [128, 32, 17 * 128], [16, 16, 4, 1]));
+}
+
+#[test]
+fn geometry_refuses_what_the_tma_cannot_encode() {
+    let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle };
+    let err = k(64, 128).geometry(&shape(1, 1, 64, 96)).unwrap_err();
+    assert!(err.contains("D = 96") && err.contains("D % 64"), "{err}");
+    assert!(k(64, 64).geometry(&shape(1, 1, 64, 96)).is_ok(), "96 = 3 panels of 32");
+    let err = k(0, 128).geometry(&shape(1, 1, 64, 64)).unwrap_err();
+    assert!(err.contains("box_rows = 0") && err.contains("1..=256"), "{err}");
+    let err = k(257, 128).geometry(&shape(1, 1, 64, 64)).unwrap_err();
+    assert!(err.contains("box_rows = 257"), "{err}");
+    let err = k(64, 16).geometry(&shape(1, 1, 64, 64)).unwrap_err();
+    assert!(err.contains("swizzle = 16"), "{err}");
+    let err = k(64, 32).geometry(&shape(1, 1, 64, 16 * 512)).unwrap_err();
+    assert!(err.contains("512 panels") && err.contains("256"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Plans, targets and the gate
+
+#[test]
+fn plans_resolve_box_rows_per_shape_for_every_launch() {
+    let t = hopper();
+    let plan = t.plan(&with(&t, &[("BLOCK_N", 64)]), &shape(1, 2, 256, 128), &common::h100()).unwrap();
+    assert_eq!(plan.launches.len(), 2, "the maps go with every launch; the plan lists them once");
+    assert_eq!(
+        plan.tensor_maps,
+        vec![
+            TensorMap { tensor: TensorName::Q, box_rows: 64, swizzle: 128 },
+            TensorMap { tensor: TensorName::K, box_rows: 64, swizzle: 128 },
+            TensorMap { tensor: TensorName::V, box_rows: 32, swizzle: 64 },
+        ]
+    );
+    // A formula naming no knob says which map it belongs to.
+    let t = Template::parse("typo.cu", spec("", &MAPS.replace("\"BLOCK_N\"", "\"BLOCKN\""))).unwrap();
+    let err = t.plan(&t.default_params(), &shape(1, 1, 64, 64), &common::h100()).unwrap_err().to_string();
+    assert!(err.contains("tensor_map[1].box_rows") && err.contains("BLOCKN"), "{err}");
+}
+
+#[test]
+fn shape_plans_stay_compatible_with_older_json() {
+    let old = r#"{"shape":{"b":1,"h":1,"s":64,"d":64,"causal":false,"dtype":"fp16"},"n_splits":1,
+                  "launches":[{"kernel":"optd_fwd_d64","grid":[1,1,1],"block":[128,1,1],"dyn_smem":0}]}"#;
+    let p: ShapePlan = serde_json::from_str(old).unwrap();
+    assert!(p.tensor_maps.is_empty());
+    let json = serde_json::to_value(&p).unwrap();
+    assert!(json.get("tensor_maps").is_none(), "plans without maps serialize as before: {json}");
+    let t = hopper();
+    let with_maps = t.plan(&t.default_params(), &shape(1, 1, 64, 64), &common::h100()).unwrap();
+    let json = serde_json::to_value(&with_maps).unwrap();
+    assert_eq!(json["tensor_maps"][1], serde_json::json!({"tensor": "k", "box_rows": 128, "swizzle": 128}));
+    assert_eq!(serde_json::from_value::<ShapePlan>(json).unwrap(), with_maps);
+}
+
+#[test]
+fn arch_specific_templates_target_sm_90a_on_exactly_cc_90() {
+    let t = hopper();
+    assert_eq!(t.meta.target_arch(&common::h100()).unwrap(), "sm_90a");
+    let plain = Template::load(&templates_dir(), "mma_fa2.cu").unwrap();
+    assert_eq!(plain.meta.target_arch(&common::h100()).unwrap(), "sm_90");
+    assert_eq!(plain.meta.target_arch(&common::l4()).unwrap(), "sm_89");
+    let err = t.meta.target_arch(&common::l4()).unwrap_err();
+    assert!(err.contains("hopper-synthetic needs sm_90a (compute capability 9.0); this GPU is sm_89"), "{err}");
+    // A newer GPU cannot run an sm_90a cubin either.
+    let err = t.meta.target_arch(&device(10, 0)).unwrap_err();
+    assert!(err.contains("needs sm_90a") && err.contains("sm_100"), "{err}");
+    // Below min_cc, arch-specific or not.
+    let plain_hopper = Template::parse("p.cu", spec("", "")).unwrap();
+    let err = plain_hopper.meta.target_arch(&common::l4()).unwrap_err();
+    assert!(err.contains("needs compute capability 90") && err.contains("89"), "{err}");
+    assert_eq!(plain_hopper.meta.target_arch(&device(10, 0)).unwrap(), "sm_100");
+}
+
+#[test]
+fn the_gate_refuses_an_arch_specific_template_on_another_gpu() {
+    let t = hopper();
+    let err = gate::check(&t, &t.default_params(), &[shape(1, 1, 128, 64)], &common::l4(), "1").unwrap_err();
+    assert!(err.0.contains("needs sm_90a") && err.0.contains("sm_89"), "{}", err.0);
+    assert!(gate::check(&t, &t.default_params(), &[shape(1, 1, 128, 64)], &common::h100(), "1").is_ok());
+}
+
+#[test]
+fn the_gate_names_the_template_the_map_and_the_fix() {
+    let t = hopper();
+    // BLOCK_N 512: a box of 512 rows is past the TMA's 256.
+    let err = gate::check(&t, &with(&t, &[("BLOCK_N", 512)]), &[shape(1, 1, 1024, 64)], &common::h100(), "1").unwrap_err();
+    for want in ["b1h1s1024d64", "hopper-synthetic", "tensor_map[1] (k", "box_rows \"BLOCK_N\" = 512", "1..=256", "fix:"] {
+        assert!(err.0.contains(want), "missing {want:?}: {}", err.0);
+    }
+    // D 96: not whole 64-element panels for the 128-byte swizzle of q.
+    let err = gate::check(&t, &t.default_params(), &[shape(1, 1, 64, 96)], &common::h100(), "1").unwrap_err();
+    for want in ["b1h1s64d96", "hopper-synthetic", "tensor_map[0] (q", "D = 96", "D % 64"] {
+        assert!(err.0.contains(want), "missing {want:?}: {}", err.0);
+    }
+}
+
+/// Every shipped template with tensor maps (wgmma_tma.cu, the probe) gives encodable
+/// maps for every knob combination at D 64 and D 128, on the device it targets.
+#[test]
+fn shipped_tensor_maps_are_encodable_for_every_knob_combination() {
+    let mut files = Vec::new();
+    for sub in ["", "testing"] {
+        for e in std::fs::read_dir(templates_dir().join(sub)).unwrap() {
+            let path = e.unwrap().path();
+            if path.extension().is_some_and(|x| x == "cu") {
+                files.push(path.strip_prefix(templates_dir()).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut with_maps = 0;
+    for file in files {
+        let t = Template::load(&templates_dir(), &file).unwrap_or_else(|e| panic!("{e}"));
+        if t.tensor_maps.is_empty() {
+            continue;
+        }
+        with_maps += 1;
+        assert!(t.meta.min_cc >= 90, "{file}");
+        let dev = common::h100();
+        assert!(t.meta.target_arch(&dev).is_ok(), "{file} must target the H100");
+        let mut s = Search::new(SearchKind::Exhaustive, t.knobs.clone(), t.default_params(), 100_000);
+        while let Some(p) = s.next() {
+            for sh in [shape(1, 1, 1, 64), shape(2, 16, 4097, 128), shape(1, 2, 200, 64)] {
+                let plan = t.plan(&p, &sh, &dev).unwrap_or_else(|e| panic!("{file} {p:?}: {e}"));
+                assert_eq!(plan.tensor_maps.len(), t.tensor_maps.len());
+                for (i, m) in plan.tensor_maps.iter().enumerate() {
+                    m.geometry(&sh).unwrap_or_else(|e| panic!("{file} {p:?} {} tensor_map[{i}]: {e}", sh.key()));
+                }
+            }
+        }
+    }
+    assert!(with_maps >= 1, "the probe template at least declares a tensor map");
+}
