@@ -12,7 +12,11 @@ SHAPES.json: [{"b":1,"h":1,"s":128,"d":64,"causal":false,"dtype":"fp16"}, ...]
 For each shape and backend (default, flash, cudnn, efficient; one that cannot run is
 reported with its error):
   graph_us  GPU time per call: a CUDA graph of `calls` back-to-back calls, median of
-            `replays` replays, divided by `calls`;
+            `replays` replays, divided by `calls`. With --target-us T (the daemon passes
+            its timing.sample_target_us) `calls` is chosen per shape and backend so that
+            one replay lasts about T, as long as one timed sample of a candidate: a long
+            graph runs the GPU hotter, at lower clocks, than the candidates' samples;
+  calls     the calls per graph that were used;
   eager_us  CUDA events around `calls` back-to-back Python calls (includes CPU dispatch);
   picked    for `default`: the backend whose kernels ran (from torch.profiler).
 Inputs: fresh randn (never zeros), rotated over several sets when one set fits in L2.
@@ -65,7 +69,21 @@ def picked_backend(torch, fn):
     return "math"
 
 
-def time_shape(torch, shape, calls, replays, l2_bytes):
+def calls_for(torch, call, target_us, fallback):
+    """Calls per graph so that one replay lasts about target_us (eager estimate)."""
+    if target_us <= 0:
+        return fallback
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        call()
+    end.record()
+    end.synchronize()
+    per_call = max(start.elapsed_time(end) * 1000.0 / 3, 1e-3)
+    return max(1, min(1000, round(target_us / per_call)))
+
+
+def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0):
     F = torch.nn.functional
     dtype = torch.bfloat16 if shape.get("dtype") == "bf16" else torch.float16
     b, h, s, d, causal = shape["b"], shape["h"], shape["s"], shape["d"], bool(shape.get("causal"))
@@ -86,15 +104,16 @@ def time_shape(torch, shape, calls, replays, l2_bytes):
                 for _ in range(5):
                     call()
                 torch.cuda.synchronize()
+                n_calls = calls_for(torch, call, target_us, calls)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 eager = []
                 for _ in range(5):
                     start.record()
-                    for _ in range(calls):
+                    for _ in range(n_calls):
                         call()
                     end.record()
                     end.synchronize()
-                    eager.append(start.elapsed_time(end) * 1000.0 / calls)
+                    eager.append(start.elapsed_time(end) * 1000.0 / n_calls)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
@@ -103,7 +122,7 @@ def time_shape(torch, shape, calls, replays, l2_bytes):
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    for _ in range(calls):
+                    for _ in range(n_calls):
                         call()
                 graph.replay()
                 torch.cuda.synchronize()
@@ -113,8 +132,8 @@ def time_shape(torch, shape, calls, replays, l2_bytes):
                     graph.replay()
                     end.record()
                     end.synchronize()
-                    g.append(start.elapsed_time(end) * 1000.0 / calls)
-                entry = {"graph_us": statistics.median(g), "eager_us": statistics.median(eager)}
+                    g.append(start.elapsed_time(end) * 1000.0 / n_calls)
+                entry = {"graph_us": statistics.median(g), "eager_us": statistics.median(eager), "calls": n_calls}
                 if name == "default":
                     entry["picked"] = picked_backend(torch, call)
                 out[name] = entry
@@ -130,6 +149,8 @@ def main():
     ap.add_argument("--shapes")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--target-us", type=float, default=0.0,
+                    help="size each graph to last about this long (0: --calls per graph)")
     args = ap.parse_args()
     try:
         import torch
@@ -147,11 +168,11 @@ def main():
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 1024 * 1024)
     results = []
     for shape in shapes:
-        r = time_shape(torch, shape, args.calls, args.replays, l2)
+        r = time_shape(torch, shape, args.calls, args.replays, l2, args.target_us)
         r["shape"] = shape
         results.append(r)
         torch.cuda.empty_cache()
-    print(json.dumps({"versions": v, "method": {"calls": args.calls, "replays": args.replays,
+    print(json.dumps({"versions": v, "method": {"calls": args.calls, "replays": args.replays, "target_us": args.target_us,
                                                "graph": "median replay of a CUDA graph of `calls` calls / calls",
                                                "eager": "CUDA events around `calls` Python calls / calls, median of 5"},
                       "results": results}))

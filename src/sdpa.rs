@@ -90,14 +90,17 @@ async fn run_script(cmd: &str, args: &str, timeout: Duration) -> Result<String, 
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn cache_key(device: &DeviceInfo, v: &Versions, shape: &Shape) -> String {
+/// Keyed by what changes the answer: device, driver, torch, cuDNN, the shape, and the
+/// length of a timed graph (sized like a candidate's sample).
+fn cache_key(device: &DeviceInfo, v: &Versions, shape: &Shape, target_us: f64) -> String {
     format!(
-        "{}|sm_{}|driver {}|torch {}|cudnn {}|{}",
+        "{}|sm_{}|driver {}|torch {}|cudnn {}|graph {}us|{}",
         device.name,
         device.cc(),
         device.driver_version,
         v.torch.as_deref().unwrap_or("?"),
         v.cudnn.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+        target_us,
         shape.key()
     )
 }
@@ -133,7 +136,7 @@ pub async fn measure(
     let mut out = Vec::new();
     let mut missing = Vec::new();
     for shape in shapes {
-        match ledger.sdpa_cached(&cache_key(device, &v, shape)).await.map_err(|e| e.to_string())? {
+        match ledger.sdpa_cached(&cache_key(device, &v, shape, cfg.timing.sample_target_us)).await.map_err(|e| e.to_string())? {
             Some(json) => out.push(parse_entry(shape, &serde_json::from_str(&json).unwrap_or_default(), true)),
             None => missing.push(*shape),
         }
@@ -145,11 +148,13 @@ pub async fn measure(
             .map(|s| serde_json::json!({"b": s.b, "h": s.h, "s": s.s, "d": s.d, "causal": s.causal, "dtype": s.dtype}))
             .collect();
         std::fs::write(&file, serde_json::to_string(&list).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
-        let text = run_script(&cmd, &format!("--shapes {}", shell_quote(&file.display().to_string())), cfg.baseline.sdpa_timeout).await?;
+        // Graphs as long as a candidate's timed sample, so both run at the same clocks.
+        let args = format!("--shapes {} --target-us {}", shell_quote(&file.display().to_string()), cfg.timing.sample_target_us);
+        let text = run_script(&cmd, &args, cfg.baseline.sdpa_timeout).await?;
         let parsed: ScriptOutput = serde_json::from_str(&text).map_err(|e| format!("unexpected SDPA script output: {e}"))?;
         for (shape, entry) in missing.iter().zip(&parsed.results) {
             ledger
-                .sdpa_cache_put(&cache_key(device, &parsed.versions, shape), &entry.to_string())
+                .sdpa_cache_put(&cache_key(device, &parsed.versions, shape, cfg.timing.sample_target_us), &entry.to_string())
                 .await
                 .map_err(|e| e.to_string())?;
             out.push(parse_entry(shape, entry, false));
