@@ -123,6 +123,7 @@ smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (
 */
 
 #include "common/optd.cuh"
+#include "common/quad_softmax.cuh"
 #include "common/async_copy.cuh"
 
 #ifndef BLOCK_N
@@ -192,27 +193,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
-}
-
-// 2^x; ex2.approx(-inf) = +0, which masking relies on.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    elem2_t h = from_f32x2(a, b);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // Byte offset of 16-byte chunk `chunk` of tile row `row`.

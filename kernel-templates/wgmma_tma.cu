@@ -109,6 +109,7 @@ swizzle = 128
 */
 
 #include "common/optd.cuh"
+#include "common/quad_softmax.cuh"
 #include "common/hopper.cuh"
 #include "common/wgmma_ops.cuh"
 
@@ -155,24 +156,6 @@ swizzle = 128
 #define WT_BLOCK_M (64 * CONSUMERS)
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
 #define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
-
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    elem2_t h = from_f32x2(a, b);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // Shared-memory barriers: q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
 struct WtBarriers {

@@ -30,6 +30,7 @@ static EMBEDDED: &[(&str, &str)] = embed! {
     "common/optd.cuh" => "kernel-templates/common/optd.cuh",
     "common/async_copy.cuh" => "kernel-templates/common/async_copy.cuh",
     "common/split_combine.cuh" => "kernel-templates/common/split_combine.cuh",
+    "common/quad_softmax.cuh" => "kernel-templates/common/quad_softmax.cuh",
     "common/hopper.cuh" => "kernel-templates/common/hopper.cuh",
     "common/wgmma_ops.cuh" => "kernel-templates/common/wgmma_ops.cuh",
     "baseline.cu" => "kernel-templates/baseline.cu",
