@@ -162,3 +162,20 @@ if mode == "profile":
     L = Launch(kn, fn(i, "fp16", False, d), q, k, v, o, bool(c), 0)
     for _ in range(3): L()
     torch.cuda.synchronize(); print("profiled", kn, (b, h, s, d, c))
+
+if mode == "burst":
+    # Does the length of a timed burst change the answer (clocks under sustained load)?
+    # Variant argv[2] and SDPA cuDNN on the large shapes, graphs of 2 and of 20 launches.
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    i = int(sys.argv[2]); kn = variants[i]
+    print("shape | launches per graph | ours us | cudnn us | ratio")
+    for shape in BIG:
+        b, h, s, d, causal = shape
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        o = torch.empty_like(q)
+        L = Launch(kn, fn(i, "fp16", False, d), q, k, v, o, causal, 0)
+        for reps in (2, 20, 2):
+            ours = gtime(lambda: L(torch.cuda.current_stream().cuda_stream), reps=reps)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                ref = gtime(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), reps=reps)
+            print(f"{shape} | {reps} | {ours:.1f} | {ref:.1f} | {ref / ours:.3f}x", flush=True)
