@@ -186,7 +186,7 @@ class DoesNotFit(ValueError):
 
 
 # ---------------------------------------------------------------------------
-# TMA tensor maps: the daemon's fixed geometry convention (src/protocol.rs,
+# TMA tensor maps: the daemon's fixed geometry convention (src/spec/protocol.rs,
 # TensorMap::geometry). Pure, so it is checked without a GPU.
 # ---------------------------------------------------------------------------
 def tensor_map_geometry(shape, box_rows: int, swizzle: int) -> dict:

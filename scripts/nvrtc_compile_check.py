@@ -158,7 +158,7 @@ def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path = TEMPLA
 
 
 def _inline_includes(text: str, root: Path, depth: int) -> str:
-    """`#include "x"` lines replaced by root/x (recursively), as src/render.rs does."""
+    """`#include "x"` lines replaced by root/x (recursively), as src/pipeline/render.rs does."""
     out = []
     for line in text.splitlines(keepends=True):
         m = re.match(r'\s*#\s*include\s*"([^"]+)"\s*$', line)
@@ -194,7 +194,7 @@ def arch_targets(tpl: Template, archs: list[str]) -> list[str]:
 
 def device_arch(tpl: Template, cc: int) -> str:
     """The NVRTC target of `tpl` on a GPU of compute capability `cc` (90 for 9.0), as the
-    daemon chooses it (src/template.rs, Meta::target_arch); raises Unsupported with the
+    daemon chooses it (src/spec/template.rs, Meta::target_arch); raises Unsupported with the
     reason when the template cannot run there."""
     if tpl.arch_specific:
         if cc != tpl.min_cc:

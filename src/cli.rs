@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use crate::spec::config::Config;
 use crate::engine::{self, Mode, RunEnd, RunOptions};
-use crate::ledger::{Ledger, RunRow};
-use crate::supervisor::WorkerCommand;
-use crate::{lock, report, shutdown};
+use crate::storage::ledger::{Ledger, RunRow};
+use crate::daemon::supervisor::WorkerCommand;
+use crate::daemon::{lock, shutdown};
+use crate::ops::report;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -300,7 +301,7 @@ async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
 async fn run_foreground(opts: RunOptions, config: &Config, run_id: &str) -> anyhow::Result<ExitCode> {
     let run_dir = runs_dir(config).join(run_id);
     std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
-    crate::logging::init(Some(&run_dir.join("run.log")))?;
+    crate::daemon::logging::init(Some(&run_dir.join("run.log")))?;
     let pid_file = run_dir.join("daemon.pid");
     std::fs::write(&pid_file, format!("{}\n", std::process::id())).with_context(|| format!("cannot write {}", pid_file.display()))?;
     let (tx, sd) = shutdown::channel();
@@ -487,8 +488,8 @@ async fn runs(args: JsonArgs) -> anyhow::Result<ExitCode> {
 async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let ledger = open_ledger(&config).await?;
-    let opts = crate::watch::WatchOptions::default();
-    let end = crate::watch::watch(&ledger, &runs_dir(&config), args.run.as_deref(), args.json, std::io::stdout(), &opts).await?;
+    let opts = crate::ops::watch::WatchOptions::default();
+    let end = crate::ops::watch::watch(&ledger, &runs_dir(&config), args.run.as_deref(), args.json, std::io::stdout(), &opts).await?;
     if end.daemon_gone {
         if args.json {
             eprintln!("run {}: its daemon is gone; continue it with `optimizerd resume {}`", end.run.id, end.run.id);
@@ -499,7 +500,7 @@ async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn doctor(args: JsonArgs) -> anyhow::Result<ExitCode> {
-    let report = crate::doctor::doctor(&crate::doctor::DoctorOptions::new(args.config.clone())?).await;
+    let report = crate::ops::doctor::doctor(&crate::ops::doctor::DoctorOptions::new(args.config.clone())?).await;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -512,7 +513,7 @@ async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(args.config.as_deref())?;
     let ledger = open_ledger(&config).await?;
     let run = ledger.run(args.run.as_deref()).await?;
-    let manifest = crate::export::export(&ledger, &run.id, &args.out).await?;
+    let manifest = crate::ops::export::export(&ledger, &run.id, &args.out).await?;
     println!("exported the best kernels of run {} to {}", run.id, args.out.display());
     println!("  manifest: {}", manifest.display());
     println!("  try it:   python3 examples/run_exported.py {}", args.out.display());

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use optimizerd::config::{Config, DEFAULT_CONFIG};
+use optimizerd::spec::config::{Config, DEFAULT_CONFIG};
 
 fn parse(text: &str) -> Result<Config, String> {
     Config::parse(text, Path::new("/etc/agent.toml"), Path::new("/etc")).map_err(|e| e.to_string())

@@ -10,8 +10,8 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::Project;
-use optimizerd::ledger::{IterationRecord, Ledger};
-use optimizerd::workspace::{Workspace, BEST};
+use optimizerd::storage::ledger::{IterationRecord, Ledger};
+use optimizerd::storage::workspace::{Workspace, BEST};
 use serde_json::json;
 
 const PLAN: &str = r#"
@@ -67,7 +67,7 @@ fn bin() -> &'static str {
 /// Run the CLI in the project folder with the scripted worker.
 fn cli(p: &Project, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(bin());
-    cmd.current_dir(p.path()).args(args).env_remove(optimizerd::failpoint::ENV);
+    cmd.current_dir(p.path()).args(args).env_remove(optimizerd::daemon::failpoint::ENV);
     if matches!(args.first(), Some(&"start") | Some(&"resume")) {
         cmd.arg("--worker-script").arg(p.path().join("script.json"));
     }
@@ -92,7 +92,7 @@ fn runs_dir(p: &Project) -> PathBuf {
 }
 
 fn daemon_pid(p: &Project, run_id: &str) -> Option<u32> {
-    optimizerd::lock::holder(&runs_dir(p)).filter(|h| h.0 == run_id).map(|h| h.1)
+    optimizerd::daemon::lock::holder(&runs_dir(p)).filter(|h| h.0 == run_id).map(|h| h.1)
 }
 
 fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -198,7 +198,7 @@ async fn reference() -> BTreeMap<String, serde_json::Value> {
 async fn kill_drill(label: String, delay: Option<Duration>, failpoint: Option<String>, expect: BTreeMap<String, serde_json::Value>) {
     let p = project(120, json!({}));
     let run_id = "drill";
-    let env: Vec<(&str, &str)> = failpoint.as_deref().map(|f| vec![(optimizerd::failpoint::ENV, f)]).unwrap_or_default();
+    let env: Vec<(&str, &str)> = failpoint.as_deref().map(|f| vec![(optimizerd::daemon::failpoint::ENV, f)]).unwrap_or_default();
     start_detached(&p, run_id, "10m", &env);
     let runs = runs_dir(&p);
     match delay {
@@ -209,9 +209,9 @@ async fn kill_drill(label: String, delay: Option<Duration>, failpoint: Option<St
             }
         }
         // The failpoint aborts the daemon itself.
-        None => wait_until(&format!("{label}: daemon to die at the failpoint"), Duration::from_secs(30), || optimizerd::lock::holder(&runs).is_none()),
+        None => wait_until(&format!("{label}: daemon to die at the failpoint"), Duration::from_secs(30), || optimizerd::daemon::lock::holder(&runs).is_none()),
     }
-    wait_until(&format!("{label}: lock release"), Duration::from_secs(10), || optimizerd::lock::holder(&runs).is_none());
+    wait_until(&format!("{label}: lock release"), Duration::from_secs(10), || optimizerd::daemon::lock::holder(&runs).is_none());
     let before = iterations(&p, run_id).await;
     let o = cli(&p, &["resume", run_id, "--foreground"], &[]);
     assert!(o.status.success(), "{label}: resume failed: {}", text(&o));
@@ -417,7 +417,7 @@ async fn a_run_killed_in_an_evolutionary_stage_resumes_to_the_same_result() {
 
     // Iterations 1..13 are baseline and kv-split; die in the middle of recording tuning's second candidate.
     let p = project_with(&plan, 0, json!({}));
-    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "evo"], &[(optimizerd::failpoint::ENV, "ledger-mid-commit@15")]);
+    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "evo"], &[(optimizerd::daemon::failpoint::ENV, "ledger-mid-commit@15")]);
     assert!(!o.status.success());
     let before = iterations(&p, "evo").await;
     let o = cli(&p, &["resume", "--foreground", "evo"], &[]);
@@ -439,7 +439,7 @@ async fn a_worker_crash_and_a_worker_hang_leave_everything_consistent() {
     rules.insert(0, json!({ "source_contains": ["#define MAX_SPLITS 32\n"], "behaviour": { "hang": { "step": "time" } } }));
     std::fs::write(&path, serde_json::to_string(&script).unwrap()).unwrap();
     start_detached(&p, "faults", "10m", &[]);
-    wait_until("the run to end", Duration::from_secs(60), || optimizerd::lock::holder(&runs_dir(&p)).is_none());
+    wait_until("the run to end", Duration::from_secs(60), || optimizerd::daemon::lock::holder(&runs_dir(&p)).is_none());
     let its = iterations(&p, "faults").await;
     assert_eq!(its.iter().filter(|i| i.verdict == "crashed").count(), 2, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
     assert_eq!(its.iter().filter(|i| i.verdict == "timeout").count(), 2);

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::Project;
 use optimizerd::engine::RunEnd;
-use optimizerd::ledger::Ledger;
-use optimizerd::workspace::{Workspace, BEST};
+use optimizerd::storage::ledger::Ledger;
+use optimizerd::storage::workspace::{Workspace, BEST};
 use serde_json::json;
 
 const PLAN: &str = r#"
@@ -207,7 +207,7 @@ async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
         mode: optimizerd::engine::Mode::New,
         allow_concurrent: false,
     };
-    let err = optimizerd::engine::run(opts, optimizerd::shutdown::Shutdown::never()).await.unwrap_err();
+    let err = optimizerd::engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("worker could not start"), "{msg}");
     let ledger = Ledger::open(&p.db()).await.unwrap();

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::Project;
-use optimizerd::ledger::Ledger;
+use optimizerd::storage::ledger::Ledger;
 use serde_json::json;
 
 const PLAN: &str = r#"
@@ -33,7 +33,7 @@ async fn export_writes_each_best_kernel_and_a_launch_manifest() {
     p.run("exp", Duration::from_secs(60)).await;
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let out = p.path().join("exported");
-    let manifest_path = optimizerd::export::export(&ledger, "exp", &out).await.unwrap();
+    let manifest_path = optimizerd::ops::export::export(&ledger, "exp", &out).await.unwrap();
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
     // kv-split won the small shape, the baseline kernel kept the large one: two kernels.
     let kernels = m["kernels"].as_array().unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::Project;
 use optimizerd::engine::{self, Mode, RunEnd, RunOptions};
-use optimizerd::ledger::Ledger;
+use optimizerd::storage::ledger::Ledger;
 use serde_json::{json, Value};
 
 const PLAN: &str = r#"
@@ -49,7 +49,7 @@ async fn an_arch_specific_template_is_compiled_for_sm_90a_and_exported_with_its_
         rows,
         vec![("baseline", "baseline", Some("sm_90")), ("hopper", "accepted", Some("sm_90a")), ("hopper", "rejected", Some("sm_90a"))]
     );
-    let history = optimizerd::report::history_text(&its);
+    let history = optimizerd::ops::report::history_text(&its);
     assert!(history.lines().next().unwrap().contains("arch"), "{history}");
     assert!(history.lines().any(|l| l.contains("hopper") && l.contains("sm_90a")), "{history}");
 
@@ -58,7 +58,7 @@ async fn an_arch_specific_template_is_compiled_for_sm_90a_and_exported_with_its_
     assert_eq!(dispatch["b1h1s128d64"]["tensor_maps"], json!([{ "tensor": "k", "box_rows": 64, "swizzle": 128 }]));
 
     let out = p.path().join("exported");
-    let manifest = optimizerd::export::export(&ledger, "h", &out).await.unwrap();
+    let manifest = optimizerd::ops::export::export(&ledger, "h", &out).await.unwrap();
     let m: Value = serde_json::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
     let k = &m["kernels"][0];
     assert_eq!(k["template"], "test-tensor-map-probe", "{m:#}");
@@ -132,5 +132,5 @@ async fn resume(p: &Project, run_id: &str, rebaseline: bool) -> anyhow::Result<R
         mode: Mode::Resume { rebaseline },
         allow_concurrent: false,
     };
-    engine::run(opts, optimizerd::shutdown::Shutdown::never()).await.map(|(_, end)| end)
+    engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.map(|(_, end)| end)
 }

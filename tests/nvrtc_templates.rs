@@ -13,10 +13,10 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use optimizerd::nvrtc;
-use optimizerd::protocol::DType;
-use optimizerd::render::render;
-use optimizerd::search::{Search, SearchKind};
-use optimizerd::template::Template;
+use optimizerd::spec::protocol::DType;
+use optimizerd::pipeline::render::render;
+use optimizerd::strategy::search::{Search, SearchKind};
+use optimizerd::spec::template::Template;
 
 const ARCHS: [(&str, u32); 3] = [("sm_80", 80), ("sm_89", 89), ("sm_90", 90)];
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::Project;
 use optimizerd::engine::RunEnd;
-use optimizerd::ledger::Ledger;
+use optimizerd::storage::ledger::Ledger;
 use serde_json::json;
 
 const PLAN: &str = r#"
@@ -62,8 +62,8 @@ async fn sdpa_is_recorded_per_shape_and_cached_for_the_next_run() {
         assert_eq!(rows[0].versions["cudnn"], json!(91900));
     }
     // The status table puts SDPA next to the best kernel: 6.0 / 25.0 = 0.24x.
-    let s = optimizerd::report::status(&ledger, Some("two")).await.unwrap();
-    let text = optimizerd::report::status_text(&s);
+    let s = optimizerd::ops::report::status(&ledger, Some("two")).await.unwrap();
+    let text = optimizerd::ops::report::status_text(&s);
     assert!(text.contains("6.00 cudnn") && text.contains("0.24x"), "{text}");
     assert!(text.contains("cuDNN 91900"), "{text}");
 }

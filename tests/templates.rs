@@ -4,11 +4,11 @@ mod common;
 
 use std::path::PathBuf;
 
-use optimizerd::gate;
-use optimizerd::plan::Plan;
-use optimizerd::protocol::{DType, Shape};
-use optimizerd::render::render;
-use optimizerd::template::{Params, Template};
+use optimizerd::pipeline::gate;
+use optimizerd::strategy::plan::Plan;
+use optimizerd::spec::protocol::{DType, Shape};
+use optimizerd::pipeline::render::render;
+use optimizerd::spec::template::{Params, Template};
 
 fn templates_dir() -> PathBuf {
     common::repo_root().join("kernel-templates")
@@ -94,12 +94,12 @@ fn kv_split_grid_follows_its_declared_formula_and_skips_combine_without_splits()
 #[test]
 fn every_knob_combination_plans_every_default_shape() {
     let dev = common::h100();
-    let config = optimizerd::config::Config::parse("", std::path::Path::new("x"), std::path::Path::new(".")).unwrap();
+    let config = optimizerd::spec::config::Config::parse("", std::path::Path::new("x"), std::path::Path::new(".")).unwrap();
     let extra = [shape(1, 1, 1, 64, false), shape(1, 1, 17, 128, true), shape(1, 2, 4097, 64, true)];
     for file in ["baseline.cu", "kv_split.cu", "memory.cu", "mma_fa2.cu", "wmma.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"] {
         let t = Template::load(&templates_dir(), file).unwrap();
         let space: Vec<(String, Vec<i64>)> = t.knobs.clone();
-        let mut s = optimizerd::search::Search::new(optimizerd::search::SearchKind::Exhaustive, space, t.default_params(), 10_000);
+        let mut s = optimizerd::strategy::search::Search::new(optimizerd::strategy::search::SearchKind::Exhaustive, space, t.default_params(), 10_000);
         let (mut n, mut too_big) = (0, 0);
         while let Some(p) = s.next() {
             n += 1;

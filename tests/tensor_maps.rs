@@ -5,10 +5,10 @@ mod common;
 
 use std::path::PathBuf;
 
-use optimizerd::gate;
-use optimizerd::protocol::{DType, DeviceInfo, Shape, ShapePlan, TensorMap, TensorName};
-use optimizerd::search::{Search, SearchKind};
-use optimizerd::template::{Params, Template};
+use optimizerd::pipeline::gate;
+use optimizerd::spec::protocol::{DType, DeviceInfo, Shape, ShapePlan, TensorMap, TensorName};
+use optimizerd::strategy::search::{Search, SearchKind};
+use optimizerd::spec::template::{Params, Template};
 
 fn templates_dir() -> PathBuf {
     common::repo_root().join("kernel-templates")

@@ -6,10 +6,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use optimizerd::doctor::{self, DoctorOptions, Status};
-use optimizerd::ledger::{Ledger, NewRun};
-use optimizerd::supervisor::WorkerCommand;
-use optimizerd::watch::{self, WatchOptions};
+use optimizerd::ops::doctor::{self, DoctorOptions, Status};
+use optimizerd::storage::ledger::{Ledger, NewRun};
+use optimizerd::daemon::supervisor::WorkerCommand;
+use optimizerd::ops::watch::{self, WatchOptions};
 use serde_json::{json, Value};
 
 fn repo_root() -> PathBuf {
@@ -95,7 +95,7 @@ async fn ledger_with_run(runs: &Path, id: &str) -> Ledger {
     ledger
         .create_run(&NewRun {
             id: id.into(),
-            started_at: optimizerd::ledger::now(),
+            started_at: optimizerd::storage::ledger::now(),
             budget_s: 60.0,
             run_dir: runs.join(id).display().to_string(),
             config_source: "agent.toml".into(),

@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::Config;
-use crate::ledger::Ledger;
-use crate::protocol::DeviceInfo;
-use crate::shutdown::Shutdown;
-use crate::supervisor::Supervisor;
+use crate::spec::config::Config;
+use crate::storage::ledger::Ledger;
+use crate::spec::protocol::DeviceInfo;
+use crate::daemon::shutdown::Shutdown;
+use crate::daemon::supervisor::Supervisor;
 
 /// Why waiting for the GPU ended without a worker.
 #[derive(Debug)]

@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::ledger::BestRow;
-use crate::outcome::{Failure, Verdict};
-use crate::plan::Stage;
-use crate::protocol::{Launch, Loaded, ShapePlan, TensorMap};
-use crate::template::Params;
-use crate::compile;
+use crate::storage::ledger::BestRow;
+use crate::pipeline::outcome::{Failure, Verdict};
+use crate::strategy::plan::Stage;
+use crate::spec::protocol::{Launch, Loaded, ShapePlan, TensorMap};
+use crate::spec::template::Params;
+use crate::pipeline::compile;
 
 use super::{dedup, Engine};
-use crate::diagnose::{diagnose, Figures, Finding};
+use crate::strategy::diagnose::{diagnose, Figures, Finding};
 
 /// The current best kernel for one shape.
 #[derive(Debug, Clone)]
@@ -70,7 +70,7 @@ impl Engine {
         }
     }
 
-    /// The diagnosis of every shape's incumbent (see `crate::diagnose`).
+    /// The diagnosis of every shape's incumbent (see `crate::strategy::diagnose`).
     pub(super) async fn diagnose(&self) -> anyhow::Result<(Vec<Figures>, Vec<Finding>)> {
         let sdpa = self.ledger.sdpa(&self.run_id).await?;
         // The best attention throughput SDPA showed in this run, on any shape and backend.
@@ -179,7 +179,7 @@ impl Engine {
         files.push(("kernels/dispatch.json".into(), dispatch));
         let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         let keys: Vec<String> = won.iter().map(|(p, _)| p.shape.key()).collect();
-        crate::failpoint::hit("before-accept");
+        crate::daemon::failpoint::hit("before-accept");
         let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({}) for {}", stage.template.name(), keys.join(", ")))?;
         for b in &mut best_rows {
             b.git_commit = Some(accept.to_string());
@@ -218,6 +218,6 @@ impl Engine {
             return;
         }
         self.loaded.retain(|l| l != id);
-        let _ = self.sup.request(&crate::protocol::Request::Unload { id: id.to_string() }, Duration::from_secs(30)).await;
+        let _ = self.sup.request(&crate::spec::protocol::Request::Unload { id: id.to_string() }, Duration::from_secs(30)).await;
     }
 }

@@ -7,19 +7,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::config::Config;
-use crate::decide::{self, geomean, Stats};
-use crate::ledger::{self, BestRow, IterationRecord, Ledger, ShapeRecord};
-use crate::outcome::{Failure, Verdict};
-use crate::plan::{Plan, Stage};
-use crate::lock::GpuLock;
-use crate::protocol::{DeviceInfo, Shape, ShapePlan, TimeCase};
-use crate::search::Search;
-use crate::shutdown::Shutdown;
-use crate::supervisor::{Supervisor, WorkerCommand};
-use crate::template::Params;
-use crate::workspace::Workspace;
-use crate::{check, gate, record, render, timing};
+use crate::spec::config::Config;
+use crate::pipeline::decide::{self, geomean, Stats};
+use crate::storage::ledger::{self, BestRow, IterationRecord, Ledger, ShapeRecord};
+use crate::pipeline::outcome::{Failure, Verdict};
+use crate::strategy::plan::{Plan, Stage};
+use crate::daemon::lock::GpuLock;
+use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan, TimeCase};
+use crate::strategy::search::Search;
+use crate::daemon::shutdown::Shutdown;
+use crate::daemon::supervisor::{Supervisor, WorkerCommand};
+use crate::spec::template::Params;
+use crate::storage::workspace::Workspace;
+use crate::pipeline::{check, gate, record, render, timing};
 
 mod gpu_wait;
 mod incumbents;
@@ -267,7 +267,7 @@ impl Engine {
             .collect();
         // Without an SDPA measurement there is no anchor to judge a compute gap by:
         // a stage that treats it runs rather than being skipped on no evidence.
-        let unjudged = stage.spec.when.contains(&crate::diagnose::Symptom::ComputeGap)
+        let unjudged = stage.spec.when.contains(&crate::strategy::diagnose::Symptom::ComputeGap)
             && figures.iter().all(|f| f.demonstrated_tflops.is_none());
         let mut relevant = relevant;
         if unjudged {
@@ -322,9 +322,9 @@ impl Engine {
             started_at: ledger::now(),
             ..Default::default()
         };
-        crate::failpoint::set_iteration(seq);
+        crate::daemon::failpoint::set_iteration(seq);
         self.ledger.begin_iteration(&rec, self.used().as_secs_f64()).await?;
-        crate::failpoint::hit("iteration-begun");
+        crate::daemon::failpoint::hit("iteration-begun");
         let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
 
         // render
@@ -342,7 +342,7 @@ impl Engine {
             &format!("iteration {seq}: {} {}", stage.template.name(), rec.params_json),
         )?;
         rec.git_commit = Some(commit.to_string());
-        crate::failpoint::hit("candidate-committed");
+        crate::daemon::failpoint::hit("candidate-committed");
 
         // gate
         let plans = match gate::check(&stage.template, params, &self.shapes, &self.device, &stage.spec.min_ctas) {

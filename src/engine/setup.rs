@@ -8,19 +8,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::ledger::{self, Ledger, NewRun};
-use crate::lock::GpuLock;
-use crate::plan::Plan;
-use crate::protocol::{ShapePlan, TimeCase};
-use crate::supervisor::Supervisor;
-use crate::template::Template;
-use crate::workspace::Workspace;
-use crate::{check, record, timing};
+use crate::storage::ledger::{self, Ledger, NewRun};
+use crate::daemon::lock::GpuLock;
+use crate::strategy::plan::Plan;
+use crate::spec::protocol::{ShapePlan, TimeCase};
+use crate::daemon::supervisor::Supervisor;
+use crate::spec::template::Template;
+use crate::storage::workspace::Workspace;
+use crate::pipeline::{check, record, timing};
 
 use super::gpu_wait::wait_for_gpu;
 use super::incumbents::{DispatchEntry, Incumbent, Module};
 use super::{dedup, new_run_id, Engine, Mode, RunOptions};
-use crate::shutdown::Shutdown;
+use crate::daemon::shutdown::Shutdown;
 
 impl Engine {
     pub(super) async fn create(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<Engine> {
@@ -183,7 +183,7 @@ impl Engine {
         if !self.cfg.baseline.sdpa || !self.ledger.sdpa(&self.run_id).await?.is_empty() {
             return Ok(());
         }
-        match crate::sdpa::measure(&self.cfg, &self.ledger, &self.run_id, &self.run_dir, &self.device, &self.shapes).await {
+        match crate::storage::sdpa::measure(&self.cfg, &self.ledger, &self.run_id, &self.run_dir, &self.device, &self.shapes).await {
             Ok(rows) => {
                 let parts: Vec<String> = rows
                     .iter()

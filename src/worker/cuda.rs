@@ -30,7 +30,7 @@ use cudarc::nvrtc::Ptx;
 use super::reference;
 use super::Backend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
-use crate::protocol::{
+use crate::spec::protocol::{
     Checked, DeviceInfo, KernelResources, Launch, Loaded, OccupancyQuery, OccupancyResult, Request,
     Response, Shape, ShapeCheck, ShapePlan, TensorMap, TensorName, TimeCase, Timed, TimedCase,
     TimedEntry, TimingSpec, Tolerance, ABI_PARAMS,
@@ -499,7 +499,7 @@ fn encode_tensor_map(
         sys::cuTensorMapEncodeTiled(
             &mut encoded,
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            crate::protocol::TensorMapGeometry::RANK,
+            crate::spec::protocol::TensorMapGeometry::RANK,
             ptr as *mut c_void,
             g.dims.as_ptr(),
             g.strides_bytes.as_ptr(),
@@ -1074,7 +1074,7 @@ impl CudaBackend {
             })?;
             slowest_us = slowest_us.max(ms as f64 * 1000.0);
         }
-        let per_sample = crate::protocol::launches_for(spec, slowest_us);
+        let per_sample = crate::spec::protocol::launches_for(spec, slowest_us);
         let warmup = spec.warmup.min(per_sample.max(2)).saturating_sub(1);
         for ei in 0..case.entries.len() {
             for _ in 0..warmup {
@@ -1440,7 +1440,7 @@ mod tests {
             s: 64,
             d: 64,
             causal: false,
-            dtype: crate::protocol::DType::Fp16,
+            dtype: crate::spec::protocol::DType::Fp16,
         };
         let launch = Launch {
             kernel: "k".into(),

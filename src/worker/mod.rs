@@ -11,7 +11,7 @@ pub mod scripted;
 
 use std::io::{BufRead, Write};
 
-use crate::protocol::{Request, Response};
+use crate::spec::protocol::{Request, Response};
 
 /// What executes requests: the real CUDA device, or a scripted double for CPU tests.
 pub trait Backend {

@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
-use crate::protocol::{DType, Shape};
+use crate::spec::protocol::{DType, Shape};
 
 /// One output row: (batch, head, query index).
 pub type Row = (u32, u32, u32);

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::protocol::{
+use crate::spec::protocol::{
     Checked, DeviceInfo, KernelResources, Loaded, OccupancyResult, Request, Response, ShapeCheck, Timed, TimedCase, TimedEntry,
 };
 use crate::worker::Backend;

@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use optimizerd::config::Config;
+use optimizerd::spec::config::Config;
 use optimizerd::engine::{self, RunEnd, RunOptions};
-use optimizerd::protocol::DeviceInfo;
-use optimizerd::supervisor::WorkerCommand;
+use optimizerd::spec::protocol::DeviceInfo;
+use optimizerd::daemon::supervisor::WorkerCommand;
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -104,7 +104,7 @@ gpu_retry_max = "200ms"
             mode: engine::Mode::New,
             allow_concurrent: false,
         };
-        let (id, end) = engine::run(opts, optimizerd::shutdown::Shutdown::never()).await.expect("run completes");
+        let (id, end) = engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.expect("run completes");
         assert_eq!(id, run_id);
         end
     }

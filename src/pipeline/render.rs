@@ -8,9 +8,9 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::assets;
-use crate::protocol::DType;
-use crate::template::{Params, Template, TemplateError};
+use crate::spec::assets;
+use crate::spec::protocol::DType;
+use crate::spec::template::{Params, Template, TemplateError};
 
 /// One candidate's rendered source and identity.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use serde::Deserialize;
 
-use crate::template::Params;
+use crate::spec::template::Params;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -19,15 +19,15 @@
 //!   geometry is a fixed convention over the [B,H,S,D] tensor of 2-byte elements: with
 //!   swizzle W and P = W/2 elements per panel, rank 4, dims {P, S, D/P, B*H} (innermost
 //!   first), byte strides {D*2, P*2, S*D*2}, box {P, box_rows, D/P, 1}; see
-//!   [`crate::protocol::TensorMap::geometry`], the one place it is computed.
+//!   [`crate::spec::protocol::TensorMap::geometry`], the one place it is computed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::assets;
-use crate::protocol::{DeviceInfo, Launch, Shape, ShapePlan, TensorMap, TensorName};
+use crate::spec::assets;
+use crate::spec::protocol::{DeviceInfo, Launch, Shape, ShapePlan, TensorMap, TensorName};
 
 /// Knob name -> chosen value. Ordered, so its JSON form is canonical.
 pub type Params = BTreeMap<String, i64>;

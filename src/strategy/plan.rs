@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::assets;
-use crate::search::SearchKind;
-use crate::template::{Params, Template, TemplateError};
+use crate::spec::assets;
+use crate::strategy::search::SearchKind;
+use crate::spec::template::{Params, Template, TemplateError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -52,7 +52,7 @@ pub struct StageSpec {
     /// symptoms on some shape (`under_filled`, `spills`, `low_occupancy`,
     /// `compute_gap`); empty: always. The figures behind the decision are recorded.
     #[serde(default)]
-    pub when: Vec<crate::diagnose::Symptom>,
+    pub when: Vec<crate::strategy::diagnose::Symptom>,
     /// Expression: the fewest CTAs the first launch may have on each shape.
     #[serde(default = "default_min_ctas")]
     pub min_ctas: String,

@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::ledger::{BestRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
-use crate::record::fmt_dur;
+use crate::storage::ledger::{BestRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
+use crate::pipeline::record::fmt_dur;
 
 #[derive(Debug, Serialize)]
 pub struct Status {

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use crate::decide::Stats;
-use crate::outcome::{Failure, Verdict};
-use crate::protocol::{Request, Response, TimeCase, TimeEntry, Timed, TimingSpec};
-use crate::supervisor::Supervisor;
+use crate::pipeline::decide::Stats;
+use crate::pipeline::outcome::{Failure, Verdict};
+use crate::spec::protocol::{Request, Response, TimeCase, TimeEntry, Timed, TimingSpec};
+use crate::daemon::supervisor::Supervisor;
 
 pub async fn run(sup: &mut Supervisor, cases: Vec<TimeCase>, spec: TimingSpec, seed: u64, timeout: Duration) -> Result<Timed, Failure> {
     let expected: Vec<Vec<String>> = cases.iter().map(|c| c.entries.iter().map(|e| e.id.clone()).collect()).collect();
@@ -24,10 +24,10 @@ pub async fn run(sup: &mut Supervisor, cases: Vec<TimeCase>, spec: TimingSpec, s
 }
 
 /// Stats of entry `id` in one timed case.
-pub fn stats_of(case: &crate::protocol::TimedCase, id: &str) -> Option<Stats> {
+pub fn stats_of(case: &crate::spec::protocol::TimedCase, id: &str) -> Option<Stats> {
     case.entries.iter().find(|e| e.id == id).and_then(|e| Stats::from_samples(&e.samples_us))
 }
 
-pub fn entry(id: &str, plan: &crate::protocol::ShapePlan) -> TimeEntry {
+pub fn entry(id: &str, plan: &crate::spec::protocol::ShapePlan) -> TimeEntry {
     TimeEntry { id: id.to_string(), plan: plan.clone() }
 }

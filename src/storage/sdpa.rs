@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
-use crate::ledger::Ledger;
-use crate::protocol::{DeviceInfo, Shape};
+use crate::spec::config::Config;
+use crate::storage::ledger::Ledger;
+use crate::spec::protocol::{DeviceInfo, Shape};
 
 /// The embedded copy, used when the repository's script is not on disk.
-const SCRIPT: &str = include_str!("../scripts/sdpa_baseline.py");
+const SCRIPT: &str = include_str!("../../scripts/sdpa_baseline.py");
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Versions {

@@ -14,8 +14,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::protocol::{DeviceInfo, Request, Response};
-use crate::shutdown::Shutdown;
+use crate::spec::protocol::{DeviceInfo, Request, Response};
+use crate::daemon::shutdown::Shutdown;
 
 /// How to start a worker: the program and its arguments (normally `optimizerd worker`).
 #[derive(Debug, Clone)]

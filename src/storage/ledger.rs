@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use crate::protocol::DeviceInfo;
+use crate::spec::protocol::DeviceInfo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -351,7 +351,7 @@ impl Ledger {
             .execute(&mut *tx)
             .await
             .map_err(q("update budget"))?;
-        crate::failpoint::hit("ledger-mid-commit");
+        crate::daemon::failpoint::hit("ledger-mid-commit");
         tx.commit().await.map_err(q("commit iteration"))?;
         Ok(())
     }
@@ -562,7 +562,7 @@ impl Ledger {
         Ok(())
     }
 
-    pub async fn sdpa_record(&self, run_id: &str, b: &crate::sdpa::ShapeBaseline, versions_json: &str) -> Result<()> {
+    pub async fn sdpa_record(&self, run_id: &str, b: &crate::storage::sdpa::ShapeBaseline, versions_json: &str) -> Result<()> {
         let d = b.default_backend();
         sqlx::query(
             "INSERT OR REPLACE INTO sdpa (run_id, shape, default_graph_us, default_eager_us, picked, result_json, versions_json, cached)

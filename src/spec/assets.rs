@@ -21,7 +21,7 @@ pub enum AssetError {
 
 macro_rules! embed {
     ($($name:literal => $path:literal),* $(,)?) => {
-        &[$(($name, include_str!(concat!("../", $path)))),*]
+        &[$(($name, include_str!(concat!("../../", $path)))),*]
     };
 }
 

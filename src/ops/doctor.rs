@@ -16,10 +16,10 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::plan::Plan;
-use crate::protocol::DeviceInfo;
-use crate::supervisor::{Supervisor, WorkerCommand, WorkerFailure};
+use crate::spec::config::Config;
+use crate::strategy::plan::Plan;
+use crate::spec::protocol::DeviceInfo;
+use crate::daemon::supervisor::{Supervisor, WorkerCommand, WorkerFailure};
 
 /// A check's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -312,7 +312,7 @@ async fn arch_check(config: Option<&Config>, device: Option<&DeviceInfo>, tc: Op
         return Check::skip("arch", "not checked: no GPU reported");
     };
     // The plan's arch-specific templates (name, min_cc), once each.
-    let mut specific: Vec<crate::template::Meta> = Vec::new();
+    let mut specific: Vec<crate::spec::template::Meta> = Vec::new();
     if let Some(plan) = config.and_then(|c| Plan::load(&c.resolve(&c.run.plan), &c.resolve(&c.run.templates_dir)).ok()) {
         for st in plan.stages {
             if st.template.meta.arch_specific && !specific.iter().any(|m| m.name == st.template.meta.name) {

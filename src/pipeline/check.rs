@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::outcome::{Failure, Verdict};
-use crate::protocol::{Checked, Request, Response, ShapePlan, Tolerance};
-use crate::supervisor::Supervisor;
+use crate::pipeline::outcome::{Failure, Verdict};
+use crate::spec::protocol::{Checked, Request, Response, ShapePlan, Tolerance};
+use crate::daemon::supervisor::Supervisor;
 
 /// Run the check build of `id` on every plan, smallest shape first.
 pub async fn run(

@@ -18,8 +18,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use crate::ledger::{Ledger, LedgerError, RunRow};
-use crate::record::fmt_dur;
+use crate::storage::ledger::{Ledger, LedgerError, RunRow};
+use crate::pipeline::record::fmt_dur;
 
 /// How `watch` polls; the defaults suit a person, tests shorten them.
 #[derive(Debug, Clone)]

@@ -2,13 +2,13 @@
 //! CTA-counting check build), load it, and report its resource usage.
 //!
 //! The target is the caller's: the device's `sm_<cc>`, or `sm_<cc>a` for arch-specific
-//! templates (see [`crate::template::Meta::target_arch`]); the ledger records which.
+//! templates (see [`crate::spec::template::Meta::target_arch`]); the ledger records which.
 
 use std::time::Duration;
 
-use crate::outcome::Failure;
-use crate::protocol::{Loaded, OccupancyQuery, Request, Response, ShapePlan};
-use crate::supervisor::Supervisor;
+use crate::pipeline::outcome::Failure;
+use crate::spec::protocol::{Loaded, OccupancyQuery, Request, Response, ShapePlan};
+use crate::daemon::supervisor::Supervisor;
 
 /// Compile and load `source` as module `id` for `arch` (e.g. `sm_90`, `sm_90a`).
 pub async fn load(

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use crate::decide::{ShapeDecision, Stats};
-use crate::ledger::{IterationRecord, ShapeRecord};
-use crate::outcome::Verdict;
-use crate::protocol::{Checked, Loaded, ShapePlan};
+use crate::pipeline::decide::{ShapeDecision, Stats};
+use crate::storage::ledger::{IterationRecord, ShapeRecord};
+use crate::pipeline::outcome::Verdict;
+use crate::spec::protocol::{Checked, Loaded, ShapePlan};
 
 /// One row per shape with what the gate planned.
 pub fn planned_shapes(plans: &[ShapePlan]) -> Vec<ShapeRecord> {
@@ -37,7 +37,7 @@ pub fn resources(rec: &mut IterationRecord, loaded: &Loaded) {
 
 pub fn waves(shapes: &mut [ShapeRecord], plans: &[ShapePlan], loaded: &Loaded, sm_count: u32) {
     for (row, plan) in shapes.iter_mut().zip(plans) {
-        row.waves = crate::compile::waves(plan, loaded, sm_count);
+        row.waves = crate::pipeline::compile::waves(plan, loaded, sm_count);
     }
 }
 
@@ -64,7 +64,7 @@ pub fn timed(
     input_sets: u32,
 ) {
     let Some(row) = shapes.iter_mut().find(|r| r.shape == key) else { return };
-    let shape: Option<crate::protocol::Shape> = serde_json::from_str(&row.shape_json).ok();
+    let shape: Option<crate::spec::protocol::Shape> = serde_json::from_str(&row.shape_json).ok();
     row.median_us = Some(cand.median_us);
     row.p10_us = Some(cand.p10_us);
     row.p90_us = Some(cand.p90_us);

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::protocol::{DType, Shape, TimingSpec, Tolerance};
+use crate::spec::protocol::{DType, Shape, TimingSpec, Tolerance};
 
 /// The default configuration, embedded so `optimizerd start` works without a file.
-pub const DEFAULT_CONFIG: &str = include_str!("../agent.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../agent.toml");
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

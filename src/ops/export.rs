@@ -5,7 +5,7 @@
 //! softmax-scale convention, dtype, causal, and the measured time. Kernels of Hopper
 //! templates also carry their NVRTC target (`arch`, e.g. `sm_90a`) and their TMA tensor
 //! maps: as formulas per kernel, and resolved per exported shape (one geometry,
-//! [`crate::protocol::TensorMap::geometry`], shared with the gate and the worker).
+//! [`crate::spec::protocol::TensorMap::geometry`], shared with the gate and the worker).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::ledger::Ledger;
-use crate::protocol::{Shape, TensorMap, TensorMapGeometry, ABI_PARAMS};
-use crate::template::{Template, TensorMapSpec};
-use crate::workspace::Workspace;
+use crate::storage::ledger::Ledger;
+use crate::spec::protocol::{Shape, TensorMap, TensorMapGeometry, ABI_PARAMS};
+use crate::spec::template::{Template, TensorMapSpec};
+use crate::storage::workspace::Workspace;
 
 #[derive(Debug, Serialize)]
 pub struct Manifest {

@@ -8,8 +8,8 @@
 //! (compute capability below `min_cc`, or an arch-specific template such as wgmma-tma's
 //! sm_90a on another cc) and tensor maps the TMA cannot encode for a shape.
 
-use crate::protocol::{DeviceInfo, Shape, ShapePlan};
-use crate::template::{eval_int_expr, shape_vars, Params, Template};
+use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan};
+use crate::spec::template::{eval_int_expr, shape_vars, Params, Template};
 
 /// Why a candidate failed the gate, in words for the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]

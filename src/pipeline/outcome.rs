@@ -5,8 +5,8 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::protocol::Response;
-use crate::supervisor::WorkerFailure;
+use crate::spec::protocol::Response;
+use crate::daemon::supervisor::WorkerFailure;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
