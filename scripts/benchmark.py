@@ -138,8 +138,17 @@ def main():
                 if any(x["shape"] == key and x["won"] and x["median_us"] is not None and x["median_us"] <= default_us for x in it["shapes"]):
                     ttt = it.get("used_s")
                     break
+        # The best when the plan's stages were done (before the open phase), to show what it added.
+        plan_best = None
+        for it in history:
+            if it["stage"].startswith("open/"):
+                continue
+            for x in it["shapes"]:
+                if x["shape"] == key and x["won"] and x["median_us"] is not None:
+                    plan_best = x["median_us"]
         rows.append(
-            f"| {key} | {b['seq']} | {b['median_us']:.2f} | {fmt(tflops(s, b['median_us']), '.1f')} | "
+            f"| {key} | {fmt(plan_best)} | {fmt(default_us / plan_best if default_us and plan_best else None, '.2f', 'x')} | "
+            f"{b['seq']} | {b['median_us']:.2f} | {fmt(tflops(s, b['median_us']), '.1f')} | "
             f"{fmt(default_us)} {sd.get('picked') or ''} | {fmt(tflops(s, default_us), '.1f')} | "
             f"{fmt(flash_us)} | {fmt(tflops(s, flash_us), '.1f')} | "
             f"{fmt(default_us / b['median_us'] if default_us else None, '.2f', 'x')} | "
@@ -161,9 +170,12 @@ def main():
 - Times are GPU time per call: candidates by CUDA-graph replay (timing.method = graph), SDPA by
   CUDA-graph replay in the same run. TFLOPS = 4*B*H*S*S*D / time, halved for causal.
   Time-to-target: budget used when a kernel at or under SDPA default first won the shape.
+  "end of plan": the best when the plan's stages were done, before the open-ended phase
+  (stages `open/<class>`); the other columns are the end of the run. {sum(1 for it in history if it["stage"].startswith("open/"))} open-phase iterations;
+  {run_row['iterations'] * 60.0 / max(run_row['used_s'], 1.0):.1f} candidates per minute of budget; run message: {run_row.get('message') or '-'}.
 
-| shape | iter | best us | TFLOPS | SDPA default us | TFLOPS | SDPA flash us | TFLOPS | vs default | vs flash | time-to-target |
-|---|---|---|---|---|---|---|---|---|---|---|
+| shape | end of plan us | vs default | iter | best us | TFLOPS | SDPA default us | TFLOPS | SDPA flash us | TFLOPS | vs default | vs flash | time-to-target |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     with open(os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out, "a") as f:
         f.write(section)

@@ -66,7 +66,8 @@ fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
     let text = output_text(&o);
     assert!(o.status.success(), "{text}");
     let md = std::fs::read_to_string(&out_md).unwrap();
-    assert!(md.contains("| shape | iter | best us | TFLOPS | SDPA default us |"), "{md}");
+    assert!(md.contains("| shape | end of plan us | vs default | iter | best us | TFLOPS | SDPA default us |"), "{md}");
+    assert!(md.contains("open-phase iterations") && md.contains("candidates per minute of budget"), "{md}");
     // Small shape: 4 us vs SDPA 6 us -> 1.50x, reached.
     let small = md.lines().find(|l| l.starts_with("| b1h1s128d64 ")).expect("a row per shape");
     assert!(small.contains("1.50x") && small.contains(" s |") && !small.contains("not reached"), "{small}");

@@ -26,6 +26,10 @@ name = "kv-split"
 template = "kv_split.cu"
 search = "exhaustive"
 space = { BLOCK_M = [32], NUM_WARPS = [4, 8], MAX_SPLITS = [1, 2, 4, 8, 16, 32] }
+
+# These tests are about the plan: the run ends when its stages are done.
+[open_phase]
+enabled = false
 "#;
 
 fn rules() -> serde_json::Value {
@@ -444,4 +448,34 @@ async fn a_worker_crash_and_a_worker_hang_leave_everything_consistent() {
     assert_eq!(its.iter().filter(|i| i.verdict == "crashed").count(), 2, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
     assert_eq!(its.iter().filter(|i| i.verdict == "timeout").count(), 2);
     assert_consistent(&p, "faults", &its, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_in_the_open_phase_resumes_to_the_same_point() {
+    let plan = PLAN.replace("[open_phase]\nenabled = false\n", "[open_phase]\npatience = 5\nrestart_after = 3\n");
+    assert_ne!(plan, PLAN);
+    let open_iterations = |its: Vec<IterationRecord>| -> Vec<(String, String, String)> {
+        its.into_iter().filter(|i| i.stage.starts_with("open/") && i.verdict != "interrupted").map(|i| (i.stage, i.template, i.params_json)).collect()
+    };
+    let reference = project_with(&plan, 0, json!({}));
+    let end = reference.run("ref", Duration::from_secs(600)).await;
+    assert!(matches!(&end, optimizerd::engine::RunEnd::Finished(m) if m.starts_with("converged")), "{end:?}");
+    let expect = best_params(&reference, "ref");
+    let ref_open = open_iterations(iterations(&reference, "ref").await);
+    assert!(ref_open.len() >= 10, "{ref_open:?}");
+
+    // Iterations 1..13 are the plan's; die while recording the open phase's fourth candidate.
+    let p = project_with(&plan, 0, json!({}));
+    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "open"], &[(optimizerd::daemon::failpoint::ENV, "ledger-mid-commit@17")]);
+    assert!(!o.status.success());
+    let before = iterations(&p, "open").await;
+    assert!(before.iter().any(|i| i.stage.starts_with("open/")), "killed inside the open phase");
+    let o = cli(&p, &["resume", "--foreground", "open"], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_consistent(&p, "open", &before, 1).await;
+    assert_eq!(best_params(&p, "open"), expect);
+    // The same candidates in the same order as the uninterrupted run (the interrupted one again).
+    assert_eq!(open_iterations(iterations(&p, "open").await), ref_open);
+    let l = Ledger::open(&p.db()).await.unwrap();
+    assert!(l.run(Some("open")).await.unwrap().message.unwrap().starts_with("converged"));
 }

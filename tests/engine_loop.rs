@@ -36,6 +36,10 @@ name = "kv-split"
 template = "kv_split.cu"
 search = "exhaustive"
 space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 2, 4, 8, 16] }
+
+# These tests are about the plan: the run ends when its stages are done.
+[open_phase]
+enabled = false
 "#;
 
 fn rules() -> serde_json::Value {
@@ -144,6 +148,9 @@ name = "kv-split"
 template = "kv_split.cu"
 search = "exhaustive"
 space = { BLOCK_M = [32], NUM_WARPS = [4] }
+
+[open_phase]
+enabled = false
 "#;
     let p = Project::new(plan, json!([]), json!({ "hang": { "step": "check" } }));
     let end = p.run("budget", Duration::from_secs(3)).await;
@@ -171,6 +178,9 @@ name = "kv-split"
 template = "kv_split.cu"
 search = "exhaustive"
 space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [8, 16, 32] }
+
+[open_phase]
+enabled = false
 "#;
     let rules = json!([
         { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
@@ -235,6 +245,9 @@ template = "kv_split.cu"
 search = "evolve"
 start_from_best = true
 max_candidates = 4
+
+[open_phase]
+enabled = false
 "#;
     let rules = json!([
         { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
@@ -283,6 +296,9 @@ template = "kv_split.cu"
 search = "exhaustive"
 space = { BLOCK_M = [16], NUM_WARPS = [4], MAX_SPLITS = [8] }
 when = ["spills", "low_occupancy"]
+
+[open_phase]
+enabled = false
 "#;
     let p = Project::new(plan, json!([]), json!({ "ok": { "us": 50.0 } }));
     assert_eq!(p.run("diag", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));

@@ -22,6 +22,9 @@ max_candidates = 1
 name = "hopper"
 template = "testing/tensor_map_probe.cu"
 search = "exhaustive"
+
+[open_phase]
+enabled = false
 "#;
 
 fn rules() -> Value {

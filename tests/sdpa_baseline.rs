@@ -17,6 +17,9 @@ name = "baseline"
 template = "baseline.cu"
 search = "exhaustive"
 max_candidates = 1
+
+[open_phase]
+enabled = false
 "#;
 
 /// A stand-in for scripts/sdpa_baseline.py: fixed timings, and a count of measuring calls.

@@ -170,7 +170,7 @@ async fn watch_replays_a_finished_run() {
     assert!(text.contains("warning: worker start failed: scripted"), "{text}");
     assert!(text.contains("run r1 finished: budget spent"), "{text}");
     assert!(!text.contains("worker started"), "debug lines are left out of the human view: {text}");
-    assert!(text.trim_end().ends_with("4 iterations, best 11.12x over the baseline kernel, 9s of 1m00s budget used"), "{text}");
+    assert!(text.trim_end().ends_with("4 iterations (26.7 per minute), best 11.12x over the baseline kernel, 9s of 1m00s budget used"), "{text}");
     // Iterations in order.
     let pos = |p: &str| lines.iter().position(|l| l.starts_with(p)).unwrap();
     assert!(pos("#1 ") < pos("#2 ") && pos("#2 ") < pos("#3 ") && pos("#3 ") < pos("#4 "));
@@ -277,7 +277,7 @@ async fn watch_follows_a_live_run_until_its_end() {
     assert!(human.contains("-- the GPU answered again at attempt 2; the run continues"), "{human}");
     let tail: Vec<&str> = human.trim_end().lines().rev().take(2).collect();
     assert_eq!(tail[1], "run live finished: budget spent", "{human}");
-    assert!(tail[0].starts_with("6 iterations, best 7.00x"), "{human}");
+    assert!(tail[0].starts_with("6 iterations (") && tail[0].contains(" per minute), best 7.00x"), "{human}");
 }
 
 #[tokio::test]

@@ -23,6 +23,7 @@ use crate::pipeline::{check, gate, record, render, timing};
 
 mod gpu_wait;
 mod incumbents;
+mod open_phase;
 mod setup;
 
 use gpu_wait::{wait_for_gpu, WaitEnd};
@@ -191,7 +192,7 @@ impl Engine {
                         }
                     }
                 }
-                if let Some(score) = earlier.iter().filter(|i| i.params_json == start_json).filter_map(|i| i.score_us).next_back() {
+                if let Some(score) = earlier.iter().filter(|i| i.params_json == start_json).filter_map(|i| Outcome::of_record(i).score).next_back() {
                     search.prime(&start, score);
                 }
             }
@@ -211,7 +212,7 @@ impl Engine {
                         it.params_json
                     );
                 }
-                search.report(&p, it.score_us);
+                search.report(&p, Outcome::of_record(it).score);
             }
             self.ledger.set_progress(&self.run_id, Some(&stage.spec.name), self.used().as_secs_f64()).await?;
             if recorded_start.is_none() {
@@ -231,26 +232,40 @@ impl Engine {
                 if !self.budget_left() {
                     return Ok(RunEnd::Finished("budget spent".into()));
                 }
-                let score = self.iterate(stage, &params).await?;
+                let shapes = self.shapes.clone();
+                let outcome = self.iterate(stage, &params, &shapes).await?;
                 if self.shutdown.now_requested() {
                     return Ok(RunEnd::Stopped);
                 }
-                search.report(&params, score);
-                if !self.sup.is_running() {
-                    let mut paused = self.paused;
-                    let r = wait_for_gpu(&mut self.sup, &self.ledger, &self.run_id, &self.cfg, &self.shutdown, &mut paused).await;
-                    self.paused = paused;
-                    match r {
-                        Ok(_) => {
-                            let _ = self.ledger.event(&self.run_id, "worker_restart", &format!("worker generation {}", self.sup.generation())).await;
-                        }
-                        Err(WaitEnd::Stopped) => return Ok(RunEnd::Stopped),
-                        Err(WaitEnd::GaveUp(m)) => return Ok(RunEnd::Interrupted(m)),
-                    }
+                search.report(&params, outcome.score);
+                if let Some(end) = self.recover_worker().await {
+                    return Ok(end);
                 }
             }
         }
-        Ok(RunEnd::Finished("plan exhausted".into()))
+        if !self.plan.open_phase.enabled {
+            return Ok(RunEnd::Finished("plan exhausted".into()));
+        }
+        self.open_phase().await
+    }
+
+    /// After a candidate that killed the worker (crash, hang, lost device): wait for
+    /// the GPU and restart it. Some(end) when the run cannot go on.
+    async fn recover_worker(&mut self) -> Option<RunEnd> {
+        if self.sup.is_running() {
+            return None;
+        }
+        let mut paused = self.paused;
+        let r = wait_for_gpu(&mut self.sup, &self.ledger, &self.run_id, &self.cfg, &self.shutdown, &mut paused).await;
+        self.paused = paused;
+        match r {
+            Ok(_) => {
+                let _ = self.ledger.event(&self.run_id, "worker_restart", &format!("worker generation {}", self.sup.generation())).await;
+                None
+            }
+            Err(WaitEnd::Stopped) => Some(RunEnd::Stopped),
+            Err(WaitEnd::GaveUp(m)) => Some(RunEnd::Interrupted(m)),
+        }
     }
 
     /// Does the diagnosis of the incumbents show a symptom this stage treats? The
@@ -309,8 +324,8 @@ impl Engine {
         Some(start)
     }
 
-    /// One candidate's whole life. Returns its search score (None if it failed).
-    async fn iterate(&mut self, stage: &Stage, params: &Params) -> anyhow::Result<Option<f64>> {
+    /// One candidate's whole life on `shapes_in`. Returns its outcome for the search.
+    async fn iterate(&mut self, stage: &Stage, params: &Params, shapes_in: &[Shape]) -> anyhow::Result<Outcome> {
         self.seq += 1;
         let seq = self.seq;
         let mut rec = IterationRecord {
@@ -344,12 +359,14 @@ impl Engine {
         rec.git_commit = Some(commit.to_string());
         crate::daemon::failpoint::hit("candidate-committed");
 
-        // gate
-        let plans = match gate::check(&stage.template, params, &self.shapes, &self.device, &stage.spec.min_ctas) {
-            Ok(p) => p,
+        // gate (per shape: the candidate goes on with the shapes it fits)
+        let gated = match gate::check_each(&stage.template, params, shapes_in, &self.device, &stage.spec.min_ctas) {
+            Ok(g) => g,
             Err(g) => return self.conclude(rec, Some(commit), Err(Failure::new(Verdict::Gated, g.0)), vec![]).await,
         };
+        let plans = gated.plans;
         let mut shapes = record::planned_shapes(&plans);
+        record::refused(&mut shapes, shapes_in, &gated.refused);
 
         // compile (the gate has already refused a target this device cannot run)
         let arch = match stage.template.meta.target_arch(&self.device) {
@@ -358,7 +375,7 @@ impl Engine {
         };
         rec.arch = Some(arch.clone());
         let id = format!("it{seq}");
-        let head_dims: Vec<u32> = dedup(self.shapes.iter().map(|s| s.d));
+        let head_dims: Vec<u32> = dedup(plans.iter().map(|p| p.shape.d));
         let kernels = stage.template.kernel_names(&head_dims);
         let loaded = match self.load(&id, &rendered.source, &arch, kernels.clone(), &plans).await {
             Ok(l) => l,
@@ -370,7 +387,10 @@ impl Engine {
 
         // check
         let seed = self.seed ^ (seq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        match check::run(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout).await {
+        let check_started = Instant::now();
+        let checked = check::run(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout).await;
+        rec.check_ms = Some(check_started.elapsed().as_secs_f64() * 1e3);
+        match checked {
             Ok(checked) => record::checked(&mut shapes, &checked),
             Err((f, checked)) => {
                 if let Some(c) = checked {
@@ -394,7 +414,10 @@ impl Engine {
                 TimeCase { shape: p.shape, entries }
             })
             .collect();
-        let timed = match timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await {
+        let time_started = Instant::now();
+        let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await;
+        rec.time_ms = Some(time_started.elapsed().as_secs_f64() * 1e3);
+        let timed = match timed {
             Ok(t) => t,
             Err(f) => return self.conclude(rec, Some(commit), Err(f), shapes).await,
         };
@@ -422,7 +445,7 @@ impl Engine {
             }
         }
         rec.score_us = geomean(medians.iter().copied());
-        let score = rec.score_us;
+        let outcome = Outcome { score: if gated.refused.is_empty() { rec.score_us } else { None }, won: !won.is_empty() };
         let verdict = if first_ever {
             Verdict::Baseline
         } else if won.is_empty() {
@@ -437,7 +460,7 @@ impl Engine {
             self.promote(seq, &id, stage, params, &rendered.source, commit, &won).await?
         };
         self.conclude_success(rec, commit, verdict, reason, shapes, best_rows).await?;
-        Ok(score)
+        Ok(outcome)
     }
 
     async fn conclude_success(
@@ -469,7 +492,7 @@ impl Engine {
         commit: Option<git2::Oid>,
         outcome: Result<(), Failure>,
         shapes: Vec<ShapeRecord>,
-    ) -> anyhow::Result<Option<f64>> {
+    ) -> anyhow::Result<Outcome> {
         let f = outcome.err().unwrap_or_else(|| Failure::new(Verdict::Error, "no outcome"));
         if let Some(c) = commit {
             self.ws.revert(c, rec.seq)?;
@@ -482,7 +505,7 @@ impl Engine {
         self.ledger.record_iteration(&rec, &[], self.used().as_secs_f64()).await?;
         self.log_iteration(&rec);
         self.unload_if_unused(&format!("it{}", rec.seq)).await;
-        Ok(None)
+        Ok(Outcome::FAILED)
     }
 
     fn log_iteration(&self, rec: &IterationRecord) {
@@ -514,6 +537,25 @@ impl Engine {
         Ok(())
     }
 
+}
+
+/// What a search learns from one candidate: its score (geometric-mean time over the
+/// shapes it was searched on; None when it failed or the gate refused one of them) and
+/// whether it became the best kernel of any shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Outcome {
+    pub(crate) score: Option<f64>,
+    pub(crate) won: bool,
+}
+
+impl Outcome {
+    const FAILED: Outcome = Outcome { score: None, won: false };
+
+    /// The outcome as the ledger holds it, for replaying a resumed run.
+    pub(crate) fn of_record(it: &IterationRecord) -> Outcome {
+        let partial = it.shapes.iter().any(|s| s.gated.is_some());
+        Outcome { score: if partial { None } else { it.score_us }, won: it.shapes.iter().any(|s| s.won) }
+    }
 }
 
 pub fn new_run_id() -> String {

@@ -33,6 +33,11 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
     Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa })
 }
 
+/// Candidates per minute of budget used (None before a minute's worth of data).
+pub fn per_minute(iterations: i64, used_s: f64) -> Option<f64> {
+    (used_s >= 1.0 && iterations > 0).then(|| iterations as f64 * 60.0 / used_s)
+}
+
 pub fn status_text(s: &Status) -> String {
     let r = &s.run;
     let mut out = String::new();
@@ -41,7 +46,8 @@ pub fn status_text(s: &Status) -> String {
     let _ = writeln!(out, "gpu        {}", r.gpu_name.as_deref().unwrap_or("-"));
     let _ = writeln!(out, "stage      {}", r.stage.as_deref().unwrap_or("-"));
     let verdicts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{n} {v}")).collect();
-    let _ = writeln!(out, "iterations {}{}", r.iterations, if verdicts.is_empty() { String::new() } else { format!(" ({})", verdicts.join(", ")) });
+    let rate = per_minute(r.iterations, r.used_s).map(|x| format!(", {x:.1} per minute of budget")).unwrap_or_default();
+    let _ = writeln!(out, "iterations {}{}{rate}", r.iterations, if verdicts.is_empty() { String::new() } else { format!(" ({})", verdicts.join(", ")) });
     let _ = writeln!(
         out,
         "budget     {} used of {}, {} left",

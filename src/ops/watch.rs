@@ -477,8 +477,9 @@ impl View {
         self.bar.set_position(secs_to_ms(used));
         let stage = self.stage.as_deref().unwrap_or("-");
         let best = self.best.map(|b| format!("best {b:.2}x")).unwrap_or_else(|| "best -".into());
+        let rate = crate::ops::report::per_minute(self.iterations as i64, used).map(|r| format!(" ({r:.1}/min)")).unwrap_or_default();
         self.bar.set_message(format!(
-            "{} / {}  stage {stage}  {best}  {} iterations{}",
+            "{} / {}  stage {stage}  {best}  {} iterations{rate}{}",
             fmt_dur(Duration::from_secs_f64(used)),
             fmt_dur(Duration::from_secs_f64(self.budget_s.max(0.0))),
             self.iterations,
@@ -519,9 +520,10 @@ impl View {
         }
         let used = self.used_s.clamp(0.0, self.budget_s.max(0.0));
         let best = self.best.map(|b| format!("best {b:.2}x over the baseline kernel")).unwrap_or_else(|| "no speedup yet".into());
+        let rate = crate::ops::report::per_minute(self.iterations as i64, used).map(|r| format!(" ({r:.1} per minute)")).unwrap_or_default();
         writeln!(
             out,
-            "{} iteration{}, {best}, {} of {} budget used",
+            "{} iteration{}{rate}, {best}, {} of {} budget used",
             self.iterations,
             if self.iterations == 1 { "" } else { "s" },
             fmt_dur(Duration::from_secs_f64(used)),

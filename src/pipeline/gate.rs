@@ -7,6 +7,9 @@
 //! split that leaves most SMs idle). It also refuses a template the device cannot run
 //! (compute capability below `min_cc`, or an arch-specific template such as wgmma-tma's
 //! sm_90a on another cc) and tensor maps the TMA cannot encode for a shape.
+//!
+//! The engine gates per shape ([`check_each`]): a candidate is refused only for the
+//! shapes it does not fit, and goes on with the others.
 
 use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan};
 use crate::spec::template::{eval_int_expr, shape_vars, Params, Template};
@@ -15,7 +18,16 @@ use crate::spec::template::{eval_int_expr, shape_vars, Params, Template};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateFailure(pub String);
 
-/// Evaluate the launch plan of every shape and check it against the device.
+/// What the gate decided for each shape: the launch plans of the shapes the candidate
+/// fits, and why it does not fit the others (shape key, reason).
+#[derive(Debug, Clone)]
+pub struct PerShape {
+    pub plans: Vec<ShapePlan>,
+    pub refused: Vec<(String, String)>,
+}
+
+/// Evaluate the launch plan of every shape and check it against the device; a
+/// candidate that does not fit one shape fails as a whole.
 pub fn check(
     template: &Template,
     params: &Params,
@@ -23,40 +35,68 @@ pub fn check(
     device: &DeviceInfo,
     min_ctas: &str,
 ) -> Result<Vec<ShapePlan>, GateFailure> {
+    let each = check_each(template, params, shapes, device, min_ctas)?;
+    match each.refused.into_iter().next() {
+        Some((_, why)) => Err(GateFailure(why)),
+        None => Ok(each.plans),
+    }
+}
+
+/// Per-shape gating: a candidate that does not fit some shapes (shared memory, the CTA
+/// floor, a tensor map) is still planned for the shapes it fits. Err only when the
+/// device cannot run the template at all or no shape is left.
+pub fn check_each(
+    template: &Template,
+    params: &Params,
+    shapes: &[Shape],
+    device: &DeviceInfo,
+    min_ctas: &str,
+) -> Result<PerShape, GateFailure> {
     template.meta.target_arch(device).map_err(GateFailure)?;
-    let mut plans = Vec::with_capacity(shapes.len());
+    let mut out = PerShape { plans: Vec::with_capacity(shapes.len()), refused: Vec::new() };
     for shape in shapes {
-        let key = shape.key();
-        let plan = template.plan(params, shape, device).map_err(|e| GateFailure(format!("{key}: {e}")))?;
-        check_tensor_maps(template, &plan)?;
-        let first = plan.launches.first().ok_or_else(|| GateFailure(format!("{key}: no launch planned")))?;
-        for l in &plan.launches {
-            let threads: u32 = l.block.iter().product();
-            if threads == 0 || threads > 1024 || !threads.is_multiple_of(32) {
-                return Err(GateFailure(format!("{key}: {} block {:?} = {threads} threads (allowed: 32..=1024, a multiple of 32)", l.kernel, l.block)));
-            }
-            if l.grid.contains(&0) || l.grid[1] > 65535 || l.grid[2] > 65535 || l.grid[0] > i32::MAX as u32 {
-                return Err(GateFailure(format!("{key}: {} grid {:?} is outside the device's grid limits", l.kernel, l.grid)));
-            }
-            if l.dyn_smem > device.smem_optin {
-                return Err(GateFailure(format!(
-                    "{key}: {} needs {} B of dynamic shared memory, device allows {} B per block",
-                    l.kernel, l.dyn_smem, device.smem_optin
-                )));
-            }
+        match check_shape(template, params, shape, device, min_ctas) {
+            Ok(plan) => out.plans.push(plan),
+            Err(GateFailure(why)) => out.refused.push((shape.key(), why)),
         }
-        let vars = shape_vars(shape, device);
-        let need = eval_int_expr(min_ctas, &vars).map_err(|e| GateFailure(format!("stage min_ctas \"{min_ctas}\": {e}")))?;
-        let ctas = first.ctas();
-        if (ctas as i64) < need {
+    }
+    if out.plans.is_empty() {
+        let why: Vec<&str> = out.refused.iter().map(|(_, w)| w.as_str()).collect();
+        return Err(GateFailure(why.join("; ")));
+    }
+    Ok(out)
+}
+
+fn check_shape(template: &Template, params: &Params, shape: &Shape, device: &DeviceInfo, min_ctas: &str) -> Result<ShapePlan, GateFailure> {
+    let key = shape.key();
+    let plan = template.plan(params, shape, device).map_err(|e| GateFailure(format!("{key}: {e}")))?;
+    check_tensor_maps(template, &plan)?;
+    let first = plan.launches.first().ok_or_else(|| GateFailure(format!("{key}: no launch planned")))?;
+    for l in &plan.launches {
+        let threads: u32 = l.block.iter().product();
+        if threads == 0 || threads > 1024 || !threads.is_multiple_of(32) {
+            return Err(GateFailure(format!("{key}: {} block {:?} = {threads} threads (allowed: 32..=1024, a multiple of 32)", l.kernel, l.block)));
+        }
+        if l.grid.contains(&0) || l.grid[1] > 65535 || l.grid[2] > 65535 || l.grid[0] > i32::MAX as u32 {
+            return Err(GateFailure(format!("{key}: {} grid {:?} is outside the device's grid limits", l.kernel, l.grid)));
+        }
+        if l.dyn_smem > device.smem_optin {
             return Err(GateFailure(format!(
-                "{key}: {} launches {ctas} CTAs (grid {:?}); the stage needs at least {need} to fill the GPU",
-                first.kernel, first.grid
+                "{key}: {} needs {} B of dynamic shared memory, device allows {} B per block",
+                l.kernel, l.dyn_smem, device.smem_optin
             )));
         }
-        plans.push(plan);
     }
-    Ok(plans)
+    let vars = shape_vars(shape, device);
+    let need = eval_int_expr(min_ctas, &vars).map_err(|e| GateFailure(format!("stage min_ctas \"{min_ctas}\": {e}")))?;
+    let ctas = first.ctas();
+    if (ctas as i64) < need {
+        return Err(GateFailure(format!(
+            "{key}: {} launches {ctas} CTAs (grid {:?}); the stage needs at least {need} to fill the GPU",
+            first.kernel, first.grid
+        )));
+    }
+    Ok(plan)
 }
 
 /// Every tensor map of the plan must be encodable by the TMA for its shape (the same

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::pipeline::decide::{ShapeDecision, Stats};
 use crate::storage::ledger::{IterationRecord, ShapeRecord};
 use crate::pipeline::outcome::Verdict;
-use crate::spec::protocol::{Checked, Loaded, ShapePlan};
+use crate::spec::protocol::{Checked, Loaded, Shape, ShapePlan};
 
 /// One row per shape with what the gate planned.
 pub fn planned_shapes(plans: &[ShapePlan]) -> Vec<ShapeRecord> {
@@ -20,6 +20,19 @@ pub fn planned_shapes(plans: &[ShapePlan]) -> Vec<ShapeRecord> {
             ..Default::default()
         })
         .collect()
+}
+
+/// Rows for the shapes the gate refused, with its reason, in workload order.
+pub fn refused(rows: &mut Vec<ShapeRecord>, shapes: &[Shape], refused: &[(String, String)]) {
+    for (key, why) in refused {
+        let shape = shapes.iter().find(|s| s.key() == *key);
+        rows.push(ShapeRecord {
+            shape: key.clone(),
+            shape_json: shape.and_then(|s| serde_json::to_string(s).ok()).unwrap_or_default(),
+            gated: Some(why.clone()),
+            ..Default::default()
+        });
+    }
 }
 
 pub fn resources(rec: &mut IterationRecord, loaded: &Loaded) {

@@ -118,6 +118,9 @@ pub struct IterationRecord {
     pub used_s: Option<f64>,
     /// NVRTC target it was compiled for (`sm_90`, `sm_90a`); None when not compiled.
     pub arch: Option<String>,
+    /// Wall milliseconds of the correctness check and of the timing.
+    pub check_ms: Option<f64>,
+    pub time_ms: Option<f64>,
     pub shapes: Vec<ShapeRecord>,
 }
 
@@ -144,6 +147,8 @@ pub struct ShapeRecord {
     pub won: bool,
     /// Input sets rotated through while timing this shape.
     pub input_sets: Option<i64>,
+    /// Why the gate refused the candidate for this shape (it went on with the others).
+    pub gated: Option<String>,
 }
 
 /// The best kernel for one shape, updated in the same transaction as its iteration.
@@ -268,8 +273,9 @@ impl Ledger {
             .map_err(q("replace iteration"))?;
         sqlx::query(
             "INSERT INTO iterations (run_id, seq, stage, template, params_json, source_hash, git_commit, verdict, reason,
-                compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at, used_s, arch)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at, used_s, arch,
+                check_ms, time_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&it.run_id)
         .bind(it.seq)
@@ -291,6 +297,8 @@ impl Ledger {
         .bind(&it.finished_at)
         .bind(used_s)
         .bind(&it.arch)
+        .bind(it.check_ms)
+        .bind(it.time_ms)
         .execute(&mut *tx)
         .await
         .map_err(q("insert iteration"))?;
@@ -298,8 +306,8 @@ impl Ledger {
             sqlx::query(
                 "INSERT INTO iteration_shapes (run_id, seq, shape, shape_json, n_splits, ctas, waves, check_passed, max_abs,
                     rel_l2, ctas_ran, median_us, p10_us, p90_us, samples, incumbent_us, speedup_vs_incumbent,
-                    speedup_vs_baseline, threshold, tflops, won, input_sets)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    speedup_vs_baseline, threshold, tflops, won, input_sets, gated)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             )
             .bind(&it.run_id)
             .bind(it.seq)
@@ -323,6 +331,7 @@ impl Ledger {
             .bind(s.tflops)
             .bind(s.won)
             .bind(s.input_sets)
+            .bind(&s.gated)
             .execute(&mut *tx)
             .await
             .map_err(q("insert iteration shape"))?;
@@ -479,6 +488,8 @@ impl Ledger {
                 finished_at: r.get("finished_at"),
                 used_s: r.get("used_s"),
                 arch: r.get("arch"),
+                check_ms: r.get("check_ms"),
+                time_ms: r.get("time_ms"),
                 shapes: Vec::new(),
             })
             .collect();
@@ -506,6 +517,7 @@ impl Ledger {
                     tflops: r.get("tflops"),
                     won: r.get("won"),
                     input_sets: r.get("input_sets"),
+                    gated: r.get("gated"),
                 });
             }
         }

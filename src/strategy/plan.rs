@@ -1,5 +1,6 @@
 //! The strategy plan (`strategies/*.toml`): ordered stages, each naming a template,
-//! the part of its knob space to search, and how to search it.
+//! the part of its knob space to search, and how to search it; and `[open_phase]`, what
+//! happens after the last stage while budget is left (see [`crate::strategy::open`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::spec::assets;
+use crate::strategy::open::OpenPhaseSpec;
 use crate::strategy::search::SearchKind;
 use crate::spec::template::{Params, Template, TemplateError};
 
@@ -26,6 +28,9 @@ pub enum PlanError {
 #[serde(deny_unknown_fields)]
 struct PlanFile {
     stage: Vec<StageSpec>,
+    /// What happens after the last stage while budget is left.
+    #[serde(default)]
+    open_phase: OpenPhaseSpec,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -82,6 +87,7 @@ pub struct Stage {
 pub struct Plan {
     pub path: PathBuf,
     pub stages: Vec<Stage>,
+    pub open_phase: OpenPhaseSpec,
 }
 
 impl Plan {
@@ -139,7 +145,15 @@ impl Plan {
         if stages.is_empty() {
             return Err(PlanError::Parse { path: path.into(), line: 0, message: "no [[stage]]".into() });
         }
-        Ok(Plan { path: path.into(), stages })
+        if let Some(t) = parsed.open_phase.templates.iter().find(|t| !stages.iter().any(|s: &Stage| &s.spec.template == *t)) {
+            return Err(PlanError::Parse {
+                path: path.into(),
+                line: 0,
+                message: format!("[open_phase] templates names {t}, which no stage of the plan uses (add a stage for it, or remove it)"),
+            });
+        }
+        parsed.open_phase.validate().map_err(|message| PlanError::Parse { path: path.into(), line: 0, message: format!("{message} (in [open_phase])") })?;
+        Ok(Plan { path: path.into(), stages, open_phase: parsed.open_phase })
     }
 }
 

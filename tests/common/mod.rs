@@ -131,9 +131,18 @@ impl Project {
 impl Project {
     /// Make the scripted worker report `device` (e.g. an sm_89 GPU) instead of the H100.
     pub fn set_device(&self, device: &DeviceInfo) {
+        self.set_script("device", serde_json::to_value(device).unwrap());
+    }
+
+    /// Every worker request takes this long (so a budget ends a run mid-way).
+    pub fn set_step_delay_ms(&self, ms: u64) {
+        self.set_script("step_delay_ms", serde_json::json!(ms));
+    }
+
+    fn set_script(&self, key: &str, value: serde_json::Value) {
         let path = self.path().join("script.json");
         let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        script["device"] = serde_json::to_value(device).unwrap();
+        script[key] = value;
         std::fs::write(path, serde_json::to_string_pretty(&script).unwrap()).unwrap();
     }
 }

@@ -1,0 +1,452 @@
+//! The open-ended phase: after the plan, keep improving each class of shapes until the
+//! budget is spent or every class has converged.
+//!
+//! Shapes are grouped by what limits them ([`classify`]): latency-bound shapes (too few
+//! 128-row tiles to give each SM two) apart from compute-bound ones, and within each by
+//! head dimension and causality, so a candidate is timed only on shapes that pull the
+//! search the same way. Each class has its own [`ClassSearch`] over the full knob space
+//! of every template the plan uses: mostly one or two knob mutations of the best point
+//! of a focus template, some uniform random points so the plan's choices do not trap
+//! it, and a restart on the next template after `restart_after` candidates without a
+//! better score. A class has converged after `patience` candidates in a row that won no
+//! shape beyond noise, or when no unmeasured point is left. Everything is deterministic
+//! given the reported outcomes, so a resumed run replays to exactly the same point.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+
+use crate::spec::protocol::Shape;
+use crate::spec::template::Params;
+
+/// `[open_phase]` in a plan file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpenPhaseSpec {
+    /// Keep searching after the plan's last stage while budget is left (false: the run
+    /// ends "plan exhausted" as soon as the stages are done).
+    pub enabled: bool,
+    /// A class has converged after this many candidates in a row won none of its shapes.
+    pub patience: u32,
+    /// Candidates without a better class score before the search moves to another template.
+    pub restart_after: u32,
+    /// Share of candidates drawn uniformly from a template's whole knob space.
+    pub random_fraction: f64,
+    /// Template files to search; empty: every template of the plan except the first
+    /// stage's (the reference kernel speedups are measured from).
+    pub templates: Vec<String>,
+}
+
+impl Default for OpenPhaseSpec {
+    fn default() -> Self {
+        OpenPhaseSpec { enabled: true, patience: 40, restart_after: 12, random_fraction: 0.25, templates: Vec::new() }
+    }
+}
+
+impl OpenPhaseSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.patience == 0 {
+            return Err("open_phase.patience must be at least 1".into());
+        }
+        if self.restart_after == 0 {
+            return Err("open_phase.restart_after must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.random_fraction) {
+            return Err(format!("open_phase.random_fraction = {} must be within 0.0..=1.0", self.random_fraction));
+        }
+        Ok(())
+    }
+}
+
+/// Shapes that are searched together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShapeClass {
+    /// e.g. `compute-d64-causal`, `latency-d64`.
+    pub name: String,
+    pub shapes: Vec<Shape>,
+}
+
+/// Compute-bound when the shape has at least two 128-row query tiles per SM (the tile
+/// of the tensor-core templates): the GPU is full and the tensor pipe is what limits it.
+/// Below that, launch latency and filling the GPU dominate.
+pub fn is_compute_bound(shape: &Shape, sm_count: u32) -> bool {
+    let tiles = shape.b as u64 * shape.h as u64 * (shape.s as u64).div_ceil(128);
+    tiles >= 2 * sm_count as u64
+}
+
+/// Group the workload's shapes into classes, in order of first appearance.
+pub fn classify(shapes: &[Shape], sm_count: u32) -> Vec<ShapeClass> {
+    let mut classes: Vec<ShapeClass> = Vec::new();
+    for s in shapes {
+        let bound = if is_compute_bound(s, sm_count) { "compute" } else { "latency" };
+        let mut name = format!("{bound}-d{}", s.d);
+        if s.causal {
+            name.push_str("-causal");
+        }
+        match classes.iter_mut().find(|c| c.name == name) {
+            Some(c) => c.shapes.push(*s),
+            None => classes.push(ShapeClass { name, shapes: vec![*s] }),
+        }
+    }
+    classes
+}
+
+/// A template the open phase may propose: its name and full knob space.
+#[derive(Debug, Clone)]
+pub struct Candidates {
+    pub template: String,
+    pub space: Vec<(String, Vec<i64>)>,
+    /// Where to begin when the template has no measured point in the class.
+    pub start: Params,
+}
+
+/// One proposal: a template and its knobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proposal {
+    pub template: String,
+    pub params: Params,
+}
+
+/// Why a class stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Converged {
+    /// `patience` candidates in a row won no shape.
+    NoGain(u32),
+    /// Every point of every template was measured.
+    Exhausted,
+}
+
+impl std::fmt::Display for Converged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Converged::NoGain(n) => write!(f, "{n} candidates in a row without a gain beyond noise"),
+            Converged::Exhausted => write!(f, "every point of every template measured"),
+        }
+    }
+}
+
+/// The search of one class.
+pub struct ClassSearch {
+    pub class: ShapeClass,
+    templates: Vec<Candidates>,
+    spec: OpenPhaseSpec,
+    seen: BTreeSet<String>,
+    /// Best (score, params) per template within this class.
+    elites: BTreeMap<String, (f64, Params)>,
+    /// Index into `templates` of the template mutations start from.
+    focus: usize,
+    /// Candidates since the focus template's elite last improved.
+    stale: u32,
+    /// Candidates since the last one that won a shape.
+    without_gain: u32,
+    converged: Option<Converged>,
+    rng: rand::rngs::StdRng,
+}
+
+fn key(template: &str, params: &Params) -> String {
+    format!("{template} {}", serde_json::to_string(params).unwrap_or_default())
+}
+
+impl ClassSearch {
+    /// `templates` in plan order; the search is seeded from the class name so that two
+    /// classes do not walk in lockstep, and identically on every replay.
+    pub fn new(class: ShapeClass, templates: Vec<Candidates>, spec: OpenPhaseSpec) -> Self {
+        let seed = class.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        ClassSearch {
+            class,
+            templates,
+            spec,
+            seen: BTreeSet::new(),
+            elites: BTreeMap::new(),
+            focus: 0,
+            stale: 0,
+            without_gain: 0,
+            converged: None,
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// A point measured before the phase (a plan stage): never proposed again, and its
+    /// class score (if it was timed on every shape of the class) seeds the elites.
+    pub fn prime(&mut self, template: &str, params: &Params, score: Option<f64>) {
+        self.seen.insert(key(template, params));
+        if let Some(s) = score {
+            self.improve(template, params, s);
+        }
+    }
+
+    /// Begin with the template of the best primed point.
+    pub fn focus_best(&mut self) {
+        let best = self.elites.iter().min_by(|a, b| a.1 .0.total_cmp(&b.1 .0)).map(|(t, _)| t.clone());
+        if let Some(i) = best.and_then(|t| self.templates.iter().position(|c| c.template == t)) {
+            self.focus = i;
+        }
+    }
+
+    fn improve(&mut self, template: &str, params: &Params, score: f64) -> bool {
+        let better = self.elites.get(template).is_none_or(|(s, _)| score < *s);
+        if better {
+            self.elites.insert(template.to_string(), (score, params.clone()));
+        }
+        better
+    }
+
+    pub fn converged(&self) -> Option<&Converged> {
+        self.converged.as_ref()
+    }
+
+    /// The next point to measure, or None once the class has converged.
+    pub fn next(&mut self) -> Option<Proposal> {
+        if self.converged.is_some() {
+            return None;
+        }
+        if self.templates.is_empty() {
+            self.converged = Some(Converged::Exhausted);
+            return None;
+        }
+        let p = if self.rng.random_bool(self.spec.random_fraction) { self.random_point() } else { None };
+        let p = p.or_else(|| self.mutation()).or_else(|| self.random_point()).or_else(|| self.first_unseen());
+        match p {
+            Some(p) => {
+                self.seen.insert(key(&p.template, &p.params));
+                Some(p)
+            }
+            None => {
+                self.converged = Some(Converged::Exhausted);
+                None
+            }
+        }
+    }
+
+    /// Feed back a proposal's outcome: its class score (None: failed or not timed on
+    /// every shape of the class) and whether it won any shape.
+    pub fn report(&mut self, p: &Proposal, score: Option<f64>, won: bool) {
+        let improved = score.is_some_and(|s| self.improve(&p.template, &p.params, s));
+        let focus = self.templates.get(self.focus).map(|c| c.template.as_str());
+        if improved && focus == Some(p.template.as_str()) {
+            self.stale = 0;
+        } else {
+            self.stale += 1;
+        }
+        if self.stale >= self.spec.restart_after {
+            // Restart: another template, from its own best point in this class.
+            self.focus = (self.focus + 1) % self.templates.len().max(1);
+            self.stale = 0;
+        }
+        self.without_gain = if won { 0 } else { self.without_gain + 1 };
+        if self.without_gain >= self.spec.patience {
+            self.converged = Some(Converged::NoGain(self.spec.patience));
+        }
+    }
+
+    /// One or two knobs of the focus template's best point (or its start), changed.
+    fn mutation(&mut self) -> Option<Proposal> {
+        let c = self.templates.get(self.focus)?.clone();
+        let base = self.elites.get(&c.template).map(|(_, p)| p.clone()).unwrap_or_else(|| c.start.clone());
+        if !self.seen.contains(&key(&c.template, &base)) {
+            return Some(Proposal { template: c.template, params: base });
+        }
+        let mutable: Vec<usize> = (0..c.space.len()).filter(|&i| c.space[i].1.len() > 1).collect();
+        if mutable.is_empty() {
+            return None;
+        }
+        for _ in 0..128 {
+            let mut p = base.clone();
+            let changes = if mutable.len() > 1 && self.rng.random_bool(0.3) { 2 } else { 1 };
+            for _ in 0..changes {
+                let (name, values) = &c.space[mutable[self.rng.random_range(0..mutable.len())]];
+                let current = p.get(name).copied();
+                let others: Vec<i64> = values.iter().copied().filter(|v| Some(*v) != current).collect();
+                p.insert(name.clone(), others[self.rng.random_range(0..others.len())]);
+            }
+            if !self.seen.contains(&key(&c.template, &p)) {
+                return Some(Proposal { template: c.template, params: p });
+            }
+        }
+        None
+    }
+
+    /// A uniform point of a uniformly drawn template.
+    fn random_point(&mut self) -> Option<Proposal> {
+        for _ in 0..64 {
+            let c = &self.templates[self.rng.random_range(0..self.templates.len())];
+            let p: Params = c.space.iter().map(|(k, v)| (k.clone(), v[self.rng.random_range(0..v.len())])).collect();
+            if !self.seen.contains(&key(&c.template, &p)) {
+                return Some(Proposal { template: c.template.clone(), params: p });
+            }
+        }
+        None
+    }
+
+    /// The first unmeasured point in declaration order (the spaces are nearly exhausted).
+    fn first_unseen(&self) -> Option<Proposal> {
+        for c in &self.templates {
+            let total: usize = c.space.iter().map(|(_, v)| v.len()).product();
+            for i in 0..total {
+                let mut rem = i;
+                let mut p = Params::new();
+                for (name, values) in c.space.iter().rev() {
+                    p.insert(name.clone(), values[rem % values.len()]);
+                    rem /= values.len();
+                }
+                if !self.seen.contains(&key(&c.template, &p)) {
+                    return Some(Proposal { template: c.template.clone(), params: p });
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Round-robin over the classes that have not converged.
+pub struct OpenSearch {
+    pub classes: Vec<ClassSearch>,
+    turn: usize,
+}
+
+impl OpenSearch {
+    pub fn new(classes: Vec<ClassSearch>) -> Self {
+        OpenSearch { classes, turn: 0 }
+    }
+
+    /// (class index, proposal), or None when every class has converged.
+    pub fn next(&mut self) -> Option<(usize, Proposal)> {
+        for _ in 0..self.classes.len() {
+            let i = self.turn % self.classes.len();
+            self.turn += 1;
+            if let Some(p) = self.classes[i].next() {
+                return Some((i, p));
+            }
+        }
+        None
+    }
+
+    pub fn report(&mut self, class: usize, p: &Proposal, score: Option<f64>, won: bool) {
+        if let Some(c) = self.classes.get_mut(class) {
+            c.report(p, score, won);
+        }
+    }
+
+    /// "converged: compute-d64: 40 candidates in a row ...; latency-d64: ..."
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> =
+            self.classes.iter().map(|c| format!("{}: {}", c.class.name, c.converged().map_or("searching".to_string(), |r| r.to_string()))).collect();
+        parts.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::protocol::DType;
+
+    fn shape(b: u32, h: u32, s: u32, d: u32, causal: bool) -> Shape {
+        Shape { b, h, s, d, causal, dtype: DType::Fp16 }
+    }
+
+    fn space() -> Candidates {
+        Candidates {
+            template: "t".into(),
+            space: vec![("A".into(), vec![1, 2, 3, 4]), ("B".into(), vec![10, 20, 30])],
+            start: [("A".to_string(), 1), ("B".to_string(), 10)].into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn classes_split_by_bound_head_dim_and_causality() {
+        let shapes = [shape(1, 1, 128, 64, false), shape(4, 16, 4096, 64, false), shape(4, 16, 4096, 64, true), shape(2, 8, 128, 64, false), shape(2, 16, 8192, 128, false)];
+        let c = classify(&shapes, 132);
+        let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["latency-d64", "compute-d64", "compute-d64-causal", "compute-d128"]);
+        assert_eq!(c[0].shapes.len(), 2, "both small d64 shapes together");
+    }
+
+    #[test]
+    fn converges_after_patience_candidates_without_a_win() {
+        let spec = OpenPhaseSpec { patience: 5, restart_after: 3, random_fraction: 0.0, enabled: true, templates: vec![] };
+        let mut s = ClassSearch::new(ShapeClass { name: "c".into(), shapes: vec![] }, vec![space()], spec);
+        let mut n = 0;
+        while let Some(p) = s.next() {
+            n += 1;
+            s.report(&p, Some(1.0), n == 2);
+        }
+        assert_eq!(n, 7, "the win at 2 resets the count, then 5 more");
+        assert_eq!(s.converged(), Some(&Converged::NoGain(5)));
+    }
+
+    #[test]
+    fn exhausts_a_small_space_without_repeating_a_point() {
+        let spec = OpenPhaseSpec { patience: 1000, ..Default::default() };
+        let mut s = ClassSearch::new(ShapeClass { name: "c".into(), shapes: vec![] }, vec![space()], spec);
+        s.prime("t", &space().start, Some(5.0));
+        let mut got = BTreeSet::new();
+        while let Some(p) = s.next() {
+            assert!(got.insert(key(&p.template, &p.params)), "repeated {p:?}");
+            s.report(&p, Some(2.0), false);
+        }
+        assert_eq!(got.len(), 11, "12 points, the primed one skipped");
+        assert_eq!(s.converged(), Some(&Converged::Exhausted));
+    }
+
+    #[test]
+    fn deterministic_given_outcomes() {
+        let walk = || {
+            let spec = OpenPhaseSpec { patience: 8, ..Default::default() };
+            let mut s = ClassSearch::new(ShapeClass { name: "c".into(), shapes: vec![] }, vec![space()], spec);
+            let mut out = Vec::new();
+            while let Some(p) = s.next() {
+                let score = (p.params["A"] * 7 + p.params["B"]) as f64;
+                s.report(&p, Some(score), score < 30.0);
+                out.push(p);
+            }
+            out
+        };
+        assert_eq!(walk(), walk());
+    }
+
+    #[test]
+    fn mutations_start_from_the_best_point() {
+        let spec = OpenPhaseSpec { random_fraction: 0.0, ..Default::default() };
+        let mut s = ClassSearch::new(ShapeClass { name: "c".into(), shapes: vec![] }, vec![space()], spec);
+        let best: Params = [("A".to_string(), 3), ("B".to_string(), 20)].into_iter().collect();
+        s.prime("t", &space().start, Some(9.0));
+        s.prime("t", &best, Some(1.0));
+        for _ in 0..5 {
+            let p = s.next().unwrap();
+            let changed = p.params.iter().filter(|(k, v)| best[*k] != **v).count();
+            assert!((1..=2).contains(&changed), "{p:?} is not a neighbour of the best point");
+            s.report(&p, Some(5.0), false);
+        }
+    }
+
+    #[test]
+    fn restarts_on_another_template() {
+        let spec = OpenPhaseSpec { random_fraction: 0.0, restart_after: 2, patience: 100, ..Default::default() };
+        let other = Candidates { template: "u".into(), ..space() };
+        let mut s = ClassSearch::new(ShapeClass { name: "c".into(), shapes: vec![] }, vec![space(), other], spec);
+        let first: Vec<String> = (0..4)
+            .map(|_| {
+                let p = s.next().unwrap();
+                s.report(&p, None, false);
+                p.template
+            })
+            .collect();
+        assert_eq!(first, ["t", "t", "u", "u"]);
+    }
+
+    #[test]
+    fn round_robin_skips_converged_classes() {
+        let spec = OpenPhaseSpec { patience: 1, ..Default::default() };
+        let a = ClassSearch::new(ShapeClass { name: "a".into(), shapes: vec![] }, vec![space()], spec.clone());
+        let b = ClassSearch::new(ShapeClass { name: "b".into(), shapes: vec![] }, vec![space()], OpenPhaseSpec { patience: 3, ..spec });
+        let mut o = OpenSearch::new(vec![a, b]);
+        let mut order = Vec::new();
+        while let Some((i, p)) = o.next() {
+            order.push(i);
+            o.report(i, &p, Some(1.0), false);
+        }
+        assert_eq!(order, [0, 1, 1, 1]);
+        assert!(o.summary().contains("a: 1 candidates in a row"), "{}", o.summary());
+    }
+}

@@ -1,0 +1,139 @@
+//! The open-ended phase through the run loop (scripted worker, real SQLite and git):
+//! after the plan, each class of shapes is searched on its own shapes until it
+//! converges or the budget is spent; a candidate that does not fit one shape is gated
+//! for that shape only and goes on with the others.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::Project;
+use optimizerd::engine::RunEnd;
+use optimizerd::storage::ledger::Ledger;
+use serde_json::json;
+
+/// The plan tries two kv-split points; the open phase has all 36 of kv_split's.
+const PLAN: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 8] }
+
+[open_phase]
+patience = 6
+restart_after = 3
+"#;
+
+fn rules() -> serde_json::Value {
+    json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        // Outside the plan's space: BLOCK_M 16 is far faster on the small shape only.
+        { "source_contains": ["#define BLOCK_M 16\n"], "behaviour": { "ok": { "us": 80.0, "per_shape": { "b1h1s128d64": 20.0 } } } }
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_plan_each_class_is_searched_on_its_own_shapes_until_it_converges() {
+    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 80.0 } }));
+    let end = p.run("open", Duration::from_secs(600)).await;
+    let RunEnd::Finished(msg) = &end else { panic!("{end:?}") };
+    assert!(msg.starts_with("converged"), "{msg}");
+    assert!(msg.contains("latency-d64: 6 candidates in a row without a gain beyond noise"), "{msg}");
+    assert!(msg.contains("latency-d128-causal: 6 candidates in a row"), "{msg}");
+
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("open").await.unwrap();
+    let plan_points: BTreeSet<String> = its.iter().filter(|i| !i.stage.starts_with("open/")).map(|i| i.params_json.clone()).collect();
+    for (class, shape) in [("open/latency-d64", "b1h1s128d64"), ("open/latency-d128-causal", "b2h8s512d128-causal")] {
+        let mine: Vec<_> = its.iter().filter(|i| i.stage == class).collect();
+        assert!(mine.len() >= 6, "{class}: {} candidates", mine.len());
+        // Timed on the class's shape only, never a point measured before in this class or by the plan.
+        let mut seen = BTreeSet::new();
+        for it in &mine {
+            let shapes: Vec<&str> = it.shapes.iter().map(|s| s.shape.as_str()).collect();
+            assert_eq!(shapes, [shape], "iteration {} of {class}", it.seq);
+            assert!(seen.insert(format!("{} {}", it.template, it.params_json)), "{class} measured {} twice", it.params_json);
+            assert!(it.template != "kv-split" || !plan_points.contains(&it.params_json), "{class} repeated a plan point {}", it.params_json);
+            assert!(it.check_ms.is_some() && it.time_ms.is_some(), "check and time seconds are recorded");
+        }
+    }
+    // The open phase found the point outside the plan's space for the shape it helps.
+    let best = ledger.best("open").await.unwrap();
+    let small = best.iter().find(|b| b.shape == "b1h1s128d64").unwrap();
+    let winner = its.iter().find(|i| i.seq == small.seq).unwrap();
+    assert_eq!(winner.stage, "open/latency-d64");
+    assert!(winner.params_json.contains("\"BLOCK_M\":16"), "{}", winner.params_json);
+    assert_eq!(small.median_us, 20.0);
+
+    let events = ledger.events("open").await.unwrap();
+    let converged: Vec<&String> = events.iter().filter(|(_, k, _)| k == "class_converged").map(|(_, _, m)| m).collect();
+    assert_eq!(converged.len(), 2, "{converged:?}");
+    assert!(events.iter().any(|(_, k, m)| k == "open_phase" && m.contains("latency-d64 (1 shapes)")), "{events:?}");
+    let run = ledger.run(Some("open")).await.unwrap();
+    assert_eq!(run.state, "finished");
+    assert!(run.message.unwrap().starts_with("converged"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_budget_left_the_open_phase_runs_until_the_budget_is_spent() {
+    let plan = PLAN.replace("patience = 6", "patience = 1000");
+    let p = Project::new(&plan, rules(), json!({ "ok": { "us": 80.0 } }));
+    p.set_step_delay_ms(150);
+    let end = p.run("budget", Duration::from_secs(6)).await;
+    assert_eq!(end, RunEnd::Finished("budget spent".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("budget").await.unwrap();
+    assert!(its.iter().any(|i| i.stage.starts_with("open/")), "{:?}", its.iter().map(|i| &i.stage).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_does_not_fit_one_shape_is_still_checked_and_timed_on_the_others() {
+    // wgmma-tma with 3 stages of 192-key tiles needs more than 227 KiB of shared memory at
+    // D = 128 (3 * 2 * 192 * 128 * 2 B for K and V alone) but fits at D = 64.
+    let plan = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "hopper"
+template = "wgmma_tma.cu"
+search = "exhaustive"
+space = { BLOCK_N = [192], STAGES = [3], CONSUMERS = [2], PINGPONG = [1], OVERLAP = [1], PERSISTENT = [0], LAZY_RESCALE = [1] }
+
+[open_phase]
+enabled = false
+"#;
+    let rules = json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        { "source_contains": ["template `wgmma-tma`"], "behaviour": { "ok": { "us": 40.0 } } }
+    ]);
+    let p = Project::new(plan, rules, json!({ "ok": { "us": 500.0 } }));
+    p.append_config("\n[baseline]\nsdpa = false\n");
+    assert_eq!(p.run("fit", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("fit").await.unwrap();
+    let hopper = its.iter().find(|i| i.stage == "hopper").unwrap();
+    assert_eq!(hopper.verdict, "accepted", "{}", hopper.reason);
+    let row = |key: &str| hopper.shapes.iter().find(|s| s.shape == key).unwrap_or_else(|| panic!("no row for {key}"));
+    let small = row("b1h1s128d64");
+    assert_eq!((small.gated.as_deref(), small.check_passed, small.median_us, small.won), (None, Some(true), Some(40.0), true));
+    let big = row("b2h8s512d128-causal");
+    let why = big.gated.as_deref().expect("refused at D = 128");
+    assert!(why.contains("dynamic shared memory") && why.contains("device allows"), "{why}");
+    assert_eq!((big.median_us, big.won), (None, false));
+    // The D = 128 shape keeps the baseline kernel; the D = 64 one moved to wgmma-tma.
+    let best = ledger.best("fit").await.unwrap();
+    let seq_of = |key: &str| best.iter().find(|b| b.shape == key).unwrap().seq;
+    assert_eq!((seq_of("b1h1s128d64"), seq_of("b2h8s512d128-causal")), (hopper.seq, 1));
+}
