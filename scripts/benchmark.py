@@ -124,6 +124,7 @@ def main():
         for s in it["shapes"]:
             shapes.setdefault(s["shape"], shape_of(s["shape_json"]))
 
+    closing = {r["shape"]: r for r in status.get("closing", [])}
     rows = []
     for b in status["best"]:
         key = b["shape"]
@@ -146,16 +147,34 @@ def main():
             for x in it["shapes"]:
                 if x["shape"] == key and x["won"] and x["median_us"] is not None:
                     plan_best = x["median_us"]
+        # The closing comparison: ours timed before and after a fresh SDPA measurement at the
+        # end of the run, so both are compared at the same clocks. The quoted ratios come from it.
+        c = closing.get(key)
+        if c:
+            ours = 0.5 * (c["ours_before_us"] + c["ours_after_us"])
+            end_default = c.get("sdpa_default_us")
+            end_flash = ((c.get("sdpa_backends") or {}).get("flash") or {}).get("graph_us")
+            picked = c.get("sdpa_picked") or ""
+        else:
+            ours, end_default, end_flash, picked = b["median_us"], default_us, flash_us, sd.get("picked") or ""
         rows.append(
             f"| {key} | {fmt(plan_best)} | {fmt(default_us / plan_best if default_us and plan_best else None, '.2f', 'x')} | "
-            f"{b['seq']} | {b['median_us']:.2f} | {fmt(tflops(s, b['median_us']), '.1f')} | "
-            f"{fmt(default_us)} {sd.get('picked') or ''} | {fmt(tflops(s, default_us), '.1f')} | "
-            f"{fmt(flash_us)} | {fmt(tflops(s, flash_us), '.1f')} | "
-            f"{fmt(default_us / b['median_us'] if default_us else None, '.2f', 'x')} | "
-            f"{fmt(flash_us / b['median_us'] if flash_us else None, '.2f', 'x')} | "
+            f"{b['seq']} | {b['median_us']:.2f} | {fmt(default_us)} | "
+            f"{ours:.2f} | {fmt(tflops(s, ours), '.1f')} | "
+            f"{fmt(end_default)} {picked} | {fmt(tflops(s, end_default), '.1f')} | "
+            f"{fmt(end_flash)} | "
+            f"{fmt(end_default / ours if end_default else None, '.2f', 'x')} | "
+            f"{fmt(end_flash / ours if end_flash else None, '.2f', 'x')} | "
             f"{fmt(ttt, '.0f', ' s') if ttt is not None else 'not reached'} |"
         )
 
+    closing_note = (
+        'The columns from "closing us" on are the closing comparison: at the end of the run the best kernel '
+        'was timed, SDPA measured afresh, and the best kernel timed again (closing us = the mean of the two), '
+        'so both are compared at the same clocks; the ratios come from it.'
+        if closing else
+        'No closing comparison was recorded: the columns from "closing us" on repeat the best kernel\'s time '
+        'when it won and SDPA at the start.')
     run_row = status["run"]
     today = datetime.date.today().isoformat()
     how = "` in the background, waited for by --detach" if args.detach else " --foreground`"
@@ -169,13 +188,15 @@ def main():
   CUDA {versions.get('cuda', '-')}, cuDNN {versions.get('cudnn', '-')}.
 - Times are GPU time per call: candidates by CUDA-graph replay (timing.method = graph), SDPA by
   CUDA-graph replay in the same run. TFLOPS = 4*B*H*S*S*D / time, halved for causal.
-  Time-to-target: budget used when a kernel at or under SDPA default first won the shape.
   "end of plan": the best when the plan's stages were done, before the open-ended phase
-  (stages `open/<class>`); the other columns are the end of the run. {sum(1 for it in history if it["stage"].startswith("open/"))} open-phase iterations;
+  (stages `open/<class>`), and its ratio to SDPA default as measured at the start of the run.
+  "iter", "when won us", "SDPA at start us": the best kernel's iteration, its time when it won and
+  SDPA default at the start of the run. {closing_note}
+  Time-to-target: budget used when a kernel at or under SDPA default (at the start) first won the shape. {sum(1 for it in history if it["stage"].startswith("open/"))} open-phase iterations;
   {run_row['iterations'] * 60.0 / max(run_row['used_s'], 1.0):.1f} candidates per minute of budget; run message: {run_row.get('message') or '-'}.
 
-| shape | end of plan us | vs default | iter | best us | TFLOPS | SDPA default us | TFLOPS | SDPA flash us | TFLOPS | vs default | vs flash | time-to-target |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS | SDPA default us | TFLOPS | SDPA flash us | vs default | vs flash | time-to-target |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     with open(os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out, "a") as f:
         f.write(section)

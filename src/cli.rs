@@ -87,6 +87,11 @@ struct StartArgs {
     /// Strategy plan; default: `run.plan` from the configuration (strategies/default.toml).
     #[arg(long)]
     plan: Option<PathBuf>,
+    /// Ignore what earlier runs measured on this kind of GPU. By default a run warm-starts
+    /// each shape from the best kernel an earlier run found (re-checked and re-timed first)
+    /// and skips the exact sources already measured; --fresh measures everything again.
+    #[arg(long)]
+    fresh: bool,
     #[command(flatten)]
     daemon: DaemonArgs,
     /// Run id to use (default: made from the clock).
@@ -238,6 +243,9 @@ async fn start(args: StartArgs) -> anyhow::Result<ExitCode> {
             argv.push("--plan".into());
             argv.push(p.into());
         }
+        if args.fresh {
+            argv.push("--fresh".into());
+        }
         return detach(argv, &args.daemon, &runs, &run_id);
     }
     let opts = RunOptions {
@@ -249,6 +257,7 @@ async fn start(args: StartArgs) -> anyhow::Result<ExitCode> {
         seed: args.daemon.seed,
         mode: Mode::New,
         allow_concurrent: args.daemon.allow_concurrent,
+        fresh: args.fresh,
     };
     run_foreground(opts, &config, &run_id).await
 }
@@ -293,6 +302,7 @@ async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         seed: args.daemon.seed,
         mode: Mode::Resume { rebaseline: args.rebaseline },
         allow_concurrent: args.daemon.allow_concurrent,
+        fresh: false,
     };
     run_foreground(opts, &config, &run_id).await
 }

@@ -216,6 +216,7 @@ async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
         seed: Some(1),
         mode: optimizerd::engine::Mode::New,
         allow_concurrent: false,
+        fresh: false,
     };
     let err = optimizerd::engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.unwrap_err();
     let msg = format!("{err:#}");

@@ -134,6 +134,7 @@ async fn resume(p: &Project, run_id: &str, rebaseline: bool) -> anyhow::Result<R
         seed: Some(7),
         mode: Mode::Resume { rebaseline },
         allow_concurrent: false,
+        fresh: false,
     };
     engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.map(|(_, end)| end)
 }

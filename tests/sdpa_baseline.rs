@@ -49,7 +49,9 @@ async fn sdpa_is_recorded_per_shape_and_cached_for_the_next_run() {
     assert_eq!(p.run("one", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
     assert_eq!(p.run("two", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
     let count = std::fs::read_to_string(p.path().join("measured.count")).unwrap();
-    assert_eq!(count.lines().count(), 1, "the second run should have used the cache");
+    // Run one measures at its start and at its closing comparison; run two takes its start
+    // figures from the cache and measures only at its closing comparison.
+    assert_eq!(count.lines().count(), 3, "the second run should have used the cache at its start");
 
     let ledger = Ledger::open(&p.db()).await.unwrap();
     for (run, cached) in [("one", false), ("two", true)] {
@@ -69,6 +71,17 @@ async fn sdpa_is_recorded_per_shape_and_cached_for_the_next_run() {
     let text = optimizerd::ops::report::status_text(&s);
     assert!(text.contains("6.00 cudnn") && text.contains("0.24x"), "{text}");
     assert!(text.contains("cuDNN 91900"), "{text}");
+
+    // The closing comparison: the best kernel (25 us) timed before and after a fresh SDPA
+    // measurement, one row per shape, quoted in status.
+    let closing = ledger.closing("two").await.unwrap();
+    assert_eq!(closing.iter().map(|c| c.shape.as_str()).collect::<Vec<_>>(), ["b1h1s128d64", "b2h8s512d128-causal"]);
+    assert_eq!((closing[0].ours_before_us, closing[0].ours_after_us, closing[0].sdpa_default_us), (25.0, 25.0, Some(6.0)));
+    assert_eq!(closing[1].vs_default(), Some(2.0));
+    assert_eq!(closing[0].sdpa_backends["flash"]["graph_us"], json!(5.3));
+    assert!(text.contains("closing comparison") && text.contains("2.00x"), "{text}");
+    let events = ledger.events("two").await.unwrap();
+    assert!(events.iter().any(|(_, kind, m)| kind == "closing" && m.contains("b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x")), "{events:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,10 +21,12 @@ use crate::spec::template::Params;
 use crate::storage::workspace::Workspace;
 use crate::pipeline::{check, gate, record, render, timing};
 
+mod closing;
 mod gpu_wait;
 mod incumbents;
 mod open_phase;
 mod setup;
+mod warm_start;
 
 use gpu_wait::{wait_for_gpu, WaitEnd};
 use incumbents::{Incumbent, Module};
@@ -43,6 +45,8 @@ pub struct RunOptions {
     pub mode: Mode,
     /// Skip the one-run-per-GPU lock.
     pub allow_concurrent: bool,
+    /// Ignore the memory of earlier runs (`start --fresh`): measure everything again.
+    pub fresh: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +95,10 @@ pub struct Engine {
     budget: Duration,
     seed: u64,
     shutdown: Shutdown,
+    /// What earlier runs measured on this kind of GPU (None: `--fresh`, or nothing there).
+    memory: Option<crate::storage::memory::Memory>,
+    /// Shapes whose remembered best failed this run's re-check: their memory is not used.
+    stale: std::collections::BTreeSet<String>,
     /// Held while the run is alive; released on drop or death.
     _lock: Option<GpuLock>,
 }
@@ -102,6 +110,9 @@ pub async fn run(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<(String
         Ok(e) => e,
         Err(e) => RunEnd::Failed(format!("{e:#}")),
     };
+    if matches!(end, RunEnd::Finished(_)) {
+        engine.closing_comparison().await?;
+    }
     engine.finish(&end).await?;
     Ok((engine.run_id.clone(), end))
 }
@@ -141,6 +152,9 @@ impl Engine {
             .filter(|(_, kind, _)| kind == "stage_not_needed")
             .filter_map(|(_, _, m)| m.split_once(':').map(|(name, _)| name.to_string()))
             .collect();
+        if let Some(end) = self.warm_start(&recorded).await? {
+            return Ok(end);
+        }
         let stages = self.plan.stages.clone();
         for stage in &stages {
             if self.shutdown.requested() {
@@ -348,6 +362,12 @@ impl Engine {
             Err(e) => return self.conclude(rec, None, Err(Failure::new(Verdict::Error, e.to_string())), vec![]).await,
         };
         rec.source_hash = Some(rendered.hash.clone());
+        // Measured before on this kind of GPU (and the memory held this run's re-check).
+        if stage.spec.name != warm_start::MEMORY_STAGE {
+            if let Some(hits) = self.remembered(&rendered.hash, shapes_in) {
+                return self.conclude_remembered(rec, hits).await;
+            }
+        }
         let meta = serde_json::json!({
             "iteration": seq, "stage": stage.spec.name, "template": stage.template.name(),
             "file": stage.template.file, "params": params, "dtype": self.cfg.workload.dtype, "source_sha256": rendered.hash,

@@ -137,6 +137,7 @@ impl Engine {
             }
         };
         let plan = Plan::load(&plan_path, &templates_dir)?;
+        let memory = load_memory(&ledger, &run_id, &device, resuming, opts.fresh).await?;
         tracing::info!(
             kind = "device", run = %run_id, gpu = %device.name, cc = device.cc(), sms = device.sm_count, smem_optin = device.smem_optin,
             l2_bytes = device.l2_bytes, driver = device.driver_version, nvrtc = ?device.nvrtc_version,
@@ -167,6 +168,8 @@ impl Engine {
             budget,
             seed,
             shutdown,
+            memory,
+            stale: Default::default(),
             _lock: lock,
         };
         engine.measure_sdpa().await?;
@@ -301,4 +304,44 @@ impl Engine {
         tracing::info!(kind = "revalidated", "{msg}");
         Ok(())
     }
+}
+
+/// The memory of earlier runs for this run: loaded (and its use recorded as a `memory` event)
+/// when a run starts; on resume, loaded again as it was then (same cut-off), or not at all if
+/// the run started `--fresh`.
+async fn load_memory(
+    ledger: &Ledger,
+    run_id: &str,
+    device: &crate::spec::protocol::DeviceInfo,
+    resuming: bool,
+    fresh: bool,
+) -> anyhow::Result<Option<crate::storage::memory::Memory>> {
+    const FRESH: &str = "fresh: the memory of earlier runs is ignored (--fresh)";
+    let fresh = if resuming {
+        ledger.events(run_id).await?.iter().any(|(_, kind, m)| kind == "memory" && m == FRESH)
+    } else {
+        fresh
+    };
+    if fresh {
+        if !resuming {
+            ledger.event(run_id, "memory", FRESH).await?;
+        }
+        return Ok(None);
+    }
+    let started_at = ledger.run(Some(run_id)).await?.started_at;
+    let memory = crate::storage::memory::Memory::load(ledger, device, run_id, &started_at).await?;
+    if !resuming {
+        let msg = if memory.is_empty() {
+            "no earlier run on this kind of GPU: nothing remembered".to_string()
+        } else {
+            format!(
+                "warm start: best kernels remembered for {} shape(s) from run(s) {}; each is re-checked and re-timed first (stage `memory`); `--fresh` ignores them",
+                memory.best().len(),
+                memory.runs.join(", ")
+            )
+        };
+        ledger.event(run_id, "memory", &msg).await?;
+        tracing::info!(kind = "memory", "{msg}");
+    }
+    Ok((!memory.is_empty()).then_some(memory))
 }

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::storage::ledger::{BestRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
+use crate::storage::ledger::{BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
 use crate::pipeline::record::fmt_dur;
 
 #[derive(Debug, Serialize)]
@@ -16,6 +16,8 @@ pub struct Status {
     pub verdicts: Vec<(String, i64)>,
     /// PyTorch SDPA on each shape (empty when it was unavailable).
     pub sdpa: Vec<SdpaRow>,
+    /// The closing comparison (a finished run): best kernels and SDPA re-timed back to back.
+    pub closing: Vec<ClosingRow>,
 }
 
 pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, LedgerError> {
@@ -30,7 +32,8 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
         }
     }
     let sdpa = ledger.sdpa(&run.id).await?;
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa })
+    let closing = ledger.closing(&run.id).await?;
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa, closing })
 }
 
 /// Candidates per minute of budget used (None before a minute's worth of data).
@@ -58,6 +61,7 @@ pub fn status_text(s: &Status) -> String {
     let _ = writeln!(out, "folder     {}", r.run_dir);
     out.push('\n');
     out.push_str(&best_table(&s.best, &s.sdpa, &r.run_dir));
+    out.push_str(&closing_table(&s.closing));
     if let Some(v) = s.sdpa.first().map(|x| &x.versions) {
         let _ = writeln!(
             out,
@@ -65,6 +69,23 @@ pub fn status_text(s: &Status) -> String {
             v["torch"].as_str().unwrap_or("?"),
             v["cudnn"].as_i64().map(|c| c.to_string()).unwrap_or_else(|| "-".into())
         );
+    }
+    out
+}
+
+/// The closing comparison, when the run has one: the figures to quote, since ours and
+/// SDPA's were taken back to back at the end, at the same clocks.
+pub fn closing_table(rows: &[ClosingRow]) -> String {
+    let mut out = String::new();
+    if rows.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "\nclosing comparison ({}; best kernel timed before and after a fresh SDPA measurement):", rows[0].measured_at);
+    let _ = writeln!(out, "{:<24} {:>5} {:>11} {:>11} {:>16} {:>8}", "shape", "iter", "best us", "(before)", "sdpa us", "vs sdpa");
+    for r in rows {
+        let sdpa = r.sdpa_default_us.map(|t| format!("{t:.2} {}", r.sdpa_picked.as_deref().unwrap_or(""))).unwrap_or_else(|| "-".into());
+        let vs = r.vs_default().map(|x| format!("{x:.2}x")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(out, "{:<24} {:>5} {:>11.2} {:>11.2} {:>16} {:>8}", r.shape, r.seq, r.ours_us(), r.ours_before_us, sdpa, vs);
     }
     out
 }

@@ -32,6 +32,9 @@ pub enum Verdict {
     Error,
     /// The daemon stopped (killed, or `stop --now`) while this candidate was in flight.
     Interrupted,
+    /// Not run: an earlier run on the same kind of GPU measured this exact source on these
+    /// shapes (memory across runs), and this run's re-check of the memory held.
+    Remembered,
 }
 
 impl Verdict {
@@ -48,6 +51,7 @@ impl Verdict {
             Verdict::Timeout => "timeout",
             Verdict::Error => "error",
             Verdict::Interrupted => "interrupted",
+            Verdict::Remembered => "remembered",
         }
     }
 }

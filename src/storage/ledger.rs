@@ -594,6 +594,58 @@ impl Ledger {
         Ok(())
     }
 
+    /// Run a read query for another storage module (the memory across runs).
+    pub(crate) async fn fetch_all<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        what: &'static str,
+    ) -> Result<Vec<sqlx::sqlite::SqliteRow>> {
+        query.fetch_all(&self.pool).await.map_err(q(what))
+    }
+
+    /// Record one shape of the closing comparison (replaces an earlier one).
+    pub async fn closing_record(&self, run_id: &str, c: &ClosingRow) -> Result<()> {
+        sqlx::query(
+            "INSERT OR REPLACE INTO closing (run_id, shape, seq, ours_before_us, ours_after_us, sdpa_default_us, sdpa_picked, sdpa_json, measured_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(run_id)
+        .bind(&c.shape)
+        .bind(c.seq)
+        .bind(c.ours_before_us)
+        .bind(c.ours_after_us)
+        .bind(c.sdpa_default_us)
+        .bind(&c.sdpa_picked)
+        .bind(c.sdpa_backends.to_string())
+        .bind(&c.measured_at)
+        .execute(&self.pool)
+        .await
+        .map_err(q("record the closing comparison"))?;
+        Ok(())
+    }
+
+    /// The closing comparison of a run, in workload order (empty until it finished).
+    pub async fn closing(&self, run_id: &str) -> Result<Vec<ClosingRow>> {
+        let rows = sqlx::query("SELECT * FROM closing WHERE run_id = ? ORDER BY rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list the closing comparison"))?;
+        Ok(rows
+            .iter()
+            .map(|r| ClosingRow {
+                shape: r.get("shape"),
+                seq: r.get("seq"),
+                ours_before_us: r.get("ours_before_us"),
+                ours_after_us: r.get("ours_after_us"),
+                sdpa_default_us: r.get("sdpa_default_us"),
+                sdpa_picked: r.get("sdpa_picked"),
+                sdpa_backends: serde_json::from_str(&r.get::<String, _>("sdpa_json")).unwrap_or_default(),
+                measured_at: r.get("measured_at"),
+            })
+            .collect())
+    }
+
     /// Per shape: (default graph us, default eager us, picked backend, all backends JSON).
     pub async fn sdpa(&self, run_id: &str) -> Result<Vec<SdpaRow>> {
         let rows = sqlx::query("SELECT * FROM sdpa WHERE run_id = ? ORDER BY rowid")
@@ -626,6 +678,34 @@ pub struct SdpaRow {
     pub backends: serde_json::Value,
     pub versions: serde_json::Value,
     pub cached: bool,
+}
+
+/// One shape of the closing comparison: the best kernel timed just before and just after
+/// a fresh SDPA measurement, so both are compared at the same clocks.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClosingRow {
+    pub shape: String,
+    /// The best kernel's iteration.
+    pub seq: i64,
+    pub ours_before_us: f64,
+    pub ours_after_us: f64,
+    pub sdpa_default_us: Option<f64>,
+    pub sdpa_picked: Option<String>,
+    /// Every backend's timing, as the SDPA script reported it.
+    pub sdpa_backends: serde_json::Value,
+    pub measured_at: String,
+}
+
+impl ClosingRow {
+    /// Our time: the mean of the medians before and after SDPA (drift cancels to first order).
+    pub fn ours_us(&self) -> f64 {
+        0.5 * (self.ours_before_us + self.ours_after_us)
+    }
+
+    /// SDPA default's time over ours (> 1: ours is faster).
+    pub fn vs_default(&self) -> Option<f64> {
+        self.sdpa_default_us.map(|d| d / self.ours_us())
+    }
 }
 
 fn run_row(r: &sqlx::sqlite::SqliteRow) -> RunRow {

@@ -1,9 +1,10 @@
 //! What a run keeps on disk: the SQLite [`ledger`] (runs, iterations, best per shape,
 //! events), the run's git [`workspace`] (candidate commits, `best`, rejected refs), and
-//! the PyTorch [`sdpa`] baseline, cached per device and recorded with each run (the
+//! the [`memory`] of earlier runs on the same kind of GPU, the PyTorch [`sdpa`] baseline, cached per device and recorded with each run (the
 //! ledger stores it, and it reads its cache from the ledger). Depends on
 //! [`crate::spec`] and on [`crate::daemon::failpoint`].
 
 pub mod ledger;
+pub mod memory;
 pub mod sdpa;
 pub mod workspace;

@@ -119,6 +119,32 @@ fn parse_entry(shape: &Shape, entry: &serde_json::Value, cached: bool) -> ShapeB
     ShapeBaseline { shape: shape.key(), backends, cached }
 }
 
+/// Run the script on `shapes` (no cache).
+async fn run_shapes(cfg: &Config, cmd: &str, run_dir: &Path, shapes: &[Shape]) -> Result<ScriptOutput, String> {
+    let file = run_dir.join("sdpa_shapes.json");
+    let list: Vec<serde_json::Value> = shapes
+        .iter()
+        .map(|s| serde_json::json!({"b": s.b, "h": s.h, "s": s.s, "d": s.d, "causal": s.causal, "dtype": s.dtype}))
+        .collect();
+    std::fs::write(&file, serde_json::to_string(&list).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    // Graphs as long as a candidate's timed sample, so both run at the same clocks.
+    let args = format!("--shapes {} --target-us {}", shell_quote(&file.display().to_string()), cfg.timing.sample_target_us);
+    let text = run_script(cmd, &args, cfg.baseline.sdpa_timeout).await?;
+    let parsed: ScriptOutput = serde_json::from_str(&text).map_err(|e| format!("unexpected SDPA script output: {e}"))?;
+    if parsed.results.len() != shapes.len() {
+        return Err(format!("the SDPA script answered {} results for {} shapes", parsed.results.len(), shapes.len()));
+    }
+    Ok(parsed)
+}
+
+/// Measure SDPA on `shapes` now, bypassing the cache (the closing comparison: SDPA at the
+/// clocks of the end of a run). Results in the order of `shapes`.
+pub async fn measure_fresh(cfg: &Config, run_dir: &Path, shapes: &[Shape]) -> Result<Vec<ShapeBaseline>, String> {
+    let cmd = command(cfg, run_dir).map_err(|e| format!("cannot write the SDPA script into {}: {e}", run_dir.display()))?;
+    let parsed = run_shapes(cfg, &cmd, run_dir, shapes).await?;
+    Ok(shapes.iter().zip(&parsed.results).map(|(s, e)| parse_entry(s, e, false)).collect())
+}
+
 /// Measure (or take from the cache) SDPA for every shape and record it with the run.
 /// An error means the baseline is unavailable; the caller notes it and goes on.
 pub async fn measure(
@@ -142,16 +168,7 @@ pub async fn measure(
         }
     }
     if !missing.is_empty() {
-        let file = run_dir.join("sdpa_shapes.json");
-        let list: Vec<serde_json::Value> = missing
-            .iter()
-            .map(|s| serde_json::json!({"b": s.b, "h": s.h, "s": s.s, "d": s.d, "causal": s.causal, "dtype": s.dtype}))
-            .collect();
-        std::fs::write(&file, serde_json::to_string(&list).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
-        // Graphs as long as a candidate's timed sample, so both run at the same clocks.
-        let args = format!("--shapes {} --target-us {}", shell_quote(&file.display().to_string()), cfg.timing.sample_target_us);
-        let text = run_script(&cmd, &args, cfg.baseline.sdpa_timeout).await?;
-        let parsed: ScriptOutput = serde_json::from_str(&text).map_err(|e| format!("unexpected SDPA script output: {e}"))?;
+        let parsed = run_shapes(cfg, &cmd, run_dir, &missing).await?;
         for (shape, entry) in missing.iter().zip(&parsed.results) {
             ledger
                 .sdpa_cache_put(&cache_key(device, &parsed.versions, shape, cfg.timing.sample_target_us), &entry.to_string())

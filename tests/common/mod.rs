@@ -93,6 +93,11 @@ gpu_retry_max = "200ms"
     }
 
     pub async fn run(&self, run_id: &str, budget: Duration) -> RunEnd {
+        self.run_with(run_id, budget, false).await
+    }
+
+    /// A new run; `fresh` ignores the memory of earlier runs (`start --fresh`).
+    pub async fn run_with(&self, run_id: &str, budget: Duration, fresh: bool) -> RunEnd {
         let config = self.config();
         let opts = RunOptions {
             plan_path: config.resolve(&config.run.plan),
@@ -103,6 +108,7 @@ gpu_retry_max = "200ms"
             seed: Some(7),
             mode: engine::Mode::New,
             allow_concurrent: false,
+            fresh,
         };
         let (id, end) = engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.expect("run completes");
         assert_eq!(id, run_id);
@@ -137,6 +143,11 @@ impl Project {
     /// Every worker request takes this long (so a budget ends a run mid-way).
     pub fn set_step_delay_ms(&self, ms: u64) {
         self.set_script("step_delay_ms", serde_json::json!(ms));
+    }
+
+    /// Replace the worker script's rules (e.g. a kernel that was correct becomes wrong).
+    pub fn set_rules(&self, rules: serde_json::Value) {
+        self.set_script("rules", rules);
     }
 
     fn set_script(&self, key: &str, value: serde_json::Value) {
