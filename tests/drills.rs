@@ -452,6 +452,17 @@ async fn a_worker_crash_and_a_worker_hang_leave_everything_consistent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_killed_in_the_open_phase_resumes_to_the_same_point() {
+    killed_in_the_open_phase_resumes_to_the_same_point("ledger-mid-commit@17").await;
+}
+
+/// Killed right after the look-ahead asked the worker to compile the next candidate (iteration
+/// 16 recorded, 17's source compiling in the worker's background threads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_during_a_pipelined_compile_resumes_to_the_same_point() {
+    killed_in_the_open_phase_resumes_to_the_same_point("lookahead-sent@16").await;
+}
+
+async fn killed_in_the_open_phase_resumes_to_the_same_point(failpoint: &str) {
     let plan = PLAN.replace("[open_phase]\nenabled = false\n", "[open_phase]\npatience = 5\nrestart_after = 3\n");
     assert_ne!(plan, PLAN);
     let open_iterations = |its: Vec<IterationRecord>| -> Vec<(String, String, String)> {
@@ -466,13 +477,16 @@ async fn a_run_killed_in_the_open_phase_resumes_to_the_same_point() {
 
     // Iterations 1..13 are the plan's; die while recording the open phase's fourth candidate.
     let p = project_with(&plan, 0, json!({}));
-    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "open"], &[(optimizerd::daemon::failpoint::ENV, "ledger-mid-commit@17")]);
+    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "open"], &[(optimizerd::daemon::failpoint::ENV, failpoint)]);
     assert!(!o.status.success());
+    assert!(text(&o).contains(&format!("failpoint {failpoint}: aborting")), "{}", text(&o));
     let before = iterations(&p, "open").await;
     assert!(before.iter().any(|i| i.stage.starts_with("open/")), "killed inside the open phase");
     let o = cli(&p, &["resume", "--foreground", "open"], &[]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_consistent(&p, "open", &before, 1).await;
+    // Killed mid-commit, the iteration in flight is marked interrupted; killed between two
+    // iterations (after a look-ahead), none is.
+    assert_consistent(&p, "open", &before, usize::from(failpoint.starts_with("ledger-mid-commit"))).await;
     assert_eq!(best_params(&p, "open"), expect);
     // The same candidates in the same order as the uninterrupted run (the interrupted one again).
     assert_eq!(open_iterations(iterations(&p, "open").await), ref_open);

@@ -71,7 +71,7 @@ async fn a_second_run_warm_starts_from_the_best_kernels_and_skips_what_was_measu
     // this run; then every plan point is answered by the memory instead of the GPU.
     assert_eq!(
         verdicts(&its),
-        pairs(&[("memory", "baseline"), ("baseline", "remembered"), ("kv-split", "remembered"), ("kv-split", "remembered"), ("kv-split", "remembered"), ("kv-split", "remembered")])
+        pairs(&[("warm-start", "baseline"), ("baseline", "remembered"), ("kv-split", "remembered"), ("kv-split", "remembered"), ("kv-split", "remembered"), ("kv-split", "remembered")])
     );
     assert!(its[0].params_json.contains("\"MAX_SPLITS\":8"), "{}", its[0].params_json);
     assert_eq!(its[0].shapes.iter().filter(|s| s.check_passed == Some(true) && s.median_us == Some(20.0)).count(), 2);
@@ -85,7 +85,7 @@ async fn a_second_run_warm_starts_from_the_best_kernels_and_skips_what_was_measu
     let memory = events.iter().find(|(_, k, _)| k == "memory").expect("a memory event");
     assert!(memory.2.contains("warm start: best kernels remembered for 2 shape(s) from run(s) one"), "{}", memory.2);
     let text = optimizerd::ops::report::history_text(&its);
-    assert!(text.contains("memory") && text.contains("remembered"), "{text}");
+    assert!(text.contains("warm-start") && text.contains("remembered"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +95,7 @@ async fn fresh_ignores_the_memory() {
     assert_eq!(p.run_with("fresh", Duration::from_secs(600), true).await, RunEnd::Finished("plan exhausted".into()));
     let its = iterations(&p, "fresh").await;
     assert_eq!(verdicts(&its), verdicts(&iterations(&p, "one").await));
-    assert!(its.iter().all(|i| i.stage != "memory" && i.verdict != "remembered"));
+    assert!(its.iter().all(|i| i.stage != "warm-start" && i.verdict != "remembered"));
     let events = Ledger::open(&p.db()).await.unwrap().events("fresh").await.unwrap();
     assert!(events.iter().any(|(_, k, m)| k == "memory" && m.contains("--fresh")), "{events:?}");
 }
@@ -110,7 +110,7 @@ async fn a_remembered_kernel_that_is_now_incorrect_is_not_trusted() {
     // The re-check fails: both shapes are stale, so the whole plan is measured again.
     assert_eq!(
         verdicts(&its),
-        pairs(&[("memory", "incorrect"), ("baseline", "baseline"), ("kv-split", "accepted"), ("kv-split", "rejected"), ("kv-split", "rejected"), ("kv-split", "incorrect")])
+        pairs(&[("warm-start", "incorrect"), ("baseline", "baseline"), ("kv-split", "accepted"), ("kv-split", "rejected"), ("kv-split", "rejected"), ("kv-split", "incorrect")])
     );
     let events = Ledger::open(&p.db()).await.unwrap().events("two").await.unwrap();
     let stale: Vec<&String> = events.iter().filter(|(_, k, _)| k == "memory_stale").map(|(_, _, m)| m).collect();
@@ -127,7 +127,7 @@ async fn a_remembered_kernel_that_is_now_slower_is_measured_again_for_that_shape
     p.set_rules(rules(json!({ "ok": { "us": 20.0, "per_shape": { "b1h1s128d64": 50.0 } } })));
     p.run("two", Duration::from_secs(600)).await;
     let its = iterations(&p, "two").await;
-    assert_eq!(its[0].stage, "memory");
+    assert_eq!(its[0].stage, "warm-start");
     // The small shape is stale, so no plan point is answered by the memory (each covers both shapes).
     assert!(its[1..].iter().all(|i| i.verdict != "remembered"), "{:?}", verdicts(&its));
     let events = Ledger::open(&p.db()).await.unwrap().events("two").await.unwrap();
@@ -146,7 +146,7 @@ async fn a_changed_template_or_another_gpu_is_measured_again() {
     p.set_device(&other);
     p.run("pcie", Duration::from_secs(600)).await;
     let its = iterations(&p, "pcie").await;
-    assert!(its.iter().all(|i| i.stage != "memory" && i.verdict != "remembered"), "{:?}", verdicts(&its));
+    assert!(its.iter().all(|i| i.stage != "warm-start" && i.verdict != "remembered"), "{:?}", verdicts(&its));
     let events = Ledger::open(&p.db()).await.unwrap().events("pcie").await.unwrap();
     assert!(events.iter().any(|(_, k, m)| k == "memory" && m.contains("nothing remembered")), "{events:?}");
 
@@ -168,7 +168,7 @@ async fn a_changed_template_or_another_gpu_is_measured_again() {
     std::fs::write(q.path().join("agent.toml"), config).unwrap();
     q.run("edited", Duration::from_secs(600)).await;
     let its = iterations(&q, "edited").await;
-    assert!(its.iter().all(|i| i.stage != "memory"), "{:?}", verdicts(&its));
+    assert!(its.iter().all(|i| i.stage != "warm-start"), "{:?}", verdicts(&its));
     assert_eq!(its.iter().filter(|i| i.verdict == "remembered").count(), 0, "no incumbent yet when the baseline comes: {:?}", verdicts(&its));
     let events = Ledger::open(&q.db()).await.unwrap().events("edited").await.unwrap();
     assert!(events.iter().any(|(_, k, m)| k == "memory_stale" && m.contains("changed since")), "{events:?}");

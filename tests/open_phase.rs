@@ -137,3 +137,52 @@ enabled = false
     let seq_of = |key: &str| best.iter().find(|b| b.shape == key).unwrap().seq;
     assert_eq!((seq_of("b1h1s128d64"), seq_of("b2h8s512d128-causal")), (hopper.seq, 1));
 }
+
+/// The look-ahead compiles the candidate the search expects next while the current one is
+/// checked and timed. Guesses change nothing: with it on and off, and with a candidate that
+/// crashes the worker, the ledger holds the same candidates in the same order and verdicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
+    let mut rules = rules();
+    rules.as_array_mut().unwrap().push(json!({ "source_contains": ["#define MAX_SPLITS 4\n"], "behaviour": { "crash": { "step": "check" } } }));
+    let sequence = |p: &Project, run: &'static str| {
+        let db = p.db();
+        async move {
+            let its = Ledger::open(&db).await.unwrap().iterations(run).await.unwrap();
+            its.into_iter().map(|i| (i.stage, i.template, i.params_json, i.verdict)).collect::<Vec<_>>()
+        }
+    };
+    let on = Project::new(PLAN, rules.clone(), json!({ "ok": { "us": 80.0 } }));
+    let off = Project::new(PLAN, rules, json!({ "ok": { "us": 80.0 } }));
+    off.append_config("\n[worker]\nlookahead = false\n");
+    // (appending a second [worker] table is refused: rewrite the one there)
+    let text = std::fs::read_to_string(off.path().join("agent.toml")).unwrap();
+    let text = text.replace("\n[worker]\nlookahead = false\n", "").replace("[worker]\n", "[worker]\nlookahead = false\n");
+    std::fs::write(off.path().join("agent.toml"), text).unwrap();
+    assert!(!off.config().worker.lookahead && on.config().worker.lookahead);
+
+    let end_on = on.run("on", Duration::from_secs(600)).await;
+    let end_off = off.run("off", Duration::from_secs(600)).await;
+    assert_eq!(end_on, end_off);
+    let (a, b) = (sequence(&on, "on").await, sequence(&off, "off").await);
+    assert_eq!(a, b);
+    assert!(a.iter().any(|(_, _, _, v)| v == "crashed"), "{a:?}");
+    assert!(a.iter().filter(|(s, ..)| s.starts_with("open/")).count() >= 12, "{a:?}");
+
+    // The worker's log: look-ahead compiles were asked for, and most loads found theirs.
+    let log = |p: &Project, run: &str| std::fs::read_to_string(p.path().join("runs").join(run).join("worker.log")).unwrap();
+    let (log_on, log_off) = (log(&on, "on"), log(&off, "off"));
+    assert!(!log_off.contains("precompile"), "lookahead = false sends none");
+    let mut precompiled = std::collections::HashSet::new();
+    let (mut loads, mut hits) = (0, 0);
+    for line in log_on.lines() {
+        if let Some(rest) = line.split("scripted worker: precompile ").nth(1) {
+            precompiled.insert(rest.split(' ').next().unwrap().to_string());
+        } else if let Some(rest) = line.split("scripted worker: load ").nth(1) {
+            loads += 1;
+            hits += usize::from(precompiled.contains(rest.split(' ').nth(1).unwrap()));
+        }
+    }
+    assert!(!precompiled.is_empty(), "{log_on}");
+    assert!(hits * 2 > loads, "{hits} of {loads} loads were compiled ahead");
+}

@@ -172,3 +172,12 @@ fn a_formula_error_names_the_template_and_the_formula() {
     let err = gate::check(&t, &t.default_params(), &[shape(1, 1, 8, 64, false)], &common::h100(), "1").unwrap_err();
     assert!(err.0.contains("synthetic") && err.0.contains("TILES * D"), "{}", err.0);
 }
+
+#[test]
+fn a_stage_named_like_the_runs_own_iterations_is_rejected() {
+    for name in ["warm-start", "open/compute-d64"] {
+        let text = format!("[[stage]]\nname = \"{name}\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\n");
+        let err = Plan::parse(&PathBuf::from("p.toml"), &text, &templates_dir()).unwrap_err().to_string();
+        assert!(err.contains(&format!("the stage name `{name}` is reserved")) && err.contains("rename the stage"), "{err}");
+    }
+}

@@ -19,7 +19,7 @@ use crate::daemon::shutdown::Shutdown;
 use crate::daemon::supervisor::{Supervisor, WorkerCommand};
 use crate::spec::template::Params;
 use crate::storage::workspace::Workspace;
-use crate::pipeline::{check, gate, record, render, timing};
+use crate::pipeline::{check, compile, gate, record, render, timing};
 
 mod closing;
 mod gpu_wait;
@@ -247,6 +247,13 @@ impl Engine {
                     return Ok(RunEnd::Finished("budget spent".into()));
                 }
                 let shapes = self.shapes.clone();
+                // The look-ahead: the point the search proposes next if this one does not
+                // win (most do not) is compiled while this one is checked and timed.
+                let mut ahead = search.clone();
+                ahead.report(&params, None);
+                if let Some(next) = ahead.next() {
+                    self.lookahead(stage, &next, &shapes).await;
+                }
                 let outcome = self.iterate(stage, &params, &shapes).await?;
                 if self.shutdown.now_requested() {
                     return Ok(RunEnd::Stopped);
@@ -261,6 +268,25 @@ impl Engine {
             return Ok(RunEnd::Finished("plan exhausted".into()));
         }
         self.open_phase().await
+    }
+
+    /// Have the worker compile this candidate in the background, if it would be compiled at
+    /// all (not remembered, not refused by the gate on every shape). Best effort: a lost or
+    /// wrong guess changes nothing but CPU time; the ledger's order does not depend on it.
+    async fn lookahead(&mut self, stage: &Stage, params: &Params, shapes: &[Shape]) {
+        if !self.cfg.worker.lookahead || !self.sup.is_running() {
+            return;
+        }
+        let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
+        let Ok(rendered) = render::render(&stage.template, params, self.cfg.workload.dtype, &templates_dir) else { return };
+        if self.remembered(&rendered.hash, shapes).is_some() || gate::check_each(&stage.template, params, shapes, &self.device, &stage.spec.min_ctas).is_err() {
+            return;
+        }
+        let Ok(arch) = stage.template.meta.target_arch(&self.device) else { return };
+        if let Err(e) = compile::precompile(&mut self.sup, &rendered.source, &arch, self.cfg.worker.load_timeout).await {
+            tracing::debug!(error = %e, "look-ahead compile not started");
+        }
+        crate::daemon::failpoint::hit("lookahead-sent");
     }
 
     /// After a candidate that killed the worker (crash, hang, lost device): wait for

@@ -15,7 +15,7 @@ use super::{Engine, Outcome, RunEnd};
 use crate::pipeline::decide::geomean;
 
 /// Stage names of the open phase's iterations: `open/<class>`.
-pub const OPEN_PREFIX: &str = "open/";
+pub const OPEN_PREFIX: &str = crate::strategy::plan::RESERVED_OPEN_PREFIX;
 
 /// A class score for an iteration: the geometric-mean time over the class's shapes, if
 /// it was timed on every one of them.
@@ -144,6 +144,15 @@ impl Engine {
             stage.spec.name = format!("{OPEN_PREFIX}{}", class.name);
             self.ledger.set_progress(&self.run_id, Some(&stage.spec.name), self.used().as_secs_f64()).await?;
             let shapes: Vec<Shape> = class.shapes.clone();
+            // The look-ahead (see the plan's loop): compile what comes next if this one does not win.
+            let mut ahead = open.clone();
+            ahead.report(ci, &p, None, false);
+            if let Some((cj, q)) = ahead.next() {
+                if let Some(next) = stages.iter().find(|s| s.template.name() == q.template) {
+                    let next_shapes = ahead.classes[cj].class.shapes.clone();
+                    self.lookahead(next, &q.params, &next_shapes).await;
+                }
+            }
             let outcome = self.iterate(&stage, &p.params, &shapes).await?;
             if self.shutdown.now_requested() {
                 return Ok(RunEnd::Stopped);

@@ -335,7 +335,7 @@ async fn load_memory(
             "no earlier run on this kind of GPU: nothing remembered".to_string()
         } else {
             format!(
-                "warm start: best kernels remembered for {} shape(s) from run(s) {}; each is re-checked and re-timed first (stage `memory`); `--fresh` ignores them",
+                "warm start: best kernels remembered for {} shape(s) from run(s) {}; each is re-checked and re-timed first (stage `warm-start`); `--fresh` ignores them",
                 memory.best().len(),
                 memory.runs.join(", ")
             )

@@ -1,7 +1,7 @@
 //! Warm start from the memory of earlier runs ([`crate::storage::memory`]).
 //!
 //! Before the plan, each shape's remembered best kernel is run again as a candidate
-//! (stage `memory`): rendered from today's template (a changed template has another hash
+//! (stage `warm-start`): rendered from today's template (a changed template has another hash
 //! and is not trusted), gated, checked and timed like any other. A shape whose remembered
 //! kernel is now incorrect, or slower than remembered beyond `MEMORY_TOLERANCE`, is marked
 //! stale: its memory is not used, and the plan measures its points again. For the other
@@ -20,7 +20,7 @@ use crate::storage::memory::Remembered;
 use super::{Engine, Outcome, RunEnd};
 
 /// Stage name of the warm start's iterations.
-pub const MEMORY_STAGE: &str = "memory";
+pub const MEMORY_STAGE: &str = crate::strategy::plan::RESERVED_WARM_START;
 
 /// How much slower than remembered a re-timed kernel may be (machines of one kind differ
 /// by a few percent) before its memory is called stale.

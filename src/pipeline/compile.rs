@@ -45,6 +45,18 @@ pub async fn load(
     }
 }
 
+/// Have the worker start compiling `source` for `arch` on background threads and return at
+/// once (the look-ahead); a later [`load`] of the same source takes the result. A failure
+/// here loses only the guess: the caller logs it and goes on.
+pub async fn precompile(sup: &mut Supervisor, source: &str, arch: &str, timeout: Duration) -> Result<(), String> {
+    let request = Request::Precompile { source: source.to_string(), arch: arch.to_string(), compile_timeout_ms: (timeout.as_millis() as u64) * 4 / 5 };
+    match sup.request(&request, Duration::from_secs(10)).await {
+        Ok(Response::Precompiling) => Ok(()),
+        Ok(other) => Err(format!("unexpected answer to precompile: {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Waves of the first launch: CTAs over what the whole GPU holds at once.
 pub fn waves(plan: &ShapePlan, loaded: &Loaded, sm_count: u32) -> Option<f64> {
     let first = plan.launches.first()?;

@@ -152,6 +152,10 @@ pub struct WorkerSection {
     /// Longest pause between two attempts to restart the worker (backoff doubles up to it).
     #[serde(deserialize_with = "duration")]
     pub gpu_retry_max: Duration,
+    /// Compile the candidate the search expects next while the current one is checked and
+    /// timed (the worker compiles on background threads). Order and results are unchanged:
+    /// a wrong guess only costs CPU time.
+    pub lookahead: bool,
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -212,6 +216,7 @@ impl Default for WorkerSection {
             time_timeout: Duration::from_secs(180),
             gpu_wait_limit: Duration::from_secs(600),
             gpu_retry_max: Duration::from_secs(30),
+            lookahead: true,
         }
     }
 }
@@ -324,7 +329,7 @@ impl Config {
                         "max_input_sets": t.max_input_sets, "sample_target_us": t.sample_target_us,
                         "min_gain": t.min_gain, "method": t.method },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
-                        "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max) },
+                        "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
         })
     }

@@ -287,6 +287,14 @@ pub enum Request {
         spec: TimingSpec,
         seed: u64,
     },
+    /// Start compiling `source` (both builds) on background threads and answer at once: a
+    /// later `Load` of the same source and arch takes the result instead of compiling. The
+    /// engine sends the candidate it expects next while the current one is checked and timed.
+    Precompile {
+        source: String,
+        arch: String,
+        compile_timeout_ms: u64,
+    },
     /// Drop a loaded module.
     Unload { id: String },
     Shutdown,
@@ -322,6 +330,8 @@ pub enum Response {
     Checked(Checked),
     Timed(Timed),
     Unloaded,
+    /// A `Precompile` was started.
+    Precompiling,
     /// A CUDA error. `sticky` errors leave the context unusable: the worker exits after replying.
     CudaError { during: String, message: String, sticky: bool },
     /// The request itself was wrong (unknown id, bad plan): a bug in the daemon, not the candidate.

@@ -127,6 +127,7 @@ impl std::fmt::Display for Converged {
 }
 
 /// The search of one class.
+#[derive(Clone)]
 pub struct ClassSearch {
     pub class: ShapeClass,
     templates: Vec<Candidates>,
@@ -300,6 +301,7 @@ impl ClassSearch {
 }
 
 /// Round-robin over the classes that have not converged.
+#[derive(Clone)]
 pub struct OpenSearch {
     pub classes: Vec<ClassSearch>,
     turn: usize,

@@ -73,6 +73,11 @@ fn default_max_candidates() -> u32 {
     32
 }
 
+/// Stage name of the warm start's iterations (memory across runs).
+pub const RESERVED_WARM_START: &str = "warm-start";
+/// Stage names of the open-ended phase's iterations: `open/<class>`.
+pub const RESERVED_OPEN_PREFIX: &str = "open/";
+
 /// A stage with its template loaded and its search space resolved.
 #[derive(Debug, Clone)]
 pub struct Stage {
@@ -109,6 +114,14 @@ impl Plan {
         for spec in parsed.stage {
             let template = Template::load(templates_dir, &spec.template)?;
             let err = |message: String| PlanError::Stage { path: path.into(), stage: spec.name.clone(), message };
+            // Names the run gives its own iterations: a plan stage so named would be confused
+            // with them when a run is resumed.
+            if spec.name == RESERVED_WARM_START || spec.name.starts_with(RESERVED_OPEN_PREFIX) {
+                return Err(err(format!(
+                    "the stage name `{}` is reserved (`{RESERVED_WARM_START}` and `{RESERVED_OPEN_PREFIX}...` name the run's own iterations); rename the stage",
+                    spec.name
+                )));
+            }
             for (knob, values) in &spec.space {
                 let allowed = template
                     .knobs

@@ -22,6 +22,7 @@ pub enum SearchKind {
     Evolve,
 }
 
+#[derive(Clone)]
 pub struct Search {
     kind: SearchKind,
     space: Vec<(String, Vec<i64>)>,

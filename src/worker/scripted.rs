@@ -126,7 +126,13 @@ impl Backend for ScriptedBackend {
                 }
                 Response::Hello(self.script.device.clone())
             }
+            Request::Precompile { source, arch, .. } => {
+                // Logged (the worker's stderr is the run's worker.log) so tests can see the look-ahead.
+                eprintln!("scripted worker: precompile {} {arch}", short_hash(&source));
+                Response::Precompiling
+            }
             Request::Load { id, source, kernels, occupancy, .. } => {
+                eprintln!("scripted worker: load {id} {}", short_hash(&source));
                 let b = self.behaviour_for(&source);
                 if let Some(r) = self.trip(&b, "load") {
                     return r;
@@ -212,4 +218,10 @@ impl Backend for ScriptedBackend {
             Request::Shutdown => Response::Bye,
         }
     }
+}
+
+/// The first 12 hex digits of the source's sha256 (how the scripted worker names sources in its log).
+pub fn short_hash(source: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(source.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
