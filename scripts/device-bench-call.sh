@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call of the device tool during a long benchmark (the tool limits a command to 10 minutes,
+# a machine to 30 minutes held; a 20m benchmark needs ~24 minutes of wall time):
+#   WAIT=520 bash scripts/device-bench-call.sh        (carry target/release/optimizerd)
+# The first call copies the repo to /tmp/bench/repo and starts `scripts/benchmark.py --detach`
+# there (the daemon survives between calls while the machine stays warm: issue the next call at
+# once, it goes back after 30 s idle); later calls attach and wait again. Every call leaves the
+# status, history, ledger, the BENCHMARKS.md the script writes and the clocks in $OUT.
+# BUDGET (default 20m) and WAIT (seconds to wait, default 530) come from the environment.
+set -u
+export PYTHONUNBUFFERED=1
+W=/tmp/bench
+out="${OUT:-/tmp/optimizerd-out}"
+mkdir -p "$W" "$out"
+[ -d "$W/repo" ] || { cp -r "$PWD" "$W/repo.tmp" && mv "$W/repo.tmp" "$W/repo"; }
+cd "$W/repo"
+chmod +x target/release/optimizerd
+python3 scripts/benchmark.py --bin target/release/optimizerd --budget "${BUDGET:-20m}" --detach --work "$W/w" \
+  --max-wait "${WAIT:-530}" 2>&1 | tee -a "$out/bench.log"
+rc=${PIPESTATUS[0]}
+CFG=$W/w/agent.toml
+target/release/optimizerd status --config "$CFG" > "$out/status.txt" 2>&1
+target/release/optimizerd status --json --config "$CFG" > "$out/status.json" 2>&1
+target/release/optimizerd history --json --config "$CFG" > "$out/history.json" 2>&1
+cp docs/BENCHMARKS.md "$out/BENCHMARKS.md"
+# The ledger is in WAL mode and may be written meanwhile: copy it with SQLite's backup.
+python3 -c "import sqlite3,sys; d=sqlite3.connect(sys.argv[2]); sqlite3.connect(sys.argv[1]).backup(d); d.close()" \
+  "$W/w/runs/optimizer.db" "$out/optimizer.db"
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/smi.txt" 2>&1
+head -40 "$out/status.txt"
+echo "benchmark rc=$rc (75: still running, call again now)"
