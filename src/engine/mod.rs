@@ -21,6 +21,7 @@ use crate::spec::template::Params;
 use crate::storage::workspace::Workspace;
 use crate::pipeline::{check, gate, record, render, timing};
 
+mod agent_stage;
 mod gpu_wait;
 mod incumbents;
 mod open_phase;
@@ -162,6 +163,12 @@ impl Engine {
                 }
                 if !stage_starts.contains_key(&stage.spec.name) && !self.needed(stage).await? {
                     continue;
+                }
+            }
+            if stage.spec.search == crate::strategy::search::SearchKind::Agent {
+                match self.agent_stage(stage).await? {
+                    Some(end) => return Ok(end),
+                    None => continue,
                 }
             }
             let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);

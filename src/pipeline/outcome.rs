@@ -32,6 +32,13 @@ pub enum Verdict {
     Error,
     /// The daemon stopped (killed, or `stop --now`) while this candidate was in flight.
     Interrupted,
+    /// An agent reply that does not parse or apply, changes the ABI/spec, includes other
+    /// headers or declares persistent state: never compiled.
+    RejectedProposal,
+    /// An anti-cheat probe failed (writes outside O or to Q/K/V, stale or cached results).
+    Cheating,
+    /// Faster than is plausible on this GPU: re-verified and never accepted.
+    Flagged,
 }
 
 impl Verdict {
@@ -48,6 +55,9 @@ impl Verdict {
             Verdict::Timeout => "timeout",
             Verdict::Error => "error",
             Verdict::Interrupted => "interrupted",
+            Verdict::RejectedProposal => "rejected_proposal",
+            Verdict::Cheating => "cheating",
+            Verdict::Flagged => "flagged",
         }
     }
 }

@@ -3,7 +3,8 @@
 //! `exhaustive` walks every combination in declared order; `coordinate` changes one
 //! knob at a time from a start point and keeps the best value of each knob before
 //! moving on (the "one variable at a time" method); `evolve` mutates one or two knobs
-//! of the best point so far, at random from a fixed seed. Scores are reported back
+//! of the best point so far, at random from a fixed seed; `agent` stages propose
+//! source edits instead (see `engine/agent_stage.rs`) and get nothing from here. Scores are reported back
 //! after each candidate; lower is better (geometric-mean time), `None` means it
 //! failed. Every kind is deterministic given the scores, so a resumed run replays the
 //! recorded iterations and stands exactly where it stopped.
@@ -20,6 +21,8 @@ pub enum SearchKind {
     Exhaustive,
     Coordinate,
     Evolve,
+    /// A language model proposes edits of the template (engine/agent_stage.rs); no knob search.
+    Agent,
 }
 
 pub struct Search {
@@ -68,6 +71,7 @@ impl Search {
                 SearchKind::Exhaustive => self.next_exhaustive()?,
                 SearchKind::Coordinate => self.next_coordinate()?,
                 SearchKind::Evolve => self.next_evolve()?,
+                SearchKind::Agent => return None,
             };
             let key = serde_json::to_string(&candidate).unwrap_or_default();
             if self.seen.insert(key) {
@@ -185,7 +189,7 @@ impl Search {
                 self.started = true;
                 self.report(params, Some(score));
             }
-            SearchKind::Exhaustive => {}
+            SearchKind::Exhaustive | SearchKind::Agent => {}
         }
     }
 

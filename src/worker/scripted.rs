@@ -63,6 +63,31 @@ pub enum Behaviour {
     Hang { step: String },
     /// A sticky CUDA error reply at `step`, after which the worker exits.
     Sticky { step: String },
+    /// A cheating kernel: correct under the plain check and `us` fast, but caught by the
+    /// anti-cheat probe `probe` when a check runs probes: `guard` (writes past O),
+    /// `inputs` (writes Q/K/V), `rerun` (stale O on the second-stream rerun: skips work
+    /// when O looks written), `recheck` (caches results: wrong after timing on fresh
+    /// inputs at other addresses; only the after-timing check sees it).
+    Cheat {
+        probe: String,
+        #[serde(default = "fast_us")]
+        us: f64,
+    },
+}
+
+fn fast_us() -> f64 {
+    1.0
+}
+
+/// What a probe reports when it catches a scripted cheat (worded like the CUDA worker's).
+fn probe_report(probe: &str) -> String {
+    match probe {
+        "guard" => "guard: 32 elements of the 8192-element guard regions around O were written".into(),
+        "inputs" => "inputs: K changed during the launch (2 elements differ)".into(),
+        "rerun" => "rerun: on a second stream with new inputs in the same buffers and O not re-poisoned, max_abs 2.31 rel_l2 0.98 (stale or skipped output)".into(),
+        "recheck" => "after_timing: max_abs 1.87 > atol 0.02 on fresh inputs at other addresses (an earlier result reused?)".into(),
+        other => format!("{other}: scripted probe failure"),
+    }
 }
 
 pub struct ScriptedBackend {
@@ -148,7 +173,7 @@ impl Backend for ScriptedBackend {
                     log: String::new(),
                 })
             }
-            Request::Check { id, plans, tolerance, .. } => {
+            Request::Check { id, plans, tolerance, probes, .. } => {
                 let Some(b) = self.modules.get(&id).cloned() else {
                     return Response::BadRequest { message: format!("unknown module {id}") };
                 };
@@ -158,9 +183,15 @@ impl Backend for ScriptedBackend {
                 let mut shapes = Vec::new();
                 for p in plans {
                     let planned: Vec<u64> = p.launches.iter().map(|l| l.ctas()).collect();
-                    let (ran, max_abs, reason) = match b {
+                    let mut probe_failures = Vec::new();
+                    let (ran, max_abs, reason) = match &b {
                         Behaviour::Wrong => (planned.clone(), 0.5, format!("max_abs 0.5 > atol {}", tolerance.atol)),
                         Behaviour::CtaShort => (vec![1; planned.len()], 0.001, format!("launch 0: 1 CTAs ran, {} planned", planned[0])),
+                        Behaviour::Cheat { probe, .. } if (probe == "recheck" && probes.after_timing) || (probe != "recheck" && probes.on) => {
+                            let report = probe_report(probe);
+                            probe_failures.push(report.clone());
+                            (planned.clone(), 0.001, report)
+                        }
                         _ => (planned.clone(), 0.001, String::new()),
                     };
                     let passed = reason.is_empty();
@@ -174,6 +205,7 @@ impl Backend for ScriptedBackend {
                         ctas_ran: ran,
                         ctas_planned: planned,
                         reason,
+                        probe_failures,
                     });
                     if !passed {
                         break;
@@ -194,6 +226,7 @@ impl Backend for ScriptedBackend {
                         }
                         let us = match &b {
                             Behaviour::Ok { us, per_shape } => per_shape.get(&case.shape.key()).copied().unwrap_or(*us),
+                            Behaviour::Cheat { us, .. } => *us,
                             _ => 1000.0,
                         };
                         let n = (spec.rounds * spec.samples_per_round) as usize;
