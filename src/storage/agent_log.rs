@@ -54,6 +54,20 @@ pub struct ProposalRow {
 }
 
 impl Ledger {
+    /// The `[agent]` section of the configuration the run started with (from its
+    /// recorded effective config), if it has one.
+    pub async fn run_agent_config(&self, run_id: &str) -> Result<Option<serde_json::Value>> {
+        let row = sqlx::query("SELECT config_json FROM runs WHERE id = ?")
+            .bind(run_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read run config"))?;
+        Ok(row
+            .and_then(|r| r.get::<Option<String>, _>("config_json"))
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+            .and_then(|v| v.get("agent").cloned()))
+    }
+
     /// A request about to be sent (`pending` until its reply or failure is stored).
     pub async fn agent_request_begin(&self, run_id: &str, stage: &str, ordinal: i64, endpoint: &str, model: &str, hash: &str, prompt_json: &str) -> Result<i64> {
         let r = sqlx::query(

@@ -4,7 +4,8 @@
 //! supervisor, ledger, git and search are exercised unchanged on a CPU machine.
 //! A JSON script says, per candidate (matched by substrings of its rendered
 //! source), whether it compiles, is correct, how fast it is, or whether it crashes
-//! or hangs the worker at a given step.
+//! or hangs the worker at a given step, or how an anti-cheat probe catches it. With
+//! `nvrtc = true` every source is first compiled by the real NVRTC.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -33,6 +34,10 @@ pub struct Script {
     /// Milliseconds each load/check/time request takes, to make runs last.
     #[serde(default)]
     pub step_delay_ms: u64,
+    /// Compile every loaded source with the real NVRTC for its target first: a source
+    /// NVRTC rejects answers `compile_error` with NVRTC's own log, whatever the rules say.
+    #[serde(default)]
+    pub nvrtc: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -151,7 +156,17 @@ impl Backend for ScriptedBackend {
                 }
                 Response::Hello(self.script.device.clone())
             }
-            Request::Load { id, source, kernels, occupancy, .. } => {
+            Request::Load { id, source, kernels, occupancy, arch, .. } => {
+                if self.script.nvrtc {
+                    let tc = match crate::nvrtc::locate() {
+                        Ok(tc) => tc,
+                        Err(e) => return Response::BadRequest { message: format!("the script asks for NVRTC, which is missing: {e}; run scripts/setup.sh") },
+                    };
+                    if let Err(e) = crate::nvrtc::compile(&tc, &source, "candidate.cu", &arch, &[]) {
+                        let log = if e.log().is_empty() { e.to_string() } else { e.log().to_string() };
+                        return Response::CompileError { log };
+                    }
+                }
                 let b = self.behaviour_for(&source);
                 if let Some(r) = self.trip(&b, "load") {
                     return r;
