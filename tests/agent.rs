@@ -268,6 +268,12 @@ async fn an_improving_edit_is_accepted_committed_and_reported() {
     assert!(text.contains("agent      1 requests of 20, 1200 tokens of 500000, $0.0040 of $5.00 (scripted-coder at http://127.0.0.1:"), "{text}");
     let history = optimizerd::ops::report::history_text(&l.iterations("a1").await.unwrap());
     assert!(history.lines().any(|l| l.contains("accepted") && l.contains("edit \"unroll the key loop's dot product")), "{history}");
+    // The accepted agent kernel exports like any other: the exact source that was timed.
+    let out = p.path().join("exported");
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(optimizerd::ops::export::export(&l, "a1", &out).await.unwrap()).unwrap()).unwrap();
+    let k = &manifest["kernels"][0];
+    assert_eq!((k["template"].as_str(), k["shapes"].as_array().map(|s| s.len())), (Some("baseline"), Some(2)), "{manifest:#}");
+    assert!(std::fs::read_to_string(out.join(k["file"].as_str().unwrap())).unwrap().contains("AGENT_FAST"));
     l.close().await;
     let db = std::fs::read(p.db()).unwrap();
     assert!(!db.windows(KEY.len()).any(|w| w == KEY.as_bytes()), "the API key reached the ledger");
@@ -523,4 +529,51 @@ async fn kill_minus_nine_after_the_reply_is_stored_never_pays_for_it_twice() {
     let u = l.agent_usage("k2").await.unwrap();
     assert_eq!((u.requests, u.tokens()), (1, 1000));
     l.close().await;
+}
+
+/// The device e2e's replies (scripts/agent_e2e_replies.json) do on the CPU what the GPU
+/// run expects of them up to the GPU: the static rejections are rejected for the stated
+/// reason, the compile error is NVRTC's, and every other edit applies, passes the static
+/// checks and compiles for sm_90 with the real NVRTC (so the run on the H100 tests the
+/// probes, not a typo).
+#[test]
+fn the_device_e2e_replies_behave_as_expected_up_to_the_gpu() {
+    use optimizerd::agent::{anticheat, edits};
+    use optimizerd::spec::template::{Params, Template};
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(common::repo_root().join("scripts/agent_e2e_replies.json")).unwrap()).unwrap();
+    let dir = common::repo_root().join("kernel-templates");
+    let tc = optimizerd::nvrtc::locate().unwrap_or_else(|e| panic!("NVRTC is required for this test (run scripts/setup.sh): {e}"));
+    let mut base = Template::load(&dir, doc["template"].as_str().unwrap()).unwrap();
+    let allowed = optimizerd::spec::agent::AgentSection::default().allowed_headers;
+    let choices: Vec<String> = doc["replies"].as_array().unwrap().iter().flat_map(|r| r["choices"].as_array().cloned().unwrap_or_default()).map(|c| c.as_str().unwrap().to_string()).collect();
+    let expected = doc["expected"].as_array().unwrap();
+    assert_eq!(choices.len(), expected.len());
+    let params: Params = [("WARPS_PER_CTA".to_string(), 4)].into();
+    for (reply, e) in choices.iter().zip(expected) {
+        let (name, verdict, why) = (e["name"].as_str().unwrap(), e["verdict"].as_str().unwrap(), e["reason"].as_str().unwrap());
+        let proposal = edits::parse(reply).unwrap_or_else(|w| panic!("{name}: {w}"));
+        let applied = edits::apply(&base.text, &proposal);
+        if verdict == "rejected_proposal" {
+            let refusal = applied.and_then(|t| anticheat::check(&base, &t, &allowed).map(|_| t)).map(|_| ()).unwrap_err();
+            let refusal = format!("does not apply: {refusal} / anti-cheat: {refusal}");
+            assert!(refusal.contains(why), "{name}: {refusal}");
+            continue;
+        }
+        let text = applied.unwrap_or_else(|w| panic!("{name}: {w}"));
+        anticheat::check(&base, &text, &allowed).unwrap_or_else(|w| panic!("{name}: {w}"));
+        let t = Template::parse("baseline.cu", text).unwrap();
+        for dtype in [optimizerd::spec::protocol::DType::Fp16, optimizerd::spec::protocol::DType::Bf16] {
+            let src = optimizerd::pipeline::render::render(&t, &params, dtype, &dir).unwrap();
+            let built = optimizerd::nvrtc::compile(&tc, &src.source, "candidate.cu", "sm_90", &[]);
+            match verdict {
+                "compile_error" => assert!(built.unwrap_err().log().contains("error"), "{name}"),
+                _ => {
+                    built.unwrap_or_else(|e| panic!("{name} ({}): {e}", dtype.as_str()));
+                }
+            }
+        }
+        if verdict == "accepted" {
+            base = t;
+        }
+    }
 }
