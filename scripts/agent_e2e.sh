@@ -14,10 +14,16 @@
 # Takes about 2 minutes on an H100 (under 8).
 #
 #   scripts/agent_e2e.sh            logs and the ledger go to $OUT (or /tmp/agent-e2e)
+#
+# CPU rehearsal (no GPU): OPTIMIZERD_BIN=target/debug/optimizerd and
+# OPTIMIZERD_E2E_WORKER_SCRIPT=<scripted worker JSON> run the same flow against the
+# scripted worker, which can only simulate the probes.
 set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-bin="$repo/target/release/optimizerd"
+bin="${OPTIMIZERD_BIN:-$repo/target/release/optimizerd}"
+worker_args=()
+[[ -n "${OPTIMIZERD_E2E_WORKER_SCRIPT:-}" ]] && worker_args=(--worker-script "$OPTIMIZERD_E2E_WORKER_SCRIPT")
 out="${OUT:-/tmp/agent-e2e}"
 mkdir -p "$out"
 [[ -x "$bin" ]] || { echo "agent e2e: $bin is missing; build it with cargo build --release and carry it" >&2; exit 2; }
@@ -71,7 +77,7 @@ usd_per_mtok_completion = 15.0
 EOF
 
 echo "+ optimizerd start (agent plan, endpoint on port $port)"
-timeout 450 "$bin" start --config "$work/agent.toml" --budget 6m --foreground --run-id agent-e2e --seed 11 2> >(tee "$out/start.stderr" >&2)
+timeout 450 "$bin" start --config "$work/agent.toml" --budget 6m --foreground --run-id agent-e2e --seed 11 "${worker_args[@]}" 2> >(tee "$out/start.stderr" >&2)
 rc=$?
 echo "+ exit status $rc"
 "$bin" history --config "$work/agent.toml" agent-e2e | tee "$out/history.txt"

@@ -577,3 +577,23 @@ fn the_device_e2e_replies_behave_as_expected_up_to_the_gpu() {
         }
     }
 }
+
+/// scripts/agent_e2e.sh itself (endpoint, config, plan, the verdict checker) runs on the
+/// CPU against the scripted worker (scripts/agent_e2e_rehearsal.json, which simulates
+/// what each probe reports on the GPU) and ends with every verdict as expected.
+#[test]
+fn the_device_e2e_script_passes_its_cpu_rehearsal() {
+    let root = common::repo_root();
+    let out = tempfile::tempdir().unwrap();
+    let o = Command::new("bash")
+        .arg(root.join("scripts/agent_e2e.sh"))
+        .env("OUT", out.path())
+        .env("OPTIMIZERD_BIN", env!("CARGO_BIN_EXE_optimizerd"))
+        .env("OPTIMIZERD_E2E_WORKER_SCRIPT", root.join("scripts/agent_e2e_rehearsal.json"))
+        .output()
+        .expect("bash scripts/agent_e2e.sh");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(stdout.lines().last(), Some("agent e2e: 9/9 verdicts as expected"), "{stdout}");
+    assert!(stdout.contains("check: 429 retried (attempts 2)                 yes"), "{stdout}");
+}

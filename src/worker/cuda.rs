@@ -1015,6 +1015,8 @@ impl CudaBackend {
         let key = shape.key();
         let stream = &self.stream;
         let seed2 = reference::mix_seed(seed, 0x2E2E);
+        // The raw driver calls below need this context current on the thread.
+        api(self.ctx.bind_to_thread(), || format!("check {key}: rerun probe: binding the context"))?;
         let (q, k, v) = reference::randn_inputs(&shape, seed2);
         // The first run's work (and its reads) must be over before the buffers change.
         after(stream.synchronize(), || format!("check {key}: rerun probe: after the first run"))?;

@@ -77,6 +77,9 @@ pub enum Behaviour {
         probe: String,
         #[serde(default = "fast_us")]
         us: f64,
+        /// What the probe reports (default: a canned report worded like the CUDA worker's).
+        #[serde(default)]
+        detail: Option<String>,
     },
 }
 
@@ -202,8 +205,8 @@ impl Backend for ScriptedBackend {
                     let (ran, max_abs, reason) = match &b {
                         Behaviour::Wrong => (planned.clone(), 0.5, format!("max_abs 0.5 > atol {}", tolerance.atol)),
                         Behaviour::CtaShort => (vec![1; planned.len()], 0.001, format!("launch 0: 1 CTAs ran, {} planned", planned[0])),
-                        Behaviour::Cheat { probe, .. } if (probe == "recheck" && probes.after_timing) || (probe != "recheck" && probes.on) => {
-                            let report = probe_report(probe);
+                        Behaviour::Cheat { probe, detail, .. } if (probe == "recheck" && probes.after_timing) || (probe != "recheck" && probes.on) => {
+                            let report = detail.clone().unwrap_or_else(|| probe_report(probe));
                             probe_failures.push(report.clone());
                             (planned.clone(), 0.001, report)
                         }
