@@ -239,7 +239,7 @@ async fn an_improving_edit_is_accepted_committed_and_reported() {
     assert_eq!(its.len(), 1, "{its:#?}");
     let it = &its[0];
     assert_eq!(it.verdict, "accepted", "{it:#?}");
-    assert_eq!(it.template, "baseline+agent");
+    assert_eq!(it.template, format!("baseline+agent#{}", it.seq));
     assert!(it.reason.starts_with("edit \"unroll the key loop's dot product (AGENT_FAST)\": won "), "{}", it.reason);
     assert!(it.shapes.iter().all(|s| s.won && (s.speedup_vs_incumbent.unwrap() - 2.0).abs() < 0.05), "{:#?}", it.shapes);
     assert_plan_went_on(&p, "a1").await;
@@ -596,4 +596,97 @@ fn the_device_e2e_script_passes_its_cpu_rehearsal() {
     assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(stdout.lines().last(), Some("agent e2e: 9/9 verdicts as expected"), "{stdout}");
     assert!(stdout.contains("check: 429 retried (attempts 2)                 yes"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_the_agent_endpoint() {
+    use optimizerd::ops::doctor::{self, DoctorOptions, Status};
+    let server = ChatServer::start(vec![]).await;
+    let check = |agent: String| {
+        let p = Project::new(&plan(1), rules(), json!({"ok": {"us": 100.0}}));
+        if !agent.is_empty() {
+            p.append_config(&format!("\n[agent]\n{agent}"));
+        }
+        p
+    };
+    let run = |p: &Project| DoctorOptions {
+        config: Some(p.path().join("agent.toml")),
+        worker: p.worker(),
+        gpu_timeout: Duration::from_secs(20),
+        python: "python3-optimizerd-test-absent".into(),
+        python_timeout: Duration::from_secs(5),
+    };
+    let url = server.base_url();
+    for (agent, status, words) in [
+        (String::new(), Status::Skip, "off (no [agent] base_url)"),
+        (format!("base_url = \"{url}\"\nmodel = \"scripted-coder\"\n"), Status::Ok, "endpoint answers; limits 20 requests"),
+        (format!("base_url = \"{url}\"\nmodel = \"gpt-9\"\n"), Status::Warn, "does not list model gpt-9"),
+        (format!("base_url = \"{url}\"\nmodel = \"m\"\napi_key_env = \"OPTD_TEST_KEY_THAT_IS_NOT_SET\"\n"), Status::Warn, "OPTD_TEST_KEY_THAT_IS_NOT_SET is not set"),
+        ("base_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n".to_string(), Status::Warn, "unreachable"),
+    ] {
+        let p = check(agent.clone());
+        let report = doctor::doctor(&run(&p)).await;
+        let c = report.check("agent").expect("an agent check");
+        assert_eq!(c.status, status, "{agent}: {}", report.text());
+        assert!(c.detail.contains(words), "{agent}: {}", c.detail);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_tuning_evolves_the_knobs_of_the_accepted_edit() {
+    let plan = r#"
+[open_phase]
+enabled = false
+
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+
+[[stage]]
+name = "agent"
+template = "kv_split.cu"
+search = "agent"
+max_candidates = 1
+start = { BLOCK_M = 16, NUM_WARPS = 4, MAX_SPLITS = 1 }
+
+[[stage]]
+name = "agent-tuning"
+template = "kv_split.cu"
+search = "agent-tuning"
+start_from_best = true
+space = { BLOCK_M = [16], NUM_WARPS = [4], MAX_SPLITS = [1, 2, 4] }
+max_candidates = 4
+"#;
+    let rules = json!([
+        {"source_contains": ["AGENT_KV", "#define MAX_SPLITS 2"], "behaviour": {"ok": {"us": 30.0}}},
+        {"source_contains": ["AGENT_KV"], "behaviour": {"ok": {"us": 50.0}}},
+    ]);
+    let server = ChatServer::start(vec![Reply::text(&edit(
+        "note the split (AGENT_KV)",
+        "extern \"C\" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {",
+        "// AGENT_KV\nextern \"C\" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {",
+    ))])
+    .await;
+    let p = Project::new(plan, rules, json!({"ok": {"us": 100.0}}));
+    p.append_config(&format!("\n[baseline]\nsdpa = false\n\n[agent]\nbase_url = \"{}\"\nmodel = \"m\"\n", server.base_url()));
+    assert_eq!(p.run("t1", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let l = ledger(&p).await;
+    let its = l.iterations("t1").await.unwrap();
+    l.close().await;
+    let edit_it = its.iter().find(|i| i.stage == "agent").unwrap();
+    assert_eq!(edit_it.verdict, "accepted", "{its:#?}");
+    let name = format!("kv-split+agent#{}", edit_it.seq);
+    let tuning: Vec<&IterationRecord> = its.iter().filter(|i| i.stage == "agent-tuning").collect();
+    assert!(!tuning.is_empty() && tuning.iter().all(|i| i.template == name), "{tuning:#?}");
+    let won = tuning.iter().find(|i| i.verdict == "accepted").expect("a tuned point wins");
+    assert!(won.params_json.contains("\"MAX_SPLITS\":2"), "{won:#?}");
+    assert!(!tuning.iter().any(|i| i.params_json.contains("\"MAX_SPLITS\":1")), "the edit's own point is not measured again");
+    // Without an accepted edit the stage is skipped with the reason.
+    let p = Project::new(plan, json!([]), json!({"ok": {"us": 100.0}}));
+    let server = ChatServer::start(vec![Reply::text(&not_applying())]).await;
+    p.append_config(&format!("\n[baseline]\nsdpa = false\n\n[agent]\nbase_url = \"{}\"\nmodel = \"m\"\n", server.base_url()));
+    assert_eq!(p.run("t2", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let skipped = events(&p, "t2", "stage_skipped").await;
+    assert!(skipped.iter().any(|m| m == "stage agent-tuning skipped: no accepted agent edit of kv_split.cu to tune"), "{skipped:?}");
 }

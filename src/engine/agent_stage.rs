@@ -179,6 +179,39 @@ impl Engine {
         }
     }
 
+    /// An `agent-tuning` stage: `stage` with its template replaced by the latest accepted
+    /// agent edit of it in this run (named like the iteration that made it, so the search
+    /// starts from that kernel's knobs and score). None (recorded) when there is none.
+    pub(super) async fn agent_tuning_stage(&mut self, stage: &Stage) -> anyhow::Result<Option<Stage>> {
+        let prefix = format!("{}+agent#", stage.template.name());
+        // The edit behind the newest acceptance of any `<name>+agent#<seq>` template (an
+        // agent iteration itself, or a tuning of it): `<seq>` names the proposal.
+        let edit_seq = self
+            .ledger
+            .iterations(&self.run_id)
+            .await?
+            .into_iter()
+            .filter(|i| i.verdict == "accepted")
+            .filter_map(|i| i.template.strip_prefix(&prefix).and_then(|n| n.parse::<i64>().ok()).map(|e| (i.seq, e)))
+            .max()
+            .map(|(_, e)| e);
+        let proposal = match edit_seq {
+            Some(e) => self.ledger.agent_proposals(&self.run_id).await?.into_iter().find(|p| p.seq == e),
+            None => None,
+        };
+        let (Some(e), Some(text)) = (edit_seq, proposal.and_then(|p| p.template_text)) else {
+            let msg = format!("stage {} skipped: no accepted agent edit of {} to tune", stage.spec.name, stage.spec.template);
+            self.agent_event_once("stage_skipped", &msg).await?;
+            tracing::info!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
+            return Ok(None);
+        };
+        let mut template = Template::parse(&stage.spec.template, text)?;
+        template.meta.name = format!("{prefix}{e}");
+        let mut tuned = stage.clone();
+        tuned.template = template;
+        Ok(Some(tuned))
+    }
+
     /// The stage ended early or normally: say why, in the ledger and the log.
     async fn agent_end(&mut self, stage: &str, why: &str) -> anyhow::Result<()> {
         let msg = format!("{stage}: {why}; the plan goes on");
@@ -296,7 +329,8 @@ impl Engine {
         }
         self.seq += 1;
         let seq = self.seq;
-        let agent_name = format!("{}+agent", stage.template.name());
+        // Each edit is a template of its own: `mma-fa2+agent#12` (the iteration that made it).
+        let agent_name = format!("{}+agent#{seq}", stage.template.name());
         let rec = IterationRecord {
             run_id: self.run_id.clone(),
             seq,

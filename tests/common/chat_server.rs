@@ -1,6 +1,6 @@
 //! A real local HTTP server speaking the OpenAI chat-completions protocol, replaying a
 //! script of replies in order (then answering 503), and keeping every request body it
-//! received. One connection per request (`Connection: close`), plain HTTP/1.1 on
+//! received; `GET /v1/models` lists `scripted-coder`. One connection per request (`Connection: close`), plain HTTP/1.1 on
 //! 127.0.0.1 with a free port.
 
 #![allow(dead_code)]
@@ -108,6 +108,10 @@ impl ChatServer {
             buf.extend_from_slice(&chunk[..n]);
         }
         let body: serde_json::Value = serde_json::from_slice(&buf[header_end..]).unwrap_or(serde_json::Value::Null);
+        if head.starts_with("GET /v1/models ") {
+            let models = serde_json::json!({"object": "list", "data": [{"id": "scripted-coder", "object": "model"}]});
+            return respond(&mut sock, 200, None, &models.to_string()).await;
+        }
         let path_ok = head.starts_with("POST /v1/chat/completions ");
         self.requests.lock().unwrap().push(body);
         self.auth.lock().unwrap().push(header("authorization"));
