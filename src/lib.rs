@@ -6,12 +6,14 @@
 //! the supervisor ([`daemon`]) and spoken to over the protocol ([`spec`]). See
 //! docs/ARCHITECTURE.md.
 //!
-//! Folders, lowest first, each using only folders before it: [`spec`], [`daemon`],
+//! Folders, lowest first, each using only folders before it: [`spec`], [`agent`]
+//! (the language-model proposer: client, prompt, edits, anti-cheat, limits), [`daemon`],
 //! [`storage`], [`strategy`], [`pipeline`], [`engine`]. Beside the run, [`ops`] (the
 //! operator's tools) uses all of them but [`engine`]; [`nvrtc`] and [`worker`] are the
 //! worker process's side (the worker uses [`spec`] and [`nvrtc`]); [`cli`] dispatches
 //! to all of them.
 
+pub mod agent;
 pub mod cli;
 pub mod daemon;
 pub mod engine;

@@ -18,6 +18,8 @@ fn the_embedded_file_equals_the_built_in_defaults() {
     assert_eq!(from_file.worker, from_nothing.worker);
     assert_eq!(from_file.run, from_nothing.run);
     assert_eq!(from_file.baseline, from_nothing.baseline);
+    assert_eq!(from_file.agent, from_nothing.agent);
+    assert!(!from_file.agent.enabled(), "the agent is opt-in");
     assert_eq!(from_file.shapes().len(), 8);
 }
 
@@ -74,4 +76,21 @@ fn a_partial_file_keeps_defaults_for_the_rest() {
     assert_eq!(c.timing.rounds, 9);
     assert_eq!(c.timing.samples_per_round, 10);
     assert_eq!(c.workload.shapes.len(), 8);
+}
+
+#[test]
+fn agent_keys_are_checked_with_file_line_and_key() {
+    let err = parse("[agent]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\ntemperature = 3.0\n").unwrap_err();
+    assert!(err.starts_with("/etc/agent.toml:4:") && err.contains("agent.temperature") && err.contains("0 ..= 2"), "{err}");
+    let err = parse("[agent]\nbase_url = \"127.0.0.1:9\"\nmodel = \"m\"\n").unwrap_err();
+    assert!(err.contains(":2:") && err.contains("agent.base_url"), "{err}");
+    let err = parse("[agent]\nbase_url = \"http://x/v1\"\n").unwrap_err();
+    assert!(err.contains("agent.model"), "{err}");
+    let err = parse("[agent]\napi_key_env = \"sk-123 secret\"\n").unwrap_err();
+    assert!(err.contains("agent.api_key_env") && err.contains("environment variable"), "{err}");
+    let err = parse("[agent]\nbase_url = \"http://x/v1\"\nmodell = \"m\"\n").unwrap_err();
+    assert!(err.starts_with("/etc/agent.toml:3:") && err.contains("modell"), "{err}");
+    let ok = parse("[agent]\nbase_url = \"http://127.0.0.1:8000/v1\"\nmodel = \"qwen\"\nusd_per_mtok_prompt = 2.0\nusd_per_mtok_completion = 8.0\n").unwrap();
+    assert!(ok.agent.enabled());
+    assert!((ok.agent.cost(1_000_000, 500_000) - 6.0).abs() < 1e-9);
 }

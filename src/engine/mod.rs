@@ -21,6 +21,7 @@ use crate::spec::template::Params;
 use crate::storage::workspace::Workspace;
 use crate::pipeline::{check, compile, gate, record, render, timing};
 
+mod agent_stage;
 mod closing;
 mod gpu_wait;
 mod incumbents;
@@ -178,6 +179,25 @@ impl Engine {
                     continue;
                 }
             }
+            if stage.spec.search == crate::strategy::search::SearchKind::Agent {
+                match self.agent_stage(stage).await? {
+                    Some(end) => return Ok(end),
+                    None => continue,
+                }
+            }
+            // agent-tuning: the same stage over the latest accepted agent edit of its template.
+            let edited;
+            let stage = if stage.spec.search == crate::strategy::search::SearchKind::AgentTuning {
+                match self.agent_tuning_stage(stage).await? {
+                    Some(s) => {
+                        edited = s;
+                        &edited
+                    }
+                    None => continue,
+                }
+            } else {
+                stage
+            };
             let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);
             // Where this stage starts: recorded when it first began (so a resumed run
             // replays from the same point), else chosen now.

@@ -228,8 +228,65 @@ pub async fn doctor(opts: &DoctorOptions) -> Report {
     let nvrtc_version = device.as_ref().map(|d| d.nvrtc_version).or_else(|| nvrtc.as_ref().ok().map(|t| t.version));
     checks.push(versions_check(nvrtc_version, device.as_ref().map(|d| d.driver_version)));
     checks.push(torch);
+    checks.push(match &config {
+        Some(c) => agent_check(&c.agent).await,
+        None => Check::skip("agent", "not checked: the configuration did not load"),
+    });
 
     Report { checks, device }
+}
+
+/// The agent's endpoint: off, or its key present and `GET {base_url}/models` answering.
+/// Never a failure: without the agent the plan runs, its agent stages skipped.
+async fn agent_check(a: &crate::spec::agent::AgentSection) -> Check {
+    if !a.enabled() {
+        return Check::skip("agent", "off (no [agent] base_url): agent stages are skipped");
+    }
+    let mut detail = format!("{} at {}", a.model, a.base_url);
+    let key = if a.api_key_env.is_empty() {
+        None
+    } else {
+        match std::env::var(&a.api_key_env) {
+            Ok(k) => Some(k),
+            Err(_) => {
+                return Check::warn(
+                    "agent",
+                    format!("{detail}: {} is not set", a.api_key_env),
+                    format!("export {}=<your key>, or empty agent.api_key_env for a local server; agent stages end at once without it", a.api_key_env),
+                )
+            }
+        }
+    };
+    let client = match reqwest::Client::builder().timeout(std::time::Duration::from_secs(5)).build() {
+        Ok(c) => c,
+        Err(e) => return Check::warn("agent", format!("{detail}: {e}"), "agent stages will end with this error"),
+    };
+    let mut req = client.get(format!("{}/models", a.base_url.trim().trim_end_matches('/')));
+    if let Some(k) = &key {
+        req = req.bearer_auth(k);
+    }
+    match req.send().await {
+        Ok(r) if r.status().is_success() => {
+            let listed = r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|v| v["data"].as_array().map(|d| d.iter().any(|m| m["id"].as_str() == Some(a.model.as_str()))));
+            match listed {
+                Some(false) => Check::warn(
+                    "agent",
+                    format!("{detail}: the endpoint answers but does not list model {}", a.model),
+                    "set agent.model to one of the endpoint's models (GET /models)",
+                ),
+                _ => {
+                    detail.push_str(&format!(": endpoint answers; limits {} requests, {} tokens, ${:.2}", a.max_requests, a.max_total_tokens, a.max_cost_usd));
+                    Check::ok("agent", detail)
+                }
+            }
+        }
+        Ok(r) => Check::warn("agent", format!("{detail}: GET /models answered HTTP {}", r.status().as_u16()), "check agent.base_url and the key; agent stages end with the endpoint's error"),
+        Err(e) => Check::warn("agent", format!("{detail}: unreachable ({e})"), "start the model server or fix agent.base_url; agent stages end at once while it is down"),
+    }
 }
 
 fn runs_check(config: &Config) -> Check {

@@ -18,6 +18,19 @@ pub struct Status {
     pub sdpa: Vec<SdpaRow>,
     /// The closing comparison (a finished run): best kernels and SDPA re-timed back to back.
     pub closing: Vec<ClosingRow>,
+    /// What the agent used of its limits; None when the run's agent was off and idle.
+    pub agent: Option<AgentStatus>,
+}
+
+/// The agent's requests, tokens and estimated cost against the run's limits.
+#[derive(Debug, Serialize)]
+pub struct AgentStatus {
+    pub model: String,
+    pub base_url: String,
+    pub usage: crate::agent::limits::Usage,
+    pub max_requests: Option<u64>,
+    pub max_total_tokens: Option<u64>,
+    pub max_cost_usd: Option<f64>,
 }
 
 pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, LedgerError> {
@@ -33,7 +46,21 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
     }
     let sdpa = ledger.sdpa(&run.id).await?;
     let closing = ledger.closing(&run.id).await?;
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa, closing })
+    let usage = ledger.agent_usage(&run.id).await?;
+    let cfg = ledger.run_agent_config(&run.id).await?;
+    let enabled = cfg.as_ref().and_then(|c| c["base_url"].as_str()).is_some_and(|u| !u.trim().is_empty());
+    let agent = (enabled || usage.requests > 0).then(|| {
+        let c = cfg.unwrap_or_default();
+        AgentStatus {
+            model: c["model"].as_str().unwrap_or("-").to_string(),
+            base_url: c["base_url"].as_str().unwrap_or("-").to_string(),
+            usage,
+            max_requests: c["max_requests"].as_u64(),
+            max_total_tokens: c["max_total_tokens"].as_u64(),
+            max_cost_usd: c["max_cost_usd"].as_f64(),
+        }
+    });
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa, closing, agent })
 }
 
 /// Candidates per minute of budget used (None before a minute's worth of data).
@@ -58,6 +85,21 @@ pub fn status_text(s: &Status) -> String {
         fmt_dur(std::time::Duration::from_secs_f64(r.budget_s)),
         fmt_dur(std::time::Duration::from_secs_f64(s.budget_left_s))
     );
+    if let Some(a) = &s.agent {
+        let of = |x: Option<String>| x.map(|x| format!(" of {x}")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "agent      {} requests{}, {} tokens{}, ${:.4}{} ({} at {})",
+            a.usage.requests,
+            of(a.max_requests.map(|m| m.to_string())),
+            a.usage.tokens(),
+            of(a.max_total_tokens.map(|m| m.to_string())),
+            a.usage.cost_usd,
+            of(a.max_cost_usd.map(|m| format!("${m:.2}"))),
+            a.model,
+            a.base_url
+        );
+    }
     let _ = writeln!(out, "folder     {}", r.run_dir);
     out.push('\n');
     out.push_str(&best_table(&s.best, &s.sdpa, &r.run_dir));

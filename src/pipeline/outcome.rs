@@ -35,6 +35,13 @@ pub enum Verdict {
     /// Not run: an earlier run on the same kind of GPU measured this exact source on these
     /// shapes (memory across runs), and this run's re-check of the memory held.
     Remembered,
+    /// An agent reply that does not parse or apply, changes the ABI/spec, includes other
+    /// headers or declares persistent state: never compiled.
+    RejectedProposal,
+    /// An anti-cheat probe failed (writes outside O or to Q/K/V, stale or cached results).
+    Cheating,
+    /// Faster than is plausible on this GPU: re-verified and never accepted.
+    Flagged,
 }
 
 impl Verdict {
@@ -52,6 +59,9 @@ impl Verdict {
             Verdict::Error => "error",
             Verdict::Interrupted => "interrupted",
             Verdict::Remembered => "remembered",
+            Verdict::RejectedProposal => "rejected_proposal",
+            Verdict::Cheating => "cheating",
+            Verdict::Flagged => "flagged",
         }
     }
 }

@@ -25,6 +25,8 @@ pub enum ConfigError {
     Parse { path: PathBuf, line: usize, column: usize, message: String },
     #[error("{path}: `{key}` {message}")]
     Invalid { path: PathBuf, key: String, message: String },
+    #[error("{path}:{line}: `{key}` {message}")]
+    InvalidAt { path: PathBuf, line: usize, key: String, message: String },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -47,6 +49,9 @@ pub struct Config {
     pub worker: WorkerSection,
     #[serde(default)]
     pub baseline: BaselineSection,
+    /// The agent (a language model proposing kernel edits); off unless `base_url` is set.
+    #[serde(default)]
+    pub agent: crate::spec::agent::AgentSection,
 }
 
 /// The PyTorch SDPA baseline measured in every run.
@@ -247,6 +252,10 @@ impl Config {
         config.source = path.to_path_buf();
         config.base_dir = base_dir.to_path_buf();
         config.validate()?;
+        if let Err((key, message)) = config.agent.validate() {
+            let line = crate::spec::agent::key_line(text, key.trim_start_matches("agent."));
+            return Err(ConfigError::InvalidAt { path: path.to_path_buf(), line, key, message });
+        }
         Ok(config)
     }
 
@@ -331,6 +340,7 @@ impl Config {
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
                         "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
+            "agent": self.agent.effective(),
         })
     }
 

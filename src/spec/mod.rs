@@ -1,9 +1,10 @@
 //! The shared vocabulary: what is run and how it is described. The daemon <-> worker
 //! [`protocol`] (and the kernel ABI's launch description), the run's configuration
-//! ([`config`], `agent.toml`), kernel [`template`]s and their formulas, and the
+//! ([`config`], `agent.toml`, its `[agent]` table in [`agent`]), kernel [`template`]s and their formulas, and the
 //! [`assets`] they are read from (disk or the copies embedded in the binary). Nothing
 //! here depends on any other folder; everything else builds on it.
 
+pub mod agent;
 pub mod assets;
 pub mod config;
 pub mod protocol;

@@ -280,6 +280,11 @@ pub enum Request {
         plans: Vec<ShapePlan>,
         tolerance: Tolerance,
         seed: u64,
+        /// Anti-cheat probes on top of the check (agent candidates): guard regions around
+        /// O, Q/K/V compared after the run, and a rerun on a second stream with new inputs
+        /// in the same buffers and O not re-poisoned.
+        #[serde(default)]
+        probes: Probes,
     },
     /// Time several loaded kernels on each shape, interleaved.
     Time {
@@ -298,6 +303,18 @@ pub enum Request {
     /// Drop a loaded module.
     Unload { id: String },
     Shutdown,
+}
+
+/// Which anti-cheat probes a check runs (see [`Request::Check`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probes {
+    /// Guard regions, input comparison, second-stream rerun.
+    #[serde(default)]
+    pub on: bool,
+    /// The re-check after timing: inputs allocated behind a spacer, so at addresses
+    /// other than the first check's and the timing's.
+    #[serde(default)]
+    pub after_timing: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -421,6 +438,9 @@ pub struct ShapeCheck {
     pub ctas_planned: Vec<u64>,
     /// Why it failed, in words; empty when passed.
     pub reason: String,
+    /// Anti-cheat probes that failed (`guard`, `inputs`, `rerun`, ...), each with what it saw.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probe_failures: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

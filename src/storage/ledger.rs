@@ -189,6 +189,10 @@ impl Ledger {
         Ok(Ledger { pool })
     }
 
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }

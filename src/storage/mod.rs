@@ -1,9 +1,11 @@
 //! What a run keeps on disk: the SQLite [`ledger`] (runs, iterations, best per shape,
-//! events), the run's git [`workspace`] (candidate commits, `best`, rejected refs), and
-//! the [`memory`] of earlier runs on the same kind of GPU, the PyTorch [`sdpa`] baseline, cached per device and recorded with each run (the
-//! ledger stores it, and it reads its cache from the ledger). Depends on
-//! [`crate::spec`] and on [`crate::daemon::failpoint`].
+//! events), the agent's requests and proposals ([`agent_log`]), the run's git
+//! [`workspace`] (candidate commits, `best`, rejected refs), the [`memory`] of earlier runs
+//! on the same kind of GPU, and the PyTorch [`sdpa`] baseline, cached per device and
+//! recorded with each run (the ledger stores it, and it reads its cache from the ledger).
+//! Depends on [`crate::spec`], [`crate::agent`] (usage counts) and on [`crate::daemon::failpoint`].
 
+pub mod agent_log;
 pub mod ledger;
 pub mod memory;
 pub mod sdpa;

@@ -3,7 +3,9 @@
 //! `exhaustive` walks every combination in declared order; `coordinate` changes one
 //! knob at a time from a start point and keeps the best value of each knob before
 //! moving on (the "one variable at a time" method); `evolve` mutates one or two knobs
-//! of the best point so far, at random from a fixed seed. Scores are reported back
+//! of the best point so far, at random from a fixed seed; `agent` stages propose
+//! source edits instead (see `engine/agent_stage.rs`) and get nothing from here;
+//! `agent-tuning` evolves the knobs of an accepted agent edit. Scores are reported back
 //! after each candidate; lower is better (geometric-mean time), `None` means it
 //! failed. Every kind is deterministic given the scores, so a resumed run replays the
 //! recorded iterations and stands exactly where it stopped.
@@ -20,6 +22,11 @@ pub enum SearchKind {
     Exhaustive,
     Coordinate,
     Evolve,
+    /// A language model proposes edits of the template (engine/agent_stage.rs); no knob search.
+    Agent,
+    /// `evolve` over the knobs of the latest accepted agent edit of the template.
+    #[serde(rename = "agent-tuning")]
+    AgentTuning,
 }
 
 #[derive(Clone)]
@@ -68,7 +75,8 @@ impl Search {
             let candidate = match self.kind {
                 SearchKind::Exhaustive => self.next_exhaustive()?,
                 SearchKind::Coordinate => self.next_coordinate()?,
-                SearchKind::Evolve => self.next_evolve()?,
+                SearchKind::Evolve | SearchKind::AgentTuning => self.next_evolve()?,
+                SearchKind::Agent => return None,
             };
             let key = serde_json::to_string(&candidate).unwrap_or_default();
             if self.seen.insert(key) {
@@ -81,7 +89,7 @@ impl Search {
 
     /// Feed back the outcome of `params` (lower score is better; None = failed).
     pub fn report(&mut self, params: &Params, score: Option<f64>) {
-        if self.kind == SearchKind::Evolve {
+        if matches!(self.kind, SearchKind::Evolve | SearchKind::AgentTuning) {
             if let Some(s) = score {
                 if self.elite.as_ref().is_none_or(|(e, _)| s < *e) {
                     self.elite = Some((s, params.clone()));
@@ -178,7 +186,7 @@ impl Search {
     pub fn prime(&mut self, params: &Params, score: f64) {
         self.seen.insert(serde_json::to_string(params).unwrap_or_default());
         match self.kind {
-            SearchKind::Evolve => {
+            SearchKind::Evolve | SearchKind::AgentTuning => {
                 self.started = true;
                 self.elite = Some((score, params.clone()));
             }
@@ -186,7 +194,7 @@ impl Search {
                 self.started = true;
                 self.report(params, Some(score));
             }
-            SearchKind::Exhaustive => {}
+            SearchKind::Exhaustive | SearchKind::Agent => {}
         }
     }
 

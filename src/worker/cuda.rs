@@ -32,7 +32,7 @@ use super::Backend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
 use crate::spec::protocol::{
     Checked, DeviceInfo, KernelResources, Launch, Loaded, OccupancyQuery, OccupancyResult, Request,
-    Response, Shape, ShapeCheck, ShapePlan, TensorMap, TensorName, TimeCase, Timed, TimedCase,
+    Probes, Response, Shape, ShapeCheck, ShapePlan, TensorMap, TensorName, TimeCase, Timed, TimedCase,
     TimedEntry, TimingSpec, Tolerance, ABI_PARAMS,
 };
 
@@ -371,12 +371,24 @@ impl Abi {
     /// The launch arguments of `plan` on one tensor set; `what` names the request for
     /// a tensor-map encoding failure.
     fn new(plan: &ShapePlan, set: &TensorSet, partials: &Partials, stream: &CudaStream, what: &str) -> Result<Self, Failure> {
+        Self::with_o(plan, set, partials, stream, what, None)
+    }
+
+    /// As [`Abi::new`], with O at `o` instead of `set.o` (inside a guarded buffer).
+    fn with_o(
+        plan: &ShapePlan,
+        set: &TensorSet,
+        partials: &Partials,
+        stream: &CudaStream,
+        what: &str,
+        o: Option<sys::CUdeviceptr>,
+    ) -> Result<Self, Failure> {
         let s = &plan.shape;
         let mut abi = Abi {
             q: dptr(&set.q, stream),
             k: dptr(&set.k, stream),
             v: dptr(&set.v, stream),
-            o: dptr(&set.o, stream),
+            o: o.unwrap_or_else(|| dptr(&set.o, stream)),
             o_partial: dptr(&partials.o, stream),
             lse_partial: dptr(&partials.lse, stream),
             batch: s.b as i32,
@@ -638,7 +650,8 @@ impl CudaBackend {
                 plans,
                 tolerance,
                 seed,
-            } => self.check(&id, &plans, tolerance, seed),
+                probes,
+            } => self.check(&id, &plans, tolerance, seed, probes),
             Request::Time { cases, spec, seed } => self.time(&cases, &spec, seed),
             Request::Unload { id } => match self.candidates.remove(&id) {
                 Some(c) => {
@@ -824,6 +837,7 @@ impl CudaBackend {
         plans: &[ShapePlan],
         tol: Tolerance,
         seed: u64,
+        probes: Probes,
     ) -> Result<Response, Failure> {
         for p in plans {
             validate_plan(p).map_err(|m| Failure::Bad(format!("check {id}: {m}")))?;
@@ -843,7 +857,7 @@ impl CudaBackend {
 
         let mut shapes = Vec::with_capacity(plans.len());
         for (idx, (plan, fns)) in plans.iter().zip(&resolved).enumerate() {
-            let result = self.check_shape(plan, fns, tol, reference::mix_seed(seed, idx as u64))?;
+            let result = self.check_shape(plan, fns, tol, reference::mix_seed(seed, idx as u64), probes)?;
             let passed = result.passed;
             shapes.push(result);
             if !passed {
@@ -859,23 +873,45 @@ impl CudaBackend {
         fns: &[Resolved<'_>],
         tol: Tolerance,
         seed: u64,
+        probes: Probes,
     ) -> Result<ShapeCheck, Failure> {
         let shape = plan.shape;
         let key = shape.key();
         let stream = &self.stream;
         let n = shape.elems() as usize;
 
+        // After timing, a spacer allocated first puts this check's tensors at addresses
+        // other than the first check's and the timing's.
+        let _spacer = if probes.after_timing {
+            let len = PROBE_SPACER_BYTES + (seed % 13) as usize * 4096;
+            Some(api(stream.alloc_zeros::<u8>(len), || format!("check {key}: allocating the address spacer"))?)
+        } else {
+            None
+        };
         let (q, k, v) = reference::randn_inputs(&shape, seed);
         let set = self.upload_set(&shape, &q, &k, &v, &format!("check {key}"))?;
-        poison_u16(stream, &set.o, reference::nan_bits(shape.dtype))
-            .map_err(|e| Failure::cuda(format!("check {key}: poisoning O"), e, Stage::Api))?;
+        // Probes: O sits between two guard regions filled with a known pattern.
+        let guarded = if probes.on {
+            let g = api(stream.alloc_zeros::<u16>(n + 2 * GUARD_ELEMS), || format!("check {key}: allocating guarded O"))?;
+            poison_u16(stream, &g, GUARD_BITS).map_err(|e| Failure::cuda(format!("check {key}: filling the guards"), e, Stage::Api))?;
+            Some(g)
+        } else {
+            None
+        };
+        let o_at = guarded.as_ref().map(|g| dptr(g, stream) + (GUARD_ELEMS * 2) as u64);
+        let nan = reference::nan_bits(shape.dtype);
+        match o_at {
+            Some(p) => memset16(stream, p, nan, n),
+            None => poison_u16(stream, &set.o, nan),
+        }
+        .map_err(|e| Failure::cuda(format!("check {key}: poisoning O"), e, Stage::Api))?;
         let partials = self.alloc_partials(&shape, plan.n_splits, true, &format!("check {key}"))?;
         let counters = api(stream.alloc_zeros::<u32>(fns.len()), || {
             format!("check {key}: allocating CTA counters")
         })?;
         let counter_base = dptr(&counters, stream);
 
-        let abi = Abi::new(plan, &set, &partials, stream, &format!("check {key}"))?;
+        let abi = Abi::with_o(plan, &set, &partials, stream, &format!("check {key}"), o_at)?;
         for (i, r) in fns.iter().enumerate() {
             r.function_launch(&abi, counter_base + 4 * i as u64, stream)
                 .map_err(|e| {
@@ -890,6 +926,9 @@ impl CudaBackend {
         // The reference runs on the CPU while the GPU works.
         let rows = reference::select_rows(&shape, seed);
         let want = reference::reference_rows(&shape, &q, &k, &v, &rows);
+        let sent = probes.on.then(|| {
+            [&q, &k, &v].map(|x| reference::to_bits(x, shape.dtype))
+        });
         drop((q, k, v));
 
         after(stream.synchronize(), || {
@@ -898,9 +937,14 @@ impl CudaBackend {
         let ran: Vec<u32> = after(stream.clone_dtoh(&counters), || {
             format!("check {key}: reading CTA counters")
         })?;
-        let out_bits: Vec<u16> = after(stream.clone_dtoh(&set.o), || {
-            format!("check {key}: reading O")
-        })?;
+        let (out_bits, guards_bad) = match &guarded {
+            Some(g) => {
+                let all: Vec<u16> = after(stream.clone_dtoh(g), || format!("check {key}: reading guarded O"))?;
+                let bad = all[..GUARD_ELEMS].iter().chain(&all[GUARD_ELEMS + n..]).filter(|&&b| b != GUARD_BITS).count();
+                (all[GUARD_ELEMS..GUARD_ELEMS + n].to_vec(), bad)
+            }
+            None => (after(stream.clone_dtoh(&set.o), || format!("check {key}: reading O"))?, 0),
+        };
         after(stream.synchronize(), || {
             format!("check {key}: reading results")
         })?;
@@ -942,6 +986,33 @@ impl CudaBackend {
                 ));
             }
         }
+
+        let mut probe_failures = Vec::new();
+        if probes.after_timing && !reasons.is_empty() {
+            probe_failures.push(format!("after_timing: {} on fresh inputs at other addresses (an earlier result reused?)", reasons.join("; ")));
+        }
+        if guards_bad > 0 {
+            probe_failures.push(format!("guard: {guards_bad} elements of the {GUARD_ELEMS}-element guard regions around O were written"));
+        }
+        if let Some(sent) = &sent {
+            for (name, buf, bits) in [("Q", &set.q, &sent[0]), ("K", &set.k, &sent[1]), ("V", &set.v, &sent[2])] {
+                let now: Vec<u16> = after(stream.clone_dtoh(buf), || format!("check {key}: reading {name} back"))?;
+                let changed = now.iter().zip(bits.iter()).filter(|(a, b)| a != b).count();
+                if changed > 0 {
+                    probe_failures.push(format!("inputs: {name} changed during the launch ({changed} elements differ)"));
+                }
+            }
+        }
+        if probes.on && reasons.is_empty() && probe_failures.is_empty() {
+            if let Some(why) = self.rerun_probe(plan, fns, &set, &abi, counter_base, tol, seed)? {
+                probe_failures.push(why);
+            }
+        }
+        for p in &probe_failures {
+            if !reasons.contains(p) {
+                reasons.push(p.clone());
+            }
+        }
         Ok(ShapeCheck {
             shape,
             passed: reasons.is_empty(),
@@ -952,7 +1023,68 @@ impl CudaBackend {
             ctas_ran,
             ctas_planned,
             reason: reasons.join("; "),
+            probe_failures,
         })
+    }
+
+    /// The rerun probe: new inputs written into the same buffers, O left as the first run
+    /// wrote it (not re-poisoned), the launches on a second stream. A kernel that skips
+    /// work when O looks written, or keys a cache on addresses, returns stale output.
+    #[allow(clippy::too_many_arguments)]
+    fn rerun_probe(
+        &self,
+        plan: &ShapePlan,
+        fns: &[Resolved<'_>],
+        set: &TensorSet,
+        abi: &Abi,
+        counter_base: sys::CUdeviceptr,
+        tol: Tolerance,
+        seed: u64,
+    ) -> Result<Option<String>, Failure> {
+        let shape = plan.shape;
+        let key = shape.key();
+        let stream = &self.stream;
+        let seed2 = reference::mix_seed(seed, 0x2E2E);
+        // The raw driver calls below need this context current on the thread.
+        api(self.ctx.bind_to_thread(), || format!("check {key}: rerun probe: binding the context"))?;
+        let (q, k, v) = reference::randn_inputs(&shape, seed2);
+        // The first run's work (and its reads) must be over before the buffers change.
+        after(stream.synchronize(), || format!("check {key}: rerun probe: after the first run"))?;
+        for (name, host, dev) in [("Q", &q, &set.q), ("K", &k, &set.k), ("V", &v, &set.v)] {
+            let bits = reference::to_bits(host, shape.dtype);
+            let p = dptr(dev, stream);
+            // SAFETY: `p` addresses `dev.len()` == `bits.len()` u16 elements owned by `set`,
+            // which outlives this call; the copy is synchronous.
+            unsafe { sys::cuMemcpyHtoD_v2(p, bits.as_ptr() as *const c_void, bits.len() * 2) }
+                .result()
+                .map_err(|e| Failure::cuda(format!("check {key}: rerun probe: writing new {name}"), e, Stage::Api))?;
+        }
+        after(stream.synchronize(), || format!("check {key}: rerun probe: before the second stream"))?;
+        let second = api(self.ctx.new_stream(), || format!("check {key}: rerun probe: creating a second stream"))?;
+        for (i, r) in fns.iter().enumerate() {
+            r.function_launch(abi, counter_base + 4 * i as u64, &second)
+                .map_err(|e| Failure::cuda(format!("check {key}: rerun probe: launch {i} ({})", r.launch.kernel), e, Stage::Launch))?;
+        }
+        let rows = reference::select_rows(&shape, seed2);
+        let want = reference::reference_rows(&shape, &q, &k, &v, &rows);
+        after(second.synchronize(), || format!("check {key}: rerun probe: running on the second stream"))?;
+        let n = shape.elems() as usize;
+        let mut out_bits = vec![0u16; n];
+        // SAFETY: `abi.o` addresses the n elements of O (in `set.o` or the guarded buffer,
+        // both alive here); the copy is synchronous and the second stream has finished.
+        unsafe { sys::cuMemcpyDtoH_v2(out_bits.as_mut_ptr() as *mut c_void, abi.o, n * 2) }
+            .result()
+            .map_err(|e| Failure::cuda(format!("check {key}: rerun probe: reading O"), e, Stage::AfterLaunch))?;
+        let out = reference::from_bits(&out_bits, shape.dtype);
+        let cmp = reference::compare(&shape, &out, &rows, &want);
+        let bad = cmp.max_abs > tol.atol || cmp.max_abs.is_nan() || cmp.rel_l2 > tol.rtol_l2 || cmp.rel_l2.is_nan() || cmp.unwritten > 0;
+        Ok(bad.then(|| {
+            format!(
+                "rerun: on a second stream with new inputs in the same buffers and O not re-poisoned, max_abs {} rel_l2 {} (stale or skipped output)",
+                fmt_err(cmp.max_abs),
+                fmt_err(cmp.rel_l2)
+            )
+        }))
     }
 
     // -- Time ------------------------------------------------------------------------------
@@ -1300,6 +1432,18 @@ fn fmt_err(x: f64) -> String {
 fn elapsed(start: &CudaEvent, end: &CudaEvent) -> Result<f32, DriverError> {
     end.synchronize()?;
     start.elapsed_ms(end)
+}
+
+/// Guard regions around O in probed checks: elements each side, and their pattern.
+const GUARD_ELEMS: usize = 8192;
+const GUARD_BITS: u16 = 0x5A3C;
+/// Bytes allocated ahead of an after-timing check's tensors (plus a seeded extra).
+const PROBE_SPACER_BYTES: usize = 3 << 20;
+
+fn memset16(stream: &CudaStream, p: sys::CUdeviceptr, bits: u16, len: usize) -> Result<(), DriverError> {
+    // SAFETY: callers pass `p` addressing `len` u16 elements inside a live allocation that
+    // outlives the asynchronous memset (every request synchronises before returning).
+    unsafe { sys::cuMemsetD16Async(p, bits, len, stream.cu_stream()) }.result()
 }
 
 fn poison_u16(stream: &CudaStream, buf: &CudaSlice<u16>, bits: u16) -> Result<(), DriverError> {

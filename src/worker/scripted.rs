@@ -4,7 +4,8 @@
 //! supervisor, ledger, git and search are exercised unchanged on a CPU machine.
 //! A JSON script says, per candidate (matched by substrings of its rendered
 //! source), whether it compiles, is correct, how fast it is, or whether it crashes
-//! or hangs the worker at a given step.
+//! or hangs the worker at a given step, or how an anti-cheat probe catches it. With
+//! `nvrtc = true` every source is first compiled by the real NVRTC.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -33,6 +34,10 @@ pub struct Script {
     /// Milliseconds each load/check/time request takes, to make runs last.
     #[serde(default)]
     pub step_delay_ms: u64,
+    /// Compile every loaded source with the real NVRTC for its target first: a source
+    /// NVRTC rejects answers `compile_error` with NVRTC's own log, whatever the rules say.
+    #[serde(default)]
+    pub nvrtc: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -63,6 +68,34 @@ pub enum Behaviour {
     Hang { step: String },
     /// A sticky CUDA error reply at `step`, after which the worker exits.
     Sticky { step: String },
+    /// A cheating kernel: correct under the plain check and `us` fast, but caught by the
+    /// anti-cheat probe `probe` when a check runs probes: `guard` (writes past O),
+    /// `inputs` (writes Q/K/V), `rerun` (stale O on the second-stream rerun: skips work
+    /// when O looks written), `recheck` (caches results: wrong after timing on fresh
+    /// inputs at other addresses; only the after-timing check sees it).
+    Cheat {
+        probe: String,
+        #[serde(default = "fast_us")]
+        us: f64,
+        /// What the probe reports (default: a canned report worded like the CUDA worker's).
+        #[serde(default)]
+        detail: Option<String>,
+    },
+}
+
+fn fast_us() -> f64 {
+    1.0
+}
+
+/// What a probe reports when it catches a scripted cheat (worded like the CUDA worker's).
+fn probe_report(probe: &str) -> String {
+    match probe {
+        "guard" => "guard: 32 elements of the 8192-element guard regions around O were written".into(),
+        "inputs" => "inputs: K changed during the launch (2 elements differ)".into(),
+        "rerun" => "rerun: on a second stream with new inputs in the same buffers and O not re-poisoned, max_abs 2.31 rel_l2 0.98 (stale or skipped output)".into(),
+        "recheck" => "after_timing: max_abs 1.87 > atol 0.02 on fresh inputs at other addresses (an earlier result reused?)".into(),
+        other => format!("{other}: scripted probe failure"),
+    }
 }
 
 pub struct ScriptedBackend {
@@ -131,8 +164,18 @@ impl Backend for ScriptedBackend {
                 eprintln!("scripted worker: precompile {} {arch}", short_hash(&source));
                 Response::Precompiling
             }
-            Request::Load { id, source, kernels, occupancy, .. } => {
+            Request::Load { id, source, kernels, occupancy, arch, .. } => {
                 eprintln!("scripted worker: load {id} {}", short_hash(&source));
+                if self.script.nvrtc {
+                    let tc = match crate::nvrtc::locate() {
+                        Ok(tc) => tc,
+                        Err(e) => return Response::BadRequest { message: format!("the script asks for NVRTC, which is missing: {e}; run scripts/setup.sh") },
+                    };
+                    if let Err(e) = crate::nvrtc::compile(&tc, &source, "candidate.cu", &arch, &[]) {
+                        let log = if e.log().is_empty() { e.to_string() } else { e.log().to_string() };
+                        return Response::CompileError { log };
+                    }
+                }
                 let b = self.behaviour_for(&source);
                 if let Some(r) = self.trip(&b, "load") {
                     return r;
@@ -154,7 +197,7 @@ impl Backend for ScriptedBackend {
                     log: String::new(),
                 })
             }
-            Request::Check { id, plans, tolerance, .. } => {
+            Request::Check { id, plans, tolerance, probes, .. } => {
                 let Some(b) = self.modules.get(&id).cloned() else {
                     return Response::BadRequest { message: format!("unknown module {id}") };
                 };
@@ -164,9 +207,15 @@ impl Backend for ScriptedBackend {
                 let mut shapes = Vec::new();
                 for p in plans {
                     let planned: Vec<u64> = p.launches.iter().map(|l| l.ctas()).collect();
-                    let (ran, max_abs, reason) = match b {
+                    let mut probe_failures = Vec::new();
+                    let (ran, max_abs, reason) = match &b {
                         Behaviour::Wrong => (planned.clone(), 0.5, format!("max_abs 0.5 > atol {}", tolerance.atol)),
                         Behaviour::CtaShort => (vec![1; planned.len()], 0.001, format!("launch 0: 1 CTAs ran, {} planned", planned[0])),
+                        Behaviour::Cheat { probe, detail, .. } if (probe == "recheck" && probes.after_timing) || (probe != "recheck" && probes.on) => {
+                            let report = detail.clone().unwrap_or_else(|| probe_report(probe));
+                            probe_failures.push(report.clone());
+                            (planned.clone(), 0.001, report)
+                        }
                         _ => (planned.clone(), 0.001, String::new()),
                     };
                     let passed = reason.is_empty();
@@ -180,6 +229,7 @@ impl Backend for ScriptedBackend {
                         ctas_ran: ran,
                         ctas_planned: planned,
                         reason,
+                        probe_failures,
                     });
                     if !passed {
                         break;
@@ -200,6 +250,7 @@ impl Backend for ScriptedBackend {
                         }
                         let us = match &b {
                             Behaviour::Ok { us, per_shape } => per_shape.get(&case.shape.key()).copied().unwrap_or(*us),
+                            Behaviour::Cheat { us, .. } => *us,
                             _ => 1000.0,
                         };
                         let n = (spec.rounds * spec.samples_per_round) as usize;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod chat_server;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
