@@ -43,7 +43,7 @@ pub struct RunData {
     pub env: Vec<(String, String)>,
     /// Things the reader must know before trusting a figure (run in progress, no SDPA, ...).
     pub notes: Vec<String>,
-    /// Budget axis end: the budget, or what was used if a resume went past it.
+    /// Budget axis end (seconds): the budget while running, what was used once ended.
     pub budget_s: f64,
     /// Each iteration's stage and the budget seconds when it was recorded (stage bands).
     #[serde(skip)]
@@ -187,7 +187,12 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<String>) -> Resul
     }
 
     let state = state.unwrap_or_else(|| run.state.clone());
-    let budget_s = run.budget_s.max(run.used_s);
+    // A run still going is drawn against its whole budget (how far along it is); an ended
+    // one against what it used, so a plan exhausted early does not squeeze into a corner.
+    let budget_s = match state.as_str() {
+        "running" | "waiting_for_gpu" => run.budget_s.max(run.used_s),
+        _ => run.used_s * 1.03,
+    };
     let end_s = run.used_s;
     let sdpa_default: BTreeMap<&str, f64> =
         sdpa.iter().filter_map(|r| r.default_graph_us.map(|us| (r.shape.as_str(), us))).collect();

@@ -326,7 +326,9 @@ pub fn throughput(d: &RunData) -> Result<Option<Figure>, FigureError> {
 
 /// The bar series of figure 2: label and, per shape, the time in microseconds.
 fn throughput_series(d: &RunData) -> Vec<(String, Vec<Option<f64>>)> {
-    let mut series = vec![("best kernel (this run)".to_string(), d.throughput.iter().map(|t| t.best_us).collect::<Vec<_>>())];
+    let best: Vec<Option<f64>> = d.throughput.iter().map(|t| t.best_us).collect();
+    let label = if best.iter().all(|b| b.is_none()) { "best kernel: none correct" } else { "best kernel (this run)" };
+    let mut series = vec![(label.to_string(), best)];
     if d.reference == Reference::SdpaDefault {
         for b in crate::ops::run_report::data::SDPA_BACKENDS {
             let v: Vec<Option<f64>> =
