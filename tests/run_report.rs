@@ -221,7 +221,7 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
 
     // Figure 4: verdicts per stage.
     let fig4 = svg_texts(&read(&out.join("verdicts.svg")));
-    for want in ["baseline (1)", "accepted (2)", "rejected (1)", "compile_error (1)", "incorrect (1)", "crashed (1)", "4 candidates", "1 candidates"] {
+    for want in ["baseline (1)", "accepted (2)", "rejected (1)", "compile_error (1)", "incorrect (1)", "crashed (1)", "4 candidates", "1 candidate"] {
         assert!(fig4.iter().any(|t| t == want), "`{want}` missing from figure 4: {fig4:?}");
     }
     let f4 = table(&html, "verdicts-data");

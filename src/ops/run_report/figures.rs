@@ -27,8 +27,8 @@ pub struct Figure {
     pub svg: String,
 }
 
-const W: u32 = 1100;
-const LEGEND_W: u32 = 250;
+const W: u32 = 1300;
+const LEGEND_W: u32 = 270;
 const FONT: &str = "sans-serif";
 const GRID: RGBColor = RGBColor(225, 225, 225);
 const BAND: RGBColor = RGBColor(244, 246, 250);
@@ -83,9 +83,9 @@ fn text_style(size: u32, c: RGBColor, h: HPos, v: VPos) -> TextStyle<'static> {
     (FONT, size).into_font().color(&c).pos(Pos::new(h, v))
 }
 
-/// Estimated width in pixels of `s` at `size` (sans-serif averages ~0.58 em per glyph).
+/// Estimated width in pixels of `s` at `size` (sans-serif averages ~0.52 em per glyph).
 fn text_w(s: &str, size: u32) -> i32 {
-    (s.chars().count() as f64 * size as f64 * 0.58).ceil() as i32
+    (s.chars().count() as f64 * size as f64 * 0.52).ceil() as i32
 }
 
 /// Rectangles already holding a label, to leave out labels that would overlap.
@@ -102,6 +102,38 @@ impl Placed {
             self.0.push(r);
         }
         ok
+    }
+}
+
+/// A label with a white box behind it, so lines drawn earlier do not cross its text.
+fn boxed_label(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    label: String,
+    r: (i32, i32, i32, i32),
+    at: (i32, i32),
+    style: TextStyle<'static>,
+) -> Result<(), Box<dyn std::fmt::Display>> {
+    root.draw(&Rectangle::new([(r.0 - 1, r.1), (r.2 + 1, r.3)], WHITE.mix(0.7).filled())).map_err(boxed)?;
+    root.draw(&Text::new(label, at, style)).map_err(boxed)
+}
+
+/// Text colour that reads on a bar of colour `c`.
+fn ink_on(c: RGBColor) -> RGBColor {
+    let luma = 0.299 * c.0 as f64 + 0.587 * c.1 as f64 + 0.114 * c.2 as f64;
+    if luma < 140.0 {
+        WHITE
+    } else {
+        BLACK
+    }
+}
+
+/// Axis label of a power-of-two tick: "1x", "2x", "0.5x", "1.19x".
+fn fmt_pow2(v: f64) -> String {
+    let x = 2f64.powf(v);
+    if (v - v.round()).abs() < 1e-9 && x >= 1.0 {
+        format!("{x:.0}x")
+    } else {
+        fmt_x(x)
     }
 }
 
@@ -148,13 +180,14 @@ pub fn speedup(d: &RunData) -> Result<Option<Figure>, FigureError> {
 }
 
 fn draw_speedup(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<dyn std::fmt::Display>> {
-    let h = 560u32.max(120 + 19 * d.curves.len() as u32);
+    let h = 620u32.max(120 + 19 * d.curves.len() as u32);
     let root = SVGBackend::with_string(svg, (W, h)).into_drawing_area();
     root.fill(&WHITE).map_err(boxed)?;
     let (plot, side) = root.split_horizontally(W - LEGEND_W);
     let minutes = d.budget_s >= 300.0;
     let unit = if minutes { 60.0 } else { 1.0 };
-    let x_max = (d.budget_s / unit).max(1e-3);
+    // Room right of the lines' ends for their final values.
+    let x_max = (d.budget_s / unit).max(1e-3) * 1.09;
     let ys = d.curves.iter().flat_map(|c| c.points.iter().map(|p| p.speedup)).chain([1.0]);
     let (lo, hi) = ys.fold((f64::MAX, f64::MIN), |(lo, hi), y| (lo.min(y), hi.max(y)));
     let (y_lo, y_hi) = (lo / 1.35, hi * 1.35);
@@ -225,11 +258,10 @@ fn draw_speedup(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<dy
         let (px, py) = chart.backend_coord(&(c.end_s / unit, c.last));
         let label = fmt_x(c.last);
         let w = text_w(&label, 12);
-        for dy in [0, -14, 14, -28, 28] {
-            let r = (px - w - 6, py + dy - 15, px - 6, py + dy - 2);
+        for dy in [0, -14, 14, -28, 28, -42, 42] {
+            let r = (px + 5, py + dy - 7, px + 5 + w, py + dy + 7);
             if placed.take(r) {
-                root.draw(&Text::new(label.clone(), (px - 6, py + dy - 3), text_style(12, color(i), HPos::Right, VPos::Bottom)))
-                    .map_err(boxed)?;
+                boxed_label(&root, label.clone(), r, (px + 5, py + dy), text_style(12, color(i), HPos::Left, VPos::Center))?;
                 break;
             }
         }
@@ -245,7 +277,7 @@ fn draw_speedup(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<dy
             let label = format!("#{} {}", p.seq, p.stage);
             let r = (px + 4, py + 3, px + 4 + text_w(&label, 10), py + 15);
             if placed.take(r) {
-                root.draw(&Text::new(label, (px + 4, py + 4), text_style(10, color(i), HPos::Left, VPos::Top))).map_err(boxed)?;
+                boxed_label(&root, label, r, (px + 4, py + 4), text_style(10, color(i), HPos::Left, VPos::Top))?;
             }
         }
     }
@@ -411,6 +443,7 @@ fn bars_panel(
         .bold_line_style(GRID)
         .disable_y_mesh()
         .x_desc(if tflops { "TFLOPS" } else { "µs per call" })
+        .x_label_formatter(&|v| if tflops || x_max >= 20.0 { format!("{v:.0}") } else { format!("{v:.1}") })
         .y_label_formatter(&|y| {
             let g = n as f64 - 1.0 - (y - 0.5).round();
             keys.get(g.max(0.0) as usize).cloned().unwrap_or_default()
@@ -485,7 +518,7 @@ fn draw_ablation(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<d
         .bold_line_style(GRID)
         .disable_y_mesh()
         .x_desc("speedup (log scale): segments multiply to the total")
-        .x_label_formatter(&|v| fmt_x(2f64.powf(*v)))
+        .x_label_formatter(&|v| fmt_pow2(*v))
         .y_label_formatter(&|y| {
             let g = n as f64 - 1.0 - (y - 0.5).round();
             keys.get(g.max(0.0) as usize).cloned().unwrap_or_default()
@@ -514,7 +547,7 @@ fn draw_ablation(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<d
             let (pb, _) = chart.backend_coord(&(b, (y0 + y1) / 2.0));
             let label = fmt_x(*gain);
             if pb - pa >= text_w(&label, 11) + 6 {
-                root.draw(&Text::new(label, ((pa + pb) / 2, py), text_style(11, WHITE, HPos::Center, VPos::Center))).map_err(boxed)?;
+                root.draw(&Text::new(label, ((pa + pb) / 2, py), text_style(11, ink_on(c), HPos::Center, VPos::Center))).map_err(boxed)?;
             }
         }
         let (px, py) = chart.backend_coord(&(right, (y0 + y1) / 2.0));
@@ -585,11 +618,13 @@ fn draw_verdicts(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<d
             let (pb, _) = chart.backend_coord(&(b, (y0 + y1) / 2.0));
             let label = count.to_string();
             if pb - pa >= text_w(&label, 11) + 4 {
-                root.draw(&Text::new(label, ((pa + pb) / 2, py), text_style(11, BLACK, HPos::Center, VPos::Center))).map_err(boxed)?;
+                root.draw(&Text::new(label, ((pa + pb) / 2, py), text_style(11, ink_on(verdict_color(v)), HPos::Center, VPos::Center)))
+                    .map_err(boxed)?;
             }
         }
         let (px, py) = chart.backend_coord(&(x, (y0 + y1) / 2.0));
-        root.draw(&Text::new(format!("{} candidates", sv.total), (px + 6, py), text_style(12, BLACK, HPos::Left, VPos::Center)))
+        let total = if sv.total == 1 { "1 candidate".to_string() } else { format!("{} candidates", sv.total) };
+        root.draw(&Text::new(total, (px + 6, py), text_style(12, BLACK, HPos::Left, VPos::Center)))
             .map_err(boxed)?;
     }
     let totals = crate::ops::run_report::data::verdict_totals(&d.verdicts);
