@@ -137,6 +137,15 @@ fn fmt_pow2(v: f64) -> String {
     }
 }
 
+/// A log-axis tick: like [`fmt_x`], in powers of ten below 0.01x ("1e-4x").
+fn fmt_tick(x: f64) -> String {
+    if x >= 0.01 {
+        fmt_x(x)
+    } else {
+        format!("{x:.0e}x")
+    }
+}
+
 /// "2.4x", "0.051x", "12x": enough digits to read, never more.
 pub fn fmt_x(x: f64) -> String {
     if x >= 10.0 {
@@ -204,7 +213,7 @@ fn draw_speedup(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<dy
         .bold_line_style(GRID)
         .x_desc(if minutes { "budget used (minutes)" } else { "budget used (seconds)" })
         .y_desc(format!("speedup over {} (log scale)", d.reference.label()))
-        .y_label_formatter(&|v| fmt_x(*v))
+        .y_label_formatter(&|v| fmt_tick(*v))
         .x_label_formatter(&|v| format!("{v:.0}"))
         .label_style((FONT, 12))
         .axis_desc_style((FONT, 13))
@@ -253,15 +262,22 @@ fn draw_speedup(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<dy
             .draw_series(c.points.iter().map(|p| Circle::new((p.t_s / unit, p.speedup), 3, col.filled())))
             .map_err(boxed)?;
     }
-    // Labels after every line, so none is painted over: line ends first (the numbers), then stages.
+    // Labels after every line, so none is painted over: line ends first (the numbers), then
+    // stages. Lines ending on the same value share one label; labels stay inside the plot.
+    let (_, plot_y) = chart.plotting_area().get_pixel_range();
+    let mut ends: Vec<(String, i32)> = Vec::new();
     for (i, c) in d.curves.iter().enumerate() {
         let (px, py) = chart.backend_coord(&(c.end_s / unit, c.last));
         let label = fmt_x(c.last);
+        if ends.iter().any(|(l, y)| *l == label && (y - py).abs() < 6) {
+            continue;
+        }
         let w = text_w(&label, 12);
-        for dy in [0, -14, 14, -28, 28, -42, 42] {
+        for dy in [0, 14, -14, 28, -28, 42, -42] {
             let r = (px + 5, py + dy - 7, px + 5 + w, py + dy + 7);
-            if placed.take(r) {
+            if r.1 >= plot_y.start && r.3 <= plot_y.end && placed.take(r) {
                 boxed_label(&root, label.clone(), r, (px + 5, py + dy), text_style(12, color(i), HPos::Left, VPos::Center))?;
+                ends.push((label, py));
                 break;
             }
         }

@@ -180,7 +180,7 @@ fn page_height(d: &RunData, figures: &[Figure]) -> u32 {
         .filter_map(|f| f.svg.split("height=\"").nth(1).and_then(|s| s.split('"').next()).and_then(|h| h.parse::<u32>().ok()))
         .sum();
     let rows = d.best.len() + d.env.len() + d.notes.len() * 2;
-    svg_h + 100 * figures.len() as u32 + 25 * rows as u32 + 300
+    svg_h + 100 * figures.len() as u32 + 30 * rows as u32 + 360
 }
 
 fn env() -> Environment<'static> {
