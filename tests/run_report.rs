@@ -434,6 +434,8 @@ async fn a_running_run_is_reported_as_far_as_the_ledger_goes() {
     assert!(w["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("run in progress (running)")), "{w}");
     let html = read(&out.join("report.html"));
     assert!(html.contains("state running"));
+    let fig1 = svg_texts(&read(&out.join("speedup.svg")));
+    assert!(fig1.iter().any(|t| t.starts_with("now (")), "a running run marks where it is: {fig1:?}");
     // The baseline is in: figure 1 starts at 6.0/100 and 50/100 SDPA default.
     let f1 = table(&html, "speedup-data");
     assert_eq!(cell(&f1, "b1h1s128d64", "first"), "0.060x");

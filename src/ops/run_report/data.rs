@@ -50,6 +50,13 @@ pub struct RunData {
     pub stage_times: Vec<(String, f64)>,
 }
 
+impl RunData {
+    /// The run is still going (or waiting for its GPU): figures end at "now".
+    pub fn in_progress(&self) -> bool {
+        matches!(self.state.as_str(), "running" | "waiting_for_gpu")
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ShapeInfo {
     pub key: String,

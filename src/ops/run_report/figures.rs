@@ -214,7 +214,7 @@ fn draw_speedup(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<dy
         .x_desc(if minutes { "budget used (minutes)" } else { "budget used (seconds)" })
         .y_desc(format!("speedup over {} (log scale)", d.reference.label()))
         .y_label_formatter(&|v| fmt_tick(*v))
-        .x_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&|v| if x_max < 10.0 { format!("{v:.1}") } else { format!("{v:.0}") })
         .label_style((FONT, 12))
         .axis_desc_style((FONT, 13))
         .draw()
@@ -242,6 +242,16 @@ fn draw_speedup(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<dy
     chart
         .draw_series(DashedLineSeries::new(vec![(0.0, 1.0), (x_max, 1.0)], 6, 4, BLACK.stroke_width(1)))
         .map_err(boxed)?;
+    if d.in_progress() {
+        // Where the run is now, against its whole budget.
+        let now = d.run.used_s / unit;
+        chart.draw_series(DashedLineSeries::new(vec![(now, y_lo), (now, y_hi)], 3, 3, RGBColor(90, 90, 90).stroke_width(1))).map_err(boxed)?;
+        let (px, py) = chart.backend_coord(&(now, y_lo));
+        let label = format!("now ({})", crate::pipeline::record::fmt_dur(std::time::Duration::from_secs_f64(d.run.used_s)));
+        let r = (px + 3, py - 16, px + 3 + text_w(&label, 11), py - 2);
+        placed.take(r);
+        root.draw(&Text::new(label, (px + 3, py - 3), text_style(11, RGBColor(90, 90, 90), HPos::Left, VPos::Bottom))).map_err(boxed)?;
+    }
     let (px, py) = chart.backend_coord(&(0.0, 1.0));
     let one = format!("1.0x = {}", d.reference.label());
     placed.take((px + 4, py - 16, px + 4 + text_w(&one, 11), py - 2));
