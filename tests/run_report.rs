@@ -520,7 +520,7 @@ async fn ten_thousand_iterations_render_quickly_into_a_small_page() {
     // Shape 0 improves ~1,400 times: its curve is thinned to at most 400 markers.
     let fig1 = read(&out.join("speedup.svg"));
     assert!(fig1.matches("<circle").count() <= 8 * 400 + 8, "{} markers", fig1.matches("<circle").count());
-    let html_len = std::fs::metadata(&out.join("report.html")).unwrap().len();
+    let html_len = std::fs::metadata(out.join("report.html")).unwrap().len();
     assert!(html_len < 1_500_000, "report.html is {html_len} bytes");
     // Generous for an unoptimized build on a shared 2-core machine; a release build takes well under a second.
     assert!(took < Duration::from_secs(20), "rendering took {took:?}");

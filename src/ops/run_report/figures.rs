@@ -452,7 +452,7 @@ fn bars_panel(
     let n = shapes.len();
     let keys: Vec<String> = shapes.iter().map(|&s| d.throughput[s].shape.clone()).collect();
     let caption = if tflops {
-        format!("large shapes (>= 1 GFLOP per call): TFLOPS, higher is better")
+        "large shapes (>= 1 GFLOP per call): TFLOPS, higher is better".to_string()
     } else {
         "small shapes (< 1 GFLOP per call, launch-bound): time per call in µs, lower is better".to_string()
     };

@@ -183,13 +183,13 @@ fn page_height(d: &RunData, figures: &[Figure]) -> u32 {
     svg_h + 100 * figures.len() as u32 + 30 * rows as u32 + 360
 }
 
-fn env() -> Environment<'static> {
+fn env() -> Result<Environment<'static>, minijinja::Error> {
     let mut env = Environment::new();
     // Names end in .html / .md: HTML-escaped and left alone respectively.
-    env.add_template("report.html", HTML).expect("the embedded HTML template parses");
-    env.add_template("report.md", MD).expect("the embedded Markdown template parses");
+    env.add_template("report.html", HTML)?;
+    env.add_template("report.md", MD)?;
     env.add_filter("md_cell", |s: String| s.replace('|', "\\|").replace('\n', " "));
-    env
+    Ok(env)
 }
 
 /// `report.html` and `report.md` for `d` with `figures` (inline in the HTML, linked from
@@ -210,7 +210,7 @@ pub fn pages(d: &RunData, figures: &[Figure]) -> Result<(String, String), miniji
         page_height => page_height(d, figures),
         generated => crate::storage::ledger::now(),
     };
-    let env = env();
+    let env = env()?;
     let html = env.get_template("report.html")?.render(&ctx)?;
     let md = env.get_template("report.md")?.render(&ctx)?;
     Ok((html, md))
