@@ -57,8 +57,8 @@ enum Command {
 Writes into one folder (default runs/<run>/report):\n  \
 report.html      one self-contained page (inline SVG and CSS, no script, opens offline)\n  \
 report.md        the same for a pull request; it links the .svg files beside it\n  \
-speedup.svg      1. speedup over SDPA default vs budget used, per shape, acceptances marked with their stage\n  \
-throughput.svg   2. best kernel vs every SDPA backend (TFLOPS for large shapes, us for small), GPU peak line\n  \
+speedup.svg      1. speedup over SDPA default vs budget used, per shape, stages marked\n  \
+throughput.svg   2. best kernel vs each SDPA backend (TFLOPS or us), the GPU's peak\n  \
 stages.svg       3. the gain each stage bought, per shape\n  \
 verdicts.svg     4. how each stage's candidates ended\n\n\
 and a table of the best kernel per shape (template, knobs, registers, spills, shared memory, CTAs, waves) \
@@ -66,8 +66,9 @@ with the environment (GPU, driver, NVRTC, torch, cuDNN, timing method). Without 
 over the run's baseline kernel and the page says so.",
         after_help = "Examples:\n  optimizerd report                               # the latest run, into runs/<run>/report\n  \
 optimizerd report 20261121-184149-4b49 --out docs/report\n  \
-optimizerd report --json                        # what was written, for scripts\n  \
-bash scripts/report_png.sh docs/report/report.html docs/report/report.png   # look at it in headless Chromium"
+optimizerd report --json                        # what was written, for scripts\n\n\
+See it as a browser does (headless Chromium, to a PNG):\n  \
+bash scripts/report_png.sh docs/report/report.html docs/report/report.png"
     )]
     Report(ReportArgs),
     /// Serve GPU requests on stdin/stdout (started by the daemon; not for direct use).
