@@ -343,7 +343,9 @@ fn curves(its: &[IterationRecord], shapes: &[ShapeInfo], reference: Reference, s
             Reference::BaselineKernel => None,
         };
         for (i, it) in its.iter().enumerate() {
-            let Some(us) = it.shapes.iter().find(|r| r.shape == s.key && r.won).and_then(|r| r.median_us) else { continue };
+            let Some(us) = it.shapes.iter().find(|r| r.shape == s.key && r.won).and_then(|r| r.median_us).filter(|us| *us > 0.0) else {
+                continue;
+            };
             let reference_us = *reference_us.get_or_insert(us);
             steps.push(CurvePoint { t_s: t[i], speedup: reference_us / us, us, seq: it.seq, stage: it.stage.clone() });
         }
@@ -362,7 +364,9 @@ fn gains(its: &[IterationRecord], shapes: &[ShapeInfo]) -> Vec<ShapeGains> {
         let mut start_stage = None;
         let mut by_stage: Vec<(String, f64)> = Vec::new();
         for it in its {
-            let Some(us) = it.shapes.iter().find(|r| r.shape == s.key && r.won).and_then(|r| r.median_us) else { continue };
+            let Some(us) = it.shapes.iter().find(|r| r.shape == s.key && r.won).and_then(|r| r.median_us).filter(|us| *us > 0.0) else {
+                continue;
+            };
             match current {
                 None => start_stage = Some(it.stage.clone()),
                 Some(prev) => {
