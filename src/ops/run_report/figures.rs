@@ -146,14 +146,16 @@ fn fmt_tick(x: f64) -> String {
     }
 }
 
-/// "2.4x", "0.051x", "12x": enough digits to read, never more.
+/// "2.40x", "0.051x", "12.0x", "6.0e-5x": enough digits to read, never more.
 pub fn fmt_x(x: f64) -> String {
     if x >= 10.0 {
         format!("{x:.1}x")
     } else if x >= 0.1 {
         format!("{x:.2}x")
-    } else {
+    } else if x >= 0.01 {
         format!("{x:.3}x")
+    } else {
+        format!("{x:.1e}x")
     }
 }
 

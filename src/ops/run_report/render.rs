@@ -59,7 +59,7 @@ pub fn best_table(d: &RunData) -> Table {
                 b.spill_bytes.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
                 opt(b.smem_bytes.map(|s| s as f64), |s| format!("{:.1}", s / 1024.0)),
                 b.ctas.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
-                opt(b.waves, |w| format!("{w:.2}")),
+                opt(b.waves, |w| if w >= 0.1 { format!("{w:.2}") } else { format!("{w:.3}") }),
                 b.arch.clone().unwrap_or_else(|| "-".into()),
             ]
         })
