@@ -254,7 +254,7 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
 
     // The environment block.
     let env = &html[html.find("<dl id=\"environment\">").unwrap()..];
-    for want in ["NVIDIA H100 80GB HBM3 (scripted)", "132 SMs", "CUDA 13.0", "2.11.0+cu130", "91900", "candidates: graph", "NVRTC"] {
+    for want in ["NVIDIA H100 80GB HBM3 (scripted)", "132 SMs", "supports CUDA 13.0", "2.11.0+cu130", "91900", "candidates: graph", "NVRTC"] {
         assert!(unescape(env).contains(want), "`{want}` missing from the environment block");
     }
 
@@ -532,4 +532,15 @@ async fn ten_thousand_iterations_render_quickly_into_a_small_page() {
     let best0 = ledger.best("big").await.unwrap().into_iter().find(|b| b.shape == c0.shape).unwrap();
     assert!((c0.last - 10_000.0 / best0.median_us).abs() < 1e-9);
     assert!(c0.points.len() <= 400, "{}", c0.points.len());
+}
+
+#[test]
+fn the_png_script_explains_its_usage_and_a_missing_page() {
+    let script = common::repo_root().join("scripts/report_png.sh");
+    let o = Command::new("bash").arg(&script).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("usage: bash scripts/report_png.sh REPORT.html OUT.png") && text(&o).contains("optimizerd report RUN --out"), "{}", text(&o));
+    let o = Command::new("bash").arg(&script).args(["/nonexistent/report.html", "/tmp/x.png"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no such file: /nonexistent/report.html"), "{}", text(&o));
 }

@@ -491,7 +491,10 @@ fn environment(
                 "GPU".into(),
                 format!("{}, {} (cc {}.{}), {} SMs, {} KiB shared memory per block, {} MiB L2", d.name, d.arch, d.cc_major, d.cc_minor, d.sm_count, d.smem_optin / 1024, d.l2_bytes >> 20),
             ));
-            env.push(("driver".into(), format!("CUDA {}.{} ({})", d.driver_version / 1000, (d.driver_version % 1000) / 10, d.driver_version)));
+            env.push((
+                "driver".into(),
+                format!("supports CUDA {}.{} (cuDriverGetVersion {})", d.driver_version / 1000, (d.driver_version % 1000) / 10, d.driver_version),
+            ));
             env.push(("NVRTC".into(), format!("{}.{}", d.nvrtc_version.0, d.nvrtc_version.1)));
         }
         None => env.push(("GPU".into(), run.gpu_name.clone().unwrap_or_else(|| "- (not recorded)".into()))),
@@ -517,6 +520,7 @@ fn environment(
     ));
     env.push(("dtype".into(), config["workload"]["dtype"].as_str().unwrap_or("?").to_string()));
     env.push(("plan".into(), config["run"]["plan"].as_str().unwrap_or("?").to_string()));
+    env.push(("config".into(), config["source"].as_str().unwrap_or("?").to_string()));
     env.push((
         "peak".into(),
         match peak {
