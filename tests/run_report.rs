@@ -544,3 +544,38 @@ fn the_png_script_explains_its_usage_and_a_missing_page() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("no such file: /nonexistent/report.html"), "{}", text(&o));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_and_resumed_reports_both_halves() {
+    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    with_sdpa(&p);
+    let daemon = |args: &[&str], failpoint: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_optimizerd"));
+        cmd.current_dir(p.path()).args(args).arg("--worker-script").arg(p.path().join("script.json"));
+        cmd.env_remove(optimizerd::daemon::failpoint::ENV);
+        if let Some(f) = failpoint {
+            cmd.env(optimizerd::daemon::failpoint::ENV, f);
+        }
+        cmd.output().unwrap()
+    };
+    // The daemon dies as iteration 6 (the accepted 8-split kernel) begins; resume finishes the plan.
+    let o = daemon(&["start", "--budget", "10m", "--foreground", "--run-id", "res"], Some("iteration-begun@6"));
+    assert!(!o.status.success(), "the failpoint should have killed the daemon: {}", text(&o));
+    let o = daemon(&["resume", "res", "--foreground"], None);
+    assert!(o.status.success(), "resume: {}", text(&o));
+
+    let out = p.path().join("r");
+    let o = bin(&p, &["report", "res", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let html = read(&out.join("report.html"));
+    let f4 = table(&html, "verdicts-data");
+    assert_eq!(cell(&f4, "kv-split", "interrupted"), "1", "{f4:?}");
+    assert_eq!(cell(&f4, "all stages", "total"), "8");
+    // The same end as the run that was never killed: 0.30x and 1.25x SDPA default.
+    let f1 = table(&html, "speedup-data");
+    assert_eq!(cell(&f1, "b1h1s128d64", "final"), "0.30x");
+    assert_eq!(cell(&f1, "b2h8s512d128-causal", "final"), "1.25x");
+    assert_eq!(cell(&table(&html, "stages-data"), "b1h1s128d64", "total"), "5.00x");
+    let fig4 = svg_texts(&read(&out.join("verdicts.svg")));
+    assert!(fig4.iter().any(|t| t == "interrupted (1)"), "{fig4:?}");
+}
