@@ -146,9 +146,11 @@ fn fmt_tick(x: f64) -> String {
     }
 }
 
-/// "2.40x", "0.051x", "12.0x", "6.0e-5x": enough digits to read, never more.
+/// "2.40x", "0.051x", "12.0x", "25000x", "6.0e-5x": enough digits to read, never more.
 pub fn fmt_x(x: f64) -> String {
-    if x >= 10.0 {
+    if x >= 1000.0 {
+        format!("{x:.0}x")
+    } else if x >= 10.0 {
         format!("{x:.1}x")
     } else if x >= 0.1 {
         format!("{x:.2}x")
@@ -663,4 +665,17 @@ fn draw_verdicts(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<d
     legend(&side, "verdict (all stages)", &entries, 50)?;
     root.present().map_err(boxed)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fmt_pow2, fmt_x};
+
+    #[test]
+    fn speedups_keep_about_three_significant_digits() {
+        let got: Vec<String> = [25000.0, 529.14, 12.04, 2.5, 0.3, 0.06, 0.00006].iter().map(|&x| fmt_x(x)).collect();
+        assert_eq!(got, ["25000x", "529.1x", "12.0x", "2.50x", "0.30x", "0.060x", "6.0e-5x"]);
+        assert_eq!(fmt_pow2(3.0), "8x");
+        assert_eq!(fmt_pow2(0.25), "1.19x");
+    }
 }
