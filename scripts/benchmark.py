@@ -4,7 +4,8 @@ then a dated section appended to docs/BENCHMARKS.md with the exact command, the 
 driver, torch and cuDNN versions, and per shape: the best kernel's time and TFLOPS,
 SDPA's (default and FlashAttention-2 backends, same run, CUDA-graph GPU time), the
 ratios, and the budget used until the best kernel first matched SDPA default
-(time-to-target).
+(time-to-target). The section embeds the run's figures: `optimizerd report` writes them
+(with report.html and report.md) into benchmarks/<run id>/ beside BENCHMARKS.md.
 
     python3 scripts/benchmark.py --bin target/release/optimizerd --budget 20m
 
@@ -48,6 +49,22 @@ def tflops(s, us):
 
 def fmt(x, spec=".2f", suffix=""):
     return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def report_figures(binary, config, repo, run_id, md_dir):
+    """`optimizerd report` for the run into benchmarks/<run id>/ beside BENCHMARKS.md;
+    returns the Markdown that embeds its figures (or says why there are none)."""
+    rel = os.path.join("benchmarks", run_id)
+    r = sh([binary, "report", run_id, "--config", config, "--out", os.path.join(md_dir, rel), "--json"], cwd=repo)
+    if r.returncode != 0:
+        print(f"optimizerd report failed ({r.returncode}): {r.stderr.strip()}", file=sys.stderr)
+        return f"\nFigures: `optimizerd report {run_id}` failed: {r.stderr.strip() or r.returncode}\n"
+    written = json.loads(r.stdout)
+    lines = [f"\nFigures (`optimizerd report {run_id}`; the whole report: [{rel}/report.html]({rel}/report.html)):\n"]
+    for path in written["figures"]:
+        name = os.path.basename(path)
+        lines.append(f"![{name[:-4]}]({rel}/{name})")
+    return "\n".join(lines) + "\n"
 
 
 def main():
@@ -176,6 +193,8 @@ def main():
         'No closing comparison was recorded: the columns from "closing us" on repeat the best kernel\'s time '
         'when it won and SDPA at the start.')
     run_row = status["run"]
+    out_md = os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out
+    figures = report_figures(binary, config, repo, run_row["id"], os.path.dirname(os.path.abspath(out_md)))
     today = datetime.date.today().isoformat()
     how = "` in the background, waited for by --detach" if args.detach else " --foreground`"
     section = f"""
@@ -197,8 +216,8 @@ def main():
 
 | shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS | SDPA default us | TFLOPS | SDPA flash us | vs default | vs flash | time-to-target |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-""" + "\n".join(rows) + "\n"
-    with open(os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out, "a") as f:
+""" + "\n".join(rows) + "\n" + figures
+    with open(out_md, "a") as f:
         f.write(section)
     print(section)
     return 0

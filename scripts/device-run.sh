@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run optimizerd on a GPU machine that has no Rust: the binary is built elsewhere
 # (cargo build --release) and carried. From an empty runs folder, runs one
-# optimization and prints its history; logs go to $OUT when set.
+# optimization and prints its history; logs and the run's report (`optimizerd report`:
+# report.html, report.md, figures) go to $OUT when set.
 #
 #   scripts/device-run.sh BUDGET [PLAN]      e.g. scripts/device-run.sh 5m strategies/fault-drill.toml
 set -uo pipefail
@@ -23,6 +24,8 @@ echo "+ $bin history"
 "$bin" history | tee "$out/history.txt"
 "$bin" history --json > "$out/history.json"
 "$bin" status --json > "$out/status.json"
+echo "+ $bin report --out $out/report"
+"$bin" report --out "$out/report"
 run_dir=$(ls -d runs/2* | tail -n 1)
 cp "$run_dir/run.log" "$out/run.log" 2>/dev/null
 cp "$run_dir/worker.log" "$out/worker.log" 2>/dev/null

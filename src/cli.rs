@@ -24,7 +24,7 @@ use crate::ops::report;
 each candidate with NVRTC, rejects anything incorrect (fp32 reference, poisoned outputs) or launched on the wrong grid, \
 times survivors against the best kernel so far for every workload shape, keeps improvements as git commits and records \
 every iteration in SQLite (runs/optimizer.db). A run survives crashes: `optimizerd resume` continues it.",
-    after_help = "Examples:\n  optimizerd doctor\n  optimizerd start --budget 90m\n  optimizerd watch\n  optimizerd stop\n  optimizerd resume\n  optimizerd history --json"
+    after_help = "Examples:\n  optimizerd doctor\n  optimizerd start --budget 90m\n  optimizerd watch\n  optimizerd stop\n  optimizerd resume\n  optimizerd history --verdict accepted\n  optimizerd report --out docs/report"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -43,14 +43,34 @@ enum Command {
     Stop(StopArgs),
     /// List runs with state, GPU, budget and best speedup.
     Runs(JsonArgs),
-    /// Print a run's iterations from the ledger.
-    History(RunArgs),
+    /// Print a run's iterations from the ledger (filter by stage or verdict; CSV or JSON).
+    History(HistoryArgs),
     /// Print a run's state, stage, iterations, best kernel per shape and budget.
     Status(RunArgs),
     /// Check the driver, GPU, NVRTC, headers, python/torch, the runs folder and the config.
     Doctor(JsonArgs),
     /// Write each shape's best kernel as a standalone .cu plus manifest.json (launch recipe).
     Export(ExportArgs),
+    /// Draw a run as pictures: report.html (self-contained), report.md and SVG figures.
+    #[command(
+        long_about = "Draw a run as pictures, from the ledger alone: a finished, stopped, interrupted or still running run.\n\n\
+Writes into one folder (default runs/<run>/report):\n  \
+report.html      one self-contained page (inline SVG and CSS, no script, opens offline)\n  \
+report.md        the same for a pull request; it links the .svg files beside it\n  \
+speedup.svg      1. speedup over SDPA default vs budget used, per shape, stages marked\n  \
+throughput.svg   2. best kernel vs each SDPA backend (TFLOPS or us), the GPU's peak\n  \
+stages.svg       3. the gain each stage bought, per shape\n  \
+verdicts.svg     4. how each stage's candidates ended\n\n\
+and a table of the best kernel per shape (template, knobs, registers, spills, shared memory, CTAs, waves) \
+with the environment (GPU, driver, NVRTC, torch, cuDNN, timing method). Without SDPA in the run, speedups are \
+over the run's baseline kernel and the page says so.",
+        after_help = "Examples:\n  optimizerd report                               # the latest run, into runs/<run>/report\n  \
+optimizerd report 20261121-184149-4b49 --out docs/report\n  \
+optimizerd report --json                        # what was written, for scripts\n\n\
+See it as a browser does (headless Chromium, to a PNG):\n  \
+bash scripts/report_png.sh docs/report/report.html docs/report/report.png"
+    )]
+    Report(ReportArgs),
     /// Serve GPU requests on stdin/stdout (started by the daemon; not for direct use).
     #[command(hide = true)]
     Worker {
@@ -148,6 +168,43 @@ struct RunArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct HistoryArgs {
+    /// Run id (default: the most recent run).
+    run: Option<String>,
+    /// Configuration file, to find the runs folder.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Machine-readable output (the full records, per-shape rows included).
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// One CSV row per iteration, with each shape's median time and whether it won.
+    #[arg(long)]
+    csv: bool,
+    /// Only these stages (repeat or separate with commas); `open/*` matches every open-phase class.
+    #[arg(long, value_delimiter = ',', value_name = "STAGE")]
+    stage: Vec<String>,
+    /// Only these verdicts, e.g. `--verdict incorrect,crashed` (baseline, accepted, rejected, gated,
+    /// compile_error, incorrect, cta_mismatch, crashed, timeout, error, interrupted, running).
+    #[arg(long, value_delimiter = ',', value_name = "VERDICT")]
+    verdict: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ReportArgs {
+    /// Run id (default: the most recent run).
+    run: Option<String>,
+    /// Folder to write into (created if needed; default: runs/<run>/report).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Configuration file, to find the runs folder.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print what was written (paths, notes) as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct ExportArgs {
     /// Run id (default: the most recent run).
     run: Option<String>,
@@ -189,6 +246,7 @@ pub fn main() -> anyhow::Result<ExitCode> {
         Command::Status(args) => runtime()?.block_on(status(args)),
         Command::Doctor(args) => runtime()?.block_on(doctor(args)),
         Command::Export(args) => runtime()?.block_on(export(args)),
+        Command::Report(args) => runtime()?.block_on(run_report(args)),
     }
 }
 
@@ -530,17 +588,61 @@ async fn export(args: ExportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn history(args: RunArgs) -> anyhow::Result<ExitCode> {
+async fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
+    let filter = report::HistoryFilter::new(args.stage.clone(), args.verdict.clone()).map_err(anyhow::Error::msg)?;
     let config = Config::load(args.config.as_deref())?;
     let ledger = open_ledger(&config).await?;
     let run = ledger.run(args.run.as_deref()).await?;
-    let its = ledger.iterations(&run.id).await?;
+    let all = ledger.iterations(&run.id).await?;
+    let unmatched = filter.unmatched_stages(&all);
+    if !unmatched.is_empty() {
+        let mut stages: Vec<&str> = Vec::new();
+        for it in &all {
+            if !stages.contains(&it.stage.as_str()) {
+                stages.push(&it.stage);
+            }
+        }
+        eprintln!("note: no iteration of stage {} in run {}; its stages: {}", unmatched.join(", "), run.id, stages.join(", "));
+    }
+    let its: Vec<_> = all.iter().filter(|it| filter.matches(it)).cloned().collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&its)?);
+    } else if args.csv {
+        let shapes: Vec<String> = ledger.run_setup(&run.id).await?.workload.iter().map(|s| s.key()).collect();
+        print!("{}", report::history_csv(&its, &shapes).context("cannot write CSV")?);
     } else {
-        println!("run {} ({}, {} iterations)\n", run.id, run.state, its.len());
+        let shown = if its.len() == all.len() { format!("{} iterations", all.len()) } else { format!("{} of {} iterations", its.len(), all.len()) };
+        println!("run {} ({}, {shown})\n", run.id, run.state);
         print!("{}", report::history_text(&its));
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_report(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(args.config.as_deref())?;
+    let ledger = open_ledger(&config).await?;
+    let run = ledger.run(args.run.as_deref()).await?;
+    let out = args.out.clone().unwrap_or_else(|| runs_dir(&config).join(&run.id).join("report"));
+    let state = live_state(&run, &lock::holder(&runs_dir(&config)));
+    let w = crate::ops::run_report::write(&ledger, &run.id, &out, Some(state)).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&w)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if w.iterations == 0 {
+        println!("run {} ({}) has no recorded iterations yet: the report holds its environment and no figures", w.run, w.state);
+    } else {
+        println!("report of run {} ({}, {} iterations, {} figures)", w.run, w.state, w.iterations, w.figures.len());
+    }
+    for n in &w.notes {
+        println!("  note: {n}");
+    }
+    println!("  html:     {}", w.html.display());
+    println!("  markdown: {}", w.markdown.display());
+    for f in &w.figures {
+        println!("  figure:   {}", f.display());
+    }
+    println!("  as PNG:   bash scripts/report_png.sh {} {}", w.html.display(), out.join("report.png").display());
     Ok(ExitCode::SUCCESS)
 }
 

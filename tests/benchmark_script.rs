@@ -89,6 +89,17 @@ fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
     assert_eq!(big[14], "not reached", "{big:?}");
     assert!(md.contains("torch 2.11.0+cu130") && md.contains("cuDNN 91900"), "{md}");
     assert!(md.contains("python3 scripts/benchmark.py"), "{md}");
+    // The run's figures sit beside BENCHMARKS.md under benchmarks/<run>/ and are embedded.
+    let run_id = md.split("run `").nth(1).and_then(|s| s.split('`').next()).expect("the run id in the section");
+    let dir = work.path().join("benchmarks").join(run_id);
+    for f in ["speedup", "throughput", "stages", "verdicts"] {
+        assert!(md.contains(&format!("![{f}](benchmarks/{run_id}/{f}.svg)")), "{f} not embedded: {md}");
+        assert!(dir.join(format!("{f}.svg")).exists(), "{f}.svg not written");
+    }
+    // Figure 1 says what the table says: the small shape ends at 6.0 / 4.0 = 1.50x SDPA default.
+    let fig1 = std::fs::read_to_string(dir.join("speedup.svg")).unwrap();
+    assert!(fig1.contains("b1h1s128d64  1.50x"), "figure 1 disagrees with the table");
+    assert!(dir.join("report.html").exists() && dir.join("report.md").exists());
 }
 
 #[test]

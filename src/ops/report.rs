@@ -168,6 +168,104 @@ pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str) -> String {
     out
 }
 
+/// Every verdict the ledger holds: the pipeline's, and `running` for the iteration in flight.
+pub const VERDICTS: [&str; 16] = [
+    "baseline",
+    "accepted",
+    "rejected",
+    "remembered",
+    "gated",
+    "compile_error",
+    "incorrect",
+    "cta_mismatch",
+    "crashed",
+    "timeout",
+    "error",
+    "interrupted",
+    "rejected_proposal",
+    "cheating",
+    "flagged",
+    "running",
+];
+
+/// Which iterations `history` shows; an empty list lets everything through.
+#[derive(Debug, Default, Clone)]
+pub struct HistoryFilter {
+    /// Stage names; one ending in `*` is a prefix (`open/*`: every open-phase class).
+    pub stages: Vec<String>,
+    pub verdicts: Vec<String>,
+}
+
+impl HistoryFilter {
+    /// Checks the verdicts against [`VERDICTS`], so a typo is an error rather than an empty list.
+    pub fn new(stages: Vec<String>, verdicts: Vec<String>) -> Result<Self, String> {
+        if let Some(bad) = verdicts.iter().find(|v| !VERDICTS.contains(&v.as_str())) {
+            return Err(format!("unknown verdict `{bad}` for --verdict; one of: {}", VERDICTS.join(", ")));
+        }
+        Ok(HistoryFilter { stages, verdicts })
+    }
+
+    pub fn matches(&self, it: &IterationRecord) -> bool {
+        let stage_ok = self.stages.is_empty()
+            || self.stages.iter().any(|s| match s.strip_suffix('*') {
+                Some(prefix) => it.stage.starts_with(prefix),
+                None => it.stage == *s,
+            });
+        stage_ok && (self.verdicts.is_empty() || self.verdicts.contains(&it.verdict))
+    }
+
+    /// Stage filters that match no iteration of `its`, to name them to the user.
+    pub fn unmatched_stages<'a>(&'a self, its: &[IterationRecord]) -> Vec<&'a str> {
+        let one = |s: &String| HistoryFilter { stages: vec![s.clone()], verdicts: vec![] };
+        self.stages.iter().filter(|s| !its.iter().any(|it| one(s).matches(it))).map(|s| s.as_str()).collect()
+    }
+}
+
+/// `history --csv`: one row per iteration, then each shape's median time (`us:<shape>`,
+/// empty where it was not timed) and whether it won (`won:<shape>`), shapes in `shapes` order.
+pub fn history_csv(its: &[IterationRecord], shapes: &[String]) -> Result<String, csv::Error> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut head: Vec<String> = [
+        "iter", "stage", "template", "verdict", "params", "geomean_us", "registers", "spill_bytes", "static_smem", "arch", "compile_ms",
+        "check_ms", "time_ms", "budget_used_s", "started_at", "finished_at", "reason",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    head.extend(shapes.iter().map(|s| format!("us:{s}")));
+    head.extend(shapes.iter().map(|s| format!("won:{s}")));
+    w.write_record(&head)?;
+    let num = |x: Option<f64>| x.map(|v| format!("{v:.3}")).unwrap_or_default();
+    let int = |x: Option<i64>| x.map(|v| v.to_string()).unwrap_or_default();
+    for it in its {
+        let mut row = vec![
+            it.seq.to_string(),
+            it.stage.clone(),
+            it.template.clone(),
+            it.verdict.clone(),
+            it.params_json.clone(),
+            num(it.score_us),
+            int(it.registers),
+            int(it.local_bytes),
+            int(it.static_smem),
+            it.arch.clone().unwrap_or_default(),
+            num(it.compile_ms),
+            num(it.check_ms),
+            num(it.time_ms),
+            num(it.used_s),
+            it.started_at.clone(),
+            it.finished_at.clone(),
+            it.reason.clone(),
+        ];
+        let row_of = |s: &String| it.shapes.iter().find(|r| r.shape == *s);
+        row.extend(shapes.iter().map(|s| num(row_of(s).and_then(|r| r.median_us))));
+        row.extend(shapes.iter().map(|s| row_of(s).map(|r| if r.won { "1" } else { "0" }.to_string()).unwrap_or_default()));
+        w.write_record(&row)?;
+    }
+    let bytes = w.into_inner().map_err(|e| e.into_error())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 pub fn history_text(its: &[IterationRecord]) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -216,4 +314,15 @@ pub fn runs_text(rows: &[(String, Option<f64>, RunRow)]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_verdict_of_the_pipeline_is_listed() {
+        for v in crate::pipeline::outcome::Verdict::ALL {
+            assert!(super::VERDICTS.contains(&v.as_str()), "{v} missing from VERDICTS");
+        }
+        assert_eq!(super::VERDICTS.len(), crate::pipeline::outcome::Verdict::ALL.len() + 1, "and `running`");
+    }
 }

@@ -45,6 +45,25 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, for lists that must name them all (history filters, report legends).
+    pub const ALL: [Verdict; 15] = [
+        Verdict::Baseline,
+        Verdict::Accepted,
+        Verdict::Rejected,
+        Verdict::Gated,
+        Verdict::CompileError,
+        Verdict::Incorrect,
+        Verdict::CtaMismatch,
+        Verdict::Crashed,
+        Verdict::Timeout,
+        Verdict::Error,
+        Verdict::Interrupted,
+        Verdict::Remembered,
+        Verdict::RejectedProposal,
+        Verdict::Cheating,
+        Verdict::Flagged,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Baseline => "baseline",

@@ -464,11 +464,6 @@ impl Ledger {
             .fetch_all(&self.pool)
             .await
             .map_err(q("list iterations"))?;
-        let shape_rows = sqlx::query("SELECT * FROM iteration_shapes WHERE run_id = ? ORDER BY seq, rowid")
-            .bind(run_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(q("list iteration shapes"))?;
         let mut out: Vec<IterationRecord> = rows
             .iter()
             .map(|r| IterationRecord {
@@ -497,35 +492,68 @@ impl Ledger {
                 shapes: Vec::new(),
             })
             .collect();
-        for r in &shape_rows {
-            let seq: i64 = r.get("seq");
-            if let Some(it) = out.iter_mut().find(|i| i.seq == seq) {
-                it.shapes.push(ShapeRecord {
-                    shape: r.get("shape"),
-                    shape_json: r.get("shape_json"),
-                    n_splits: r.get("n_splits"),
-                    ctas: r.get("ctas"),
-                    waves: r.get("waves"),
-                    check_passed: r.get("check_passed"),
-                    max_abs: r.get("max_abs"),
-                    rel_l2: r.get("rel_l2"),
-                    ctas_ran: r.get("ctas_ran"),
-                    median_us: r.get("median_us"),
-                    p10_us: r.get("p10_us"),
-                    p90_us: r.get("p90_us"),
-                    samples: r.get("samples"),
-                    incumbent_us: r.get("incumbent_us"),
-                    speedup_vs_incumbent: r.get("speedup_vs_incumbent"),
-                    speedup_vs_baseline: r.get("speedup_vs_baseline"),
-                    threshold: r.get("threshold"),
-                    tflops: r.get("tflops"),
-                    won: r.get("won"),
-                    input_sets: r.get("input_sets"),
-                    gated: r.get("gated"),
-                });
+        drop(rows);
+        // Per-shape rows in slices of iterations: a 10,000-iteration run holds 80,000 of them,
+        // and fetching them all at once keeps every raw row in memory at the same time.
+        const SLICE: usize = 512;
+        let seqs: Vec<i64> = out.iter().map(|i| i.seq).collect();
+        for chunk in seqs.chunks(SLICE) {
+            let (first, last) = (chunk[0], chunk[chunk.len() - 1]);
+            let shape_rows = sqlx::query("SELECT * FROM iteration_shapes WHERE run_id = ? AND seq BETWEEN ? AND ? ORDER BY seq, rowid")
+                .bind(run_id)
+                .bind(first)
+                .bind(last)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(q("list iteration shapes"))?;
+            // Rows come ordered by seq, like `out`: a binary search, not a scan per row.
+            for r in &shape_rows {
+                let seq: i64 = r.get("seq");
+                if let Ok(ix) = out.binary_search_by_key(&seq, |i| i.seq) {
+                    let it = &mut out[ix];
+                    it.shapes.push(ShapeRecord {
+                        shape: r.get("shape"),
+                        shape_json: r.get("shape_json"),
+                        n_splits: r.get("n_splits"),
+                        ctas: r.get("ctas"),
+                        waves: r.get("waves"),
+                        check_passed: r.get("check_passed"),
+                        max_abs: r.get("max_abs"),
+                        rel_l2: r.get("rel_l2"),
+                        ctas_ran: r.get("ctas_ran"),
+                        median_us: r.get("median_us"),
+                        p10_us: r.get("p10_us"),
+                        p90_us: r.get("p90_us"),
+                        samples: r.get("samples"),
+                        incumbent_us: r.get("incumbent_us"),
+                        speedup_vs_incumbent: r.get("speedup_vs_incumbent"),
+                        speedup_vs_baseline: r.get("speedup_vs_baseline"),
+                        threshold: r.get("threshold"),
+                        tflops: r.get("tflops"),
+                        won: r.get("won"),
+                        input_sets: r.get("input_sets"),
+                        gated: r.get("gated"),
+                    });
+                }
             }
         }
         Ok(out)
+    }
+
+    /// What a run was started with: its effective configuration, its workload shapes (in
+    /// workload order) and the device it found.
+    pub async fn run_setup(&self, run_id: &str) -> Result<RunSetup> {
+        let row = sqlx::query("SELECT config_json, workload_json, device_json FROM runs WHERE id = ?")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(q("read run setup"))?
+            .ok_or_else(|| LedgerError::NoSuchRun(run_id.to_string()))?;
+        Ok(RunSetup {
+            config: serde_json::from_str(&row.get::<String, _>("config_json")).unwrap_or_default(),
+            workload: serde_json::from_str(&row.get::<String, _>("workload_json")).unwrap_or_default(),
+            device: row.get::<Option<String>, _>("device_json").and_then(|j| serde_json::from_str(&j).ok()),
+        })
     }
 
     pub async fn best(&self, run_id: &str) -> Result<Vec<BestRow>> {
@@ -670,6 +698,15 @@ impl Ledger {
             })
             .collect())
     }
+}
+
+/// A run's configuration, workload and device, as recorded when it started.
+#[derive(Debug, Clone)]
+pub struct RunSetup {
+    /// `Config::effective()`; `Null` if unreadable.
+    pub config: serde_json::Value,
+    pub workload: Vec<crate::spec::protocol::Shape>,
+    pub device: Option<DeviceInfo>,
 }
 
 /// SDPA as recorded for one shape of a run.
