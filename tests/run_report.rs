@@ -383,6 +383,7 @@ async fn an_empty_run_gives_a_report_that_says_there_is_nothing_to_plot() {
         seed: Some(1),
         mode: optimizerd::engine::Mode::New,
         allow_concurrent: false,
+        fresh: false,
     };
     optimizerd::engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.unwrap_err();
     let out = p.path().join("r");
