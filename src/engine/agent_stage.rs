@@ -17,7 +17,7 @@ use crate::agent::{anticheat, edits, prompt};
 use crate::pipeline::decide::{self, geomean, Stats};
 use crate::pipeline::outcome::{Failure, Verdict};
 use crate::pipeline::{check, gate, record, render, timing};
-use crate::spec::protocol::{Probes, ShapePlan, TimeCase};
+use crate::spec::protocol::{Probes, ShapePlan};
 use crate::spec::template::{Params, Template};
 use crate::storage::agent_log::{ProposalRow, ReplyCost};
 use crate::storage::ledger::{self, IterationRecord};
@@ -484,16 +484,7 @@ impl Engine {
             self.conclude(rec, Some(commit), Err(f), shapes).await?;
             return Ok(false);
         }
-        let cases: Vec<TimeCase> = plans
-            .iter()
-            .map(|p| {
-                let mut entries = vec![timing::entry(&id, p)];
-                if let Some(inc) = self.incumbents.get(&p.shape.key()) {
-                    entries.push(timing::entry(&inc.id, &inc.plan));
-                }
-                TimeCase { shape: p.shape, entries }
-            })
-            .collect();
+        let cases = self.against_incumbents(&id, &plans);
         let t0 = Instant::now();
         let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await;
         rec.time_ms = Some(t0.elapsed().as_secs_f64() * 1e3);

@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::storage::ledger::BestRow;
 use crate::pipeline::outcome::{Failure, Verdict};
 use crate::strategy::plan::Stage;
-use crate::spec::protocol::{Launch, Loaded, ShapePlan, TensorMap};
+use crate::spec::protocol::{Launch, Loaded, ShapePlan, TensorMap, TimeCase};
+use crate::pipeline::timing;
 use crate::spec::template::Params;
 use crate::pipeline::compile;
 
@@ -133,6 +134,20 @@ impl Engine {
             self.loaded.push(id);
         }
         Ok(())
+    }
+
+    /// Timing cases: the candidate `id` on each plan's shape, next to that shape's incumbent.
+    pub(super) fn against_incumbents(&self, id: &str, plans: &[ShapePlan]) -> Vec<TimeCase> {
+        plans
+            .iter()
+            .map(|p| {
+                let mut entries = vec![timing::entry(id, p)];
+                if let Some(inc) = self.incumbents.get(&p.shape.key()) {
+                    entries.push(timing::entry(&inc.id, &inc.plan));
+                }
+                TimeCase { shape: p.shape, entries }
+            })
+            .collect()
     }
 
     /// The candidate becomes the incumbent for the shapes it won; `best` advances.

@@ -13,7 +13,7 @@ use crate::storage::ledger::{self, BestRow, IterationRecord, Ledger, ShapeRecord
 use crate::pipeline::outcome::{Failure, Verdict};
 use crate::strategy::plan::{Plan, Stage};
 use crate::daemon::lock::GpuLock;
-use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan, TimeCase};
+use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan};
 use crate::strategy::search::Search;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::supervisor::{Supervisor, WorkerCommand};
@@ -470,16 +470,7 @@ impl Engine {
         if let Err(f) = self.ensure_incumbents_loaded().await {
             return self.conclude(rec, Some(commit), Err(f), shapes).await;
         }
-        let cases: Vec<TimeCase> = plans
-            .iter()
-            .map(|p| {
-                let mut entries = vec![timing::entry(&id, p)];
-                if let Some(inc) = self.incumbents.get(&p.shape.key()) {
-                    entries.push(timing::entry(&inc.id, &inc.plan));
-                }
-                TimeCase { shape: p.shape, entries }
-            })
-            .collect();
+        let cases = self.against_incumbents(&id, &plans);
         let time_started = Instant::now();
         let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await;
         rec.time_ms = Some(time_started.elapsed().as_secs_f64() * 1e3);
