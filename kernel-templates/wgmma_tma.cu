@@ -46,7 +46,12 @@
  *   mbarriers static (8 (1 + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
  * CTAs:    cdiv(S, 64 CONSUMERS) x (B * H) x 1, 128 (CONSUMERS + 1) threads;
- *          causal: blockIdx.x = 0 takes the last (heaviest) query tile.
+ *          causal, PERSISTENT = 0: CTAs start in linear-id order, and the id
+ *          maps to (query tile, head) longest first across a group of heads
+ *          whose K/V fit in WT_LPT_GROUP_BYTES (8 MiB, L2 reuse), so the last
+ *          wave holds only light tiles. H100, vs one head after another:
+ *          (4,16,4096,64) 356 -> 351 us, (2,16,8192,128) BLOCK_N 192
+ *          1052 -> 1013 us (docs/device-runs/2026-11-23-h100-causal-lpt.txt).
  * Registers (setmaxnreg, per thread): producer 24 (2 consumers) or 32 (3);
  *          consumers 240 or 160 (the launch allocation, 168 or 128 each, moved
  *          from the producer to the consumers). A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
@@ -156,6 +161,8 @@ swizzle = 128
 #define WT_BLOCK_M (64 * CONSUMERS)
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
 #define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
+// Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
+#define WT_LPT_GROUP_BYTES (8ll << 20)
 
 // Shared-memory barriers: q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
 struct WtBarriers {
@@ -339,8 +346,21 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // slower at (2,16,8192,128) causal); causal: within a head, the heaviest
     // query tiles (last rows) first.
     auto work_tile = [&](int wk, int& m_block, int& bh) {
-        if (!PERSISTENT) {
-            m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+        if (!PERSISTENT && causal) {
+            // CTAs start in linear-id order. Heads in groups of g whose K/V fit
+            // in WT_LPT_GROUP_BYTES; within a group the linear id walks the
+            // query tiles heaviest first, every head of the group at each step.
+            const int n_bh = (int)gridDim.y;
+            const long long kv_head = 2ll * seq_len * D * (long long)sizeof(elem_t);
+            const int g = (int)max(1ll, min((long long)n_bh, WT_LPT_GROUP_BYTES / kv_head));
+            const int lin = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+            const int g0 = lin / (g * n_mb) * g;  // the group's first head
+            const int gh = min(g, n_bh - g0);     // heads in this (maybe last, smaller) group
+            const int within = lin - g0 * n_mb;
+            m_block = n_mb - 1 - within / gh;
+            bh = g0 + within % gh;
+        } else if (!PERSISTENT) {
+            m_block = (int)blockIdx.x;
             bh = blockIdx.y;
         } else if (causal) {
             m_block = n_mb - 1 - wk % n_mb;
