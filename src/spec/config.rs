@@ -126,6 +126,9 @@ pub struct TimingSection {
     pub max_input_sets: u32,
     /// Fewer launches per sample for long kernels (see protocol::TimingSpec); 0: never.
     pub sample_target_us: f64,
+    /// Fewer rounds for long kernels: GPU time one kernel's samples may take per shape
+    /// (at least 2 rounds); 0: always `rounds`.
+    pub max_entry_ms: f64,
     pub min_gain: f64,
     /// "graph": replay a CUDA graph of the launches (GPU time, like the SDPA baseline);
     /// "events": launch them one by one between the events (includes launch gaps).
@@ -206,6 +209,7 @@ impl Default for TimingSection {
             l2_multiple: 3.0,
             max_input_sets: 32,
             sample_target_us: 2000.0,
+            max_entry_ms: 500.0,
             min_gain: 0.02,
             method: TimingMethod::Graph,
         }
@@ -300,6 +304,9 @@ impl Config {
         if t.sample_target_us.is_nan() || t.sample_target_us < 0.0 {
             return Err(self.invalid("timing.sample_target_us", "must be >= 0 (0: always launches_per_sample)"));
         }
+        if t.max_entry_ms.is_nan() || t.max_entry_ms < 0.0 {
+            return Err(self.invalid("timing.max_entry_ms", "must be >= 0 (0: always `rounds`)"));
+        }
         if self.check.atol.is_nan() || self.check.atol <= 0.0 || self.check.rtol_l2.is_nan() || self.check.rtol_l2 <= 0.0 {
             return Err(self.invalid("check", "atol and rtol_l2 must be > 0"));
         }
@@ -335,7 +342,7 @@ impl Config {
             "check": { "atol": self.check.atol, "rtol_l2": self.check.rtol_l2 },
             "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,
                         "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,
-                        "max_input_sets": t.max_input_sets, "sample_target_us": t.sample_target_us,
+                        "max_input_sets": t.max_input_sets, "sample_target_us": t.sample_target_us, "max_entry_ms": t.max_entry_ms,
                         "min_gain": t.min_gain, "method": t.method },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
                         "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead },
@@ -359,6 +366,7 @@ impl Config {
             max_input_sets: t.max_input_sets,
             graph: t.method == TimingMethod::Graph,
             sample_target_us: t.sample_target_us,
+            max_entry_ms: t.max_entry_ms,
         }
     }
 }

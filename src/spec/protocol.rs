@@ -246,6 +246,11 @@ pub struct TimingSpec {
     /// and at most as many warm-ups. 0 keeps `launches_per_sample` for every case.
     #[serde(default)]
     pub sample_target_us: f64,
+    /// Long kernels need fewer samples too: an entry's samples in one case may take at
+    /// most this much GPU time, so a case gets `rounds_for` rounds (at least 2, so every
+    /// entry is sampled in both orders; at most `rounds`). 0: always `rounds`.
+    #[serde(default)]
+    pub max_entry_ms: f64,
 }
 
 /// Launches per sample for a case whose slowest entry took `slowest_us` per execution.
@@ -255,6 +260,18 @@ pub fn launches_for(spec: &TimingSpec, slowest_us: f64) -> u32 {
         return max;
     }
     ((spec.sample_target_us / slowest_us).ceil() as u32).clamp(1, max)
+}
+
+/// Rounds for a case whose slowest entry took `slowest_us` per execution, sampled with
+/// `per_sample` executions per sample.
+pub fn rounds_for(spec: &TimingSpec, slowest_us: f64, per_sample: u32) -> u32 {
+    let max = spec.rounds.max(1);
+    let per_round_us = slowest_us * per_sample.max(1) as f64 * spec.samples_per_round.max(1) as f64;
+    if spec.max_entry_ms <= 0.0 || !per_round_us.is_finite() || per_round_us <= 0.0 {
+        return max;
+    }
+    let fit = (spec.max_entry_ms * 1000.0 / per_round_us).floor();
+    (fit.min(max as f64) as u32).max(2.min(max))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -477,7 +494,20 @@ mod tests {
             max_input_sets: 32,
             graph: true,
             sample_target_us: target_us,
+            max_entry_ms: 0.0,
         }
+    }
+
+    #[test]
+    fn long_kernels_get_fewer_rounds_but_at_least_two() {
+        let s = TimingSpec { max_entry_ms: 500.0, ..spec(10, 2000.0) };
+        assert_eq!(rounds_for(&s, 5.0, 10), 4, "5 us x 10 launches x 10 samples: 0.5 ms a round");
+        assert_eq!(rounds_for(&s, 12_000.0, 1), 4, "120 ms a round: four fit in 500 ms");
+        assert_eq!(rounds_for(&s, 16_000.0, 1), 3, "160 ms a round: three fit");
+        assert_eq!(rounds_for(&s, 58_000.0, 1), 2, "580 ms a round: still two, one in each order");
+        assert_eq!(rounds_for(&spec(10, 2000.0), 58_000.0, 1), 4, "0 disables the adaptation");
+        assert_eq!(rounds_for(&s, f64::NAN, 1), 4);
+        assert_eq!(rounds_for(&TimingSpec { rounds: 1, ..s.clone() }, 58_000.0, 1), 1, "never more than rounds");
     }
 
     #[test]
@@ -496,6 +526,6 @@ mod tests {
     fn a_timing_spec_without_sample_target_still_parses() {
         let json = r#"{"warmup":5,"rounds":4,"samples_per_round":10,"launches_per_sample":10,"l2_multiple":3.0,"max_input_sets":32}"#;
         let s: TimingSpec = serde_json::from_str(json).unwrap();
-        assert_eq!((s.sample_target_us, s.graph), (0.0, false));
+        assert_eq!((s.sample_target_us, s.graph, s.max_entry_ms), (0.0, false, 0.0));
     }
 }

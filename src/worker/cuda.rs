@@ -1237,6 +1237,7 @@ impl CudaBackend {
             slowest_us = slowest_us.max(ms as f64 * 1000.0);
         }
         let per_sample = crate::spec::protocol::launches_for(spec, slowest_us);
+        let rounds = crate::spec::protocol::rounds_for(spec, slowest_us, per_sample);
         let warmup = spec.warmup.min(per_sample.max(2)).saturating_sub(1);
         for ei in 0..case.entries.len() {
             for _ in 0..warmup {
@@ -1274,10 +1275,10 @@ impl CudaBackend {
         let mut samples: Vec<Vec<f64>> = case
             .entries
             .iter()
-            .map(|_| Vec::with_capacity((spec.rounds * spec.samples_per_round) as usize))
+            .map(|_| Vec::with_capacity((rounds * spec.samples_per_round) as usize))
             .collect();
         let n_entries = case.entries.len();
-        for round in 0..spec.rounds {
+        for round in 0..rounds {
             for j in 0..n_entries {
                 // Alternate the order so that no entry always runs first.
                 let ei = if round % 2 == 0 { j } else { n_entries - 1 - j };
