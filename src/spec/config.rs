@@ -209,7 +209,7 @@ impl Default for TimingSection {
             l2_multiple: 3.0,
             max_input_sets: 32,
             sample_target_us: 2000.0,
-            max_entry_ms: 500.0,
+            max_entry_ms: 300.0,
             min_gain: 0.02,
             method: TimingMethod::Graph,
         }
