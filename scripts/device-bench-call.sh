@@ -9,7 +9,7 @@
 # BUDGET (default 20m) and WAIT (seconds to wait, default 530) come from the environment.
 set -u
 export PYTHONUNBUFFERED=1
-W=/tmp/bench
+W="${BENCH_DIR:-/tmp/bench}"  # BENCH_DIR: another folder for another run on the same machine
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$W" "$out"
 [ -d "$W/repo" ] || { cp -r "$PWD" "$W/repo.tmp" && mv "$W/repo.tmp" "$W/repo"; }
