@@ -196,11 +196,12 @@ struct Consumer {
     // S = Q K^T (issue only).
     __device__ __forceinline__ void issue_qk(unsigned q_tile, unsigned k_tile) {
         wgmma_fence();
+        const unsigned long long dq = smem_desc_kmajor(q_tile), dk = smem_desc_kmajor(k_tile);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned off_q = (kk / 4) * 64 * 128 + (kk % 4) * 32;
             const unsigned off_k = (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32;
-            wgmma_ss<BLOCK_N>(s, smem_desc_kmajor(q_tile + off_q), smem_desc_kmajor(k_tile + off_k), kk > 0);
+            wgmma_ss<BLOCK_N>(s, desc_advance(dq, off_q), desc_advance(dk, off_k), kk > 0);
         }
         wgmma_commit();
     }
@@ -208,9 +209,10 @@ struct Consumer {
     // O += P V (issue only). V's N (= D) spans D / 64 panels BLOCK_N * 128 bytes apart.
     __device__ __forceinline__ void issue_pv(unsigned v_tile) {
         wgmma_fence();
+        const unsigned long long dv = smem_desc_mnmajor(v_tile, BLOCK_N * 128);
 #pragma unroll
         for (int kk = 0; kk < PK; ++kk)
-            wgmma_rs<D>(o, p[kk], smem_desc_mnmajor(v_tile + kk * 16 * 128, BLOCK_N * 128));
+            wgmma_rs<D>(o, p[kk], desc_advance(dv, kk * 16 * 128));
         wgmma_commit();
     }
 

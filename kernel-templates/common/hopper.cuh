@@ -112,6 +112,12 @@ __device__ __forceinline__ unsigned long long smem_desc_kmajor(unsigned addr) { 
 __device__ __forceinline__ unsigned long long smem_desc_mnmajor(unsigned addr, unsigned panel_bytes) {
     return smem_desc(addr, panel_bytes, 1024);
 }
+// The descriptor of the same tile `bytes` further on: one 64-bit add of a
+// constant instead of rebuilding the descriptor (the start-address field
+// cannot carry out: shared-memory addresses are below 2^18).
+__device__ __forceinline__ unsigned long long desc_advance(unsigned long long desc, unsigned bytes) {
+    return desc + (bytes >> 4);
+}
 
 // --- registers and named barriers --------------------------------------------
 template <int N>
