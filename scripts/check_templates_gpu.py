@@ -119,6 +119,9 @@ EXTRA_CHECK_SHAPES = [
     (1, 1, 1, 128, True), (1, 1, 17, 128, False), (1, 3, 100, 64, False), (1, 1, 64, 128, True),
     (1, 1, 65, 64, True), (2, 3, 333, 64, True), (1, 1, 1000, 128, False), (1, 2, 1000, 128, True),
     (1, 1, 4097, 64, True), (1, 2, 4097, 128, True),
+    # Causal, one CTA per tile: heads scheduled in groups whose K/V fit 8 MiB (wgmma_tma.cu),
+    # here with a smaller last group (groups of 2, 2, 1 heads; of 7, 3 with a ragged S).
+    (1, 5, 8192, 128, True), (2, 5, 4500, 64, True),
 ]
 # --sdpa: (B, H, S, D, causal)
 SDPA_SHAPES = [
