@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 use crate::spec::config::Config;
 use crate::engine::{self, Mode, RunEnd, RunOptions};
+use crate::spec::states::{RunState, ShownState};
 use crate::storage::ledger::{Ledger, RunRow};
 use crate::daemon::supervisor::WorkerCommand;
 use crate::daemon::{lock, shutdown};
@@ -330,7 +331,7 @@ async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
             let all = ledger.runs().await?;
             let live = lock::holder(&runs).map(|h| h.0);
             all.into_iter()
-                .find(|r| r.state != "finished" && Some(&r.id) != live.as_ref())
+                .find(|r| r.state.recorded != RunState::Finished && Some(&r.id) != live.as_ref())
                 .map(|r| r.id)
                 .context("no unfinished run to resume; `optimizerd runs` lists them")?
         }
@@ -481,7 +482,7 @@ async fn stop(args: StopArgs) -> anyhow::Result<ExitCode> {
             anyhow::bail!(
                 "run {run_id} is not running (ledger state: {}); {}",
                 row.state,
-                if row.state == "finished" { "nothing to stop".to_string() } else { format!("its daemon is gone; continue it with `optimizerd resume {run_id}`") }
+                if row.state.recorded == RunState::Finished { "nothing to stop".to_string() } else { format!("its daemon is gone; continue it with `optimizerd resume {run_id}`") }
             );
         }
     };
@@ -523,12 +524,9 @@ fn send(pid: u32, sig: i32) -> anyhow::Result<()> {
 }
 
 /// A run's state as the user should see it: `running` with no daemon means it was killed.
-fn live_state(r: &RunRow, holder: &Option<(String, u32)>) -> String {
+fn live_state(r: &RunRow, holder: &Option<(String, u32)>) -> ShownState {
     let alive = holder.as_ref().is_some_and(|h| h.0 == r.id);
-    match r.state.as_str() {
-        "running" | "waiting_for_gpu" if !alive => "interrupted (daemon gone)".into(),
-        s => s.into(),
-    }
+    ShownState { recorded: r.state.recorded, daemon_gone: !alive }
 }
 
 async fn runs(args: JsonArgs) -> anyhow::Result<ExitCode> {

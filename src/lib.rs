@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod cli;
 pub mod daemon;
+pub mod failpoint;
 pub mod engine;
 pub mod nvrtc;
 pub mod ops;

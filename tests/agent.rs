@@ -210,7 +210,7 @@ async fn events(p: &Project, run: &str, kind: &str) -> Vec<String> {
     let l = ledger(p).await;
     let e = l.events(run).await.unwrap();
     l.close().await;
-    e.into_iter().filter(|(_, k, _)| k == kind).map(|(_, _, m)| m).collect()
+    e.into_iter().filter(|e| e.kind.as_str() == kind).map(|e| e.message).collect()
 }
 
 /// The rest of the plan ran: the stage after the agent's has its iteration.
@@ -218,7 +218,7 @@ async fn assert_plan_went_on(p: &Project, run: &str) {
     let l = ledger(p).await;
     let its = l.iterations(run).await.unwrap();
     l.close().await;
-    assert!(its.iter().any(|i| i.stage == "after" && i.verdict == "rejected"), "the stage after the agent's did not run: {its:#?}");
+    assert!(its.iter().any(|i| i.stage == "after" && i.verdict.as_str() == "rejected"), "the stage after the agent's did not run: {its:#?}");
 }
 
 fn git(dir: &std::path::Path, args: &[&str]) -> String {
@@ -238,7 +238,7 @@ async fn an_improving_edit_is_accepted_committed_and_reported() {
     let its = agent_iterations(&p, "a1").await;
     assert_eq!(its.len(), 1, "{its:#?}");
     let it = &its[0];
-    assert_eq!(it.verdict, "accepted", "{it:#?}");
+    assert_eq!(it.verdict.as_str(), "accepted", "{it:#?}");
     assert_eq!(it.template, format!("baseline+agent#{}", it.seq));
     assert!(it.reason.starts_with("edit \"unroll the key loop's dot product (AGENT_FAST)\": won "), "{}", it.reason);
     assert!(it.shapes.iter().all(|s| s.won && (s.speedup_vs_incumbent.unwrap() - 2.0).abs() < 0.05), "{:#?}", it.shapes);
@@ -320,7 +320,7 @@ async fn every_scripted_cheat_is_caught() {
     let its = agent_iterations(&p, "a3").await;
     assert_eq!(its.len(), cheats.len(), "{its:#?}");
     for ((name, _, verdict, why), it) in cheats.iter().zip(&its) {
-        assert_eq!(it.verdict, *verdict, "{name}: {it:#?}");
+        assert_eq!(it.verdict.as_str(), *verdict, "{name}: {it:#?}");
         assert!(it.reason.contains(why), "{name}: reason {:?} lacks {why:?}", it.reason);
         assert!(!it.shapes.iter().any(|s| s.won), "{name} won a shape");
     }
@@ -343,7 +343,7 @@ async fn a_429_with_retry_after_is_waited_for_then_the_reply_is_used() {
     assert!(t0.elapsed() >= Duration::from_secs(1), "Retry-After: 1 was not honoured");
     assert_eq!(server.request_count(), 2);
     let its = agent_iterations(&p, "a4").await;
-    assert_eq!(its[0].verdict, "accepted", "{its:#?}");
+    assert_eq!(its[0].verdict.as_str(), "accepted", "{its:#?}");
     let l = ledger(&p).await;
     let rows = l.agent_requests("a4").await.unwrap();
     assert_eq!((rows.len(), rows[0].attempts), (1, Some(2)), "one request, two attempts: {rows:#?}");
@@ -363,7 +363,7 @@ async fn fault(run: &str, replies: Vec<Reply>, agent: &str, why: &str, attempts:
     let l = ledger(&p).await;
     let rows = l.agent_requests(run).await.unwrap();
     assert_eq!(rows.len(), 1, "{run}");
-    assert_eq!(rows[0].status, "failed", "{run}");
+    assert_eq!(rows[0].status.as_str(), "failed", "{run}");
     assert!(rows[0].error.as_deref().unwrap().contains(why), "{run}: {:?}", rows[0].error);
     l.close().await;
     assert_plan_went_on(&p, run).await;
@@ -452,7 +452,7 @@ async fn without_an_endpoint_the_agent_stage_is_skipped_with_the_reason() {
 
 fn cli(p: &Project, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_optimizerd"));
-    cmd.current_dir(p.path()).args(args).env_remove(optimizerd::daemon::failpoint::ENV);
+    cmd.current_dir(p.path()).args(args).env_remove(optimizerd::failpoint::ENV);
     if matches!(args.first(), Some(&"start") | Some(&"resume")) {
         cmd.arg("--worker-script").arg(p.path().join("script.json"));
     }
@@ -499,7 +499,7 @@ async fn kill_minus_nine_mid_request_then_resume_asks_again_and_finishes() {
     let statuses: Vec<&str> = rows.iter().map(|r| r.status.as_str()).collect();
     assert_eq!(statuses, ["interrupted", "replied"], "{rows:#?}");
     assert_eq!(l.agent_usage("k1").await.unwrap().requests, 1, "only the answered request counts");
-    assert_eq!(l.run(Some("k1")).await.unwrap().state, "finished");
+    assert_eq!(l.run(Some("k1")).await.unwrap().state.to_string(), "finished");
     l.close().await;
     let its = agent_iterations(&p, "k1").await;
     assert_eq!(its.iter().map(|i| i.verdict.as_str()).collect::<Vec<_>>(), ["accepted"], "{its:#?}");
@@ -512,7 +512,7 @@ async fn kill_minus_nine_after_the_reply_is_stored_never_pays_for_it_twice() {
     let server = ChatServer::start(vec![Reply::Choices { contents: vec![wrong(), improving()], prompt_tokens: 500, completion_tokens: 500 }]).await;
     let p = project(&server, 2, "proposals_per_request = 2\n");
     let fp = "agent-reply-stored@1".to_string();
-    let o = cli(&p, &["start", "--budget", "10m", "--run-id", "k2", "--seed", "3"], &[(optimizerd::daemon::failpoint::ENV, &fp)]);
+    let o = cli(&p, &["start", "--budget", "10m", "--run-id", "k2", "--seed", "3"], &[(optimizerd::failpoint::ENV, &fp)]);
     assert!(o.status.success(), "{}", text(&o));
     let runs = runs_dir(&p);
     wait_until("the daemon to die at the failpoint", Duration::from_secs(60), || {
@@ -675,11 +675,11 @@ max_candidates = 4
     let its = l.iterations("t1").await.unwrap();
     l.close().await;
     let edit_it = its.iter().find(|i| i.stage == "agent").unwrap();
-    assert_eq!(edit_it.verdict, "accepted", "{its:#?}");
+    assert_eq!(edit_it.verdict.as_str(), "accepted", "{its:#?}");
     let name = format!("kv-split+agent#{}", edit_it.seq);
     let tuning: Vec<&IterationRecord> = its.iter().filter(|i| i.stage == "agent-tuning").collect();
     assert!(!tuning.is_empty() && tuning.iter().all(|i| i.template == name), "{tuning:#?}");
-    let won = tuning.iter().find(|i| i.verdict == "accepted").expect("a tuned point wins");
+    let won = tuning.iter().find(|i| i.verdict.as_str() == "accepted").expect("a tuned point wins");
     assert!(won.params_json.contains("\"MAX_SPLITS\":2"), "{won:#?}");
     assert!(!tuning.iter().any(|i| i.params_json.contains("\"MAX_SPLITS\":1")), "the edit's own point is not measured again");
     // Without an accepted edit the stage is skipped with the reason.

@@ -71,7 +71,7 @@ fn bin() -> &'static str {
 /// Run the CLI in the project folder with the scripted worker.
 fn cli(p: &Project, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(bin());
-    cmd.current_dir(p.path()).args(args).env_remove(optimizerd::daemon::failpoint::ENV);
+    cmd.current_dir(p.path()).args(args).env_remove(optimizerd::failpoint::ENV);
     if matches!(args.first(), Some(&"start") | Some(&"resume")) {
         cmd.arg("--worker-script").arg(p.path().join("script.json"));
     }
@@ -125,7 +125,7 @@ async fn iterations(p: &Project, run_id: &str) -> Vec<IterationRecord> {
 async fn wait_for_in_flight(p: &Project, run_id: &str, min_seq: i64) {
     let t0 = Instant::now();
     loop {
-        if iterations(p, run_id).await.iter().any(|i| i.verdict == "running" && i.seq >= min_seq) {
+        if iterations(p, run_id).await.iter().any(|i| i.verdict.as_str() == "running" && i.seq >= min_seq) {
             return;
         }
         assert!(t0.elapsed() < Duration::from_secs(20), "no iteration in flight");
@@ -144,16 +144,16 @@ fn best_params(p: &Project, run_id: &str) -> BTreeMap<String, serde_json::Value>
 async fn assert_consistent(p: &Project, run_id: &str, before: &[IterationRecord], max_interrupted: usize) {
     let l = Ledger::open(&p.db()).await.unwrap();
     let run = l.run(Some(run_id)).await.unwrap();
-    assert_eq!(run.state, "finished", "run {run_id}: {:?}", run.message);
+    assert_eq!(run.state.to_string(), "finished", "run {run_id}: {:?}", run.message);
     let its = l.iterations(run_id).await.unwrap();
     // Sequence numbers are contiguous and nothing is left in flight.
     let seqs: Vec<i64> = its.iter().map(|i| i.seq).collect();
     assert_eq!(seqs, (1..=its.len() as i64).collect::<Vec<_>>(), "gaps in {seqs:?}");
-    assert!(its.iter().all(|i| i.verdict != "running"));
-    let interrupted = its.iter().filter(|i| i.verdict == "interrupted").count();
+    assert!(its.iter().all(|i| i.verdict.as_str() != "running"));
+    let interrupted = its.iter().filter(|i| i.verdict.as_str() == "interrupted").count();
     assert!(interrupted <= max_interrupted, "{interrupted} interrupted iterations");
     // No recorded iteration was lost or rewritten.
-    for b in before.iter().filter(|b| b.verdict != "running") {
+    for b in before.iter().filter(|b| b.verdict.as_str() != "running") {
         let after = its.iter().find(|i| i.seq == b.seq).unwrap_or_else(|| panic!("iteration {} lost", b.seq));
         assert_eq!((after.verdict.as_str(), after.params_json.as_str()), (b.verdict.as_str(), b.params_json.as_str()), "iteration {} changed", b.seq);
     }
@@ -164,7 +164,7 @@ async fn assert_consistent(p: &Project, run_id: &str, before: &[IterationRecord]
         serde_json::from_str(&std::fs::read_to_string(p.workspace(run_id).join("kernels/dispatch.json")).unwrap()).unwrap();
     for b in &best {
         let it = its.iter().find(|i| i.seq == b.seq).unwrap();
-        assert!(it.verdict == "accepted" || it.verdict == "baseline", "best {} -> iteration {} {}", b.shape, b.seq, it.verdict);
+        assert!(it.verdict.as_str() == "accepted" || it.verdict.as_str() == "baseline", "best {} -> iteration {} {}", b.shape, b.seq, it.verdict);
         assert!(p.workspace(run_id).join(&b.source_path).exists());
         assert_eq!(dispatch[&b.shape]["iteration"], json!(b.seq), "dispatch.json disagrees with the ledger for {}", b.shape);
     }
@@ -180,7 +180,7 @@ async fn assert_consistent(p: &Project, run_id: &str, before: &[IterationRecord]
         .collect();
     accepted_in_git.sort();
     let mut accepted_in_ledger: Vec<i64> =
-        its.iter().filter(|i| i.verdict == "accepted" || i.verdict == "baseline").map(|i| i.seq).collect();
+        its.iter().filter(|i| i.verdict.as_str() == "accepted" || i.verdict.as_str() == "baseline").map(|i| i.seq).collect();
     accepted_in_ledger.sort();
     assert_eq!(accepted_in_git, accepted_in_ledger);
     // SQLite agrees the file is sound.
@@ -202,7 +202,7 @@ async fn reference() -> BTreeMap<String, serde_json::Value> {
 async fn kill_drill(label: String, delay: Option<Duration>, failpoint: Option<String>, expect: BTreeMap<String, serde_json::Value>) {
     let p = project(120, json!({}));
     let run_id = "drill";
-    let env: Vec<(&str, &str)> = failpoint.as_deref().map(|f| vec![(optimizerd::daemon::failpoint::ENV, f)]).unwrap_or_default();
+    let env: Vec<(&str, &str)> = failpoint.as_deref().map(|f| vec![(optimizerd::failpoint::ENV, f)]).unwrap_or_default();
     start_detached(&p, run_id, "10m", &env);
     let runs = runs_dir(&p);
     match delay {
@@ -269,13 +269,13 @@ async fn a_worker_that_fails_to_start_three_times_is_waited_for_without_burning_
     assert!(out.contains("the GPU answered again"), "{out}");
     let l = Ledger::open(&p.db()).await.unwrap();
     let run = l.run(Some("gpu")).await.unwrap();
-    assert_eq!(run.state, "finished");
+    assert_eq!(run.state.to_string(), "finished");
     // Three retries 200 ms apart (gpu_retry_max) were spent waiting: not charged to the budget.
     assert!(run.used_s < wall - 0.5, "used {:.2}s of a {wall:.2}s run", run.used_s);
     let events = l.events("gpu").await.unwrap();
-    assert!(events.iter().any(|(_, k, m)| k == "waited_for_gpu" && m.contains("attempts")), "{events:?}");
+    assert!(events.iter().any(|e| e.kind.as_str() == "waited_for_gpu" && e.message.contains("attempts")), "{events:?}");
     let its = l.iterations("gpu").await.unwrap();
-    assert_eq!(its.iter().filter(|i| i.verdict == "crashed").count(), 2, "both MAX_SPLITS=2 candidates crash");
+    assert_eq!(its.iter().filter(|i| i.verdict.as_str() == "crashed").count(), 2, "both MAX_SPLITS=2 candidates crash");
     assert_eq!(its.len(), 13);
 }
 
@@ -291,7 +291,7 @@ async fn a_gpu_gone_for_good_ends_the_run_interrupted_and_resumable() {
     assert!(text(&o).contains("optimizerd resume gone"), "{}", text(&o));
     let before = iterations(&p, "gone").await;
     let l = Ledger::open(&p.db()).await.unwrap();
-    assert_eq!(l.run(Some("gone")).await.unwrap().state, "interrupted");
+    assert_eq!(l.run(Some("gone")).await.unwrap().state.to_string(), "interrupted");
     l.close().await;
     // The GPU comes back: resume finishes the run.
     std::fs::write(p.path().join("starts.count"), "100").unwrap();
@@ -307,13 +307,13 @@ async fn sigterm_finishes_the_candidate_in_flight_and_stop_now_abandons_it() {
     start_detached(&p, "term", "10m", &[]);
     // Wait until a kv-split candidate is in flight, then ask for a graceful stop.
     wait_for_in_flight(&p, "term", 2).await;
-    let in_flight = iterations(&p, "term").await.iter().find(|i| i.verdict == "running").map(|i| i.seq).unwrap();
+    let in_flight = iterations(&p, "term").await.iter().find(|i| i.verdict.as_str() == "running").map(|i| i.seq).unwrap();
     let o = cli(&p, &["stop", "term"], &[]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("run term: stopped"), "{}", text(&o));
     let its = iterations(&p, "term").await;
     let it = its.iter().find(|i| i.seq == in_flight).unwrap();
-    assert!(it.verdict != "running" && it.verdict != "interrupted", "in-flight iteration ended {}", it.verdict);
+    assert!(it.verdict.as_str() != "running" && it.verdict.as_str() != "interrupted", "in-flight iteration ended {}", it.verdict);
     assert_eq!(its.len() as i64, in_flight, "no iteration started after the stop");
     let ws = Workspace::open(&p.workspace("term")).unwrap();
     assert_eq!(ws.head_ref().unwrap(), BEST);
@@ -326,7 +326,7 @@ async fn sigterm_finishes_the_candidate_in_flight_and_stop_now_abandons_it() {
     let o = cli(&p, &["stop", "--now", "term"], &[]);
     assert!(o.status.success(), "{}", text(&o));
     let its = iterations(&p, "term").await;
-    assert_eq!(its.iter().filter(|i| i.verdict == "interrupted").count(), 1, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
+    assert_eq!(its.iter().filter(|i| i.verdict.as_str() == "interrupted").count(), 1, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
     let before = its.clone();
     let o = cli(&p, &["resume", "--foreground", "term"], &[]);
     assert!(o.status.success(), "{}", text(&o));
@@ -421,7 +421,7 @@ async fn a_run_killed_in_an_evolutionary_stage_resumes_to_the_same_result() {
 
     // Iterations 1..13 are baseline and kv-split; die in the middle of recording tuning's second candidate.
     let p = project_with(&plan, 0, json!({}));
-    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "evo"], &[(optimizerd::daemon::failpoint::ENV, "ledger-mid-commit@15")]);
+    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "evo"], &[(optimizerd::failpoint::ENV, "ledger-mid-commit@15")]);
     assert!(!o.status.success());
     let before = iterations(&p, "evo").await;
     let o = cli(&p, &["resume", "--foreground", "evo"], &[]);
@@ -429,7 +429,7 @@ async fn a_run_killed_in_an_evolutionary_stage_resumes_to_the_same_result() {
     assert_consistent(&p, "evo", &before, 1).await;
     assert_eq!(best_params(&p, "evo"), expect);
     // The tuning stage proposed the same candidates as the uninterrupted run (the interrupted one again).
-    let tuning: Vec<String> = iterations(&p, "evo").await.iter().filter(|i| i.stage == "tuning" && i.verdict != "interrupted").map(|i| i.params_json.clone()).collect();
+    let tuning: Vec<String> = iterations(&p, "evo").await.iter().filter(|i| i.stage == "tuning" && i.verdict.as_str() != "interrupted").map(|i| i.params_json.clone()).collect();
     assert_eq!(tuning, ref_tuning);
 }
 
@@ -445,8 +445,8 @@ async fn a_worker_crash_and_a_worker_hang_leave_everything_consistent() {
     start_detached(&p, "faults", "10m", &[]);
     wait_until("the run to end", Duration::from_secs(60), || optimizerd::daemon::lock::holder(&runs_dir(&p)).is_none());
     let its = iterations(&p, "faults").await;
-    assert_eq!(its.iter().filter(|i| i.verdict == "crashed").count(), 2, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
-    assert_eq!(its.iter().filter(|i| i.verdict == "timeout").count(), 2);
+    assert_eq!(its.iter().filter(|i| i.verdict.as_str() == "crashed").count(), 2, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
+    assert_eq!(its.iter().filter(|i| i.verdict.as_str() == "timeout").count(), 2);
     assert_consistent(&p, "faults", &its, 0).await;
 }
 
@@ -466,7 +466,7 @@ async fn killed_in_the_open_phase_resumes_to_the_same_point(failpoint: &str) {
     let plan = PLAN.replace("[open_phase]\nenabled = false\n", "[open_phase]\npatience = 5\nrestart_after = 3\n");
     assert_ne!(plan, PLAN);
     let open_iterations = |its: Vec<IterationRecord>| -> Vec<(String, String, String)> {
-        its.into_iter().filter(|i| i.stage.starts_with("open/") && i.verdict != "interrupted").map(|i| (i.stage, i.template, i.params_json)).collect()
+        its.into_iter().filter(|i| i.stage.starts_with("open/") && i.verdict.as_str() != "interrupted").map(|i| (i.stage, i.template, i.params_json)).collect()
     };
     let reference = project_with(&plan, 0, json!({}));
     let end = reference.run("ref", Duration::from_secs(600)).await;
@@ -477,7 +477,7 @@ async fn killed_in_the_open_phase_resumes_to_the_same_point(failpoint: &str) {
 
     // Iterations 1..13 are the plan's; die while recording the open phase's fourth candidate.
     let p = project_with(&plan, 0, json!({}));
-    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "open"], &[(optimizerd::daemon::failpoint::ENV, failpoint)]);
+    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "open"], &[(optimizerd::failpoint::ENV, failpoint)]);
     assert!(!o.status.success());
     assert!(text(&o).contains(&format!("failpoint {failpoint}: aborting")), "{}", text(&o));
     let before = iterations(&p, "open").await;

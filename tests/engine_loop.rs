@@ -131,12 +131,12 @@ async fn a_run_records_every_outcome_and_keeps_the_workspace_on_best() {
 
     // The run row: finished, device recorded, budget accounted.
     let run = ledger.run(Some("drill")).await.unwrap();
-    assert_eq!(run.state, "finished");
+    assert_eq!(run.state.to_string(), "finished");
     assert_eq!(run.iterations, 8);
     assert!(run.gpu_name.unwrap().contains("H100"));
     assert!(run.used_s > 0.0 && run.used_s < 600.0);
     let events = ledger.events("drill").await.unwrap();
-    assert!(events.iter().any(|(_, k, _)| k == "worker_restart"));
+    assert!(events.iter().any(|e| e.kind.as_str() == "worker_restart"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,9 +158,9 @@ enabled = false
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let its = ledger.iterations("budget").await.unwrap();
     assert_eq!(its.len(), 2, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
-    assert!(its.iter().all(|i| i.verdict == "timeout"));
+    assert!(its.iter().all(|i| i.verdict.as_str() == "timeout"));
     let run = ledger.run(Some("budget")).await.unwrap();
-    assert_eq!(run.state, "finished");
+    assert_eq!(run.state.to_string(), "finished");
     assert_eq!(run.message.as_deref(), Some("budget spent"));
     assert!(ledger.best("budget").await.unwrap().is_empty());
 }
@@ -223,7 +223,7 @@ async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
     assert!(msg.contains("worker could not start"), "{msg}");
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let run = ledger.run(Some("nostart")).await.unwrap();
-    assert_eq!(run.state, "failed");
+    assert_eq!(run.state.to_string(), "failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,7 +273,7 @@ enabled = false
         assert!((1..=2).contains(&changed), "{t} is not a neighbour of the start");
     }
     let events = ledger.events("tune").await.unwrap();
-    assert!(events.iter().any(|(_, k, m)| k == "stage_start" && m.starts_with("tuning start {\"BLOCK_M\":32,\"MAX_SPLITS\":8")), "{events:?}");
+    assert!(events.iter().any(|e| e.kind.as_str() == "stage_start" && e.message.starts_with("tuning start {\"BLOCK_M\":32,\"MAX_SPLITS\":8")), "{events:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,7 +308,7 @@ enabled = false
     assert_eq!(stages, vec!["baseline", "kv-split"]);
     let events = ledger.events("diag").await.unwrap();
     let diagnoses: Vec<serde_json::Value> =
-        events.iter().filter(|(_, k, _)| k == "diagnosis").map(|(_, _, m)| serde_json::from_str(m).unwrap()).collect();
+        events.iter().filter(|e| e.kind.as_str() == "diagnosis").map(|e| serde_json::from_str(&e.message).unwrap()).collect();
     assert_eq!(diagnoses.len(), 2);
     // The baseline's 32 CTAs on (1,1,128,64) cannot fill 132 SMs: kv-split runs.
     assert_eq!(diagnoses[0]["stage"], "kv-split");
@@ -319,5 +319,5 @@ enabled = false
     assert_eq!(diagnoses[1]["stage"], "smaller-tiles");
     assert_eq!(diagnoses[1]["run"], false);
     assert_eq!(diagnoses[1]["figures"][0]["local_bytes"], 0);
-    assert!(events.iter().any(|(_, k, m)| k == "stage_not_needed" && m.starts_with("smaller-tiles: not needed")));
+    assert!(events.iter().any(|e| e.kind.as_str() == "stage_not_needed" && e.message.starts_with("smaller-tiles: not needed")));
 }

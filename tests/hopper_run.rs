@@ -91,13 +91,13 @@ async fn an_arch_specific_template_is_compiled_for_sm_90a_and_exported_with_its_
     optimizerd::nvrtc::compile(&tc, &src, "exported.cu", "sm_90a", &[]).expect("the exported kernel compiles for sm_90a");
 
     // Resume: the incumbent is rebuilt for sm_90a from its own spec, and re-validated.
-    ledger.set_state("h", "stopped", None, None).await.unwrap();
+    ledger.set_state("h", optimizerd::spec::states::RunState::Stopped, None, None).await.unwrap();
     ledger.close().await;
     assert_eq!(resume(&p, "h", false).await.unwrap(), RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let events = ledger.events("h").await.unwrap();
-    assert!(events.iter().any(|(_, kind, _)| kind == "incumbents_revalidated"), "{events:?}");
-    ledger.set_state("h", "stopped", None, None).await.unwrap();
+    assert!(events.iter().any(|e| e.kind.as_str() == "incumbents_revalidated"), "{events:?}");
+    ledger.set_state("h", optimizerd::spec::states::RunState::Stopped, None, None).await.unwrap();
     ledger.close().await;
     // On an sm_89 GPU (--rebaseline) the sm_90a incumbent cannot be rebuilt: said plainly.
     p.set_device(&common::l4());
@@ -114,7 +114,7 @@ async fn on_an_sm_89_gpu_the_arch_specific_stage_is_skipped_with_the_reason() {
     let its = ledger.iterations("ada").await.unwrap();
     let rows: Vec<(&str, Option<&str>)> = its.iter().map(|i| (i.stage.as_str(), i.arch.as_deref())).collect();
     assert_eq!(rows, vec![("baseline", Some("sm_89"))], "nothing of the hopper stage ran");
-    let skipped: Vec<String> = ledger.events("ada").await.unwrap().into_iter().filter(|(_, k, _)| k == "stage_skipped").map(|(_, _, m)| m).collect();
+    let skipped: Vec<String> = ledger.events("ada").await.unwrap().into_iter().filter(|e| e.kind.as_str() == "stage_skipped").map(|e| e.message).collect();
     assert_eq!(skipped.len(), 1, "{skipped:?}");
     assert!(
         skipped[0].contains("stage hopper skipped")

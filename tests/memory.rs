@@ -48,7 +48,7 @@ async fn iterations(p: &Project, run: &str) -> Vec<IterationRecord> {
 }
 
 fn verdicts(its: &[IterationRecord]) -> Vec<(String, String)> {
-    its.iter().map(|i| (i.stage.clone(), i.verdict.clone())).collect()
+    its.iter().map(|i| (i.stage.clone(), i.verdict.to_string())).collect()
 }
 
 fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -82,8 +82,8 @@ async fn a_second_run_warm_starts_from_the_best_kernels_and_skips_what_was_measu
 
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let events = ledger.events("two").await.unwrap();
-    let memory = events.iter().find(|(_, k, _)| k == "memory").expect("a memory event");
-    assert!(memory.2.contains("warm start: best kernels remembered for 2 shape(s) from run(s) one"), "{}", memory.2);
+    let memory = events.iter().find(|e| e.kind.as_str() == "memory").expect("a memory event");
+    assert!(memory.message.contains("warm start: best kernels remembered for 2 shape(s) from run(s) one"), "{}", memory.message);
     let text = optimizerd::ops::report::history_text(&its);
     assert!(text.contains("warm-start") && text.contains("remembered"), "{text}");
 }
@@ -95,9 +95,9 @@ async fn fresh_ignores_the_memory() {
     assert_eq!(p.run_with("fresh", Duration::from_secs(600), true).await, RunEnd::Finished("plan exhausted".into()));
     let its = iterations(&p, "fresh").await;
     assert_eq!(verdicts(&its), verdicts(&iterations(&p, "one").await));
-    assert!(its.iter().all(|i| i.stage != "warm-start" && i.verdict != "remembered"));
+    assert!(its.iter().all(|i| i.stage != "warm-start" && i.verdict.as_str() != "remembered"));
     let events = Ledger::open(&p.db()).await.unwrap().events("fresh").await.unwrap();
-    assert!(events.iter().any(|(_, k, m)| k == "memory" && m.contains("--fresh")), "{events:?}");
+    assert!(events.iter().any(|e| e.kind.as_str() == "memory" && e.message.contains("--fresh")), "{events:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,7 +113,7 @@ async fn a_remembered_kernel_that_is_now_incorrect_is_not_trusted() {
         pairs(&[("warm-start", "incorrect"), ("baseline", "baseline"), ("kv-split", "accepted"), ("kv-split", "rejected"), ("kv-split", "rejected"), ("kv-split", "incorrect")])
     );
     let events = Ledger::open(&p.db()).await.unwrap().events("two").await.unwrap();
-    let stale: Vec<&String> = events.iter().filter(|(_, k, _)| k == "memory_stale").map(|(_, _, m)| m).collect();
+    let stale: Vec<&String> = events.iter().filter(|e| e.kind.as_str() == "memory_stale").map(|e| &e.message).collect();
     assert_eq!(stale.len(), 2, "{stale:?}");
     assert!(stale[0].contains("b1h1s128d64: remembered kernel (run one #5) is now incorrect"), "{stale:?}");
     assert_eq!(best_us(&p, "two").await.iter().map(|(_, us)| *us).collect::<Vec<_>>(), [50.0, 50.0]);
@@ -129,9 +129,9 @@ async fn a_remembered_kernel_that_is_now_slower_is_measured_again_for_that_shape
     let its = iterations(&p, "two").await;
     assert_eq!(its[0].stage, "warm-start");
     // The small shape is stale, so no plan point is answered by the memory (each covers both shapes).
-    assert!(its[1..].iter().all(|i| i.verdict != "remembered"), "{:?}", verdicts(&its));
+    assert!(its[1..].iter().all(|i| i.verdict.as_str() != "remembered"), "{:?}", verdicts(&its));
     let events = Ledger::open(&p.db()).await.unwrap().events("two").await.unwrap();
-    let stale: Vec<&String> = events.iter().filter(|(_, k, _)| k == "memory_stale").map(|(_, _, m)| m).collect();
+    let stale: Vec<&String> = events.iter().filter(|e| e.kind.as_str() == "memory_stale").map(|e| &e.message).collect();
     assert_eq!(stale.len(), 1, "{stale:?}");
     assert!(stale[0].contains("b1h1s128d64: remembered 20.00 us (run one #5), now 50.00 us"), "{stale:?}");
 }
@@ -146,9 +146,9 @@ async fn a_changed_template_or_another_gpu_is_measured_again() {
     p.set_device(&other);
     p.run("pcie", Duration::from_secs(600)).await;
     let its = iterations(&p, "pcie").await;
-    assert!(its.iter().all(|i| i.stage != "warm-start" && i.verdict != "remembered"), "{:?}", verdicts(&its));
+    assert!(its.iter().all(|i| i.stage != "warm-start" && i.verdict.as_str() != "remembered"), "{:?}", verdicts(&its));
     let events = Ledger::open(&p.db()).await.unwrap().events("pcie").await.unwrap();
-    assert!(events.iter().any(|(_, k, m)| k == "memory" && m.contains("nothing remembered")), "{events:?}");
+    assert!(events.iter().any(|e| e.kind.as_str() == "memory" && e.message.contains("nothing remembered")), "{events:?}");
 
     // The same GPU, but kv_split.cu's source changed: a new hash, so its remembered best is
     // not re-used; the baseline template is unchanged and stays remembered.
@@ -169,9 +169,9 @@ async fn a_changed_template_or_another_gpu_is_measured_again() {
     q.run("edited", Duration::from_secs(600)).await;
     let its = iterations(&q, "edited").await;
     assert!(its.iter().all(|i| i.stage != "warm-start"), "{:?}", verdicts(&its));
-    assert_eq!(its.iter().filter(|i| i.verdict == "remembered").count(), 0, "no incumbent yet when the baseline comes: {:?}", verdicts(&its));
+    assert_eq!(its.iter().filter(|i| i.verdict.as_str() == "remembered").count(), 0, "no incumbent yet when the baseline comes: {:?}", verdicts(&its));
     let events = Ledger::open(&q.db()).await.unwrap().events("edited").await.unwrap();
-    assert!(events.iter().any(|(_, k, m)| k == "memory_stale" && m.contains("changed since")), "{events:?}");
+    assert!(events.iter().any(|e| e.kind.as_str() == "memory_stale" && e.message.contains("changed since")), "{events:?}");
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {

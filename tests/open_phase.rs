@@ -74,11 +74,11 @@ async fn after_the_plan_each_class_is_searched_on_its_own_shapes_until_it_conver
     assert_eq!(small.median_us, 20.0);
 
     let events = ledger.events("open").await.unwrap();
-    let converged: Vec<&String> = events.iter().filter(|(_, k, _)| k == "class_converged").map(|(_, _, m)| m).collect();
+    let converged: Vec<&String> = events.iter().filter(|e| e.kind.as_str() == "class_converged").map(|e| &e.message).collect();
     assert_eq!(converged.len(), 2, "{converged:?}");
-    assert!(events.iter().any(|(_, k, m)| k == "open_phase" && m.contains("latency-d64 (1 shapes)")), "{events:?}");
+    assert!(events.iter().any(|e| e.kind.as_str() == "open_phase" && e.message.contains("latency-d64 (1 shapes)")), "{events:?}");
     let run = ledger.run(Some("open")).await.unwrap();
-    assert_eq!(run.state, "finished");
+    assert_eq!(run.state.to_string(), "finished");
     assert!(run.message.unwrap().starts_with("converged"));
 }
 
@@ -124,7 +124,7 @@ enabled = false
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let its = ledger.iterations("fit").await.unwrap();
     let hopper = its.iter().find(|i| i.stage == "hopper").unwrap();
-    assert_eq!(hopper.verdict, "accepted", "{}", hopper.reason);
+    assert_eq!(hopper.verdict.as_str(), "accepted", "{}", hopper.reason);
     let row = |key: &str| hopper.shapes.iter().find(|s| s.shape == key).unwrap_or_else(|| panic!("no row for {key}"));
     let small = row("b1h1s128d64");
     assert_eq!((small.gated.as_deref(), small.check_passed, small.median_us, small.won), (None, Some(true), Some(40.0), true));
@@ -166,7 +166,7 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
     assert_eq!(end_on, end_off);
     let (a, b) = (sequence(&on, "on").await, sequence(&off, "off").await);
     assert_eq!(a, b);
-    assert!(a.iter().any(|(_, _, _, v)| v == "crashed"), "{a:?}");
+    assert!(a.iter().any(|(_, _, _, v)| v.as_str() == "crashed"), "{a:?}");
     assert!(a.iter().filter(|(s, ..)| s.starts_with("open/")).count() >= 12, "{a:?}");
 
     // The worker's log: look-ahead compiles were asked for, and most loads found theirs.

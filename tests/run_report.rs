@@ -494,7 +494,7 @@ async fn big_ledger(db: &Path, n: i64) {
             stage,
             template: "mma-fa2".into(),
             params_json: json!({ "BLOCK_N": 64 + seq % 3 }).to_string(),
-            verdict: verdict.into(),
+            verdict: verdict.parse().unwrap(),
             reason: "synthetic".into(),
             started_at: "2026-11-23T00:00:00.000Z".into(),
             finished_at: "2026-11-23T00:00:00.000Z".into(),
@@ -504,7 +504,7 @@ async fn big_ledger(db: &Path, n: i64) {
         };
         ledger.record_iteration(&rec, &best, seq as f64 * 5400.0 / n as f64).await.unwrap();
     }
-    ledger.finish_run("big", "finished", "budget spent", 5400.0).await.unwrap();
+    ledger.finish_run("big", optimizerd::spec::states::RunState::Finished, "budget spent", 5400.0).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -553,9 +553,9 @@ async fn a_run_killed_and_resumed_reports_both_halves() {
     let daemon = |args: &[&str], failpoint: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_optimizerd"));
         cmd.current_dir(p.path()).args(args).arg("--worker-script").arg(p.path().join("script.json"));
-        cmd.env_remove(optimizerd::daemon::failpoint::ENV);
+        cmd.env_remove(optimizerd::failpoint::ENV);
         if let Some(f) = failpoint {
-            cmd.env(optimizerd::daemon::failpoint::ENV, f);
+            cmd.env(optimizerd::failpoint::ENV, f);
         }
         cmd.output().unwrap()
     };

@@ -81,7 +81,7 @@ async fn sdpa_is_recorded_per_shape_and_cached_for_the_next_run() {
     assert_eq!(closing[0].sdpa_backends["flash"]["graph_us"], json!(5.3));
     assert!(text.contains("closing comparison") && text.contains("2.00x"), "{text}");
     let events = ledger.events("two").await.unwrap();
-    assert!(events.iter().any(|(_, kind, m)| kind == "closing" && m.contains("b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x")), "{events:?}");
+    assert!(events.iter().any(|e| e.kind.as_str() == "closing" && e.message.contains("b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x")), "{events:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,7 +92,7 @@ async fn without_torch_the_run_goes_on_and_says_so() {
     let ledger = Ledger::open(&p.db()).await.unwrap();
     assert!(ledger.sdpa("notorch").await.unwrap().is_empty());
     let events = ledger.events("notorch").await.unwrap();
-    let note = events.iter().find(|(_, k, _)| k == "sdpa_unavailable").expect("a note that SDPA is unavailable");
-    assert!(note.2.contains("over the baseline kernel only"), "{}", note.2);
+    let note = events.iter().find(|e| e.kind.as_str() == "sdpa_unavailable").expect("a note that SDPA is unavailable");
+    assert!(note.message.contains("over the baseline kernel only"), "{}", note.message);
     assert_eq!(ledger.iterations("notorch").await.unwrap().len(), 1);
 }

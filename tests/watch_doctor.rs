@@ -151,7 +151,7 @@ async fn watch_replays_a_finished_run() {
     std::fs::create_dir_all(runs.join("r1")).unwrap();
     let log = finished_log("r1");
     std::fs::write(runs.join("r1/run.log"), &log).unwrap();
-    ledger.finish_run("r1", "finished", "budget spent", 9.0).await.unwrap();
+    ledger.finish_run("r1", optimizerd::spec::states::RunState::Finished, "budget spent", 9.0).await.unwrap();
 
     let started = Instant::now();
     let text = watch_to_string(&ledger, &runs, Some("r1"), false).await.unwrap();
@@ -191,7 +191,7 @@ async fn watch_replays_a_run_that_ended_without_a_run_end_line() {
     it["fields"].as_object_mut().unwrap().remove("kind");
     let log = format!("{}\n{}\n", device_line(), it);
     std::fs::write(runs.join("old/run.log"), &log).unwrap();
-    ledger.finish_run("old", "failed", "worker could not start", 1.0).await.unwrap();
+    ledger.finish_run("old", optimizerd::spec::states::RunState::Failed, "worker could not start", 1.0).await.unwrap();
 
     let text = watch_to_string(&ledger, &runs, Some("old"), false).await.unwrap();
     assert!(text.lines().any(|l| l.starts_with("#1 ") && l.contains("baseline") && l.contains("50.0 us")), "{text}");
@@ -221,7 +221,7 @@ async fn write_live(ledger: Ledger, runs: PathBuf, id: &str, lines: Vec<String>,
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
     // As the engine does: the ledger first, then the last log line.
-    ledger.finish_run(id, "finished", "budget spent", 12.0).await.unwrap();
+    ledger.finish_run(id, optimizerd::spec::states::RunState::Finished, "budget spent", 12.0).await.unwrap();
     if let Some(end) = run_end {
         tokio::time::sleep(Duration::from_millis(50)).await;
         f.write_all(format!("{end}\n").as_bytes()).unwrap();
@@ -292,7 +292,7 @@ async fn watch_ends_when_the_ledger_says_the_run_ended() {
     let (end, raw) = watch_end(&ledger, &runs, Some("quiet"), true).await.unwrap();
     writer.await.unwrap();
     assert_eq!(raw, std::fs::read_to_string(runs.join("quiet/run.log")).unwrap());
-    assert_eq!(end.run.state, "finished");
+    assert_eq!(end.run.state.to_string(), "finished");
     assert!(!end.saw_run_end && !end.daemon_gone);
 }
 
@@ -346,7 +346,7 @@ async fn watch_stops_when_the_daemon_of_a_live_run_is_gone() {
 
     let (end, text) = watch_end(&ledger, &runs, Some("dead"), false).await.unwrap();
     assert!(end.daemon_gone, "{text}");
-    assert_eq!(end.run.state, "running");
+    assert_eq!(end.run.state.to_string(), "running");
     assert!(text.lines().any(|l| l.starts_with("#1 ")), "{text}");
     assert!(text.contains("optimizerd resume dead"), "{text}");
     let (end, raw) = watch_end(&ledger, &runs, Some("dead"), true).await.unwrap();
@@ -362,7 +362,7 @@ async fn watch_names_an_unknown_run_and_a_missing_log() {
     let err = watch_to_string(&ledger, &runs, Some("nope"), false).await.unwrap_err().to_string();
     assert!(err.contains("nope") && err.contains("optimizerd runs"), "{err}");
 
-    ledger.finish_run("r1", "failed", "no GPU", 0.0).await.unwrap();
+    ledger.finish_run("r1", optimizerd::spec::states::RunState::Failed, "no GPU", 0.0).await.unwrap();
     let err = watch_to_string(&ledger, &runs, Some("r1"), false).await.unwrap_err().to_string();
     assert!(err.contains("r1") && err.contains("run.log"), "{err}");
 }

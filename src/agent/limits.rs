@@ -2,18 +2,10 @@
 //! from the ledger (so a resumed run continues the same count). A request is sent only
 //! when even its largest possible reply stays within every limit.
 
-use serde::Serialize;
 
 use crate::spec::agent::AgentSection;
 
-/// What the agent used so far in a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Usage {
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub cost_usd: f64,
-}
+pub use crate::spec::agent::Usage;
 
 impl Usage {
     pub fn tokens(&self) -> u64 {

@@ -1,9 +1,8 @@
 //! The daemon's plumbing: one run per GPU ([`lock`]), stop requests ([`shutdown`]),
-//! crash drills ([`failpoint`]), [`logging`], and the [`supervisor`] of the GPU worker
+//! [`logging`], and the [`supervisor`] of the GPU worker
 //! process (spawn, request with timeout, kill, crash report). Depends only on
 //! [`crate::spec`]; the storage, the pipeline and the engine build on it.
 
-pub mod failpoint;
 pub mod lock;
 pub mod logging;
 pub mod shutdown;

@@ -10,26 +10,164 @@
 //! asking again, and only re-asks a request whose reply never arrived. A failing
 //! endpoint, or a reached limit, ends the stage with the reason recorded; the plan goes on.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::agent::client::{parse_reply, ChatClient};
 use crate::agent::{anticheat, edits, prompt};
-use crate::pipeline::decide::{self, geomean, Stats};
 use crate::pipeline::outcome::{Failure, Verdict};
-use crate::pipeline::{check, gate, record, render, timing};
-use crate::spec::protocol::{Probes, ShapePlan};
 use crate::spec::template::{Params, Template};
-use crate::storage::agent_log::{ProposalRow, ReplyCost};
-use crate::storage::ledger::{self, IterationRecord};
+use crate::storage::agent_log::{ProposalRow, ReplyCost, RequestStatus};
+use crate::storage::ledger::{EventKind, Event, StageHistory};
 use crate::strategy::plan::Stage;
 
-use super::incumbents::Module;
-use super::{dedup, Engine, RunEnd};
+use super::candidate::{Candidate, Policy};
+use super::phase::{Next, Proposer};
+use super::{Engine, Outcome, RunEnd};
 
-/// How the stage's loop goes on after one proposal.
-enum Next {
-    Continue,
-    End(RunEnd),
+/// An agent stage's source of candidates: replies already stored, then new requests.
+struct AgentProposer {
+    stage: Stage,
+    client: ChatClient,
+    /// The knob values every edit is rendered with.
+    params: Params,
+    /// The template text edits apply to: the stage's, or its last accepted edit.
+    base_text: String,
+    /// Replies' choices not yet evaluated: (request id, choice, text).
+    queue: VecDeque<(i64, usize, String)>,
+    /// Proposals evaluated in this stage so far (against `max_candidates`).
+    evaluated: u32,
+    /// The last request's number within the run.
+    ordinal: i64,
+}
+
+impl Proposer for AgentProposer {
+    async fn next(&mut self, engine: &mut Engine) -> anyhow::Result<Next> {
+        let name = self.stage.spec.name.clone();
+        let max = self.stage.spec.max_candidates;
+        if self.evaluated >= max {
+            engine.agent_end(&name, &format!("max_candidates ({max}) proposals evaluated")).await?;
+            return Ok(Next::Done);
+        }
+        if let Some((request_id, choice, text)) = self.queue.pop_front() {
+            self.evaluated += 1;
+            return self.proposal(engine, request_id, choice, &text).await;
+        }
+        // Nothing left to evaluate: ask for more (recorded before sending, so a resumed run
+        // never pays twice for one request).
+        let messages = engine.agent_prompt(&self.stage, &self.base_text, &self.params).await?;
+        let body = ChatClient::body(&engine.cfg.agent, &messages);
+        let usage = engine.ledger.agent_usage(&engine.run_id).await?;
+        if let Some(why) = usage.refuse(&engine.cfg.agent, body.to_string().len()) {
+            engine.agent_end(&name, &format!("limit reached: {why}")).await?;
+            return Ok(Next::Done);
+        }
+        self.ordinal += 1;
+        let ordinal = self.ordinal;
+        let hash = prompt::hash(&body);
+        let model = engine.cfg.agent.model.clone();
+        let id = engine
+            .ledger
+            .agent_request_begin(&engine.run_id, &name, ordinal, self.client.url(), &model, &hash, &serde_json::to_string(&messages)?)
+            .await?;
+        crate::failpoint::hit("agent-request-sent");
+        tracing::info!(kind = "agent_request", stage = %name, request = ordinal, prompt_hash = %hash, "agent request {ordinal} to {} ({model})", self.client.url());
+        let t0 = Instant::now();
+        let reply = self.client.complete(&body).await;
+        let latency_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                engine.ledger.agent_request_failed(id, &e.to_string(), latency_ms).await?;
+                engine.agent_end(&name, &format!("request {ordinal} failed: {e}")).await?;
+                return Ok(Next::Done);
+            }
+        };
+        let cost = ReplyCost {
+            prompt_tokens: reply.prompt_tokens,
+            completion_tokens: reply.completion_tokens,
+            tokens_estimated: reply.tokens_estimated,
+            latency_ms,
+            attempts: reply.attempts,
+            cost_usd: engine.cfg.agent.cost(reply.prompt_tokens, reply.completion_tokens),
+        };
+        engine.ledger.agent_request_replied(id, &cost, &reply.body).await?;
+        crate::failpoint::hit("agent-reply-stored");
+        tracing::info!(
+            kind = "agent_reply", stage = %name, request = ordinal, prompt_tokens = cost.prompt_tokens, completion_tokens = cost.completion_tokens,
+            cost_usd = cost.cost_usd, latency_ms, "agent reply {ordinal}: {} choice(s), {} + {} tokens, ${:.4}, {:.1} s",
+            reply.choices.len(), cost.prompt_tokens, cost.completion_tokens, cost.cost_usd, latency_ms / 1e3
+        );
+        self.queue.extend(reply.choices.into_iter().enumerate().map(|(ci, text)| (id, ci, text)));
+        Ok(Next::Recorded)
+    }
+
+    async fn report(&mut self, _engine: &mut Engine, c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {
+        // Edits build on each other: an accepted one is what the next applies to.
+        if outcome.won {
+            self.base_text = c.stage.template.text.clone();
+        }
+        Ok(())
+    }
+}
+
+impl AgentProposer {
+    /// One proposal (choice `choice` of request `request_id`): an iteration of its own from
+    /// the start, refused here if it does not parse, apply or pass the static anti-cheat
+    /// check (never compiled), else a candidate with the agent's policy.
+    async fn proposal(&mut self, engine: &mut Engine, request_id: i64, choice: usize, reply: &str) -> anyhow::Result<Next> {
+        let stage = &self.stage;
+        // Each edit is a template of its own: `mma-fa2+agent#12` (the iteration that made it).
+        let agent_name = format!("{}+agent#{}", stage.template.name(), engine.seq + 1);
+        let rec = engine.begin(&stage.spec.name, &agent_name, &self.params).await?;
+        let mut row = ProposalRow { seq: rec.seq, request_id, choice: choice as i64, summary: "(unparsable reply)".into(), diff: None, template_text: None };
+        let reject = |why: String| Failure::new(Verdict::RejectedProposal, why);
+
+        let proposal = match edits::parse(reply) {
+            Ok(p) => p,
+            Err(why) => {
+                engine.ledger.agent_proposal(&engine.run_id, &row).await?;
+                engine.conclude(rec, None, reject(format!("reply: {why}")), vec![]).await?;
+                return Ok(Next::Recorded);
+            }
+        };
+        row.summary = proposal.summary.clone();
+        let edited = match edits::apply(&self.base_text, &proposal) {
+            Ok(t) => t,
+            Err(why) => {
+                engine.ledger.agent_proposal(&engine.run_id, &row).await?;
+                engine.conclude(rec, None, reject(format!("edit \"{}\": does not apply: {why}", proposal.summary)), vec![]).await?;
+                return Ok(Next::Recorded);
+            }
+        };
+        let diff = edits::diff(&self.base_text, &edited, &stage.spec.template);
+        row.diff = Some(diff.clone());
+        row.template_text = Some(edited.clone());
+        engine.ledger.agent_proposal(&engine.run_id, &row).await?;
+        let base_template = Template::parse(&stage.spec.template, self.base_text.clone())?;
+        if let Err(why) = anticheat::check(&base_template, &edited, &engine.cfg.agent.allowed_headers) {
+            engine.conclude(rec, None, reject(format!("edit \"{}\": anti-cheat: {why}", proposal.summary)), vec![]).await?;
+            return Ok(Next::Recorded);
+        }
+        let mut template = match Template::parse(&stage.spec.template, edited) {
+            Ok(t) => t,
+            Err(e) => {
+                let reason = format!("edit \"{}\": the template no longer parses: {e}", proposal.summary);
+                engine.conclude(rec, None, reject(reason), vec![]).await?;
+                return Ok(Next::Recorded);
+            }
+        };
+        template.meta.name = agent_name;
+        let mut edited_stage = stage.clone();
+        edited_stage.template = template;
+        Ok(Next::Run(Box::new(Candidate {
+            stage: edited_stage,
+            params: self.params.clone(),
+            shapes: engine.shapes.clone(),
+            policy: Policy::agent(&proposal.summary, &diff),
+            begun: Some(rec),
+        })))
+    }
 }
 
 impl Engine {
@@ -41,7 +179,7 @@ impl Engine {
                 "stage {name} skipped: the agent is off (no [agent] base_url in {}); set agent.base_url and agent.model to use it",
                 self.cfg.source.display()
             );
-            self.agent_event_once("stage_skipped", &msg).await?;
+            self.ledger.event_once(&self.run_id, EventKind::StageSkipped, &msg).await?;
             tracing::info!(kind = "stage_skipped", stage = %name, "{msg}");
             return Ok(None);
         }
@@ -54,129 +192,54 @@ impl Engine {
         };
         let interrupted = self.ledger.agent_mark_interrupted(&self.run_id).await?;
         if interrupted > 0 {
-            self.ledger
-                .event(&self.run_id, "agent_resumed", &format!("{name}: {interrupted} request(s) in flight when the daemon died are asked again"))
-                .await?;
+            let msg = format!("{name}: {interrupted} request(s) in flight when the daemon died are asked again");
+            self.ledger.event(&self.run_id, EventKind::AgentResumed, &msg).await?;
         }
         self.ledger.set_progress(&self.run_id, Some(&name), self.used().as_secs_f64()).await?;
 
         // Where the stage starts: its params (recorded once), and the template text of
         // its last accepted proposal (edits build on each other).
-        let start_key = format!("{name} start ");
-        let recorded_start = self
-            .ledger
-            .events(&self.run_id)
-            .await?
-            .into_iter()
-            .filter(|(_, kind, _)| kind == "stage_start")
-            .find_map(|(_, _, m)| m.strip_prefix(&start_key).and_then(|j| serde_json::from_str::<Params>(j).ok()));
-        let params = match recorded_start {
-            Some(p) => p,
+        let history = StageHistory::of(&self.ledger.events(&self.run_id).await?);
+        let params = match history.start(&name) {
+            Some(p) => p.clone(),
             None => {
                 let p = self.best_params_for(stage).unwrap_or_else(|| stage.start.clone());
-                self.ledger.event(&self.run_id, "stage_start", &format!("{start_key}{}", serde_json::to_string(&p)?)).await?;
+                let msg = format!("{name} start {}", serde_json::to_string(&p)?);
+                self.ledger.record_event(&self.run_id, &Event::StageStart { stage: name.clone(), start: p.clone() }, &msg).await?;
                 tracing::info!(kind = "stage", stage = %name, "stage {name}: {} (agent edits of {} via {})", stage.spec.description, stage.spec.template, client.url());
                 p
             }
         };
         let iterations = self.ledger.iterations(&self.run_id).await?;
-        let finished = |seq: i64| iterations.iter().any(|i| i.seq == seq && i.verdict != "running" && i.verdict != "interrupted");
+        let finished = |seq: i64| iterations.iter().any(|i| i.seq == seq && i.verdict.is_final());
         let proposals: Vec<ProposalRow> = self.ledger.agent_proposals(&self.run_id).await?;
         let requests: Vec<_> = self.ledger.agent_requests(&self.run_id).await?.into_iter().filter(|r| r.stage == name).collect();
         let mut base_text = stage.template.text.clone();
         for p in &proposals {
             let in_stage = requests.iter().any(|r| r.id == p.request_id);
-            let accepted = iterations.iter().any(|i| i.seq == p.seq && (i.verdict == "accepted" || i.verdict == "baseline"));
+            let accepted = iterations.iter().any(|i| i.seq == p.seq && i.verdict.is_acceptance());
             if in_stage && accepted {
                 if let Some(t) = &p.template_text {
                     base_text = t.clone();
                 }
             }
         }
-        let mut evaluated = proposals.iter().filter(|p| requests.iter().any(|r| r.id == p.request_id) && finished(p.seq)).count() as u32;
-
-        // Replies already in the ledger (a resumed run): evaluate what is left of them.
-        for req in requests.iter().filter(|r| r.status == "replied") {
+        let evaluated = proposals.iter().filter(|p| requests.iter().any(|r| r.id == p.request_id) && finished(p.seq)).count() as u32;
+        // Replies already in the ledger (a resumed run): what is left of them comes first.
+        let mut queue = VecDeque::new();
+        for req in requests.iter().filter(|r| r.status == RequestStatus::Replied) {
             let Some(body) = &req.reply_text else { continue };
             let Ok((choices, _)) = parse_reply(body) else { continue };
-            for (ci, text) in choices.iter().enumerate() {
+            for (ci, text) in choices.into_iter().enumerate() {
                 let done = proposals.iter().any(|p| p.request_id == req.id && p.choice == ci as i64 && finished(p.seq));
-                if done {
-                    continue;
+                if !done {
+                    queue.push_back((req.id, ci, text));
                 }
-                if evaluated >= stage.spec.max_candidates {
-                    break;
-                }
-                if let Next::End(end) = self.agent_proposal(stage, &mut base_text, &params, req.id, ci, text).await? {
-                    return Ok(Some(end));
-                }
-                evaluated += 1;
             }
         }
-
-        let mut ordinal = requests.iter().map(|r| r.ordinal).max().unwrap_or(0);
-        loop {
-            if evaluated >= stage.spec.max_candidates {
-                self.agent_end(&name, &format!("max_candidates ({}) proposals evaluated", stage.spec.max_candidates)).await?;
-                return Ok(None);
-            }
-            if self.shutdown.requested() {
-                return Ok(Some(RunEnd::Stopped));
-            }
-            if !self.budget_left() {
-                return Ok(Some(RunEnd::Finished("budget spent".into())));
-            }
-            let messages = self.agent_prompt(stage, &base_text, &params).await?;
-            let body = ChatClient::body(&self.cfg.agent, &messages);
-            let usage = self.ledger.agent_usage(&self.run_id).await?;
-            if let Some(why) = usage.refuse(&self.cfg.agent, body.to_string().len()) {
-                self.agent_end(&name, &format!("limit reached: {why}")).await?;
-                return Ok(None);
-            }
-            ordinal += 1;
-            let hash = prompt::hash(&body);
-            let id = self
-                .ledger
-                .agent_request_begin(&self.run_id, &name, ordinal, client.url(), &self.cfg.agent.model, &hash, &serde_json::to_string(&messages)?)
-                .await?;
-            crate::daemon::failpoint::hit("agent-request-sent");
-            tracing::info!(kind = "agent_request", stage = %name, request = ordinal, prompt_hash = %hash, "agent request {ordinal} to {} ({})", client.url(), self.cfg.agent.model);
-            let t0 = Instant::now();
-            let reply = client.complete(&body).await;
-            let latency_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let reply = match reply {
-                Ok(r) => r,
-                Err(e) => {
-                    self.ledger.agent_request_failed(id, &e.to_string(), latency_ms).await?;
-                    self.agent_end(&name, &format!("request {ordinal} failed: {e}")).await?;
-                    return Ok(None);
-                }
-            };
-            let cost = ReplyCost {
-                prompt_tokens: reply.prompt_tokens,
-                completion_tokens: reply.completion_tokens,
-                tokens_estimated: reply.tokens_estimated,
-                latency_ms,
-                attempts: reply.attempts,
-                cost_usd: self.cfg.agent.cost(reply.prompt_tokens, reply.completion_tokens),
-            };
-            self.ledger.agent_request_replied(id, &cost, &reply.body).await?;
-            crate::daemon::failpoint::hit("agent-reply-stored");
-            tracing::info!(
-                kind = "agent_reply", stage = %name, request = ordinal, prompt_tokens = cost.prompt_tokens, completion_tokens = cost.completion_tokens,
-                cost_usd = cost.cost_usd, latency_ms, "agent reply {ordinal}: {} choice(s), {} + {} tokens, ${:.4}, {:.1} s",
-                reply.choices.len(), cost.prompt_tokens, cost.completion_tokens, cost.cost_usd, latency_ms / 1e3
-            );
-            for (ci, text) in reply.choices.iter().enumerate() {
-                if evaluated >= stage.spec.max_candidates {
-                    break;
-                }
-                if let Next::End(end) = self.agent_proposal(stage, &mut base_text, &params, id, ci, text).await? {
-                    return Ok(Some(end));
-                }
-                evaluated += 1;
-            }
-        }
+        let ordinal = requests.iter().map(|r| r.ordinal).max().unwrap_or(0);
+        let mut proposer = AgentProposer { stage: stage.clone(), client, params, base_text, queue, evaluated, ordinal };
+        self.run_phase(&mut proposer).await
     }
 
     /// An `agent-tuning` stage: `stage` with its template replaced by the latest accepted
@@ -191,7 +254,7 @@ impl Engine {
             .iterations(&self.run_id)
             .await?
             .into_iter()
-            .filter(|i| i.verdict == "accepted")
+            .filter(|i| i.verdict == Verdict::Accepted)
             .filter_map(|i| i.template.strip_prefix(&prefix).and_then(|n| n.parse::<i64>().ok()).map(|e| (i.seq, e)))
             .max()
             .map(|(_, e)| e);
@@ -201,7 +264,7 @@ impl Engine {
         };
         let (Some(e), Some(text)) = (edit_seq, proposal.and_then(|p| p.template_text)) else {
             let msg = format!("stage {} skipped: no accepted agent edit of {} to tune", stage.spec.name, stage.spec.template);
-            self.agent_event_once("stage_skipped", &msg).await?;
+            self.ledger.event_once(&self.run_id, EventKind::StageSkipped, &msg).await?;
             tracing::info!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
             return Ok(None);
         };
@@ -216,15 +279,7 @@ impl Engine {
     async fn agent_end(&mut self, stage: &str, why: &str) -> anyhow::Result<()> {
         let msg = format!("{stage}: {why}; the plan goes on");
         tracing::warn!(kind = "agent_stage_end", stage = %stage, "agent stage {msg}");
-        self.ledger.event(&self.run_id, "agent_stage_end", &msg).await?;
-        Ok(())
-    }
-
-    async fn agent_event_once(&mut self, kind: &str, msg: &str) -> anyhow::Result<()> {
-        let seen = self.ledger.events(&self.run_id).await?.into_iter().any(|(_, k, m)| k == kind && m == msg);
-        if !seen {
-            self.ledger.event(&self.run_id, kind, msg).await?;
-        }
+        self.ledger.event(&self.run_id, EventKind::AgentStageEnd, &msg).await?;
         Ok(())
     }
 
@@ -309,262 +364,5 @@ impl Engine {
             allowed_headers: &self.cfg.agent.allowed_headers,
         };
         Ok(prompt::messages(&input))
-    }
-
-    /// One proposal (choice `choice` of request `request_id`): an iteration of its own.
-    async fn agent_proposal(
-        &mut self,
-        stage: &Stage,
-        base_text: &mut String,
-        params: &Params,
-        request_id: i64,
-        choice: usize,
-        reply: &str,
-    ) -> anyhow::Result<Next> {
-        if self.shutdown.requested() {
-            return Ok(Next::End(RunEnd::Stopped));
-        }
-        if !self.budget_left() {
-            return Ok(Next::End(RunEnd::Finished("budget spent".into())));
-        }
-        self.seq += 1;
-        let seq = self.seq;
-        // Each edit is a template of its own: `mma-fa2+agent#12` (the iteration that made it).
-        let agent_name = format!("{}+agent#{seq}", stage.template.name());
-        let rec = IterationRecord {
-            run_id: self.run_id.clone(),
-            seq,
-            stage: stage.spec.name.clone(),
-            template: agent_name.clone(),
-            params_json: serde_json::to_string(params)?,
-            started_at: ledger::now(),
-            ..Default::default()
-        };
-        crate::daemon::failpoint::set_iteration(seq);
-        self.ledger.begin_iteration(&rec, self.used().as_secs_f64()).await?;
-        let mut row = ProposalRow { seq, request_id, choice: choice as i64, summary: "(unparsable reply)".into(), diff: None, template_text: None };
-
-        // Parse, apply, refuse statically: none of this compiles anything.
-        let reject = |why: String| Failure::new(Verdict::RejectedProposal, why);
-        let proposal = match edits::parse(reply) {
-            Ok(p) => p,
-            Err(why) => {
-                self.ledger.agent_proposal(&self.run_id, &row).await?;
-                self.conclude(rec, None, Err(reject(format!("reply: {why}"))), vec![]).await?;
-                return Ok(Next::Continue);
-            }
-        };
-        row.summary = proposal.summary.clone();
-        let edited = match edits::apply(base_text, &proposal) {
-            Ok(t) => t,
-            Err(why) => {
-                self.ledger.agent_proposal(&self.run_id, &row).await?;
-                let reason = format!("edit \"{}\": does not apply: {why}", proposal.summary);
-                self.conclude(rec, None, Err(reject(reason)), vec![]).await?;
-                return Ok(Next::Continue);
-            }
-        };
-        row.diff = Some(edits::diff(base_text, &edited, &stage.spec.template));
-        row.template_text = Some(edited.clone());
-        self.ledger.agent_proposal(&self.run_id, &row).await?;
-        let base_template = Template::parse(&stage.spec.template, base_text.clone())?;
-        if let Err(why) = anticheat::check(&base_template, &edited, &self.cfg.agent.allowed_headers) {
-            let reason = format!("edit \"{}\": anti-cheat: {why}", proposal.summary);
-            self.conclude(rec, None, Err(reject(reason)), vec![]).await?;
-            return Ok(Next::Continue);
-        }
-        let mut template = match Template::parse(&stage.spec.template, edited.clone()) {
-            Ok(t) => t,
-            Err(e) => {
-                let reason = format!("edit \"{}\": the template no longer parses: {e}", proposal.summary);
-                self.conclude(rec, None, Err(reject(reason)), vec![]).await?;
-                return Ok(Next::Continue);
-            }
-        };
-        template.meta.name = agent_name;
-        let mut edited_stage = stage.clone();
-        edited_stage.template = template;
-        let diff = row.diff.clone().unwrap_or_default();
-        let accepted = self.agent_iterate(&edited_stage, params, rec, &proposal.summary, &diff).await?;
-        if accepted {
-            *base_text = edited;
-        }
-        if let Some(end) = self.recover_worker().await {
-            return Ok(Next::End(end));
-        }
-        Ok(Next::Continue)
-    }
-
-    /// The candidate's life with probes: like `Engine::iterate`, plus the probed check,
-    /// the re-check after timing, and the plausibility flag. True when it was accepted.
-    async fn agent_iterate(&mut self, stage: &Stage, params: &Params, mut rec: IterationRecord, summary: &str, diff: &str) -> anyhow::Result<bool> {
-        let seq = rec.seq;
-        let shapes_in = self.shapes.clone();
-        let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
-        let edit = format!("edit \"{summary}\"");
-        let fail = |v: Verdict, why: String| Failure::new(v, format!("{edit}: {why}"));
-
-        let rendered = match render::render(&stage.template, params, self.cfg.workload.dtype, &templates_dir) {
-            Ok(r) => r,
-            Err(e) => {
-                self.conclude(rec, None, Err(fail(Verdict::RejectedProposal, e.to_string())), vec![]).await?;
-                return Ok(false);
-            }
-        };
-        rec.source_hash = Some(rendered.hash.clone());
-        let meta = serde_json::json!({
-            "iteration": seq, "stage": stage.spec.name, "template": stage.template.name(), "file": stage.template.file,
-            "params": params, "dtype": self.cfg.workload.dtype, "source_sha256": rendered.hash, "agent_summary": summary,
-        });
-        let agent_file = format!("agent/{}", stage.spec.template);
-        let commit = self.ws.commit_candidate(
-            &[
-                ("candidate.cu", &rendered.source),
-                ("candidate.json", &serde_json::to_string_pretty(&meta)?),
-                (&agent_file, &stage.template.text),
-                ("agent/edit.diff", diff),
-            ],
-            &format!("iteration {seq}: agent edit of {}: {summary}\n\n{diff}", stage.spec.template),
-        )?;
-        rec.git_commit = Some(commit.to_string());
-
-        let gated = match gate::check_each(&stage.template, params, &shapes_in, &self.device, &stage.spec.min_ctas) {
-            Ok(g) => g,
-            Err(g) => {
-                self.conclude(rec, Some(commit), Err(fail(Verdict::Gated, g.0)), vec![]).await?;
-                return Ok(false);
-            }
-        };
-        let plans = gated.plans;
-        let mut shapes = record::planned_shapes(&plans);
-        record::refused(&mut shapes, &shapes_in, &gated.refused);
-        let arch = match stage.template.meta.target_arch(&self.device) {
-            Ok(a) => a,
-            Err(why) => {
-                self.conclude(rec, Some(commit), Err(fail(Verdict::Gated, why)), shapes).await?;
-                return Ok(false);
-            }
-        };
-        rec.arch = Some(arch.clone());
-        let id = format!("it{seq}");
-        let head_dims: Vec<u32> = dedup(plans.iter().map(|p| p.shape.d));
-        let kernels = stage.template.kernel_names(&head_dims);
-        let loaded = match self.load(&id, &rendered.source, &arch, kernels.clone(), &plans).await {
-            Ok(l) => l,
-            Err(f) => {
-                let f = Failure { reason: format!("{edit}: {}", f.reason), ..f };
-                self.conclude(rec, Some(commit), Err(f), shapes).await?;
-                return Ok(false);
-            }
-        };
-        record::resources(&mut rec, &loaded);
-        record::waves(&mut shapes, &plans, &loaded, self.device.sm_count);
-        self.modules.insert(id.clone(), Module { source: rendered.source.clone(), arch, kernels, plans: plans.clone(), loaded: Some(loaded.clone()) });
-
-        // Check with the probes.
-        let seed = self.seed ^ (seq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let t0 = Instant::now();
-        let probes = Probes { on: true, after_timing: false };
-        let checked = check::run_probed(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout, probes).await;
-        rec.check_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
-        match checked {
-            Ok(c) => record::checked(&mut shapes, &c),
-            Err((f, c)) => {
-                if let Some(c) = c {
-                    record::checked(&mut shapes, &c);
-                }
-                let f = Failure { reason: format!("{edit}: {}", f.reason), ..f };
-                self.conclude(rec, Some(commit), Err(f), shapes).await?;
-                return Ok(false);
-            }
-        }
-
-        // Time against the incumbents.
-        if let Err(f) = self.ensure_incumbents_loaded().await {
-            self.conclude(rec, Some(commit), Err(f), shapes).await?;
-            return Ok(false);
-        }
-        let cases = self.against_incumbents(&id, &plans);
-        let t0 = Instant::now();
-        let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await;
-        rec.time_ms = Some(t0.elapsed().as_secs_f64() * 1e3);
-        let timed = match timed {
-            Ok(t) => t,
-            Err(f) => {
-                self.conclude(rec, Some(commit), Err(f), shapes).await?;
-                return Ok(false);
-            }
-        };
-
-        // Re-check after timing on fresh inputs at other addresses: a kernel that caches
-        // or skips work once it has run fails here.
-        let after = Probes { on: true, after_timing: true };
-        let t0 = Instant::now();
-        let rechecked = check::run_probed(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed ^ 0x5EED_AF7E_4C4E_C4ED, self.cfg.worker.check_timeout, after).await;
-        rec.check_ms = Some(rec.check_ms.unwrap_or(0.0) + t0.elapsed().as_secs_f64() * 1e3);
-        if let Err((f, _)) = rechecked {
-            let verdict = if f.verdict == Verdict::Incorrect { Verdict::Cheating } else { f.verdict };
-            let f = Failure { verdict, reason: format!("{edit}: {}", f.reason), ..f };
-            self.conclude(rec, Some(commit), Err(f), shapes).await?;
-            return Ok(false);
-        }
-
-        // Decide, with a plausibility bound on the gain.
-        let (figures, _) = self.diagnose().await?;
-        let demonstrated = figures.iter().filter_map(|f| f.demonstrated_tflops).fold(None::<f64>, |m, t| Some(m.map_or(t, |m| m.max(t))));
-        let mut won: Vec<(ShapePlan, f64)> = Vec::new();
-        let mut medians = Vec::new();
-        let mut implausible: Vec<String> = Vec::new();
-        let first_ever = self.incumbents.is_empty();
-        for (case, plan) in timed.cases.iter().zip(&plans) {
-            let key = case.shape.key();
-            let Some(cand) = timing::stats_of(case, &id) else {
-                self.conclude(rec, Some(commit), Err(fail(Verdict::Error, format!("{key}: no valid timing samples"))), shapes).await?;
-                return Ok(false);
-            };
-            medians.push(cand.median_us);
-            let inc_stats: Option<Stats> = self.incumbents.get(&key).and_then(|inc| timing::stats_of(case, &inc.id));
-            let decision = inc_stats.map(|inc| decide::decide_shape(&cand, &inc, self.cfg.timing.min_gain));
-            let tflops = case.shape.flops() / (cand.median_us * 1e-6) / 1e12;
-            if let Some(d) = decision.filter(|d| d.speedup > self.cfg.agent.suspicious_speedup) {
-                implausible.push(format!("{key} {:.1}x the incumbent (agent.suspicious_speedup = {})", d.speedup, self.cfg.agent.suspicious_speedup));
-            }
-            if let Some(peak) = demonstrated.filter(|p| tflops > p * self.cfg.agent.suspicious_peak_factor) {
-                implausible.push(format!("{key} {tflops:.0} TFLOPS, over {}x the {peak:.0} SDPA demonstrated", self.cfg.agent.suspicious_peak_factor));
-            }
-            let wins = match decision {
-                Some(d) => d.wins,
-                None => first_ever || !self.incumbents.contains_key(&key),
-            };
-            let baseline = self.baseline_us.get(&key).copied();
-            record::timed(&mut shapes, &key, &cand, inc_stats.as_ref(), decision.as_ref(), baseline, wins, case.input_sets);
-            if wins {
-                won.push((plan.clone(), cand.median_us));
-            }
-        }
-        rec.score_us = geomean(medians.iter().copied());
-        if !implausible.is_empty() {
-            for s in &mut shapes {
-                s.won = false;
-            }
-            let why = format!(
-                "implausibly fast ({}); re-verified correct on fresh inputs after timing, yet not accepted: a gain this large is a measurement or kernel bug until a person looks",
-                implausible.join("; ")
-            );
-            self.conclude(rec, Some(commit), Err(fail(Verdict::Flagged, why)), shapes).await?;
-            return Ok(false);
-        }
-        let verdict = if first_ever {
-            Verdict::Baseline
-        } else if won.is_empty() {
-            Verdict::Rejected
-        } else {
-            Verdict::Accepted
-        };
-        let reason = format!("{edit}: {}", record::decision_reason(verdict, &shapes));
-        let best_rows = if won.is_empty() { vec![] } else { self.promote(seq, &id, stage, params, &rendered.source, commit, &won).await? };
-        let accepted = !best_rows.is_empty();
-        self.conclude_success(rec, commit, verdict, reason, shapes, best_rows).await?;
-        Ok(accepted)
     }
 }

@@ -6,7 +6,7 @@
 //! same clocks; the speedup a user reads at the end comes from here.
 
 use crate::spec::protocol::TimeCase;
-use crate::storage::ledger::{self, ClosingRow};
+use crate::storage::ledger::{self, ClosingRow, EventKind};
 use crate::pipeline::timing;
 
 use super::Engine;
@@ -32,12 +32,12 @@ impl Engine {
                     self.ledger.closing_record(&self.run_id, r).await?;
                 }
                 let msg = format!("closing comparison (best kernels timed before and after a fresh SDPA measurement): {}", parts.join(", "));
-                self.ledger.event(&self.run_id, "closing", &msg).await?;
+                self.ledger.event(&self.run_id, EventKind::Closing, &msg).await?;
                 tracing::info!(kind = "closing", "{msg}");
             }
             Err(why) => {
                 let msg = format!("closing comparison not made: {why}");
-                self.ledger.event(&self.run_id, "closing_failed", &msg).await?;
+                self.ledger.event(&self.run_id, EventKind::ClosingFailed, &msg).await?;
                 tracing::warn!(kind = "closing_failed", "{msg}");
             }
         }

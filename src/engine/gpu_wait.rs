@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use crate::spec::config::Config;
-use crate::storage::ledger::Ledger;
+use crate::spec::states::RunState;
+use crate::storage::ledger::{EventKind, Ledger};
 use crate::spec::protocol::DeviceInfo;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::supervisor::Supervisor;
@@ -43,7 +44,7 @@ pub(super) async fn wait_for_gpu(
     };
     let began = Instant::now();
     let mut delay = Duration::from_millis(250).min(cfg.worker.gpu_retry_max);
-    let _ = ledger.set_state(run_id, "waiting_for_gpu", Some(&last.to_string()), None).await;
+    let _ = ledger.set_state(run_id, RunState::WaitingForGpu, Some(&last.to_string()), None).await;
     let mut attempt = 1u32;
     let result = loop {
         tracing::warn!(
@@ -69,7 +70,7 @@ pub(super) async fn wait_for_gpu(
         match sup.ensure_started().await {
             Ok(d) => {
                 tracing::info!(kind = "gpu_back", attempt, "the GPU answered again at attempt {attempt}; the run continues");
-                let _ = ledger.set_state(run_id, "running", None, None).await;
+                let _ = ledger.set_state(run_id, RunState::Running, None, None).await;
                 break Ok(d);
             }
             Err(e) => last = e,
@@ -78,7 +79,7 @@ pub(super) async fn wait_for_gpu(
     };
     *paused += began.elapsed();
     let _ = ledger
-        .event(run_id, "waited_for_gpu", &format!("{attempt} attempts over {:.1}s (not charged to the budget)", began.elapsed().as_secs_f64()))
+        .event(run_id, EventKind::WaitedForGpu, &format!("{attempt} attempts over {:.1}s (not charged to the budget)", began.elapsed().as_secs_f64()))
         .await;
     result
 }

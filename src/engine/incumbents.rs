@@ -194,7 +194,7 @@ impl Engine {
         files.push(("kernels/dispatch.json".into(), dispatch));
         let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         let keys: Vec<String> = won.iter().map(|(p, _)| p.shape.key()).collect();
-        crate::daemon::failpoint::hit("before-accept");
+        crate::failpoint::hit("before-accept");
         let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({}) for {}", stage.template.name(), keys.join(", ")))?;
         for b in &mut best_rows {
             b.git_commit = Some(accept.to_string());

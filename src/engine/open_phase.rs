@@ -4,15 +4,17 @@
 //! recorded under the stage name `open/<class>`; a resumed run primes the searches from
 //! the plan's iterations and replays the phase's own, so it stands where it stopped.
 
+use crate::pipeline::decide::geomean;
 use crate::spec::protocol::Shape;
 use crate::spec::template::Params;
-use crate::storage::ledger::IterationRecord;
-use crate::strategy::open::{classify, Candidates, ClassSearch, OpenSearch, ShapeClass};
+use crate::storage::ledger::{EventKind, IterationRecord};
+use crate::strategy::open::{classify, Candidates, ClassSearch, OpenSearch, Proposal, ShapeClass};
 use crate::strategy::plan::{Stage, StageSpec};
 use crate::strategy::search::SearchKind;
 
+use super::candidate::{Candidate, Policy};
+use super::phase::{Next, Proposer};
 use super::{Engine, Outcome, RunEnd};
-use crate::pipeline::decide::geomean;
 
 /// Stage names of the open phase's iterations: `open/<class>`.
 pub const OPEN_PREFIX: &str = crate::strategy::plan::RESERVED_OPEN_PREFIX;
@@ -31,8 +33,57 @@ fn class_score(it: &IterationRecord, class: &ShapeClass) -> Option<f64> {
     geomean(times)
 }
 
-fn finished(it: &IterationRecord) -> bool {
-    it.verdict != "interrupted" && it.verdict != "running"
+/// The open phase's searches, one per shape class, as a proposer of candidates.
+struct OpenProposer {
+    open: OpenSearch,
+    /// One stage per template the phase searches.
+    stages: Vec<Stage>,
+    /// The proposal in flight: its class and point.
+    pending: Option<(usize, Proposal)>,
+}
+
+impl OpenProposer {
+    /// `p` as a candidate on class `ci`'s shapes, recorded under `open/<class>`.
+    fn candidate(&self, ci: usize, p: &Proposal) -> anyhow::Result<Candidate> {
+        let Some(base) = self.stages.iter().find(|s| s.template.name() == p.template) else {
+            anyhow::bail!("open phase proposed template {}, which the plan does not use", p.template);
+        };
+        let class = &self.open.classes[ci].class;
+        let mut stage = base.clone();
+        stage.spec.name = format!("{OPEN_PREFIX}{}", class.name);
+        Ok(Candidate { stage, params: p.params.clone(), shapes: class.shapes.clone(), policy: Policy::search(), begun: None })
+    }
+}
+
+impl Proposer for OpenProposer {
+    async fn next(&mut self, engine: &mut Engine) -> anyhow::Result<Next> {
+        let Some((ci, p)) = self.open.next() else { return Ok(Next::Done) };
+        let c = self.candidate(ci, &p)?;
+        engine.ledger.set_progress(&engine.run_id, Some(&c.stage.spec.name), engine.used().as_secs_f64()).await?;
+        self.pending = Some((ci, p));
+        Ok(Next::Run(Box::new(c)))
+    }
+
+    fn after_loss(&self, _current: &Candidate) -> Option<(Stage, Params, Vec<Shape>)> {
+        let (ci, p) = self.pending.as_ref()?;
+        let mut ahead = self.open.clone();
+        ahead.report(*ci, p, None, false);
+        let (cj, q) = ahead.next()?;
+        let stage = self.stages.iter().find(|s| s.template.name() == q.template)?.clone();
+        Some((stage, q.params, ahead.classes[cj].class.shapes.clone()))
+    }
+
+    async fn report(&mut self, engine: &mut Engine, _c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {
+        let Some((ci, p)) = self.pending.take() else { return Ok(()) };
+        self.open.report(ci, &p, outcome.score, outcome.won);
+        if let Some(why) = self.open.classes[ci].converged() {
+            let name = &self.open.classes[ci].class.name;
+            let msg = format!("{name}: converged: {why}");
+            engine.ledger.event(&engine.run_id, EventKind::ClassConverged, &msg).await?;
+            tracing::info!(kind = "converged", class = %name, "class {msg}");
+        }
+        Ok(())
+    }
 }
 
 impl Engine {
@@ -84,7 +135,7 @@ impl Engine {
         let mut searches = Vec::with_capacity(classes.len());
         for class in classes {
             let mut cs = ClassSearch::new(class.clone(), candidates.clone(), spec.clone());
-            for it in recorded.iter().filter(|i| !i.stage.starts_with(OPEN_PREFIX) && finished(i)) {
+            for it in recorded.iter().filter(|i| !i.stage.starts_with(OPEN_PREFIX) && i.verdict.is_final()) {
                 if let Ok(p) = serde_json::from_str::<Params>(&it.params_json) {
                     cs.prime(&it.template, &p, class_score(it, &class));
                 }
@@ -95,7 +146,7 @@ impl Engine {
         let mut open = OpenSearch::new(searches);
 
         // Replay what this phase already recorded (a resumed run).
-        let done: Vec<&IterationRecord> = recorded.iter().filter(|i| i.stage.starts_with(OPEN_PREFIX) && finished(i)).collect();
+        let done: Vec<&IterationRecord> = recorded.iter().filter(|i| i.stage.starts_with(OPEN_PREFIX) && i.verdict.is_final()).collect();
         for it in &done {
             let Some((ci, p)) = open.next() else {
                 anyhow::bail!("iteration {} ({}) was recorded after the open phase converged; resume with the plan the run started with", it.seq, it.stage);
@@ -124,49 +175,15 @@ impl Engine {
                 spec.patience,
                 names.join(", ")
             );
-            self.ledger.event(&self.run_id, "open_phase", &msg).await?;
+            self.ledger.event(&self.run_id, EventKind::OpenPhase, &msg).await?;
             tracing::info!(kind = "stage", stage = "open", "{msg}");
         }
 
-        loop {
-            if self.shutdown.requested() {
-                return Ok(RunEnd::Stopped);
-            }
-            if !self.budget_left() {
-                return Ok(RunEnd::Finished("budget spent".into()));
-            }
-            let Some((ci, p)) = open.next() else { break };
-            let class = open.classes[ci].class.clone();
-            let Some(base) = stages.iter().find(|s| s.template.name() == p.template) else {
-                anyhow::bail!("open phase proposed template {}, which the plan does not use", p.template);
-            };
-            let mut stage = base.clone();
-            stage.spec.name = format!("{OPEN_PREFIX}{}", class.name);
-            self.ledger.set_progress(&self.run_id, Some(&stage.spec.name), self.used().as_secs_f64()).await?;
-            let shapes: Vec<Shape> = class.shapes.clone();
-            // The look-ahead (see the plan's loop): compile what comes next if this one does not win.
-            let mut ahead = open.clone();
-            ahead.report(ci, &p, None, false);
-            if let Some((cj, q)) = ahead.next() {
-                if let Some(next) = stages.iter().find(|s| s.template.name() == q.template) {
-                    let next_shapes = ahead.classes[cj].class.shapes.clone();
-                    self.lookahead(next, &q.params, &next_shapes).await;
-                }
-            }
-            let outcome = self.iterate(&stage, &p.params, &shapes).await?;
-            if self.shutdown.now_requested() {
-                return Ok(RunEnd::Stopped);
-            }
-            open.report(ci, &p, outcome.score, outcome.won);
-            if let Some(why) = open.classes[ci].converged() {
-                let msg = format!("{}: converged: {why}", class.name);
-                self.ledger.event(&self.run_id, "class_converged", &msg).await?;
-                tracing::info!(kind = "converged", class = %class.name, "class {msg}");
-            }
-            if let Some(end) = self.recover_worker().await {
-                return Ok(end);
-            }
+        let mut proposer = OpenProposer { open, stages, pending: None };
+        if let Some(end) = self.run_phase(&mut proposer).await? {
+            return Ok(end);
         }
+        let open = proposer.open;
         Ok(RunEnd::Finished(format!("converged: {}", open.summary())))
     }
 }

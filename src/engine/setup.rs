@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::storage::ledger::{self, Ledger, NewRun};
+use crate::spec::states::RunState;
+use crate::storage::ledger::{self, Event, EventKind, Ledger, NewRun};
 use crate::daemon::lock::GpuLock;
 use crate::strategy::plan::Plan;
 use crate::spec::protocol::{ShapePlan, TimeCase};
@@ -74,7 +75,7 @@ impl Engine {
                     Ok(d) => d,
                     Err(e) => {
                         let msg = e.to_string();
-                        ledger.finish_run(&run_id, "failed", &msg, 0.0).await?;
+                        ledger.finish_run(&run_id, RunState::Failed, &msg, 0.0).await?;
                         anyhow::bail!("run {run_id}: {msg}");
                     }
                 };
@@ -83,7 +84,7 @@ impl Engine {
             }
             Mode::Resume { rebaseline } => {
                 let row = ledger.run(Some(&run_id)).await?;
-                if row.state == "finished" {
+                if row.state.recorded == RunState::Finished {
                     anyhow::bail!("run {run_id} already finished ({}); nothing to resume", row.message.unwrap_or_default());
                 }
                 let interrupted = ledger.mark_interrupted(&run_id).await?;
@@ -98,23 +99,23 @@ impl Engine {
                     .and_then(|b| b.git_commit)
                     .and_then(|c: String| git2::Oid::from_str(&c).ok());
                 if ws.align_best(recorded_tip)? {
-                    ledger.event(&run_id, "workspace_aligned", "best moved back to the ledger's last recorded acceptance").await?;
+                    ledger.event(&run_id, EventKind::WorkspaceAligned, "best moved back to the ledger's last recorded acceptance").await?;
                 }
-                ledger.set_state(&run_id, "running", None, Some(std::process::id())).await?;
+                ledger.set_state(&run_id, RunState::Running, None, Some(std::process::id())).await?;
                 let (plan_path, _) = ledger.run_origin(&run_id).await?;
                 let before = ledger.device(&run_id).await?;
                 let mut waited = Duration::ZERO;
                 let device = match wait_for_gpu(&mut sup, &ledger, &run_id, &cfg, &shutdown, &mut waited).await {
                     Ok(d) => d,
                     Err(e) => {
-                        ledger.finish_run(&run_id, "interrupted", &e.to_string(), row.used_s).await?;
+                        ledger.finish_run(&run_id, RunState::Interrupted, &e.to_string(), row.used_s).await?;
                         anyhow::bail!("run {run_id}: {e}");
                     }
                 };
                 if let Some(b) = &before {
                     if (b.name != device.name || b.cc() != device.cc()) && !rebaseline {
                         sup.shutdown().await;
-                        ledger.finish_run(&run_id, "interrupted", "resume refused: different GPU", row.used_s).await?;
+                        ledger.finish_run(&run_id, RunState::Interrupted, "resume refused: different GPU", row.used_s).await?;
                         anyhow::bail!(
                             "run {run_id} was measured on {} (sm_{}) and this GPU is {} (sm_{}): its timings would not compare. \
                              Resume on the original GPU, or pass --rebaseline to re-time the incumbents here",
@@ -131,7 +132,7 @@ impl Engine {
                     record::fmt_dur(Duration::from_secs_f64((row.budget_s - row.used_s).max(0.0))),
                     if interrupted > 0 { format!("; {interrupted} iteration(s) marked interrupted") } else { String::new() }
                 );
-                ledger.event(&run_id, "resumed", &msg).await?;
+                ledger.event(&run_id, EventKind::Resumed, &msg).await?;
                 tracing::info!(kind = "resumed", run = %run_id, detail = %msg, "run {run_id} {msg}");
                 (ws, device, PathBuf::from(plan_path), Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s))
             }
@@ -202,12 +203,12 @@ impl Engine {
                     })
                     .collect();
                 let msg = format!("SDPA default, CUDA-graph time per call: {}", parts.join(", "));
-                self.ledger.event(&self.run_id, "sdpa", &msg).await?;
+                self.ledger.event(&self.run_id, EventKind::Sdpa, &msg).await?;
                 tracing::info!(kind = "sdpa", "{msg}");
             }
             Err(e) => {
                 let msg = format!("SDPA baseline unavailable ({e}); speedups are reported over the baseline kernel only");
-                self.ledger.event(&self.run_id, "sdpa_unavailable", &msg).await?;
+                self.ledger.event(&self.run_id, EventKind::SdpaUnavailable, &msg).await?;
                 tracing::warn!(kind = "sdpa_unavailable", "{msg}");
             }
         }
@@ -300,7 +301,7 @@ impl Engine {
             }
         }
         let msg = format!("incumbents re-validated (correct) and re-timed: {}", notes.join(", "));
-        self.ledger.event(&self.run_id, "incumbents_revalidated", &msg).await?;
+        self.ledger.event(&self.run_id, EventKind::IncumbentsRevalidated, &msg).await?;
         tracing::info!(kind = "revalidated", "{msg}");
         Ok(())
     }
@@ -318,13 +319,13 @@ async fn load_memory(
 ) -> anyhow::Result<Option<crate::storage::memory::Memory>> {
     const FRESH: &str = "fresh: the memory of earlier runs is ignored (--fresh)";
     let fresh = if resuming {
-        ledger.events(run_id).await?.iter().any(|(_, kind, m)| kind == "memory" && m == FRESH)
+        ledger.events(run_id).await?.iter().any(|e| e.data == Some(Event::MemoryOff))
     } else {
         fresh
     };
     if fresh {
         if !resuming {
-            ledger.event(run_id, "memory", FRESH).await?;
+            ledger.record_event(run_id, &Event::MemoryOff, FRESH).await?;
         }
         return Ok(None);
     }
@@ -340,7 +341,7 @@ async fn load_memory(
                 memory.runs.join(", ")
             )
         };
-        ledger.event(run_id, "memory", &msg).await?;
+        ledger.event(run_id, EventKind::Memory, &msg).await?;
         tracing::info!(kind = "memory", "{msg}");
     }
     Ok((!memory.is_empty()).then_some(memory))

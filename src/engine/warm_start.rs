@@ -10,13 +10,15 @@
 //! score, instead of being run.
 
 use crate::pipeline::decide::geomean;
-use crate::pipeline::outcome::Verdict;
 use crate::pipeline::render;
 use crate::spec::protocol::Shape;
+use crate::spec::states::Verdict;
 use crate::spec::template::Params;
-use crate::storage::ledger::{self, IterationRecord};
-use crate::storage::memory::Remembered;
+use crate::storage::ledger::{self, EventKind, IterationRecord};
+use crate::storage::memory::{Memory, Remembered};
 
+use super::candidate::{Candidate, Policy};
+use super::phase::{Next, Proposer};
 use super::{Engine, Outcome, RunEnd};
 
 /// Stage name of the warm start's iterations.
@@ -25,6 +27,57 @@ pub const MEMORY_STAGE: &str = crate::strategy::plan::RESERVED_WARM_START;
 /// How much slower than remembered a re-timed kernel may be (machines of one kind differ
 /// by a few percent) before its memory is called stale.
 pub const MEMORY_TOLERANCE: f64 = 0.10;
+
+/// The remembered best kernels, one candidate per configuration (with the shapes it was
+/// best for), in workload order.
+struct WarmStart {
+    mem: Memory,
+    configs: std::vec::IntoIter<(Remembered, Vec<Shape>)>,
+    /// This run's iterations when it started (a resumed run's warm start is already recorded).
+    recorded: Vec<IterationRecord>,
+    /// The configuration in flight.
+    pending: Option<(Remembered, Vec<Shape>)>,
+}
+
+impl Proposer for WarmStart {
+    async fn next(&mut self, engine: &mut Engine) -> anyhow::Result<Next> {
+        let templates_dir = engine.cfg.resolve(&engine.cfg.run.templates_dir);
+        for (rem, shapes) in self.configs.by_ref() {
+            let keys: Vec<String> = shapes.iter().map(|s| s.key()).collect();
+            let params: Params = serde_json::from_str(&rem.params_json)?;
+            let base = engine.plan.stages.iter().find(|s| s.template.name() == rem.template && s.template.meta.target_arch(&engine.device).is_ok());
+            let same_source = base.and_then(|b| render::render(&b.template, &params, engine.cfg.workload.dtype, &templates_dir).ok()).map(|r| r.hash);
+            let Some(base) = base.filter(|_| same_source.as_deref() == Some(rem.source_hash.as_str())) else {
+                let why = if base.is_none() { "is not in this plan (or cannot run on this GPU)" } else { "changed since (a new source hash)" };
+                engine.mark_stale(&keys, &format!("{} {} {why}: measured again", rem.template, rem.params_json)).await?;
+                continue;
+            };
+            let mut stage = base.clone();
+            stage.spec.name = MEMORY_STAGE.into();
+            let done = self.recorded.iter().find(|i| {
+                i.stage == MEMORY_STAGE && i.template == rem.template && i.params_json == rem.params_json && i.verdict.is_final()
+            });
+            if let Some(it) = done.cloned() {
+                engine.judge_memory(&self.mem, &rem, &keys, &it).await?;
+                continue;
+            }
+            engine.ledger.set_progress(&engine.run_id, Some(MEMORY_STAGE), engine.used().as_secs_f64()).await?;
+            let c = Candidate { stage, params, shapes: shapes.clone(), policy: Policy::warm_start(), begun: None };
+            self.pending = Some((rem, shapes));
+            return Ok(Next::Run(Box::new(c)));
+        }
+        Ok(Next::Done)
+    }
+
+    async fn report(&mut self, engine: &mut Engine, _c: &Candidate, _outcome: Outcome) -> anyhow::Result<()> {
+        let Some((rem, shapes)) = self.pending.take() else { return Ok(()) };
+        let seq = engine.seq;
+        let its = engine.ledger.iterations(&engine.run_id).await?;
+        let Some(it) = its.into_iter().find(|i| i.seq == seq) else { anyhow::bail!("iteration {seq} was not recorded") };
+        let keys: Vec<String> = shapes.iter().map(|s| s.key()).collect();
+        engine.judge_memory(&self.mem, &rem, &keys, &it).await
+    }
+}
 
 impl Engine {
     /// Re-validate each shape's remembered best kernel; `recorded` are this run's iterations
@@ -40,62 +93,29 @@ impl Engine {
                 None => configs.push((r.clone(), vec![*shape])),
             }
         }
-        let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
-        for (rem, shapes) in configs {
-            if self.shutdown.requested() {
-                return Ok(Some(RunEnd::Stopped));
-            }
-            if !self.budget_left() {
-                return Ok(Some(RunEnd::Finished("budget spent".into())));
-            }
-            let keys: Vec<String> = shapes.iter().map(|s| s.key()).collect();
-            let params: Params = serde_json::from_str(&rem.params_json)?;
-            let base = self.plan.stages.iter().find(|s| s.template.name() == rem.template && s.template.meta.target_arch(&self.device).is_ok());
-            let same_source = base.and_then(|b| render::render(&b.template, &params, self.cfg.workload.dtype, &templates_dir).ok()).map(|r| r.hash);
-            let Some(base) = base.filter(|_| same_source.as_deref() == Some(rem.source_hash.as_str())) else {
-                let why = if base.is_none() { "is not in this plan (or cannot run on this GPU)" } else { "changed since (a new source hash)" };
-                self.mark_stale(&keys, &format!("{} {} {why}: measured again", rem.template, rem.params_json)).await?;
-                continue;
-            };
-            let mut stage = base.clone();
-            stage.spec.name = MEMORY_STAGE.into();
-            let done = recorded.iter().find(|i| {
-                i.stage == MEMORY_STAGE && i.template == rem.template && i.params_json == rem.params_json && i.verdict != "interrupted" && i.verdict != "running"
-            });
-            let it = match done {
-                Some(it) => it.clone(),
-                None => {
-                    self.ledger.set_progress(&self.run_id, Some(MEMORY_STAGE), self.used().as_secs_f64()).await?;
-                    self.iterate(&stage, &params, &shapes).await?;
-                    if self.shutdown.now_requested() {
-                        return Ok(Some(RunEnd::Stopped));
-                    }
-                    let seq = self.seq;
-                    let its = self.ledger.iterations(&self.run_id).await?;
-                    let Some(it) = its.into_iter().find(|i| i.seq == seq) else { anyhow::bail!("iteration {seq} was not recorded") };
-                    if let Some(end) = self.recover_worker().await {
-                        return Ok(Some(end));
-                    }
-                    it
+        let mut warm = WarmStart { mem, configs: configs.into_iter(), recorded: recorded.to_vec(), pending: None };
+        self.run_phase(&mut warm).await
+    }
+
+    /// Compare a re-run remembered kernel (iteration `it`) with what was remembered, per
+    /// shape: slower beyond [`MEMORY_TOLERANCE`], or no longer correct, makes it stale.
+    async fn judge_memory(&mut self, mem: &Memory, rem: &Remembered, keys: &[String], it: &IterationRecord) -> anyhow::Result<()> {
+        for key in keys {
+            let now = it.shapes.iter().find(|s| &s.shape == key && s.check_passed == Some(true)).and_then(|s| s.median_us);
+            let was = mem.best().get(key).map(|r| r.median_us).unwrap_or(rem.median_us);
+            match now {
+                Some(now) if now <= was * (1.0 + MEMORY_TOLERANCE) => {}
+                Some(now) => {
+                    let why = format!("{key}: remembered {was:.2} us (run {} #{}), now {now:.2} us: measured again", rem.run_id, rem.seq);
+                    self.mark_stale(std::slice::from_ref(key), &why).await?;
                 }
-            };
-            for key in &keys {
-                let now = it.shapes.iter().find(|s| &s.shape == key && s.check_passed == Some(true)).and_then(|s| s.median_us);
-                let was = mem.best().get(key).map(|r| r.median_us).unwrap_or(rem.median_us);
-                match now {
-                    Some(now) if now <= was * (1.0 + MEMORY_TOLERANCE) => {}
-                    Some(now) => {
-                        let why = format!("{key}: remembered {was:.2} us (run {} #{}), now {now:.2} us: measured again", rem.run_id, rem.seq);
-                        self.mark_stale(std::slice::from_ref(key), &why).await?;
-                    }
-                    None => {
-                        let why = format!("{key}: remembered kernel (run {} #{}) is now {} ({}): measured again", rem.run_id, rem.seq, it.verdict, it.reason);
-                        self.mark_stale(std::slice::from_ref(key), &why).await?;
-                    }
+                None => {
+                    let why = format!("{key}: remembered kernel (run {} #{}) is now {} ({}): measured again", rem.run_id, rem.seq, it.verdict, it.reason);
+                    self.mark_stale(std::slice::from_ref(key), &why).await?;
                 }
             }
         }
-        Ok(None)
+        Ok(())
     }
 
     async fn mark_stale(&mut self, keys: &[String], why: &str) -> anyhow::Result<()> {
@@ -104,9 +124,7 @@ impl Engine {
         }
         // A resumed run re-derives the same decision; record it once.
         let msg = format!("memory not used for {}: {why}", keys.join(", "));
-        let seen = self.ledger.events(&self.run_id).await?.into_iter().any(|(_, kind, m)| kind == "memory_stale" && m == msg);
-        if !seen {
-            self.ledger.event(&self.run_id, "memory_stale", &msg).await?;
+        if self.ledger.event_once(&self.run_id, EventKind::MemoryStale, &msg).await? {
             tracing::info!(kind = "memory_stale", "{msg}");
         }
         Ok(())
@@ -131,7 +149,7 @@ impl Engine {
     /// Record a candidate the memory answers for: not run, scored with what was remembered.
     pub(super) async fn conclude_remembered(&mut self, mut rec: IterationRecord, hits: Vec<(String, Remembered)>) -> anyhow::Result<Outcome> {
         let parts: Vec<String> = hits.iter().map(|(k, r)| format!("{k} {:.2} us (run {} #{})", r.median_us, r.run_id, r.seq)).collect();
-        rec.verdict = Verdict::Remembered.as_str().into();
+        rec.verdict = Verdict::Remembered;
         rec.reason = format!("measured before on this kind of GPU: {}; not run again", parts.join(", "));
         rec.score_us = geomean(hits.iter().map(|(_, r)| r.median_us));
         rec.finished_at = ledger::now();

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::spec::states::{ShownState, Verdict};
 use crate::storage::ledger::{BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
 use crate::pipeline::record::fmt_dur;
 
@@ -13,7 +14,7 @@ pub struct Status {
     pub run: RunRow,
     pub budget_left_s: f64,
     pub best: Vec<BestRow>,
-    pub verdicts: Vec<(String, i64)>,
+    pub verdicts: Vec<(Verdict, i64)>,
     /// PyTorch SDPA on each shape (empty when it was unavailable).
     pub sdpa: Vec<SdpaRow>,
     /// The closing comparison (a finished run): best kernels and SDPA re-timed back to back.
@@ -27,7 +28,7 @@ pub struct Status {
 pub struct AgentStatus {
     pub model: String,
     pub base_url: String,
-    pub usage: crate::agent::limits::Usage,
+    pub usage: crate::spec::agent::Usage,
     pub max_requests: Option<u64>,
     pub max_total_tokens: Option<u64>,
     pub max_cost_usd: Option<f64>,
@@ -37,11 +38,11 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
     let run = ledger.run(run).await?;
     let best = ledger.best(&run.id).await?;
     let its = ledger.iterations(&run.id).await?;
-    let mut verdicts: Vec<(String, i64)> = Vec::new();
+    let mut verdicts: Vec<(Verdict, i64)> = Vec::new();
     for it in &its {
         match verdicts.iter_mut().find(|(v, _)| *v == it.verdict) {
             Some((_, n)) => *n += 1,
-            None => verdicts.push((it.verdict.clone(), 1)),
+            None => verdicts.push((it.verdict, 1)),
         }
     }
     let sdpa = ledger.sdpa(&run.id).await?;
@@ -168,40 +169,33 @@ pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str) -> String {
     out
 }
 
-/// Every verdict the ledger holds: the pipeline's, and `running` for the iteration in flight.
-pub const VERDICTS: [&str; 16] = [
-    "baseline",
-    "accepted",
-    "rejected",
-    "remembered",
-    "gated",
-    "compile_error",
-    "incorrect",
-    "cta_mismatch",
-    "crashed",
-    "timeout",
-    "error",
-    "interrupted",
-    "rejected_proposal",
-    "cheating",
-    "flagged",
-    "running",
-];
+/// Every verdict the ledger holds, by name: the pipeline's, and `running` for the
+/// iteration in flight (in the order lists and legends show them).
+pub const VERDICTS: [&str; 16] = {
+    let mut names = [""; 16];
+    let mut i = 0;
+    while i < Verdict::ALL.len() {
+        names[i] = Verdict::ALL[i].as_str();
+        i += 1;
+    }
+    names
+};
 
 /// Which iterations `history` shows; an empty list lets everything through.
 #[derive(Debug, Default, Clone)]
 pub struct HistoryFilter {
     /// Stage names; one ending in `*` is a prefix (`open/*`: every open-phase class).
     pub stages: Vec<String>,
-    pub verdicts: Vec<String>,
+    pub verdicts: Vec<Verdict>,
 }
 
 impl HistoryFilter {
-    /// Checks the verdicts against [`VERDICTS`], so a typo is an error rather than an empty list.
+    /// Parses the verdicts, so a typo is an error rather than an empty list.
     pub fn new(stages: Vec<String>, verdicts: Vec<String>) -> Result<Self, String> {
-        if let Some(bad) = verdicts.iter().find(|v| !VERDICTS.contains(&v.as_str())) {
-            return Err(format!("unknown verdict `{bad}` for --verdict; one of: {}", VERDICTS.join(", ")));
-        }
+        let verdicts = verdicts
+            .iter()
+            .map(|v| v.parse::<Verdict>().map_err(|_| format!("unknown verdict `{v}` for --verdict; one of: {}", VERDICTS.join(", "))))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(HistoryFilter { stages, verdicts })
     }
 
@@ -242,7 +236,7 @@ pub fn history_csv(its: &[IterationRecord], shapes: &[String]) -> Result<String,
             it.seq.to_string(),
             it.stage.clone(),
             it.template.clone(),
-            it.verdict.clone(),
+            it.verdict.to_string(),
             it.params_json.clone(),
             num(it.score_us),
             int(it.registers),
@@ -293,7 +287,7 @@ pub fn history_text(its: &[IterationRecord]) -> String {
 }
 
 /// `optimizerd runs`: one line per run, newest first.
-pub fn runs_text(rows: &[(String, Option<f64>, RunRow)]) -> String {
+pub fn runs_text(rows: &[(ShownState, Option<f64>, RunRow)]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{:<22} {:<26} {:<24} {:>17} {:>6} {:>8}", "run", "state", "gpu", "budget used", "iters", "best");
     for (state, speedup, r) in rows {
@@ -319,10 +313,11 @@ pub fn runs_text(rows: &[(String, Option<f64>, RunRow)]) -> String {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn every_verdict_of_the_pipeline_is_listed() {
-        for v in crate::pipeline::outcome::Verdict::ALL {
+    fn every_verdict_is_listed() {
+        for v in crate::spec::states::Verdict::ALL {
             assert!(super::VERDICTS.contains(&v.as_str()), "{v} missing from VERDICTS");
         }
-        assert_eq!(super::VERDICTS.len(), crate::pipeline::outcome::Verdict::ALL.len() + 1, "and `running`");
+        assert_eq!(super::VERDICTS.len(), crate::spec::states::Verdict::ALL.len());
+        assert!(super::VERDICTS.contains(&"running"));
     }
 }

@@ -18,6 +18,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
+use crate::spec::states::RunState;
 use crate::storage::ledger::{Ledger, LedgerError, RunRow};
 use crate::pipeline::record::fmt_dur;
 
@@ -60,11 +61,6 @@ pub struct WatchEnd {
     pub daemon_gone: bool,
 }
 
-/// A run is live (its log may still grow) in these ledger states.
-pub fn is_live(state: &str) -> bool {
-    matches!(state, "running" | "waiting_for_gpu")
-}
-
 /// Follow run `run` (default: the most recent) from the ledger `ledger`, whose run
 /// folders are under `runs_dir`, printing to `out`, until the run has ended (or its
 /// daemon is gone) and its log is read to the end.
@@ -87,7 +83,7 @@ pub async fn watch<W: Write>(
     let mut last_growth = Instant::now();
     // When this watch first saw the ledger say the run is over, and whether it ended
     // long enough ago that its log cannot still grow.
-    let mut ended: Option<(Instant, bool)> = (!is_live(&row.state)).then(|| (Instant::now(), ended_long_ago(&row, opts.settle)));
+    let mut ended: Option<(Instant, bool)> = (!row.state.recorded.is_live()).then(|| (Instant::now(), ended_long_ago(&row, opts.settle)));
     // Since when no live daemon was found for a run the ledger calls live.
     let mut gone_since: Option<Instant> = None;
     let mut daemon_gone = false;
@@ -153,7 +149,7 @@ pub async fn watch<W: Write>(
         // Nothing new: the log is read to its end for now.
         row = ledger.run(Some(&row.id)).await.with_context(|| format!("cannot read run {} from the ledger", row.id))?;
         view.ledger(&row);
-        if is_live(&row.state) {
+        if row.state.recorded.is_live() {
             // Resumed while watched (or never ended).
             ended = None;
         } else {
@@ -332,7 +328,7 @@ impl View {
             budget_s: row.budget_s,
             used_s: row.used_s,
             used_at: Instant::now(),
-            clock_running: row.state == "running",
+            clock_running: row.state.recorded == RunState::Running,
             note: None,
         };
         v.redraw();
@@ -454,7 +450,7 @@ impl View {
         if self.stage.is_none() {
             self.stage = row.stage.clone();
         }
-        self.clock_running = row.state == "running";
+        self.clock_running = row.state.recorded == RunState::Running;
     }
 
     fn set_used(&mut self, used_s: f64) {
@@ -488,7 +484,7 @@ impl View {
     }
 
     fn end_from_ledger(&mut self, row: &RunRow, out: &mut impl Write) -> std::io::Result<()> {
-        if self.json || is_live(&row.state) {
+        if self.json || row.state.recorded.is_live() {
             return Ok(());
         }
         let text = match row.message.as_deref().filter(|m| !m.is_empty()) {

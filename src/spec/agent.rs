@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -190,4 +190,13 @@ pub fn key_line(text: &str, key: &str) -> usize {
         }
     }
     0
+}
+
+/// What the agent used so far in a run (summed from the ledger; judged in `agent::limits`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Usage {
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost_usd: f64,
 }

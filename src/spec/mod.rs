@@ -8,4 +8,5 @@ pub mod agent;
 pub mod assets;
 pub mod config;
 pub mod protocol;
+pub mod states;
 pub mod template;

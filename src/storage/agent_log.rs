@@ -3,7 +3,6 @@
 //! of `migrations/0007_agent.sql`.
 
 use serde::Serialize;
-use sqlx::Row;
 
 use crate::storage::ledger::{now, Ledger, LedgerError};
 
@@ -13,13 +12,38 @@ fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> LedgerError {
     move |source| LedgerError::Query { what, source }
 }
 
+/// Where a chat request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum RequestStatus {
+    /// Recorded before sending; no reply stored yet.
+    Pending,
+    /// The reply is stored: its proposals can be evaluated without asking again.
+    Replied,
+    Failed,
+    /// The daemon died while it was pending: a resumed run asks again.
+    Interrupted,
+}
+
+impl RequestStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestStatus::Pending => "pending",
+            RequestStatus::Replied => "replied",
+            RequestStatus::Failed => "failed",
+            RequestStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
 /// One request as stored.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct RequestRow {
     pub id: i64,
     pub stage: String,
     pub ordinal: i64,
-    pub status: String,
+    pub status: RequestStatus,
     pub model: String,
     pub prompt_hash: String,
     pub prompt_tokens: Option<i64>,
@@ -43,7 +67,7 @@ pub struct ReplyCost {
 }
 
 /// One evaluated proposal as stored.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct ProposalRow {
     pub seq: i64,
     pub request_id: i64,
@@ -57,13 +81,13 @@ impl Ledger {
     /// The `[agent]` section of the configuration the run started with (from its
     /// recorded effective config), if it has one.
     pub async fn run_agent_config(&self, run_id: &str) -> Result<Option<serde_json::Value>> {
-        let row = sqlx::query("SELECT config_json FROM runs WHERE id = ?")
+        let json: Option<Option<String>> = sqlx::query_scalar("SELECT config_json FROM runs WHERE id = ?")
             .bind(run_id)
             .fetch_optional(self.pool())
             .await
             .map_err(q("read run config"))?;
-        Ok(row
-            .and_then(|r| r.get::<Option<String>, _>("config_json"))
+        Ok(json
+            .flatten()
             .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
             .and_then(|v| v.get("agent").cloned()))
     }
@@ -72,11 +96,12 @@ impl Ledger {
     pub async fn agent_request_begin(&self, run_id: &str, stage: &str, ordinal: i64, endpoint: &str, model: &str, hash: &str, prompt_json: &str) -> Result<i64> {
         let r = sqlx::query(
             "INSERT INTO agent_requests (run_id, stage, ordinal, status, started_at, endpoint, model, prompt_hash, prompt_json)
-             VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(run_id)
         .bind(stage)
         .bind(ordinal)
+        .bind(RequestStatus::Pending)
         .bind(now())
         .bind(endpoint)
         .bind(model)
@@ -90,9 +115,10 @@ impl Ledger {
 
     pub async fn agent_request_replied(&self, id: i64, cost: &ReplyCost, reply: &str) -> Result<()> {
         sqlx::query(
-            "UPDATE agent_requests SET status = 'replied', finished_at = ?, prompt_tokens = ?, completion_tokens = ?, tokens_estimated = ?,
+            "UPDATE agent_requests SET status = ?, finished_at = ?, prompt_tokens = ?, completion_tokens = ?, tokens_estimated = ?,
              latency_ms = ?, attempts = ?, cost_usd = ?, reply_text = ? WHERE id = ?",
         )
+        .bind(RequestStatus::Replied)
         .bind(now())
         .bind(cost.prompt_tokens as i64)
         .bind(cost.completion_tokens as i64)
@@ -109,7 +135,8 @@ impl Ledger {
     }
 
     pub async fn agent_request_failed(&self, id: i64, error: &str, latency_ms: f64) -> Result<()> {
-        sqlx::query("UPDATE agent_requests SET status = 'failed', finished_at = ?, error = ?, latency_ms = ? WHERE id = ?")
+        sqlx::query("UPDATE agent_requests SET status = ?, finished_at = ?, error = ?, latency_ms = ? WHERE id = ?")
+            .bind(RequestStatus::Failed)
             .bind(now())
             .bind(error)
             .bind(latency_ms)
@@ -123,9 +150,11 @@ impl Ledger {
     /// Requests left `pending` by a daemon that died mid-request: their reply never
     /// reached the ledger, so they are marked `interrupted` (and asked again).
     pub async fn agent_mark_interrupted(&self, run_id: &str) -> Result<u64> {
-        let r = sqlx::query("UPDATE agent_requests SET status = 'interrupted', finished_at = ? WHERE run_id = ? AND status = 'pending'")
+        let r = sqlx::query("UPDATE agent_requests SET status = ?, finished_at = ? WHERE run_id = ? AND status = ?")
+            .bind(RequestStatus::Interrupted)
             .bind(now())
             .bind(run_id)
+            .bind(RequestStatus::Pending)
             .execute(self.pool())
             .await
             .map_err(q("mark agent requests interrupted"))?;
@@ -133,47 +162,26 @@ impl Ledger {
     }
 
     pub async fn agent_requests(&self, run_id: &str) -> Result<Vec<RequestRow>> {
-        let rows = sqlx::query("SELECT * FROM agent_requests WHERE run_id = ? ORDER BY id")
+        sqlx::query_as("SELECT * FROM agent_requests WHERE run_id = ? ORDER BY id")
             .bind(run_id)
             .fetch_all(self.pool())
             .await
-            .map_err(q("list agent requests"))?;
-        Ok(rows
-            .iter()
-            .map(|r| RequestRow {
-                id: r.get("id"),
-                stage: r.get("stage"),
-                ordinal: r.get("ordinal"),
-                status: r.get("status"),
-                model: r.get("model"),
-                prompt_hash: r.get("prompt_hash"),
-                prompt_tokens: r.get("prompt_tokens"),
-                completion_tokens: r.get("completion_tokens"),
-                latency_ms: r.get("latency_ms"),
-                attempts: r.get("attempts"),
-                cost_usd: r.get("cost_usd"),
-                reply_text: r.get("reply_text"),
-                error: r.get("error"),
-            })
-            .collect())
+            .map_err(q("list agent requests"))
     }
 
     /// Requests, tokens and cost of every request of the run that got a reply.
-    pub async fn agent_usage(&self, run_id: &str) -> Result<crate::agent::limits::Usage> {
-        let r = sqlx::query(
-            "SELECT COUNT(*) AS n, COALESCE(SUM(prompt_tokens), 0) AS p, COALESCE(SUM(completion_tokens), 0) AS c, COALESCE(SUM(cost_usd), 0.0) AS cost
-             FROM agent_requests WHERE run_id = ? AND status IN ('replied', 'failed')",
+    pub async fn agent_usage(&self, run_id: &str) -> Result<crate::spec::agent::Usage> {
+        let (n, p, c, cost): (i64, i64, i64, f64) = sqlx::query_as(
+            "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0.0)
+             FROM agent_requests WHERE run_id = ? AND status IN (?, ?)",
         )
         .bind(run_id)
+        .bind(RequestStatus::Replied)
+        .bind(RequestStatus::Failed)
         .fetch_one(self.pool())
         .await
         .map_err(q("sum agent usage"))?;
-        Ok(crate::agent::limits::Usage {
-            requests: r.get::<i64, _>("n") as u64,
-            prompt_tokens: r.get::<i64, _>("p") as u64,
-            completion_tokens: r.get::<i64, _>("c") as u64,
-            cost_usd: r.get("cost"),
-        })
+        Ok(crate::spec::agent::Usage { requests: n as u64, prompt_tokens: p as u64, completion_tokens: c as u64, cost_usd: cost })
     }
 
     pub async fn agent_proposal(&self, run_id: &str, p: &ProposalRow) -> Result<()> {
@@ -194,21 +202,10 @@ impl Ledger {
     }
 
     pub async fn agent_proposals(&self, run_id: &str) -> Result<Vec<ProposalRow>> {
-        let rows = sqlx::query("SELECT * FROM agent_proposals WHERE run_id = ? ORDER BY seq")
+        sqlx::query_as("SELECT * FROM agent_proposals WHERE run_id = ? ORDER BY seq")
             .bind(run_id)
             .fetch_all(self.pool())
             .await
-            .map_err(q("list agent proposals"))?;
-        Ok(rows
-            .iter()
-            .map(|r| ProposalRow {
-                seq: r.get("seq"),
-                request_id: r.get("request_id"),
-                choice: r.get("choice"),
-                summary: r.get("summary"),
-                diff: r.get("diff"),
-                template_text: r.get("template_text"),
-            })
-            .collect())
+            .map_err(q("list agent proposals"))
     }
 }

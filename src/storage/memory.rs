@@ -9,13 +9,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use sqlx::Row;
 
 use crate::spec::protocol::DeviceInfo;
 use crate::storage::ledger::{Ledger, LedgerError};
 
 /// One remembered measurement.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Remembered {
     pub run_id: String,
     pub seq: i64,
@@ -37,6 +36,15 @@ pub struct Memory {
 }
 
 /// Same kind of GPU: model, compute capability, SMs, driver and NVRTC.
+/// One remembered measurement and the device it was taken on.
+#[derive(sqlx::FromRow)]
+struct MemoryRow {
+    #[sqlx(flatten)]
+    rem: Remembered,
+    shape: String,
+    device_json: String,
+}
+
 pub fn same_kind(a: &DeviceInfo, b: &DeviceInfo) -> bool {
     a.name == b.name && a.cc() == b.cc() && a.sm_count == b.sm_count && a.driver_version == b.driver_version && a.nvrtc_version == b.nvrtc_version
 }
@@ -46,41 +54,29 @@ impl Memory {
     /// a GPU of the same kind as `device`. The cut-off keeps a resumed run's memory the same
     /// as when it started, so its replay is deterministic.
     pub async fn load(ledger: &Ledger, device: &DeviceInfo, run_id: &str, before: &str) -> Result<Memory, LedgerError> {
-        let rows = ledger
-            .fetch_all(
-                sqlx::query(
-                    "SELECT i.run_id, i.seq, i.template, i.params_json, i.source_hash, s.shape, s.median_us, r.device_json
-                     FROM iteration_shapes s
-                     JOIN iterations i ON i.run_id = s.run_id AND i.seq = s.seq
-                     JOIN runs r ON r.id = i.run_id
-                     WHERE i.run_id != ? AND r.started_at < ? AND r.device_json IS NOT NULL
-                       AND i.source_hash IS NOT NULL AND s.check_passed = 1 AND s.median_us IS NOT NULL
-                     ORDER BY r.started_at, i.seq",
-                )
-                .bind(run_id)
-                .bind(before),
-                "read the memory of earlier runs",
-            )
-            .await?;
+        let rows: Vec<MemoryRow> = sqlx::query_as(
+            "SELECT i.run_id, i.seq, i.template, i.params_json, i.source_hash, s.shape, s.median_us, r.device_json
+             FROM iteration_shapes s
+             JOIN iterations i ON i.run_id = s.run_id AND i.seq = s.seq
+             JOIN runs r ON r.id = i.run_id
+             WHERE i.run_id != ? AND r.started_at < ? AND r.device_json IS NOT NULL
+               AND i.source_hash IS NOT NULL AND s.check_passed = 1 AND s.median_us IS NOT NULL
+             ORDER BY r.started_at, i.seq",
+        )
+        .bind(run_id)
+        .bind(before)
+        .fetch_all(ledger.pool())
+        .await
+        .map_err(|source| LedgerError::Query { what: "read the memory of earlier runs", source })?;
         let mut m = Memory::default();
         let mut kinds: HashMap<String, bool> = HashMap::new();
-        for r in &rows {
-            let device_json: String = r.get("device_json");
+        for MemoryRow { rem, shape, device_json } in rows {
             let same = *kinds
                 .entry(device_json.clone())
                 .or_insert_with(|| serde_json::from_str::<DeviceInfo>(&device_json).map(|d| same_kind(&d, device)).unwrap_or(false));
             if !same {
                 continue;
             }
-            let rem = Remembered {
-                run_id: r.get("run_id"),
-                seq: r.get("seq"),
-                template: r.get("template"),
-                params_json: r.get("params_json"),
-                source_hash: r.get("source_hash"),
-                median_us: r.get("median_us"),
-            };
-            let shape: String = r.get("shape");
             if !m.runs.contains(&rem.run_id) {
                 m.runs.push(rem.run_id.clone());
             }

@@ -2,8 +2,8 @@
 //! events), the agent's requests and proposals ([`agent_log`]), the run's git
 //! [`workspace`] (candidate commits, `best`, rejected refs), the [`memory`] of earlier runs
 //! on the same kind of GPU, and the PyTorch [`sdpa`] baseline, cached per device and
-//! recorded with each run (the ledger stores it, and it reads its cache from the ledger).
-//! Depends on [`crate::spec`], [`crate::agent`] (usage counts) and on [`crate::daemon::failpoint`].
+//! recorded with each run (the ledger holds its tables; [`sdpa`] measures and uses the
+//! ledger, never the reverse). Depends on [`crate::spec`] and [`crate::failpoint`] alone.
 
 pub mod agent_log;
 pub mod ledger;

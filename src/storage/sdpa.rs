@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::config::Config;
-use crate::storage::ledger::Ledger;
+use crate::storage::ledger::{Ledger, NewSdpa};
 use crate::spec::protocol::{DeviceInfo, Shape};
 
 /// The embedded copy, used when the repository's script is not on disk.
@@ -180,7 +180,17 @@ pub async fn measure(
     // Workload order.
     out.sort_by_key(|b| shapes.iter().position(|s| s.key() == b.shape));
     for b in &out {
-        ledger.sdpa_record(run_id, b, &versions_json).await.map_err(|e| e.to_string())?;
+        let d = b.default_backend();
+        let row = NewSdpa {
+            shape: &b.shape,
+            default_graph_us: d.and_then(|t| t.graph_us),
+            default_eager_us: d.and_then(|t| t.eager_us),
+            picked: d.and_then(|t| t.picked.clone()),
+            backends_json: serde_json::to_string(&b.backends).unwrap_or_default(),
+            versions_json: &versions_json,
+            cached: b.cached,
+        };
+        ledger.sdpa_record(run_id, &row).await.map_err(|e| e.to_string())?;
     }
     Ok(out)
 }

@@ -203,7 +203,7 @@ impl Workspace {
             index.add_path(Path::new(rel)).map_err(|e| self.err(format!("add {rel}"), e))?;
         }
         index.write().map_err(|e| self.err("write index", e))?;
-        crate::daemon::failpoint::hit("git-mid-commit");
+        crate::failpoint::hit("git-mid-commit");
         let tree_id = index.write_tree().map_err(|e| self.err("write tree", e))?;
         let tree = self.repo.find_tree(tree_id).map_err(|e| self.err("find tree", e))?;
         let sig = Signature::now("optimizerd", "optimizerd@localhost").map_err(|e| self.err("signature", e))?;

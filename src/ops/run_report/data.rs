@@ -9,7 +9,8 @@ use serde::Serialize;
 use crate::ops::run_report::decimate;
 use crate::ops::run_report::peak;
 use crate::spec::protocol::{DeviceInfo, Shape};
-use crate::storage::ledger::{IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
+use crate::spec::states::ShownState;
+use crate::storage::ledger::{EventKind, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
 
 /// A shape of at least this many FLOPs per call is compared in TFLOPS; below it the time
 /// is launch-bound and microseconds say more.
@@ -25,7 +26,7 @@ pub const SDPA_BACKENDS: [&str; 4] = ["default", "flash", "cudnn", "efficient"];
 pub struct RunData {
     pub run: RunRow,
     /// The state as the user should read it (the caller knows whether the daemon lives).
-    pub state: String,
+    pub state: ShownState,
     pub device: Option<DeviceInfo>,
     pub shapes: Vec<ShapeInfo>,
     /// Iterations recorded (including one `running` in flight).
@@ -53,7 +54,7 @@ pub struct RunData {
 impl RunData {
     /// The run is still going (or waiting for its GPU): figures end at "now".
     pub fn in_progress(&self) -> bool {
-        matches!(self.state.as_str(), "running" | "waiting_for_gpu")
+        self.state.is_live()
     }
 }
 
@@ -172,7 +173,7 @@ pub struct BestKernel {
 }
 
 /// Read everything the report needs for `run_id`. `state` is the state to show.
-pub async fn load(ledger: &Ledger, run_id: &str, state: Option<String>) -> Result<RunData, LedgerError> {
+pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> Result<RunData, LedgerError> {
     let run = ledger.run(Some(run_id)).await?;
     let setup = ledger.run_setup(run_id).await?;
     let its = ledger.iterations(run_id).await?;
@@ -193,33 +194,28 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<String>) -> Resul
         }
     }
 
-    let state = state.unwrap_or_else(|| run.state.clone());
+    let state = state.unwrap_or(run.state);
     // A run still going is drawn against its whole budget (how far along it is); an ended
     // one against what it used, so a plan exhausted early does not squeeze into a corner.
-    let budget_s = match state.as_str() {
-        "running" | "waiting_for_gpu" => run.budget_s.max(run.used_s),
-        _ => run.used_s * 1.03,
-    };
+    let budget_s = if state.is_live() { run.budget_s.max(run.used_s) } else { run.used_s * 1.03 };
     let end_s = run.used_s;
     let sdpa_default: BTreeMap<&str, f64> =
         sdpa.iter().filter_map(|r| r.default_graph_us.map(|us| (r.shape.as_str(), us))).collect();
     let reference = if sdpa_default.is_empty() { Reference::BaselineKernel } else { Reference::SdpaDefault };
 
     let mut notes = Vec::new();
-    match state.as_str() {
-        "running" | "waiting_for_gpu" => notes.push(format!(
+    if state.is_live() {
+        notes.push(format!(
             "run in progress ({state}): this report shows the ledger as of {} ({} of budget used); run `optimizerd report {}` again for more",
             crate::storage::ledger::now(),
             crate::pipeline::record::fmt_dur(std::time::Duration::from_secs_f64(run.used_s)),
             run.id
-        )),
-        s if s.starts_with("interrupted") => {
-            notes.push(format!("the run was interrupted; continue it with `optimizerd resume {}`", run.id))
-        }
-        _ => {}
+        ));
+    } else if state.is_interrupted() {
+        notes.push(format!("the run was interrupted; continue it with `optimizerd resume {}`", run.id));
     }
     if sdpa.is_empty() {
-        let why = events.iter().find(|(_, k, _)| k == "sdpa_unavailable").map(|(_, _, m)| m.clone());
+        let why = events.iter().find(|e| e.kind == EventKind::SdpaUnavailable).map(|e| e.message.clone());
         notes.push(format!(
             "PyTorch SDPA was not measured in this run{}: speedups are over the run's baseline kernel, and the throughput figure shows no SDPA bars",
             why.map(|w| format!(" ({w})")).unwrap_or_default()
@@ -230,10 +226,8 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<String>) -> Resul
             notes.push(format!("SDPA default has no time for {}: those shapes are left out of figure 1", missing.join(", ")));
         }
     }
-    for (_, kind, msg) in &events {
-        if kind == "stage_skipped" {
-            notes.push(format!("stage skipped: {msg}"));
-        }
+    for e in events.iter().filter(|e| e.kind == EventKind::StageSkipped) {
+        notes.push(format!("stage skipped: {}", e.message));
     }
 
     let curves = curves(&its, &shapes, reference, &sdpa_default, end_s);
@@ -399,7 +393,7 @@ fn verdicts(its: &[IterationRecord]) -> (Vec<String>, Vec<StageVerdicts>) {
                 stages.len() - 1
             }
         };
-        *counts.entry((ix, it.verdict.clone())).or_default() += 1;
+        *counts.entry((ix, it.verdict.as_str().to_string())).or_default() += 1;
     }
     let out = stages
         .iter()
@@ -462,7 +456,7 @@ fn smem_bytes(it: &IterationRecord) -> Option<i64> {
 
 fn environment(
     run: &RunRow,
-    state: &str,
+    state: &ShownState,
     device: Option<&DeviceInfo>,
     config: &serde_json::Value,
     sdpa: &[SdpaRow],

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::spec::states::ShownState;
 use crate::storage::ledger::{Ledger, LedgerError};
 
 /// Every figure file a report may write: ones a run does not produce are removed from
@@ -41,7 +42,7 @@ pub enum ReportError {
 #[derive(Debug, Serialize)]
 pub struct Written {
     pub run: String,
-    pub state: String,
+    pub state: ShownState,
     pub iterations: usize,
     pub html: PathBuf,
     pub markdown: PathBuf,
@@ -52,7 +53,7 @@ pub struct Written {
 
 /// Write the report of `run_id` into `out`. `state` overrides the ledger's state where the
 /// caller knows better (a `running` run whose daemon is gone).
-pub async fn write(ledger: &Ledger, run_id: &str, out: &Path, state: Option<String>) -> Result<Written, ReportError> {
+pub async fn write(ledger: &Ledger, run_id: &str, out: &Path, state: Option<ShownState>) -> Result<Written, ReportError> {
     let d = data::load(ledger, run_id, state).await?;
     let mut figs = Vec::new();
     if d.iterations > 0 {

@@ -1,0 +1,197 @@
+//! One stage of the strategy plan: decide whether it runs (its target on this GPU, the
+//! diagnosis for stages with `when`), where its search starts (recorded when it first
+//! began, so a resumed run replays from the same point), replay what the ledger holds of it,
+//! then propose its search's points to [`Engine::run_phase`].
+
+use crate::spec::protocol::Shape;
+use crate::spec::template::Params;
+use crate::storage::ledger::{Event, EventKind, StageHistory};
+use crate::storage::ledger::IterationRecord;
+use crate::strategy::plan::Stage;
+use crate::strategy::search::{Search, SearchKind};
+
+use super::candidate::{Candidate, Policy};
+use super::phase::{Next, Proposer};
+use super::{Engine, Outcome, RunEnd};
+
+/// A plan stage's search over its template's knobs, on every workload shape.
+struct StageSearch {
+    stage: Stage,
+    search: Search,
+    shapes: Vec<Shape>,
+}
+
+impl Proposer for StageSearch {
+    async fn next(&mut self, _engine: &mut Engine) -> anyhow::Result<Next> {
+        Ok(match self.search.next() {
+            Some(params) => Next::Run(Box::new(Candidate {
+                stage: self.stage.clone(),
+                params,
+                shapes: self.shapes.clone(),
+                policy: Policy::search(),
+                begun: None,
+            })),
+            None => Next::Done,
+        })
+    }
+
+    fn after_loss(&self, current: &Candidate) -> Option<(Stage, Params, Vec<Shape>)> {
+        let mut ahead = self.search.clone();
+        ahead.report(&current.params, None);
+        ahead.next().map(|p| (self.stage.clone(), p, self.shapes.clone()))
+    }
+
+    async fn report(&mut self, _engine: &mut Engine, c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {
+        self.search.report(&c.params, outcome.score);
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Run one plan stage to its end. Some(end) when the run must end.
+    pub(super) async fn plan_stage(&mut self, stage: &Stage, recorded: &[IterationRecord], history: &StageHistory) -> anyhow::Result<Option<RunEnd>> {
+        if let Some(end) = self.must_end() {
+            return Ok(Some(end));
+        }
+        // Too old a GPU, or an arch-specific template (sm_90a) on another cc.
+        if let Err(why) = stage.template.meta.target_arch(&self.device) {
+            let msg = format!("stage {} skipped ({}): {why}", stage.spec.name, stage.spec.template);
+            tracing::warn!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
+            self.ledger.event(&self.run_id, EventKind::StageSkipped, &msg).await?;
+            return Ok(None);
+        }
+        if !stage.spec.when.is_empty() {
+            // Stages the diagnosis found unnecessary before a restart stay skipped.
+            if history.not_needed(&stage.spec.name) {
+                return Ok(None);
+            }
+            if history.start(&stage.spec.name).is_none() && !self.needed(stage).await? {
+                return Ok(None);
+            }
+        }
+        match stage.spec.search {
+            SearchKind::Agent => return self.agent_stage(stage).await,
+            SearchKind::AgentTuning => match self.agent_tuning_stage(stage).await? {
+                // The same stage over the latest accepted agent edit of its template.
+                Some(edited) => self.search_stage(&edited, recorded, history).await,
+                None => Ok(None),
+            },
+            _ => self.search_stage(stage, recorded, history).await,
+        }
+    }
+
+    /// A stage whose candidates come from a knob search.
+    async fn search_stage(&mut self, stage: &Stage, recorded: &[IterationRecord], history: &StageHistory) -> anyhow::Result<Option<RunEnd>> {
+        let name = &stage.spec.name;
+        let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);
+        let recorded_start = history.start(name).cloned();
+        let start = match recorded_start.clone() {
+            Some(p) => p,
+            None if stage.spec.start_from_best => self.best_params_for(stage).unwrap_or_else(|| stage.start.clone()),
+            None => stage.start.clone(),
+        };
+        search.set_start(start.clone());
+        if stage.spec.start_from_best {
+            // Points earlier stages measured with this template are not proposed again,
+            // and the start point's score is known: go straight to its neighbours.
+            // The ledger as it is now: earlier stages of this very process count too.
+            let start_json = serde_json::to_string(&start)?;
+            let now = self.ledger.iterations(&self.run_id).await?;
+            let earlier = now.iter().filter(|i| &i.stage != name && i.template == stage.template.name());
+            let mut start_score = None;
+            for it in earlier {
+                if it.params_json == start_json {
+                    start_score = Outcome::of_record(it).score.or(start_score);
+                } else if let Ok(p) = serde_json::from_str::<Params>(&it.params_json) {
+                    search.mark_seen(&p);
+                }
+            }
+            if let Some(score) = start_score {
+                search.prime(&start, score);
+            }
+        }
+        let done: Vec<&IterationRecord> = recorded.iter().filter(|i| &i.stage == name && i.verdict.is_final()).collect();
+        for it in &done {
+            let Some(p) = search.next() else { break };
+            let recorded_params: Params = serde_json::from_str(&it.params_json).unwrap_or_default();
+            if p != recorded_params {
+                anyhow::bail!(
+                    "the plan changed since iteration {} (stage {name} now proposes {}, the ledger has {}); resume with the plan the run started with",
+                    it.seq,
+                    serde_json::to_string(&p).unwrap_or_default(),
+                    it.params_json
+                );
+            }
+            search.report(&p, Outcome::of_record(it).score);
+        }
+        self.ledger.set_progress(&self.run_id, Some(name), self.used().as_secs_f64()).await?;
+        if recorded_start.is_none() {
+            let msg = format!("{name} start {}", serde_json::to_string(&start)?);
+            self.ledger.record_event(&self.run_id, &Event::StageStart { stage: name.clone(), start }, &msg).await?;
+        }
+        if done.is_empty() {
+            tracing::info!(kind = "stage", stage = %name, "stage {name}: {} ({} search over {})", stage.spec.description,
+                format!("{:?}", stage.spec.search).to_lowercase(), stage.spec.template);
+        } else {
+            tracing::info!(kind = "stage", stage = %name, "stage {name}: continuing after {} recorded candidate(s)", done.len());
+        }
+        let mut proposer = StageSearch { stage: stage.clone(), search, shapes: self.shapes.clone() };
+        self.run_phase(&mut proposer).await
+    }
+
+    /// Does the diagnosis of the incumbents show a symptom this stage treats? The
+    /// decision and the figures behind it go in the ledger either way.
+    async fn needed(&mut self, stage: &Stage) -> anyhow::Result<bool> {
+        if self.incumbents.is_empty() {
+            return Ok(true);
+        }
+        let (figures, findings) = self.diagnose().await?;
+        let relevant: Vec<String> = findings
+            .iter()
+            .filter(|f| stage.spec.when.contains(&f.symptom))
+            .map(|f| format!("{} {}", f.shape, f.detail))
+            .collect();
+        // Without an SDPA measurement there is no anchor to judge a compute gap by:
+        // a stage that treats it runs rather than being skipped on no evidence.
+        let unjudged = stage.spec.when.contains(&crate::strategy::diagnose::Symptom::ComputeGap)
+            && figures.iter().all(|f| f.demonstrated_tflops.is_none());
+        let mut relevant = relevant;
+        if unjudged {
+            relevant.push("compute_gap cannot be judged (no SDPA measurement): running".into());
+        }
+        let run = !relevant.is_empty();
+        let record = serde_json::json!({
+            "stage": stage.spec.name, "when": stage.spec.when, "run": run, "findings": findings, "figures": figures,
+        });
+        self.ledger.event(&self.run_id, EventKind::Diagnosis, &record.to_string()).await?;
+        let when: Vec<String> = stage.spec.when.iter().map(|w| serde_json::to_value(w).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()).collect();
+        if run {
+            tracing::info!(kind = "diagnosis", stage = %stage.spec.name, "diagnosis for {}: {}", stage.spec.name, relevant.join("; "));
+        } else {
+            let msg = format!("{}: not needed: no shape shows {}", stage.spec.name, when.join(" or "));
+            self.ledger.record_event(&self.run_id, &Event::StageNotNeeded { stage: stage.spec.name.clone() }, &msg).await?;
+            tracing::info!(kind = "stage_skipped", stage = %stage.spec.name, "stage {msg}");
+        }
+        Ok(run)
+    }
+
+    /// The params of this stage's template that serve the most shapes now, restricted
+    /// to the stage's space (knobs outside it keep the stage's start value).
+    pub(super) fn best_params_for(&self, stage: &Stage) -> Option<Params> {
+        let mut counts: Vec<(Params, usize)> = Vec::new();
+        for inc in self.incumbents.values().filter(|i| i.template == stage.template.name()) {
+            match counts.iter_mut().find(|(p, _)| *p == inc.params) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((inc.params.clone(), 1)),
+            }
+        }
+        let (best, _) = counts.into_iter().max_by_key(|(_, n)| *n)?;
+        let mut start = stage.start.clone();
+        for (knob, values) in &stage.space {
+            if let Some(v) = best.get(knob).filter(|v| values.contains(v)) {
+                start.insert(knob.clone(), *v);
+            }
+        }
+        Some(start)
+    }
+}

@@ -1,0 +1,208 @@
+//! The `events` table: what happened to a run besides its iterations, for people (each
+//! row's message) and, where a resumed run must read it back, for the daemon (a typed
+//! [`Event`] stored as JSON in `data_json`, never parsed out of the message).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::{now, q, Ledger, LedgerError, Result};
+use crate::spec::template::Params;
+
+/// What kind of event a row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A plan stage began (typed: [`Event::StageStart`]).
+    StageStart,
+    /// A stage could not run here (its target on this GPU, the agent off, nothing to tune).
+    StageSkipped,
+    /// The diagnosis found no symptom the stage treats (typed: [`Event::StageNotNeeded`]).
+    StageNotNeeded,
+    /// The diagnosis behind a `when` stage's decision, as JSON.
+    Diagnosis,
+    OpenPhase,
+    ClassConverged,
+    /// Whether the run uses the memory of earlier runs (typed when off: [`Event::MemoryOff`]).
+    Memory,
+    MemoryStale,
+    WorkerRestart,
+    WaitedForGpu,
+    Resumed,
+    /// `best` moved back to the ledger's last recorded acceptance on resume.
+    WorkspaceAligned,
+    IncumbentsRevalidated,
+    Sdpa,
+    SdpaUnavailable,
+    Closing,
+    ClosingFailed,
+    AgentResumed,
+    AgentStageEnd,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::StageStart => "stage_start",
+            EventKind::StageSkipped => "stage_skipped",
+            EventKind::StageNotNeeded => "stage_not_needed",
+            EventKind::Diagnosis => "diagnosis",
+            EventKind::OpenPhase => "open_phase",
+            EventKind::ClassConverged => "class_converged",
+            EventKind::Memory => "memory",
+            EventKind::MemoryStale => "memory_stale",
+            EventKind::WorkerRestart => "worker_restart",
+            EventKind::WaitedForGpu => "waited_for_gpu",
+            EventKind::Resumed => "resumed",
+            EventKind::WorkspaceAligned => "workspace_aligned",
+            EventKind::IncumbentsRevalidated => "incumbents_revalidated",
+            EventKind::Sdpa => "sdpa",
+            EventKind::SdpaUnavailable => "sdpa_unavailable",
+            EventKind::Closing => "closing",
+            EventKind::ClosingFailed => "closing_failed",
+            EventKind::AgentResumed => "agent_resumed",
+            EventKind::AgentStageEnd => "agent_stage_end",
+        }
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// The events a resumed run reads back, with what it needs of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A stage began its search at `start` (a resumed run replays from the same point).
+    StageStart { stage: String, start: Params },
+    /// The diagnosis skipped `stage`; it stays skipped after a restart.
+    StageNotNeeded { stage: String },
+    /// The run was started `--fresh`: a resumed run ignores the memory of earlier runs too.
+    MemoryOff,
+}
+
+impl Event {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::StageStart { .. } => EventKind::StageStart,
+            Event::StageNotNeeded { .. } => EventKind::StageNotNeeded,
+            Event::MemoryOff => EventKind::Memory,
+        }
+    }
+}
+
+/// One row of the `events` table.
+#[derive(Debug, Clone)]
+pub struct EventRow {
+    pub at: String,
+    pub kind: EventKind,
+    pub message: String,
+    /// The typed event, for the kinds a resume reads (None for the others).
+    pub data: Option<Event>,
+}
+
+#[derive(sqlx::FromRow)]
+struct RawEvent {
+    at: String,
+    kind: EventKind,
+    message: String,
+    data_json: Option<String>,
+}
+
+/// What a resumed run needs from its events about the plan's stages.
+#[derive(Debug, Clone, Default)]
+pub struct StageHistory {
+    starts: BTreeMap<String, Params>,
+    not_needed: BTreeSet<String>,
+}
+
+impl StageHistory {
+    pub fn of(events: &[EventRow]) -> StageHistory {
+        let mut h = StageHistory::default();
+        for e in events {
+            match &e.data {
+                Some(Event::StageStart { stage, start }) => {
+                    h.starts.entry(stage.clone()).or_insert_with(|| start.clone());
+                }
+                Some(Event::StageNotNeeded { stage }) => {
+                    h.not_needed.insert(stage.clone());
+                }
+                _ => {}
+            }
+        }
+        h
+    }
+
+    /// Where `stage`'s search started, if it began before.
+    pub fn start(&self, stage: &str) -> Option<&Params> {
+        self.starts.get(stage)
+    }
+
+    pub fn not_needed(&self, stage: &str) -> bool {
+        self.not_needed.contains(stage)
+    }
+}
+
+impl Ledger {
+    /// Record an event for people: a kind and a message.
+    pub async fn event(&self, run_id: &str, kind: EventKind, message: &str) -> Result<()> {
+        self.insert_event(run_id, kind, message, None).await
+    }
+
+    /// Record an event a resumed run reads back, with a message for people.
+    pub async fn record_event(&self, run_id: &str, event: &Event, message: &str) -> Result<()> {
+        let data = serde_json::to_string(event).map_err(LedgerError::Encode)?;
+        self.insert_event(run_id, event.kind(), message, Some(data)).await
+    }
+
+    /// Record an event unless the run already has one with this kind and message (a resumed
+    /// run re-derives the same decisions).
+    pub async fn event_once(&self, run_id: &str, kind: EventKind, message: &str) -> Result<bool> {
+        let seen: Option<i64> = sqlx::query_scalar("SELECT 1 FROM events WHERE run_id = ? AND kind = ? AND message = ? LIMIT 1")
+            .bind(run_id)
+            .bind(kind)
+            .bind(message)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(q("read events"))?;
+        if seen.is_none() {
+            self.event(run_id, kind, message).await?;
+        }
+        Ok(seen.is_none())
+    }
+
+    async fn insert_event(&self, run_id: &str, kind: EventKind, message: &str, data: Option<String>) -> Result<()> {
+        sqlx::query("INSERT INTO events (run_id, at, kind, message, data_json) VALUES (?, ?, ?, ?, ?)")
+            .bind(run_id)
+            .bind(now())
+            .bind(kind)
+            .bind(message)
+            .bind(data)
+            .execute(&self.pool)
+            .await
+            .map_err(q("record event"))?;
+        Ok(())
+    }
+
+    pub async fn events(&self, run_id: &str) -> Result<Vec<EventRow>> {
+        let rows: Vec<RawEvent> = sqlx::query_as("SELECT at, kind, message, data_json FROM events WHERE run_id = ? ORDER BY rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list events"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| EventRow {
+                // Data this release cannot read (a newer one wrote it) is left out, not fatal.
+                data: r.data_json.and_then(|j| serde_json::from_str(&j).ok()),
+                at: r.at,
+                kind: r.kind,
+                message: r.message,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,190 @@
+//! The tables of what a run is compared against: SDPA as measured for the run (`sdpa`),
+//! the cache of SDPA measurements per device and versions (`sdpa_cache`), and the closing
+//! comparison (`closing`). The measuring itself is [`crate::storage::sdpa`]'s.
+
+use serde::Serialize;
+
+use super::{now, q, Ledger, Result};
+
+/// SDPA as recorded for one shape of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SdpaRow {
+    pub shape: String,
+    pub default_graph_us: Option<f64>,
+    pub default_eager_us: Option<f64>,
+    pub picked: Option<String>,
+    pub backends: serde_json::Value,
+    pub versions: serde_json::Value,
+    pub cached: bool,
+}
+
+#[derive(sqlx::FromRow)]
+struct RawSdpa {
+    shape: String,
+    default_graph_us: Option<f64>,
+    default_eager_us: Option<f64>,
+    picked: Option<String>,
+    result_json: String,
+    versions_json: String,
+    cached: bool,
+}
+
+/// SDPA on one shape, to record with a run.
+#[derive(Debug, Clone)]
+pub struct NewSdpa<'a> {
+    pub shape: &'a str,
+    /// The default backend's CUDA-graph and eager time per call.
+    pub default_graph_us: Option<f64>,
+    pub default_eager_us: Option<f64>,
+    /// The backend the default dispatched to.
+    pub picked: Option<String>,
+    /// Every backend's timings, as JSON.
+    pub backends_json: String,
+    pub versions_json: &'a str,
+    /// Taken from the cache rather than measured now.
+    pub cached: bool,
+}
+
+/// One shape of the closing comparison: the best kernel timed just before and just after
+/// a fresh SDPA measurement, so both are compared at the same clocks.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClosingRow {
+    pub shape: String,
+    /// The best kernel's iteration.
+    pub seq: i64,
+    pub ours_before_us: f64,
+    pub ours_after_us: f64,
+    pub sdpa_default_us: Option<f64>,
+    pub sdpa_picked: Option<String>,
+    /// Every backend's timing, as the SDPA script reported it.
+    pub sdpa_backends: serde_json::Value,
+    pub measured_at: String,
+}
+
+#[derive(sqlx::FromRow)]
+struct RawClosing {
+    shape: String,
+    seq: i64,
+    ours_before_us: f64,
+    ours_after_us: f64,
+    sdpa_default_us: Option<f64>,
+    sdpa_picked: Option<String>,
+    sdpa_json: String,
+    measured_at: String,
+}
+
+impl ClosingRow {
+    /// Our time: the mean of the medians before and after SDPA (drift cancels to first order).
+    pub fn ours_us(&self) -> f64 {
+        0.5 * (self.ours_before_us + self.ours_after_us)
+    }
+
+    /// SDPA default's time over ours (> 1: ours is faster).
+    pub fn vs_default(&self) -> Option<f64> {
+        self.sdpa_default_us.map(|d| d / self.ours_us())
+    }
+}
+
+impl Ledger {
+    pub async fn sdpa_cached(&self, key: &str) -> Result<Option<String>> {
+        sqlx::query_scalar("SELECT result_json FROM sdpa_cache WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(q("read SDPA cache"))
+    }
+
+    pub async fn sdpa_cache_put(&self, key: &str, json: &str) -> Result<()> {
+        sqlx::query("INSERT OR REPLACE INTO sdpa_cache (key, measured_at, result_json) VALUES (?, ?, ?)")
+            .bind(key)
+            .bind(now())
+            .bind(json)
+            .execute(&self.pool)
+            .await
+            .map_err(q("write SDPA cache"))?;
+        Ok(())
+    }
+
+    pub async fn sdpa_record(&self, run_id: &str, s: &NewSdpa<'_>) -> Result<()> {
+        sqlx::query(
+            "INSERT OR REPLACE INTO sdpa (run_id, shape, default_graph_us, default_eager_us, picked, result_json, versions_json, cached)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(run_id)
+        .bind(s.shape)
+        .bind(s.default_graph_us)
+        .bind(s.default_eager_us)
+        .bind(&s.picked)
+        .bind(&s.backends_json)
+        .bind(s.versions_json)
+        .bind(s.cached)
+        .execute(&self.pool)
+        .await
+        .map_err(q("record SDPA"))?;
+        Ok(())
+    }
+
+    /// SDPA as recorded for each shape of a run, in workload order.
+    pub async fn sdpa(&self, run_id: &str) -> Result<Vec<SdpaRow>> {
+        let rows: Vec<RawSdpa> = sqlx::query_as("SELECT * FROM sdpa WHERE run_id = ? ORDER BY rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list SDPA"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| SdpaRow {
+                shape: r.shape,
+                default_graph_us: r.default_graph_us,
+                default_eager_us: r.default_eager_us,
+                picked: r.picked,
+                backends: serde_json::from_str(&r.result_json).unwrap_or_default(),
+                versions: serde_json::from_str(&r.versions_json).unwrap_or_default(),
+                cached: r.cached,
+            })
+            .collect())
+    }
+
+    /// Record one shape of the closing comparison (replaces an earlier one).
+    pub async fn closing_record(&self, run_id: &str, c: &ClosingRow) -> Result<()> {
+        sqlx::query(
+            "INSERT OR REPLACE INTO closing (run_id, shape, seq, ours_before_us, ours_after_us, sdpa_default_us, sdpa_picked, sdpa_json, measured_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(run_id)
+        .bind(&c.shape)
+        .bind(c.seq)
+        .bind(c.ours_before_us)
+        .bind(c.ours_after_us)
+        .bind(c.sdpa_default_us)
+        .bind(&c.sdpa_picked)
+        .bind(c.sdpa_backends.to_string())
+        .bind(&c.measured_at)
+        .execute(&self.pool)
+        .await
+        .map_err(q("record the closing comparison"))?;
+        Ok(())
+    }
+
+    /// The closing comparison of a run, in workload order (empty until it finished).
+    pub async fn closing(&self, run_id: &str) -> Result<Vec<ClosingRow>> {
+        let rows: Vec<RawClosing> = sqlx::query_as("SELECT * FROM closing WHERE run_id = ? ORDER BY rowid")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list the closing comparison"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| ClosingRow {
+                shape: r.shape,
+                seq: r.seq,
+                ours_before_us: r.ours_before_us,
+                ours_after_us: r.ours_after_us,
+                sdpa_default_us: r.sdpa_default_us,
+                sdpa_picked: r.sdpa_picked,
+                sdpa_backends: serde_json::from_str(&r.sdpa_json).unwrap_or_default(),
+                measured_at: r.measured_at,
+            })
+            .collect())
+    }
+}
