@@ -34,24 +34,33 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// reference waited on memory).
 const ROW_BLOCK: usize = 8;
 
+/// What every block of one [`reference_rows`] call reads: the shape, the full [B,H,S,D]
+/// tensors and the softmax scale.
+#[derive(Clone, Copy)]
+struct Operands<'a> {
+    shape: &'a Shape,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    scale: f32,
+}
+
+/// A thread's buffers, reused from block to block: the scores and the P V accumulators.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+}
+
 /// Reference attention for up to [`ROW_BLOCK`] rows of one (batch, head) into `out`
-/// (`rows.len() * D` values). `scores` and `acc` are scratch. fp32 throughout (the
+/// (`rows.len() * D` values). fp32 throughout (the
 /// products, the exponentials, the P V accumulation), the softmax denominator in f64.
 /// Every row sees the same operations in the same order as if computed alone, on every
 /// CPU (no fused multiply-add), so results depend neither on the blocking nor on the ISA.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn reference_block_impl(
-    shape: &Shape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    rows: &[Row],
-    scale: f32,
-    scores: &mut Vec<f32>,
-    acc: &mut Vec<f32>,
-    out: &mut [f32],
-) {
+fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, out: &mut [f32]) {
+    let Operands { shape, q, k, v, scale } = *x;
+    let Scratch { scores, acc } = scratch;
     let d = shape.d as usize;
     let s = shape.s as usize;
     let n = rows.len().min(ROW_BLOCK);
@@ -99,44 +108,22 @@ fn reference_block_impl(
     }
 }
 
-type BlockFn = fn(&Shape, &[f32], &[f32], &[f32], &[Row], f32, &mut Vec<f32>, &mut Vec<f32>, &mut [f32]);
+type BlockFn = fn(&Operands<'_>, &[Row], &mut Scratch, &mut [f32]);
 
 /// [`reference_block_impl`] compiled for AVX2 (8-wide f32; the binary's baseline is SSE2).
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
-unsafe fn reference_block_avx2(
-    shape: &Shape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    rows: &[Row],
-    scale: f32,
-    scores: &mut Vec<f32>,
-    acc: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    reference_block_impl(shape, q, k, v, rows, scale, scores, acc, out)
+unsafe fn reference_block_avx2(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, out: &mut [f32]) {
+    reference_block_impl(x, rows, scratch, out)
 }
 
 /// The fastest [`reference_block_impl`] this CPU runs.
 fn block_fn() -> BlockFn {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
-        #[allow(clippy::too_many_arguments)]
-        fn avx2(
-            shape: &Shape,
-            q: &[f32],
-            k: &[f32],
-            v: &[f32],
-            rows: &[Row],
-            scale: f32,
-            scores: &mut Vec<f32>,
-            acc: &mut Vec<f32>,
-            out: &mut [f32],
-        ) {
+        fn avx2(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, out: &mut [f32]) {
             // SAFETY: chosen only after the CPU was seen to support AVX2.
-            unsafe { reference_block_avx2(shape, q, k, v, rows, scale, scores, acc, out) }
+            unsafe { reference_block_avx2(x, rows, scratch, out) }
         }
         return avx2;
     }
@@ -151,7 +138,7 @@ pub fn reference_rows(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], rows: &[Ro
     if rows.is_empty() || d == 0 {
         return out;
     }
-    let scale = softmax_scale(shape);
+    let x = Operands { shape, q, k, v, scale: softmax_scale(shape) };
     let block = block_fn();
     // Small tasks dealt round-robin, so the unequal cost of causal rows evens out.
     let workers = threads();
@@ -167,15 +154,14 @@ pub fn reference_rows(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], rows: &[Ro
     std::thread::scope(|sc| {
         for queue in queues.into_iter().filter(|q| !q.is_empty()) {
             sc.spawn(move || {
-                let mut scores = Vec::new();
-                let mut acc = Vec::new();
+                let mut scratch = Scratch::default();
                 for (mut chunk_out, mut chunk_rows) in queue {
                     // Blocks of consecutive rows of one (batch, head).
                     while let Some(&(b, h, _)) = chunk_rows.first() {
                         let n = chunk_rows.iter().take(ROW_BLOCK).take_while(|r| (r.0, r.1) == (b, h)).count();
                         let (block_rows, rest_rows) = chunk_rows.split_at(n);
                         let (block_out, rest_out) = std::mem::take(&mut chunk_out).split_at_mut(n * d);
-                        block(shape, q, k, v, block_rows, scale, &mut scores, &mut acc, block_out);
+                        block(&x, block_rows, &mut scratch, block_out);
                         chunk_rows = rest_rows;
                         chunk_out = rest_out;
                     }
