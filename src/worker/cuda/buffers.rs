@@ -1,0 +1,113 @@
+//! The device buffers a check or a timing launches on: Q, K, V, O tensor sets uploaded in
+//! the element type, the fp32 split-KV partials, and the NaN/pattern fills that poison
+//! them before a launch.
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError};
+
+use super::error::{api, Failure, Stage};
+use super::CudaBackend;
+use crate::spec::protocol::Shape;
+use crate::worker::reference;
+
+/// One set of Q, K, V, O in the element type (as raw 16-bit patterns).
+pub(super) struct TensorSet {
+    pub(super) q: CudaSlice<u16>,
+    pub(super) k: CudaSlice<u16>,
+    pub(super) v: CudaSlice<u16>,
+    pub(super) o: CudaSlice<u16>,
+}
+
+/// The fp32 split-KV scratch buffers.
+pub(super) struct Partials {
+    pub(super) o: CudaSlice<f32>,
+    pub(super) lse: CudaSlice<f32>,
+}
+
+/// The raw device address of a buffer, for kernel parameters and driver calls.
+pub(super) fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> sys::CUdeviceptr {
+    // Event tracking is off for this context, so the SyncOnDrop guard does nothing.
+    let (p, _guard) = s.device_ptr(stream);
+    p
+}
+
+impl CudaBackend {
+    /// Upload Q, K, V in the element type and allocate O; `what` names the request.
+    pub(super) fn upload_set(
+        &self,
+        shape: &Shape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        what: &str,
+    ) -> Result<TensorSet, Failure> {
+        let stream = &self.stream;
+        let mib = shape.elems() as f64 * 2.0 / (1 << 20) as f64;
+        let up = |x: &[f32], name: &str| {
+            let bits = reference::to_bits(x, shape.dtype);
+            api(stream.clone_htod(&bits), || {
+                format!("{what}: uploading {name} ({mib:.1} MiB)")
+            })
+        };
+        let q = up(q, "Q")?;
+        let k = up(k, "K")?;
+        let v = up(v, "V")?;
+        let o = api(stream.alloc_zeros::<u16>(shape.elems() as usize), || {
+            format!("{what}: allocating O ({mib:.1} MiB)")
+        })?;
+        Ok(TensorSet { q, k, v, o })
+    }
+
+    /// Allocate the split-KV partials for `n_splits`, NaN-poisoned when `poison`.
+    pub(super) fn alloc_partials(
+        &self,
+        shape: &Shape,
+        n_splits: u32,
+        poison: bool,
+        what: &str,
+    ) -> Result<Partials, Failure> {
+        let stream = &self.stream;
+        let splits = n_splits.max(1) as u64;
+        let rows = shape.b as u64 * shape.h as u64 * shape.s as u64;
+        let o_len = (splits * rows * shape.d as u64).max(1) as usize;
+        let lse_len = (splits * rows).max(1) as usize;
+        let o = api(stream.alloc_zeros::<f32>(o_len), || {
+            format!("{what}: allocating o_partial ({o_len} floats)")
+        })?;
+        let lse = api(stream.alloc_zeros::<f32>(lse_len), || {
+            format!("{what}: allocating lse_partial ({lse_len} floats)")
+        })?;
+        if poison {
+            poison_f32(stream, &o).map_err(|e| {
+                Failure::cuda(format!("{what}: poisoning o_partial"), e, Stage::Api)
+            })?;
+            poison_f32(stream, &lse).map_err(|e| {
+                Failure::cuda(format!("{what}: poisoning lse_partial"), e, Stage::Api)
+            })?;
+        }
+        Ok(Partials { o, lse })
+    }
+}
+
+/// Fill `len` 16-bit elements at `p` with `bits`.
+pub(super) fn memset16(stream: &CudaStream, p: sys::CUdeviceptr, bits: u16, len: usize) -> Result<(), DriverError> {
+    // SAFETY: callers pass `p` addressing `len` u16 elements inside a live allocation that
+    // outlives the asynchronous memset (every request synchronises before returning).
+    unsafe { sys::cuMemsetD16Async(p, bits, len, stream.cu_stream()) }.result()
+}
+
+/// Fill all of `buf` with the 16-bit pattern `bits`.
+pub(super) fn poison_u16(stream: &CudaStream, buf: &CudaSlice<u16>, bits: u16) -> Result<(), DriverError> {
+    let p = dptr(buf, stream);
+    // SAFETY: `p` addresses `buf.len()` u16 elements owned by `buf`, which outlives the
+    // asynchronous memset because every request synchronises the stream before returning.
+    unsafe { sys::cuMemsetD16Async(p, bits, buf.len(), stream.cu_stream()) }.result()
+}
+
+/// Fill all of `buf` with the fp32 quiet NaN.
+fn poison_f32(stream: &CudaStream, buf: &CudaSlice<f32>) -> Result<(), DriverError> {
+    let p = dptr(buf, stream);
+    // SAFETY: as in poison_u16, for `buf.len()` 32-bit elements.
+    unsafe { sys::cuMemsetD32Async(p, reference::NAN_BITS_F32, buf.len(), stream.cu_stream()) }
+        .result()
+}

@@ -1,0 +1,179 @@
+//! Compiling and loading a candidate: both builds (timed, and CTA-counting check) compiled
+//! side by side, the look-ahead's pending builds started by `Precompile` and taken by a
+//! later `Load` of the same source, and loading both cubins with their kernels' resources
+//! and the occupancy queries answered.
+
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::nvrtc::Ptx;
+
+use super::device::occupancy_of;
+use super::error::{after, api, compile_failure, panic_message, Failure, Stage};
+use super::kernels::{Build, Candidate};
+use super::CudaBackend;
+use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
+use crate::spec::protocol::{KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response};
+
+/// The macro that turns on CTA counting in the check build.
+pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
+
+/// The timed and the check build of one source, and how long compiling them took.
+pub(super) type Builds = (Result<Compiled, CompileFailure>, Result<Compiled, CompileFailure>, f64);
+
+/// How many precompiled sources the worker keeps waiting for a `Load` (a bounded look-ahead:
+/// older guesses are dropped, their threads finish on their own).
+const MAX_PENDING: usize = 2;
+
+/// Compile both builds of `source` side by side.
+fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, timeout: Option<Duration>) -> Builds {
+    let started = Instant::now();
+    let (timed, check) = std::thread::scope(|s| {
+        let check = s.spawn(|| nvrtc::compile_with_timeout(tc, source, name, arch, &[(COUNT_CTAS_DEFINE, "1".to_string())], timeout));
+        let timed = nvrtc::compile_with_timeout(tc, source, name, arch, &[], timeout);
+        let check = check.join().unwrap_or_else(|p| {
+            Err(CompileFailure::InvalidInput(format!("check-build compile thread panicked: {}", panic_message(p.as_ref()))))
+        });
+        (timed, check)
+    });
+    (timed, check, started.elapsed().as_secs_f64() * 1e3)
+}
+
+fn pending_key(arch: &str, source: &str) -> String {
+    format!("{arch}\n{source}")
+}
+
+impl CudaBackend {
+    /// Start both builds of `source` on a background thread, unless already started.
+    pub(super) fn precompile(&mut self, source: String, arch: String, compile_timeout_ms: u64) {
+        let key = pending_key(&arch, &source);
+        if self.pending.iter().any(|(k, _)| *k == key) {
+            return;
+        }
+        if self.pending.len() >= MAX_PENDING {
+            self.pending.remove(0);
+        }
+        let tc = self.toolchain.clone();
+        let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
+        let handle = std::thread::spawn(move || compile_builds(&tc, &source, "candidate.cu", &arch, timeout));
+        self.pending.push((key, handle));
+    }
+
+    /// Compile (or take the pending builds of) `source`, load both builds under `id`,
+    /// and report the kernels' resources and the occupancy queries' answers.
+    pub(super) fn load(
+        &mut self,
+        id: String,
+        source: &str,
+        arch: &str,
+        kernels: &[String],
+        occupancy: &[OccupancyQuery],
+        compile_timeout_ms: u64,
+    ) -> Result<Response, Failure> {
+        let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
+        let name = format!("{}.cu", id.replace(['\0', '/'], "_"));
+        // A precompiled source: wait for its threads (usually done) instead of compiling again.
+        let key = pending_key(arch, source);
+        let ahead = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
+        let (timed, check, compile_ms) = match ahead.map(|h| h.join()) {
+            Some(Ok(builds)) => builds,
+            _ => compile_builds(&self.toolchain, source, &name, arch, timeout),
+        };
+        let timed = timed.map_err(|e| compile_failure(e, "", compile_timeout_ms))?;
+        let check = check.map_err(|e| {
+            compile_failure(e, "check build (-DOPTD_COUNT_CTAS=1): ", compile_timeout_ms)
+        })?;
+        tracing::debug!(%id, compile_ms, timed_bytes = timed.cubin.len(), "compiled");
+
+        let Compiled {
+            cubin: timed_cubin,
+            log,
+            ..
+        } = timed;
+        let timed_module = api(self.ctx.load_module(Ptx::from_binary(timed_cubin)), || {
+            "load: loading the timed build's CUBIN".into()
+        })?;
+        let check_module = api(self.ctx.load_module(Ptx::from_binary(check.cubin)), || {
+            "load: loading the check build's CUBIN".into()
+        })?;
+        let mut cand = Candidate {
+            timed: Build::new(timed_module),
+            check: Build::new(check_module),
+        };
+
+        let mut resources = Vec::with_capacity(kernels.len());
+        for k in kernels {
+            let missing = |build: &str| {
+                Failure::Compile(format!(
+                    "kernel `{k}` not found in the {build} build: the source must define it as \
+                     extern \"C\" __global__ void {k}(...) (without C++ name mangling){}{log}",
+                    if log.is_empty() { "" } else { "\n" }
+                ))
+            };
+            let f = api(cand.timed.function(k), || {
+                format!("load: resolving kernel {k}")
+            })?
+            .ok_or_else(|| missing("timed"))?;
+            api(cand.check.function(k), || {
+                format!("load: resolving kernel {k} (check build)")
+            })?
+            .ok_or_else(|| missing("check"))?;
+            let attr = |a: CUfunction_attribute| {
+                api(f.get_attribute(a), || {
+                    format!("load: reading attributes of {k}")
+                })
+                .map(|v| v.max(0) as u32)
+            };
+            resources.push(KernelResources {
+                kernel: k.clone(),
+                registers: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+                static_smem: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+                local_bytes: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                max_threads: attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            });
+        }
+
+        let mut occ = Vec::with_capacity(occupancy.len());
+        for q in occupancy {
+            let f = api(cand.timed.function(&q.kernel), || {
+                format!("load: resolving kernel {}", q.kernel)
+            })?
+            .ok_or_else(|| {
+                Failure::Bad(format!(
+                    "occupancy query names kernel `{}`, which the module does not define",
+                    q.kernel
+                ))
+            })?;
+            let blocks = occupancy_of(&mut cand.timed, &f, q).map_err(|e| {
+                Failure::cuda(
+                    format!(
+                        "load: occupancy of {} ({} threads, {} B smem)",
+                        q.kernel, q.block_threads, q.dyn_smem
+                    ),
+                    e,
+                    Stage::Api,
+                )
+            })?;
+            occ.push(OccupancyResult {
+                kernel: q.kernel.clone(),
+                block_threads: q.block_threads,
+                dyn_smem: q.dyn_smem,
+                blocks_per_sm: blocks,
+            });
+        }
+
+        if self.candidates.contains_key(&id) {
+            // Replacing a loaded candidate: none of its kernels may still be running.
+            after(self.stream.synchronize(), || {
+                format!("load {id}: replacing the loaded candidate")
+            })?;
+        }
+        self.candidates.insert(id, cand);
+        Ok(Response::Loaded(Loaded {
+            compile_ms,
+            kernels: resources,
+            occupancy: occ,
+            log,
+        }))
+    }
+}

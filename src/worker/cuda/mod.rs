@@ -1,0 +1,235 @@
+//! The real GPU backend of the worker: CUDA driver API through cudarc, NVRTC through
+//! [`crate::nvrtc`].
+//!
+//! [`CudaBackend`] owns one context on device 0 and one stream, and answers every
+//! [`Request`]: it describes the device, compiles candidates twice (a timed build and a
+//! CTA-counting check build with `-DOPTD_COUNT_CTAS=1`) and loads them, checks a
+//! candidate's check build against the fp32 reference of [`super::reference`] on fresh
+//! random inputs with NaN-poisoned outputs, and times several candidates with CUDA
+//! events, interleaved round by round over rotating input sets that exceed the L2 cache.
+//!
+//! Every CUDA failure becomes a [`Response::CudaError`]; errors that leave the context
+//! unusable (faults inside a kernel, or anything unclassifiable after a launch) are
+//! marked `sticky`, and `serve` exits after replying so the supervisor restarts a clean
+//! process. No request path panics on purpose, and a panic that slips through is caught
+//! and reported as a sticky error.
+//!
+//! This module holds the backend and its request dispatch; each concern lives in its own
+//! file: `error` (failure classification), `plan` (request validation), `load`
+//! (compiling and loading, with the look-ahead's pending builds), `kernels` (modules and
+//! resolved launches), `buffers` (tensor sets, partials, poisoning), `abi` (kernel
+//! parameters), `tensor_map` (TMA descriptors), `check` (correctness), `probe`
+//! (anti-cheat probes), `timing` (interleaved timing) and `device` (device facts,
+//! occupancy).
+
+mod abi;
+mod buffers;
+mod check;
+mod device;
+mod error;
+mod kernels;
+mod load;
+mod plan;
+mod probe;
+mod tensor_map;
+mod timing;
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
+
+use self::device::device_info;
+use self::error::{after, panic_message, Failure};
+use self::kernels::Candidate;
+use self::load::Builds;
+use super::Backend;
+use crate::nvrtc::{self, Toolchain};
+use crate::spec::protocol::{DeviceInfo, Request, Response};
+
+pub use self::error::{describe, InitError};
+pub use self::load::COUNT_CTAS_DEFINE;
+
+/// The worker's CUDA backend: one context on device 0, one stream, loaded candidates by id.
+pub struct CudaBackend {
+    toolchain: Toolchain,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    device: DeviceInfo,
+    candidates: HashMap<String, Candidate>,
+    /// Builds started by `Precompile`, keyed by arch and source, oldest first.
+    pending: Vec<(String, std::thread::JoinHandle<Builds>)>,
+}
+
+impl CudaBackend {
+    /// Locate NVRTC, initialise CUDA, and take device 0's primary context and a stream.
+    pub fn new() -> Result<Self, InitError> {
+        // SAFETY: only tries to dlopen the driver library by its usual names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(InitError::NoDriver);
+        }
+        let toolchain = nvrtc::locate()?;
+        // cudarc panics rather than erroring on a few exotic failures (e.g. a driver missing
+        // a symbol): turn those into an InitError too.
+        let built = std::panic::catch_unwind(|| -> Result<_, InitError> {
+            let cuda = |step: &'static str| {
+                move |e: DriverError| InitError::Cuda {
+                    step,
+                    message: describe(e),
+                }
+            };
+            let ctx = CudaContext::new(0).map_err(cuda("creating the context on device 0"))?;
+            // SAFETY: this backend uses a single stream and synchronises explicitly before
+            // any host access, freeing or unloading, so cudarc's per-buffer events are
+            // unnecessary (and would add work to every launch being timed).
+            unsafe { ctx.disable_event_tracking() };
+            let stream = ctx.new_stream().map_err(cuda("creating a stream"))?;
+            let device = device_info(&ctx, &toolchain).map_err(cuda("querying the device"))?;
+            Ok((ctx, stream, device))
+        });
+        let (ctx, stream, device) = match built {
+            Ok(r) => r?,
+            Err(p) => return Err(InitError::Panic(panic_message(p.as_ref()))),
+        };
+        tracing::info!(
+            device = %device.name,
+            arch = %device.arch,
+            driver = device.driver_version,
+            nvrtc = ?toolchain.version,
+            nvrtc_lib = %toolchain.lib.display(),
+            "CUDA backend ready"
+        );
+        Ok(CudaBackend {
+            toolchain,
+            ctx,
+            stream,
+            device,
+            candidates: HashMap::new(),
+            pending: Vec::new(),
+        })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    pub fn toolchain(&self) -> &Toolchain {
+        &self.toolchain
+    }
+
+    fn dispatch(&mut self, request: Request) -> Response {
+        let result = match request {
+            Request::Hello => Ok(Response::Hello(self.device.clone())),
+            Request::Load {
+                id,
+                source,
+                arch,
+                kernels,
+                occupancy,
+                compile_timeout_ms,
+            } => self.load(id, &source, &arch, &kernels, &occupancy, compile_timeout_ms),
+            Request::Precompile { source, arch, compile_timeout_ms } => {
+                self.precompile(source, arch, compile_timeout_ms);
+                Ok(Response::Precompiling)
+            }
+            Request::Check {
+                id,
+                plans,
+                tolerance,
+                seed,
+                probes,
+            } => self.check(&id, &plans, tolerance, seed, probes),
+            Request::Time { cases, spec, seed } => self.time(&cases, &spec, seed),
+            Request::Unload { id } => match self.candidates.remove(&id) {
+                Some(c) => {
+                    // Make sure none of its kernels can still be running, then unload.
+                    after(self.stream.synchronize(), || format!("unload {id}"))
+                        .map(|()| drop(c))
+                        .map(|()| Response::Unloaded)
+                }
+                None => Err(Failure::Bad(format!(
+                    "unload: no candidate loaded with id {id:?}"
+                ))),
+            },
+            Request::Shutdown => Ok(Response::Bye),
+        };
+        match result {
+            Ok(r) => r,
+            Err(f) => self.settle(f).into_response(),
+        }
+    }
+
+    /// After a failed request, wait for whatever it queued. A non-sticky failure becomes
+    /// sticky if earlier launches of the request turn out to have faulted.
+    fn settle(&self, failure: Failure) -> Failure {
+        match failure {
+            Failure::Cuda {
+                during,
+                message,
+                sticky: false,
+            } => match self.stream.synchronize() {
+                Ok(()) => Failure::Cuda {
+                    during,
+                    message,
+                    sticky: false,
+                },
+                Err(e) => Failure::Cuda {
+                    during,
+                    message: format!("{message}; then, waiting for earlier work: {}", describe(e)),
+                    sticky: true,
+                },
+            },
+            other => other,
+        }
+    }
+
+}
+
+impl Backend for CudaBackend {
+    fn handle(&mut self, request: Request) -> Response {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| self.dispatch(request))) {
+            Ok(r) => r,
+            Err(p) => Response::CudaError {
+                during: "worker".to_string(),
+                message: format!("the CUDA worker panicked: {}", panic_message(p.as_ref())),
+                sticky: true,
+            },
+        }
+    }
+}
+
+/// Answers every request with the init failure, so the daemon can show why.
+struct FailedInit {
+    message: String,
+}
+
+impl Backend for FailedInit {
+    fn handle(&mut self, _request: Request) -> Response {
+        Response::CudaError {
+            during: "init".to_string(),
+            message: self.message.clone(),
+            sticky: true,
+        }
+    }
+}
+
+/// The worker process's main loop: build the CUDA backend and serve requests on
+/// stdin/stdout. If the backend cannot be built, the first request is answered with a
+/// sticky `CudaError { during: "init" }` naming the cause, and the process exits non-zero.
+pub fn run_cuda_worker() -> anyhow::Result<()> {
+    match CudaBackend::new() {
+        Ok(mut backend) => super::serve(&mut backend),
+        Err(e) => {
+            let message = e.to_string();
+            tracing::error!(error = %message, "CUDA worker could not start");
+            // `serve` exits the process after replying with a sticky error; reaching the
+            // end means stdin closed before any request arrived.
+            super::serve(&mut FailedInit {
+                message: message.clone(),
+            })?;
+            Err(anyhow::anyhow!(message))
+        }
+    }
+}

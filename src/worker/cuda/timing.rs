@@ -1,0 +1,259 @@
+//! Timing candidates: per case, enough input sets to spill L2, each entry's launch count
+//! per sample from its first warm-up, CUDA graphs of one sample each (graph mode), and
+//! samples taken round by round with the entries' order alternating, timed with events.
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaEvent, DriverError};
+
+use super::abi::Abi;
+use super::buffers::dptr;
+use super::error::{after, api, Failure, Stage};
+use super::kernels::{resolve, Resolved};
+use super::plan::{validate_plan, validate_shape};
+use super::CudaBackend;
+use crate::spec::protocol::{Response, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec};
+use crate::worker::reference;
+
+impl CudaBackend {
+    pub(super) fn time(
+        &mut self,
+        cases: &[TimeCase],
+        spec: &TimingSpec,
+        seed: u64,
+    ) -> Result<Response, Failure> {
+        // Validate the whole request before touching the GPU.
+        for (ci, case) in cases.iter().enumerate() {
+            validate_shape(&case.shape)
+                .map_err(|m| Failure::Bad(format!("time case {ci}: {m}")))?;
+            for e in &case.entries {
+                if e.plan.shape != case.shape {
+                    return Err(Failure::Bad(format!(
+                        "time case {ci}: entry {} plans shape {} but the case is {}",
+                        e.id,
+                        e.plan.shape.key(),
+                        case.shape.key()
+                    )));
+                }
+                validate_plan(&e.plan)
+                    .map_err(|m| Failure::Bad(format!("time case {ci}, entry {}: {m}", e.id)))?;
+                if !self.candidates.contains_key(&e.id) {
+                    return Err(Failure::Bad(format!(
+                        "time: no candidate loaded with id {:?}",
+                        e.id
+                    )));
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(cases.len());
+        for (ci, case) in cases.iter().enumerate() {
+            out.push(self.time_case(case, spec, reference::mix_seed(seed, ci as u64))?);
+        }
+        Ok(Response::Timed(Timed { cases: out }))
+    }
+
+    fn time_case(
+        &mut self,
+        case: &TimeCase,
+        spec: &TimingSpec,
+        seed: u64,
+    ) -> Result<TimedCase, Failure> {
+        let shape = case.shape;
+        let key = shape.key();
+        let what = format!("time {key}");
+
+        // Resolve every entry's kernels in its timed build.
+        let mut entries: Vec<Vec<Resolved<'_>>> = Vec::with_capacity(case.entries.len());
+        for e in &case.entries {
+            let cand = self.candidates.get_mut(&e.id).ok_or_else(|| {
+                Failure::Bad(format!("time: no candidate loaded with id {:?}", e.id))
+            })?;
+            entries.push(resolve(
+                &mut cand.timed,
+                &e.plan,
+                &format!("{what} ({})", e.id),
+            )?);
+        }
+
+        // Enough input sets to spill L2, so every execution reads from HBM.
+        let set_bytes = (shape.elems() * 2 * 4).max(1) as f64;
+        let want = (spec.l2_multiple * self.device.l2_bytes as f64 / set_bytes).ceil();
+        let cap = spec.max_input_sets.max(1);
+        let n_sets = if want.is_finite() && want >= 1.0 {
+            (want.min(cap as f64)) as u32
+        } else {
+            1
+        }
+        .clamp(1, cap);
+
+        let (q, k, v) = reference::randn_inputs(&shape, seed);
+        let mut sets = Vec::with_capacity(n_sets as usize);
+        for s in 0..n_sets {
+            sets.push(self.upload_set(
+                &shape,
+                &q,
+                &k,
+                &v,
+                &format!("{what}: input set {s} of {n_sets}"),
+            )?);
+        }
+        drop((q, k, v));
+        let max_splits = case
+            .entries
+            .iter()
+            .map(|e| e.plan.n_splits)
+            .max()
+            .unwrap_or(1);
+        let partials = self.alloc_partials(&shape, max_splits, false, &what)?;
+        let scratch = api(self.stream.alloc_zeros::<u32>(1), || {
+            format!("{what}: allocating the scratch counter")
+        })?;
+        let stream = &self.stream;
+        let counter = dptr(&scratch, stream);
+
+        // Per entry and set: the launch arguments, built once (tensor maps encoded against
+        // that set's buffers), before any capture: a captured graph keeps copies of them.
+        let abis: Vec<Vec<Abi>> = case
+            .entries
+            .iter()
+            .map(|e| {
+                sets.iter()
+                    .map(|set| Abi::new(&e.plan, set, &partials, stream, &format!("{what} ({})", e.id)))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<_, _>>()?;
+        let mut cursor = 0usize;
+        let execute = |ei: usize, cursor: &mut usize| -> Result<(), Failure> {
+            let abi = &abis[ei][*cursor % sets.len()];
+            *cursor += 1;
+            for (i, r) in entries[ei].iter().enumerate() {
+                r.function_launch(abi, counter, stream).map_err(|e| {
+                    Failure::cuda(
+                        format!(
+                            "{what}: entry {} launch {i} ({})",
+                            case.entries[ei].id, r.launch.kernel
+                        ),
+                        e,
+                        Stage::Launch,
+                    )
+                })?;
+            }
+            Ok(())
+        };
+
+        let start = api(
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            || format!("{what}: creating events"),
+        )?;
+        let end = api(
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            || format!("{what}: creating events"),
+        )?;
+        // The first warm-up execution of each entry is timed: how long the slowest one
+        // runs decides how many launches a sample needs (protocol::launches_for).
+        let mut slowest_us = 0f64;
+        for ei in 0..case.entries.len() {
+            after(start.record(stream), || format!("{what}: recording the start event"))?;
+            execute(ei, &mut cursor)?;
+            after(end.record(stream), || format!("{what}: recording the end event"))?;
+            let ms = elapsed(&start, &end).map_err(|e| {
+                Failure::cuda(format!("{what}: entry {} warmup", case.entries[ei].id), e, Stage::AfterLaunch)
+            })?;
+            slowest_us = slowest_us.max(ms as f64 * 1000.0);
+        }
+        let per_sample = crate::spec::protocol::launches_for(spec, slowest_us);
+        let rounds = crate::spec::protocol::rounds_for(spec, slowest_us, per_sample);
+        let warmup = spec.warmup.min(per_sample.max(2)).saturating_sub(1);
+        for ei in 0..case.entries.len() {
+            for _ in 0..warmup {
+                execute(ei, &mut cursor)?;
+            }
+        }
+        after(stream.synchronize(), || format!("{what}: warmup"))?;
+        // Graph mode: capture `per_sample` executions of each entry once; a sample is one
+        // replay, so the CPU's launch cost drops out and the time is the GPU's.
+        let mut graphs = Vec::new();
+        if spec.graph {
+            for ei in 0..case.entries.len() {
+                api(
+                    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                    || format!("{what}: beginning graph capture"),
+                )?;
+                let mut captured = Ok(());
+                for _ in 0..per_sample {
+                    if let Err(e) = execute(ei, &mut cursor) {
+                        captured = Err(e);
+                        break;
+                    }
+                }
+                // End the capture whatever happened, so the stream is usable again.
+                let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                captured?;
+                let graph = api(graph, || format!("{what}: instantiating the graph of {}", case.entries[ei].id))?
+                    .ok_or_else(|| Failure::Bad(format!("{what}: captured an empty graph")))?;
+                api(graph.upload(), || format!("{what}: uploading the graph"))?;
+                after(graph.launch(), || format!("{what}: warming the graph of {}", case.entries[ei].id))?;
+                graphs.push(graph);
+            }
+            after(stream.synchronize(), || format!("{what}: graph warmup"))?;
+        }
+        let mut samples: Vec<Vec<f64>> = case
+            .entries
+            .iter()
+            .map(|_| Vec::with_capacity((rounds * spec.samples_per_round) as usize))
+            .collect();
+        let n_entries = case.entries.len();
+        for round in 0..rounds {
+            for j in 0..n_entries {
+                // Alternate the order so that no entry always runs first.
+                let ei = if round % 2 == 0 { j } else { n_entries - 1 - j };
+                for _ in 0..spec.samples_per_round {
+                    after(start.record(stream), || {
+                        format!("{what}: recording the start event")
+                    })?;
+                    match graphs.get(ei) {
+                        Some(g) => after(g.launch(), || format!("{what}: replaying the graph of {}", case.entries[ei].id))?,
+                        None => {
+                            for _ in 0..per_sample {
+                                execute(ei, &mut cursor)?;
+                            }
+                        }
+                    }
+                    after(end.record(stream), || {
+                        format!("{what}: recording the end event")
+                    })?;
+                    let ms = elapsed(&start, &end).map_err(|e| {
+                        Failure::cuda(
+                            format!("{what}: entry {} sample", case.entries[ei].id),
+                            e,
+                            Stage::AfterLaunch,
+                        )
+                    })?;
+                    samples[ei].push(ms as f64 * 1000.0 / per_sample as f64);
+                }
+            }
+        }
+        after(stream.synchronize(), || format!("{what}: finishing"))?;
+
+        Ok(TimedCase {
+            shape,
+            input_sets: n_sets,
+            entries: case
+                .entries
+                .iter()
+                .zip(samples)
+                .map(|(e, s)| TimedEntry {
+                    id: e.id.clone(),
+                    samples_us: s,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// Milliseconds between two recorded events, once `end` has completed.
+fn elapsed(start: &CudaEvent, end: &CudaEvent) -> Result<f32, DriverError> {
+    end.synchronize()?;
+    start.elapsed_ms(end)
+}

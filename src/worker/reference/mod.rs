@@ -1,0 +1,44 @@
+//! The CPU side of the correctness check: random inputs, an fp32 reference, and the comparison.
+//!
+//! Inputs are drawn from a standard normal distribution with a seeded generator and then
+//! rounded to the element type (fp16 or bf16), so the reference computes on exactly the
+//! values the GPU sees. The reference is plain softmax attention,
+//! `softmax(q kᵀ / sqrt(D)) v` with an optional causal mask (key `j > i` masked), computed
+//! with max subtraction in fp32 (f64 for the softmax denominator), vectorized (AVX2 where
+//! the CPU has it, chosen at run time), for a chosen set of output rows: every row for
+//! small shapes, a stratified random sample beyond (one row from each block of 16 plus the
+//! first and last row of every (batch, head)). [`compare()`] counts outputs the kernel never
+//! wrote (still NaN-poisoned, or otherwise non-finite) over the whole tensor, and measures
+//! the maximum absolute error and the relative L2 error over the compared rows.
+//!
+//! All work here is deterministic in the seed, whatever the number of threads.
+//!
+//! One file per job: `inputs` (generation, bit patterns), `rows` (which rows, where),
+//! `attention` (the reference kernels), `compare` (the comparison), `parallel` (threads).
+
+mod attention;
+mod compare;
+mod inputs;
+mod parallel;
+mod rows;
+
+pub use self::attention::{reference_rows, softmax_scale};
+pub use self::compare::{compare, Comparison};
+pub use self::inputs::{
+    from_bits, mix_seed, nan_bits, randn_inputs, randn_rounded, round_to_dtype, to_bits,
+    NAN_BITS_F32,
+};
+pub use self::rows::{row_offset, select_rows, Row, ALL_ROWS_LIMIT, SAMPLE_BLOCK};
+
+/// A shape for the tests of this folder.
+#[cfg(test)]
+fn test_shape(b: u32, h: u32, s: u32, d: u32, causal: bool, dtype: crate::spec::protocol::DType) -> crate::spec::protocol::Shape {
+    crate::spec::protocol::Shape {
+        b,
+        h,
+        s,
+        d,
+        causal,
+        dtype,
+    }
+}
