@@ -2,57 +2,24 @@
 //!
 //! `tests/fixtures/ledger-719c150.tar.gz` is the `runs/` folder of a run made by the
 //! release at commit 719c150 (schema version 7; events carried their data only in the
-//! message text), killed by `OPTIMIZERD_FAILPOINT=iteration-begun@4` in the middle of its
-//! `kv-split` stage. Made with the plan and worker script below:
+//! message text), killed by `OPTIMIZERD_FAILPOINT=iteration-begun@5` in the middle of its
+//! `kv-split` stage (its WAL not yet checkpointed). Made with `common::PLAN` and
+//! `common::kv_split_rules` (and `[baseline] sdpa = false`):
 //! `optimizerd start --budget 10m --foreground --run-id prev --seed 7 --worker-script script.json`.
 
 mod common;
 
 use std::process::Command;
 
-use common::Project;
+use common::{kv_split_rules, Project, PLAN};
 use optimizerd::storage::ledger::{Event, Ledger};
 use serde_json::json;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::ConnectOptions;
 
-const PLAN: &str = r#"
-[[stage]]
-name = "baseline"
-template = "baseline.cu"
-search = "exhaustive"
-max_candidates = 1
-
-[[stage]]
-name = "kv-split"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 2, 4, 8] }
-
-[[stage]]
-name = "kv-split-deep"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [16] }
-
-[open_phase]
-enabled = false
-"#;
-
-fn rules() -> serde_json::Value {
-    json!([
-        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
-        { "source_contains": ["#define MAX_SPLITS 1\n"], "behaviour": { "ok": { "us": 99.0 } } },
-        { "source_contains": ["#define MAX_SPLITS 2\n"], "behaviour": { "compile_error": { "log": "kernel.cu(12): error: expected a \";\"" } } },
-        { "source_contains": ["#define MAX_SPLITS 4\n"], "behaviour": "wrong" },
-        { "source_contains": ["#define MAX_SPLITS 8\n"], "behaviour": { "ok": { "us": 40.0 } } },
-        { "source_contains": ["#define MAX_SPLITS 16\n"], "behaviour": { "ok": { "us": 60.0, "per_shape": { "b1h1s128d64": 20.0 } } } }
-    ])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_of_the_previous_release_resumes_after_the_migration() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
     p.append_config("\n[baseline]\nsdpa = false\n");
     let fixture = common::repo_root().join("tests/fixtures/ledger-719c150.tar.gz");
     let o = Command::new("tar").arg("xzf").arg(&fixture).current_dir(p.path()).output().unwrap();
@@ -91,12 +58,13 @@ async fn a_ledger_of_the_previous_release_resumes_after_the_migration() {
         got,
         vec![
             (1, "baseline", "baseline"),
-            (2, "kv-split", "rejected"),
-            (3, "kv-split", "compile_error"),
-            (4, "kv-split", "interrupted"),
-            (5, "kv-split", "incorrect"),
-            (6, "kv-split", "accepted"),
-            (7, "kv-split-deep", "accepted"),
+            (2, "planted-oob-write", "crashed"),
+            (3, "kv-split", "rejected"),
+            (4, "kv-split", "compile_error"),
+            (5, "kv-split", "interrupted"),
+            (6, "kv-split", "incorrect"),
+            (7, "kv-split", "accepted"),
+            (8, "kv-split-deep", "accepted"),
         ],
         "the resumed run continues the stage where the old release stopped"
     );

@@ -10,53 +10,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Project;
+use common::{kv_split_rules, Project, PLAN};
 use optimizerd::engine::RunEnd;
 use optimizerd::storage::ledger::{BestRow, IterationRecord, Ledger, NewRun, ShapeRecord};
 use serde_json::json;
 
-const PLAN: &str = r#"
-[[stage]]
-name = "baseline"
-template = "baseline.cu"
-search = "exhaustive"
-max_candidates = 1
-
-[[stage]]
-name = "planted-oob-write"
-template = "testing/oob_write.cu"
-search = "exhaustive"
-max_candidates = 1
-
-[[stage]]
-name = "kv-split"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 2, 4, 8] }
-
-[[stage]]
-name = "kv-split-deep"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [16] }
-
-[open_phase]
-enabled = false
-"#;
 
 /// baseline 100 us; crash; 1 split 99 us (rejected); 2 fails to compile; 4 is wrong;
 /// 8 splits 40 us (accepted on both); 16 splits 20 us on the small shape only (accepted).
-fn rules() -> serde_json::Value {
-    json!([
-        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
-        { "source_contains": ["template `test-oob-write`"], "behaviour": { "crash": { "step": "check" } } },
-        { "source_contains": ["#define MAX_SPLITS 1\n"], "behaviour": { "ok": { "us": 99.0 } } },
-        { "source_contains": ["#define MAX_SPLITS 2\n"], "behaviour": { "compile_error": { "log": "kernel.cu(12): error: expected a \";\"" } } },
-        { "source_contains": ["#define MAX_SPLITS 4\n"], "behaviour": "wrong" },
-        { "source_contains": ["#define MAX_SPLITS 8\n"], "behaviour": { "ok": { "us": 40.0 } } },
-        { "source_contains": ["#define MAX_SPLITS 16\n"], "behaviour": { "ok": { "us": 60.0, "per_shape": { "b1h1s128d64": 20.0 } } } }
-    ])
-}
 
 /// SDPA on the two shapes: b1h1s128d64 (small) and b2h8s512d128-causal (large, 1.07 GFLOP).
 const FAKE_SDPA: &str = r#"#!/bin/sh
@@ -156,7 +117,7 @@ fn text(o: &std::process::Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs_numbers() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
     with_sdpa(&p);
     assert_eq!(p.run("pics", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
@@ -278,7 +239,7 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_filters_by_stage_and_verdict_and_writes_csv() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
     assert_eq!(p.run("hist", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
 
     let o = bin(&p, &["history", "--verdict", "accepted,incorrect", "--csv"]);
@@ -311,7 +272,7 @@ async fn history_filters_by_stage_and_verdict_and_writes_csv() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_without_sdpa_reports_speedups_over_its_baseline_kernel_and_says_so() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
     without_sdpa(&p);
     assert_eq!(p.run("nosdpa", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
@@ -403,7 +364,7 @@ async fn an_empty_run_gives_a_report_that_says_there_is_nothing_to_plot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_run_is_reported_as_far_as_the_ledger_goes() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
     with_sdpa(&p);
     p.set_step_delay_ms(400);
     let mut child = Command::new(env!("CARGO_BIN_EXE_optimizerd"))
@@ -548,7 +509,7 @@ fn the_png_script_explains_its_usage_and_a_missing_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_killed_and_resumed_reports_both_halves() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
     with_sdpa(&p);
     let daemon = |args: &[&str], failpoint: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_optimizerd"));

@@ -176,3 +176,49 @@ pub fn l4() -> DeviceInfo {
         arch: "sm_89".into(),
     }
 }
+
+/// A plan that walks a baseline, a planted crash and the kv-split template (shared by the
+/// report tests and the old-ledger fixture, `tests/fixtures/ledger-719c150.tar.gz`, which
+/// was made with it and [`kv_split_rules`]).
+pub const PLAN: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "planted-oob-write"
+template = "testing/oob_write.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 2, 4, 8] }
+
+[[stage]]
+name = "kv-split-deep"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [16] }
+
+[open_phase]
+enabled = false
+"#;
+
+/// The worker's answers for [`PLAN`]: one kernel per verdict (crash, compile error, wrong,
+/// faster), and the deepest split faster on the small shape only.
+pub fn kv_split_rules() -> serde_json::Value {
+    serde_json::json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        { "source_contains": ["template `test-oob-write`"], "behaviour": { "crash": { "step": "check" } } },
+        { "source_contains": ["#define MAX_SPLITS 1\n"], "behaviour": { "ok": { "us": 99.0 } } },
+        { "source_contains": ["#define MAX_SPLITS 2\n"], "behaviour": { "compile_error": { "log": "kernel.cu(12): error: expected a \";\"" } } },
+        { "source_contains": ["#define MAX_SPLITS 4\n"], "behaviour": "wrong" },
+        { "source_contains": ["#define MAX_SPLITS 8\n"], "behaviour": { "ok": { "us": 40.0 } } },
+        { "source_contains": ["#define MAX_SPLITS 16\n"], "behaviour": { "ok": { "us": 60.0, "per_shape": { "b1h1s128d64": 20.0 } } } }
+    ])
+}
