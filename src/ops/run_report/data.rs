@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::ops::run_report::decimate;
 use crate::ops::run_report::peak;
 use crate::spec::protocol::{DeviceInfo, Shape};
-use crate::spec::states::ShownState;
+use crate::spec::states::{ShownState, Verdict};
 use crate::storage::ledger::{EventKind, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
 
 /// A shape of at least this many FLOPs per call is compared in TFLOPS; below it the time
@@ -143,14 +143,10 @@ pub struct ShapeGains {
 #[derive(Debug, Clone, Serialize)]
 pub struct StageVerdicts {
     pub stage: String,
-    /// Verdict -> count, in [`VERDICT_ORDER`].
-    pub counts: Vec<(String, usize)>,
+    /// Verdict -> count, in [`Verdict::ALL`]'s order.
+    pub counts: Vec<(Verdict, usize)>,
     pub total: usize,
 }
-
-/// Verdicts as the figure stacks them: successes first, then each kind of failure, then
-/// the iteration in flight.
-pub const VERDICT_ORDER: [&str; 16] = crate::ops::report::VERDICTS;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BestKernel {
@@ -384,7 +380,7 @@ fn gains(its: &[IterationRecord], shapes: &[ShapeInfo]) -> Vec<ShapeGains> {
 
 fn verdicts(its: &[IterationRecord]) -> (Vec<String>, Vec<StageVerdicts>) {
     let mut stages: Vec<String> = Vec::new();
-    let mut counts: BTreeMap<(usize, String), usize> = BTreeMap::new();
+    let mut counts: BTreeMap<(usize, Verdict), usize> = BTreeMap::new();
     for it in its {
         let ix = match stages.iter().position(|s| *s == it.stage) {
             Some(i) => i,
@@ -393,33 +389,38 @@ fn verdicts(its: &[IterationRecord]) -> (Vec<String>, Vec<StageVerdicts>) {
                 stages.len() - 1
             }
         };
-        *counts.entry((ix, it.verdict.as_str().to_string())).or_default() += 1;
+        *counts.entry((ix, it.verdict)).or_default() += 1;
     }
     let out = stages
         .iter()
         .enumerate()
         .map(|(ix, stage)| {
-            let mut c: Vec<(String, usize)> =
-                counts.iter().filter(|((i, _), _)| *i == ix).map(|((_, v), n)| (v.clone(), *n)).collect();
-            c.sort_by_key(|(v, _)| VERDICT_ORDER.iter().position(|o| o == v).unwrap_or(VERDICT_ORDER.len()));
+            let mut c: Vec<(Verdict, usize)> = counts.iter().filter(|((i, _), _)| *i == ix).map(|((_, v), n)| (*v, *n)).collect();
+            c.sort_by_key(|(v, _)| order(*v));
             StageVerdicts { stage: stage.clone(), total: c.iter().map(|(_, n)| n).sum(), counts: c }
         })
         .collect();
     (stages, out)
 }
 
-/// Verdict -> count over all stages, in [`VERDICT_ORDER`].
-pub fn verdict_totals(v: &[StageVerdicts]) -> Vec<(String, usize)> {
-    let mut out: Vec<(String, usize)> = Vec::new();
+/// Where a verdict stands in the figure's stacks and legend: successes first, then each
+/// kind of failure, then the iteration in flight ([`Verdict::ALL`]'s order).
+fn order(v: Verdict) -> usize {
+    Verdict::ALL.iter().position(|o| *o == v).unwrap_or(Verdict::ALL.len())
+}
+
+/// Verdict -> count over all stages, in [`Verdict::ALL`]'s order.
+pub fn verdict_totals(v: &[StageVerdicts]) -> Vec<(Verdict, usize)> {
+    let mut out: Vec<(Verdict, usize)> = Vec::new();
     for s in v {
         for (verdict, n) in &s.counts {
             match out.iter_mut().find(|(x, _)| x == verdict) {
                 Some((_, m)) => *m += n,
-                None => out.push((verdict.clone(), *n)),
+                None => out.push((*verdict, *n)),
             }
         }
     }
-    out.sort_by_key(|(v, _)| VERDICT_ORDER.iter().position(|o| o == v).unwrap_or(VERDICT_ORDER.len()));
+    out.sort_by_key(|(v, _)| order(*v));
     out
 }
 

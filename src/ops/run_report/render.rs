@@ -143,7 +143,7 @@ fn gains_table(d: &RunData) -> Table {
 fn verdicts_table(d: &RunData) -> Table {
     let totals = crate::ops::run_report::data::verdict_totals(&d.verdicts);
     let mut head = vec!["stage".to_string()];
-    head.extend(totals.iter().map(|(v, _)| v.clone()));
+    head.extend(totals.iter().map(|(v, _)| v.to_string()));
     head.push("total".into());
     let mut rows: Vec<Vec<String>> = d
         .verdicts

@@ -2,6 +2,7 @@
 //! verdict), text styles and width estimates, labels that keep out of each other's way,
 //! number formats for axes and labels, and the legend strip.
 
+use crate::spec::states::Verdict;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -33,25 +34,24 @@ pub(super) fn color(i: usize) -> RGBColor {
 }
 
 /// Verdict colours: green for progress, grey for "correct but not faster", warm for failures.
-pub(super) fn verdict_color(v: &str) -> RGBColor {
+pub(super) fn verdict_color(v: Verdict) -> RGBColor {
     match v {
-        "baseline" => RGBColor(27, 94, 32),
-        "accepted" => RGBColor(67, 160, 71),
-        "rejected" => RGBColor(176, 190, 197),
-        "gated" => RGBColor(120, 144, 156),
-        "compile_error" => RGBColor(255, 183, 77),
-        "incorrect" => RGBColor(229, 57, 53),
-        "cta_mismatch" => RGBColor(240, 98, 146),
-        "crashed" => RGBColor(142, 36, 170),
-        "timeout" => RGBColor(121, 85, 72),
-        "error" => RGBColor(183, 28, 28),
-        "interrupted" => RGBColor(255, 238, 88),
-        "remembered" => RGBColor(128, 203, 196),
-        "rejected_proposal" => RGBColor(255, 138, 101),
-        "cheating" => RGBColor(33, 33, 33),
-        "flagged" => RGBColor(216, 27, 96),
-        "running" => RGBColor(79, 195, 247),
-        _ => RGBColor(66, 66, 66),
+        Verdict::Baseline => RGBColor(27, 94, 32),
+        Verdict::Accepted => RGBColor(67, 160, 71),
+        Verdict::Rejected => RGBColor(176, 190, 197),
+        Verdict::Gated => RGBColor(120, 144, 156),
+        Verdict::CompileError => RGBColor(255, 183, 77),
+        Verdict::Incorrect => RGBColor(229, 57, 53),
+        Verdict::CtaMismatch => RGBColor(240, 98, 146),
+        Verdict::Crashed => RGBColor(142, 36, 170),
+        Verdict::Timeout => RGBColor(121, 85, 72),
+        Verdict::Error => RGBColor(183, 28, 28),
+        Verdict::Interrupted => RGBColor(255, 238, 88),
+        Verdict::Remembered => RGBColor(128, 203, 196),
+        Verdict::RejectedProposal => RGBColor(255, 138, 101),
+        Verdict::Cheating => RGBColor(33, 33, 33),
+        Verdict::Flagged => RGBColor(216, 27, 96),
+        Verdict::Running => RGBColor(79, 195, 247),
     }
 }
 

@@ -7,7 +7,8 @@ use plotters::style::text_anchor::{HPos, VPos};
 use super::axes::{categories, group_y};
 use super::style::{boxed, err, ink_on, legend, text_style, text_w, verdict_color, FONT, GRID, LEGEND_W, W};
 use super::{Figure, FigureError};
-use crate::ops::run_report::data::{RunData, VERDICT_ORDER};
+use crate::ops::run_report::data::RunData;
+use crate::spec::states::Verdict;
 
 /// Figure 4: how each stage's candidates ended, stacked per stage in run order.
 pub fn verdicts(d: &RunData) -> Result<Option<Figure>, FigureError> {
@@ -56,13 +57,13 @@ fn draw_verdicts(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<d
         for (v, count) in &sv.counts {
             let (a, b) = (x, x + *count as f64);
             x = b;
-            chart.draw_series(std::iter::once(Rectangle::new([(a, y0), (b, y1)], verdict_color(v).filled()))).map_err(boxed)?;
+            chart.draw_series(std::iter::once(Rectangle::new([(a, y0), (b, y1)], verdict_color(*v).filled()))).map_err(boxed)?;
             chart.draw_series(std::iter::once(Rectangle::new([(a, y0), (b, y1)], WHITE.stroke_width(1)))).map_err(boxed)?;
             let (pa, py) = chart.backend_coord(&(a, (y0 + y1) / 2.0));
             let (pb, _) = chart.backend_coord(&(b, (y0 + y1) / 2.0));
             let label = count.to_string();
             if pb - pa >= text_w(&label, 11) + 4 {
-                root.draw(&Text::new(label, ((pa + pb) / 2, py), text_style(11, ink_on(verdict_color(v)), HPos::Center, VPos::Center)))
+                root.draw(&Text::new(label, ((pa + pb) / 2, py), text_style(11, ink_on(verdict_color(*v)), HPos::Center, VPos::Center)))
                     .map_err(boxed)?;
             }
         }
@@ -72,9 +73,9 @@ fn draw_verdicts(d: &RunData, title: &str, svg: &mut String) -> Result<(), Box<d
             .map_err(boxed)?;
     }
     let totals = crate::ops::run_report::data::verdict_totals(&d.verdicts);
-    let entries: Vec<(RGBColor, String, bool)> = VERDICT_ORDER
+    let entries: Vec<(RGBColor, String, bool)> = Verdict::ALL
         .iter()
-        .filter_map(|v| totals.iter().find(|(x, _)| x == v).map(|(_, n)| (verdict_color(v), format!("{v} ({n})"), false)))
+        .filter_map(|v| totals.iter().find(|(x, _)| x == v).map(|(_, n)| (verdict_color(*v), format!("{v} ({n})"), false)))
         .collect();
     legend(&side, "verdict (all stages)", &entries, 50)?;
     root.present().map_err(boxed)?;
