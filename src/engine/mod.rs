@@ -30,6 +30,7 @@ mod setup;
 mod warm_start;
 
 use incumbents::{Incumbent, Module};
+pub use setup::SetupError;
 
 /// What `optimizerd start` asks for.
 pub struct RunOptions {

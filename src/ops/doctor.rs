@@ -178,7 +178,7 @@ pub async fn doctor(opts: &DoctorOptions) -> Report {
             Some(c)
         }
         Err(e) => {
-            checks.push(Check::fail("config", e.to_string(), "correct the configuration as the message says"));
+            checks.push(Check::fail("config", crate::error_text::chain(&e), "correct the configuration as the message says"));
             None
         }
     };

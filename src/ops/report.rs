@@ -6,8 +6,8 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::spec::states::{ShownState, Verdict};
-use crate::storage::ledger::{BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
-use crate::pipeline::record::fmt_dur;
+use crate::storage::ledger::{BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow, UnreadableIteration, UnreadableRun};
+use crate::pipeline::record::fmt_secs;
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -82,9 +82,9 @@ pub fn status_text(s: &Status) -> String {
     let _ = writeln!(
         out,
         "budget     {} used of {}, {} left",
-        fmt_dur(std::time::Duration::from_secs_f64(r.used_s)),
-        fmt_dur(std::time::Duration::from_secs_f64(r.budget_s)),
-        fmt_dur(std::time::Duration::from_secs_f64(s.budget_left_s))
+        fmt_secs(r.used_s),
+        fmt_secs(r.budget_s),
+        fmt_secs(s.budget_left_s)
     );
     if let Some(a) = &s.agent {
         let of = |x: Option<String>| x.map(|x| format!(" of {x}")).unwrap_or_default();
@@ -286,16 +286,24 @@ pub fn history_text(its: &[IterationRecord]) -> String {
     out
 }
 
-/// `optimizerd runs`: one line per run, newest first.
-pub fn runs_text(rows: &[(ShownState, Option<f64>, RunRow)]) -> String {
+/// One line of `optimizerd runs`: a run as the user sees it (its live state and best
+/// speedup), or a row that cannot be read.
+pub type RunLine = Result<(ShownState, Option<f64>, RunRow), UnreadableRun>;
+
+/// `optimizerd runs`: one line per run, newest first; a row that cannot be read is named
+/// in its place with the way to remove it.
+pub fn runs_text(rows: &[RunLine]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{:<22} {:<26} {:<24} {:>17} {:>6} {:>8}", "run", "state", "gpu", "budget used", "iters", "best");
-    for (state, speedup, r) in rows {
-        let budget = format!(
-            "{} / {}",
-            fmt_dur(std::time::Duration::from_secs_f64(r.used_s)),
-            fmt_dur(std::time::Duration::from_secs_f64(r.budget_s))
-        );
+    for line in rows {
+        let (state, speedup, r) = match line {
+            Ok(l) => l,
+            Err(u) => {
+                let _ = writeln!(out, "{:<22} unreadable: {}; `optimizerd forget {}` removes it", u.id, u.why, u.id);
+                continue;
+            }
+        };
+        let budget = format!("{} / {}", fmt_secs(r.used_s), fmt_secs(r.budget_s));
         let _ = writeln!(
             out,
             "{:<22} {:<26} {:<24} {:>17} {:>6} {:>8}",
@@ -306,6 +314,15 @@ pub fn runs_text(rows: &[(ShownState, Option<f64>, RunRow)]) -> String {
             r.iterations,
             speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into())
         );
+    }
+    out
+}
+
+/// The lines `history` prints for iterations that cannot be read, in place of their rows.
+pub fn unreadable_iterations_text(bad: &[UnreadableIteration]) -> String {
+    let mut out = String::new();
+    for u in bad {
+        let _ = writeln!(out, "{:>4}  unreadable: {}", u.seq, u.why);
     }
     out
 }

@@ -15,7 +15,7 @@ pub const DEFAULT_CONFIG: &str = include_str!("../../agent.toml");
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}; check --config (default: agent.toml in the current folder, else the embedded defaults)")]
     Read {
         path: PathBuf,
         #[source]
