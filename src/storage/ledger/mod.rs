@@ -42,7 +42,7 @@ pub enum LedgerError {
     },
     #[error("no ledger at {}; start a run first (`optimizerd start --budget 5m`), or point --config at the project whose runs folder holds it", .path.display())]
     NotFound { path: PathBuf },
-    #[error("the ledger {} is damaged (not a SQLite database, or corrupt pages): {}", .path.display(), CORRUPT_FIX.replace("{path}", &.path.display().to_string()))]
+    #[error("the ledger {} is damaged (not a SQLite database, or corrupt pages): {}", .path.display(), damaged_fix(.path))]
     Corrupt {
         path: PathBuf,
         #[source]
@@ -92,6 +92,11 @@ pub enum LedgerError {
     Live { id: String, pid: u32 },
 }
 
+/// What to do about a damaged ledger at `path`, and what goes with it.
+pub fn damaged_fix(path: &Path) -> String {
+    CORRUPT_FIX.replace("{path}", &path.display().to_string())
+}
+
 pub(super) type Result<T> = std::result::Result<T, LedgerError>;
 
 /// SQLite's primary result code of a database error (`SQLITE_CORRUPT` = 11, ...).
@@ -99,7 +104,8 @@ fn sqlite_code(e: &sqlx::Error) -> Option<i32> {
     e.as_database_error().and_then(|d| d.code()).and_then(|c| c.parse::<i32>().ok()).map(|c| c & 0xff)
 }
 
-/// SQLITE_CORRUPT (11) or SQLITE_NOTADB (26): the file, not the query.
+/// SQLITE_CORRUPT (11) or SQLITE_NOTADB (26): the file, not the query. SQLITE_READONLY
+/// (8): the file or its folder cannot be written by this user.
 fn is_corrupt(e: &sqlx::Error) -> bool {
     matches!(sqlite_code(e), Some(11 | 26))
 }
@@ -129,8 +135,9 @@ impl Ledger {
     pub(crate) fn q(&self, what: &'static str) -> impl FnOnce(sqlx::Error) -> LedgerError + '_ {
         move |source| match sqlite_code(&source) {
             Some(11 | 26) => LedgerError::Corrupt { path: self.path.to_path_buf(), source },
-            // SQLITE_FULL (13), SQLITE_READONLY (8), SQLITE_IOERR (10), SQLITE_CANTOPEN (14).
-            Some(8 | 10 | 13 | 14) => LedgerError::Unwritable { path: what.to_string(), source },
+            Some(8) => LedgerError::ReadOnly { path: self.path.to_path_buf(), source },
+            // SQLITE_FULL (13), SQLITE_IOERR (10), SQLITE_CANTOPEN (14).
+            Some(10 | 13 | 14) => LedgerError::Unwritable { path: what.to_string(), source },
             _ => LedgerError::Query { what, source },
         }
     }
