@@ -48,6 +48,8 @@ pub enum LedgerError {
         #[source]
         source: sqlx::Error,
     },
+    #[error("{} is not a file; the ledger is a SQLite file there: move what is there aside, and the next `optimizerd start` makes a new one", .path.display())]
+    NotAFile { path: PathBuf },
     #[error("{} holds no optimizerd ledger (no tables); move it aside or remove it, and the next `optimizerd start` makes a new one", .path.display())]
     Empty { path: PathBuf },
     #[error("the ledger {} is read-only for this user and this command writes to it; run it as the ledger's owner, or make the file and its folder writable (chmod u+w)", .path.display())]

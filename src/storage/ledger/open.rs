@@ -67,8 +67,11 @@ async fn schema(pool: &SqlitePool, path: &Path) -> Result<Option<i64>> {
 /// cannot write (no `-shm` file can be made beside it) is read as an immutable file: no
 /// daemon of this user can be writing it there.
 async fn connect_read_only(path: &Path) -> Result<(SqlitePool, Option<i64>)> {
-    if !path.is_file() {
+    if !path.exists() {
         return Err(LedgerError::NotFound { path: path.to_path_buf() });
+    }
+    if !path.is_file() {
+        return Err(LedgerError::NotAFile { path: path.to_path_buf() });
     }
     let opts = SqliteConnectOptions::new().filename(path).read_only(true).create_if_missing(false).busy_timeout(Duration::from_secs(10));
     let attempt = |opts: SqliteConnectOptions| async move {
@@ -90,6 +93,9 @@ async fn connect_read_only(path: &Path) -> Result<(SqlitePool, Option<i64>)> {
 impl Ledger {
     /// Open (creating if needed) the ledger at `path` and apply pending migrations.
     pub async fn open(path: &Path) -> Result<Self> {
+        if path.exists() && !path.is_file() {
+            return Err(LedgerError::NotAFile { path: path.to_path_buf() });
+        }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| LedgerError::Open { path: path.to_path_buf(), source: sqlx::Error::Io(e) })?;
         }
