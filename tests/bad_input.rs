@@ -70,6 +70,20 @@ async fn an_absurd_budget_is_refused_and_one_bad_row_never_breaks_the_others() {
         assert_code(&r, exit::LEDGER);
         assert!(r.stderr.contains("cannot be read from the ledger") && r.stderr.contains("optimizerd forget"), "{cmd:?}: {}", r.stderr);
     }
+    // One iteration a newer release wrote: named in its place, the others listed.
+    {
+        use sqlx::ConnectOptions;
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).connect().await.unwrap();
+        sqlx::query("UPDATE iterations SET verdict = 'transcended' WHERE run_id = 'good' AND seq = 2").execute(&mut conn).await.unwrap();
+    }
+    let r = run_in(d, &["history", "good"]);
+    assert_code(&r, exit::SUCCESS);
+    assert!(r.stdout.contains("3 iterations") && r.stdout.contains("iteration 3") && r.stdout.contains("iteration 1"), "{}", r.stdout);
+    assert!(r.stdout.lines().any(|l| l.trim_start().starts_with("2  unreadable:") && l.contains("transcended")), "{}", r.stdout);
+    let r = run_in(d, &["status", "good"]);
+    assert_code(&r, exit::SUCCESS);
+    assert!(r.stdout.contains("1 baseline, 1 accepted, 1 unreadable: #2"), "{}", r.stdout);
+
     let r = run_in(d, &["forget", "huge", "alien"]);
     assert_code(&r, exit::SUCCESS);
     let r = run_in(d, &["runs"]);

@@ -11,7 +11,7 @@ use super::exit::{self, refuse};
 use super::process::{detach, ledger_path, run_foreground, runs_dir, worker_command};
 use super::Out;
 use crate::daemon::lock;
-use crate::engine::{self, Mode, RunOptions, SetupError};
+use crate::engine::{self, Mode, RunOptions};
 use crate::spec::config::Config;
 use crate::spec::states::RunState;
 use crate::storage::ledger::Ledger;
@@ -66,18 +66,8 @@ pub async fn resume(args: ResumeArgs, config_path: Option<&Path>, out: &mut Out)
     };
     let run_id = row.id.clone();
     // What the daemon would refuse at once is refused here, before anything is started.
-    let message = row.message.clone().unwrap_or_default();
-    match row.state.recorded {
-        RunState::Finished => return Err(SetupError::Finished { run_id, message }.into()),
-        RunState::Failed => return Err(SetupError::Failed { run_id, message }.into()),
-        _ => {}
-    }
-    let (plan_path, _) = ledger.run_origin(&run_id).await?;
+    engine::resumable(&ledger, &row, &config.resolve(&config.run.templates_dir)).await?;
     ledger.close().await;
-    let plan_path = std::path::PathBuf::from(plan_path);
-    if let Err(source) = Plan::load(&plan_path, &config.resolve(&config.run.templates_dir)) {
-        return Err(SetupError::Plan { run_id, path: plan_path, source }.into());
-    }
     if let Some((holder, pid)) = lock::holder(&runs) {
         if holder == run_id {
             return Err(refuse(

@@ -86,6 +86,15 @@ fn is_closed_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
+fn ledger_code(e: &LedgerError) -> u8 {
+    match e {
+        LedgerError::NoSuchRun(_) | LedgerError::NoRuns | LedgerError::NotFound { .. } => NOT_FOUND,
+        LedgerError::Live { .. } => NOT_RESUMABLE,
+        LedgerError::Query { .. } | LedgerError::Encode(_) => FAILURE,
+        _ => LEDGER,
+    }
+}
+
 /// The exit code of an error: the first cause in its chain that has one of its own.
 pub fn code_of(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
@@ -93,12 +102,7 @@ pub fn code_of(e: &anyhow::Error) -> u8 {
             return r.code;
         }
         if let Some(l) = cause.downcast_ref::<LedgerError>() {
-            return match l {
-                LedgerError::NoSuchRun(_) | LedgerError::NoRuns | LedgerError::NotFound { .. } => NOT_FOUND,
-                LedgerError::Live { .. } => NOT_RESUMABLE,
-                LedgerError::Query { .. } | LedgerError::Encode(_) => FAILURE,
-                _ => LEDGER,
-            };
+            return ledger_code(l);
         }
         if let Some(s) = cause.downcast_ref::<SetupError>() {
             return match s {
@@ -106,6 +110,7 @@ pub fn code_of(e: &anyhow::Error) -> u8 {
                 SetupError::Finished { .. } | SetupError::Failed { .. } => NOT_RESUMABLE,
                 SetupError::OtherGpu { .. } => FAILURE,
                 SetupError::Plan { .. } => CONFIG,
+                SetupError::Ledger { source } => ledger_code(source),
             };
         }
         if matches!(cause.downcast_ref::<LockError>(), Some(LockError::Held { .. })) {

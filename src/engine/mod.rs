@@ -30,7 +30,7 @@ mod setup;
 mod warm_start;
 
 use incumbents::{Incumbent, Module};
-pub use setup::SetupError;
+pub use setup::{resumable, SetupError};
 
 /// What `optimizerd start` asks for.
 pub struct RunOptions {

@@ -3,13 +3,13 @@
 //! checked, incumbents rebuilt and re-validated); and the SDPA baseline.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use crate::spec::states::RunState;
-use crate::storage::ledger::{self, Event, EventKind, Ledger, NewRun};
+use crate::storage::ledger::{self, Event, EventKind, Ledger, LedgerError, NewRun, RunRow};
 use crate::daemon::lock::GpuLock;
 use crate::strategy::plan::{Plan, PlanError};
 use crate::spec::protocol::{ShapePlan, TimeCase};
@@ -43,6 +43,11 @@ pub enum SetupError {
     Failed { run_id: String, message: String },
     #[error("run {run_id} was measured on {before} (sm_{before_cc}) and this GPU is {now} (sm_{now_cc}): its timings would not compare. Resume on the original GPU, or pass --rebaseline to re-time the incumbents here")]
     OtherGpu { run_id: String, before: String, before_cc: u32, now: String, now_cc: u32 },
+    #[error(transparent)]
+    Ledger {
+        #[from]
+        source: LedgerError,
+    },
     #[error("the plan {} of run {run_id} cannot be loaded; the run is unchanged", .path.display())]
     Plan {
         run_id: String,
@@ -50,6 +55,23 @@ pub enum SetupError {
         #[source]
         source: PlanError,
     },
+}
+
+/// Whether run `row` can be resumed: not finished, not failed, and its plan still loads
+/// (from `templates_dir`); its plan if so. Asked by `resume` before it starts a daemon,
+/// and by the daemon before it changes anything.
+pub async fn resumable(ledger: &Ledger, row: &RunRow, templates_dir: &Path) -> Result<Plan, SetupError> {
+    let (run_id, message) = (row.id.clone(), row.message.clone().unwrap_or_default());
+    match row.state.recorded {
+        RunState::Finished => return Err(SetupError::Finished { run_id, message }),
+        RunState::Failed => return Err(SetupError::Failed { run_id, message }),
+        _ => {}
+    }
+    let path = match ledger.run_origin(&row.id).await {
+        Ok((plan_path, _)) => PathBuf::from(plan_path),
+        Err(source) => return Err(SetupError::Ledger { source }),
+    };
+    Plan::load(&path, templates_dir).map_err(|source| SetupError::Plan { run_id, path, source })
 }
 
 impl Engine {
@@ -108,19 +130,8 @@ impl Engine {
             Mode::Resume { rebaseline } => {
                 let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
                 let row = ledger.run(Some(&run_id)).await?;
-                let message = row.message.clone().unwrap_or_default();
-                match row.state.recorded {
-                    RunState::Finished => return Err(SetupError::Finished { run_id, message }.into()),
-                    RunState::Failed => return Err(SetupError::Failed { run_id, message }.into()),
-                    _ => {}
-                }
                 // The plan and the GPU first: a resume that cannot go on leaves the run as it was.
-                let (plan_path, _) = ledger.run_origin(&run_id).await?;
-                let plan_path = PathBuf::from(plan_path);
-                let plan = match Plan::load(&plan_path, &templates_dir) {
-                    Ok(plan) => plan,
-                    Err(source) => return Err(SetupError::Plan { run_id, path: plan_path, source }.into()),
-                };
+                let plan = resumable(&ledger, &row, &templates_dir).await?;
                 let device = match sup.ensure_started().await {
                     Ok(d) => d,
                     Err(source) => return Err(SetupError::NoGpuToResume { run_id, source }.into()),

@@ -15,6 +15,8 @@ pub struct Status {
     pub budget_left_s: f64,
     pub best: Vec<BestRow>,
     pub verdicts: Vec<(Verdict, i64)>,
+    /// Iterations whose rows cannot be decoded (named; the others are counted normally).
+    pub unreadable: Vec<UnreadableIteration>,
     /// PyTorch SDPA on each shape (empty when it was unavailable).
     pub sdpa: Vec<SdpaRow>,
     /// The closing comparison (a finished run): best kernels and SDPA re-timed back to back.
@@ -37,7 +39,7 @@ pub struct AgentStatus {
 pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, LedgerError> {
     let run = ledger.run(run).await?;
     let best = ledger.best(&run.id).await?;
-    let its = ledger.iterations(&run.id).await?;
+    let (its, unreadable) = ledger.iteration_list(&run.id).await?;
     let mut verdicts: Vec<(Verdict, i64)> = Vec::new();
     for it in &its {
         match verdicts.iter_mut().find(|(v, _)| *v == it.verdict) {
@@ -61,7 +63,7 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
             max_cost_usd: c["max_cost_usd"].as_f64(),
         }
     });
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa, closing, agent })
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, unreadable, sdpa, closing, agent })
 }
 
 /// Candidates per minute of budget used (None before a minute's worth of data).
@@ -76,7 +78,11 @@ pub fn status_text(s: &Status) -> String {
     let _ = writeln!(out, "state      {}{}", r.state, r.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default());
     let _ = writeln!(out, "gpu        {}", r.gpu_name.as_deref().unwrap_or("-"));
     let _ = writeln!(out, "stage      {}", r.stage.as_deref().unwrap_or("-"));
-    let verdicts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{n} {v}")).collect();
+    let mut verdicts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{n} {v}")).collect();
+    if !s.unreadable.is_empty() {
+        let seqs: Vec<String> = s.unreadable.iter().map(|u| format!("#{}", u.seq)).collect();
+        verdicts.push(format!("{} unreadable: {}", s.unreadable.len(), seqs.join(" ")));
+    }
     let rate = per_minute(r.iterations, r.used_s).map(|x| format!(", {x:.1} per minute of budget")).unwrap_or_default();
     let _ = writeln!(out, "iterations {}{}{rate}", r.iterations, if verdicts.is_empty() { String::new() } else { format!(" ({})", verdicts.join(", ")) });
     let _ = writeln!(
