@@ -25,7 +25,7 @@ pub enum PlanError {
         template: String,
         templates_dir: PathBuf,
         #[source]
-        source: TemplateError,
+        source: Box<TemplateError>,
     },
     #[error("cannot read the plan; check `--plan`, or `run.plan` in the config")]
     Asset(#[from] assets::AssetError),
@@ -124,7 +124,7 @@ impl Plan {
                 stage: spec.name.clone(),
                 template: spec.template.clone(),
                 templates_dir: templates_dir.into(),
-                source,
+                source: Box::new(source),
             })?;
             let err = |message: String| PlanError::Stage { path: path.into(), stage: spec.name.clone(), message };
             // Names the run gives its own iterations: a plan stage so named would be confused
