@@ -1,13 +1,5 @@
-//! The `optimizerd` binary: parse the command line, run, print the error chain once.
+//! The `optimizerd` binary: parse the command line, run, say an error once with its exit code.
 
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
-    match optimizerd::cli::main() {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+fn main() -> std::process::ExitCode {
+    optimizerd::cli::main()
 }

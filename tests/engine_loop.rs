@@ -202,7 +202,7 @@ enabled = false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
+async fn a_worker_that_cannot_start_stops_the_run_before_anything_is_recorded() {
     let p = Project::new(PLAN, json!([]), json!({ "ok": { "us": 1.0 } }));
     let config = p.config();
     let mut worker = p.worker();
@@ -220,10 +220,9 @@ async fn a_worker_that_cannot_start_fails_the_run_with_its_message() {
     };
     let err = optimizerd::engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.unwrap_err();
     let msg = format!("{err:#}");
-    assert!(msg.contains("worker could not start"), "{msg}");
-    let ledger = Ledger::open(&p.db()).await.unwrap();
-    let run = ledger.run(Some("nostart")).await.unwrap();
-    assert_eq!(run.state.to_string(), "failed");
+    assert!(msg.contains("the GPU is not usable, and nothing was recorded") && msg.contains("worker could not start"), "{msg}");
+    assert!(matches!(err.downcast_ref::<optimizerd::engine::SetupError>(), Some(optimizerd::engine::SetupError::NoGpu { .. })), "{msg}");
+    assert!(!p.db().exists(), "no ledger made for a run that never started");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

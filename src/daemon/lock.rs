@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 pub enum LockError {
     #[error("run {run_id} (pid {pid}) is already optimizing on this GPU; watch it with `optimizerd watch {run_id}`, stop it with `optimizerd stop {run_id}`, or pass --allow-concurrent")]
     Held { run_id: String, pid: u32 },
-    #[error("cannot use the lock file {path}: {source}")]
+    #[error("cannot use the lock file {path}; the runs folder must be writable (`optimizerd doctor` checks it)")]
     Io {
         path: PathBuf,
         #[source]

@@ -14,7 +14,7 @@ use crate::pipeline::{record, render};
 use crate::spec::config::Config;
 use crate::spec::protocol::{DeviceInfo, Shape};
 use crate::spec::states::RunState;
-use crate::storage::ledger::{IterationRecord, Ledger, StageHistory};
+use crate::storage::ledger::{IterationRecord, Ledger, LedgerError, StageHistory};
 use crate::storage::workspace::Workspace;
 use crate::strategy::plan::Plan;
 
@@ -30,6 +30,7 @@ mod setup;
 mod warm_start;
 
 use incumbents::{Incumbent, Module};
+pub use setup::{resumable, SetupError};
 
 /// What `optimizerd start` asks for.
 pub struct RunOptions {
@@ -108,7 +109,12 @@ pub async fn run(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<(String
     let mut engine = Engine::create(opts, shutdown).await?;
     let end = match engine.drive().await {
         Ok(e) => e,
-        Err(e) => RunEnd::Failed(format!("{e:#}")),
+        // A ledger that cannot be written (a full disk) is no fault of the run: it can be
+        // resumed once there is space.
+        Err(e) if e.chain().any(|c| matches!(c.downcast_ref::<LedgerError>(), Some(LedgerError::Unwritable { .. } | LedgerError::ReadOnly { .. }))) => {
+            RunEnd::Interrupted(crate::error_text::join(e.chain()))
+        }
+        Err(e) => RunEnd::Failed(crate::error_text::join(e.chain())),
     };
     if matches!(end, RunEnd::Finished(_)) {
         engine.closing_comparison().await?;

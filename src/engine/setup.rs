@@ -3,25 +3,76 @@
 //! checked, incumbents rebuilt and re-validated); and the SDPA baseline.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use crate::spec::states::RunState;
-use crate::storage::ledger::{self, Event, EventKind, Ledger, NewRun};
+use crate::storage::ledger::{self, Event, EventKind, Ledger, LedgerError, NewRun, RunRow};
 use crate::daemon::lock::GpuLock;
-use crate::strategy::plan::Plan;
+use crate::strategy::plan::{Plan, PlanError};
 use crate::spec::protocol::{ShapePlan, TimeCase};
-use crate::daemon::supervisor::Supervisor;
+use crate::daemon::supervisor::{Supervisor, WorkerFailure};
 use crate::spec::template::Template;
 use crate::storage::workspace::Workspace;
 use crate::pipeline::{check, record, timing};
 
-use super::gpu_wait::wait_for_gpu;
 use super::incumbents::{DispatchEntry, Incumbent, Module};
 use super::{dedup, new_run_id, Engine, Mode, RunOptions};
 use crate::daemon::shutdown::Shutdown;
+
+/// Why a run could not be set up. Nothing of a new run is recorded when setting it up
+/// fails, and a resumed run is left as it was until its plan and GPU are checked.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot start a run: the GPU is not usable, and nothing was recorded; `optimizerd doctor` checks the driver, the GPU and NVRTC")]
+    NoGpu {
+        #[source]
+        source: WorkerFailure,
+    },
+    #[error("cannot resume run {run_id}: the GPU is not usable; the run is unchanged, resume it when the GPU is back (`optimizerd doctor` checks the driver, the GPU and NVRTC)")]
+    NoGpuToResume {
+        run_id: String,
+        #[source]
+        source: WorkerFailure,
+    },
+    #[error("run {run_id} already finished ({message}); nothing to resume: start a new run with `optimizerd start --budget 5m`")]
+    Finished { run_id: String, message: String },
+    #[error("run {run_id} failed ({message}) and cannot be resumed: a failed run never got going (no GPU, a broken plan); start a new run with `optimizerd start --budget 5m`, and `optimizerd forget {run_id}` removes this one")]
+    Failed { run_id: String, message: String },
+    #[error("run {run_id} was measured on {before} (sm_{before_cc}) and this GPU is {now} (sm_{now_cc}): its timings would not compare. Resume on the original GPU, or pass --rebaseline to re-time the incumbents here")]
+    OtherGpu { run_id: String, before: String, before_cc: u32, now: String, now_cc: u32 },
+    #[error(transparent)]
+    Ledger {
+        #[from]
+        source: LedgerError,
+    },
+    #[error("the plan {} of run {run_id} cannot be loaded; the run is unchanged", .path.display())]
+    Plan {
+        run_id: String,
+        path: PathBuf,
+        #[source]
+        source: PlanError,
+    },
+}
+
+/// Whether run `row` can be resumed: not finished, not failed, and its plan still loads
+/// (from `templates_dir`); its plan if so. Asked by `resume` before it starts a daemon,
+/// and by the daemon before it changes anything.
+pub async fn resumable(ledger: &Ledger, row: &RunRow, templates_dir: &Path) -> Result<Plan, SetupError> {
+    let (run_id, message) = (row.id.clone(), row.message.clone().unwrap_or_default());
+    match row.state.recorded {
+        RunState::Finished => return Err(SetupError::Finished { run_id, message }),
+        RunState::Failed => return Err(SetupError::Failed { run_id, message }),
+        _ => {}
+    }
+    let path = match ledger.run_origin(&row.id).await {
+        Ok((plan_path, _)) => PathBuf::from(plan_path),
+        Err(source) => return Err(SetupError::Ledger { source }),
+    };
+    Plan::load(&path, templates_dir).map_err(|source| SetupError::Plan { run_id, path, source })
+}
 
 impl Engine {
     pub(super) async fn create(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<Engine> {
@@ -36,18 +87,21 @@ impl Engine {
         };
         let lock = if opts.allow_concurrent { None } else { Some(GpuLock::acquire(&runs_dir, &run_id)?) };
         let run_dir = runs_dir.join(&run_id);
-        std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
-        let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
         let templates_dir = cfg.resolve(&cfg.run.templates_dir);
         let shapes = cfg.shapes();
         let seed = opts.seed.unwrap_or_else(rand::random);
         let mut sup = Supervisor::new(opts.worker, cfg.worker.hello_timeout, Some(run_dir.join("worker.log")));
         sup.set_abort(shutdown.clone());
 
-        let (ws, device, plan_path, budget, used_before) = match opts.mode {
+        let (ws, device, plan, budget, used_before, ledger) = match opts.mode {
             Mode::New => {
-                // Fail on a bad plan before anything is recorded.
-                Plan::load(&opts.plan_path, &templates_dir)?;
+                // The plan and the GPU are checked before anything is recorded: a start
+                // that fails here leaves no run in the ledger (`optimizerd start` also removes
+                // the folder it made for the worker's log).
+                let plan = Plan::load(&opts.plan_path, &templates_dir)?;
+                std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
+                let device = sup.ensure_started().await.map_err(|source| SetupError::NoGpu { source })?;
+                let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
                 ledger
                     .create_run(&NewRun {
                         id: run_id.clone(),
@@ -70,22 +124,23 @@ impl Engine {
                     &run_dir.join("workspace"),
                     &[("README.md", &readme), ("workload.json", &serde_json::to_string_pretty(&shapes)?)],
                 )?;
-                // A machine that never showed a GPU for this run fails fast, with the reason.
-                let device = match sup.ensure_started().await {
-                    Ok(d) => d,
-                    Err(e) => {
-                        let msg = e.to_string();
-                        ledger.finish_run(&run_id, RunState::Failed, &msg, 0.0).await?;
-                        anyhow::bail!("run {run_id}: {msg}");
-                    }
-                };
                 ledger.set_device(&run_id, &device).await?;
-                (ws, device, opts.plan_path.clone(), opts.budget, Duration::ZERO)
+                (ws, device, plan, opts.budget, Duration::ZERO, ledger)
             }
             Mode::Resume { rebaseline } => {
+                let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
                 let row = ledger.run(Some(&run_id)).await?;
-                if row.state.recorded == RunState::Finished {
-                    anyhow::bail!("run {run_id} already finished ({}); nothing to resume", row.message.unwrap_or_default());
+                // The plan and the GPU first: a resume that cannot go on leaves the run as it was.
+                let plan = resumable(&ledger, &row, &templates_dir).await?;
+                let device = match sup.ensure_started().await {
+                    Ok(d) => d,
+                    Err(source) => return Err(SetupError::NoGpuToResume { run_id, source }.into()),
+                };
+                if let Some(b) = ledger.device(&run_id).await? {
+                    if (b.name != device.name || b.cc() != device.cc()) && !rebaseline {
+                        sup.shutdown().await;
+                        return Err(SetupError::OtherGpu { run_id, before: b.name.clone(), before_cc: b.cc(), now: device.name.clone(), now_cc: device.cc() }.into());
+                    }
                 }
                 let interrupted = ledger.mark_interrupted(&run_id).await?;
                 let ws = Workspace::open(&run_dir.join("workspace"))?;
@@ -102,30 +157,6 @@ impl Engine {
                     ledger.event(&run_id, EventKind::WorkspaceAligned, "best moved back to the ledger's last recorded acceptance").await?;
                 }
                 ledger.set_state(&run_id, RunState::Running, None, Some(std::process::id())).await?;
-                let (plan_path, _) = ledger.run_origin(&run_id).await?;
-                let before = ledger.device(&run_id).await?;
-                let mut waited = Duration::ZERO;
-                let device = match wait_for_gpu(&mut sup, &ledger, &run_id, &cfg, &shutdown, &mut waited).await {
-                    Ok(d) => d,
-                    Err(e) => {
-                        ledger.finish_run(&run_id, RunState::Interrupted, &e.to_string(), row.used_s).await?;
-                        anyhow::bail!("run {run_id}: {e}");
-                    }
-                };
-                if let Some(b) = &before {
-                    if (b.name != device.name || b.cc() != device.cc()) && !rebaseline {
-                        sup.shutdown().await;
-                        ledger.finish_run(&run_id, RunState::Interrupted, "resume refused: different GPU", row.used_s).await?;
-                        anyhow::bail!(
-                            "run {run_id} was measured on {} (sm_{}) and this GPU is {} (sm_{}): its timings would not compare. \
-                             Resume on the original GPU, or pass --rebaseline to re-time the incumbents here",
-                            b.name,
-                            b.cc(),
-                            device.name,
-                            device.cc()
-                        );
-                    }
-                }
                 ledger.set_device(&run_id, &device).await?;
                 let msg = format!(
                     "resumed with {} of budget left{}",
@@ -134,10 +165,9 @@ impl Engine {
                 );
                 ledger.event(&run_id, EventKind::Resumed, &msg).await?;
                 tracing::info!(kind = "resumed", run = %run_id, detail = %msg, "run {run_id} {msg}");
-                (ws, device, PathBuf::from(plan_path), Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s))
+                (ws, device, plan, Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s), ledger)
             }
         };
-        let plan = Plan::load(&plan_path, &templates_dir)?;
         let memory = load_memory(&ledger, &run_id, &device, resuming, opts.fresh).await?;
         tracing::info!(
             kind = "device", run = %run_id, gpu = %device.name, cc = device.cc(), sms = device.sm_count, smem_optin = device.smem_optin,

@@ -178,7 +178,7 @@ pub async fn doctor(opts: &DoctorOptions) -> Report {
             Some(c)
         }
         Err(e) => {
-            checks.push(Check::fail("config", e.to_string(), "correct the configuration as the message says"));
+            checks.push(Check::fail("config", crate::error_text::chain(&e), "correct the configuration as the message says"));
             None
         }
     };
@@ -186,11 +186,13 @@ pub async fn doctor(opts: &DoctorOptions) -> Report {
     match &config {
         Some(c) => {
             checks.push(runs_check(c));
+            checks.push(ledger_check(c).await);
             checks.push(plan_check(c));
         }
         None => {
-            checks.push(Check::skip("runs", "not checked: the configuration did not load"));
-            checks.push(Check::skip("plan", "not checked: the configuration did not load"));
+            for name in ["runs", "ledger", "plan"] {
+                checks.push(Check::skip(name, "not checked: the configuration did not load"));
+            }
         }
     }
 
@@ -307,15 +309,31 @@ fn runs_check(config: &Config) -> Check {
     if let Err(e) = probe {
         return Check::fail("runs", format!("cannot write in {}: {e}", shown(&dir)), fix);
     }
-    let ledger = if dir.join("optimizer.db").exists() { "ledger optimizer.db present" } else { "no ledger yet" };
     match free_bytes(&dir) {
         Some(free) if free < (1 << 30) => Check::warn(
             "runs",
-            format!("{} (writable, {ledger}; only {} free)", shown(&dir), human_bytes(free)),
+            format!("{} (writable; only {} free)", shown(&dir), human_bytes(free)),
             format!("free disk space under {}: every run keeps logs and a git workspace there", shown(&dir)),
         ),
-        Some(free) => Check::ok("runs", format!("{} (writable, {} free, {ledger})", shown(&dir), human_bytes(free))),
-        None => Check::ok("runs", format!("{} (writable, {ledger})", shown(&dir))),
+        Some(free) => Check::ok("runs", format!("{} (writable, {} free)", shown(&dir), human_bytes(free))),
+        None => Check::ok("runs", format!("{} (writable)", shown(&dir))),
+    }
+}
+
+/// The ledger, opened as it is (read-only, nothing upgraded) and checked with `PRAGMA quick_check`.
+async fn ledger_check(config: &Config) -> Check {
+    use crate::storage::ledger::{Ledger, LedgerError};
+    let path = config.resolve(&config.run.runs_dir).join("optimizer.db");
+    match Ledger::check(&path).await {
+        Ok(h) => {
+            let upgrade = if h.schema < h.known_schema { format!("; schema {} is upgraded to {} by the next command", h.schema, h.known_schema) } else { String::new() };
+            Check::ok("ledger", format!("{} (quick_check ok, {} run{}{upgrade})", shown(&path), h.runs, plural(h.runs as usize)))
+        }
+        Err(LedgerError::NotFound { .. }) => Check::ok("ledger", format!("{}: none yet (the first `optimizerd start` makes it)", shown(&path))),
+        Err(LedgerError::Corrupt { source, .. }) => {
+            Check::fail("ledger", format!("{} is damaged: {}", shown(&path), crate::error_text::chain(&source)), crate::storage::ledger::damaged_fix(&path))
+        }
+        Err(e) => Check::fail("ledger", crate::error_text::chain(&e), "as the message says"),
     }
 }
 

@@ -6,8 +6,8 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::spec::states::{ShownState, Verdict};
-use crate::storage::ledger::{BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
-use crate::pipeline::record::fmt_dur;
+use crate::storage::ledger::{BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow, UnreadableIteration, UnreadableRun};
+use crate::pipeline::record::fmt_secs;
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -15,6 +15,8 @@ pub struct Status {
     pub budget_left_s: f64,
     pub best: Vec<BestRow>,
     pub verdicts: Vec<(Verdict, i64)>,
+    /// Iterations whose rows cannot be decoded (named; the others are counted normally).
+    pub unreadable: Vec<UnreadableIteration>,
     /// PyTorch SDPA on each shape (empty when it was unavailable).
     pub sdpa: Vec<SdpaRow>,
     /// The closing comparison (a finished run): best kernels and SDPA re-timed back to back.
@@ -37,7 +39,7 @@ pub struct AgentStatus {
 pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, LedgerError> {
     let run = ledger.run(run).await?;
     let best = ledger.best(&run.id).await?;
-    let its = ledger.iterations(&run.id).await?;
+    let (its, unreadable) = ledger.iteration_list(&run.id).await?;
     let mut verdicts: Vec<(Verdict, i64)> = Vec::new();
     for it in &its {
         match verdicts.iter_mut().find(|(v, _)| *v == it.verdict) {
@@ -61,7 +63,7 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
             max_cost_usd: c["max_cost_usd"].as_f64(),
         }
     });
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, sdpa, closing, agent })
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, unreadable, sdpa, closing, agent })
 }
 
 /// Candidates per minute of budget used (None before a minute's worth of data).
@@ -76,15 +78,19 @@ pub fn status_text(s: &Status) -> String {
     let _ = writeln!(out, "state      {}{}", r.state, r.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default());
     let _ = writeln!(out, "gpu        {}", r.gpu_name.as_deref().unwrap_or("-"));
     let _ = writeln!(out, "stage      {}", r.stage.as_deref().unwrap_or("-"));
-    let verdicts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{n} {v}")).collect();
+    let mut verdicts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{n} {v}")).collect();
+    if !s.unreadable.is_empty() {
+        let seqs: Vec<String> = s.unreadable.iter().map(|u| format!("#{}", u.seq)).collect();
+        verdicts.push(format!("{} unreadable: {}", s.unreadable.len(), seqs.join(" ")));
+    }
     let rate = per_minute(r.iterations, r.used_s).map(|x| format!(", {x:.1} per minute of budget")).unwrap_or_default();
     let _ = writeln!(out, "iterations {}{}{rate}", r.iterations, if verdicts.is_empty() { String::new() } else { format!(" ({})", verdicts.join(", ")) });
     let _ = writeln!(
         out,
         "budget     {} used of {}, {} left",
-        fmt_dur(std::time::Duration::from_secs_f64(r.used_s)),
-        fmt_dur(std::time::Duration::from_secs_f64(r.budget_s)),
-        fmt_dur(std::time::Duration::from_secs_f64(s.budget_left_s))
+        fmt_secs(r.used_s),
+        fmt_secs(r.budget_s),
+        fmt_secs(s.budget_left_s)
     );
     if let Some(a) = &s.agent {
         let of = |x: Option<String>| x.map(|x| format!(" of {x}")).unwrap_or_default();
@@ -286,16 +292,24 @@ pub fn history_text(its: &[IterationRecord]) -> String {
     out
 }
 
-/// `optimizerd runs`: one line per run, newest first.
-pub fn runs_text(rows: &[(ShownState, Option<f64>, RunRow)]) -> String {
+/// One line of `optimizerd runs`: a run as the user sees it (its live state and best
+/// speedup), or a row that cannot be read.
+pub type RunLine = Result<(ShownState, Option<f64>, RunRow), UnreadableRun>;
+
+/// `optimizerd runs`: one line per run, newest first; a row that cannot be read is named
+/// in its place with the way to remove it.
+pub fn runs_text(rows: &[RunLine]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{:<22} {:<26} {:<24} {:>17} {:>6} {:>8}", "run", "state", "gpu", "budget used", "iters", "best");
-    for (state, speedup, r) in rows {
-        let budget = format!(
-            "{} / {}",
-            fmt_dur(std::time::Duration::from_secs_f64(r.used_s)),
-            fmt_dur(std::time::Duration::from_secs_f64(r.budget_s))
-        );
+    for line in rows {
+        let (state, speedup, r) = match line {
+            Ok(l) => l,
+            Err(u) => {
+                let _ = writeln!(out, "{:<22} unreadable: {}; `optimizerd forget {}` removes it", u.id, u.why, u.id);
+                continue;
+            }
+        };
+        let budget = format!("{} / {}", fmt_secs(r.used_s), fmt_secs(r.budget_s));
         let _ = writeln!(
             out,
             "{:<22} {:<26} {:<24} {:>17} {:>6} {:>8}",
@@ -306,6 +320,15 @@ pub fn runs_text(rows: &[(ShownState, Option<f64>, RunRow)]) -> String {
             r.iterations,
             speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into())
         );
+    }
+    out
+}
+
+/// The lines `history` prints for iterations that cannot be read, in place of their rows.
+pub fn unreadable_iterations_text(bad: &[UnreadableIteration]) -> String {
+    let mut out = String::new();
+    for u in bad {
+        let _ = writeln!(out, "{:>4}  unreadable: {}", u.seq, u.why);
     }
     out
 }

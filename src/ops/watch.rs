@@ -19,8 +19,8 @@ use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::spec::states::RunState;
-use crate::storage::ledger::{Ledger, LedgerError, RunRow};
-use crate::pipeline::record::fmt_dur;
+use crate::storage::ledger::{Ledger, RunRow};
+use crate::pipeline::record::fmt_secs;
 
 /// How `watch` polls; the defaults suit a person, tests shorten them.
 #[derive(Debug, Clone)]
@@ -72,7 +72,7 @@ pub async fn watch<W: Write>(
     mut out: W,
     opts: &WatchOptions,
 ) -> anyhow::Result<WatchEnd> {
-    let mut row = find_run(ledger, runs_dir, run).await?;
+    let mut row = find_run(ledger, run).await?;
     let log_path = log_path(runs_dir, &row);
     let mut view = View::new(&row, json, opts.progress);
 
@@ -214,16 +214,9 @@ fn daemon_alive(log_path: &Path) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-async fn find_run(ledger: &Ledger, runs_dir: &Path, run: Option<&str>) -> anyhow::Result<RunRow> {
-    match ledger.run(run).await {
-        Ok(r) => Ok(r),
-        Err(LedgerError::NoSuchRun(id)) => anyhow::bail!(
-            "no run `{id}` in the ledger {}; `optimizerd runs` lists the runs",
-            runs_dir.join("optimizer.db").display()
-        ),
-        Err(e @ LedgerError::NoRuns) => Err(e.into()),
-        Err(e) => Err(e).context("cannot read the ledger"),
-    }
+async fn find_run(ledger: &Ledger, run: Option<&str>) -> anyhow::Result<RunRow> {
+    // The ledger's own errors name the run and what to do (`optimizerd runs` lists them).
+    Ok(ledger.run(run).await?)
 }
 
 /// `<runs>/<id>/run.log`, or the run folder the ledger recorded when only that one has it.
@@ -476,8 +469,8 @@ impl View {
         let rate = crate::ops::report::per_minute(self.iterations as i64, used).map(|r| format!(" ({r:.1}/min)")).unwrap_or_default();
         self.bar.set_message(format!(
             "{} / {}  stage {stage}  {best}  {} iterations{rate}{}",
-            fmt_dur(Duration::from_secs_f64(used)),
-            fmt_dur(Duration::from_secs_f64(self.budget_s.max(0.0))),
+            fmt_secs(used),
+            fmt_secs(self.budget_s.max(0.0)),
             self.iterations,
             self.note.as_deref().map(|n| format!("  {n}")).unwrap_or_default()
         ));
@@ -522,8 +515,8 @@ impl View {
             "{} iteration{}{rate}, {best}, {} of {} budget used",
             self.iterations,
             if self.iterations == 1 { "" } else { "s" },
-            fmt_dur(Duration::from_secs_f64(used)),
-            fmt_dur(Duration::from_secs_f64(self.budget_s.max(0.0)))
+            fmt_secs(used),
+            fmt_secs(self.budget_s.max(0.0))
         )
     }
 }

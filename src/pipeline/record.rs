@@ -136,6 +136,12 @@ pub fn human_line(rec: &IterationRecord, best_speedup: Option<f64>, used: Durati
     )
 }
 
+/// Seconds as read from the ledger or a log, as [`fmt_dur`] writes them; a value no
+/// duration can hold (negative, not a number, beyond `Duration::MAX`) is written `?`.
+pub fn fmt_secs(s: f64) -> String {
+    Duration::try_from_secs_f64(s).map_or_else(|_| "?".to_string(), fmt_dur)
+}
+
 pub fn fmt_dur(d: Duration) -> String {
     let s = d.as_secs();
     if s >= 3600 {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -20,12 +20,12 @@ pub struct AgentSection {
     pub max_tokens: u32,
     /// Choices per request (`n`): several proposals from one prompt (best-of-N).
     pub proposals_per_request: u32,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "crate::spec::config::duration")]
     pub request_timeout: Duration,
     /// Retries after a 429, a 5xx, a timeout or a refused connection.
     pub retries: u32,
     /// First wait between retries; doubles each time; a 429's Retry-After overrides it.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "crate::spec::config::duration")]
     pub backoff: Duration,
     /// Longest reply body accepted, in bytes.
     pub max_reply_bytes: u64,
@@ -164,12 +164,6 @@ impl AgentSection {
             "suspicious_speedup": self.suspicious_speedup, "suspicious_peak_factor": self.suspicious_peak_factor,
         })
     }
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text)
-        .map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?} ({e}); write e.g. \"45s\", \"5m\"")))
 }
 
 /// The 1-based line of `key = ` inside the `[agent]` table of `text` (0 when not found).

@@ -15,7 +15,7 @@ pub const DEFAULT_CONFIG: &str = include_str!("../../agent.toml");
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}; check --config (default: agent.toml in the current folder, else the embedded defaults)")]
     Read {
         path: PathBuf,
         #[source]
@@ -166,11 +166,18 @@ pub struct WorkerSection {
     pub lookahead: bool,
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+/// The longest duration any key takes.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A duration as people write it (`"45s"`, `"5m"`, `"1h30m"`), at most [`MAX_DURATION`].
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| {
-        serde::de::Error::custom(format!("invalid duration {text:?} ({e}); write e.g. \"45s\", \"5m\", \"1h30m\""))
-    })
+    let how = "write e.g. \"45s\", \"5m\", \"1h30m\" (at most 30 days)";
+    let v = humantime::parse_duration(&text).map_err(|e| serde::de::Error::custom(format!("invalid duration {text:?} ({e}); {how}")))?;
+    if v > MAX_DURATION {
+        return Err(serde::de::Error::custom(format!("{text:?} is longer than 30 days; {how}")));
+    }
+    Ok(v)
 }
 
 // Defaults: the same values as the embedded agent.toml (a test keeps them equal).
@@ -283,6 +290,13 @@ impl Config {
                     return Err(self.invalid(&format!("workload.shapes[{i}].{k}"), "must be at least 1"));
                 }
             }
+            let elements = [s.b, s.h, s.s, s.d].iter().map(|&x| u128::from(x)).product::<u128>();
+            if elements > i32::MAX as u128 {
+                return Err(self.invalid(
+                    &format!("workload.shapes[{i}]"),
+                    format!("has b*h*s*d = {elements} elements per tensor; at most {} fit the kernels' i32 indices", i32::MAX),
+                ));
+            }
         }
         let t = &self.timing;
         for (k, v) in [
@@ -293,6 +307,22 @@ impl Config {
         ] {
             if v == 0 {
                 return Err(self.invalid(k, "must be at least 1"));
+            }
+        }
+        for (k, v, max) in [
+            ("timing.warmup", t.warmup, 100_000),
+            ("timing.rounds", t.rounds, 10_000),
+            ("timing.samples_per_round", t.samples_per_round, 100_000),
+            ("timing.launches_per_sample", t.launches_per_sample, 100_000),
+            ("timing.max_input_sets", t.max_input_sets, 4096),
+        ] {
+            if v > max {
+                return Err(self.invalid(k, format!("is {v}; at most {max}")));
+            }
+        }
+        for (k, v, max) in [("timing.l2_multiple", t.l2_multiple, 1000.0), ("timing.sample_target_us", t.sample_target_us, 1e7), ("timing.max_entry_ms", t.max_entry_ms, 1e7)] {
+            if !v.is_nan() && v > max {
+                return Err(self.invalid(k, format!("is {v}; at most {max}")));
             }
         }
         if !(0.0..1.0).contains(&t.min_gain) {
@@ -307,8 +337,10 @@ impl Config {
         if t.max_entry_ms.is_nan() || t.max_entry_ms < 0.0 {
             return Err(self.invalid("timing.max_entry_ms", "must be >= 0 (0: always `rounds`)"));
         }
-        if self.check.atol.is_nan() || self.check.atol <= 0.0 || self.check.rtol_l2.is_nan() || self.check.rtol_l2 <= 0.0 {
-            return Err(self.invalid("check", "atol and rtol_l2 must be > 0"));
+        for (k, v) in [("check.atol", self.check.atol), ("check.rtol_l2", self.check.rtol_l2)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(self.invalid(k, format!("is {v}; must be a number > 0 (e.g. 0.02)")));
+            }
         }
         Ok(())
     }

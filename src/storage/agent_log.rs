@@ -8,10 +8,6 @@ use crate::storage::ledger::{now, Ledger, LedgerError};
 
 type Result<T> = std::result::Result<T, LedgerError>;
 
-fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> LedgerError {
-    move |source| LedgerError::Query { what, source }
-}
-
 /// Where a chat request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
@@ -85,7 +81,7 @@ impl Ledger {
             .bind(run_id)
             .fetch_optional(self.pool())
             .await
-            .map_err(q("read run config"))?;
+            .map_err(self.q("read run config"))?;
         Ok(json
             .flatten()
             .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
@@ -109,7 +105,7 @@ impl Ledger {
         .bind(prompt_json)
         .execute(self.pool())
         .await
-        .map_err(q("record agent request"))?;
+        .map_err(self.q("record agent request"))?;
         Ok(r.last_insert_rowid())
     }
 
@@ -130,7 +126,7 @@ impl Ledger {
         .bind(id)
         .execute(self.pool())
         .await
-        .map_err(q("record agent reply"))?;
+        .map_err(self.q("record agent reply"))?;
         Ok(())
     }
 
@@ -143,7 +139,7 @@ impl Ledger {
             .bind(id)
             .execute(self.pool())
             .await
-            .map_err(q("record agent failure"))?;
+            .map_err(self.q("record agent failure"))?;
         Ok(())
     }
 
@@ -157,7 +153,7 @@ impl Ledger {
             .bind(RequestStatus::Pending)
             .execute(self.pool())
             .await
-            .map_err(q("mark agent requests interrupted"))?;
+            .map_err(self.q("mark agent requests interrupted"))?;
         Ok(r.rows_affected())
     }
 
@@ -166,7 +162,7 @@ impl Ledger {
             .bind(run_id)
             .fetch_all(self.pool())
             .await
-            .map_err(q("list agent requests"))
+            .map_err(self.q("list agent requests"))
     }
 
     /// Requests, tokens and cost of every request of the run that got a reply.
@@ -180,7 +176,7 @@ impl Ledger {
         .bind(RequestStatus::Failed)
         .fetch_one(self.pool())
         .await
-        .map_err(q("sum agent usage"))?;
+        .map_err(self.q("sum agent usage"))?;
         Ok(crate::spec::agent::Usage { requests: n as u64, prompt_tokens: p as u64, completion_tokens: c as u64, cost_usd: cost })
     }
 
@@ -197,7 +193,7 @@ impl Ledger {
         .bind(&p.template_text)
         .execute(self.pool())
         .await
-        .map_err(q("record agent proposal"))?;
+        .map_err(self.q("record agent proposal"))?;
         Ok(())
     }
 
@@ -206,6 +202,6 @@ impl Ledger {
             .bind(run_id)
             .fetch_all(self.pool())
             .await
-            .map_err(q("list agent proposals"))
+            .map_err(self.q("list agent proposals"))
     }
 }

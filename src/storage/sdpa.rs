@@ -162,7 +162,7 @@ pub async fn measure(
     let mut out = Vec::new();
     let mut missing = Vec::new();
     for shape in shapes {
-        match ledger.sdpa_cached(&cache_key(device, &v, shape, cfg.timing.sample_target_us)).await.map_err(|e| e.to_string())? {
+        match ledger.sdpa_cached(&cache_key(device, &v, shape, cfg.timing.sample_target_us)).await.map_err(|e| crate::error_text::chain(&e))? {
             Some(json) => out.push(parse_entry(shape, &serde_json::from_str(&json).unwrap_or_default(), true)),
             None => missing.push(*shape),
         }
@@ -173,7 +173,7 @@ pub async fn measure(
             ledger
                 .sdpa_cache_put(&cache_key(device, &parsed.versions, shape, cfg.timing.sample_target_us), &entry.to_string())
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| crate::error_text::chain(&e))?;
             out.push(parse_entry(shape, entry, false));
         }
     }
@@ -190,7 +190,7 @@ pub async fn measure(
             versions_json: &versions_json,
             cached: b.cached,
         };
-        ledger.sdpa_record(run_id, &row).await.map_err(|e| e.to_string())?;
+        ledger.sdpa_record(run_id, &row).await.map_err(|e| crate::error_text::chain(&e))?;
     }
     Ok(out)
 }

@@ -14,7 +14,7 @@ pub const BEST: &str = "refs/heads/best";
 pub const CANDIDATE: &str = "refs/heads/candidate";
 
 #[derive(Debug, thiserror::Error)]
-#[error("workspace {dir}: {what}: {source}")]
+#[error("workspace {dir}: {what}")]
 pub struct WorkspaceError {
     pub dir: PathBuf,
     pub what: String,

@@ -18,9 +18,16 @@ pub enum PlanError {
     Parse { path: PathBuf, line: usize, message: String },
     #[error("plan {path}, stage `{stage}`: {message}")]
     Stage { path: PathBuf, stage: String, message: String },
-    #[error(transparent)]
-    Template(#[from] TemplateError),
-    #[error(transparent)]
+    #[error("plan {path}, stage `{stage}`: cannot load template `{template}` from {templates_dir}; fix the stage's `template`, or `run.templates_dir` in the config")]
+    StageTemplate {
+        path: PathBuf,
+        stage: String,
+        template: String,
+        templates_dir: PathBuf,
+        #[source]
+        source: Box<TemplateError>,
+    },
+    #[error("cannot read the plan; check `--plan`, or `run.plan` in the config")]
     Asset(#[from] assets::AssetError),
 }
 
@@ -112,7 +119,13 @@ impl Plan {
         })?;
         let mut stages = Vec::new();
         for spec in parsed.stage {
-            let template = Template::load(templates_dir, &spec.template)?;
+            let template = Template::load(templates_dir, &spec.template).map_err(|source| PlanError::StageTemplate {
+                path: path.into(),
+                stage: spec.name.clone(),
+                template: spec.template.clone(),
+                templates_dir: templates_dir.into(),
+                source: Box::new(source),
+            })?;
             let err = |message: String| PlanError::Stage { path: path.into(), stage: spec.name.clone(), message };
             // Names the run gives its own iterations: a plan stage so named would be confused
             // with them when a run is resumed.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod chat_server;
+pub mod cli;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

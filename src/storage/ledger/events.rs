@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::{now, q, Ledger, LedgerError, Result};
+use super::{now, Ledger, LedgerError, Result};
 use crate::spec::template::Params;
 
 /// What kind of event a row is.
@@ -168,7 +168,7 @@ impl Ledger {
             .bind(message)
             .fetch_optional(&self.pool)
             .await
-            .map_err(q("read events"))?;
+            .map_err(self.q("read events"))?;
         if seen.is_none() {
             self.event(run_id, kind, message).await?;
         }
@@ -184,7 +184,7 @@ impl Ledger {
             .bind(data)
             .execute(&self.pool)
             .await
-            .map_err(q("record event"))?;
+            .map_err(self.q("record event"))?;
         Ok(())
     }
 
@@ -193,7 +193,7 @@ impl Ledger {
             .bind(run_id)
             .fetch_all(&self.pool)
             .await
-            .map_err(q("list events"))?;
+            .map_err(self.q("list events"))?;
         Ok(rows
             .into_iter()
             .map(|r| EventRow {

@@ -2,8 +2,10 @@
 //! each shape, and the best kernel per shape, written together in one transaction.
 
 use serde::Serialize;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{FromRow, Row};
 
-use super::{now, q, Ledger, Result};
+use super::{now, Ledger, LedgerError, Result};
 use crate::spec::states::Verdict;
 
 /// One iteration, as recorded.
@@ -95,6 +97,14 @@ pub struct ShapeRecord {
     pub gated: Option<String>,
 }
 
+/// An iteration whose row cannot be decoded (e.g. a verdict of a newer release): its
+/// number and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnreadableIteration {
+    pub seq: i64,
+    pub why: String,
+}
+
 /// A per-shape row and the iteration it belongs to.
 #[derive(sqlx::FromRow)]
 struct ShapeRow {
@@ -117,14 +127,14 @@ pub struct BestRow {
 impl Ledger {
     /// Record one iteration, its per-shape rows and best-kernel updates atomically.
     pub async fn record_iteration(&self, it: &IterationRecord, best: &[BestRow], used_s: f64) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(q("begin iteration"))?;
+        let mut tx = self.pool.begin().await.map_err(self.q("begin iteration"))?;
         // Replace the `running` placeholder written by begin_iteration.
         sqlx::query("DELETE FROM iterations WHERE run_id = ? AND seq = ?")
             .bind(&it.run_id)
             .bind(it.seq)
             .execute(&mut *tx)
             .await
-            .map_err(q("replace iteration"))?;
+            .map_err(self.q("replace iteration"))?;
         sqlx::query(
             "INSERT INTO iterations (run_id, seq, stage, template, params_json, source_hash, git_commit, verdict, reason,
                 compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at, used_s, arch,
@@ -155,7 +165,7 @@ impl Ledger {
         .bind(it.time_ms)
         .execute(&mut *tx)
         .await
-        .map_err(q("insert iteration"))?;
+        .map_err(self.q("insert iteration"))?;
         for s in &it.shapes {
             sqlx::query(
                 "INSERT INTO iteration_shapes (run_id, seq, shape, shape_json, n_splits, ctas, waves, check_passed, max_abs,
@@ -188,7 +198,7 @@ impl Ledger {
             .bind(&s.gated)
             .execute(&mut *tx)
             .await
-            .map_err(q("insert iteration shape"))?;
+            .map_err(self.q("insert iteration shape"))?;
         }
         for b in best {
             sqlx::query(
@@ -206,16 +216,16 @@ impl Ledger {
             .bind(&b.git_commit)
             .execute(&mut *tx)
             .await
-            .map_err(q("update best"))?;
+            .map_err(self.q("update best"))?;
         }
         sqlx::query("UPDATE runs SET used_s = ? WHERE id = ?")
             .bind(used_s)
             .bind(&it.run_id)
             .execute(&mut *tx)
             .await
-            .map_err(q("update budget"))?;
+            .map_err(self.q("update budget"))?;
         crate::failpoint::hit("ledger-mid-commit");
-        tx.commit().await.map_err(q("commit iteration"))?;
+        tx.commit().await.map_err(self.q("commit iteration"))?;
         Ok(())
     }
 
@@ -236,7 +246,7 @@ impl Ledger {
         .bind(&it.started_at)
         .execute(&self.pool)
         .await
-        .map_err(q("begin iteration"))?;
+        .map_err(self.q("begin iteration"))?;
         self.set_progress(&it.run_id, None, used_s).await
     }
 
@@ -252,16 +262,35 @@ impl Ledger {
         .bind(Verdict::Running)
         .execute(&self.pool)
         .await
-        .map_err(q("mark interrupted"))?;
+        .map_err(self.q("mark interrupted"))?;
         Ok(r.rows_affected())
     }
 
+    /// A run's iterations in order; an iteration that cannot be decoded is an error naming it.
     pub async fn iterations(&self, run_id: &str) -> Result<Vec<IterationRecord>> {
-        let mut out: Vec<IterationRecord> = sqlx::query_as("SELECT * FROM iterations WHERE run_id = ? ORDER BY seq")
+        let (its, unreadable) = self.iteration_list(run_id).await?;
+        match unreadable.into_iter().next() {
+            Some(u) => Err(LedgerError::UnreadableIteration { run: run_id.to_string(), seq: u.seq, why: u.why }),
+            None => Ok(its),
+        }
+    }
+
+    /// A run's iterations in order, each row decoded on its own: those that decode, and
+    /// the ones that do not (named by their number).
+    pub async fn iteration_list(&self, run_id: &str) -> Result<(Vec<IterationRecord>, Vec<UnreadableIteration>)> {
+        let rows: Vec<SqliteRow> = sqlx::query("SELECT * FROM iterations WHERE run_id = ? ORDER BY seq")
             .bind(run_id)
             .fetch_all(&self.pool)
             .await
-            .map_err(q("list iterations"))?;
+            .map_err(self.q("list iterations"))?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut unreadable = Vec::new();
+        for row in &rows {
+            match IterationRecord::from_row(row) {
+                Ok(it) => out.push(it),
+                Err(e) => unreadable.push(UnreadableIteration { seq: row.try_get("seq").unwrap_or(-1), why: e.to_string() }),
+            }
+        }
         // Per-shape rows in slices of iterations: a 10,000-iteration run holds 80,000 of them,
         // and fetching them all at once keeps every raw row in memory at the same time.
         const SLICE: usize = 512;
@@ -274,7 +303,7 @@ impl Ledger {
                 .bind(last)
                 .fetch_all(&self.pool)
                 .await
-                .map_err(q("list iteration shapes"))?;
+                .map_err(self.q("list iteration shapes"))?;
             // Rows come ordered by seq, like `out`: a binary search, not a scan per row.
             for r in rows {
                 if let Ok(ix) = out.binary_search_by_key(&r.seq, |i| i.seq) {
@@ -282,7 +311,7 @@ impl Ledger {
                 }
             }
         }
-        Ok(out)
+        Ok((out, unreadable))
     }
 
     pub async fn best(&self, run_id: &str) -> Result<Vec<BestRow>> {
@@ -290,6 +319,6 @@ impl Ledger {
             .bind(run_id)
             .fetch_all(&self.pool)
             .await
-            .map_err(q("list best"))
+            .map_err(self.q("list best"))
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{now, q, Ledger, Result};
+use super::{now, Ledger, Result};
 
 /// SDPA as recorded for one shape of a run.
 #[derive(Debug, Clone, Serialize)]
@@ -91,7 +91,7 @@ impl Ledger {
             .bind(key)
             .fetch_optional(&self.pool)
             .await
-            .map_err(q("read SDPA cache"))
+            .map_err(self.q("read SDPA cache"))
     }
 
     pub async fn sdpa_cache_put(&self, key: &str, json: &str) -> Result<()> {
@@ -101,7 +101,7 @@ impl Ledger {
             .bind(json)
             .execute(&self.pool)
             .await
-            .map_err(q("write SDPA cache"))?;
+            .map_err(self.q("write SDPA cache"))?;
         Ok(())
     }
 
@@ -120,7 +120,7 @@ impl Ledger {
         .bind(s.cached)
         .execute(&self.pool)
         .await
-        .map_err(q("record SDPA"))?;
+        .map_err(self.q("record SDPA"))?;
         Ok(())
     }
 
@@ -130,7 +130,7 @@ impl Ledger {
             .bind(run_id)
             .fetch_all(&self.pool)
             .await
-            .map_err(q("list SDPA"))?;
+            .map_err(self.q("list SDPA"))?;
         Ok(rows
             .into_iter()
             .map(|r| SdpaRow {
@@ -162,7 +162,7 @@ impl Ledger {
         .bind(&c.measured_at)
         .execute(&self.pool)
         .await
-        .map_err(q("record the closing comparison"))?;
+        .map_err(self.q("record the closing comparison"))?;
         Ok(())
     }
 
@@ -172,7 +172,7 @@ impl Ledger {
             .bind(run_id)
             .fetch_all(&self.pool)
             .await
-            .map_err(q("list the closing comparison"))?;
+            .map_err(self.q("list the closing comparison"))?;
         Ok(rows
             .into_iter()
             .map(|r| ClosingRow {

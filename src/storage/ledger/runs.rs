@@ -1,8 +1,13 @@
 //! The `runs` table: one row per run, its state, budget, device and what it was started with.
+//! Rows are decoded one by one: a row that cannot be decoded (an unknown state, a budget
+//! no duration can hold) is listed as unreadable with its id, and the others list
+//! normally. `forget_run` removes a run and every row that belongs to it.
 
 use serde::Serialize;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{FromRow, Row};
 
-use super::{now, q, Ledger, LedgerError, Result};
+use super::{now, Ledger, LedgerError, Result};
 use crate::spec::protocol::DeviceInfo;
 use crate::spec::states::{RunState, ShownState};
 
@@ -54,7 +59,44 @@ struct SetupRow {
     device_json: Option<String>,
 }
 
-const RUN_COLUMNS: &str = "r.id, r.state, r.started_at, r.finished_at, r.budget_s, r.used_s, r.stage, r.run_dir, r.gpu_name, r.message,
+/// The largest budget or time used (seconds) a stored run may hold: a thousand years.
+/// Larger values (or negative ones) come from a damaged row, which is then named as
+/// unreadable rather than turned into a duration that cannot exist.
+pub const MAX_STORED_SECS: f64 = 1000.0 * 365.25 * 86400.0;
+
+/// A run whose row cannot be decoded: its id (or `rowid N` when even that is unreadable) and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnreadableRun {
+    pub id: String,
+    pub why: String,
+}
+
+/// Every run, newest first, each decoded on its own.
+pub type RunListing = Vec<std::result::Result<RunRow, UnreadableRun>>;
+
+impl RunRow {
+    /// Decode one row of [`RUN_COLUMNS`], checking what the types cannot: the budget and
+    /// the time used are seconds a `Duration` can hold.
+    fn decode(row: &SqliteRow) -> std::result::Result<RunRow, UnreadableRun> {
+        let id = row.try_get::<String, _>("id").unwrap_or_else(|_| format!("rowid {}", row.try_get::<i64, _>("rowid_").unwrap_or(-1)));
+        let bad = |why: String| UnreadableRun { id: id.clone(), why };
+        let r = RunRow::from_row(row).map_err(|e| bad(match e {
+            sqlx::Error::ColumnDecode { index, source } => format!("column {index}: {source}"),
+            e => e.to_string(),
+        }))?;
+        for (column, v) in [("budget_s", r.budget_s), ("used_s", r.used_s)] {
+            if !(0.0..=MAX_STORED_SECS).contains(&v) {
+                return Err(bad(format!("{column} = {v} s is not a duration (0 to {MAX_STORED_SECS:.0} s)")));
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// Every table with a `run_id` column, children before parents (foreign keys).
+const RUN_TABLES: [&str; 8] = ["iteration_shapes", "agent_proposals", "agent_requests", "iterations", "best", "events", "sdpa", "closing"];
+
+const RUN_COLUMNS: &str = "r.rowid AS rowid_, r.id, r.state, r.started_at, r.finished_at, r.budget_s, r.used_s, r.stage, r.run_dir, r.gpu_name, r.message,
      (SELECT COUNT(*) FROM iterations i WHERE i.run_id = r.id) AS iterations";
 
 impl Ledger {
@@ -75,7 +117,7 @@ impl Ledger {
         .bind(r.pid as i64)
         .execute(&self.pool)
         .await
-        .map_err(q("create run"))?;
+        .map_err(self.q("create run"))?;
         Ok(())
     }
 
@@ -87,7 +129,7 @@ impl Ledger {
             .bind(run_id)
             .execute(&self.pool)
             .await
-            .map_err(q("record device"))?;
+            .map_err(self.q("record device"))?;
         Ok(())
     }
 
@@ -98,7 +140,7 @@ impl Ledger {
             .bind(run_id)
             .execute(&self.pool)
             .await
-            .map_err(q("record progress"))?;
+            .map_err(self.q("record progress"))?;
         Ok(())
     }
 
@@ -111,7 +153,7 @@ impl Ledger {
             .bind(run_id)
             .execute(&self.pool)
             .await
-            .map_err(q("finish run"))?;
+            .map_err(self.q("finish run"))?;
         Ok(())
     }
 
@@ -124,7 +166,7 @@ impl Ledger {
             .bind(run_id)
             .execute(&self.pool)
             .await
-            .map_err(q("set run state"))?;
+            .map_err(self.q("set run state"))?;
         Ok(())
     }
 
@@ -134,7 +176,7 @@ impl Ledger {
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(q("read device"))?;
+            .map_err(self.q("read device"))?;
         Ok(json.flatten().and_then(|j| serde_json::from_str(&j).ok()))
     }
 
@@ -144,24 +186,57 @@ impl Ledger {
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(q("read run"))?
+            .map_err(self.q("read run"))?
             .ok_or_else(|| LedgerError::NoSuchRun(run_id.to_string()))
     }
 
-    pub async fn runs(&self) -> Result<Vec<RunRow>> {
-        sqlx::query_as(&format!("SELECT {RUN_COLUMNS} FROM runs r ORDER BY started_at DESC, id DESC"))
+    /// Every run, newest first, each row decoded on its own.
+    pub async fn run_list(&self) -> Result<RunListing> {
+        let rows: Vec<SqliteRow> = sqlx::query(&format!("SELECT {RUN_COLUMNS} FROM runs r ORDER BY r.started_at DESC, r.id DESC"))
             .fetch_all(&self.pool)
             .await
-            .map_err(q("list runs"))
+            .map_err(self.q("list runs"))?;
+        Ok(rows.iter().map(RunRow::decode).collect())
     }
 
-    /// `id`, or the most recent run when None.
+    /// The runs that can be read, newest first (`run_list` names the others).
+    pub async fn runs(&self) -> Result<Vec<RunRow>> {
+        Ok(self.run_list().await?.into_iter().filter_map(|r| r.ok()).collect())
+    }
+
+    /// `id`, or the most recent run when None; a row that cannot be read is an error naming it.
     pub async fn run(&self, id: Option<&str>) -> Result<RunRow> {
-        let runs = self.runs().await?;
-        match id {
-            Some(id) => runs.into_iter().find(|r| r.id == id).ok_or_else(|| LedgerError::NoSuchRun(id.to_string())),
-            None => runs.into_iter().next().ok_or(LedgerError::NoRuns),
+        let mut runs = self.run_list().await?.into_iter();
+        let found = match id {
+            Some(id) => runs.find(|r| match r {
+                Ok(r) => r.id == id,
+                Err(u) => u.id == id,
+            }),
+            None => runs.next(),
+        };
+        match found {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(u)) => Err(LedgerError::Unreadable { id: u.id, why: u.why }),
+            None => Err(id.map_or(LedgerError::NoRuns, |id| LedgerError::NoSuchRun(id.to_string()))),
         }
+    }
+
+    /// Remove run `id` and every row of it (iterations, best kernels, events, SDPA, the
+    /// closing comparison, the agent's requests) in one transaction; the caller removes
+    /// its folder. Returns how many rows went.
+    pub async fn forget_run(&self, id: &str) -> Result<u64> {
+        let mut tx = self.pool.begin().await.map_err(self.q("begin forgetting a run"))?;
+        let mut removed = 0;
+        for table in RUN_TABLES {
+            let sql = format!("DELETE FROM {table} WHERE run_id = ?");
+            removed += sqlx::query(&sql).bind(id).execute(&mut *tx).await.map_err(self.q("forget a run's rows"))?.rows_affected();
+        }
+        let run = sqlx::query("DELETE FROM runs WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(self.q("forget a run"))?.rows_affected();
+        if run == 0 {
+            return Err(LedgerError::NoSuchRun(id.to_string()));
+        }
+        tx.commit().await.map_err(self.q("commit forgetting a run"))?;
+        Ok(removed + run)
     }
 
     /// What a run was started with: its effective configuration, its workload shapes (in
@@ -171,7 +246,7 @@ impl Ledger {
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(q("read run setup"))?
+            .map_err(self.q("read run setup"))?
             .ok_or_else(|| LedgerError::NoSuchRun(run_id.to_string()))?;
         Ok(RunSetup {
             config: serde_json::from_str(&row.config_json).unwrap_or_default(),

@@ -1,0 +1,308 @@
+//! What each subcommand takes: its arguments (every one described), the parsers that
+//! bound what users type (budgets of at most 30 days, seeds, run ids, verdicts, each
+//! refused with what is allowed), and the detached daemon's argv, built once here from
+//! the parsed arguments.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::spec::states::Verdict;
+
+/// The longest budget `start` accepts.
+pub const MAX_BUDGET: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest `stop --wait`.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// A duration as people write it (`45s`, `5m`, `1h30m`), more than zero and at most `max`.
+fn duration_at_most(s: &str, max: Duration, max_words: &str) -> Result<Duration, String> {
+    let examples = format!("write e.g. 45s, 5m, 1h30m (at most {max_words})");
+    if s.trim_start().starts_with('-') {
+        return Err(format!("cannot be negative; {examples}"));
+    }
+    let d = humantime::parse_duration(s.trim()).map_err(|e| format!("{e}; {examples}"))?;
+    if d.is_zero() {
+        return Err(format!("must be more than zero; {examples}"));
+    }
+    if d > max {
+        return Err(format!("is longer than {max_words}; {examples}"));
+    }
+    Ok(d)
+}
+
+pub fn parse_budget(s: &str) -> Result<Duration, String> {
+    duration_at_most(s, MAX_BUDGET, "30 days")
+}
+
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    duration_at_most(s, MAX_WAIT, "24h")
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    s.trim().parse::<u64>().map_err(|_| format!("a seed is a whole number from 0 to {}", u64::MAX))
+}
+
+/// A run id: a plain name (it names a folder under the runs folder).
+pub fn parse_run_id(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 100
+        && !s.starts_with(['.', '-'])
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("a run id is a name such as 20261121-184149-4b49 (letters, digits, `-`, `_`, `.`); `optimizerd runs` lists them".into())
+    }
+}
+
+fn parse_verdict(s: &str) -> Result<Verdict, String> {
+    s.trim().parse::<Verdict>().map_err(|e| e.to_string())
+}
+
+fn verdict_help() -> String {
+    let names: Vec<&str> = Verdict::ALL.iter().map(|v| v.as_str()).collect();
+    format!("Only these verdicts, e.g. `--verdict incorrect,crashed` (one of: {})", names.join(", "))
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// Stay attached to the terminal (systemd, containers, CI). Without it the run detaches
+    /// once it has found the GPU.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Run even if another run holds this GPU (timings will disturb each other).
+    #[arg(long)]
+    pub allow_concurrent: bool,
+    /// Seed for the random inputs, 0 to 18446744073709551615 (default: drawn fresh).
+    #[arg(long, value_name = "N", value_parser = parse_seed, allow_hyphen_values = true)]
+    pub seed: Option<u64>,
+    /// Test double: drive a scripted worker instead of the GPU.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub worker_script: Option<PathBuf>,
+}
+
+impl DaemonArgs {
+    /// The flags the detached daemon is given: these, in the foreground, with the same config.
+    fn argv(&self, config: Option<&Path>) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec!["--foreground".into()];
+        if let Some(c) = config {
+            argv.extend(["--config".into(), c.into()]);
+        }
+        if self.allow_concurrent {
+            argv.push("--allow-concurrent".into());
+        }
+        if let Some(s) = self.seed {
+            argv.extend(["--seed".into(), s.to_string().into()]);
+        }
+        if let Some(w) = &self.worker_script {
+            argv.extend(["--worker-script".into(), w.into()]);
+        }
+        argv
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StartArgs {
+    /// How long to optimize, e.g. 45s, 5m, 1h30m (more than zero, at most 30 days). The
+    /// candidate in flight finishes past it.
+    #[arg(long, value_name = "DURATION", value_parser = parse_budget, allow_hyphen_values = true)]
+    pub budget: Duration,
+    /// Strategy plan (default: `run.plan` from the configuration, strategies/default.toml).
+    #[arg(long, value_name = "FILE")]
+    pub plan: Option<PathBuf>,
+    /// Ignore what earlier runs measured on this kind of GPU. By default a run warm-starts
+    /// each shape from the best kernel an earlier run found (re-checked and re-timed first)
+    /// and skips the exact sources already measured; --fresh measures everything again.
+    #[arg(long)]
+    pub fresh: bool,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    /// Run id to use (default: made from the clock).
+    #[arg(long, hide = true, value_parser = parse_run_id)]
+    pub run_id: Option<String>,
+}
+
+impl StartArgs {
+    /// The detached daemon's command line: this start, in the foreground, as `run_id`.
+    pub fn child_argv(&self, run_id: &str, config: Option<&Path>) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec!["start".into(), "--run-id".into(), run_id.into()];
+        argv.extend(["--budget".into(), humantime::format_duration(self.budget).to_string().into()]);
+        if let Some(p) = &self.plan {
+            argv.extend(["--plan".into(), p.into()]);
+        }
+        if self.fresh {
+            argv.push("--fresh".into());
+        }
+        argv.extend(self.daemon.argv(config));
+        argv
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ResumeArgs {
+    /// Run id (default: the most recent run that can be resumed).
+    #[arg(value_parser = parse_run_id)]
+    pub run: Option<String>,
+    /// Allow resuming on a different GPU model: the incumbents are re-timed there.
+    #[arg(long)]
+    pub rebaseline: bool,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+}
+
+impl ResumeArgs {
+    /// The detached daemon's command line: this resume of `run_id`, in the foreground.
+    pub fn child_argv(&self, run_id: &str, config: Option<&Path>) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec!["resume".into(), run_id.into()];
+        if self.rebaseline {
+            argv.push("--rebaseline".into());
+        }
+        argv.extend(self.daemon.argv(config));
+        argv
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WatchArgs {
+    /// Run id (default: the most recent run).
+    #[arg(value_parser = parse_run_id)]
+    pub run: Option<String>,
+    /// Pass the run's log through unchanged: JSON Lines (one JSON object per line), for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    /// Run id (default: the run holding the GPU).
+    #[arg(value_parser = parse_run_id)]
+    pub run: Option<String>,
+    /// Abandon the candidate in flight (recorded as interrupted) instead of finishing it.
+    #[arg(long)]
+    pub now: bool,
+    /// How long to wait for the daemon to exit (at most 24h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_wait, default_value = "10m", allow_hyphen_values = true)]
+    pub wait: Duration,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Run id (default: the most recent run).
+    #[arg(value_parser = parse_run_id)]
+    pub run: Option<String>,
+    /// Machine-readable output (one JSON document).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunsArgs {
+    /// Machine-readable output (one JSON document: a list, unreadable runs with their `error`).
+    #[arg(long)]
+    pub json: bool,
+    /// Remove failed runs and runs that never started (no GPU recorded, or a folder the
+    /// ledger does not know), with their folders; runs with results are kept.
+    #[arg(long)]
+    pub prune: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ForgetArgs {
+    /// The runs to remove from the ledger, with their folders.
+    #[arg(required = true, value_parser = parse_run_id)]
+    pub runs: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct HistoryArgs {
+    /// Run id (default: the most recent run).
+    #[arg(value_parser = parse_run_id)]
+    pub run: Option<String>,
+    /// Machine-readable output (the full records, per-shape rows included).
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// One CSV row per iteration, with each shape's median time and whether it won.
+    #[arg(long)]
+    pub csv: bool,
+    /// Only these stages (repeat or separate with commas); `open/*` matches every open-phase class.
+    #[arg(long, value_delimiter = ',', value_name = "STAGE")]
+    pub stage: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_name = "VERDICT", value_parser = parse_verdict, help = verdict_help())]
+    pub verdict: Vec<Verdict>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Run id (default: the most recent run).
+    #[arg(value_parser = parse_run_id)]
+    pub run: Option<String>,
+    /// Folder to write into (created if needed; default: runs/<run>/report).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Print what was written (paths, notes) as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// Run id (default: the most recent run).
+    #[arg(value_parser = parse_run_id)]
+    pub run: Option<String>,
+    /// Folder to write the kernels and manifest.json into (created if needed).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Machine-readable output (one JSON document).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_are_bounded_and_explained() {
+        assert_eq!(parse_budget("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_budget("30days"), Ok(MAX_BUDGET));
+        for (bad, says) in [("18446744073709551615s", "longer than 30 days"), ("-5m", "negative"), ("0s", "more than zero"), ("5", "unit"), ("", "")] {
+            let e = parse_budget(bad).unwrap_err();
+            assert!(e.contains(says) && e.contains("write e.g. 45s"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn run_ids_are_plain_names() {
+        assert!(parse_run_id("20261121-184149-4b49").is_ok());
+        for bad in ["", "../x", "a/b", "-5", ".hidden", "a b"] {
+            assert!(parse_run_id(bad).unwrap_err().contains("optimizerd runs"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_child_argv_carries_every_flag() {
+        let args = StartArgs {
+            budget: Duration::from_secs(90),
+            plan: Some("p.toml".into()),
+            fresh: true,
+            daemon: DaemonArgs { foreground: false, allow_concurrent: true, seed: Some(3), worker_script: Some("w.json".into()) },
+            run_id: None,
+        };
+        let argv: Vec<String> = args.child_argv("r1", Some(Path::new("c.toml"))).iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(
+            argv.join(" "),
+            "start --run-id r1 --budget 1m 30s --plan p.toml --fresh --foreground --config c.toml --allow-concurrent --seed 3 --worker-script w.json"
+        );
+    }
+}

@@ -1,0 +1,190 @@
+//! The commands beside a run: those that read the ledger (`runs`, `history`, `status`,
+//! `watch`, `report`, `export`; they open it read-only, so they work on a read-only file
+//! or folder), `doctor`, and the two that remove runs (`forget`, `runs --prune`). Each
+//! calls its library module and prints its result; a row that cannot be read is shown as
+//! such while the rest print normally.
+
+use std::path::Path;
+
+use super::args::{DoctorArgs, ExportArgs, ForgetArgs, HistoryArgs, ReportArgs, RunArgs, RunsArgs, WatchArgs};
+use super::exit;
+use super::process::{ledger_path, live_state, runs_dir};
+use super::{note, Out};
+use crate::daemon::lock;
+use crate::ops::{prune, report};
+use crate::spec::config::Config;
+use crate::storage::ledger::Ledger;
+
+/// The configuration and its ledger, opened for reading.
+async fn read_ledger(config_path: Option<&Path>) -> anyhow::Result<(Config, Ledger)> {
+    let config = Config::load(config_path)?;
+    let ledger = Ledger::open_read_only(&ledger_path(&config)).await?;
+    Ok((config, ledger))
+}
+
+fn best_speedup(best: &[crate::storage::ledger::BestRow]) -> Option<f64> {
+    best.iter().filter_map(|b| b.baseline_us.map(|x| x / b.median_us)).fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))))
+}
+
+pub async fn runs(args: RunsArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    if args.prune {
+        return prune_runs(args.json, config_path, out).await;
+    }
+    let (config, ledger) = read_ledger(config_path).await?;
+    let holder = lock::holder(&runs_dir(&config));
+    let mut lines: Vec<report::RunLine> = Vec::new();
+    for entry in ledger.run_list().await? {
+        lines.push(match entry {
+            Ok(r) => Ok((live_state(&r, &holder), best_speedup(&ledger.best(&r.id).await?), r)),
+            Err(u) => Err(u),
+        });
+    }
+    if args.json {
+        let v: Vec<serde_json::Value> = lines
+            .iter()
+            .map(|l| match l {
+                Ok((state, speedup, r)) => serde_json::json!({ "run": r, "live_state": state, "best_speedup": speedup }),
+                Err(u) => serde_json::json!({ "id": u.id, "error": u.why }),
+            })
+            .collect();
+        out.json(&v)?;
+    } else {
+        out.text(&report::runs_text(&lines))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+async fn prune_runs(json: bool, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let config = Config::load(config_path)?;
+    let ledger = Ledger::open(&ledger_path(&config)).await?;
+    let removed = prune::prune(&ledger, &runs_dir(&config)).await?;
+    if json {
+        out.json(&removed)?;
+    } else if removed.is_empty() {
+        out.line("nothing to prune: no failed run, no run that never started")?;
+    } else {
+        for r in &removed {
+            let folder = r.folder.as_ref().map(|f| format!(" and {}", f.display())).unwrap_or_default();
+            out.line(&format!("removed {} ({}): {} ledger rows{folder}", r.run, r.why, r.rows))?;
+        }
+    }
+    Ok(exit::SUCCESS)
+}
+
+pub async fn forget(args: ForgetArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let config = Config::load(config_path)?;
+    let ledger = Ledger::open(&ledger_path(&config)).await?;
+    for id in &args.runs {
+        let r = prune::forget(&ledger, &runs_dir(&config), id, "asked").await?;
+        let folder = r.folder.as_ref().map(|f| format!(" and {}", f.display())).unwrap_or_default();
+        out.line(&format!("forgot run {}: {} ledger rows{folder}", r.run, r.rows))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+pub async fn watch(args: WatchArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let (config, ledger) = read_ledger(config_path).await?;
+    let opts = crate::ops::watch::WatchOptions::default();
+    let end = crate::ops::watch::watch(&ledger, &runs_dir(&config), args.run.as_deref(), args.json, out.raw(), &opts).await?;
+    if end.daemon_gone {
+        if args.json {
+            note(&format!("run {}: its daemon is gone; continue it with `optimizerd resume {}`", end.run.id, end.run.id));
+        }
+        return Ok(exit::DAEMON_GONE);
+    }
+    Ok(exit::SUCCESS)
+}
+
+pub async fn doctor(args: DoctorArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let report = crate::ops::doctor::doctor(&crate::ops::doctor::DoctorOptions::new(config_path.map(Path::to_path_buf))?).await;
+    if args.json {
+        out.json(&report)?;
+    } else {
+        out.text(&report.text())?;
+    }
+    Ok(if report.failed() { exit::CHECKS_FAILED } else { exit::SUCCESS })
+}
+
+pub async fn export(args: ExportArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let (_, ledger) = read_ledger(config_path).await?;
+    let run = ledger.run(args.run.as_deref()).await?;
+    let manifest = crate::ops::export::export(&ledger, &run.id, &args.out).await?;
+    out.line(&format!("exported the best kernels of run {} to {}", run.id, args.out.display()))?;
+    out.line(&format!("  manifest: {}", manifest.display()))?;
+    out.line(&format!("  try it:   python3 examples/run_exported.py {}", args.out.display()))?;
+    Ok(exit::SUCCESS)
+}
+
+pub async fn history(args: HistoryArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let filter = report::HistoryFilter { stages: args.stage.clone(), verdicts: args.verdict.clone() };
+    let (_, ledger) = read_ledger(config_path).await?;
+    let run = ledger.run(args.run.as_deref()).await?;
+    let (all, unreadable) = ledger.iteration_list(&run.id).await?;
+    let unmatched = filter.unmatched_stages(&all);
+    if !unmatched.is_empty() {
+        let mut stages: Vec<&str> = Vec::new();
+        for it in &all {
+            if !stages.contains(&it.stage.as_str()) {
+                stages.push(&it.stage);
+            }
+        }
+        note(&format!("note: no iteration of stage {} in run {}; its stages: {}", unmatched.join(", "), run.id, stages.join(", ")));
+    }
+    if !unreadable.is_empty() && (args.json || args.csv) {
+        let seqs: Vec<String> = unreadable.iter().map(|u| format!("{} ({})", u.seq, u.why)).collect();
+        note(&format!("note: iterations left out, they cannot be read from the ledger: {}", seqs.join(", ")));
+    }
+    let its: Vec<_> = all.iter().filter(|it| filter.matches(it)).cloned().collect();
+    if args.json {
+        out.json(&its)?;
+    } else if args.csv {
+        let shapes: Vec<String> = ledger.run_setup(&run.id).await?.workload.iter().map(|s| s.key()).collect();
+        out.text(&report::history_csv(&its, &shapes).map_err(|e| anyhow::anyhow!(e).context("cannot write CSV"))?)?;
+    } else {
+        let total = all.len() + unreadable.len();
+        let shown = if its.len() == total { format!("{total} iterations") } else { format!("{} of {total} iterations", its.len()) };
+        out.line(&format!("run {} ({}, {shown})\n", run.id, run.state))?;
+        out.text(&report::history_text(&its))?;
+        out.text(&report::unreadable_iterations_text(&unreadable))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+pub async fn run_report(args: ReportArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let (config, ledger) = read_ledger(config_path).await?;
+    let run = ledger.run(args.run.as_deref()).await?;
+    let dir = args.out.clone().unwrap_or_else(|| runs_dir(&config).join(&run.id).join("report"));
+    let state = live_state(&run, &lock::holder(&runs_dir(&config)));
+    let w = crate::ops::run_report::write(&ledger, &run.id, &dir, Some(state)).await?;
+    if args.json {
+        out.json(&w)?;
+        return Ok(exit::SUCCESS);
+    }
+    if w.iterations == 0 {
+        out.line(&format!("run {} ({}) has no recorded iterations yet: the report holds its environment and no figures", w.run, w.state))?;
+    } else {
+        out.line(&format!("report of run {} ({}, {} iterations, {} figures)", w.run, w.state, w.iterations, w.figures.len()))?;
+    }
+    for n in &w.notes {
+        out.line(&format!("  note: {n}"))?;
+    }
+    out.line(&format!("  html:     {}", w.html.display()))?;
+    out.line(&format!("  markdown: {}", w.markdown.display()))?;
+    for f in &w.figures {
+        out.line(&format!("  figure:   {}", f.display()))?;
+    }
+    out.line(&format!("  as PNG:   bash scripts/report_png.sh {} {}", w.html.display(), dir.join("report.png").display()))?;
+    Ok(exit::SUCCESS)
+}
+
+pub async fn status(args: RunArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
+    let (config, ledger) = read_ledger(config_path).await?;
+    let mut s = report::status(&ledger, args.run.as_deref()).await?;
+    s.run.state = live_state(&s.run, &lock::holder(&runs_dir(&config)));
+    if args.json {
+        out.json(&s)?;
+    } else {
+        out.text(&report::status_text(&s))?;
+    }
+    Ok(exit::SUCCESS)
+}
