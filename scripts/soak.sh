@@ -82,7 +82,7 @@ done
 command -v python3 >/dev/null || { echo "soak: python3 is needed (the sampler reads the ledger with its sqlite3)" >&2; exit 1; }
 
 if [[ -z "$bin" ]]; then
-  bin="$root/target/release/optimizerd"
+  bin="${CARGO_TARGET_DIR:-$root/target}/release/optimizerd"
   if [[ ! -x "$bin" ]]; then
     [[ $gpu == 1 ]] && { echo "soak: $bin is missing: build it elsewhere and carry it" >&2; exit 1; }
     echo "soak: building $bin" >&2
