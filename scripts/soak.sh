@@ -119,7 +119,7 @@ if [[ $gpu == 0 ]]; then
   } > "$dir/plan.toml"
   cd "$dir"
   echo "soak: CPU, $iterations iterations sampled every $every in $dir ($bin)" >&2
-  "$bin" start --foreground --fresh --budget 1000h --run-id soak --seed 1 --config "$dir/agent.toml" \
+  "$bin" start --foreground --fresh --budget 720h --run-id soak --seed 1 --config "$dir/agent.toml" \
     --worker-script "$dir/worker-script.json" 2> "$dir/daemon.err" &
   pid=$!
   # Whatever ends this script ends the daemon it started (only that process, by its pid).

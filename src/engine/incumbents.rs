@@ -229,7 +229,13 @@ impl Engine {
     }
 
     pub(super) async fn unload_if_unused(&mut self, id: &str) {
-        if self.incumbents.values().any(|i| i.id == id) || !self.loaded.iter().any(|l| l == id) || !self.sup.is_running() {
+        if self.incumbents.values().any(|i| i.id == id) {
+            return;
+        }
+        // Only incumbents are ever reloaded: keeping every candidate's source and plans
+        // here grew the daemon by ~40 KB an iteration (the soak: 36 -> 389 MiB in 10,000).
+        self.modules.remove(id);
+        if !self.loaded.iter().any(|l| l == id) || !self.sup.is_running() {
             return;
         }
         self.loaded.retain(|l| l != id);

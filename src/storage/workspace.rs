@@ -33,6 +33,7 @@ impl Workspace {
     /// Create the repository with a first commit on `best` holding `files`.
     pub fn init(dir: &Path, files: &[(&str, &str)]) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| wrap(dir, "create folder", git2::Error::from_str(&e.to_string())))?;
+        no_object_cache();
         let repo = Repository::init(dir).map_err(|e| wrap(dir, "git init", e))?;
         let ws = Workspace { repo, dir: dir.to_path_buf() };
         ws.repo.set_head(BEST).map_err(|e| ws.err("point HEAD at best", e))?;
@@ -41,6 +42,7 @@ impl Workspace {
     }
 
     pub fn open(dir: &Path) -> Result<Self> {
+        no_object_cache();
         let repo = Repository::open(dir).map_err(|e| wrap(dir, "open", e))?;
         Ok(Workspace { repo, dir: dir.to_path_buf() })
     }
@@ -218,6 +220,14 @@ impl Workspace {
         }
         Ok(oid)
     }
+}
+
+
+/// libgit2 caches every object it reads or writes, per process, up to 256 MB by default:
+/// a daemon that commits a candidate per iteration and never reads one back grew ~1 KB an
+/// iteration through it (the soak). The workspace gains nothing from the cache.
+fn no_object_cache() {
+    git2::opts::enable_caching(false);
 }
 
 fn wrap(dir: &Path, what: impl Into<String>, source: git2::Error) -> WorkspaceError {
