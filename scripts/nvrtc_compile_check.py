@@ -72,6 +72,11 @@ class Template:
         return self.spec["template"]["name"]
 
     @property
+    def root(self) -> Path:
+        """The kernel-templates folder this template was loaded from (its common/ is inlined)."""
+        return self.path.parents[len(Path(self.rel).parts) - 1]
+
+    @property
     def testing(self) -> bool:
         return bool(self.spec["template"].get("testing", False))
 
@@ -148,8 +153,10 @@ def load_templates(root: Path = TEMPLATES_DIR) -> list[Template]:
     return out
 
 
-def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path = TEMPLATES_DIR) -> str:
-    """The daemon's rendering: defines, then the template with its local includes inlined."""
+def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path | None = None) -> str:
+    """The daemon's rendering: defines, then the template with its local includes inlined
+    (from `root`, by default the folder the template was loaded from)."""
+    root = tpl.root if root is None else root
     if sum(1 for ln in tpl.text.splitlines() if ln.strip() == INCLUDE_LINE) != 1:
         raise ValueError(f"{tpl.rel}: expected exactly one line `{INCLUDE_LINE}`")
     header = "".join(f"#define {k} {v}\n" for k, v in knobs.items())
