@@ -108,8 +108,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvrtc_compile_check import (  # noqa: E402
-    ABI_PARAMS, ROOT, TEMPLATES_DIR, TMA_SWIZZLES, Template, Unsupported, arch_targets, combo_label,
-    device_arch, load_templates, render, specific_arch,
+    ABI_PARAMS, FUNCS, ROOT, TEMPLATES_DIR, TMA_SWIZZLES, Template, Unsupported, arch_targets, combo_label,
+    device_arch, eval_expr, load_templates, render, specific_arch,
 )
 
 # (B, H, S, D, causal)
@@ -162,33 +162,21 @@ ELEM_BYTES = 2
 
 
 # ---------------------------------------------------------------------------
-# Spec expressions. They are minijinja expressions restricted to arithmetic,
-# comparisons, and/or, `a if c else b` and cdiv/min/max calls, which is also
-# valid Python with the same meaning (`//` floors in both), so Python's eval
-# with no builtins evaluates them; jinja2, when present, is cross-checked.
+# Spec expressions: nvrtc_compile_check.eval_expr (Python's eval with no builtins),
+# cross-checked against jinja2 when it is installed.
 # ---------------------------------------------------------------------------
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-_FUNCS = {"cdiv": cdiv, "min": min, "max": max}
-_ALLOWED = re.compile(r"^[\w\s+\-*/%<>=!(),.]*$")
-
-
 class Evaluator:
     def __init__(self) -> None:
         try:
             import jinja2
             self.env = jinja2.Environment()
-            self.env.globals.update(_FUNCS)
+            self.env.globals.update(FUNCS)
         except ImportError:
             self.env = None
         self._cache: dict[str, object] = {}
 
     def __call__(self, expr: str, ctx: dict) -> int:
-        if not _ALLOWED.match(expr):
-            raise ValueError(f"unexpected characters in expression {expr!r}")
-        value = eval(expr, {"__builtins__": {}, **_FUNCS}, dict(ctx))  # noqa: S307 - spec text only
+        value = eval_expr(expr, ctx)
         if self.env is not None:
             fn = self._cache.get(expr)
             if fn is None:
