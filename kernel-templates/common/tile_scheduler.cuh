@@ -40,17 +40,25 @@ template <bool kPersistent>
 struct TileScheduler {
     int n_mb;                  // query tiles per head
     int n_bh;                  // heads, B * H
+    int n_rounds;              // persistent: rounds of gridDim.x work tiles (the last may be short)
     bool causal;
     long long kv_head_bytes;   // K and V of one head (causal head groups)
     long long group_bytes;     // K/V bytes of the heads scheduled together (causal, not persistent)
 
     __device__ __forceinline__ TileScheduler(int n_mb_, int n_bh_, bool causal_, long long kv_head_bytes_,
                                              long long group_bytes_)
-        : n_mb(n_mb_), n_bh(n_bh_), causal(causal_), kv_head_bytes(kv_head_bytes_), group_bytes(group_bytes_) {}
+        : n_mb(n_mb_),
+          n_bh(n_bh_),
+          n_rounds(kPersistent ? (n_mb_ * n_bh_ + (int)gridDim.x - 1) / (int)gridDim.x : 1),
+          causal(causal_),
+          kv_head_bytes(kv_head_bytes_),
+          group_bytes(group_bytes_) {}
 
-    // Whether this CTA has an i-th work tile (i = 0, 1, ...).
+    // Whether this CTA has an i-th work tile (i = 0, 1, ...). The round bound
+    // is implied by the second test, but with it ptxas keeps the 32-register
+    // producer of wgmma_tma (3 consumers) from spilling once per work tile.
     __device__ __forceinline__ bool valid(int i) const {
-        if constexpr (kPersistent) return work_index(i) < n_mb * n_bh;
+        if constexpr (kPersistent) return i < n_rounds && work_index(i) < n_mb * n_bh;
         else return i == 0;
     }
     // This CTA's i-th work tile (valid(i)).
