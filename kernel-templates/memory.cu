@@ -420,19 +420,15 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
         // Mask, then online softmax with one max reduction per row per tile.
         // Rows past S are masked whole (the warp's last rows of a ragged tile).
         const int key = kv0 + lane;
-        float mx[R], bias[R], corr[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int row = row0 + r;
             if (row >= seq_len || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
-            mx[r] = fmaxf(sm.m[r], warp_max(s[r]));
-        }
-        sm.rescale(mx, 1.f, bias, corr);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
+            float mx = fmaxf(sm.m[r], warp_max(s[r])), bias, corr;
+            sm.rescale_row(r, mx, 1.f, bias, corr);
             s[r] = sm.prob(s[r], r, 1.f, bias);
 #pragma unroll
-            for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr[r];
+            for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
         }
 
         // O += P V. Keys past S, or (causal) past the warp's last row, have p = 0

@@ -531,7 +531,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 
         // 3. Masking: ragged tail, and (causal) tiles crossing the warp's diagonal.
         auto s_at = [&](int mt, int j, int e) -> float& { return s[mt][j][e]; };
-        if (mask.partial(kv0, BLOCK_N, wrow0)) m16n8_mask<MT, NT>(s_at, mask, wrow0 + g, kv0 + 2 * tq);
+        if (mask.partial(kv0, BLOCK_N, wrow0)) m16n8_mask<MT, NT, MT == 2>(s_at, mask, wrow0 + g, kv0, 2 * tq);
 
         // 4. Online softmax, per m-tile rows g (e = 0, 1) and g + 8 (e = 2, 3).
         float mx[RH], bias[RH], corr[RH];

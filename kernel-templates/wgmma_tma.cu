@@ -245,7 +245,7 @@ struct Consumer {
     // Mask (when the tile needs it) and turn S into probabilities in place;
     // returns the O correction factors of rows g, g + 8 in corr.
     __device__ __forceinline__ void softmax(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2]) {
-        if (mask.partial(kv0, BLOCK_N, row_g)) m16n8_mask<1, NT>(s_at(), mask, row_g, kv0 + 2 * (threadIdx.x & 3));
+        if (mask.partial(kv0, BLOCK_N, row_g)) m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3));
         float mx[2], bias[2];
         m16n8_row_max<1, NT>(s_at(), sm.m, mx);
         const bool moved = sm.rescale(mx, sl2, bias, corr);

@@ -9,8 +9,8 @@
  *     aligned to the end of a longer key sequence (sq < sk, FA2/FA3's causal
  *     convention) pass sk - sq.
  *
- *   limit(row)             keys < limit(row) are seen by query row `row`
- *   sees(row, key)         key < limit(row)
+ *   sees(row, key)         query row `row` sees key `key`
+ *   limit(row)             row `row` sees exactly the keys < limit(row)
  *   keys_before(row_end)   keys < keys_before(row_end) are seen by some row
  *                          < row_end: how far a query tile reads K and V
  *   above(kv0, row_last)   causal: keys >= kv0 are above every row <= row_last
@@ -21,9 +21,8 @@
  *
  * Per-element masking of a register tile is layout code: m16n8_mask()
  * (quad_softmax.cuh) for mma.sync / wgmma accumulators, sees() in the
- * lane-per-key templates. Both compare against limit(), so a row with nothing
- * to see (limit <= its first key) is all -inf and online_softmax.cuh's guard
- * keeps it at 0.
+ * lane-per-key templates. A row with nothing to see is all -inf, and
+ * online_softmax.cuh's guard keeps it at 0.
  ******************************************************************************/
 #ifndef OPTD_MASK_CUH
 #define OPTD_MASK_CUH
@@ -36,10 +35,15 @@ struct KeyMask {
     __device__ __forceinline__ KeyMask(int key_end_, bool causal_, int causal_offset_)
         : key_end(key_end_), causal_offset(causal_offset_), causal(causal_) {}
 
+    // Two compares, no min: per element this is what ptxas schedules best.
+    // Causal: the last key row `row` sees.
+    __device__ __forceinline__ int last_key(int row) const { return row + causal_offset; }
+    __device__ __forceinline__ bool sees(int row, int key) const {
+        return key < key_end && !(causal && key > last_key(row));
+    }
     __device__ __forceinline__ int limit(int row) const {
         return causal ? min(key_end, row + 1 + causal_offset) : key_end;
     }
-    __device__ __forceinline__ bool sees(int row, int key) const { return key < limit(row); }
     __device__ __forceinline__ int keys_before(int row_end) const {
         return causal ? min(key_end, row_end + causal_offset) : key_end;
     }

@@ -8,8 +8,9 @@
  *   1. reduces, per row, the max of the running max m[h] and the tile's masked
  *      scores over every thread that holds part of the row (the reduction is
  *      layout code: quad_softmax.cuh, or a warp_max);
- *   2. calls rescale(): the running max moves to that max (kLazy: only when it
- *      grew enough, below), a row with no unmasked key yet (max -inf) gets the
+ *   2. calls rescale() (every row) or rescale_row() (one): the running max
+ *      moves to that max (kLazy: only when it grew enough, below), a row with
+ *      no unmasked key yet (max -inf) gets the
  *      bias 0 so that p and the correction come out 0 instead of NaN
  *      (-inf - -inf), the row sums are scaled, and it gets back per row the
  *      bias of the exponentials and O's correction factor;
@@ -67,33 +68,38 @@ struct OnlineSoftmax {
         }
     }
 
-    // mx[h]: max(m[h], row h's masked scores of this tile) over all the row's
-    // threads (kLazy may lower it back to m[h]). Out: bias[h] for prob(), and
-    // corr[h], the factor of row h of O. Returns whether some row's max moved
-    // (always true without kLazy); where none did, corr is 1 for every row.
+    // One row: mx = max(m[h], row h's masked scores of this tile) over all the
+    // row's threads (kLazy may lower it back to m[h]). Out: bias for prob(),
+    // and corr, the factor of row h of O. Returns whether the row's max moved
+    // (always true without kLazy); where it did not, corr is 1.
+    __device__ __forceinline__ bool rescale_row(int h, float& mx, float scale_log2, float& bias, float& corr) {
+        bool moved = true;
+        if constexpr (kLazy) {
+            if (m[h] != OPTD_NEG_INF && (mx - m[h]) * scale_log2 <= OPTD_LAZY_MAX_LOG2) {
+                mx = m[h];
+                moved = false;
+            }
+        }
+        bias = mx == OPTD_NEG_INF ? 0.f : -mx * scale_log2;
+        corr = Exp::apply(fmaf(m[h], scale_log2, bias));
+        m[h] = mx;
+        l[h] *= corr;
+        return moved;
+    }
+
+    // Every row at once: rescale_row() per row; whether some row moved.
     __device__ __forceinline__ bool rescale(float (&mx)[kRows], float scale_log2, float (&bias)[kRows],
                                             float (&corr)[kRows]) {
         bool moved = false;
 #pragma unroll
-        for (int h = 0; h < kRows; ++h) {
-            if constexpr (kLazy) {
-                if (m[h] != OPTD_NEG_INF && (mx[h] - m[h]) * scale_log2 <= OPTD_LAZY_MAX_LOG2) mx[h] = m[h];
-                else moved = true;
-            } else {
-                moved = true;
-            }
-            bias[h] = mx[h] == OPTD_NEG_INF ? 0.f : -mx[h] * scale_log2;
-            corr[h] = Exp::apply(fmaf(m[h], scale_log2, bias[h]));
-            m[h] = mx[h];
-            l[h] *= corr[h];
-        }
+        for (int h = 0; h < kRows; ++h) moved |= rescale_row(h, mx[h], scale_log2, bias[h], corr[h]);
         return moved;
     }
 
     // The probability of score s of row h (a masked score, -inf, gives 0),
-    // added to the row's sum.
-    __device__ __forceinline__ float prob(float s, int h, float scale_log2, const float (&bias)[kRows]) {
-        const float p = Exp::apply(fmaf(s, scale_log2, bias[h]));
+    // added to the row's sum; bias: rescale_row()'s for the row.
+    __device__ __forceinline__ float prob(float s, int h, float scale_log2, float bias) {
+        const float p = Exp::apply(fmaf(s, scale_log2, bias));
         l[h] += p;
         return p;
     }

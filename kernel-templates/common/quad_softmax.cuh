@@ -10,7 +10,7 @@
  * the thread's row h = 2 mt + (e >> 1) is an OnlineSoftmax<2 kMT, ...> row, and
  * the 4 lanes of a quad (same g) share every row.
  *
- *   m16n8_mask<kMT, kNT>(at, mask, row, col)      -inf where mask hides the key;
+ *   m16n8_mask<kMT, kNT, kRowLimit>(at, mask, row, col)  -inf where mask hides the key;
  *                                               row / col: the thread's first
  *                                               row and column (g, 2 t)
  *   m16n8_row_max<kMT, kNT>(at, m, mx)            mx[h] = max(m[h], row h) over
@@ -44,18 +44,38 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Scores of keys the rows do not see -> -inf. Per row one limit relative to
-// the thread's first column, so the column tests compare immediates.
-template <int kMT, int kNT, class At>
-__device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, int col) {
+// Scores of keys the rows do not see -> -inf, in one of two forms of the same
+// test. kRowLimit: one limit per row relative to the thread's first column,
+// so each column compares an immediate (fewer registers live: wgmma_tma, and
+// mma_fa2 with two m-tiles); else KeyMask::sees per element (mma_fa2 with one
+// m-tile, whose kernels ptxas schedules ~1% faster that way on the H100's
+// smallest shapes: docs/HOPPER.md, kernel library).
+template <int kMT, int kNT, bool kRowLimit, class At>
+__device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, int kv0, int col) {
+    if constexpr (kRowLimit) {
 #pragma unroll
-    for (int h = 0; h < 2 * kMT; ++h) {
-        const int lim = mask.limit(row + 16 * (h >> 1) + 8 * (h & 1)) - col;
+        for (int h = 0; h < 2 * kMT; ++h) {
+            const int lim = mask.limit(row + 16 * (h >> 1) + 8 * (h & 1)) - kv0 - col;
 #pragma unroll
-        for (int j = 0; j < kNT; ++j) {
+            for (int j = 0; j < kNT; ++j) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-                if (j * 8 + e >= lim) at(h >> 1, j, 2 * (h & 1) + e) = OPTD_NEG_INF;
+                for (int e = 0; e < 2; ++e)
+                    if (j * 8 + e >= lim) at(h >> 1, j, 2 * (h & 1) + e) = OPTD_NEG_INF;
+            }
+        }
+    } else {
+        const int rowd = row + mask.causal_offset;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kv0 + j * 8 + col + (e & 1);
+                    const int r = rowd + 16 * mt + 8 * (e >> 1);
+                    if (key >= mask.key_end || (mask.causal && key > r)) at(mt, j, e) = OPTD_NEG_INF;
+                }
+            }
         }
     }
 }
@@ -83,7 +103,7 @@ __device__ __forceinline__ void m16n8_exp2(At at, Softmax& sm, float scale_log2,
 #pragma unroll
         for (int j = 0; j < kNT; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) at(mt, j, e) = sm.prob(at(mt, j, e), 2 * mt + (e >> 1), scale_log2, bias);
+            for (int e = 0; e < 4; ++e) at(mt, j, e) = sm.prob(at(mt, j, e), 2 * mt + (e >> 1), scale_log2, bias[2 * mt + (e >> 1)]);
         }
     }
 }
