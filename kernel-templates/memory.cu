@@ -425,7 +425,8 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
             const int row = row0 + r;
             if (row >= seq_len || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
             float mx = fmaxf(sm.m[r], warp_max(s[r])), bias, corr;
-            sm.rescale_row(r, mx, 1.f, bias, corr);
+            bool moved;  // always, without the lazy max
+            sm.rescale_row(r, mx, 1.f, bias, corr, moved);
             s[r] = sm.prob(s[r], r, 1.f, bias);
 #pragma unroll
             for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;

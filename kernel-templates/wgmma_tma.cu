@@ -343,8 +343,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             tma_prefetch_map(tm_k);
             tma_prefetch_map(tm_v);
             int it = 0;  // K/V tiles loaded so far: ring slot it % STAGES
-            for (int i = 0; sched.valid(i); ++i) {
-                const WorkTile w = sched.tile(i);
+            for (int r = 0, n = 0; r < sched.rounds(); ++r) {
+                if (!sched.has(r)) continue;
+                const WorkTile w = sched.tile(r);
+                const int i = n++;  // work tiles this CTA has taken: Q slot phase
                 const int m_block = w.m_block, bh = w.bh;
                 const int m0 = m_block * WT_BLOCK_M;
                 // Q: the previous work tile's consumers must be done with it.
@@ -374,8 +376,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         const int w = (tid / 32) & 3;
         if (PINGPONG && c == CONSUMERS - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
         int it0 = 0;  // K/V ring position of the work tile's first key tile
-        for (int i = 0; sched.valid(i); ++i) {
-            const WorkTile wt = sched.tile(i);
+        for (int r = 0, n = 0; r < sched.rounds(); ++r) {
+            if (!sched.has(r)) continue;
+            const WorkTile wt = sched.tile(r);
+            const int i = n++;
             const int bh = wt.bh;
             const int m0 = wt.m_block * WT_BLOCK_M;
             const int n_tiles = tiles_of(wt.m_block);

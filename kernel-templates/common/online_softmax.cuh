@@ -70,29 +70,31 @@ struct OnlineSoftmax {
 
     // One row: mx = max(m[h], row h's masked scores of this tile) over all the
     // row's threads (kLazy may lower it back to m[h]). Out: bias for prob(),
-    // and corr, the factor of row h of O. Returns whether the row's max moved
-    // (always true without kLazy); where it did not, corr is 1.
-    __device__ __forceinline__ bool rescale_row(int h, float& mx, float scale_log2, float& bias, float& corr) {
-        bool moved = true;
+    // and corr, the factor of row h of O; `moved` is set when the row's max
+    // moved (always without kLazy) and left alone otherwise (corr is then 1).
+    // A flag the caller owns, not a returned bool: or-ing returned bools made
+    // ptxas pack them into bytes, a few more instructions per tile in
+    // wgmma_tma's issue-bound softmax.
+    __device__ __forceinline__ void rescale_row(int h, float& mx, float scale_log2, float& bias, float& corr,
+                                                bool& moved) {
         if constexpr (kLazy) {
-            if (m[h] != OPTD_NEG_INF && (mx - m[h]) * scale_log2 <= OPTD_LAZY_MAX_LOG2) {
-                mx = m[h];
-                moved = false;
-            }
+            if (m[h] != OPTD_NEG_INF && (mx - m[h]) * scale_log2 <= OPTD_LAZY_MAX_LOG2) mx = m[h];
+            else moved = true;
+        } else {
+            moved = true;
         }
         bias = mx == OPTD_NEG_INF ? 0.f : -mx * scale_log2;
         corr = Exp::apply(fmaf(m[h], scale_log2, bias));
         m[h] = mx;
         l[h] *= corr;
-        return moved;
     }
 
-    // Every row at once: rescale_row() per row; whether some row moved.
+    // Every row at once; whether some row's max moved.
     __device__ __forceinline__ bool rescale(float (&mx)[kRows], float scale_log2, float (&bias)[kRows],
                                             float (&corr)[kRows]) {
         bool moved = false;
 #pragma unroll
-        for (int h = 0; h < kRows; ++h) moved |= rescale_row(h, mx[h], scale_log2, bias[h], corr[h]);
+        for (int h = 0; h < kRows; ++h) rescale_row(h, mx[h], scale_log2, bias[h], corr[h], moved);
         return moved;
     }
 

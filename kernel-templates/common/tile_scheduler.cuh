@@ -5,13 +5,17 @@
  * scheduler, so they agree on it without talking to each other:
  *
  *   const TileScheduler<kPersistent> sched(n_mb, n_bh, causal, kv_head_bytes, group_bytes);
- *   for (int i = 0; sched.valid(i); ++i) {
- *       const WorkTile w = sched.tile(i);
- *       ... query tile w.m_block of head w.bh (b * H + h); i counts the CTA's
- *       work tiles (the phase of a per-tile barrier) ...
+ *   for (int r = 0, n = 0; r < sched.rounds(); ++r) {
+ *       if (!sched.has(r)) continue;  // only the last round can be short
+ *       const WorkTile w = sched.tile(r);
+ *       const int i = n++;            // the CTA's tiles so far: a per-tile barrier's phase
+ *       ... query tile w.m_block of head w.bh (b * H + h) ...
  *   }
- * Only the index crosses the loop's back edge: the tile is recomputed from it,
- * which keeps a 24-32-register producer warp from spilling the coordinates.
+ * Keep this loop shape (a round bound, a skip, a separate count, the tile
+ * recomputed from the round): ptxas compiled wgmma_tma best with it. Looping
+ * on has(i) alone, or carrying the tile across iterations, cost the
+ * 32-register producer of 3 consumers a spill per work tile and moved the
+ * consumers' softmax scale out of the uniform registers (~1% at D 128).
  *
  * kPersistent = false: grid n_mb x n_bh, one work tile per CTA.
  *   Not causal: tile (blockIdx.x, blockIdx.y).
@@ -24,8 +28,7 @@
  *   causal: within a head the heaviest query tile first); rounds of gridDim.x
  *   consecutive tiles, CTA j taking entry j of even rounds and gridDim.x - 1 - j
  *   of odd ones (a snake: a CTA with a heavy tile in one round gets a light one
- *   in the next). Only the last round can be short, so a CTA's i-th tile is
- *   its tile of round i.
+ *   in the next).
  * The measurements behind both orders are in wgmma_tma.cu and docs/HOPPER.md.
  ******************************************************************************/
 #ifndef OPTD_TILE_SCHEDULER_CUH
@@ -40,7 +43,7 @@ template <bool kPersistent>
 struct TileScheduler {
     int n_mb;                  // query tiles per head
     int n_bh;                  // heads, B * H
-    int n_rounds;              // persistent: rounds of gridDim.x work tiles (the last may be short)
+    int n_rounds;              // rounds of gridDim.x work tiles (the last may be short); 1 if not persistent
     bool causal;
     long long kv_head_bytes;   // K and V of one head (causal head groups)
     long long group_bytes;     // K/V bytes of the heads scheduled together (causal, not persistent)
@@ -54,17 +57,16 @@ struct TileScheduler {
           kv_head_bytes(kv_head_bytes_),
           group_bytes(group_bytes_) {}
 
-    // Whether this CTA has an i-th work tile (i = 0, 1, ...). The round bound
-    // is implied by the second test, but with it ptxas keeps the 32-register
-    // producer of wgmma_tma (3 consumers) from spilling once per work tile.
-    __device__ __forceinline__ bool valid(int i) const {
-        if constexpr (kPersistent) return i < n_rounds && work_index(i) < n_mb * n_bh;
-        else return i == 0;
+    __device__ __forceinline__ int rounds() const { return n_rounds; }
+    // Whether this CTA has a work tile in round r (< rounds()).
+    __device__ __forceinline__ bool has(int r) const {
+        if constexpr (kPersistent) return work_index(r) < n_mb * n_bh;
+        else return true;
     }
-    // This CTA's i-th work tile (valid(i)).
-    __device__ __forceinline__ WorkTile tile(int i) const {
+    // This CTA's work tile of round r (has(r)).
+    __device__ __forceinline__ WorkTile tile(int r) const {
         if constexpr (kPersistent) {
-            const int wk = work_index(i);
+            const int wk = work_index(r);
             return WorkTile{causal ? n_mb - 1 - wk % n_mb : wk % n_mb, wk / n_mb};
         } else {
             if (!causal) return WorkTile{(int)blockIdx.x, (int)blockIdx.y};
