@@ -21,9 +21,10 @@
  *   2. scores, lane-per-key: lane j computes q_r . k_j for the warp's R rows,
  *      q read from shared memory as fp32 broadcasts (Q is staged once per CTA,
  *      pre-scaled by softmax_scale * log2 e, so scores are in the log2 domain);
- *   3. masking (key >= S, row >= S, causal key > row) and one warp-shuffle row
- *      max per row per tile; p = exp2(s - m), the accumulator is rescaled once
- *      per tile. Each lane keeps a partial row sum l, reduced once at the end;
+ *   3. masking (key >= S, row >= S, causal key > row: common/mask.cuh) and one
+ *      warp-shuffle row max per row per tile; p = exp2(s - m), the accumulator
+ *      is rescaled once per tile (common/online_softmax.cuh, exp2f). Each lane
+ *      keeps a partial row sum l, reduced once at the end;
  *   4. O += P V with lane l owning dims 2l + 64i, 2l + 64i + 1 (D / 32 dims),
  *      p_j broadcast from lane j by __shfl_sync.
  * Causal: tiles entirely above the CTA's last row are not visited, and a warp
@@ -44,7 +45,8 @@
  *          NUM_WARPS   warps per CTA (R = BLOCK_M / NUM_WARPS rows each)
  *          MAX_SPLITS  cap on n_splits (only used by the launch formulas)
  * Shared (static):  4 * BLOCK_M * D  (Q, fp32)  +  2 * 2 * 32 * D  (K, V)
- *                   bytes; at most 48 KiB (BLOCK_M 64, D 128).
+ *                   bytes; at most 48 KiB (BLOCK_M 64, D 128). No dynamic
+ *                   shared memory (smem = "0", checked by OPTD_CHECK_SMEM).
  * CTAs:    fwd      cdiv(S, BLOCK_M) x (B * H) x n_splits   (B * H <= 65535)
  *          combine  cdiv(B * H * S, 4), only when n_splits > 1
  * n_splits: 1 when B * H * cdiv(S, BLOCK_M) already fills 80% of the SMs,
@@ -87,6 +89,8 @@ smem = "0"
 */
 
 #include "common/optd.cuh"
+#include "common/online_softmax.cuh"
+#include "common/mask.cuh"
 #include "common/split_combine.cuh"
 
 #ifndef BLOCK_M
@@ -114,6 +118,8 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     constexpr int DP = D / 64;     // dim pairs per lane
     static_assert(CHUNKS >= 8, "the K swizzle permutes 8 chunks");
 
+    // Static shared memory only: the launch gives no dynamic bytes (smem = "0").
+    OPTD_CHECK_SMEM(FWD, D, 0);
     __shared__ __align__(16) float q_s[BLOCK_M * D];      // pre-scaled Q, fp32
     __shared__ uint4 k_s[KV_TILE * CHUNKS];               // K tile, chunk c of key j at c ^ (j & 7)
     __shared__ uint4 v_s[KV_TILE * CHUNKS];               // V tile, plain row-major
@@ -132,13 +138,16 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     const int tps = (n_tiles + n_splits - 1) / n_splits;
     const int t_begin = split * tps;
     int t_end = min(n_tiles, t_begin + tps);
-    if (causal) t_end = min(t_end, (min(seq_len, m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
+    const KeyMask mask(seq_len, causal != 0, 0);
+    t_end = min(t_end, (mask.keys_before(m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
 
-    float m_r[R], l_r[R], acc[R][2 * DP];
+    // Scores are in the log2 domain (Q is pre-scaled), so the softmax's scale is 1;
+    // l is this lane's share of the row sum.
+    OnlineSoftmax<R, false, Exp2f> sm;
+    sm.init();
+    float acc[R][2 * DP];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        m_r[r] = OPTD_NEG_INF;
-        l_r[r] = 0.f;  // this lane's share of the row sum
 #pragma unroll
         for (int e = 0; e < 2 * DP; ++e) acc[r][e] = 0.f;
     }
@@ -176,7 +185,7 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
         __syncthreads();  // K, V (and Q on the first tile) are visible
 
         // Warp-uniform skip: all rows past S, or (causal) the tile lies above them.
-        if (row0 >= seq_len || (causal && kv0 > row0 + R - 1)) continue;
+        if (row0 >= seq_len || mask.above(kv0, row0 + R - 1)) continue;
 
         // 2. Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
         float s[R];
@@ -201,29 +210,23 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
         }
 
         // 3. Mask, then online softmax with one max reduction per row per tile.
+        // Rows past S are masked whole (the warp's last rows of a ragged tile).
         const int key = kv0 + lane;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int row = row0 + r;
-            const bool valid = key < seq_len && row < seq_len && (!causal || key <= row);
-            const float sr = valid ? s[r] : OPTD_NEG_INF;
-            const float m_new = fmaxf(m_r[r], warp_max(sr));
-            // A row with nothing unmasked yet keeps m = -inf; subtract 0 instead so
-            // that p and corr come out 0 rather than NaN (-inf - -inf).
-            const float m_use = (m_new == OPTD_NEG_INF) ? 0.f : m_new;
-            const float corr = exp2f(m_r[r] - m_use);
-            const float p = exp2f(sr - m_use);
-            l_r[r] = l_r[r] * corr + p;
+            if (row >= seq_len || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
+            float mx = fmaxf(sm.m[r], warp_max(s[r])), bias, corr;
+            bool moved;  // always, without the lazy max
+            sm.rescale_row(r, mx, 1.f, bias, corr, moved);
+            s[r] = sm.prob(s[r], r, 1.f, bias);
 #pragma unroll
             for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
-            m_r[r] = m_new;
-            s[r] = p;
         }
 
         // 4. O += P V. Keys past S, or (causal) past the warp's last row, have p = 0
         // for every row of the warp: stop before them.
-        int j_end = min(KV_TILE, seq_len - kv0);
-        if (causal) j_end = min(j_end, row0 + R - kv0);
+        const int j_end = min(KV_TILE, mask.keys_before(row0 + R) - kv0);
         const elem2_t* v2 = reinterpret_cast<const elem2_t*>(v_s);
 #pragma unroll 4
         for (int j = 0; j < j_end; ++j) {
@@ -250,7 +253,7 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
         if (row >= seq_len) break;  // warp-uniform
-        const float l = warp_sum(l_r[r]);
+        const float l = warp_sum(sm.l[r]);
         const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: no unmasked key in this split
         if (n_splits == 1) {
             elem2_t* orow = reinterpret_cast<elem2_t*>(o + head_off + (size_t)row * D);
@@ -263,7 +266,7 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
 #pragma unroll
             for (int i = 0; i < DP; ++i)
                 orow[lane + 32 * i] = make_float2(acc[r][2 * i] * inv_l, acc[r][2 * i + 1] * inv_l);
-            if (lane == 0) lse_partial[prow] = l > 0.f ? (m_r[r] + log2f(l)) * OPTD_LN2 : OPTD_NEG_INF;
+            if (lane == 0) lse_partial[prow] = l > 0.f ? (sm.m[r] + log2f(l)) * OPTD_LN2 : OPTD_NEG_INF;
         }
     }
 }

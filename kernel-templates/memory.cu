@@ -14,9 +14,10 @@
  *     softmax uses exp2f;
  *   - scores lane-per-key: lane j computes q_r . k_j for the warp's R rows,
  *     q read as fp32 broadcasts, k_j as 16-byte chunks of the K tile;
- *   - masking (key >= S, row >= S, causal key > row), one warp-shuffle row
- *     max per row per tile, p = exp2(s - m), the accumulator rescaled once
- *     per tile, a per-lane partial row sum reduced once at the end;
+ *   - masking (key >= S, row >= S, causal key > row: common/mask.cuh), one
+ *     warp-shuffle row max per row per tile, p = exp2(s - m), the accumulator
+ *     rescaled once per tile, a per-lane partial row sum reduced once at the
+ *     end (common/online_softmax.cuh, exp2f);
  *   - O += P V with lane l owning dims 2l + 64i, 2l + 64i + 1 (D / 32 dims),
  *     p_j broadcast from lane j by __shfl_sync;
  *   - n_splits > 1: each split writes its normalized O_z and natural-log LSE
@@ -73,7 +74,8 @@
  *          CP_ASYNC    cp.async ring / synchronous loads         1, 0
  *          STAGES      ring depth (CP_ASYNC = 1 only)            2, 3
  *          SWIZZLE     XOR-swizzled K tile / padded K rows       1, 0
- * Shared (dynamic, bytes), with ring = CP_ASYNC ? STAGES : 1:
+ * Shared (dynamic, bytes; Layout<D>::TOTAL, checked against the spec's smem
+ * formula at compile time by OPTD_CHECK_SMEM), with ring = CP_ASYNC ? STAGES : 1:
  *          4 * BLOCK_M * D                          Q, fp32
  *        + ring * 32 * (2 * D + 16 * (1 - SWIZZLE)) K tiles
  *        + ring * 32 * 2 * D                        V tiles
@@ -136,6 +138,8 @@ smem = "0"
 
 #include "common/optd.cuh"
 #include "common/async_copy.cuh"
+#include "common/online_softmax.cuh"
+#include "common/mask.cuh"
 #include "common/split_combine.cuh"
 
 #ifndef BLOCK_M
@@ -190,7 +194,7 @@ struct Layout {
     static constexpr int Q_BYTES = 4 * BLOCK_M * D;
     static constexpr int K_BASE = Q_BYTES;
     static constexpr int V_BASE = K_BASE + RING * K_TILE;
-    static constexpr int TOTAL = V_BASE + RING * V_TILE;          // == the spec's smem_bytes
+    static constexpr int TOTAL = V_BASE + RING * V_TILE;          // the spec's smem_bytes (checked)
 };
 
 // Byte offset of 16-byte chunk c of key j within a K tile.
@@ -304,6 +308,7 @@ __device__ __forceinline__ void load_q(float* q_s, const elem_t* qh, int m0, int
 template <int D>
 __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     using L = Layout<D>;
+    OPTD_CHECK_SMEM(FWD, D, L::TOTAL);
     static_assert(D % 64 == 0, "lanes own pairs of dims, 64 dims per step");
     static_assert(sizeof(elem_t) == 2, "16-bit elements");
     static_assert(!SWIZZLE || L::CHUNKS >= 8, "the K swizzle permutes 8 chunks");
@@ -332,7 +337,8 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     const int tps = (n_tiles + n_splits - 1) / n_splits;
     const int t_begin = split * tps;
     int t_end = min(n_tiles, t_begin + tps);
-    if (causal) t_end = min(t_end, (min(seq_len, m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
+    const KeyMask mask(seq_len, causal != 0, 0);
+    t_end = min(t_end, (mask.keys_before(m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
     const int n_local = t_end - t_begin;  // may be <= 0: nothing to do but write the empty result
 
 #if CP_ASYNC
@@ -347,11 +353,13 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     // Q, once per CTA, while those copies are in flight; published by the loop's first barrier.
     if (n_local > 0) load_q<D>(q_s, q + head_off, m0, seq_len, softmax_scale * OPTD_LOG2E, tid);
 
-    float m_r[R], l_r[R], acc[R][2 * DP];
+    // Scores are in the log2 domain (Q is pre-scaled), so the softmax's scale is 1;
+    // l is this lane's share of the row sum.
+    OnlineSoftmax<R, false, Exp2f> sm;
+    sm.init();
+    float acc[R][2 * DP];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        m_r[r] = OPTD_NEG_INF;
-        l_r[r] = 0.f;  // this lane's share of the row sum
 #pragma unroll
         for (int e = 0; e < 2 * DP; ++e) acc[r][e] = 0.f;
     }
@@ -384,7 +392,7 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
         const unsigned char* vt = v_s + slot * L::V_TILE;
 
         // Warp-uniform skip: all rows past S, or (causal) the tile lies above them.
-        if (row0 >= seq_len || (causal && kv0 > row0 + R - 1)) continue;
+        if (row0 >= seq_len || mask.above(kv0, row0 + R - 1)) continue;
 
         // Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
         float s[R];
@@ -410,29 +418,23 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
         }
 
         // Mask, then online softmax with one max reduction per row per tile.
+        // Rows past S are masked whole (the warp's last rows of a ragged tile).
         const int key = kv0 + lane;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int row = row0 + r;
-            const bool valid = key < seq_len && row < seq_len && (!causal || key <= row);
-            const float sr = valid ? s[r] : OPTD_NEG_INF;
-            const float m_new = fmaxf(m_r[r], warp_max(sr));
-            // A row with nothing unmasked yet keeps m = -inf; subtract 0 instead so
-            // that p and corr come out 0 rather than NaN (-inf - -inf).
-            const float m_use = (m_new == OPTD_NEG_INF) ? 0.f : m_new;
-            const float corr = exp2f(m_r[r] - m_use);
-            const float p = exp2f(sr - m_use);
-            l_r[r] = l_r[r] * corr + p;
+            if (row >= seq_len || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
+            float mx = fmaxf(sm.m[r], warp_max(s[r])), bias, corr;
+            bool moved;  // always, without the lazy max
+            sm.rescale_row(r, mx, 1.f, bias, corr, moved);
+            s[r] = sm.prob(s[r], r, 1.f, bias);
 #pragma unroll
             for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
-            m_r[r] = m_new;
-            s[r] = p;
         }
 
         // O += P V. Keys past S, or (causal) past the warp's last row, have p = 0
         // for every row of the warp: stop before them.
-        int j_end = min(KV_TILE, seq_len - kv0);
-        if (causal) j_end = min(j_end, row0 + R - kv0);
+        const int j_end = min(KV_TILE, mask.keys_before(row0 + R) - kv0);
         const elem2_t* v2 = reinterpret_cast<const elem2_t*>(vt);
 #pragma unroll 4
         for (int j = 0; j < j_end; ++j) {
@@ -462,7 +464,7 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
         if (row >= seq_len) break;  // warp-uniform
-        const float l = warp_sum(l_r[r]);
+        const float l = warp_sum(sm.l[r]);
         const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: no unmasked key in this split
         if (n_splits == 1) {
             elem2_t* orow = reinterpret_cast<elem2_t*>(o + head_off + (size_t)row * D);
@@ -475,7 +477,7 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
 #pragma unroll
             for (int d2 = 0; d2 < DP; ++d2)
                 orow[lane + 32 * d2] = make_float2(acc[r][2 * d2] * inv_l, acc[r][2 * d2 + 1] * inv_l);
-            if (lane == 0) lse_partial[prow] = l > 0.f ? (m_r[r] + log2f(l)) * OPTD_LN2 : OPTD_NEG_INF;
+            if (lane == 0) lse_partial[prow] = l > 0.f ? (sm.m[r] + log2f(l)) * OPTD_LN2 : OPTD_NEG_INF;
         }
     }
 }

@@ -34,8 +34,10 @@
  *        each used by every m-tile (WARP_ROWS = 32: per k-step, one
  *        ldmatrix.x4 of Q per m-tile, then the K fragments);
  *     3. masking, only on the tiles that need it: keys >= S (ragged tail) and,
- *        causal, keys > row on the tiles that cross the warp's diagonal;
- *     4. online softmax per row: a thread holds 2 rows per m-tile (g, g + 8
+ *        causal, keys > row on the tiles that cross the warp's diagonal
+ *        (common/mask.cuh, m16n8_mask of common/quad_softmax.cuh);
+ *     4. online softmax per row (common/online_softmax.cuh): a thread holds
+ *        2 rows per m-tile (g, g + 8
  *        of the m16n8 accumulator layout) and reduces their max across its quad of
  *        4 lanes with 2 xor shuffles; p = exp2(s * c - m * c) with
  *        c = softmax_scale * log2(e) (one FFMA + ex2), the O accumulator is
@@ -77,6 +79,8 @@
  * Shared (dynamic, bytes), with R = 2 * (D + 8 * (1 - SWIZZLE)) per row:
  *          R * BLOCK_M + max(R * 2 * STAGES * KV_WARPS * BLOCK_N,
  *                            (NUM_WARPS - NUM_WARPS / KV_WARPS) * WARP_ROWS * (D + 8) * 4)
+ *          (FaSmem<D>::BYTES, checked against the spec's smem formula at
+ *          compile time by OPTD_CHECK_SMEM),
  *          i.e. the Q tile plus STAGES K and V tiles, or plus the fp32 O rows
  *          the merge of KV_WARPS > 1 exchanges where they are larger than the
  *          ring (only BLOCK_N 32, 8 warps, 2 stages, swizzled, KV_WARPS 2,
@@ -208,6 +212,29 @@ __device__ __forceinline__ unsigned chunk_pair(unsigned lane_off, int c) {
     return SWIZZLE ? (lane_off ^ (unsigned)(c << 5)) : lane_off + (unsigned)(c << 5);
 }
 
+// ---------------------------------------------------------------------------
+// Dynamic shared memory (bytes from the base): the Q tile, then the K/V ring;
+// after the key loop the merge of KV_WARPS > 1 reuses the space past Q for the
+// fp32 O rows its warps exchange, (NUM_WARPS - FA_ROW_GROUPS) x WARP_ROWS rows
+// of D + 8 floats (padded against bank conflicts of the float2 stores), and
+// the row maxima and sums in the Q tile. BYTES = the spec's smem formula.
+// ---------------------------------------------------------------------------
+template <int D>
+struct FaSmem {
+    static constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);  // a Q, K or V row
+    static constexpr int Q_BYTES = FA_BLOCK_M * ROW_BYTES;
+    static constexpr int KV_BYTES = FA_TILE_N * ROW_BYTES;      // one K (or V) tile
+    static constexpr int XO_ROW = D + 8;                         // floats per exchanged O row
+    static constexpr int Q = 0;
+    static constexpr int K = Q + Q_BYTES;                        // STAGES x KV_BYTES
+    static constexpr int V = K + STAGES * KV_BYTES;              // STAGES x KV_BYTES
+    static constexpr int RING_END = V + STAGES * KV_BYTES;
+    static constexpr int XO = Q_BYTES;                           // after the ring is drained
+    static constexpr int XO_END = XO + (NUM_WARPS - FA_ROW_GROUPS) * WARP_ROWS * XO_ROW * 4;
+    static constexpr int BYTES = RING_END > XO_END ? RING_END : XO_END;
+    static_assert(2 * NUM_WARPS * WARP_ROWS * 4 <= Q_BYTES, "row maxima and sums must fit in the Q tile");
+};
+
 #if KV_WARPS > 1
 // ---------------------------------------------------------------------------
 // Merge of the KV_WARPS warps of a row group, which saw disjoint key ranges.
@@ -218,11 +245,9 @@ __device__ __forceinline__ unsigned chunk_pair(unsigned lane_off, int c) {
 // Every warp scales its own O by f_w / L; warps ks > 0 then hand theirs to
 // warp ks = 0 through shared memory, which adds them up. Rows no warp
 // saw a key for (m = -inf) come out 0; rows >= S are never stored.
-// Shared memory: the maxima and sums in the Q tile ([2][NUM_WARPS][WARP_ROWS]
-// floats; every warp is done with Q by the first barrier), the O rows after
-// the Q tile, (NUM_WARPS - FA_ROW_GROUPS) x WARP_ROWS x (D + 8) floats (padded
-// against bank conflicts of the float2 stores): in the ring, or past it where
-// larger (the smem formula's max).
+// Shared memory (FaSmem): the maxima and sums in the Q tile
+// ([2][NUM_WARPS][WARP_ROWS] floats; every warp is done with Q by the first
+// barrier), the O rows from FaSmem::XO.
 // Thread rows: h = 2 mt + {0, 1} is row 16 mt + g + {0, 8} of the warp's rows.
 // On return inv = 1: the merged O is already normalized.
 // ---------------------------------------------------------------------------
@@ -231,10 +256,9 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], co
                                                const float (&l_sum)[2 * FA_MT], float (&inv)[2 * FA_MT], float sl2,
                                                int warp, int rg, int ks, int g, int tq) {
     extern __shared__ __align__(128) unsigned char fa_smem[];
-    constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
-    constexpr int XO_ROW = D + 8;
+    constexpr int XO_ROW = FaSmem<D>::XO_ROW;
     float* ml = reinterpret_cast<float*>(fa_smem);  // [0]: maxima, [1]: sums; [NUM_WARPS][WARP_ROWS] each
-    float* xo = reinterpret_cast<float*>(fa_smem + FA_BLOCK_M * ROW_BYTES);
+    float* xo = reinterpret_cast<float*>(fa_smem + FaSmem<D>::XO);
 
     __syncthreads();  // every warp is past its last K/V tile and its Q reads
     if (tq == 0) {
@@ -316,10 +340,11 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], co
 template <int D>
 __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     static_assert(D % 16 == 0, "D must be a multiple of 16");
+    using L = FaSmem<D>;
+    OPTD_CHECK_SMEM(FWD, D, L::BYTES);
     constexpr int CH = D / 8;              // 16-byte chunks per row
-    constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
-    constexpr int Q_BYTES = FA_BLOCK_M * ROW_BYTES;
-    constexpr int KV_BYTES = FA_TILE_N * ROW_BYTES;  // one K (or V) tile
+    constexpr int ROW_BYTES = L::ROW_BYTES;
+    constexpr int KV_BYTES = L::KV_BYTES;  // one K (or V) tile
     constexpr int KSTEPS = D / 16;         // k-steps of S = Q K^T
     constexpr int MT = FA_MT;              // m16 tiles per warp
     constexpr int RH = 2 * MT;             // rows per thread: g, g + 8 of each m-tile
@@ -329,10 +354,6 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     constexpr int Q_ITERS = (Q_CHUNKS + FA_THREADS - 1) / FA_THREADS;
     constexpr int KV_ITERS = FA_TILE_N * CH / FA_THREADS;
     static_assert(FA_TILE_N * CH % FA_THREADS == 0 && KV_ITERS >= 1, "K/V tile chunks must split evenly over the threads");
-    // Shared memory: Q_BYTES + max(2 * STAGES * KV_BYTES, the merge's fp32 O
-    // rows of (NUM_WARPS - FA_ROW_GROUPS) * WARP_ROWS * (D + 8) floats), as the
-    // spec's smem formula says; the row maxima and sums go in the Q tile.
-    static_assert(2 * NUM_WARPS * WARP_ROWS * 4 <= Q_BYTES, "row maxima and sums must fit in the Q tile");
     static_assert(!SWIZZLE || CH >= 8, "the swizzle permutes 8 chunks");
     (void)batch;
     (void)heads;
@@ -341,9 +362,9 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     (void)lse_partial;
 
     extern __shared__ __align__(128) unsigned char fa_smem[];
-    const unsigned s_q = smem_u32(fa_smem);
-    const unsigned s_k = s_q + Q_BYTES;
-    const unsigned s_v = s_k + STAGES * KV_BYTES;
+    const unsigned s_q = smem_u32(fa_smem) + L::Q;
+    const unsigned s_k = smem_u32(fa_smem) + L::K;
+    const unsigned s_v = smem_u32(fa_smem) + L::V;
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -364,7 +385,8 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const elem_t* kh = k + head_off;
     const elem_t* vh = v + head_off;
 
-    const int kv_end = causal ? min(seq_len, m0 + FA_BLOCK_M) : seq_len;  // keys any row here sees
+    const KeyMask mask(seq_len, causal != 0, 0);
+    const int kv_end = mask.keys_before(m0 + FA_BLOCK_M);  // keys any row here sees
     const int n_tiles = (kv_end + FA_TILE_N - 1) / FA_TILE_N;
 
     // --- Q tile (rows >= S zero-filled) ---------------------------------------
@@ -454,14 +476,12 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 #pragma unroll
         for (int j = 0; j < DT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
     }
-    float m_r[RH], l_r[RH];  // per row h (16 (h >> 1) + g + 8 (h & 1)): running max of
-                             // raw scores, this thread's share of the row sum
-#pragma unroll
-    for (int h = 0; h < RH; ++h) {
-        m_r[h] = OPTD_NEG_INF;
-        l_r[h] = 0.f;
-    }
+    // Row h = 16 (h >> 1) + g + 8 (h & 1) of the warp's rows: running max of the
+    // raw scores, this thread's share of the row sum.
+    OnlineSoftmax<RH, false, Exp2Approx> sm;
+    sm.init();
     const float sl2 = softmax_scale * OPTD_LOG2E;
+    auto acc_at = [&](int mt, int j, int e) -> float& { return acc[mt][j][e]; };
 
     for (int t = 0; t < n_tiles; ++t) {
         cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies)
@@ -472,7 +492,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         const int kv0 = t * FA_TILE_N + ks * BLOCK_N;  // this warp's first key
         // Warp-uniform: rows all past S, keys all past S, or (causal) the
         // sub-tile is wholly above the rows.
-        if (wrow0 >= seq_len || kv0 >= seq_len || (causal && kv0 > wrow0 + WARP_ROWS - 1)) continue;
+        if (wrow0 >= seq_len || kv0 >= seq_len || mask.above(kv0, wrow0 + WARP_ROWS - 1)) continue;
         // Sub-tile rows start at a multiple of 16, so row % 8 and the swizzle are unchanged.
         const unsigned sub = (unsigned)((t % STAGES) * KV_BYTES + ks * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
@@ -510,78 +530,15 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         }
 
         // 3. Masking: ragged tail, and (causal) tiles crossing the warp's diagonal.
-        if (kv0 + BLOCK_N > seq_len || (causal && kv0 + BLOCK_N - 1 > wrow0)) {
-            if constexpr (MT == 1) {
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = kv0 + j * 8 + 2 * tq + (e & 1);
-                        const int row = wrow0 + g + 8 * (e >> 1);
-                        if (key >= seq_len || (causal && key > row)) s[0][j][e] = OPTD_NEG_INF;
-                    }
-                }
-            } else {
-                // Same test, cheaper (registers are short): key kv0 + 2 tq + col
-                // is kept iff col < min(S, row + 1) - kv0 - 2 tq, col an immediate.
-#pragma unroll
-                for (int h = 0; h < RH; ++h) {
-                    const int row = wrow0 + 16 * (h >> 1) + g + 8 * (h & 1);
-                    const int lim = (causal ? min(seq_len, row + 1) : seq_len) - kv0 - 2 * tq;
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (j * 8 + e >= lim) s[h >> 1][j][2 * (h & 1) + e] = OPTD_NEG_INF;
-                    }
-                }
-            }
-        }
+        auto s_at = [&](int mt, int j, int e) -> float& { return s[mt][j][e]; };
+        if (mask.partial(kv0, BLOCK_N, wrow0)) m16n8_mask<MT, NT, MT == 2>(s_at, mask, wrow0 + g, kv0, 2 * tq);
 
         // 4. Online softmax, per m-tile rows g (e = 0, 1) and g + 8 (e = 2, 3).
-        float mx[RH];
-#pragma unroll
-        for (int h = 0; h < RH; ++h) mx[h] = m_r[h];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                mx[2 * mt] = fmaxf(mx[2 * mt], fmaxf(s[mt][j][0], s[mt][j][1]));
-                mx[2 * mt + 1] = fmaxf(mx[2 * mt + 1], fmaxf(s[mt][j][2], s[mt][j][3]));
-            }
-        }
-        float neg_ms[RH], corr[RH];
-#pragma unroll
-        for (int h = 0; h < RH; ++h) {
-            mx[h] = quad_max(mx[h]);
-            // A row with nothing unmasked yet keeps m = -inf; use 0 so that p and
-            // corr come out 0 rather than NaN.
-            neg_ms[h] = mx[h] == OPTD_NEG_INF ? 0.f : -mx[h] * sl2;
-            corr[h] = fast_exp2(fmaf(m_r[h], sl2, neg_ms[h]));
-            m_r[h] = mx[h];
-            l_r[h] *= corr[h];
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int j = 0; j < DT; ++j) {
-                acc[mt][j][0] *= corr[2 * mt];
-                acc[mt][j][1] *= corr[2 * mt];
-                acc[mt][j][2] *= corr[2 * mt + 1];
-                acc[mt][j][3] *= corr[2 * mt + 1];
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, neg_ms[2 * mt + (e >> 1)]));
-                    l_r[2 * mt + (e >> 1)] += s[mt][j][e];
-                }
-            }
-        }
+        float mx[RH], bias[RH], corr[RH];
+        m16n8_row_max<MT, NT>(s_at, sm.m, mx);
+        sm.rescale(mx, sl2, bias, corr);
+        m16n8_scale_rows<MT, DT>(acc_at, corr);
+        m16n8_exp2<MT, NT>(s_at, sm, sl2, bias);
 
         // 5. O += P V. P's A fragment of keys 16 kk2 .. + 15 is n-tiles 2 kk2 and
         //    2 kk2 + 1 of S. ldmatrix.x4.trans on V: (keys 0-7, d 0-7),
@@ -614,11 +571,11 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     float l_sum[RH], inv[RH];
 #pragma unroll
     for (int h = 0; h < RH; ++h) {
-        l_sum[h] = quad_sum(l_r[h]);
+        l_sum[h] = quad_sum(sm.l[h]);
         inv[h] = l_sum[h] > 0.f ? 1.f / l_sum[h] : 0.f;
     }
 #if KV_WARPS > 1
-    kv_warps_merge<D>(acc, m_r, l_sum, inv, sl2, warp, rg, ks, g, tq);
+    kv_warps_merge<D>(acc, sm.m, l_sum, inv, sl2, warp, rg, ks, g, tq);
     if (ks != 0) return;  // warp 0 of the group stores the merged rows
 #endif
 

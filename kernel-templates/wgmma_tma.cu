@@ -19,8 +19,10 @@
  *     2. masking, only on tiles that need it: keys >= S and, causal, keys
  *        above the row (tiles wholly above every row of the warpgroup are not
  *        computed; tiles above every row of the CTA are not even loaded);
- *     3. online softmax: a thread holds rows g and g + 8 of its warp's 16
- *        (the m16n8 accumulator layout), max and sum reduced across the quad;
+ *        common/mask.cuh's KeyMask, causal offset 0;
+ *     3. online softmax (common/online_softmax.cuh, on the m16n8 layout of
+ *        common/quad_softmax.cuh): a thread holds rows g and g + 8 of its
+ *        warp's 16, max and sum reduced across the quad;
  *        p = exp2(s * c - m * c), c = softmax_scale * log2(e); O rescaled by
  *        exp2((m_old - m_new) c);
  *     4. O += P V: P rounded to f16x2 / bf16x2 in registers is wgmma's
@@ -42,10 +44,13 @@
  * panels of 64 columns, as the TMA writes them):
  *   Q     CONSUMERS x [D / 64][64 rows][128 B]
  *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
- *   dynamic bytes = 1024 (alignment) + 2 D (64 CONSUMERS + 2 STAGES BLOCK_N);
+ *   dynamic bytes = 1024 (alignment) + 2 D (64 CONSUMERS + 2 STAGES BLOCK_N)
+ *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
  *   mbarriers static (8 (1 + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
  * CTAs:    cdiv(S, 64 CONSUMERS) x (B * H) x 1, 128 (CONSUMERS + 1) threads;
+ *          the producer and the consumers walk the same work tiles through
+ *          common/tile_scheduler.cuh;
  *          causal, PERSISTENT = 0: CTAs start in linear-id order, and the id
  *          maps to (query tile, head) longest first across a group of heads
  *          whose K/V fit in WT_LPT_GROUP_BYTES (8 MiB, L2 reuse), so the last
@@ -115,6 +120,7 @@ swizzle = 128
 
 #include "common/optd.cuh"
 #include "common/quad_softmax.cuh"
+#include "common/tile_scheduler.cuh"
 #include "common/hopper.cuh"
 #include "common/wgmma_ops.cuh"
 
@@ -164,10 +170,26 @@ swizzle = 128
 // Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
 #define WT_LPT_GROUP_BYTES (8ll << 20)
 
-// Shared-memory barriers: q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
+// Shared-memory barriers (static): q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
 struct WtBarriers {
     unsigned long long q_full, q_empty;
     unsigned long long k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+};
+
+// Dynamic shared memory: offsets from the base rounded up to 1024 bytes (the
+// 128-byte swizzle is a function of address bits 4-9), every tile a set of
+// 128-byte-swizzled panels of 64 columns. BYTES is what the launch must give:
+// the tiles plus 1024 bytes of slack for the rounding (the spec's smem formula).
+template <int D>
+struct WtSmem {
+    static constexpr int Q_WG = 64 * D * 2;     // one consumer's 64 rows of Q
+    static constexpr int KV = BLOCK_N * D * 2;  // one K or V tile
+    static constexpr int Q = 0;                 // CONSUMERS x Q_WG
+    static constexpr int K = Q + CONSUMERS * Q_WG;  // STAGES x KV
+    static constexpr int V = K + STAGES * KV;       // STAGES x KV
+    static constexpr int END = V + STAGES * KV;
+    static constexpr int BYTES = 1024 + END;
+    static_assert(Q_WG % 1024 == 0 && KV % 1024 == 0, "tiles must stay 1024-byte aligned (swizzle atoms)");
 };
 
 // ---------------------------------------------------------------------------
@@ -180,17 +202,21 @@ struct Consumer {
     float o[D / 2];
     float s[BLOCK_N / 2];
     unsigned p[PK][4];
-    float m_r[2], l_r[2];
+    OnlineSoftmax<2, LAZY_RESCALE != 0, Exp2Approx> sm;  // rows g and g + 8
     bool rescale;  // some row of this warp moved its max in the last softmax
+
+    // S and O as m16n8 accumulators (one m-tile): value e of n8 block j.
+    __device__ __forceinline__ auto s_at() {
+        return [this](int, int j, int e) -> float& { return s[4 * j + e]; };
+    }
+    __device__ __forceinline__ auto o_at() {
+        return [this](int, int j, int e) -> float& { return o[4 * j + e]; };
+    }
 
     __device__ __forceinline__ void init() {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            m_r[h] = OPTD_NEG_INF;
-            l_r[h] = 0.f;
-        }
+        sm.init();
     }
 
     // S = Q K^T (issue only).
@@ -218,70 +244,18 @@ struct Consumer {
 
     // Mask (when the tile needs it) and turn S into probabilities in place;
     // returns the O correction factors of rows g, g + 8 in corr.
-    __device__ __forceinline__ void softmax(int kv0, int row_g, int seq_len, int causal, float sl2, float (&corr)[2]) {
-        const int tq = threadIdx.x & 3;
-        if (kv0 + BLOCK_N > seq_len || (causal && kv0 + BLOCK_N - 1 > row_g)) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row_g + 8 * h;
-                const int lim = (causal ? min(seq_len, row + 1) : seq_len) - kv0 - 2 * tq;
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (j * 8 + e >= lim) s[4 * j + 2 * h + e] = OPTD_NEG_INF;
-                }
-            }
-        }
-        float mx[2] = {m_r[0], m_r[1]};
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-        }
-        float neg_ms[2];
-        bool moved = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mx[h] = quad_max(mx[h]);
-#if LAZY_RESCALE
-            // Keep the max the exponentials are taken against unless the row's
-            // max grew by more than 2^8 (p then stays <= 256: exact in fp16 /
-            // bf16, and l and O are fp32): most tiles then leave O alone.
-            if (m_r[h] != OPTD_NEG_INF && (mx[h] - m_r[h]) * sl2 <= 8.f) mx[h] = m_r[h];
-            else moved = true;
-#else
-            moved = true;
-#endif
-            // A row with nothing unmasked yet keeps m = -inf: use 0 so that p
-            // and corr come out 0 rather than NaN.
-            neg_ms[h] = mx[h] == OPTD_NEG_INF ? 0.f : -mx[h] * sl2;
-            corr[h] = fast_exp2(fmaf(m_r[h], sl2, neg_ms[h]));
-            m_r[h] = mx[h];
-            l_r[h] *= corr[h];
-        }
+    __device__ __forceinline__ void softmax(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2]) {
+        if (mask.partial(kv0, BLOCK_N, row_g)) m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3));
+        float mx[2], bias[2];
+        m16n8_row_max<1, NT>(s_at(), sm.m, mx);
+        const bool moved = sm.rescale(mx, sl2, bias, corr);
         // Warp-uniform: the O rescale is skipped when no row of the warp moved.
         rescale = __any_sync(0xffffffffu, moved);
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], sl2, neg_ms[e >> 1]));
-                l_r[e >> 1] += s[4 * j + e];
-            }
-        }
+        m16n8_exp2<1, NT>(s_at(), sm, sl2, bias);
     }
 
     __device__ __forceinline__ void rescale_and_pack(const float (&corr)[2]) {
-        if (rescale) {
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                o[4 * j] *= corr[0];
-                o[4 * j + 1] *= corr[0];
-                o[4 * j + 2] *= corr[1];
-                o[4 * j + 3] *= corr[1];
-            }
-        }
+        if (rescale) m16n8_scale_rows<1, D / 8>(o_at(), corr);
         // P's A fragment of k-step kk: n8 blocks 2 kk (a0: row g, a1: row g + 8)
         // and 2 kk + 1 (a2, a3), exactly the mma.sync m16n8k16 A layout.
 #pragma unroll
@@ -308,8 +282,10 @@ template <int D>
 __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* tm_q, const optd_tensor_map* tm_k,
                                               const optd_tensor_map* tm_v) {
     static_assert(D % 64 == 0, "D must be a multiple of 64 (128-byte swizzle panels)");
-    constexpr int Q_WG_BYTES = 64 * D * 2;   // one consumer's 64 rows
-    constexpr int KV_BYTES = BLOCK_N * D * 2;  // one K or V tile
+    using L = WtSmem<D>;
+    OPTD_CHECK_SMEM(FWD, D, L::BYTES);
+    constexpr int Q_WG_BYTES = L::Q_WG;  // one consumer's 64 rows
+    constexpr int KV_BYTES = L::KV;      // one K or V tile
     (void)n_splits;
     (void)o_partial;
     (void)lse_partial;
@@ -319,11 +295,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
 
     extern __shared__ unsigned char wt_smem[];
     __shared__ WtBarriers bars;
-    // The swizzle pattern is a function of address bits 4-9: tiles start on 1024 bytes.
     const unsigned base = (smem_addr(wt_smem) + 1023u) & ~1023u;
-    const unsigned s_q = base;
-    const unsigned s_k = s_q + CONSUMERS * Q_WG_BYTES;
-    const unsigned s_v = s_k + STAGES * KV_BYTES;
+    const unsigned s_q = base + L::Q;
+    const unsigned s_k = base + L::K;
+    const unsigned s_v = base + L::V;
 
     const int tid = threadIdx.x;
     // Broadcast from lane 0: ptxas then knows the warpgroup index (and all that
@@ -331,52 +306,20 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // divergent is serialized (C7518).
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     const int n_mb = (seq_len + WT_BLOCK_M - 1) / WT_BLOCK_M;
-    const int n_work = PERSISTENT ? n_mb * batch * heads : 1;
-    // Persistent: rounds of gridDim.x consecutive work tiles; CTA j takes
-    // entry j of even rounds and entry gridDim.x - 1 - j of odd ones, so a CTA
-    // given a heavy causal tile in one round gets a light one in the next
-    // (a plain grid stride gave some CTAs only the heaviest tiles when the
-    // grid is a multiple of the tiles per head: 0.56x at (4,16,4096,64) causal).
-    const int n_rounds = PERSISTENT ? (n_work + (int)gridDim.x - 1) / (int)gridDim.x : 1;
-    auto round_tile = [&](int r) {
-        if (!PERSISTENT) return 0;
-        return r * (int)gridDim.x + ((r & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
-    };
-    // Work tile -> (query tile, b * H + h). Persistent: consecutive work tiles
-    // share a head, so the CTAs running at once share its K/V in L2 (work tiles
-    // ordered by weight across heads streamed every head's K/V from DRAM: 13%
-    // slower at (2,16,8192,128) causal); causal: within a head, the heaviest
-    // query tiles (last rows) first.
-    auto work_tile = [&](int wk, int& m_block, int& bh) {
-        if (!PERSISTENT && causal) {
-            // CTAs start in linear-id order. Heads in groups of g whose K/V fit
-            // in WT_LPT_GROUP_BYTES; within a group the linear id walks the
-            // query tiles heaviest first, every head of the group at each step.
-            const int n_bh = (int)gridDim.y;
-            const long long kv_head = 2ll * seq_len * D * (long long)sizeof(elem_t);
-            const int g = (int)max(1ll, min((long long)n_bh, WT_LPT_GROUP_BYTES / kv_head));
-            const int lin = (int)(blockIdx.y * gridDim.x + blockIdx.x);
-            const int g0 = lin / (g * n_mb) * g;  // the group's first head
-            const int gh = min(g, n_bh - g0);     // heads in this (maybe last, smaller) group
-            const int within = lin - g0 * n_mb;
-            m_block = n_mb - 1 - within / gh;
-            bh = g0 + within % gh;
-        } else if (!PERSISTENT) {
-            m_block = (int)blockIdx.x;
-            bh = blockIdx.y;
-        } else if (causal) {
-            m_block = n_mb - 1 - wk % n_mb;
-            bh = wk / n_mb;
-        } else {
-            m_block = wk % n_mb;
-            bh = wk / n_mb;
-        }
-    };
+    // The work tiles of this CTA, in the same order for the producer and every
+    // consumer (common/tile_scheduler.cuh). Persistent: rounds in a snake
+    // order (a plain grid stride gave some CTAs only the heaviest causal tiles
+    // when the grid is a multiple of the tiles per head: 0.56x at
+    // (4,16,4096,64)), head-major so that the CTAs running at once share a
+    // head's K/V in L2 (tiles ordered by weight across heads streamed every
+    // head's K/V from DRAM: 13% slower at (2,16,8192,128) causal). One CTA per
+    // tile, causal: longest first across groups of heads whose K/V fit
+    // WT_LPT_GROUP_BYTES.
+    const TileScheduler<PERSISTENT != 0> sched(n_mb, batch * heads, causal != 0,
+                                               2ll * seq_len * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
+    const KeyMask mask(seq_len, causal != 0, 0);
     // Key tiles any row of query tile m_block sees (causal: up to its last row).
-    auto tiles_of = [&](int m_block) {
-        const int kv_end = causal ? min(seq_len, (m_block + 1) * WT_BLOCK_M) : seq_len;
-        return (kv_end + BLOCK_N - 1) / BLOCK_N;
-    };
+    auto tiles_of = [&](int m_block) { return (mask.keys_before((m_block + 1) * WT_BLOCK_M) + BLOCK_N - 1) / BLOCK_N; };
 
     if (tid == 0) {
         mbar_init(smem_addr(&bars.q_full), 1);
@@ -400,16 +343,15 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             tma_prefetch_map(tm_k);
             tma_prefetch_map(tm_v);
             int it = 0;  // K/V tiles loaded so far: ring slot it % STAGES
-            for (int r = 0, n = 0; r < n_rounds; ++r) {
-                const int wk = round_tile(r);
-                if (wk >= n_work) continue;
-                const int nq = n++;  // work tiles this CTA has taken: Q slot phase
-                int m_block, bh;
-                work_tile(wk, m_block, bh);
+            for (int r = 0, n = 0; r < sched.rounds(); ++r) {
+                if (!sched.has(r)) continue;
+                const WorkTile w = sched.tile(r);
+                const int i = n++;  // work tiles this CTA has taken: Q slot phase
+                const int m_block = w.m_block, bh = w.bh;
                 const int m0 = m_block * WT_BLOCK_M;
                 // Q: the previous work tile's consumers must be done with it.
                 const unsigned qf = smem_addr(&bars.q_full);
-                mbar_wait(smem_addr(&bars.q_empty), (nq & 1) ^ 1);
+                mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
                 mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
 #pragma unroll
                 for (int c = 0; c < CONSUMERS; ++c) tma_load_4d(s_q + c * Q_WG_BYTES, tm_q, qf, 0, m0 + 64 * c, 0, bh);
@@ -434,25 +376,24 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         const int w = (tid / 32) & 3;
         if (PINGPONG && c == CONSUMERS - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
         int it0 = 0;  // K/V ring position of the work tile's first key tile
-        for (int r = 0, n = 0; r < n_rounds; ++r) {
-            const int wk = round_tile(r);
-            if (wk >= n_work) continue;
-            const int nq = n++;
-            int m_block, bh;
-            work_tile(wk, m_block, bh);
-            const int m0 = m_block * WT_BLOCK_M;
-            const int n_tiles = tiles_of(m_block);
+        for (int r = 0, n = 0; r < sched.rounds(); ++r) {
+            if (!sched.has(r)) continue;
+            const WorkTile wt = sched.tile(r);
+            const int i = n++;
+            const int bh = wt.bh;
+            const int m0 = wt.m_block * WT_BLOCK_M;
+            const int n_tiles = tiles_of(wt.m_block);
             const int row0 = m0 + 64 * c;                  // the warpgroup's first row
             const int row_g = row0 + 16 * w + (lane >> 2);  // this thread's rows: row_g, row_g + 8
-            // Key tiles this warpgroup computes: those below its last row (causal);
+            // Key tiles this warpgroup computes: those up to its last row (causal);
             // none when all its rows are past S. The rest it only waits for and releases.
-            const int n_wg = row0 >= seq_len ? 0 : causal ? (min(seq_len, row0 + 64) + BLOCK_N - 1) / BLOCK_N : n_tiles;
+            const int n_wg = row0 >= seq_len ? 0 : (mask.keys_before(row0 + 64) + BLOCK_N - 1) / BLOCK_N;
             const unsigned q_tile = s_q + c * Q_WG_BYTES;
             const float sl2 = softmax_scale * OPTD_LOG2E;
 
             Consumer<D> cs;
             cs.init();
-            mbar_wait(smem_addr(&bars.q_full), nq & 1);
+            mbar_wait(smem_addr(&bars.q_full), i & 1);
 
             // Every wgmma is issued and waited for in one straight-line stretch:
             // ptxas serializes wgmma whose wait it cannot pair up across branches
@@ -479,7 +420,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 reg_fence(cs.s);
                 release(bars.k_empty, 0);
                 float corr[2];
-                cs.softmax(0, row_g, seq_len, causal, sl2, corr);
+                cs.softmax(0, row_g, mask, sl2, corr);
                 cs.rescale_and_pack(corr);
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
                 for (int t = 1; t < n_wg; ++t) {
@@ -492,7 +433,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     wgmma_wait<1>();
                     reg_fence(cs.s);
                     release(bars.k_empty, t);
-                    cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
+                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr);
                     wgmma_wait<0>();
                     reg_fence(cs.o);
                     release(bars.v_empty, t - 1);
@@ -513,7 +454,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     reg_fence(cs.s);
                     release(bars.k_empty, t);
                     float corr[2];
-                    cs.softmax(t * BLOCK_N, row_g, seq_len, causal, sl2, corr);
+                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr);
                     cs.rescale_and_pack(corr);
                     mbar_wait(v_full(t), parity(t));
                     cs.issue_pv(v_tile(t));
@@ -543,7 +484,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row_g + 8 * h;
-                const float l = quad_sum(cs.l_r[h]);
+                const float l = quad_sum(cs.sm.l[h]);
                 const float inv = l > 0.f ? 1.f / l : 0.f;
                 if (row < seq_len) {
                     elem_t* orow = o + ((size_t)bh * seq_len + row) * D + 2 * tq;

@@ -78,6 +78,8 @@
  *          + 4 * BLOCK_M * (BLOCK_N + 4)                       S tile, fp32
  *          + ELEM_BYTES * BLOCK_M * (BLOCK_N + 8)              P tile
  *          + 4 * BLOCK_M * 16                                  F (row factors)
+ *          (OFF_F + the F tile; OPTD_CHECK_SMEM checks it against the spec's
+ *          formula at compile time)
  *          from 22.5 KiB (BLOCK_M 32, BLOCK_N 32, D 64) to 81 KiB (64, 64,
  *          D 128); over 48 KiB the worker sets the opt-in attribute, and every
  *          combination fits sm_86/89's 99 KiB. m and l live in registers.
@@ -179,7 +181,8 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     constexpr int OFF_S = OFF_V + BLOCK_N * QK_LD * 2;
     constexpr int OFF_P = OFF_S + BLOCK_M * S_LD * 4;
     constexpr int OFF_F = OFF_P + BLOCK_M * P_LD * 2;
-    constexpr int SMEM_BYTES = OFF_F + BLOCK_M * F_LD * 4;  // == the spec's smem formula
+    constexpr int SMEM_BYTES = OFF_F + BLOCK_M * F_LD * 4;
+    OPTD_CHECK_SMEM(FWD, D, SMEM_BYTES);
 
     constexpr int Q_ITERS = BLOCK_M * CH / WM_THREADS;
     constexpr int KV_ITERS = BLOCK_N * CH / WM_THREADS;
@@ -196,7 +199,6 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
                   "every region starts 32-byte aligned (WMMA pointers)");
     static_assert(NUM_WARPS * 16 * ST_LD * 4 <= OFF_F, "epilogue staging must not overlap the factor tile");
     static_assert((16 * ST_LD * 4) % 32 == 0, "staging blocks 32-byte aligned");
-    (void)SMEM_BYTES;
     (void)batch;
     (void)heads;
     (void)n_splits;

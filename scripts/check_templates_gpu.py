@@ -74,6 +74,14 @@ Hopper templates (wgmma_tma.cu):
               --cubin-dir DIR loads those instead of compiling (any module
               missing there is compiled as usual), which saves the device
               machine the compile time.
+  --time-best  time BEST_POINTS, the daemon's best kernel per shape (mma-fa2
+              on the small shapes, wgmma-tma on the four large ones), and SDPA
+              default on the same shapes, fp16, --rounds rounds of graph-timed
+              medians; --time-against DIR also times each point with the
+              templates of DIR (an earlier kernel-templates/, e.g. from
+              `git archive`), the two versions alternating within each round.
+              With --build-cubins (and --no-check: only these) their timed
+              builds are precompiled too.
 
 The Hopper template on the GPU machine, e.g. (.dev is git-ignored: carry .dev/ctg there):
   here:  python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --template wgmma_tma.cu \\
@@ -100,8 +108,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvrtc_compile_check import (  # noqa: E402
-    ABI_PARAMS, ROOT, TEMPLATES_DIR, TMA_SWIZZLES, Template, Unsupported, arch_targets, combo_label,
-    device_arch, load_templates, render, specific_arch,
+    ABI_PARAMS, FUNCS, ROOT, TEMPLATES_DIR, TMA_SWIZZLES, Template, Unsupported, arch_targets, combo_label,
+    device_arch, eval_expr, load_templates, render, specific_arch,
 )
 
 # (B, H, S, D, causal)
@@ -132,6 +140,21 @@ SDPA_SHAPES = [
 FAULT_SHAPE = (1, 1, 128, 64, False)
 FAULT_CHECK_SHAPES = [(1, 1, 128, 64, False), (2, 4, 1000, 64, True), (1, 2, 4097, 128, False)]
 MBAR_FAULT_MACRO = "OPTD_FAULT_MBAR_PHASE"
+# --time-best: the best kernel per shape of the daemon's last complete benchmark run (docs/BENCHMARKS.md,
+# 2026-11-23, run 20261123-234147-be5c, its report's best-kernel table): mma-fa2 on the latency-bound
+# shapes, wgmma-tma on the four large ones. (template file, knobs, shapes)
+_FA2 = dict(NUM_WARPS=4, STAGES=2, SWIZZLE=1, WARP_ROWS=16)
+_WT = dict(CONSUMERS=3, LAZY_RESCALE=1, PINGPONG=1)
+BEST_POINTS = [
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=32, KV_WARPS=1), [(1, 1, 32, 64, False)]),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=1), [(1, 1, 64, 64, False)]),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=2), [(1, 1, 128, 64, False), (2, 8, 128, 64, False)]),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=4), [(1, 1, 256, 64, False), (1, 1, 512, 64, False)]),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1), [(4, 16, 4096, 64, False)]),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=192, STAGES=3, OVERLAP=0, PERSISTENT=0), [(4, 16, 4096, 64, True)]),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=1), [(2, 16, 8192, 128, False)]),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=0), [(2, 16, 8192, 128, True)]),
+]
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -139,33 +162,21 @@ ELEM_BYTES = 2
 
 
 # ---------------------------------------------------------------------------
-# Spec expressions. They are minijinja expressions restricted to arithmetic,
-# comparisons, and/or, `a if c else b` and cdiv/min/max calls, which is also
-# valid Python with the same meaning (`//` floors in both), so Python's eval
-# with no builtins evaluates them; jinja2, when present, is cross-checked.
+# Spec expressions: nvrtc_compile_check.eval_expr (Python's eval with no builtins),
+# cross-checked against jinja2 when it is installed.
 # ---------------------------------------------------------------------------
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-_FUNCS = {"cdiv": cdiv, "min": min, "max": max}
-_ALLOWED = re.compile(r"^[\w\s+\-*/%<>=!(),.]*$")
-
-
 class Evaluator:
     def __init__(self) -> None:
         try:
             import jinja2
             self.env = jinja2.Environment()
-            self.env.globals.update(_FUNCS)
+            self.env.globals.update(FUNCS)
         except ImportError:
             self.env = None
         self._cache: dict[str, object] = {}
 
     def __call__(self, expr: str, ctx: dict) -> int:
-        if not _ALLOWED.match(expr):
-            raise ValueError(f"unexpected characters in expression {expr!r}")
-        value = eval(expr, {"__builtins__": {}, **_FUNCS}, dict(ctx))  # noqa: S307 - spec text only
+        value = eval_expr(expr, ctx)
         if self.env is not None:
             fn = self._cache.get(expr)
             if fn is None:
@@ -286,7 +297,7 @@ def _strip_comments(text: str) -> str:
 
 def code_knobs(tpl: Template) -> list[str]:
     """Knobs the code (not the comments or spec) mentions: only these can change a build."""
-    common = "".join(p.read_text() for p in sorted((TEMPLATES_DIR / "common").glob("*.cuh")))
+    common = "".join(p.read_text() for p in sorted((tpl.root / "common").glob("*.cuh")))
     code = _strip_comments(tpl.text) + _strip_comments(common)
     return [k for k in tpl.spec["knobs"] if re.search(rf"\b{re.escape(k)}\b", code)]
 
@@ -562,7 +573,8 @@ class Gpu:
         compiled here with cupy.RawModule (NVRTC). mbar_fault: the planted-fault build."""
         arch = self.arch(tpl)
         used = code_knobs(tpl)
-        key = (tpl.rel, tuple((k, knobs[k]) for k in used), bf16, count, mbar_fault)
+        # The path, not rel: --time-against loads a second copy of the same template.
+        key = (str(tpl.path), tuple((k, knobs[k]) for k in used), bf16, count, mbar_fault)
         if key not in self.modules:
             source = build_source(tpl, knobs, bf16, mbar_fault)
             opts = ("-std=c++17",) + self.include + (("-DOPTD_COUNT_CTAS=1",) if count else ())
@@ -786,11 +798,14 @@ def fault_builds(tpl: Template) -> list[tuple[dict, bool]]:
     return []
 
 
-def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int, pairs=None) -> int:
+def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int, pairs=None, check: bool = True,
+                 time_best: bool = False, against: list[Template] | None = None) -> int:
     """Compile (CPU, NVRTC from .deps) every module a GPU run of these templates loads: check
-    and timed builds of every (code-distinct) combination of the real templates, and the
-    --faults builds. Arch-specific templates are built for sm_<min_cc>a, the others for `arch`.
-    Cubins already in out_dir (same name: same source, build and target) are kept."""
+    and timed builds of every (code-distinct) combination of the real templates (not with
+    check=False: --no-check), the --faults builds, and with time_best the timed builds of
+    BEST_POINTS (and of the same points in `against`: --time-against). Arch-specific templates
+    are built for sm_<min_cc>a, the others for `arch`. Cubins already in out_dir (same name:
+    same source, build and target) are kept."""
     import concurrent.futures as cf
     from nvrtc_compile_check import Job, _init_worker, default_cuda_include, default_nvrtc_lib
 
@@ -799,7 +814,7 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
     for tpl in templates:
         target = arch_targets(tpl, [arch])[0]
         builds = []  # (knobs, bf16, count, mbar_fault)
-        if not tpl.testing:
+        if not tpl.testing and check:
             used = code_knobs(tpl)
             seen = set()
             for knobs in combos_for(tpl, pairs):
@@ -813,6 +828,14 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
             todo[cubin_name(src, count, target)] = Job(tpl.rel, knobs, bf16, target, count, src, tpl.kernel_names())
         if tpl.arch_specific:
             print(f"  {tpl.rel}: arch-specific, built for {target} (not --arch {arch})")
+    if time_best:
+        old = {t.rel: t for t in against or []}
+        for tpl, knobs, _ in best_points(templates):
+            for t in (tpl, old.get(tpl.rel)):
+                if t is not None:
+                    src = build_source(t, knobs, False)
+                    todo[cubin_name(src, False, arch_targets(t, [arch])[0])] = Job(
+                        t.rel, knobs, False, arch_targets(t, [arch])[0], False, src, t.kernel_names())
     kept = [n for n in todo if (out_dir / n).exists()]
     for name in kept:
         del todo[name]
@@ -962,6 +985,95 @@ def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: 
         table.append(f"'default' = first value of every knob ({combo_label(default)}); "
                      f"best/dflt = SDPA default time / best time")
     return table
+
+
+def best_points(templates: list[Template]) -> list[tuple[Template, dict, tuple]]:
+    """BEST_POINTS resolved against `templates` (knobs checked against each spec): one
+    (template, knobs, shape) per timed row."""
+    by_rel = {t.rel: t for t in templates}
+    rows = []
+    for rel, knobs, shapes in BEST_POINTS:
+        tpl = by_rel.get(rel)
+        if tpl is None:
+            raise SystemExit(f"--time-best: {rel} is not among the selected templates")
+        full = dict(tpl.knob_combos()[0], **knobs)
+        if set(full) != set(tpl.spec["knobs"]) or any(v not in tpl.spec["knobs"][k] for k, v in full.items()):
+            raise SystemExit(f"--time-best: {rel} {combo_label(knobs)} is not a point of its knob space")
+        rows += [(tpl, full, shape) for shape in shapes]
+    return rows
+
+
+def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
+    """Median microseconds of one call of `fn`, timed as time_us times a kernel: a CUDA graph
+    of `reps` back-to-back calls, CUDA events around each replay."""
+    torch = gpu.torch
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(reps):
+                fn()
+        for _ in range(3):
+            graph.replay()
+        times = []
+        for _ in range(samples):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            graph.replay()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0 / reps)
+    return statistics.median(times)
+
+
+def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | None, rounds: int) -> list[str]:
+    """Times BEST_POINTS (fp16) and SDPA default on the same shapes, `rounds` rounds; with
+    `against` (the same templates from another folder, e.g. an earlier commit) each point is
+    also timed in that version, the two alternating first within a round, so both are measured
+    at the same clocks. A graph holds enough launches for about 2 ms (at least 3, at most 50);
+    each measurement is the median of 20 replays; a row gives the median over rounds and the
+    rounds' spread (max / min - 1). Returns the table's lines."""
+    rows = best_points(templates)
+    old = {t.rel: t for t in against or []}
+    versions = ["new", "old"] if against else ["new"]
+    lines = [f"best kernels (fp16, {rounds} rounds, graph of back-to-back launches, median of 20 replays per "
+             f"round), {gpu.name}"]
+    if against:
+        lines.append(f"new = {templates[0].root}, old = {against[0].root}")
+    head = f"{'shape':22} {'template':12} {'new us':>9} {'spread':>6}"
+    if against:
+        head += f" {'old us':>9} {'spread':>6} {'new/old':>7}"
+    head += f" {'sdpa us':>9} {'TFLOPS':>7}  knobs"
+    lines.append(head)
+    ratios = []
+    for tpl, knobs, shape in rows:
+        q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
+        variants = {"new": tpl, "old": old.get(tpl.rel)}
+        if against and variants["old"] is None:
+            raise SystemExit(f"--time-against: {tpl.rel} is missing there")
+        probe = gpu.time_us(tpl, knobs, shape, reps=3, samples=3)
+        reps = max(3, min(50, round(2000.0 / max(probe, 1e-3))))
+        times: dict[str, list[float]] = {name: [] for name in versions + ["sdpa"]}
+        for r in range(rounds):
+            for name in (versions if r % 2 == 0 else versions[::-1]):
+                times[name].append(gpu.time_us(variants[name], knobs, shape, reps=reps, samples=20))
+            times["sdpa"].append(time_torch_graph_us(
+                gpu, lambda: gpu.F.scaled_dot_product_attention(q, k, v, is_causal=shape[4]), reps, 20))
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        spread = {name: max(ts) / min(ts) - 1 for name, ts in times.items()}
+        line = f"{shape_key(shape):22} {Path(tpl.rel).stem:12} {med['new']:9.2f} {spread['new']:6.1%}"
+        if against:
+            ratios.append(med["new"] / med["old"])
+            line += f" {med['old']:9.2f} {spread['old']:6.1%} {ratios[-1]:7.3f}"
+        line += f" {med['sdpa']:9.2f} {attn_flops(shape) / med['new'] / 1e6:7.1f}  {combo_label(knobs)}"
+        lines.append(line)
+        print(line, flush=True)
+    if ratios:
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        lines.append(f"new/old: geometric mean {geo:.3f}, range {min(ratios):.3f} .. {max(ratios):.3f}")
+    return lines
 
 
 # ---------------------------------------------------------------------------
@@ -1191,6 +1303,12 @@ def main() -> int:
     ap.add_argument("--pairs", action="append", metavar="TEMPLATE",
                     help="check this template on a pairwise covering set of its knob combinations")
     ap.add_argument("--sdpa", action="store_true", help="time the selected templates against SDPA (SDPA_SHAPES)")
+    ap.add_argument("--time-best", action="store_true",
+                    help="time BEST_POINTS (the daemon's best kernel per shape) and SDPA default, fp16")
+    ap.add_argument("--time-against", metavar="DIR",
+                    help="with --time-best: also time each point with the templates in DIR (another version of "
+                         "kernel-templates/), interleaved with the current ones")
+    ap.add_argument("--rounds", type=int, default=5, help="--time-best rounds (default 5)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",
@@ -1205,10 +1323,12 @@ def main() -> int:
     if args.template:
         templates = [t for t in templates if t.rel in args.template or t.name in args.template
                      or Path(t.rel).name in args.template]
+    against = load_templates(Path(args.time_against).resolve()) if args.time_against else None
     if args.dry_run:
         return dry_run(templates)
     if args.build_cubins:
-        return build_cubins(templates, Path(args.build_cubins), args.arch, args.jobs, args.pairs)
+        return build_cubins(templates, Path(args.build_cubins), args.arch, args.jobs, args.pairs,
+                            check=not args.no_check, time_best=args.time_best, against=against)
     check_shapes = CHECK_SHAPES + (EXTRA_CHECK_SHAPES if args.more_shapes else [])
 
     t_start = time.perf_counter()
@@ -1317,6 +1437,9 @@ def main() -> int:
                 print(f"  {shape_key(shape) if rank == 0 else '':22} {us:8.2f}  {combo_label(knobs)}")
 
     sdpa_table = sdpa_compare(gpu, templates) if args.sdpa else []
+    if args.time_best:
+        print()
+        sdpa_table += time_best(gpu, templates, against, args.rounds)
 
     # Last: a killed hung kernel should not disturb anything, but it runs after the timing anyway.
     fault_failures = 0

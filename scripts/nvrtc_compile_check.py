@@ -2,9 +2,11 @@
 """Compile every optimizerd kernel template with NVRTC, on the CPU, no GPU needed.
 
 For each template under kernel-templates/ (common/ excluded) this renders the
-source exactly as the daemon does -- one `#define KNOB value` line per knob plus
-`#define OPTD_BF16 0|1`, followed by the template with its
-`#include "common/optd.cuh"` line replaced by that file's text -- for every
+source as the daemon does (src/pipeline/render.rs) -- one `#define KNOB value`
+line per knob, `#define OPTD_BF16 0|1`, `#define OPTD_SMEM_BYTES_<ROLE>_D64|_D128
+bytes` per launch role (the spec's smem formula at that head dim, see
+layout_smem()), followed by the template with its local `#include "common/..."`
+lines replaced by those files' text -- for every
 combination of the knob values in the template's `optimizerd:spec` block, both
 element types, each target architecture, and with and without
 -DOPTD_COUNT_CTAS=1 (the daemon's check build). Each is compiled to a cubin,
@@ -70,6 +72,11 @@ class Template:
     @property
     def name(self) -> str:
         return self.spec["template"]["name"]
+
+    @property
+    def root(self) -> Path:
+        """The kernel-templates folder this template was loaded from (its common/ is inlined)."""
+        return self.path.parents[len(Path(self.rel).parts) - 1]
 
     @property
     def testing(self) -> bool:
@@ -148,17 +155,78 @@ def load_templates(root: Path = TEMPLATES_DIR) -> list[Template]:
     return out
 
 
-def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path = TEMPLATES_DIR) -> str:
-    """The daemon's rendering: defines, then the template with its local includes inlined."""
+# ---------------------------------------------------------------------------
+# Spec expressions. They are minijinja expressions restricted to arithmetic,
+# comparisons, and/or, `a if c else b` and cdiv/min/max calls, which is also
+# valid Python with the same meaning (`//` floors in both), so Python's eval
+# with no builtins evaluates them (check_templates_gpu.py cross-checks jinja2).
+# ---------------------------------------------------------------------------
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+FUNCS = {"cdiv": cdiv, "min": min, "max": max}
+_ALLOWED = re.compile(r"^[\w\s+\-*/%<>=!(),.]*$")
+
+
+def eval_expr(expr: str, ctx: dict):
+    """A spec expression's value; NameError where it reads a name `ctx` lacks."""
+    if not _ALLOWED.match(expr):
+        raise ValueError(f"unexpected characters in expression {expr!r}")
+    return eval(expr, {"__builtins__": {}, **FUNCS}, dict(ctx))  # noqa: S307 - spec text only
+
+
+def layout_smem(tpl: Template, knobs: dict[str, int], d: int) -> list[tuple[str, int | str]]:
+    """Template::layout_smem (src/spec/template.rs): per launch role, the spec's smem formula
+    over the knobs, D and ELEM_BYTES alone (and the derived values computable from them), or
+    why it has no such value (it reads the shape or the device)."""
+    ctx = dict(knobs, D=d, ELEM_BYTES=2)
+    for name, expr in tpl.spec["derived"].items():
+        try:
+            ctx[name] = eval_expr(str(expr), ctx)
+        except (NameError, ArithmeticError):
+            pass  # needs the shape (m_blocks, splits)
+    out: dict[str, int | str] = {}
+    for launch in tpl.spec["launch"]:
+        smem = str(launch.get("smem", "0"))
+        try:
+            v = eval_expr(smem, ctx)
+            value = int(v) if not isinstance(v, bool) and float(v).is_integer() else f"smem {smem!r} gave {v!r}"
+        except (NameError, ArithmeticError) as e:
+            value = f"smem {smem!r} has no value from the knobs and D alone ({e})"
+        role = launch["kernel"]
+        if role in out and out[role] != value:
+            value = f"the launches of role `{role}` declare different smem formulas"
+        out[role] = value
+    return list(out.items())
+
+
+def smem_defines(tpl: Template, knobs: dict[str, int]) -> str:
+    """`#define OPTD_SMEM_BYTES_<ROLE>_D<d> bytes` per role and head dim, as the daemon's
+    renderer writes them (a comment where the formula has no value per head dim)."""
+    lines = []
+    for d in HEAD_DIMS:
+        for role, value in layout_smem(tpl, knobs, d):
+            name = f"OPTD_SMEM_BYTES_{role.upper()}_D{d}"
+            lines.append(f"#define {name} {value}\n" if isinstance(value, int) else f"// {name} not defined: {value}\n")
+    return "".join(lines)
+
+
+def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path | None = None) -> str:
+    """The daemon's rendering: defines, then the template with its local includes inlined
+    (from `root`, by default the folder the template was loaded from)."""
+    root = tpl.root if root is None else root
     if sum(1 for ln in tpl.text.splitlines() if ln.strip() == INCLUDE_LINE) != 1:
         raise ValueError(f"{tpl.rel}: expected exactly one line `{INCLUDE_LINE}`")
     header = "".join(f"#define {k} {v}\n" for k, v in knobs.items())
     header += f"#define OPTD_BF16 {1 if bf16 else 0}\n"
+    header += smem_defines(tpl, knobs)
     return header + _inline_includes(tpl.text, root, 0)
 
 
 def _inline_includes(text: str, root: Path, depth: int) -> str:
-    """`#include "x"` lines replaced by root/x (recursively), as src/pipeline/render.rs does."""
+    """`#include "x"` lines replaced by root/x (recursively, 4 levels), as src/pipeline/render.rs
+    does; the headers' include guards keep a header included twice from being defined twice."""
     out = []
     for line in text.splitlines(keepends=True):
         m = re.match(r'\s*#\s*include\s*"([^"]+)"\s*$', line)

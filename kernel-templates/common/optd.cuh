@@ -1,16 +1,19 @@
 /******************************************************************************
  * optd.cuh: what every optimizerd kernel template shares.
  *
- * The renderer puts a block of `#define KNOB value` lines (plus OPTD_BF16 and,
- * for check builds, -DOPTD_COUNT_CTAS=1) in front of a template and replaces
- * the template's `#include "common/optd.cuh"` line with this file, so nothing
- * here may rely on a real include path except the CUDA half/bfloat16 headers.
+ * The renderer puts a block of `#define KNOB value` lines (plus OPTD_BF16, the
+ * OPTD_SMEM_BYTES_<ROLE>_D64 / _D128 values below and, for check builds,
+ * -DOPTD_COUNT_CTAS=1) in front of a template and replaces the template's
+ * `#include "common/optd.cuh"` line with this file, so nothing here may rely
+ * on a real include path except the CUDA half/bfloat16 headers.
  *
  * Provided:
  *   elem_t, to_f32(), from_f32()  the storage type of Q, K, V and O
  *   elem2_t, to_f32x2(), from_f32x2(), unpack8()   paired / 16-byte forms
  *   OPTD_ARGS, OPTD_ARG_NAMES      the kernel ABI (parameters / their names)
  *   OPTD_CTA_DONE()                the per-CTA completion count of check builds
+ *   OPTD_CHECK_SMEM(ROLE, D, n)    the kernel's shared-memory layout ends at the
+ *                                  bytes the spec's smem formula gives its launch
  *   warp_sum(), warp_max()         butterfly reductions over a full warp
  ******************************************************************************/
 #ifndef OPTD_COMMON_CUH
@@ -98,6 +101,31 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
         (void)cta_counter; \
     } while (0)
 #endif
+
+// ---------------------------------------------------------------------------
+// Shared memory: one number, checked where it is used. The gate sizes a
+// launch's dynamic shared memory with the spec's `smem` formula; the renderer
+// evaluates the same formula for this knob point at each head dim and defines
+// OPTD_SMEM_BYTES_<ROLE>_D64 / _D128 (ROLE = the launch's kernel role in upper
+// case). A kernel states where its own layout ends,
+//     OPTD_CHECK_SMEM(FWD, D, Layout<D>::BYTES);
+// and a layout that no longer matches the formula (or the reverse) does not
+// compile: NVRTC names optd_smem_check<layout bytes, formula bytes>. A formula
+// that reads the shape or the device (S, B, H, SMS, ...) gets no define (the
+// renderer says why in a comment), so a template checked this way must keep
+// its shared memory a function of the knobs and D.
+// ---------------------------------------------------------------------------
+template <long long kLayoutBytes, long long kFormulaBytes>
+struct optd_smem_check {
+    static_assert(kLayoutBytes == kFormulaBytes,
+                  "OPTD_CHECK_SMEM: the kernel's shared-memory layout does not end at the bytes the spec's smem "
+                  "formula gives its launch (optd_smem_check<layout bytes, formula bytes>)");
+};
+#define OPTD_SMEM_BYTES(ROLE, D) \
+    ((D) == 64 ? OPTD_SMEM_BYTES_##ROLE##_D64 : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128 : -1)
+// sizeof instantiates the class (and its static_assert) and emits nothing.
+#define OPTD_CHECK_SMEM(ROLE, D, BYTES) \
+    static_assert(sizeof(optd_smem_check<(BYTES), OPTD_SMEM_BYTES(ROLE, D)>) > 0, "see optd_smem_check")
 
 // ---------------------------------------------------------------------------
 // Warp reductions: every lane ends with the result.

@@ -1,22 +1,34 @@
 /******************************************************************************
- * quad_softmax.cuh: the register-level pieces of an online softmax over
- * m16n8 accumulator tiles (mma.sync m16n8k16, and wgmma, whose m64nN
- * accumulators are the same layout per warp): the 4 lanes of a quad
- * (lane / 4 = the row g, lane % 4 = the column pair) hold one row of a tile.
+ * quad_softmax.cuh: masking and the online softmax on m16n8 accumulator
+ * tiles, the layout of mma.sync m16n8k16 and, per warp, of wgmma's m64nN.
  *
- *   fast_exp2(x)       2^x by ex2.approx.ftz; 2^-inf = +0, which masking relies on
+ * A thread holds kMT m16 tiles x kNT n8 column blocks x 4 values; `at(mt, j, e)`
+ * (a lambda returning float&, so each kernel keeps its own register array)
+ * names value e of block j of m-tile mt:
+ *   row  16 mt + g + 8 (e >> 1),  column 8 j + 2 t + (e & 1),
+ *   g = lane / 4, t = lane % 4;
+ * the thread's row h = 2 mt + (e >> 1) is an OnlineSoftmax<2 kMT, ...> row, and
+ * the 4 lanes of a quad (same g) share every row.
+ *
+ *   m16n8_mask<kMT, kNT, kRowLimit>(at, mask, row, col)  -inf where mask hides the key;
+ *                                               row / col: the thread's first
+ *                                               row and column (g, 2 t)
+ *   m16n8_row_max<kMT, kNT>(at, m, mx)            mx[h] = max(m[h], row h) over
+ *                                               the quad
+ *   m16n8_exp2<kMT, kNT>(at, sm, scale_log2, bias) scores -> probabilities,
+ *                                               summed into sm.l
+ *   m16n8_scale_rows<kMT, kNT>(at, f)             row h *= f[h] (O's correction,
+ *                                               1 / l)
  *   pack2(a, b)        two fp32 -> one f16x2 / bf16x2 register (an A fragment half)
  *   quad_max/quad_sum  reductions over the quad (2 xor shuffles)
- * Used by mma_fa2.cu and wgmma_tma.cu.
+ * Used by mma_fa2.cu and wgmma_tma.cu. Every loop is unrolled: `at` always
+ * gets constant indices, so the arrays stay in registers.
  ******************************************************************************/
 #ifndef OPTD_QUAD_SOFTMAX_CUH
 #define OPTD_QUAD_SOFTMAX_CUH
 
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+#include "common/online_softmax.cuh"
+#include "common/mask.cuh"
 
 __device__ __forceinline__ unsigned pack2(float a, float b) {
     elem2_t h = from_f32x2(a, b);
@@ -30,6 +42,82 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Scores of keys the rows do not see -> -inf, in one of two forms of the same
+// test. kRowLimit: one limit per row relative to the thread's first column,
+// so each column compares an immediate (fewer registers live: wgmma_tma, and
+// mma_fa2 with two m-tiles); else KeyMask::sees per element (mma_fa2 with one
+// m-tile, whose kernels ptxas schedules ~1% faster that way on the H100's
+// smallest shapes: docs/HOPPER.md, kernel library).
+template <int kMT, int kNT, bool kRowLimit, class At>
+__device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, int kv0, int col) {
+    if constexpr (kRowLimit) {
+#pragma unroll
+        for (int h = 0; h < 2 * kMT; ++h) {
+            const int lim = mask.limit(row + 16 * (h >> 1) + 8 * (h & 1)) - kv0 - col;
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (j * 8 + e >= lim) at(h >> 1, j, 2 * (h & 1) + e) = OPTD_NEG_INF;
+            }
+        }
+    } else {
+        const int rowd = row + mask.causal_offset;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kv0 + j * 8 + col + (e & 1);
+                    const int r = rowd + 16 * mt + 8 * (e >> 1);
+                    if (key >= mask.key_end || (mask.causal && key > r)) at(mt, j, e) = OPTD_NEG_INF;
+                }
+            }
+        }
+    }
+}
+
+template <int kMT, int kNT, class At>
+__device__ __forceinline__ void m16n8_row_max(At at, const float (&m)[2 * kMT], float (&mx)[2 * kMT]) {
+#pragma unroll
+    for (int h = 0; h < 2 * kMT; ++h) mx[h] = m[h];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+            mx[2 * mt] = fmaxf(mx[2 * mt], fmaxf(at(mt, j, 0), at(mt, j, 1)));
+            mx[2 * mt + 1] = fmaxf(mx[2 * mt + 1], fmaxf(at(mt, j, 2), at(mt, j, 3)));
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2 * kMT; ++h) mx[h] = quad_max(mx[h]);
+}
+
+template <int kMT, int kNT, class At, class Softmax>
+__device__ __forceinline__ void m16n8_exp2(At at, Softmax& sm, float scale_log2, const float (&bias)[2 * kMT]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) at(mt, j, e) = sm.prob(at(mt, j, e), 2 * mt + (e >> 1), scale_log2, bias[2 * mt + (e >> 1)]);
+        }
+    }
+}
+
+template <int kMT, int kNT, class At>
+__device__ __forceinline__ void m16n8_scale_rows(At at, const float (&f)[2 * kMT]) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) at(mt, j, e) *= f[2 * mt + (e >> 1)];
+        }
+    }
 }
 
 #endif  // OPTD_QUAD_SOFTMAX_CUH

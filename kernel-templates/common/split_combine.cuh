@@ -24,6 +24,7 @@
 
 template <int D>
 __device__ __forceinline__ void optd_split_combine(OPTD_ARGS) {
+    OPTD_CHECK_SMEM(COMBINE, D, 0);  // the templates launch it as role `combine` with smem "0"
     constexpr int DP = D / 64;
     const int lane = threadIdx.x & 31;
     const size_t rows_total = (size_t)batch * heads * seq_len;

@@ -2,13 +2,18 @@
 //!
 //! Knobs become `#define`s in front of the template text, and local `#include "..."`
 //! lines are inlined, so the committed source compiles on its own (NVRTC, nvcc, an
-//! export) and its hash identifies exactly what ran.
+//! export) and its hash identifies exactly what ran. The shared memory the gate will
+//! give each launch is defined too (`OPTD_SMEM_BYTES_<ROLE>_D64` / `_D128`, the spec's
+//! `smem` formula for these knobs at each head dim), so that a template can
+//! `static_assert` its layout against the number the launch really gets
+//! (`OPTD_CHECK_SMEM` in common/optd.cuh).
 
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use crate::spec::assets;
+use crate::spec::config::HEAD_DIMS;
 use crate::spec::protocol::DType;
 use crate::spec::template::{Params, Template, TemplateError};
 
@@ -34,10 +39,26 @@ pub fn render(template: &Template, params: &Params, dtype: DType, templates_dir:
     for (name, value) in params {
         out.push_str(&format!("#define {name} {value}\n"));
     }
+    smem_defines(template, params, &mut out);
     out.push('\n');
     inline_includes(&template.text, templates_dir, &mut out, 0)?;
     let hash = hex(&Sha256::digest(out.as_bytes()));
     Ok(Rendered { source: out, hash })
+}
+
+/// `#define OPTD_SMEM_BYTES_<ROLE>_D<d> <bytes>` per launch role and head dim; where the
+/// formula has no value per head dim (it reads the shape or the device), a comment saying
+/// why instead, so that a template checking that launch fails to compile on the name.
+fn smem_defines(template: &Template, params: &Params, out: &mut String) {
+    for d in HEAD_DIMS {
+        for (role, bytes) in template.layout_smem(params, d) {
+            let name = format!("OPTD_SMEM_BYTES_{}_D{d}", role.to_ascii_uppercase());
+            match bytes {
+                Ok(n) => out.push_str(&format!("#define {name} {n}\n")),
+                Err(why) => out.push_str(&format!("// {name} not defined: {why}\n")),
+            }
+        }
+    }
 }
 
 fn inline_includes(text: &str, dir: &Path, out: &mut String, depth: usize) -> Result<(), TemplateError> {
@@ -66,4 +87,192 @@ fn local_include(line: &str) -> Option<&str> {
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::spec::protocol::{DeviceInfo, Shape};
+
+    fn templates_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("kernel-templates")
+    }
+
+    /// Every `*.cu` under kernel-templates/ and kernel-templates/testing/.
+    fn all_templates() -> Vec<Template> {
+        let dir = templates_dir();
+        let mut out = Vec::new();
+        for sub in ["", "testing"] {
+            let mut files: Vec<String> = std::fs::read_dir(dir.join(sub))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+                .map(|p| p.strip_prefix(&dir).unwrap().display().to_string())
+                .collect();
+            files.sort();
+            out.extend(files.iter().map(|f| Template::load(&dir, f).unwrap()));
+        }
+        out
+    }
+
+    /// Every combination of the template's knob values.
+    fn every_point(t: &Template) -> Vec<Params> {
+        let mut points = vec![Params::new()];
+        for (name, values) in &t.knobs {
+            points = points
+                .into_iter()
+                .flat_map(|p| values.iter().map(move |v| {
+                    let mut q = p.clone();
+                    q.insert(name.clone(), *v);
+                    q
+                }))
+                .collect();
+        }
+        points
+    }
+
+    fn h100() -> DeviceInfo {
+        DeviceInfo {
+            name: "H100 (test)".into(),
+            cc_major: 9,
+            cc_minor: 0,
+            sm_count: 132,
+            smem_optin: 232448,
+            smem_per_sm: 233472,
+            l2_bytes: 50 << 20,
+            max_threads_per_sm: 2048,
+            driver_version: 13000,
+            nvrtc_version: (13, 0),
+            arch: "sm_90".into(),
+        }
+    }
+
+    /// The `#define OPTD_SMEM_BYTES_*` lines of a rendered source.
+    fn smem_defines_of(source: &str) -> BTreeMap<String, u32> {
+        source
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define OPTD_SMEM_BYTES_"))
+            .map(|rest| {
+                let (name, value) = rest.split_once(' ').unwrap();
+                (format!("OPTD_SMEM_BYTES_{name}"), value.trim().parse().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_smem_defines_are_the_bytes_the_gate_gives_every_launch() {
+        let dev = h100();
+        let mut checked = 0;
+        for t in all_templates() {
+            for p in every_point(&t) {
+                let defines = smem_defines_of(&render(&t, &p, DType::Fp16, &templates_dir()).unwrap().source);
+                assert_eq!(defines.len(), 2 * t.kernel_names(&[64]).len(), "{} {p:?}: {defines:?}", t.file);
+                // The gate plans per shape; none of today's formulas may depend on more than D.
+                for (s, causal, b, h) in [(1, false, 1, 1), (1000, true, 2, 3), (4097, false, 4, 16), (8192, true, 2, 16)] {
+                    for d in HEAD_DIMS {
+                        let shape = Shape { b, h, s, d, causal, dtype: DType::Fp16 };
+                        for l in t.plan(&p, &shape, &dev).unwrap().launches {
+                            let role = l.kernel.strip_prefix("optd_").unwrap().rsplit_once("_d").unwrap().0.to_ascii_uppercase();
+                            let name = format!("OPTD_SMEM_BYTES_{role}_D{d}");
+                            assert_eq!(defines.get(&name), Some(&l.dyn_smem), "{} {p:?} {}: {name}", t.file, shape.key());
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+    }
+
+    #[test]
+    fn a_smem_formula_that_reads_the_shape_gets_a_comment_instead_of_a_define() {
+        let text = "/* optimizerd:spec\n[template]\nname = \"t\"\n[knobs]\nW = [2]\n[derived]\nrows = \"cdiv(S, 64)\"\n\
+                    [[launch]]\nkernel = \"fwd\"\ngrid = [\"rows\", \"1\", \"1\"]\nblock = [\"32\", \"1\", \"1\"]\nsmem = \"rows * W * D\"\n*/\n";
+        let t = Template::parse("t.cu", text.to_string()).unwrap();
+        let p: Params = [("W".to_string(), 2)].into();
+        let src = render(&t, &p, DType::Fp16, &templates_dir()).unwrap().source;
+        assert!(smem_defines_of(&src).is_empty(), "{src}");
+        for d in HEAD_DIMS {
+            let line = src.lines().find(|l| l.starts_with(&format!("// OPTD_SMEM_BYTES_FWD_D{d} not defined: "))).unwrap_or_else(|| panic!("{src}"));
+            assert!(line.contains("rows * W * D"), "{line}");
+        }
+        // A formula of the knobs and D alone is defined per head dim.
+        let t = Template::parse("t.cu", text.replace("rows * W * D", "W * D + 16")).unwrap();
+        let src = render(&t, &p, DType::Fp16, &templates_dir()).unwrap().source;
+        assert_eq!(smem_defines_of(&src), [("OPTD_SMEM_BYTES_FWD_D64".into(), 144), ("OPTD_SMEM_BYTES_FWD_D128".into(), 272)].into());
+    }
+
+    /// A template whose layout and the gate's number disagree does not compile, and NVRTC's
+    /// message names both: the layout's bytes are the formula's, moved 16 bytes off here.
+    #[test]
+    fn a_wrong_smem_define_fails_to_compile_naming_both_numbers() {
+        let tc = crate::nvrtc::locate().unwrap_or_else(|e| panic!("NVRTC is required for this test (run scripts/setup.sh): {e}"));
+        let checked: Vec<Template> = all_templates().into_iter().filter(|t| t.text.contains("OPTD_CHECK_SMEM(FWD")).collect();
+        let names: Vec<&str> = checked.iter().map(|t| t.file.as_str()).collect();
+        for must in ["kv_split.cu", "memory.cu", "mma_fa2.cu", "wgmma_tma.cu", "wmma.cu"] {
+            assert!(names.contains(&must), "{must} does not check its shared memory: {names:?}");
+        }
+        for t in &checked {
+            let p = t.default_params();
+            let src = render(t, &p, DType::Bf16, &templates_dir()).unwrap().source;
+            let mut wrong = src.clone();
+            let mut expect = Vec::new();
+            for d in HEAD_DIMS {
+                let line = format!("#define OPTD_SMEM_BYTES_FWD_D{d} ");
+                let n: u32 = src.lines().find_map(|l| l.strip_prefix(&line)).unwrap().parse().unwrap();
+                wrong = wrong.replace(&format!("{line}{n}\n"), &format!("{line}{}\n", n + 16));
+                expect.push(format!("kLayoutBytes={n}LL, kFormulaBytes={}LL", n + 16));
+            }
+            let arch = if t.meta.arch_specific { format!("sm_{}a", t.meta.min_cc) } else { "sm_90".to_string() };
+            match crate::nvrtc::compile(&tc, &wrong, "candidate.cu", &arch, &[]) {
+                Ok(_) => panic!("{}: compiled with a wrong shared-memory size", t.file),
+                Err(e) => {
+                    let log = e.log();
+                    assert!(log.contains("OPTD_CHECK_SMEM"), "{}: {log}", t.file);
+                    for x in &expect {
+                        assert!(log.contains(x.as_str()), "{}: no `{x}` in {log}", t.file);
+                    }
+                }
+            }
+        }
+    }
+
+    /// scripts/nvrtc_compile_check.py (the GPU checker's renderer) writes the same defines.
+    #[test]
+    fn the_python_twin_writes_the_same_smem_defines() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new("python3")
+            .current_dir(root.join("scripts"))
+            .args([
+                "-c",
+                "import json, nvrtc_compile_check as n\n\
+                 print(json.dumps({t.rel: [n.smem_defines(t, k) for k in t.knob_combos()] for t in n.load_templates()}))",
+            ])
+            .output()
+            .expect("python3");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let py: BTreeMap<String, Vec<String>> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(py.len(), all_templates().len());
+        for t in all_templates() {
+            let points = every_point(&t);
+            let want = &py[&t.file];
+            assert_eq!(points.len(), want.len(), "{}", t.file);
+            // Python lists combinations in declaration order, Rust's Params are sorted: compare as sets.
+            let rust: std::collections::BTreeSet<String> = points
+                .iter()
+                .map(|p| render(&t, p, DType::Fp16, &templates_dir()).unwrap().source)
+                .map(|s| {
+                    s.lines()
+                        .filter(|l| l.starts_with("#define OPTD_SMEM_BYTES_") || (l.starts_with("// OPTD_SMEM_BYTES_") && l.contains(" not defined: ")))
+                        .map(|l| format!("{l}\n"))
+                        .collect()
+                })
+                .collect();
+            let python: std::collections::BTreeSet<String> = want.iter().cloned().collect();
+            assert_eq!(rust, python, "{}", t.file);
+        }
+    }
 }

@@ -314,6 +314,44 @@ impl Template {
         Ok(ShapePlan { shape: *shape, n_splits, launches, tensor_maps })
     }
 
+    /// The dynamic shared memory of each launch role at head dim `d`, for the renderer to
+    /// hand the kernel (`OPTD_SMEM_BYTES_<ROLE>_D<d>`) so that it can check its layout at
+    /// compile time. The `smem` formula is evaluated as [`Template::plan`] does, but over
+    /// the knobs, `D` and `ELEM_BYTES` alone (and the derived values computable from them):
+    /// a formula that reads the shape or the device has no single value per head dim and
+    /// gives Err with the evaluator's reason. Roles in declaration order, each once; two
+    /// launches of one role that disagree give Err.
+    pub fn layout_smem(&self, params: &Params, d: u32) -> Vec<(String, Result<u32, String>)> {
+        let env = formula_env();
+        let mut vars: BTreeMap<String, i64> = params.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        vars.insert("D".into(), d as i64);
+        vars.insert("ELEM_BYTES".into(), 2);
+        for (name, expr) in &self.derived {
+            // A derived value that needs the shape (m_blocks, splits) is simply not there.
+            if let Ok(v) = self.eval_int(&env, name, expr, &vars) {
+                vars.insert(name.clone(), v);
+            }
+        }
+        let mut out: Vec<(String, Result<u32, String>)> = Vec::new();
+        for (i, l) in self.launches.iter().enumerate() {
+            let value = match self.eval_int(&env, &format!("launch[{i}].smem"), &l.smem, &vars) {
+                Ok(v) => u32::try_from(v).map_err(|_| format!("smem \"{}\" gave {v}", l.smem)),
+                Err(TemplateError::Formula { message, .. }) => {
+                    Err(format!("smem \"{}\" has no value from the knobs and D alone ({})", l.smem, message.replace('\n', " ")))
+                }
+                Err(e) => Err(e.to_string().replace('\n', " ")),
+            };
+            match out.iter_mut().find(|(role, _)| *role == l.kernel) {
+                None => out.push((l.kernel.clone(), value)),
+                Some((_, seen)) if *seen != value => {
+                    *seen = Err(format!("the launches of role `{}` declare different smem formulas", l.kernel))
+                }
+                Some(_) => {}
+            }
+        }
+        out
+    }
+
     fn formula_err(&self, name: &str, expr: &str, message: String) -> TemplateError {
         TemplateError::Formula { template: self.name().to_string(), name: name.into(), expr: expr.into(), message }
     }

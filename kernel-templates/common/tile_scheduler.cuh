@@ -1,0 +1,91 @@
+/******************************************************************************
+ * tile_scheduler.cuh: which (query tile, head) work tiles a CTA takes, and in
+ * what order. Every role of a warp-specialized CTA (the TMA producer and each
+ * consumer warpgroup) walks the same sequence with its own copy of the
+ * scheduler, so they agree on it without talking to each other:
+ *
+ *   const TileScheduler<kPersistent> sched(n_mb, n_bh, causal, kv_head_bytes, group_bytes);
+ *   for (int r = 0, n = 0; r < sched.rounds(); ++r) {
+ *       if (!sched.has(r)) continue;  // only the last round can be short
+ *       const WorkTile w = sched.tile(r);
+ *       const int i = n++;            // the CTA's tiles so far: a per-tile barrier's phase
+ *       ... query tile w.m_block of head w.bh (b * H + h) ...
+ *   }
+ * Keep this loop shape (a round bound, a skip, a separate count, the tile
+ * recomputed from the round): ptxas compiled wgmma_tma best with it. Looping
+ * on has(i) alone, or carrying the tile across iterations, cost the
+ * 32-register producer of 3 consumers a spill per work tile and moved the
+ * consumers' softmax scale out of the uniform registers (~1% at D 128).
+ *
+ * kPersistent = false: grid n_mb x n_bh, one work tile per CTA.
+ *   Not causal: tile (blockIdx.x, blockIdx.y).
+ *   Causal: CTAs start in linear-id order, and the id maps to tiles longest
+ *   first (the last query tiles see the most keys) across a group of heads
+ *   whose K/V together fit group_bytes (kept in L2), every head of the group
+ *   at each step: the last wave holds only light tiles.
+ * kPersistent = true: grid min(n_mb * n_bh, SMs) x 1. Work tile wk is head-major
+ *   (head wk / n_mb, so the CTAs running at once share a head's K/V in L2;
+ *   causal: within a head the heaviest query tile first); rounds of gridDim.x
+ *   consecutive tiles, CTA j taking entry j of even rounds and gridDim.x - 1 - j
+ *   of odd ones (a snake: a CTA with a heavy tile in one round gets a light one
+ *   in the next).
+ * The measurements behind both orders are in wgmma_tma.cu and docs/HOPPER.md.
+ ******************************************************************************/
+#ifndef OPTD_TILE_SCHEDULER_CUH
+#define OPTD_TILE_SCHEDULER_CUH
+
+struct WorkTile {
+    int m_block;  // query tile
+    int bh;       // b * H + h
+};
+
+template <bool kPersistent>
+struct TileScheduler {
+    int n_mb;                  // query tiles per head
+    int n_bh;                  // heads, B * H
+    int n_rounds;              // rounds of gridDim.x work tiles (the last may be short); 1 if not persistent
+    bool causal;
+    long long kv_head_bytes;   // K and V of one head (causal head groups)
+    long long group_bytes;     // K/V bytes of the heads scheduled together (causal, not persistent)
+
+    __device__ __forceinline__ TileScheduler(int n_mb_, int n_bh_, bool causal_, long long kv_head_bytes_,
+                                             long long group_bytes_)
+        : n_mb(n_mb_),
+          n_bh(n_bh_),
+          n_rounds(kPersistent ? (n_mb_ * n_bh_ + (int)gridDim.x - 1) / (int)gridDim.x : 1),
+          causal(causal_),
+          kv_head_bytes(kv_head_bytes_),
+          group_bytes(group_bytes_) {}
+
+    __device__ __forceinline__ int rounds() const { return n_rounds; }
+    // Whether this CTA has a work tile in round r (< rounds()).
+    __device__ __forceinline__ bool has(int r) const {
+        if constexpr (kPersistent) return work_index(r) < n_mb * n_bh;
+        else return true;
+    }
+    // This CTA's work tile of round r (has(r)).
+    __device__ __forceinline__ WorkTile tile(int r) const {
+        if constexpr (kPersistent) {
+            const int wk = work_index(r);
+            return WorkTile{causal ? n_mb - 1 - wk % n_mb : wk % n_mb, wk / n_mb};
+        } else {
+            if (!causal) return WorkTile{(int)blockIdx.x, (int)blockIdx.y};
+            // Heads in groups of g; within a group the linear id walks the query
+            // tiles heaviest first, every head of the group at each step.
+            const int g = (int)max(1ll, min((long long)n_bh, group_bytes / kv_head_bytes));
+            const int lin = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+            const int g0 = lin / (g * n_mb) * g;  // the group's first head
+            const int gh = min(g, n_bh - g0);     // heads in this (maybe last, smaller) group
+            const int within = lin - g0 * n_mb;
+            return WorkTile{n_mb - 1 - within / gh, g0 + within % gh};
+        }
+    }
+
+  private:
+    // Persistent: the work tile of round r for this CTA (a snake over the rounds).
+    __device__ __forceinline__ int work_index(int r) const {
+        return r * (int)gridDim.x + ((r & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
+    }
+};
+
+#endif  // OPTD_TILE_SCHEDULER_CUH
