@@ -35,9 +35,9 @@ struct KeyMask {
     __device__ __forceinline__ KeyMask(int key_end_, bool causal_, int causal_offset_)
         : key_end(key_end_), causal_offset(causal_offset_), causal(causal_) {}
 
-    // Two compares, no min: per element this is what ptxas schedules best.
     // Causal: the last key row `row` sees.
     __device__ __forceinline__ int last_key(int row) const { return row + causal_offset; }
+    // Two compares, no min: per element, what ptxas schedules best.
     __device__ __forceinline__ bool sees(int row, int key) const {
         return key < key_end && !(causal && key > last_key(row));
     }

@@ -10,9 +10,10 @@
  * the thread's row h = 2 mt + (e >> 1) is an OnlineSoftmax<2 kMT, ...> row, and
  * the 4 lanes of a quad (same g) share every row.
  *
- *   m16n8_mask<kMT, kNT, kRowLimit>(at, mask, row, col)  -inf where mask hides the key;
- *                                               row / col: the thread's first
- *                                               row and column (g, 2 t)
+ *   m16n8_mask<kMT, kNT, kRowLimit>(at, mask, row, kv0, col)
+ *                                               -inf where mask hides the key;
+ *                                               row: the thread's first row (g),
+ *                                               kv0 + col its first key (2 t)
  *   m16n8_row_max<kMT, kNT>(at, m, mx)            mx[h] = max(m[h], row h) over
  *                                               the quad
  *   m16n8_exp2<kMT, kNT>(at, sm, scale_log2, bias) scores -> probabilities,
@@ -45,11 +46,13 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // Scores of keys the rows do not see -> -inf, in one of two forms of the same
-// test. kRowLimit: one limit per row relative to the thread's first column,
-// so each column compares an immediate (fewer registers live: wgmma_tma, and
-// mma_fa2 with two m-tiles); else KeyMask::sees per element (mma_fa2 with one
-// m-tile, whose kernels ptxas schedules ~1% faster that way on the H100's
-// smallest shapes: docs/HOPPER.md, kernel library).
+// test. kRowLimit: one limit per row relative to the thread's first key, so
+// each column compares an immediate (fewer registers live: wgmma_tma, and
+// mma_fa2 with two m-tiles); else KeyMask::sees' two compares per element,
+// the causal diagonal (row + offset) computed once (mma_fa2 with one m-tile:
+// with the limit form, or the offset added per element, ptxas scheduled its
+// kernels differently and the H100's small-shape winners ran ~1% slower:
+// docs/HOPPER.md, kernel library).
 template <int kMT, int kNT, bool kRowLimit, class At>
 __device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, int kv0, int col) {
     if constexpr (kRowLimit) {
