@@ -83,6 +83,11 @@ async fn an_absurd_budget_is_refused_and_one_bad_row_never_breaks_the_others() {
     let r = run_in(d, &["status", "good"]);
     assert_code(&r, exit::SUCCESS);
     assert!(r.stdout.contains("1 baseline, 1 accepted, 1 unreadable: #2"), "{}", r.stdout);
+    let r = run_in(d, &["report", "good", "--out", "rep-unreadable", "--json"]);
+    assert_code(&r, exit::SUCCESS);
+    let w: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let notes = w["notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("could not be read") && n.as_str().unwrap().contains("#2")), "{w}");
 
     let r = run_in(d, &["forget", "huge", "alien"]);
     assert_code(&r, exit::SUCCESS);

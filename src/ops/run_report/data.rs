@@ -172,7 +172,8 @@ pub struct BestKernel {
 pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> Result<RunData, LedgerError> {
     let run = ledger.run(Some(run_id)).await?;
     let setup = ledger.run_setup(run_id).await?;
-    let its = ledger.iterations(run_id).await?;
+    // An iteration this release cannot decode (a newer one wrote it) is left out and named.
+    let (its, unreadable) = ledger.iteration_list(run_id).await?;
     let best_rows = ledger.best(run_id).await?;
     let sdpa = ledger.sdpa(run_id).await?;
     let events = ledger.events(run_id).await?;
@@ -200,6 +201,10 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> R
     let reference = if sdpa_default.is_empty() { Reference::BaselineKernel } else { Reference::SdpaDefault };
 
     let mut notes = Vec::new();
+    if !unreadable.is_empty() {
+        let which: Vec<String> = unreadable.iter().map(|u| format!("#{} ({})", u.seq, u.why)).collect();
+        notes.push(format!("{} iteration(s) could not be read and are left out of the figures: {}", unreadable.len(), which.join("; ")));
+    }
     if state.is_live() {
         notes.push(format!(
             "run in progress ({state}): this report shows the ledger as of {} ({} of budget used); run `optimizerd report {}` again for more",
