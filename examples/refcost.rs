@@ -17,7 +17,7 @@ fn main() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("{threads} threads");
     for (b, h, s, d, causal) in [(2, 16, 8192, 128, false), (2, 16, 8192, 128, true), (4, 16, 4096, 64, false), (4, 16, 4096, 64, true)] {
-        let shape = Shape { b, h, s, d, causal, dtype: DType::Fp16 };
+        let shape = Shape::mha(b, h, s, d, causal, DType::Fp16);
         let t = Instant::now();
         let (q, k, v) = r::randn_inputs(&shape, 7);
         let generated = t.elapsed();

@@ -403,7 +403,7 @@ async fn a_running_run_is_reported_as_far_as_the_ledger_goes() {
 async fn big_ledger(db: &Path, n: i64) {
     let ledger = Ledger::open(db).await.unwrap();
     let shapes: Vec<optimizerd::spec::protocol::Shape> = (0..8)
-        .map(|i| optimizerd::spec::protocol::Shape { b: 1 + i % 4, h: 16, s: 256 << (i % 5), d: 64, causal: i % 2 == 1, dtype: optimizerd::spec::protocol::DType::Fp16 })
+        .map(|i| optimizerd::spec::protocol::Shape::mha(1 + i % 4, 16, 256 << (i % 5), 64, i % 2 == 1, optimizerd::spec::protocol::DType::Fp16))
         .collect();
     ledger
         .create_run(&NewRun {

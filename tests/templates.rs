@@ -15,7 +15,7 @@ fn templates_dir() -> PathBuf {
 }
 
 fn shape(b: u32, h: u32, s: u32, d: u32, causal: bool) -> Shape {
-    Shape { b, h, s, d, causal, dtype: DType::Fp16 }
+    Shape::mha(b, h, s, d, causal, DType::Fp16)
 }
 
 fn params(t: &Template, pairs: &[(&str, i64)]) -> Params {

@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use optimizerd::pipeline::gate;
-use optimizerd::spec::protocol::{DType, DeviceInfo, Shape, ShapePlan, TensorMap, TensorName};
+use optimizerd::spec::protocol::{DType, DeviceInfo, Layout, Shape, ShapePlan, TensorMap, TensorName, ViewStrides};
 use optimizerd::strategy::search::{Search, SearchKind};
 use optimizerd::spec::template::{Params, Template};
 
@@ -15,7 +15,7 @@ fn templates_dir() -> PathBuf {
 }
 
 fn shape(b: u32, h: u32, s: u32, d: u32) -> Shape {
-    Shape { b, h, s, d, causal: false, dtype: DType::Fp16 }
+    Shape::mha(b, h, s, d, false, DType::Fp16)
 }
 
 fn with(t: &Template, pairs: &[(&str, i64)]) -> Params {
@@ -132,43 +132,72 @@ fn tensor_maps_need_hopper_and_arch_specific_needs_its_cc() {
 // ---------------------------------------------------------------------------------------
 // Geometry: one function, used by the gate, the worker and the export
 
+/// The contiguous [B,H,S,D] view of a shape.
+fn c(sh: &Shape) -> ViewStrides {
+    ViewStrides::contiguous(sh)
+}
+
 #[test]
 fn geometry_at_d64_and_d128_follows_the_convention() {
     let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle };
     // D 64, 128-byte swizzle: one 64-element panel.
-    let g = k(128, 128).geometry(&shape(2, 8, 512, 64)).unwrap();
+    let sh = shape(2, 8, 512, 64);
+    let g = k(128, 128).geometry(&sh, &c(&sh)).unwrap();
     assert_eq!(g.panel, 64);
-    assert_eq!(g.dims, [64, 512, 1, 16]);
-    assert_eq!(g.strides_bytes, [128, 128, 512 * 64 * 2]);
-    assert_eq!(g.box_dims, [64, 128, 1, 1]);
-    assert_eq!(g.element_strides, [1, 1, 1, 1]);
+    assert_eq!(g.dims, [64, 512, 1, 8, 2]);
+    assert_eq!(g.strides_bytes, [128, 128, 512 * 64 * 2, 8 * 512 * 64 * 2]);
+    assert_eq!(g.box_dims, [64, 128, 1, 1, 1]);
+    assert_eq!(g.element_strides, [1, 1, 1, 1, 1]);
     assert_eq!(g.box_bytes(), 128 * 64 * 2);
     // D 128: two panels, each row of a panel 128 bytes apart from the next panel's.
-    let g = k(64, 128).geometry(&shape(4, 16, 4096, 128)).unwrap();
-    assert_eq!(g.dims, [64, 4096, 2, 64]);
-    assert_eq!(g.strides_bytes, [256, 128, 4096 * 128 * 2]);
-    assert_eq!(g.box_dims, [64, 64, 2, 1]);
+    let sh = shape(4, 16, 4096, 128);
+    let g = k(64, 128).geometry(&sh, &c(&sh)).unwrap();
+    assert_eq!(g.dims, [64, 4096, 2, 16, 4]);
+    assert_eq!(g.strides_bytes, [256, 128, 4096 * 128 * 2, 16 * 4096 * 128 * 2]);
+    assert_eq!(g.box_dims, [64, 64, 2, 1, 1]);
     assert_eq!(g.box_bytes(), 64 * 128 * 2);
     // Smaller swizzles: narrower panels.
-    let g = k(32, 64).geometry(&shape(1, 2, 100, 128)).unwrap();
-    assert_eq!((g.dims, g.strides_bytes, g.box_dims), ([32, 100, 4, 2], [256, 64, 100 * 256], [32, 32, 4, 1]));
-    let g = k(16, 32).geometry(&shape(1, 1, 17, 64)).unwrap();
-    assert_eq!((g.dims, g.strides_bytes, g.box_dims), ([16, 17, 4, 1], [128, 32, 17 * 128], [16, 16, 4, 1]));
+    let sh = shape(1, 2, 100, 128);
+    let g = k(32, 64).geometry(&sh, &c(&sh)).unwrap();
+    assert_eq!((g.dims, g.strides_bytes, g.box_dims), ([32, 100, 4, 2, 1], [256, 64, 100 * 256, 2 * 100 * 256], [32, 32, 4, 1, 1]));
+    let sh = shape(1, 1, 17, 64);
+    let g = k(16, 32).geometry(&sh, &c(&sh)).unwrap();
+    assert_eq!((g.dims, g.strides_bytes, g.box_dims), ([16, 17, 4, 1, 1], [128, 32, 17 * 128, 17 * 128], [16, 16, 4, 1, 1]));
+}
+
+/// GQA and decode: K and V maps take HKV heads of SK rows, Q and O HQ of SQ; [B,S,H,D]
+/// puts the heads D apart and the rows H*D apart; a padded view only widens the strides.
+#[test]
+fn geometry_follows_heads_rows_and_layout_of_each_tensor() {
+    let map = |tensor| TensorMap { tensor, box_rows: 64, swizzle: 128 };
+    let mut sh = Shape { b: 2, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
+    let g = map(TensorName::K).geometry(&sh, &c(&sh)).unwrap();
+    assert_eq!(g.dims, [64, 4096, 2, 8, 2]);
+    assert_eq!(g.strides_bytes, [256, 128, 4096 * 256, 8 * 4096 * 256]);
+    let g = map(TensorName::Q).geometry(&sh, &c(&sh)).unwrap();
+    assert_eq!(g.dims, [64, 1, 2, 32, 2]);
+    sh.layout = Layout::Bshd;
+    let g = map(TensorName::V).geometry(&sh, &c(&sh)).unwrap();
+    assert_eq!(g.strides_bytes, [8 * 256, 128, 256, 4096 * 8 * 256]);
+    let g = map(TensorName::V).geometry(&sh, &ViewStrides::padded(&sh)).unwrap();
+    assert_eq!(g.strides_bytes, [(8 * 128 + 64) * 2, 128, 256, 4096 * (8 * 128 + 64) * 2]);
+    assert!(g.strides_bytes.iter().all(|s| s % 16 == 0), "padded views stay TMA-encodable");
 }
 
 #[test]
 fn geometry_refuses_what_the_tma_cannot_encode() {
     let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle };
-    let err = k(64, 128).geometry(&shape(1, 1, 64, 96)).unwrap_err();
+    let geo = |m: TensorMap, sh: Shape| m.geometry(&sh, &c(&sh));
+    let err = geo(k(64, 128), shape(1, 1, 64, 96)).unwrap_err();
     assert!(err.contains("D = 96") && err.contains("D % 64"), "{err}");
-    assert!(k(64, 64).geometry(&shape(1, 1, 64, 96)).is_ok(), "96 = 3 panels of 32");
-    let err = k(0, 128).geometry(&shape(1, 1, 64, 64)).unwrap_err();
+    assert!(geo(k(64, 64), shape(1, 1, 64, 96)).is_ok(), "96 = 3 panels of 32");
+    let err = geo(k(0, 128), shape(1, 1, 64, 64)).unwrap_err();
     assert!(err.contains("box_rows = 0") && err.contains("1..=256"), "{err}");
-    let err = k(257, 128).geometry(&shape(1, 1, 64, 64)).unwrap_err();
+    let err = geo(k(257, 128), shape(1, 1, 64, 64)).unwrap_err();
     assert!(err.contains("box_rows = 257"), "{err}");
-    let err = k(64, 16).geometry(&shape(1, 1, 64, 64)).unwrap_err();
+    let err = geo(k(64, 16), shape(1, 1, 64, 64)).unwrap_err();
     assert!(err.contains("swizzle = 16"), "{err}");
-    let err = k(64, 32).geometry(&shape(1, 1, 64, 16 * 512)).unwrap_err();
+    let err = geo(k(64, 32), shape(1, 1, 64, 16 * 512)).unwrap_err();
     assert!(err.contains("512 panels") && err.contains("256"), "{err}");
 }
 
@@ -280,7 +309,7 @@ fn shipped_tensor_maps_are_encodable_for_every_knob_combination() {
                 let plan = t.plan(&p, &sh, &dev).unwrap_or_else(|e| panic!("{file} {p:?}: {e}"));
                 assert_eq!(plan.tensor_maps.len(), t.tensor_maps.len());
                 for (i, m) in plan.tensor_maps.iter().enumerate() {
-                    m.geometry(&sh).unwrap_or_else(|e| panic!("{file} {p:?} {} tensor_map[{i}]: {e}", sh.key()));
+                    m.geometry(&sh, &c(&sh)).unwrap_or_else(|e| panic!("{file} {p:?} {} tensor_map[{i}]: {e}", sh.key()));
                 }
             }
         }

@@ -64,23 +64,55 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
 #define OPTD_NEG_INF (__int_as_float(0xff800000))
 
 // ---------------------------------------------------------------------------
-// Kernel ABI, identical for every kernel of every template (the daemon's worker
-// launches them all with the same argument list).
-//   q, k, v, o     [B, H, S, D] contiguous, elem_t, 16-byte aligned
-//   o_partial      [n_splits, B, H, S, D] fp32 scratch (split-KV templates)
-//   lse_partial    [n_splits, B, H, S] fp32 scratch
+// Kernel ABI v2, identical for every kernel of every template (the daemon's
+// worker launches them all with the same argument list).
+//   q, o           B x heads_q x seq_q rows of D elem_t (row = D contiguous
+//                  elements, 16-byte aligned), addressed through strides.q / .o
+//   k, v           B x heads_kv x seq_k rows, through strides.k / .v
+//   heads_q, heads_kv   grouped-query attention: query head h reads KV head
+//                  h / (heads_q / heads_kv) (optd_kv_head); heads_kv = 1 is MQA
+//   seq_q <= seq_k causal: the query rows are the LAST seq_q positions, row i
+//                  sees keys <= i + seq_k - seq_q (optd_causal_offset; the
+//                  bottom-right convention of FlashAttention >= 2.1 and SDPA)
+//   strides        element strides (batch, head, row) of q, k, v, o: either
+//                  layout ([B,H,S,D] or [B,S,H,D]) and non-contiguous views
+//                  with a unit last stride; the check runs padded views too,
+//                  so a kernel may not assume row stride == D
+//   o_partial      [n_splits, B, heads_q, seq_q, D] fp32 scratch, contiguous
+//   lse_partial    [n_splits, B, heads_q, seq_q] fp32 scratch, contiguous
 //   cta_counter    one uint, counted by OPTD_CTA_DONE() in check builds
 // ---------------------------------------------------------------------------
-#define OPTD_ARGS                                                                     \
-    const elem_t* __restrict__ q, const elem_t* __restrict__ k,                       \
-        const elem_t* __restrict__ v, elem_t* __restrict__ o,                         \
-        float* __restrict__ o_partial, float* __restrict__ lse_partial, int batch,    \
-        int heads, int seq_len, int n_splits, float softmax_scale, int causal,        \
+struct optd_strides {
+    long long q_b, q_h, q_s;
+    long long k_b, k_h, k_s;
+    long long v_b, v_h, v_s;
+    long long o_b, o_h, o_s;
+};
+
+#define OPTD_ARGS                                                                         \
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k,                           \
+        const elem_t* __restrict__ v, elem_t* __restrict__ o,                             \
+        float* __restrict__ o_partial, float* __restrict__ lse_partial, int batch,        \
+        int heads_q, int heads_kv, int seq_q, int seq_k, int n_splits,                    \
+        float softmax_scale, int causal, const optd_strides strides,                      \
         unsigned int* __restrict__ cta_counter
 
-#define OPTD_ARG_NAMES                                                                \
-    q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits, softmax_scale, \
-        causal, cta_counter
+#define OPTD_ARG_NAMES                                                                    \
+    q, k, v, o, o_partial, lse_partial, batch, heads_q, heads_kv, seq_q, seq_k, n_splits, \
+        softmax_scale, causal, strides, cta_counter
+
+// The KV head query head h reads (grouped-query attention).
+__device__ __forceinline__ int optd_kv_head(int h, int heads_q, int heads_kv) {
+    return h / (heads_q / heads_kv);
+}
+
+// Causal: row i sees keys <= i + optd_causal_offset (0 when seq_q == seq_k).
+__device__ __forceinline__ int optd_causal_offset(int seq_q, int seq_k) { return seq_k - seq_q; }
+
+// Where head h of batch b starts in a tensor with batch stride sb and head stride sh.
+__device__ __forceinline__ long long optd_head_off(long long sb, long long sh, int b, int h) {
+    return (long long)b * sb + (long long)h * sh;
+}
 
 // ---------------------------------------------------------------------------
 // CTA completion count. The check build compares the count with the planned

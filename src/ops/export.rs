@@ -1,7 +1,8 @@
 //! Export: each per-shape best kernel of a run as a standalone `.cu` plus a
 //! `manifest.json` that says everything a CUDA host needs to launch it (CuPy
 //! RawModule, a torch extension, the driver API): kernel names, argument order and
-//! types, launch geometry as formulas of (B, H, S, D), dynamic shared memory, the
+//! types (kernel ABI v2: GQA heads, SQ/SK, element strides), launch geometry as formulas
+//! of (B, HQ, HKV, SQ, SK, D), dynamic shared memory, the
 //! softmax-scale convention, dtype, causal, and the measured time. Kernels of Hopper
 //! templates also carry their NVRTC target (`arch`, e.g. `sm_90a`) and their TMA tensor
 //! maps: as formulas per kernel, and resolved per exported shape (one geometry,
@@ -14,12 +15,13 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::storage::ledger::Ledger;
-use crate::spec::protocol::{Shape, TensorMap, TensorMapGeometry, ABI_PARAMS};
+use crate::spec::protocol::{Shape, TensorMap, TensorMapGeometry, TensorName, ViewStrides, ABI_PARAMS, ABI_VERSION};
 use crate::spec::template::{Template, TensorMapSpec};
 use crate::storage::workspace::Workspace;
 
 #[derive(Debug, Serialize)]
 pub struct Manifest {
+    /// 2 since kernel ABI v2 (format 1: `(.., batch, heads, seq_len, ..)`, [B,H,S,D] only).
     pub format: u32,
     pub run: String,
     pub gpu: Option<String>,
@@ -32,6 +34,9 @@ pub struct Abi {
     /// In order; `T` is `__half` (fp16) or `__nv_bfloat16` (bf16), see each kernel's dtype.
     pub args: Vec<(&'static str, &'static str, &'static str)>,
     pub layout: &'static str,
+    /// The `strides` argument: a struct of 12 int64 by value.
+    pub strides: &'static str,
+    pub gqa: &'static str,
     pub softmax_scale: &'static str,
     pub causal: &'static str,
     pub compile: &'static str,
@@ -46,7 +51,7 @@ pub struct KernelEntry {
     pub template: String,
     pub params: serde_json::Value,
     pub dtype: String,
-    /// Formulas over B, H, S, D, CAUSAL, SMS (SM count), SMEM_OPTIN, CC and the knobs
+    /// Formulas over B, HQ, HKV, G (= HQ / HKV), SQ, SK, D, CAUSAL, BSHD, SMS (SM count), SMEM_OPTIN, CC and the knobs
     /// (fixed as #defines in the file); minijinja/Jinja2 expressions with cdiv, min, max.
     pub derived: Vec<(String, String)>,
     pub launches: Vec<LaunchFormula>,
@@ -54,8 +59,8 @@ pub struct KernelEntry {
     /// `sm_<cc>a` (e.g. `sm_90a`) when `arch_specific`, which runs only on that exact cc.
     pub arch: Option<String>,
     pub arch_specific: bool,
-    /// TMA tensor maps passed by value after the 13 ABI arguments, as formulas of
-    /// (B, H, S, D) and the knobs; each shape lists them resolved.
+    /// TMA tensor maps passed by value after the 16 ABI arguments, as formulas of the
+    /// shape, the `strides` argument and the knobs; each shape lists them resolved.
     pub tensor_maps: Vec<TensorMapEntry<String>>,
     /// The shapes this kernel is the best for, with their resolved launches and times.
     pub shapes: Vec<serde_json::Value>,
@@ -65,26 +70,28 @@ pub struct KernelEntry {
 /// kernel's entry and a number in each resolved shape.
 #[derive(Debug, Serialize)]
 pub struct TensorMapEntry<T> {
-    /// Kernel parameter index (0-based): 13 + position among the kernel's maps.
+    /// Kernel parameter index (0-based): 16 + position among the kernel's maps.
     pub param_index: usize,
     /// `q`, `k`, `v` or `o`: the global address is that tensor's pointer (16-byte aligned).
     pub tensor: &'static str,
     /// CU_TENSOR_MAP_DATA_TYPE_UINT16: the 16-bit patterns of fp16 or bf16.
     pub data_type: &'static str,
     pub rank: u32,
-    /// globalDim, innermost first: {P, S, D/P, B*H} with P = swizzle_bytes / 2.
+    /// globalDim, innermost first: {P, rows, D/P, heads, B} with P = swizzle_bytes / 2
+    /// (rows, heads: SQ, HQ for q and o; SK, HKV for k and v).
     pub dims: Vec<T>,
-    /// globalStrides of dims 1..rank-1 in bytes (dim 0 is contiguous): {D*2, P*2, S*D*2}.
+    /// globalStrides of dims 1..rank-1 in bytes (dim 0 is contiguous):
+    /// {row stride * 2, P*2, head stride * 2, batch stride * 2}, from the `strides` argument.
     pub strides_bytes: Vec<T>,
-    /// boxDim: {P, box_rows, D/P, 1}.
+    /// boxDim: {P, box_rows, D/P, 1, 1}.
     #[serde(rename = "box")]
     pub box_dims: Vec<T>,
-    pub element_strides: [u32; 4],
+    pub element_strides: [u32; 5],
     /// CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B.
     pub swizzle_bytes: u32,
     pub interleave: &'static str,
     pub l2_promotion: &'static str,
-    /// `none`: rows past S read as zeros.
+    /// `none`: rows past the tensor's rows read as zeros.
     pub oob_fill: &'static str,
 }
 
@@ -98,7 +105,7 @@ impl<T> TensorMapEntry<T> {
             dims,
             strides_bytes,
             box_dims,
-            element_strides: [1; 4],
+            element_strides: [1; 5],
             swizzle_bytes: swizzle,
             interleave: "none",
             l2_promotion: "128B",
@@ -110,21 +117,26 @@ impl<T> TensorMapEntry<T> {
 /// A declared map as formulas (the convention of `TensorMap::geometry`, written out).
 fn map_formulas(index: usize, spec: &TensorMapSpec) -> TensorMapEntry<String> {
     let p = spec.swizzle / 2;
+    let t = spec.tensor.as_str();
+    let (rows, heads) = match spec.tensor {
+        TensorName::Q | TensorName::O => ("SQ", "HQ"),
+        TensorName::K | TensorName::V => ("SK", "HKV"),
+    };
     TensorMapEntry::new(
         index,
-        spec.tensor.as_str(),
+        t,
         spec.swizzle,
         // `//`: integer division, as in the launch formulas (minijinja / Jinja2).
-        vec![p.to_string(), "S".into(), format!("D // {p}"), "B * H".into()],
-        vec!["D * 2".into(), (p * 2).to_string(), "S * D * 2".into()],
-        vec![p.to_string(), spec.box_rows.clone(), format!("D // {p}"), "1".into()],
+        vec![p.to_string(), rows.into(), format!("D // {p}"), heads.into(), "B".into()],
+        vec![format!("strides.{t}_s * 2"), (p * 2).to_string(), format!("strides.{t}_h * 2"), format!("strides.{t}_b * 2")],
+        vec![p.to_string(), spec.box_rows.clone(), format!("D // {p}"), "1".into(), "1".into()],
     )
 }
 
 /// A resolved map of one shape.
 fn map_resolved(index: usize, map: &TensorMap, shape: &Shape) -> anyhow::Result<TensorMapEntry<u64>> {
     let g = map
-        .geometry(shape)
+        .geometry(shape, &ViewStrides::contiguous(shape))
         .map_err(|why| anyhow::anyhow!("tensor_map[{index}] ({}) of {}: {why}", map.tensor.as_str(), shape.key()))?;
     Ok(TensorMapEntry::new(
         index,
@@ -149,25 +161,30 @@ pub struct LaunchFormula {
 fn abi() -> Abi {
     Abi {
         args: vec![
-            ("q", "const T*", "[B,H,S,D] contiguous"),
-            ("k", "const T*", "[B,H,S,D] contiguous"),
-            ("v", "const T*", "[B,H,S,D] contiguous"),
-            ("o", "T*", "[B,H,S,D] contiguous, written"),
-            ("o_partial", "float*", "n_splits*B*H*S*D floats of scratch (>= 1 element)"),
-            ("lse_partial", "float*", "n_splits*B*H*S floats of scratch (>= 1 element)"),
+            ("q", "const T*", "B x HQ x SQ rows of D elements, addressed through strides.q_*"),
+            ("k", "const T*", "B x HKV x SK rows of D elements, through strides.k_*"),
+            ("v", "const T*", "B x HKV x SK rows of D elements, through strides.v_*"),
+            ("o", "T*", "B x HQ x SQ rows of D elements, through strides.o_*, written"),
+            ("o_partial", "float*", "n_splits*B*HQ*SQ*D floats of contiguous scratch (>= 1 element)"),
+            ("lse_partial", "float*", "n_splits*B*HQ*SQ floats of contiguous scratch (>= 1 element)"),
             ("batch", "int", "B"),
-            ("heads", "int", "H"),
-            ("seq_len", "int", "S (any S >= 1)"),
+            ("heads_q", "int", "HQ, query heads"),
+            ("heads_kv", "int", "HKV, key/value heads (HQ % HKV == 0; 1: multi-query)"),
+            ("seq_q", "int", "SQ, query rows (>= 1)"),
+            ("seq_k", "int", "SK, keys (SK >= SQ)"),
             ("n_splits", "int", "the `splits` derived value"),
             ("softmax_scale", "float", "1/sqrt(D)"),
             ("causal", "int", "0 or 1"),
+            ("strides", "struct optd_strides (by value)", "12 int64 element strides: q_b, q_h, q_s, k_b, k_h, k_s, v_b, v_h, v_s, o_b, o_h, o_s"),
             ("cta_counter", "unsigned int*", "any valid device pointer (counts CTAs only when built with -DOPTD_COUNT_CTAS=1)"),
         ],
-        layout: "Q, K, V, O in [B, H, S, D], contiguous, 16-byte aligned",
+        layout: "each row of D elements contiguous and 16-byte aligned; rows addressed as base + b * stride_b + h * stride_h + s * stride_s (elements), so [B,H,S,D], [B,S,H,D] and views with a unit last stride (each stride a multiple of 8 elements) need no copy",
+        strides: "struct optd_strides { long long q_b, q_h, q_s, k_b, k_h, k_s, v_b, v_h, v_s, o_b, o_h, o_s; } passed by value (96 bytes, 8-byte aligned); for [B,H,S,D] contiguous: _b = H*S*D, _h = S*D, _s = D; for [B,S,H,D]: _b = S*H*D, _h = D, _s = H*D (H, S of that tensor)",
+        gqa: "query head h reads key/value head h / (HQ / HKV)",
         softmax_scale: "softmax(Q K^T * softmax_scale) V with softmax_scale = 1/sqrt(D), passed by the caller",
-        causal: "when causal != 0, key j is masked for query i if j > i",
+        causal: "when causal != 0, key j is masked for query row i if j > i + SK - SQ (the query rows are the last SQ positions: FlashAttention >= 2.1, SDPA's bottom-right causal)",
         compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path, for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); launches run in order on one stream",
-        tensor_maps: "kernels with tensor_maps take, after the 13 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry",
+        tensor_maps: "kernels with tensor_maps take, after the 16 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry (resolved for contiguous tensors in the shape's layout; for another view use the formulas with its strides)",
     }
 }
 
@@ -243,7 +260,7 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
             shapes: vec![measured],
         });
     }
-    let manifest = Manifest { format: 1, run: run.id.clone(), gpu: run.gpu_name.clone(), abi: abi(), kernels };
+    let manifest = Manifest { format: ABI_VERSION, run: run.id.clone(), gpu: run.gpu_name.clone(), abi: abi(), kernels };
     let path = out.join("manifest.json");
     std::fs::write(&path, serde_json::to_string_pretty(&manifest)?).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)

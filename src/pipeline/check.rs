@@ -31,7 +31,7 @@ pub async fn run_probed(
     probes: Probes,
 ) -> Result<Checked, (Failure, Option<Checked>)> {
     let mut ordered: Vec<ShapePlan> = plans.to_vec();
-    ordered.sort_by_key(|p| (p.shape.elems() * p.shape.s as u64, p.shape.key()));
+    ordered.sort_by_key(|p| (p.shape.q_rows() * p.shape.sk as u64 * p.shape.d as u64, p.shape.key()));
     let request = Request::Check { id: id.to_string(), plans: ordered, tolerance, seed, probes };
     let checked = match sup.request(&request, timeout).await {
         Ok(Response::Checked(c)) => c,

@@ -11,7 +11,7 @@
 //! The engine gates per shape ([`check_each`]): a candidate is refused only for the
 //! shapes it does not fit, and goes on with the others.
 
-use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan};
+use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan, ViewStrides};
 use crate::spec::template::{eval_int_expr, shape_vars, Params, Template};
 
 /// Why a candidate failed the gate, in words for the ledger.
@@ -103,7 +103,9 @@ fn check_shape(template: &Template, params: &Params, shape: &Shape, device: &Dev
 /// geometry the worker encodes and the export describes).
 fn check_tensor_maps(template: &Template, plan: &ShapePlan) -> Result<(), GateFailure> {
     for (i, m) in plan.tensor_maps.iter().enumerate() {
-        if let Err(why) = m.geometry(&plan.shape) {
+        // The check runs contiguous and padded views: both must encode.
+        let views = [ViewStrides::contiguous(&plan.shape), ViewStrides::padded(&plan.shape)];
+        if let Some(why) = views.iter().find_map(|v| m.geometry(&plan.shape, v).err()) {
             let spec = template.tensor_maps.get(i);
             return Err(GateFailure(format!(
                 "{}: template {}, tensor_map[{i}] ({}, box_rows \"{}\" = {}, swizzle {}): {why}; fix: choose knobs or a swizzle \

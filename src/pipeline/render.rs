@@ -173,7 +173,7 @@ mod tests {
                 // The gate plans per shape; none of today's formulas may depend on more than D.
                 for (s, causal, b, h) in [(1, false, 1, 1), (1000, true, 2, 3), (4097, false, 4, 16), (8192, true, 2, 16)] {
                     for d in HEAD_DIMS {
-                        let shape = Shape { b, h, s, d, causal, dtype: DType::Fp16 };
+                        let shape = Shape::mha(b, h, s, d, causal, DType::Fp16);
                         for l in t.plan(&p, &shape, &dev).unwrap().launches {
                             let role = l.kernel.strip_prefix("optd_").unwrap().rsplit_once("_d").unwrap().0.to_ascii_uppercase();
                             let name = format!("OPTD_SMEM_BYTES_{role}_D{d}");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::spec::protocol::{DType, Shape, TimingSpec, Tolerance};
+use crate::spec::protocol::{DType, Layout, Shape, TimingSpec, Tolerance};
 
 /// The default configuration, embedded so `optimizerd start` works without a file.
 pub const DEFAULT_CONFIG: &str = include_str!("../../agent.toml");
@@ -94,18 +94,50 @@ impl Default for RunSection {
 #[serde(deny_unknown_fields, default)]
 pub struct Workload {
     pub dtype: DType,
+    /// Memory layout of Q, K, V and O: "bhsd" ([B,H,S,D], the default) or "bshd".
+    pub layout: Layout,
     pub shapes: Vec<ShapeEntry>,
 }
 
+/// One `[[workload.shapes]]` entry. Heads: `h` (MHA, HQ = HKV = h) or `hq` with `hkv`
+/// (grouped-query; `hkv = 1` is MQA). Rows: `s` (SQ = SK = s) or `sq` with `sk` (a
+/// chunk of queries, or decode's few, against a longer KV cache).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShapeEntry {
     pub b: u32,
-    pub h: u32,
-    pub s: u32,
+    pub h: Option<u32>,
+    pub hq: Option<u32>,
+    pub hkv: Option<u32>,
+    pub s: Option<u32>,
+    pub sq: Option<u32>,
+    pub sk: Option<u32>,
     pub d: u32,
     #[serde(default)]
     pub causal: bool,
+}
+
+impl ShapeEntry {
+    /// The entry's (HQ, HKV, SQ, SK), or the key at fault and what to write instead.
+    fn resolve(&self) -> Result<(u32, u32, u32, u32), (&'static str, String)> {
+        let heads = match (self.h, self.hq, self.hkv) {
+            (Some(h), None, None) => (h, h),
+            (None, Some(hq), Some(hkv)) => (hq, hkv),
+            (None, Some(hq), None) => return Err(("hkv", format!("is missing; with hq = {hq} give hkv too (hkv = {hq} for multi-head attention, fewer for grouped-query, 1 for multi-query)"))),
+            (None, None, Some(_)) => return Err(("hq", "is missing; with hkv give hq too (the query heads), or write h for multi-head attention".into())),
+            (Some(_), _, _) => return Err(("h", "is given with hq/hkv; use h alone (HQ = HKV = h) or hq and hkv".into())),
+            (None, None, None) => return Err(("h", "is missing; give h (multi-head) or hq and hkv (grouped-query)".into())),
+        };
+        let rows = match (self.s, self.sq, self.sk) {
+            (Some(s), None, None) => (s, s),
+            (None, Some(sq), Some(sk)) => (sq, sk),
+            (None, Some(sq), None) => return Err(("sk", format!("is missing; with sq = {sq} give sk too (the keys in the KV cache, sk >= sq)"))),
+            (None, None, Some(_)) => return Err(("sq", "is missing; with sk give sq too (query rows: 1 for decode), or write s when they are equal".into())),
+            (Some(_), _, _) => return Err(("s", "is given with sq/sk; use s alone (SQ = SK = s) or sq and sk".into())),
+            (None, None, None) => return Err(("s", "is missing; give s (SQ = SK) or sq and sk".into())),
+        };
+        Ok((heads.0, heads.1, rows.0, rows.1))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -183,9 +215,10 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
 // Defaults: the same values as the embedded agent.toml (a test keeps them equal).
 impl Default for Workload {
     fn default() -> Self {
-        let shape = |b, h, s, d, causal| ShapeEntry { b, h, s, d, causal };
+        let shape = |b, h, s, d, causal| ShapeEntry { b, h: Some(h), hq: None, hkv: None, s: Some(s), sq: None, sk: None, d, causal };
         Self {
             dtype: DType::Fp16,
+            layout: Layout::Bhsd,
             shapes: vec![
                 shape(1, 1, 32, 64, false),
                 shape(1, 1, 64, 64, false),
@@ -276,26 +309,47 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         if self.workload.shapes.is_empty() {
-            return Err(self.invalid("workload.shapes", "is empty; list at least one { b, h, s, d } shape"));
+            return Err(self.invalid("workload.shapes", "is empty; list at least one { b, h, s, d } (or { b, hq, hkv, sq, sk, d }) shape"));
         }
+        let mut keys = std::collections::BTreeMap::new();
         for (i, s) in self.workload.shapes.iter().enumerate() {
+            let at = |k: &str| format!("workload.shapes[{i}].{k}");
             if !HEAD_DIMS.contains(&s.d) {
                 return Err(self.invalid(
-                    &format!("workload.shapes[{i}].d"),
-                    format!("is {}; allowed values: {:?}", s.d, HEAD_DIMS),
+                    &at("d"),
+                    format!("is {}; allowed values: {:?} (the head dims the kernel templates are written for)", s.d, HEAD_DIMS),
                 ));
             }
-            for (k, v) in [("b", s.b), ("h", s.h), ("s", s.s)] {
+            let (hq, hkv, sq, sk) = s.resolve().map_err(|(k, m)| self.invalid(&at(k), m))?;
+            let h_key = if s.h.is_some() { "h" } else { "hq" };
+            let s_key = if s.s.is_some() { "s" } else { "sq" };
+            for (k, v) in [("b", s.b), (h_key, hq), ("hkv", hkv), (s_key, sq), ("sk", sk)] {
                 if v == 0 {
-                    return Err(self.invalid(&format!("workload.shapes[{i}].{k}"), "must be at least 1"));
+                    return Err(self.invalid(&at(k), "must be at least 1"));
                 }
             }
-            let elements = [s.b, s.h, s.s, s.d].iter().map(|&x| u128::from(x)).product::<u128>();
+            if !hq.is_multiple_of(hkv) {
+                return Err(self.invalid(
+                    &at("hq"),
+                    format!("is {hq}, not a multiple of hkv = {hkv}; every KV head serves the same number of query heads (e.g. hq = {}, hkv = {hkv})", hq.div_ceil(hkv) * hkv),
+                ));
+            }
+            if sq > sk {
+                return Err(self.invalid(
+                    &at("sq"),
+                    format!("is {sq}, more than sk = {sk}; the query rows are the last sq of the sk positions, so sq <= sk (decode: sq = 1)"),
+                ));
+            }
+            let shape = Shape { b: s.b, hq, hkv, sq, sk, d: s.d, causal: s.causal, dtype: self.workload.dtype, layout: self.workload.layout };
+            let elements = shape.max_elems() as u128;
             if elements > i32::MAX as u128 {
                 return Err(self.invalid(
                     &format!("workload.shapes[{i}]"),
-                    format!("has b*h*s*d = {elements} elements per tensor; at most {} fit the kernels' i32 indices", i32::MAX),
+                    format!("has {elements} elements in its largest tensor; at most {} fit the kernels' i32 indices", i32::MAX),
                 ));
+            }
+            if let Some(j) = keys.insert(shape.key(), i) {
+                return Err(self.invalid(&format!("workload.shapes[{i}]"), format!("is the same shape as workload.shapes[{j}] ({}); list each shape once", shape.key())));
             }
         }
         let t = &self.timing;
@@ -358,7 +412,11 @@ impl Config {
         self.workload
             .shapes
             .iter()
-            .map(|s| Shape { b: s.b, h: s.h, s: s.s, d: s.d, causal: s.causal, dtype: self.workload.dtype })
+            .filter_map(|s| {
+                // validate() refused every entry that does not resolve.
+                let (hq, hkv, sq, sk) = s.resolve().ok()?;
+                Some(Shape { b: s.b, hq, hkv, sq, sk, d: s.d, causal: s.causal, dtype: self.workload.dtype, layout: self.workload.layout })
+            })
             .collect()
     }
 
@@ -370,7 +428,7 @@ impl Config {
         serde_json::json!({
             "source": self.source.display().to_string(),
             "run": { "runs_dir": self.run.runs_dir, "plan": self.run.plan, "templates_dir": self.run.templates_dir },
-            "workload": { "dtype": self.workload.dtype, "shapes": self.shapes() },
+            "workload": { "dtype": self.workload.dtype, "layout": self.workload.layout, "shapes": self.shapes() },
             "check": { "atol": self.check.atol, "rtol_l2": self.check.rtol_l2 },
             "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,
                         "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,

@@ -6,11 +6,14 @@
 //! the daemon from the template's declared formulas, so the worker stays generic
 //! and the CTA check can compare what ran against what was planned.
 //!
-//! Kernel ABI shared by every template (see kernel-templates/common/optd.cuh):
-//! `(q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits,
-//!   softmax_scale, causal, cta_counter)`, tensors in [B,H,S,D] layout, followed by
-//! one 128-byte `CUtensorMap` (by value, 64-byte aligned) per [`TensorMap`] of the
-//! plan, in declaration order (templates with `[[tensor_map]]`, see [`TensorMap`]).
+//! Kernel ABI v2, shared by every template (see kernel-templates/common/optd.cuh):
+//! `(q, k, v, o, o_partial, lse_partial, batch, heads_q, heads_kv, seq_q, seq_k,
+//!   n_splits, softmax_scale, causal, strides, cta_counter)`: Q and O hold
+//! B x heads_q x seq_q rows, K and V B x heads_kv x seq_k rows, each row D contiguous
+//! elements, addressed through `strides` (12 int64 element strides: batch, head, row of
+//! q, k, v, o; see [`ViewStrides`]), so either [`Layout`] and non-contiguous views run
+//! without copies. Followed by one 128-byte `CUtensorMap` (by value, 64-byte aligned)
+//! per [`TensorMap`] of the plan, in declaration order (templates with `[[tensor_map]]`).
 
 use serde::{Deserialize, Serialize};
 
@@ -31,21 +34,199 @@ impl DType {
     }
 }
 
-/// One attention problem: Q,K,V,O in [B,H,S,D].
+/// How Q, K, V and O are laid out in memory (the last dimension, D, is always contiguous).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// [B, H, S, D]: PyTorch's SDPA and Hugging Face's attention functions.
+    #[default]
+    Bhsd,
+    /// [B, S, H, D]: FlashAttention, vLLM, and the output of a fused QKV projection.
+    Bshd,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 2] = [Layout::Bhsd, Layout::Bshd];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Bhsd => "bhsd",
+            Layout::Bshd => "bshd",
+        }
+    }
+
+    /// Element strides (batch, head, row) of a tensor of `heads` x `seq` rows of `d` in this
+    /// layout, each row `pitch` elements apart in the row's own dimension (`pitch = d`:
+    /// contiguous; larger: a view into a wider tensor, as [`ViewStrides::padded`]).
+    fn strides(self, heads: u32, seq: u32, d: u32, pad: u32) -> Strides {
+        let (h, s, d, pad) = (heads as u64, seq as u64, d as u64, pad as u64);
+        match self {
+            // Rows of one head are `d + pad` apart: a view of the first D columns of a wider head.
+            Layout::Bhsd => Strides { b: h * s * (d + pad), h: s * (d + pad), s: d + pad },
+            // A row holds every head: `pad` extra elements per row, like Q inside a fused QKV row.
+            Layout::Bshd => Strides { b: s * (h * d + pad), h: d, s: h * d + pad },
+        }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Element strides of one tensor's batch, head and row dimensions (D's stride is 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Strides {
+    pub b: u64,
+    pub h: u64,
+    pub s: u64,
+}
+
+/// The element strides of Q, K, V and O that one launch gets (kernel ABI v2's `strides`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewStrides {
+    pub q: Strides,
+    pub k: Strides,
+    pub v: Strides,
+    pub o: Strides,
+}
+
+/// Extra elements per row of a padded view: 64 keeps every row 128-byte aligned (TMA's
+/// 16-byte stride rule and the 128-byte swizzle both hold) while no contiguous kernel
+/// could get away with assuming `stride == D`.
+pub const VIEW_PAD: u32 = 64;
+
+impl ViewStrides {
+    /// Q, K, V and O contiguous in the shape's layout.
+    pub fn contiguous(shape: &Shape) -> Self {
+        Self::with_pad(shape, 0)
+    }
+
+    /// Q, K, V and O as views into wider tensors (each row [`VIEW_PAD`] elements longer than
+    /// it needs): the check runs every candidate on such a view too, so a kernel that
+    /// assumes contiguous tensors fails instead of reading the wrong rows in a model.
+    pub fn padded(shape: &Shape) -> Self {
+        Self::with_pad(shape, VIEW_PAD)
+    }
+
+    fn with_pad(shape: &Shape, pad: u32) -> Self {
+        let l = shape.layout;
+        let q = l.strides(shape.hq, shape.sq, shape.d, pad);
+        let kv = l.strides(shape.hkv, shape.sk, shape.d, pad);
+        ViewStrides { q, k: kv, v: kv, o: q }
+    }
+
+    /// The strides of one tensor.
+    pub fn of(&self, t: TensorName) -> Strides {
+        match t {
+            TensorName::Q => self.q,
+            TensorName::K => self.k,
+            TensorName::V => self.v,
+            TensorName::O => self.o,
+        }
+    }
+
+    /// Elements a buffer must hold for tensor `t` of `shape` under these strides (one past
+    /// the last element any view index reaches).
+    pub fn extent(&self, shape: &Shape, t: TensorName) -> u64 {
+        let st = self.of(t);
+        let (heads, seq) = shape.dims_of(t);
+        (shape.b as u64 - 1) * st.b + (heads as u64 - 1) * st.h + (seq as u64 - 1) * st.s + shape.d as u64
+    }
+
+    /// The 12 strides in ABI order (q, k, v, o; each batch, head, row).
+    pub fn abi(&self) -> [i64; 12] {
+        let mut out = [0i64; 12];
+        for (i, st) in [self.q, self.k, self.v, self.o].iter().enumerate() {
+            out[3 * i] = st.b as i64;
+            out[3 * i + 1] = st.h as i64;
+            out[3 * i + 2] = st.s as i64;
+        }
+        out
+    }
+}
+
+/// Query rows at most this many make a decode shape (one new token, or a few under
+/// speculative decoding): the regime of the split-KV decode template and its plan stage.
+pub const DECODE_MAX_SQ: u32 = 16;
+
+/// One attention problem: B batches of HQ query heads with SQ rows each, attending to
+/// HKV key/value heads of SK rows (query head h reads KV head h / (HQ / HKV): grouped-query
+/// attention; HKV = 1 is multi-query), head dim D, in `layout`. Causal with SQ < SK: the
+/// query rows are the last SQ positions, row i sees keys 0 ..= i + SK - SQ (FlashAttention
+/// >= 2.1, SDPA's bottom-right causal).
+///
+/// Serialized with all fields; deserialized also from the version-1 form
+/// `{b, h, s, d, causal, dtype}` (hq = hkv = h, sq = sk = s, layout bhsd) that older
+/// ledgers, memories and manifests hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "ShapeWire")]
 pub struct Shape {
     pub b: u32,
-    pub h: u32,
-    pub s: u32,
+    pub hq: u32,
+    pub hkv: u32,
+    pub sq: u32,
+    pub sk: u32,
     pub d: u32,
     pub causal: bool,
     pub dtype: DType,
+    pub layout: Layout,
+}
+
+/// What a stored shape may look like: version 1 (`h`, `s`) or version 2.
+#[derive(Deserialize)]
+struct ShapeWire {
+    b: u32,
+    h: Option<u32>,
+    hq: Option<u32>,
+    hkv: Option<u32>,
+    s: Option<u32>,
+    sq: Option<u32>,
+    sk: Option<u32>,
+    d: u32,
+    #[serde(default)]
+    causal: bool,
+    dtype: DType,
+    #[serde(default)]
+    layout: Layout,
+}
+
+impl TryFrom<ShapeWire> for Shape {
+    type Error = String;
+    fn try_from(w: ShapeWire) -> Result<Self, String> {
+        let hq = w.hq.or(w.h).ok_or("a shape needs `hq` (or `h`)")?;
+        let hkv = w.hkv.or(w.h).unwrap_or(hq);
+        let sq = w.sq.or(w.s).ok_or("a shape needs `sq` (or `s`)")?;
+        let sk = w.sk.or(w.s).unwrap_or(sq);
+        Ok(Shape { b: w.b, hq, hkv, sq, sk, d: w.d, causal: w.causal, dtype: w.dtype, layout: w.layout })
+    }
 }
 
 impl Shape {
-    /// Stable, human-readable key, e.g. `b2h8s128d64` or `b4h16s1024d64-causal`.
+    /// Multi-head attention with SQ = SK in [B,H,S,D]: version 1's only kind of shape.
+    pub fn mha(b: u32, h: u32, s: u32, d: u32, causal: bool, dtype: DType) -> Shape {
+        Shape { b, hq: h, hkv: h, sq: s, sk: s, d, causal, dtype, layout: Layout::Bhsd }
+    }
+
+    /// Stable, human-readable key. Heads print as `h8` when HQ = HKV, else `hq32hkv8`;
+    /// rows as `s128` when SQ = SK, else `sq1sk4096`; then `-causal`, the dtype unless
+    /// fp16, and `-bshd` for that layout. A version-1 shape keeps its version-1 key
+    /// (`b2h8s128d64`, `b4h16s1024d64-causal-bf16`), so older ledgers and memories match.
     pub fn key(&self) -> String {
-        let mut k = format!("b{}h{}s{}d{}", self.b, self.h, self.s, self.d);
+        use std::fmt::Write;
+        let mut k = format!("b{}", self.b);
+        if self.hq == self.hkv {
+            let _ = write!(k, "h{}", self.hq);
+        } else {
+            let _ = write!(k, "hq{}hkv{}", self.hq, self.hkv);
+        }
+        if self.sq == self.sk {
+            let _ = write!(k, "s{}", self.sq);
+        } else {
+            let _ = write!(k, "sq{}sk{}", self.sq, self.sk);
+        }
+        let _ = write!(k, "d{}", self.d);
         if self.causal {
             k.push_str("-causal");
         }
@@ -53,22 +234,75 @@ impl Shape {
             k.push('-');
             k.push_str(self.dtype.as_str());
         }
+        if self.layout != Layout::Bhsd {
+            k.push('-');
+            k.push_str(self.layout.as_str());
+        }
         k
     }
 
-    /// Elements in one of Q, K, V or O.
-    pub fn elems(&self) -> u64 {
-        self.b as u64 * self.h as u64 * self.s as u64 * self.d as u64
+    /// Query heads per KV head (1: MHA; HQ: MQA).
+    pub fn group(&self) -> u32 {
+        self.hq / self.hkv.max(1)
     }
 
-    /// FLOPs of the forward pass: 4*B*H*S*S*D, halved when causal.
-    pub fn flops(&self) -> f64 {
-        let f = 4.0 * self.b as f64 * self.h as f64 * (self.s as f64).powi(2) * self.d as f64;
-        if self.causal {
-            f / 2.0
-        } else {
-            f
+    /// Causal only: how far the diagonal is shifted right (row i sees keys <= i + offset).
+    pub fn causal_offset(&self) -> u32 {
+        self.sk.saturating_sub(self.sq)
+    }
+
+    /// A decode shape: at most [`DECODE_MAX_SQ`] query rows.
+    pub fn is_decode(&self) -> bool {
+        self.sq <= DECODE_MAX_SQ
+    }
+
+    /// (heads, rows) of tensor `t`: Q and O have HQ x SQ, K and V HKV x SK.
+    pub fn dims_of(&self, t: TensorName) -> (u32, u32) {
+        match t {
+            TensorName::Q | TensorName::O => (self.hq, self.sq),
+            TensorName::K | TensorName::V => (self.hkv, self.sk),
         }
+    }
+
+    /// Elements in Q (or O).
+    pub fn q_elems(&self) -> u64 {
+        self.b as u64 * self.hq as u64 * self.sq as u64 * self.d as u64
+    }
+
+    /// Elements in K (or V).
+    pub fn kv_elems(&self) -> u64 {
+        self.b as u64 * self.hkv as u64 * self.sk as u64 * self.d as u64
+    }
+
+    /// Elements in the largest of Q, K, V, O (what one tensor's i32 indices must cover).
+    pub fn max_elems(&self) -> u64 {
+        self.q_elems().max(self.kv_elems())
+    }
+
+    /// Query rows of all heads: B * HQ * SQ.
+    pub fn q_rows(&self) -> u64 {
+        self.b as u64 * self.hq as u64 * self.sq as u64
+    }
+
+    /// Bytes of K and V one forward pass must read at least once: the decode figure of merit.
+    pub fn kv_bytes(&self) -> u64 {
+        2 * self.kv_elems() * ELEM_BYTES
+    }
+
+    /// Keys each query head's rows see in total: SQ * SK, or causal the unmasked part.
+    pub fn visible_pairs(&self) -> f64 {
+        let (sq, sk) = (self.sq as f64, self.sk as f64);
+        if self.causal {
+            // Row i sees min(SK, i + SK - SQ + 1) keys; SQ <= SK, so never more than SK.
+            sq * (sk - sq) + sq * (sq + 1.0) / 2.0
+        } else {
+            sq * sk
+        }
+    }
+
+    /// FLOPs of the forward pass: 4 * B * HQ * D per visible (query, key) pair.
+    pub fn flops(&self) -> f64 {
+        4.0 * self.b as f64 * self.hq as f64 * self.d as f64 * self.visible_pairs()
     }
 }
 
@@ -92,7 +326,8 @@ impl Launch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShapePlan {
     pub shape: Shape,
-    /// KV splits: sizes the fp32 partial buffers (`n_splits*B*H*S*D` and `n_splits*B*H*S`).
+    /// KV splits: sizes the fp32 partial buffers (`n_splits*B*HQ*SQ*D` and
+    /// `n_splits*B*HQ*SQ`, contiguous in that order whatever the layout).
     pub n_splits: u32,
     pub launches: Vec<Launch>,
     /// TMA tensor maps appended, in this order, to the parameters of every launch.
@@ -103,7 +338,10 @@ pub struct ShapePlan {
 
 /// Parameters of the shared ABI before any tensor map: a map's kernel parameter index is
 /// `ABI_PARAMS + its position in [`ShapePlan::tensor_maps`]`.
-pub const ABI_PARAMS: usize = 13;
+pub const ABI_PARAMS: usize = 16;
+
+/// The kernel ABI's version: 2 since GQA, SQ != SK and strides (`export`'s manifest says it).
+pub const ABI_VERSION: u32 = 2;
 
 /// Which ABI tensor a tensor map describes (its global address is that tensor's pointer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -143,17 +381,17 @@ pub struct TensorMap {
 pub struct TensorMapGeometry {
     /// Elements per swizzle panel: `swizzle / 2`.
     pub panel: u32,
-    /// Innermost first: {P, S, D/P, B*H}.
-    pub dims: [u64; 4],
-    /// Byte strides of dims 1..3 (dim 0 is contiguous): {D*2, P*2, S*D*2}.
-    pub strides_bytes: [u64; 3],
-    /// {P, box_rows, D/P, 1}.
-    pub box_dims: [u32; 4],
-    pub element_strides: [u32; 4],
+    /// Innermost first: {P, rows, D/P, heads, B}.
+    pub dims: [u64; 5],
+    /// Byte strides of dims 1..4 (dim 0 is contiguous): {row, P*2, head, batch}.
+    pub strides_bytes: [u64; 4],
+    /// {P, box_rows, D/P, 1, 1}.
+    pub box_dims: [u32; 5],
+    pub element_strides: [u32; 5],
 }
 
 impl TensorMapGeometry {
-    pub const RANK: u32 = 4;
+    pub const RANK: u32 = 5;
 
     /// Bytes one box brings into shared memory (the mbarrier transaction count).
     pub fn box_bytes(&self) -> u64 {
@@ -165,16 +403,18 @@ impl TensorMapGeometry {
 pub const ELEM_BYTES: u64 = 2;
 
 impl TensorMap {
-    /// The map of this tensor for `shape`, by the fixed convention: the tensor is
-    /// [B,H,S,D] contiguous with 2-byte elements; with swizzle W bytes a panel holds
-    /// P = W/2 elements, so D splits into D/P panels and the map is rank 4,
-    /// dims (innermost first) {P, S, D/P, B*H}, byte strides of dims 1..3
-    /// {D*2, P*2, S*D*2}, box {P, box_rows, D/P, 1}, element strides all 1. A box is a
+    /// The map of this tensor for `shape` viewed through `strides`, by the fixed
+    /// convention: with swizzle W bytes a panel holds P = W/2 elements, so D splits into
+    /// D/P panels and the map is rank 5, dims (innermost first) {P, rows, D/P, heads, B}
+    /// (rows and heads of this tensor: SQ and HQ for Q and O, SK and HKV for K and V), byte
+    /// strides of dims 1..4 {row, P*2, head, batch} from `strides`, box
+    /// {P, box_rows, D/P, 1, 1}, element strides all 1. A box is a
     /// [D/P panels][box_rows rows][P elements] block in shared memory, each panel row W
-    /// bytes, swizzled; rows past S read as zeros.
+    /// bytes, swizzled; rows past the tensor's rows read as zeros. A kernel addresses a box
+    /// by (0, row, 0, head, batch).
     ///
     /// Err: why the map cannot be encoded (the TMA's limits), in words.
-    pub fn geometry(&self, shape: &Shape) -> Result<TensorMapGeometry, String> {
+    pub fn geometry(&self, shape: &Shape, strides: &ViewStrides) -> Result<TensorMapGeometry, String> {
         if !matches!(self.swizzle, 32 | 64 | 128) {
             return Err(format!("swizzle = {} bytes; allowed: 32, 64, 128", self.swizzle));
         }
@@ -193,12 +433,13 @@ impl TensorMap {
         if !(1..=256).contains(&self.box_rows) {
             return Err(format!("box_rows = {}; a box dimension holds 1..=256", self.box_rows));
         }
-        let (s, bh) = (shape.s as u64, shape.b as u64 * shape.h as u64);
-        if s == 0 || bh == 0 {
+        let (heads, rows) = shape.dims_of(self.tensor);
+        if rows == 0 || heads == 0 || shape.b == 0 {
             return Err(format!("shape {} has an empty dimension", shape.key()));
         }
-        let dims = [panel as u64, s, panels, bh];
-        let strides_bytes = [d * ELEM_BYTES, panel as u64 * ELEM_BYTES, s * d * ELEM_BYTES];
+        let st = strides.of(self.tensor);
+        let dims = [panel as u64, rows as u64, panels, heads as u64, shape.b as u64];
+        let strides_bytes = [st.s * ELEM_BYTES, panel as u64 * ELEM_BYTES, st.h * ELEM_BYTES, st.b * ELEM_BYTES];
         // cuTensorMapEncodeTiled: dims up to 2^32, strides multiples of 16 below 2^40.
         if let Some(bad) = dims.iter().find(|&&x| x > 1 << 32) {
             return Err(format!("a dimension of {bad} exceeds the TMA's 2^32"));
@@ -210,8 +451,8 @@ impl TensorMap {
             panel,
             dims,
             strides_bytes,
-            box_dims: [panel, self.box_rows, panels as u32, 1],
-            element_strides: [1; 4],
+            box_dims: [panel, self.box_rows, panels as u32, 1, 1],
+            element_strides: [1; 5],
         })
     }
 }

@@ -358,13 +358,20 @@ impl Template {
 
     fn eval(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<minijinja::Value, TemplateError> {
         let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(name, expr, e.to_string()))?;
-        compiled.eval(minijinja::Value::from_serialize(vars)).map_err(|e| self.formula_err(name, expr, e.to_string()))
+        compiled.eval(minijinja::Value::from_serialize(vars)).map_err(|e| {
+            let mut message = e.to_string();
+            if uses_v1_names(expr) {
+                message.push_str(" (kernel ABI v2 names the shape HQ, HKV, G, SQ and SK: H became HQ or HKV, S became SQ or SK)");
+            }
+            self.formula_err(name, expr, message)
+        })
     }
 
     fn eval_int(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<i64, TemplateError> {
         let v = self.eval(env, name, expr, vars)?;
         if v.is_undefined() {
-            return Err(self.formula_err(name, expr, "uses an undefined name".into()));
+            let hint = if uses_v1_names(expr) { " (kernel ABI v2: H became HQ or HKV, S became SQ or SK)" } else { "" };
+            return Err(self.formula_err(name, expr, format!("uses an undefined name{hint}")));
         }
         if let Ok(i) = i64::try_from(v.clone()) {
             return Ok(i);
@@ -385,18 +392,31 @@ impl Template {
 }
 
 /// The names every formula may use besides knobs: the shape and the device.
+/// Since kernel ABI v2 a shape has HQ query heads over HKV KV heads (G = HQ / HKV per
+/// group) and SQ query rows over SK keys; the version-1 names H and S are gone on
+/// purpose, so a formula that still uses them fails with "uses an undefined name"
+/// instead of launching a grid sized for the wrong one.
 pub fn shape_vars(shape: &Shape, device: &DeviceInfo) -> BTreeMap<String, i64> {
     let mut vars = BTreeMap::new();
     vars.insert("B".into(), shape.b as i64);
-    vars.insert("H".into(), shape.h as i64);
-    vars.insert("S".into(), shape.s as i64);
+    vars.insert("HQ".into(), shape.hq as i64);
+    vars.insert("HKV".into(), shape.hkv as i64);
+    vars.insert("G".into(), shape.group() as i64);
+    vars.insert("SQ".into(), shape.sq as i64);
+    vars.insert("SK".into(), shape.sk as i64);
     vars.insert("D".into(), shape.d as i64);
     vars.insert("CAUSAL".into(), shape.causal as i64);
+    vars.insert("BSHD".into(), (shape.layout == crate::spec::protocol::Layout::Bshd) as i64);
     vars.insert("ELEM_BYTES".into(), 2);
     vars.insert("SMS".into(), device.sm_count as i64);
     vars.insert("SMEM_OPTIN".into(), device.smem_optin as i64);
     vars.insert("CC".into(), device.cc() as i64);
     vars
+}
+
+/// Whether a formula names the version-1 shape variables `H` or `S` as whole words.
+fn uses_v1_names(expr: &str) -> bool {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| w == "H" || w == "S")
 }
 
 /// Evaluate one integer expression outside a template (e.g. a stage's `min_ctas`).

@@ -124,7 +124,7 @@ async fn run_shapes(cfg: &Config, cmd: &str, run_dir: &Path, shapes: &[Shape]) -
     let file = run_dir.join("sdpa_shapes.json");
     let list: Vec<serde_json::Value> = shapes
         .iter()
-        .map(|s| serde_json::json!({"b": s.b, "h": s.h, "s": s.s, "d": s.d, "causal": s.causal, "dtype": s.dtype}))
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
         .collect();
     std::fs::write(&file, serde_json::to_string(&list).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     // Graphs as long as a candidate's timed sample, so both run at the same clocks.

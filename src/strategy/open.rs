@@ -71,7 +71,7 @@ pub struct ShapeClass {
 /// of the tensor-core templates): the GPU is full and the tensor pipe is what limits it.
 /// Below that, launch latency and filling the GPU dominate.
 pub fn is_compute_bound(shape: &Shape, sm_count: u32) -> bool {
-    let tiles = shape.b as u64 * shape.h as u64 * (shape.s as u64).div_ceil(128);
+    let tiles = shape.b as u64 * shape.hq as u64 * (shape.sq as u64).div_ceil(128);
     tiles >= 2 * sm_count as u64
 }
 
@@ -344,7 +344,7 @@ mod tests {
     use crate::spec::protocol::DType;
 
     fn shape(b: u32, h: u32, s: u32, d: u32, causal: bool) -> Shape {
-        Shape { b, h, s, d, causal, dtype: DType::Fp16 }
+        Shape::mha(b, h, s, d, causal, DType::Fp16)
     }
 
     fn space() -> Candidates {

@@ -225,7 +225,7 @@ impl Backend for ScriptedBackend {
                         max_abs,
                         rel_l2: max_abs / 10.0,
                         unwritten: 0,
-                        rows_compared: (p.shape.b * p.shape.h * p.shape.s) as u64,
+                        rows_compared: p.shape.q_rows(),
                         ctas_ran: ran,
                         ctas_planned: planned,
                         reason,

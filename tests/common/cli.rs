@@ -94,7 +94,7 @@ pub fn no_gpu_script(dir: &Path) -> std::path::PathBuf {
 /// recorded iterations, in well under a second.
 pub async fn add_run(db: &Path, id: &str, state: RunState, iterations: i64) {
     let ledger = Ledger::open(db).await.unwrap();
-    let shape = optimizerd::spec::protocol::Shape { b: 1, h: 1, s: 128, d: 64, causal: false, dtype: optimizerd::spec::protocol::DType::Fp16 };
+    let shape = optimizerd::spec::protocol::Shape::mha(1, 1, 128, 64, false, optimizerd::spec::protocol::DType::Fp16);
     ledger
         .create_run(&NewRun {
             id: id.into(),

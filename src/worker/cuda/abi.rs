@@ -12,9 +12,10 @@ use super::tensor_map::encode_tensor_map;
 use crate::spec::protocol::{Launch, ShapePlan, TensorName, ABI_PARAMS};
 use crate::worker::reference;
 
-/// Arguments of the shared kernel ABI (the CTA counter is passed per launch):
-/// `(q, k, v, o, o_partial, lse_partial, batch, heads, seq_len, n_splits, softmax_scale, causal, cta_counter)`,
-/// then one encoded `CUtensorMap` per tensor map of the plan, passed by value.
+/// Arguments of the shared kernel ABI v2 (the CTA counter is passed per launch):
+/// `(q, k, v, o, o_partial, lse_partial, batch, heads_q, heads_kv, seq_q, seq_k, n_splits,
+/// softmax_scale, causal, strides, cta_counter)`, then one encoded `CUtensorMap` per tensor
+/// map of the plan, passed by value.
 pub(super) struct Abi {
     q: sys::CUdeviceptr,
     k: sys::CUdeviceptr,
@@ -24,17 +25,25 @@ pub(super) struct Abi {
     o_partial: sys::CUdeviceptr,
     lse_partial: sys::CUdeviceptr,
     batch: i32,
-    heads: i32,
-    seq_len: i32,
+    heads_q: i32,
+    heads_kv: i32,
+    seq_q: i32,
+    seq_k: i32,
     n_splits: i32,
     softmax_scale: f32,
     causal: i32,
+    /// `struct optd_strides` of optd.cuh: 12 int64 element strides, passed by value.
+    strides: AbiStrides,
     /// Encoded against this tensor set's pointers. `CUtensorMap` is 128-byte aligned (the
     /// kernel needs 64), and the Vec's buffer stays put while the Abi lives, so the
     /// parameter pointers into it are valid through every launch (and graph capture,
     /// which copies them) made from this Abi.
     maps: Vec<sys::CUtensorMap>,
 }
+
+/// `struct optd_strides` (kernel-templates/common/optd.cuh): q_b, q_h, q_s, k_b, .., o_s.
+#[repr(C)]
+struct AbiStrides([i64; 12]);
 
 impl Abi {
     /// The launch arguments of `plan` on one tensor set; `what` names the request for
@@ -61,11 +70,14 @@ impl Abi {
             o_partial: dptr(&partials.o, stream),
             lse_partial: dptr(&partials.lse, stream),
             batch: s.b as i32,
-            heads: s.h as i32,
-            seq_len: s.s as i32,
+            heads_q: s.hq as i32,
+            heads_kv: s.hkv as i32,
+            seq_q: s.sq as i32,
+            seq_k: s.sk as i32,
             n_splits: plan.n_splits as i32,
             softmax_scale: reference::softmax_scale(s),
             causal: i32::from(s.causal),
+            strides: AbiStrides(set.view.abi()),
             maps: Vec::new(),
         };
         abi.maps = plan
@@ -79,7 +91,7 @@ impl Abi {
                     TensorName::V => abi.v,
                     TensorName::O => abi.o,
                 };
-                encode_tensor_map(i, m, s, ptr).map_err(|f| match f {
+                encode_tensor_map(i, m, s, &set.view, ptr).map_err(|f| match f {
                     Failure::Cuda { during, message, sticky } => Failure::Cuda { during: format!("{what}: {during}"), message, sticky },
                     Failure::Bad(m) => Failure::Bad(format!("{what}: {m}")),
                     other => other,
@@ -105,11 +117,14 @@ impl Abi {
             &self.o_partial as *const _ as *mut c_void,
             &self.lse_partial as *const _ as *mut c_void,
             &self.batch as *const _ as *mut c_void,
-            &self.heads as *const _ as *mut c_void,
-            &self.seq_len as *const _ as *mut c_void,
+            &self.heads_q as *const _ as *mut c_void,
+            &self.heads_kv as *const _ as *mut c_void,
+            &self.seq_q as *const _ as *mut c_void,
+            &self.seq_k as *const _ as *mut c_void,
             &self.n_splits as *const _ as *mut c_void,
             &self.softmax_scale as *const _ as *mut c_void,
             &self.causal as *const _ as *mut c_void,
+            &self.strides as *const _ as *mut c_void,
             &counter as *const _ as *mut c_void,
         ];
         // Templates without tensor maps launch from the fixed array, as before; the others
@@ -124,9 +139,10 @@ impl Abi {
             &mut with_maps
         };
         // SAFETY: `f` belongs to a module that stays loaded while this request runs (the
-        // candidate is only dropped by Unload, after we synchronise). `params` holds 13
-        // pointers to live values matching the ABI's 13 parameters (device pointers are
-        // 64-bit, scalars i32/f32), then one pointer per tensor map to a 128-byte
+        // candidate is only dropped by Unload, after we synchronise). `params` holds 16
+        // pointers to live values matching the ABI's 16 parameters (device pointers are
+        // 64-bit, scalars i32/f32, the strides a #[repr(C)] struct of 12 i64 laid out as
+        // `struct optd_strides`), then one pointer per tensor map to a 128-byte
         // CUtensorMap owned by `self`, matching the template's `__grid_constant__` map
         // parameters in declaration order; cuLaunchKernel copies them before returning. All
         // buffers were sized by the plan's shape and n_splits. What the kernel does with

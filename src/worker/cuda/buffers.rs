@@ -7,15 +7,17 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError};
 
 use super::error::{api, Failure, Stage};
 use super::CudaBackend;
-use crate::spec::protocol::Shape;
+use crate::spec::protocol::{Shape, TensorName, ViewStrides};
 use crate::worker::reference;
 
-/// One set of Q, K, V, O in the element type (as raw 16-bit patterns).
+/// One set of Q, K, V, O in the element type (as raw 16-bit patterns), laid out by `view`
+/// (the strides the kernels get). A padded view's gaps hold NaN in Q, K, V.
 pub(super) struct TensorSet {
     pub(super) q: CudaSlice<u16>,
     pub(super) k: CudaSlice<u16>,
     pub(super) v: CudaSlice<u16>,
     pub(super) o: CudaSlice<u16>,
+    pub(super) view: ViewStrides,
 }
 
 /// The fp32 split-KV scratch buffers.
@@ -32,30 +34,33 @@ pub(super) fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> sys::CUdeviceptr
 }
 
 impl CudaBackend {
-    /// Upload Q, K, V in the element type and allocate O; `what` names the request.
+    /// Upload Q, K, V (logical order, see `reference::randn_inputs`) in the element type
+    /// into buffers laid out by `view`, and allocate O the same way; `what` names the request.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn upload_set(
         &self,
         shape: &Shape,
+        view: ViewStrides,
         q: &[f32],
         k: &[f32],
         v: &[f32],
         what: &str,
     ) -> Result<TensorSet, Failure> {
         let stream = &self.stream;
-        let mib = shape.elems() as f64 * 2.0 / (1 << 20) as f64;
-        let up = |x: &[f32], name: &str| {
-            let bits = reference::to_bits(x, shape.dtype);
-            api(stream.clone_htod(&bits), || {
-                format!("{what}: uploading {name} ({mib:.1} MiB)")
-            })
+        let nan = reference::nan_bits(shape.dtype);
+        let up = |x: &[f32], t: TensorName| {
+            let bits = reference::scatter(shape, &view, t, &reference::to_bits(x, shape.dtype), nan);
+            let mib = bits.len() as f64 * 2.0 / (1 << 20) as f64;
+            api(stream.clone_htod(&bits), || format!("{what}: uploading {} ({mib:.1} MiB)", t.as_str().to_uppercase()))
         };
-        let q = up(q, "Q")?;
-        let k = up(k, "K")?;
-        let v = up(v, "V")?;
-        let o = api(stream.alloc_zeros::<u16>(shape.elems() as usize), || {
-            format!("{what}: allocating O ({mib:.1} MiB)")
+        let q = up(q, TensorName::Q)?;
+        let k = up(k, TensorName::K)?;
+        let v = up(v, TensorName::V)?;
+        let n_o = view.extent(shape, TensorName::O) as usize;
+        let o = api(stream.alloc_zeros::<u16>(n_o), || {
+            format!("{what}: allocating O ({:.1} MiB)", n_o as f64 * 2.0 / (1 << 20) as f64)
         })?;
-        Ok(TensorSet { q, k, v, o })
+        Ok(TensorSet { q, k, v, o, view })
     }
 
     /// Allocate the split-KV partials for `n_splits`, NaN-poisoned when `poison`.
@@ -68,7 +73,7 @@ impl CudaBackend {
     ) -> Result<Partials, Failure> {
         let stream = &self.stream;
         let splits = n_splits.max(1) as u64;
-        let rows = shape.b as u64 * shape.h as u64 * shape.s as u64;
+        let rows = shape.q_rows();
         let o_len = (splits * rows * shape.d as u64).max(1) as usize;
         let lse_len = (splits * rows).max(1) as usize;
         let o = api(stream.alloc_zeros::<f32>(o_len), || {

@@ -1,16 +1,19 @@
 //! The correctness check of a candidate's check build, shape by shape (smallest first,
 //! stopping at the first failure): fresh random inputs, O and the partials poisoned with
 //! NaN, the launches run while the CPU computes the fp32 reference, then unwritten
-//! outputs, the error against the tolerance and the CTAs counted against the plan. With
-//! probes on, the anti-cheat probes of [`super::probe`] run too.
+//! outputs, the error against the tolerance and the CTAs counted against the plan. The
+//! launches run twice: on the shape's layout contiguous (what timing uses), then on padded
+//! views (rows further apart than D, the gaps NaN, writes into them counted), so a kernel
+//! must honour the ABI's strides. With probes on, the anti-cheat probes of
+//! [`super::probe`] run on the first.
 
 use super::abi::Abi;
-use super::buffers::{dptr, memset16, poison_u16};
+use super::buffers::{dptr, memset16, poison_u16, Partials, TensorSet};
 use super::error::{after, api, fmt_err, Failure, Stage};
 use super::kernels::{resolve, Resolved};
 use super::plan::validate_plan;
 use super::{probe, CudaBackend};
-use crate::spec::protocol::{Checked, Probes, Response, ShapeCheck, ShapePlan, Tolerance};
+use crate::spec::protocol::{Checked, Probes, Response, ShapeCheck, ShapePlan, TensorName, Tolerance, ViewStrides};
 use crate::worker::reference;
 
 impl CudaBackend {
@@ -60,113 +63,45 @@ impl CudaBackend {
     ) -> Result<ShapeCheck, Failure> {
         let shape = plan.shape;
         let key = shape.key();
-        let stream = &self.stream;
-        let n = shape.elems() as usize;
 
         // After timing, a spacer allocated first puts this check's tensors at addresses
         // other than the first check's and the timing's.
-        let _spacer = if probes.after_timing { Some(probe::spacer(stream, seed, &key)?) } else { None };
+        let _spacer = if probes.after_timing { Some(probe::spacer(&self.stream, seed, &key)?) } else { None };
         let (q, k, v) = reference::randn_inputs(&shape, seed);
-        let set = self.upload_set(&shape, &q, &k, &v, &format!("check {key}"))?;
-        // Probes: O sits between two guard regions filled with a known pattern.
-        let guarded = if probes.on { Some(probe::guarded_o(stream, n, &key)?) } else { None };
-        let o_at = guarded.as_ref().map(|g| probe::guarded_o_ptr(g, stream));
-        let nan = reference::nan_bits(shape.dtype);
-        match o_at {
-            Some(p) => memset16(stream, p, nan, n),
-            None => poison_u16(stream, &set.o, nan),
-        }
-        .map_err(|e| Failure::cuda(format!("check {key}: poisoning O"), e, Stage::Api))?;
-        let partials = self.alloc_partials(&shape, plan.n_splits, true, &format!("check {key}"))?;
-        let counters = api(stream.alloc_zeros::<u32>(fns.len()), || {
-            format!("check {key}: allocating CTA counters")
-        })?;
-        let counter_base = dptr(&counters, stream);
-
-        let abi = Abi::with_o(plan, &set, &partials, stream, &format!("check {key}"), o_at)?;
-        for (i, r) in fns.iter().enumerate() {
-            r.function_launch(&abi, counter_base + 4 * i as u64, stream)
-                .map_err(|e| {
-                    Failure::cuda(
-                        format!("check {key}: launch {i} ({})", r.launch.kernel),
-                        e,
-                        Stage::Launch,
-                    )
-                })?;
-        }
+        // The contiguous view first (what timing launches on), with the probes when asked.
+        let first = self.launch_view(plan, fns, ViewStrides::contiguous(&shape), [&q, &k, &v], probes.on, &key)?;
 
         // The reference runs on the CPU while the GPU works.
         let rows = reference::select_rows(&shape, seed);
         let want = reference::reference_rows(&shape, &q, &k, &v, &rows);
         let sent = probes.on.then(|| {
-            [&q, &k, &v].map(|x| reference::to_bits(x, shape.dtype))
+            [(&q, TensorName::Q), (&k, TensorName::K), (&v, TensorName::V)]
+                .map(|(x, t)| reference::scatter(&shape, &first.set.view, t, &reference::to_bits(x, shape.dtype), reference::nan_bits(shape.dtype)))
         });
+        let seen = self.finish_view(&first, fns, &rows, &want, tol, &key)?;
+        let mut reasons = seen.reasons.clone();
+
+        // The same inputs on padded views (rows VIEW_PAD elements apart beyond D, the gaps
+        // NaN): a kernel that assumes contiguous tensors, or writes past a row, fails here.
+        if reasons.is_empty() {
+            let padded = self.launch_view(plan, fns, ViewStrides::padded(&shape), [&q, &k, &v], false, &key)?;
+            let p = self.finish_view(&padded, fns, &rows, &want, tol, &key)?;
+            reasons.extend(p.reasons.iter().map(|r| format!("padded view: {r}")));
+        }
         drop((q, k, v));
-
-        after(stream.synchronize(), || {
-            format!("check {key}: running the launches")
-        })?;
-        let ran: Vec<u32> = after(stream.clone_dtoh(&counters), || {
-            format!("check {key}: reading CTA counters")
-        })?;
-        let (out_bits, guards_bad) = match &guarded {
-            Some(g) => probe::read_guarded_o(stream, g, n, &key)?,
-            None => (after(stream.clone_dtoh(&set.o), || format!("check {key}: reading O"))?, 0),
-        };
-        after(stream.synchronize(), || {
-            format!("check {key}: reading results")
-        })?;
-        let out = reference::from_bits(&out_bits, shape.dtype);
-        let cmp = reference::compare(&shape, &out, &rows, &want);
-
-        let ctas_ran: Vec<u64> = ran.iter().map(|&c| c as u64).collect();
-        let ctas_planned: Vec<u64> = fns.iter().map(|r| r.launch.ctas()).collect();
-        let mut reasons = Vec::new();
-        if cmp.unwritten > 0 {
-            reasons.push(format!(
-                "{} of {} outputs unwritten (NaN)",
-                cmp.unwritten, n
-            ));
-        }
-        if cmp.max_abs > tol.atol || cmp.max_abs.is_nan() {
-            reasons.push(format!(
-                "max_abs {} > atol {}",
-                fmt_err(cmp.max_abs),
-                tol.atol
-            ));
-        }
-        if cmp.rel_l2 > tol.rtol_l2 || cmp.rel_l2.is_nan() {
-            reasons.push(format!(
-                "rel_l2 {} > rtol_l2 {}",
-                fmt_err(cmp.rel_l2),
-                tol.rtol_l2
-            ));
-        }
-        for (i, (r, (&got, &planned))) in fns
-            .iter()
-            .zip(ctas_ran.iter().zip(&ctas_planned))
-            .enumerate()
-        {
-            if got != planned {
-                reasons.push(format!(
-                    "launch {i} ({}): {got} CTAs ran, {planned} planned",
-                    r.launch.kernel
-                ));
-            }
-        }
 
         let mut probe_failures = Vec::new();
         if probes.after_timing && !reasons.is_empty() {
             probe_failures.push(format!("after_timing: {} on fresh inputs at other addresses (an earlier result reused?)", reasons.join("; ")));
         }
-        if guards_bad > 0 {
-            probe_failures.push(format!("guard: {guards_bad} elements of the {}-element guard regions around O were written", probe::GUARD_ELEMS));
+        if seen.guards_bad > 0 {
+            probe_failures.push(format!("guard: {} elements of the {}-element guard regions around O were written", seen.guards_bad, probe::GUARD_ELEMS));
         }
         if let Some(sent) = &sent {
-            probe_failures.extend(probe::changed_inputs(stream, &set, sent, &key)?);
+            probe_failures.extend(probe::changed_inputs(&self.stream, &first.set, sent, &key)?);
         }
         if probes.on && reasons.is_empty() && probe_failures.is_empty() {
-            if let Some(why) = self.rerun_probe(plan, fns, &set, &abi, counter_base, tol, seed)? {
+            if let Some(why) = self.rerun_probe(plan, fns, &first.set, &first.abi, first.counter_base, tol, seed)? {
                 probe_failures.push(why);
             }
         }
@@ -178,14 +113,120 @@ impl CudaBackend {
         Ok(ShapeCheck {
             shape,
             passed: reasons.is_empty(),
-            max_abs: cmp.max_abs,
-            rel_l2: cmp.rel_l2,
-            unwritten: cmp.unwritten,
-            rows_compared: cmp.rows_compared,
-            ctas_ran,
-            ctas_planned,
+            max_abs: seen.cmp.max_abs,
+            rel_l2: seen.cmp.rel_l2,
+            unwritten: seen.cmp.unwritten,
+            rows_compared: seen.cmp.rows_compared,
+            ctas_ran: seen.ctas_ran,
+            ctas_planned: fns.iter().map(|r| r.launch.ctas()).collect(),
             reason: reasons.join("; "),
             probe_failures,
         })
     }
+
+    /// Upload `inputs` (logical order) laid out by `view`, poison O (inside a guarded
+    /// buffer when `guard`) and the partials, and queue the plan's launches.
+    fn launch_view(
+        &self,
+        plan: &ShapePlan,
+        fns: &[Resolved<'_>],
+        view: ViewStrides,
+        inputs: [&[f32]; 3],
+        guard: bool,
+        key: &str,
+    ) -> Result<ViewRun, Failure> {
+        let shape = plan.shape;
+        let stream = &self.stream;
+        let [q, k, v] = inputs;
+        let set = self.upload_set(&shape, view, q, k, v, &format!("check {key}"))?;
+        let n_o = set.o.len();
+        // Probes: O sits between two guard regions filled with a known pattern.
+        let guarded = if guard { Some(probe::guarded_o(stream, n_o, key)?) } else { None };
+        let o_at = guarded.as_ref().map(|g| probe::guarded_o_ptr(g, stream));
+        let nan = reference::nan_bits(shape.dtype);
+        match o_at {
+            Some(p) => memset16(stream, p, nan, n_o),
+            None => poison_u16(stream, &set.o, nan),
+        }
+        .map_err(|e| Failure::cuda(format!("check {key}: poisoning O"), e, Stage::Api))?;
+        let partials = self.alloc_partials(&shape, plan.n_splits, true, &format!("check {key}"))?;
+        let counters = api(stream.alloc_zeros::<u32>(fns.len()), || format!("check {key}: allocating CTA counters"))?;
+        let counter_base = dptr(&counters, stream);
+        let abi = Abi::with_o(plan, &set, &partials, stream, &format!("check {key}"), o_at)?;
+        for (i, r) in fns.iter().enumerate() {
+            r.function_launch(&abi, counter_base + 4 * i as u64, stream)
+                .map_err(|e| Failure::cuda(format!("check {key}: launch {i} ({})", r.launch.kernel), e, Stage::Launch))?;
+        }
+        Ok(ViewRun { shape, set, guarded, _partials: partials, counters, counter_base, abi })
+    }
+
+    /// Wait for a [`launch_view`]'s launches, read O back through its view and compare it
+    /// with the reference rows; the reasons it fails, if any.
+    fn finish_view(
+        &self,
+        run: &ViewRun,
+        fns: &[Resolved<'_>],
+        rows: &[reference::Row],
+        want: &[f32],
+        tol: Tolerance,
+        key: &str,
+    ) -> Result<ViewSeen, Failure> {
+        let stream = &self.stream;
+        let shape = run.shape;
+        after(stream.synchronize(), || format!("check {key}: running the launches"))?;
+        let ran: Vec<u32> = after(stream.clone_dtoh(&run.counters), || format!("check {key}: reading CTA counters"))?;
+        let n_o = run.set.o.len();
+        let (buffer, guards_bad) = match &run.guarded {
+            Some(g) => probe::read_guarded_o(stream, g, n_o, key)?,
+            None => (after(stream.clone_dtoh(&run.set.o), || format!("check {key}: reading O"))?, 0),
+        };
+        after(stream.synchronize(), || format!("check {key}: reading results"))?;
+        let nan = reference::nan_bits(shape.dtype);
+        let o = reference::gather(&shape, &run.set.view, TensorName::O, &buffer, nan);
+        let out = reference::from_bits(&o.logical, shape.dtype);
+        let cmp = reference::compare(&shape, &out, rows, want);
+
+        let ctas_ran: Vec<u64> = ran.iter().map(|&c| c as u64).collect();
+        let mut reasons = Vec::new();
+        if cmp.unwritten > 0 {
+            reasons.push(format!("{} of {} outputs unwritten (NaN)", cmp.unwritten, o.logical.len()));
+        }
+        if o.outside_written > 0 {
+            reasons.push(format!("{} elements of O's buffer outside its view were written (rows assumed contiguous?)", o.outside_written));
+        }
+        if cmp.max_abs > tol.atol || cmp.max_abs.is_nan() {
+            reasons.push(format!("max_abs {} > atol {}", fmt_err(cmp.max_abs), tol.atol));
+        }
+        if cmp.rel_l2 > tol.rtol_l2 || cmp.rel_l2.is_nan() {
+            reasons.push(format!("rel_l2 {} > rtol_l2 {}", fmt_err(cmp.rel_l2), tol.rtol_l2));
+        }
+        for (i, (r, &got)) in fns.iter().zip(&ctas_ran).enumerate() {
+            let planned = r.launch.ctas();
+            if got != planned {
+                reasons.push(format!("launch {i} ({}): {got} CTAs ran, {planned} planned", r.launch.kernel));
+            }
+        }
+        Ok(ViewSeen { cmp, ctas_ran, guards_bad, reasons })
+    }
+}
+
+/// One view's launches in flight: what [`CudaBackend::finish_view`] reads back, and what
+/// the probes reuse.
+struct ViewRun {
+    shape: crate::spec::protocol::Shape,
+    set: TensorSet,
+    guarded: Option<cudarc::driver::CudaSlice<u16>>,
+    /// Kept alive until the launches are done.
+    _partials: Partials,
+    counters: cudarc::driver::CudaSlice<u32>,
+    counter_base: cudarc::driver::sys::CUdeviceptr,
+    abi: Abi,
+}
+
+/// What one view's run showed.
+struct ViewSeen {
+    cmp: reference::Comparison,
+    ctas_ran: Vec<u64>,
+    guards_bad: usize,
+    reasons: Vec<String>,
 }

@@ -2,13 +2,16 @@
 //! dimension, sizes that fit the kernel ABI's i32 arguments, at least one launch, no empty
 //! grid or block, and tensor maps whose geometry the TMA can encode.
 
-use crate::spec::protocol::{Shape, ShapePlan};
+use crate::spec::protocol::{Shape, ShapePlan, ViewStrides};
 
 pub(super) fn validate_shape(s: &Shape) -> Result<(), String> {
-    if s.b == 0 || s.h == 0 || s.s == 0 || s.d == 0 {
+    if [s.b, s.hq, s.hkv, s.sq, s.sk, s.d].contains(&0) {
         return Err(format!("shape {} has a zero dimension", s.key()));
     }
-    if i32::try_from(s.b).is_err() || i32::try_from(s.h).is_err() || i32::try_from(s.s).is_err() {
+    if !s.hq.is_multiple_of(s.hkv) || s.sq > s.sk {
+        return Err(format!("shape {} needs HQ a multiple of HKV and SQ <= SK", s.key()));
+    }
+    if [s.b, s.hq, s.hkv, s.sq, s.sk].iter().any(|&x| i32::try_from(x).is_err()) {
         return Err(format!(
             "shape {} does not fit the i32 kernel arguments",
             s.key()
@@ -30,7 +33,9 @@ pub(super) fn validate_plan(p: &ShapePlan) -> Result<(), String> {
         ));
     }
     for (i, m) in p.tensor_maps.iter().enumerate() {
-        m.geometry(&p.shape).map_err(|why| {
+        // The check launches on contiguous and padded views; timing on contiguous.
+        let views = [ViewStrides::contiguous(&p.shape), ViewStrides::padded(&p.shape)];
+        views.iter().try_for_each(|v| m.geometry(&p.shape, v).map(|_| ())).map_err(|why| {
             format!("plan for {}: tensor_map[{i}] ({}): {why}", p.shape.key(), m.tensor.as_str())
         })?;
     }
@@ -55,14 +60,7 @@ mod tests {
 
     #[test]
     fn plans_are_validated() {
-        let shape = Shape {
-            b: 1,
-            h: 1,
-            s: 64,
-            d: 64,
-            causal: false,
-            dtype: crate::spec::protocol::DType::Fp16,
-        };
+        let shape = Shape::mha(1, 1, 64, 64, false, crate::spec::protocol::DType::Fp16);
         let launch = Launch {
             kernel: "k".into(),
             grid: [1, 1, 1],

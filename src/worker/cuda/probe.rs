@@ -14,7 +14,7 @@ use super::buffers::{dptr, poison_u16, TensorSet};
 use super::error::{after, api, fmt_err, Failure, Stage};
 use super::kernels::Resolved;
 use super::CudaBackend;
-use crate::spec::protocol::{ShapePlan, Tolerance};
+use crate::spec::protocol::{ShapePlan, TensorName, Tolerance};
 use crate::worker::reference;
 
 /// Guard regions around O in probed checks: elements each side, and their pattern.
@@ -87,8 +87,10 @@ impl CudaBackend {
         let (q, k, v) = reference::randn_inputs(&shape, seed2);
         // The first run's work (and its reads) must be over before the buffers change.
         after(stream.synchronize(), || format!("check {key}: rerun probe: after the first run"))?;
-        for (name, host, dev) in [("Q", &q, &set.q), ("K", &k, &set.k), ("V", &v, &set.v)] {
-            let bits = reference::to_bits(host, shape.dtype);
+        let nan = reference::nan_bits(shape.dtype);
+        for (t, host, dev) in [(TensorName::Q, &q, &set.q), (TensorName::K, &k, &set.k), (TensorName::V, &v, &set.v)] {
+            let name = t.as_str().to_uppercase();
+            let bits = reference::scatter(&shape, &set.view, t, &reference::to_bits(host, shape.dtype), nan);
             let p = dptr(dev, stream);
             // SAFETY: `p` addresses `dev.len()` == `bits.len()` u16 elements owned by `set`,
             // which outlives this call; the copy is synchronous.
@@ -105,14 +107,15 @@ impl CudaBackend {
         let rows = reference::select_rows(&shape, seed2);
         let want = reference::reference_rows(&shape, &q, &k, &v, &rows);
         after(second.synchronize(), || format!("check {key}: rerun probe: running on the second stream"))?;
-        let n = shape.elems() as usize;
+        let n = set.o.len();
         let mut out_bits = vec![0u16; n];
         // SAFETY: `abi.o` addresses the n elements of O (in `set.o` or the guarded buffer,
         // both alive here); the copy is synchronous and the second stream has finished.
         unsafe { sys::cuMemcpyDtoH_v2(out_bits.as_mut_ptr() as *mut c_void, abi.o, n * 2) }
             .result()
             .map_err(|e| Failure::cuda(format!("check {key}: rerun probe: reading O"), e, Stage::AfterLaunch))?;
-        let out = reference::from_bits(&out_bits, shape.dtype);
+        let o = reference::gather(&shape, &set.view, TensorName::O, &out_bits, nan);
+        let out = reference::from_bits(&o.logical, shape.dtype);
         let cmp = reference::compare(&shape, &out, &rows, &want);
         let bad = cmp.max_abs > tol.atol || cmp.max_abs.is_nan() || cmp.rel_l2 > tol.rtol_l2 || cmp.rel_l2.is_nan() || cmp.unwritten > 0;
         Ok(bad.then(|| {

@@ -6,20 +6,21 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 
 use super::error::{describe, Failure};
-use crate::spec::protocol::{Shape, TensorMap};
+use crate::spec::protocol::{Shape, TensorMap, ViewStrides};
 
-/// Encode tensor map `index` of a plan for `shape`, over the tensor at `ptr`, with the
+/// Encode tensor map `index` of a plan for `shape` viewed through `view`, over the tensor at `ptr`, with the
 /// geometry of [`TensorMap::geometry`] and the convention's fixed settings (UINT16
 /// bit patterns, no interleave, L2 promotion 128B, out-of-bounds rows read as zeros).
 pub(super) fn encode_tensor_map(
     index: usize,
     map: &TensorMap,
     shape: &Shape,
+    view: &ViewStrides,
     ptr: sys::CUdeviceptr,
 ) -> Result<sys::CUtensorMap, Failure> {
     let name = format!("tensor_map[{index}] ({})", map.tensor.as_str());
     let g = map
-        .geometry(shape)
+        .geometry(shape, view)
         .map_err(|why| Failure::Bad(format!("{name}: {why}")))?;
     if !ptr.is_multiple_of(16) {
         return Err(Failure::Bad(format!(
@@ -38,8 +39,8 @@ pub(super) fn encode_tensor_map(
     };
     let mut encoded = sys::CUtensorMap { opaque: [0; 16] };
     // SAFETY: `encoded` is a writable, 128-byte-aligned CUtensorMap; the dims, strides,
-    // box and element-stride arrays hold rank (4), rank - 1 (3), 4 and 4 entries as the
-    // call requires; `ptr` is a live device allocation of the shape's [B,H,S,D] tensor.
+    // box and element-stride arrays hold rank (5), rank - 1 (4), 5 and 5 entries as the
+    // call requires; `ptr` is a live device allocation of the tensor laid out by `view`.
     let rc = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut encoded,

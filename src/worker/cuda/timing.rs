@@ -11,7 +11,7 @@ use super::error::{after, api, Failure, Stage};
 use super::kernels::{resolve, Resolved};
 use super::plan::{validate_plan, validate_shape};
 use super::CudaBackend;
-use crate::spec::protocol::{Response, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec};
+use crate::spec::protocol::{Response, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec, ViewStrides};
 use crate::worker::reference;
 
 impl CudaBackend {
@@ -75,7 +75,7 @@ impl CudaBackend {
         }
 
         // Enough input sets to spill L2, so every execution reads from HBM.
-        let set_bytes = (shape.elems() * 2 * 4).max(1) as f64;
+        let set_bytes = ((shape.q_elems() * 2 + shape.kv_elems() * 2) * 2).max(1) as f64;
         let want = (spec.l2_multiple * self.device.l2_bytes as f64 / set_bytes).ceil();
         let cap = spec.max_input_sets.max(1);
         let n_sets = if want.is_finite() && want >= 1.0 {
@@ -90,6 +90,7 @@ impl CudaBackend {
         for s in 0..n_sets {
             sets.push(self.upload_set(
                 &shape,
+                ViewStrides::contiguous(&shape),
                 &q,
                 &k,
                 &v,

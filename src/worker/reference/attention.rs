@@ -3,7 +3,7 @@
 //! (AVX2 chosen at run time when present), spread over the CPU's threads.
 
 use super::parallel::threads;
-use super::rows::{row_offset, Row};
+use super::rows::{kv_head_offset, row_offset, visible_keys, Row};
 use crate::spec::protocol::Shape;
 
 /// The softmax scale the kernels receive: `1/sqrt(D)` as f32.
@@ -34,8 +34,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// reference waited on memory).
 const ROW_BLOCK: usize = 8;
 
-/// What every block of one [`reference_rows`] call reads: the shape, the full [B,H,S,D]
-/// tensors and the softmax scale.
+/// What every block of one [`reference_rows`] call reads: the shape, the full logical
+/// tensors (Q [B,HQ,SQ,D], K and V [B,HKV,SK,D]) and the softmax scale.
 #[derive(Clone, Copy)]
 struct Operands<'a> {
     shape: &'a Shape,
@@ -62,12 +62,11 @@ fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, o
     let Operands { shape, q, k, v, scale } = *x;
     let Scratch { scores, acc } = scratch;
     let d = shape.d as usize;
-    let s = shape.s as usize;
     let n = rows.len().min(ROW_BLOCK);
-    let head_base = row_offset(shape, (rows[0].0, rows[0].1, 0));
+    let head_base = kv_head_offset(shape, rows[0].0, rows[0].1);
     let mut kv_len = [0usize; ROW_BLOCK];
     for (len, row) in kv_len.iter_mut().zip(&rows[..n]) {
-        *len = if shape.causal { row.2 as usize + 1 } else { s };
+        *len = visible_keys(shape, row.2);
     }
     let kv_max = kv_len[..n].iter().copied().max().unwrap_or(0);
     let qrows: [&[f32]; ROW_BLOCK] = std::array::from_fn(|r| {
@@ -131,7 +130,7 @@ fn block_fn() -> BlockFn {
 }
 
 /// fp32 reference output for `rows`, concatenated (`rows.len() * D` values), computed in
-/// parallel over rows. `q`, `k`, `v` are full [B,H,S,D] tensors.
+/// parallel over rows. `q` is the full logical [B,HQ,SQ,D] tensor, `k` and `v` [B,HKV,SK,D].
 pub fn reference_rows(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], rows: &[Row]) -> Vec<f32> {
     let d = shape.d as usize;
     let mut out = vec![0f32; rows.len() * d];
@@ -184,13 +183,9 @@ mod tests {
     /// Straightforward per-row attention in f64 for cross-checking.
     fn naive(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], row: Row) -> Vec<f64> {
         let d = shape.d as usize;
-        let base = row_offset(shape, (row.0, row.1, 0));
+        let base = kv_head_offset(shape, row.0, row.1);
         let qi = row_offset(shape, row);
-        let n = if shape.causal {
-            row.2 as usize + 1
-        } else {
-            shape.s as usize
-        };
+        let n = visible_keys(shape, row.2);
         let scale = 1.0 / (d as f64).sqrt();
         let s: Vec<f64> = (0..n)
             .map(|j| {
@@ -239,7 +234,7 @@ mod tests {
                 assert!((*a as f64 - b).abs() < 1e-5, "{row:?}: {a} vs {b}");
             }
             if row.2 == 0 {
-                let off = row_offset(&sh, row);
+                let off = kv_head_offset(&sh, row.0, row.1);
                 assert_eq!(r, &v[off..off + 16], "causal row 0 must equal v[0]");
             }
         }

@@ -82,10 +82,12 @@ pub fn randn_rounded(len: usize, dtype: DType, seed: u64, stream: u64) -> Vec<f3
 
 /// Fresh Q, K, V for `shape` in [B,H,S,D] layout: standard normal, rounded to the element type.
 pub fn randn_inputs(shape: &Shape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let n = shape.elems() as usize;
-    let q = randn_rounded(n, shape.dtype, seed, 1);
-    let k = randn_rounded(n, shape.dtype, seed, 2);
-    let v = randn_rounded(n, shape.dtype, seed, 3);
+    // Logical [B,HQ,SQ,D] for Q and [B,HKV,SK,D] for K and V, whatever the layout:
+    // the worker scatters them into the layout's strides when it uploads.
+    let (nq, nkv) = (shape.q_elems() as usize, shape.kv_elems() as usize);
+    let q = randn_rounded(nq, shape.dtype, seed, 1);
+    let k = randn_rounded(nkv, shape.dtype, seed, 2);
+    let v = randn_rounded(nkv, shape.dtype, seed, 3);
     (q, k, v)
 }
 

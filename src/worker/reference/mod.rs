@@ -3,7 +3,8 @@
 //! Inputs are drawn from a standard normal distribution with a seeded generator and then
 //! rounded to the element type (fp16 or bf16), so the reference computes on exactly the
 //! values the GPU sees. The reference is plain softmax attention,
-//! `softmax(q kᵀ / sqrt(D)) v` with an optional causal mask (key `j > i` masked), computed
+//! `softmax(q kᵀ / sqrt(D)) v` with grouped-query heads (query head h reads KV head
+//! h / (HQ / HKV)) and an optional causal mask (key `j > i + SK - SQ` masked), computed
 //! with max subtraction in fp32 (f64 for the softmax denominator), vectorized (AVX2 where
 //! the CPU has it, chosen at run time), for a chosen set of output rows: every row for
 //! small shapes, a stratified random sample beyond (one row from each block of 16 plus the
@@ -14,11 +15,13 @@
 //! All work here is deterministic in the seed, whatever the number of threads.
 //!
 //! One file per job: `inputs` (generation, bit patterns), `rows` (which rows, where),
-//! `attention` (the reference kernels), `compare` (the comparison), `parallel` (threads).
+//! `attention` (the reference kernels), `compare` (the comparison), `layout` (logical
+//! tensors to and from the strided buffers the kernels see), `parallel` (threads).
 
 mod attention;
 mod compare;
 mod inputs;
+mod layout;
 mod parallel;
 mod rows;
 
@@ -28,17 +31,11 @@ pub use self::inputs::{
     from_bits, mix_seed, nan_bits, randn_inputs, randn_rounded, round_to_dtype, to_bits,
     NAN_BITS_F32,
 };
-pub use self::rows::{row_offset, select_rows, Row, ALL_ROWS_LIMIT, SAMPLE_BLOCK};
+pub use self::layout::{gather, scatter, Gathered};
+pub use self::rows::{kv_head_offset, row_offset, select_rows, visible_keys, Row, ALL_ROWS_LIMIT, SAMPLE_BLOCK};
 
 /// A shape for the tests of this folder.
 #[cfg(test)]
 fn test_shape(b: u32, h: u32, s: u32, d: u32, causal: bool, dtype: crate::spec::protocol::DType) -> crate::spec::protocol::Shape {
-    crate::spec::protocol::Shape {
-        b,
-        h,
-        s,
-        d,
-        causal,
-        dtype,
-    }
+    crate::spec::protocol::Shape::mha(b, h, s, d, causal, dtype)
 }

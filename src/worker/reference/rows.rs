@@ -1,5 +1,6 @@
 //! Which output rows the reference computes and the check compares (all of them for small
-//! shapes, a stratified seeded sample beyond), and where a row sits in a [B,H,S,D] tensor.
+//! shapes, a stratified seeded sample beyond), and where a row sits in the logical
+//! [B,HQ,SQ,D] (Q, O) or [B,HKV,SK,D] (K, V) tensors the reference reads.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -7,18 +8,18 @@ use rand::{Rng, SeedableRng};
 use super::inputs::mix_seed;
 use crate::spec::protocol::Shape;
 
-/// One output row: (batch, head, query index).
+/// One output row: (batch, query head, query index).
 pub type Row = (u32, u32, u32);
 
-/// Compare every row when the shape has at most this many rows (B*H*S).
+/// Compare every row when the shape has at most this many rows (B*HQ*SQ).
 pub const ALL_ROWS_LIMIT: u64 = 16384;
 /// Beyond [`ALL_ROWS_LIMIT`], sample one row from each block of this many consecutive rows.
 pub const SAMPLE_BLOCK: u32 = 16;
-/// The rows to compare: all of them for small shapes (B*H*S <= 16384); otherwise, for
+/// The rows to compare: all of them for small shapes (B*HQ*SQ <= 16384); otherwise, for
 /// every (b, h), one random row from each block of 16 consecutive rows plus rows 0 and
-/// S-1. Sorted, without duplicates, deterministic in `seed`.
+/// SQ-1. Sorted, without duplicates, deterministic in `seed`.
 pub fn select_rows(shape: &Shape, seed: u64) -> Vec<Row> {
-    let (b, h, s) = (shape.b, shape.h, shape.s);
+    let (b, h, s) = (shape.b, shape.hq, shape.sq);
     let total = b as u64 * h as u64 * s as u64;
     let mut rows = Vec::new();
     if total <= ALL_ROWS_LIMIT {
@@ -53,11 +54,28 @@ pub fn select_rows(shape: &Shape, seed: u64) -> Vec<Row> {
     rows
 }
 
-/// Offset of the first element of `row` in a [B,H,S,D] tensor.
+/// Offset of the first element of `row` in the logical [B,HQ,SQ,D] Q or O.
 pub fn row_offset(shape: &Shape, row: Row) -> usize {
     let (b, h, i) = row;
-    (((b as usize * shape.h as usize) + h as usize) * shape.s as usize + i as usize)
+    (((b as usize * shape.hq as usize) + h as usize) * shape.sq as usize + i as usize)
         * shape.d as usize
+}
+
+/// Offset of key 0 of the KV head that query head `h` of batch `b` reads, in the
+/// logical [B,HKV,SK,D] K or V (grouped-query: KV head h / (HQ / HKV)).
+pub fn kv_head_offset(shape: &Shape, b: u32, h: u32) -> usize {
+    let kvh = h / shape.group().max(1);
+    ((b as usize * shape.hkv as usize) + kvh as usize) * shape.sk as usize * shape.d as usize
+}
+
+/// Keys query row `i` sees: all SK, or causal `min(SK, i + SK - SQ + 1)` (the query rows
+/// are the last SQ positions).
+pub fn visible_keys(shape: &Shape, i: u32) -> usize {
+    if shape.causal {
+        (i as usize + shape.causal_offset() as usize + 1).min(shape.sk as usize)
+    } else {
+        shape.sk as usize
+    }
 }
 
 
