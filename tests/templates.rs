@@ -130,7 +130,7 @@ fn the_gate_demands_enough_ctas_to_fill_the_gpu() {
     let t = Template::load(&templates_dir(), "kv_split.cu").unwrap();
     let dev = common::h100();
     let shapes = [shape(1, 1, 512, 64, false)];
-    let min = "min(SMS, B * H * cdiv(S, 32))";
+    let min = "min(SMS, B * HQ * cdiv(SQ, 32))";
     let no_split = params(&t, &[("BLOCK_M", 64), ("MAX_SPLITS", 1)]);
     let err = gate::check(&t, &no_split, &shapes, &dev, min).unwrap_err();
     assert!(err.0.contains("8 CTAs") && err.0.contains("at least 16"), "{}", err.0);
