@@ -18,9 +18,11 @@
  * Its keys and values are those of KV head optd_kv_head(h) (grouped-query
  * attention: the G = HQ / HKV query heads of a KV head are neighbours in
  * gridDim.y, so their CTAs re-read the same K/V tiles from L2). Rows are
- * addressed through the ABI's strides (any layout, padded views): the head's
- * base pointers are computed once per CTA, a K/V tile's once per tile, and a
- * row is one multiply by the row stride; the shared-memory tiles are dense.
+ * addressed through the ABI's strides (any layout, padded views); only the
+ * shared-memory tiles are dense. A thread copies the same 16-byte chunk of
+ * key rows kj, kj + RPI, ... of every K/V tile: the KV head's base pointers
+ * (warp-uniform) and its offset to row kj are computed once per CTA, and a
+ * copy adds the uniform (kv0 + i * RPI) row strides.
  * Per key tile of 32 keys:
  *   1. all threads stage K and V (32 x D, elem_t) in shared memory; K's
  *      16-byte chunks are XOR-swizzled by key so that the per-key reads in 2.
@@ -145,16 +147,19 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     const int m0 = blockIdx.x * BLOCK_M;
     const int row0 = m0 + warp * R;  // this warp's first row
     const elem_t* qh = q + optd_head_off(strides.q_b, strides.q_h, b, h);
+
     // K/V staging: thread tid copies 16-byte chunk kc of key rows kj + i * KV_RPI
-    // (i < KV_ITERS) of every tile. Its first chunk's address is computed once
-    // here; a tile adds kv0 row strides and step i adds i * KV_RPI row strides,
-    // both multiplies of kernel parameters, so no per-chunk offsets stay live.
+    // (i < KV_ITERS) of every tile. The KV head's base pointers are warp-uniform
+    // and the thread's offset (kj row strides + kc chunks) is computed once here;
+    // a copy adds (kv0 + i * KV_RPI) row strides, a uniform multiply of kernel
+    // parameters.
     constexpr int KV_RPI = FWD_THREADS / CHUNKS;            // key rows per step
     constexpr int KV_ITERS = KV_TILE * CHUNKS / FWD_THREADS;  // steps per tile
     static_assert(FWD_THREADS % CHUNKS == 0 && KV_TILE % KV_RPI == 0, "K/V chunks must split evenly over the threads");
     const int kj = tid / CHUNKS, kc = tid % CHUNKS;
-    const elem_t* kp = k + optd_head_off(strides.k_b, strides.k_h, b, hkv) + kj * strides.k_s + kc * 8;
-    const elem_t* vp = v + optd_head_off(strides.v_b, strides.v_h, b, hkv) + kj * strides.v_s + kc * 8;
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
+    const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
 
     // This split's key tiles; under causal masking none past the block's last visible key.
     const int n_tiles = (seq_k + KV_TILE - 1) / KV_TILE;
@@ -199,8 +204,8 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
             const int j = kj + i * KV_RPI;
             uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
             if (kv0 + j < seq_k) {
-                kraw = *reinterpret_cast<const uint4*>(kp + (kv0 + i * KV_RPI) * strides.k_s);
-                vraw = *reinterpret_cast<const uint4*>(vp + (kv0 + i * KV_RPI) * strides.v_s);
+                kraw = *reinterpret_cast<const uint4*>(kh + (kv0 + i * KV_RPI) * strides.k_s + koff);
+                vraw = *reinterpret_cast<const uint4*>(vh + (kv0 + i * KV_RPI) * strides.v_s + voff);
             }
             k_s[j * CHUNKS + (kc ^ (j & 7))] = kraw;
             v_s[j * CHUNKS + kc] = vraw;
@@ -272,7 +277,7 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
 
     // Epilogue: rows past SQ write nothing; lane l writes dims 2l + 64i, +1.
     if (row0 >= seq_q) return;
-    elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, h);
+    elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, blockIdx.y / heads_q, blockIdx.y % heads_q);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;

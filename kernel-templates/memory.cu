@@ -38,10 +38,12 @@
  * Addressing (kernel ABI v2): every global row goes through the strides
  * (either layout, padded views); only the shared-memory tiles are dense.
  * Each thread copies the same column granule (16 bytes, or one element with
- * VEC_LOADS = CP_ASYNC = 0) of key rows kj, kj + RPI, ... of every K/V tile;
- * its first granule's address is computed once per CTA, and a copy adds
- * (kv0 + i * RPI) row strides (kernel parameters): no per-granule offsets
- * stay live across the key loop.
+ * VEC_LOADS = CP_ASYNC = 0) of key rows kj, kj + RPI, ... of every K/V tile:
+ * the KV head's base pointers (warp-uniform) and the thread's offset to its
+ * granule of row kj are computed once per CTA, and a copy adds the uniform
+ * (kv0 + i * RPI) row strides: no per-copy offsets stay live across the key
+ * loop. b and h are re-derived from blockIdx for the epilogue rather than
+ * kept live through it.
  *
  * What this template changes, each behind a knob:
  *
@@ -221,8 +223,9 @@ __device__ __forceinline__ int k_off(int j, int c) {
 // K/V tile loads: keys kv0 .. kv0 + 31 into K tile ks and V tile vs (byte
 // pointers into shared memory); keys >= seq_k are zero-filled so that 0 * V
 // is 0. The thread copies granule kc (GRANULE elements) of key rows
-// kj + i * RPI; kp / vp point at that granule of key row kj of the head
-// (KvCopy<D>::at), k_s / v_s are the row strides.
+// kj + i * RPI of the KV head at kh / vh (warp-uniform pointers); koff / voff
+// locate that granule of row kj (KvCopy<D>::offset, once per CTA) and k_s /
+// v_s are the row strides, so a copy adds the uniform (kv0 + i * RPI) * k_s.
 // ---------------------------------------------------------------------------
 template <int D>
 struct KvCopy {
@@ -234,16 +237,16 @@ struct KvCopy {
                   "K/V copies must split evenly over the threads");
     int kj, kc;  // this thread's first key row and granule
     __device__ __forceinline__ explicit KvCopy(int tid) : kj(tid / PER_ROW), kc(tid % PER_ROW) {}
-    // The thread's granule of key row kj of the head starting at `head`, rows `row_stride` apart.
-    __device__ __forceinline__ const elem_t* at(const elem_t* head, long long row_stride) const {
-        return head + kj * row_stride + kc * GRANULE;
+    // Offset of the thread's granule of key row kj, rows `row_stride` apart.
+    __device__ __forceinline__ long long offset(long long row_stride) const {
+        return kj * row_stride + kc * GRANULE;
     }
 };
 
 #if CP_ASYNC
 template <int D>
-__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kp,
-                                             const elem_t* vp, long long k_s, long long v_s,
+__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
+                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
                                              const KvCopy<D>& cp, int kv0, int seq_k) {
     using C = KvCopy<D>;
     const unsigned ks32 = smem_u32(ks), vs32 = smem_u32(vs);
@@ -251,17 +254,17 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* v
     for (int i = 0; i < C::ITERS; ++i) {
         const int j = cp.kj + i * C::RPI;
         const bool ok = kv0 + j < seq_k;
-        // Rows from kp's row kj. An out-of-range key copies 0 bytes from a valid
-        // address, the head's row 0 (row kj may lie past the tensor).
+        // Rows counted from row kj. An out-of-range key copies 0 bytes from a
+        // valid address, the head's row 0 (row kj itself may lie past the tensor).
         const int src_row = ok ? kv0 + i * C::RPI : -cp.kj;
-        cp_async16(ks32 + k_off<D>(j, cp.kc), kp + src_row * k_s, ok);
-        cp_async16(vs32 + j * Layout<D>::V_ROW + cp.kc * 16, vp + src_row * v_s, ok);
+        cp_async16(ks32 + k_off<D>(j, cp.kc), kh + src_row * k_s + koff, ok);
+        cp_async16(vs32 + j * Layout<D>::V_ROW + cp.kc * 16, vh + src_row * v_s + voff, ok);
     }
 }
 #elif VEC_LOADS
 template <int D>
-__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kp,
-                                             const elem_t* vp, long long k_s, long long v_s,
+__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
+                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
                                              const KvCopy<D>& cp, int kv0, int seq_k) {
     using C = KvCopy<D>;
     uint4 kr[C::ITERS], vr[C::ITERS];
@@ -272,8 +275,8 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* v
         vr[i] = kr[i];
         if (kv0 + cp.kj + i * C::RPI < seq_k) {
             const int src_row = kv0 + i * C::RPI;
-            kr[i] = *reinterpret_cast<const uint4*>(kp + src_row * k_s);
-            vr[i] = *reinterpret_cast<const uint4*>(vp + src_row * v_s);
+            kr[i] = *reinterpret_cast<const uint4*>(kh + src_row * k_s + koff);
+            vr[i] = *reinterpret_cast<const uint4*>(vh + src_row * v_s + voff);
         }
     }
 #pragma unroll
@@ -285,21 +288,21 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* v
 }
 #else
 template <int D>
-__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kp,
-                                             const elem_t* vp, long long k_s, long long v_s,
+__device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
+                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
                                              const KvCopy<D>& cp, int kv0, int seq_k) {
     using C = KvCopy<D>;
     const int d = cp.kc;  // one element per copy
-    const unsigned short* k16 = reinterpret_cast<const unsigned short*>(kp);
-    const unsigned short* v16 = reinterpret_cast<const unsigned short*>(vp);
+    const unsigned short* k16 = reinterpret_cast<const unsigned short*>(kh);
+    const unsigned short* v16 = reinterpret_cast<const unsigned short*>(vh);
 #pragma unroll 8
     for (int i = 0; i < C::ITERS; ++i) {
         const int j = cp.kj + i * C::RPI;
         unsigned short kx = 0, vx = 0;
         if (kv0 + j < seq_k) {
             const int src_row = kv0 + i * C::RPI;
-            kx = k16[src_row * k_s];
-            vx = v16[src_row * v_s];
+            kx = k16[src_row * k_s + koff];
+            vx = v16[src_row * v_s + voff];
         }
         *reinterpret_cast<unsigned short*>(ks + k_off<D>(j, d >> 3) + 2 * (d & 7)) = kx;
         *reinterpret_cast<unsigned short*>(vs + j * Layout<D>::V_ROW + 2 * d) = vx;
@@ -361,8 +364,9 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     const int row0 = m0 + warp * R;  // this warp's first row
     const long long k_stride = strides.k_s, v_stride = strides.v_s;
     const KvCopy<D> cp(tid);
-    const elem_t* kp = cp.at(k + optd_head_off(strides.k_b, strides.k_h, b, hkv), k_stride);
-    const elem_t* vp = cp.at(v + optd_head_off(strides.v_b, strides.v_h, b, hkv), v_stride);
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
+    const long long koff = cp.offset(k_stride), voff = cp.offset(v_stride);
 
     // This split's key tiles; under causal masking none past the block's last visible key.
     const int n_tiles = (seq_k + KV_TILE - 1) / KV_TILE;
@@ -378,7 +382,7 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_local)
-            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kp, vp, k_stride, v_stride, cp,
+            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, koff, voff, k_stride, v_stride, cp,
                             (t_begin + s) * KV_TILE, seq_k);
         cp_async_commit();
     }
@@ -412,14 +416,14 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
         __syncthreads();              // ... everyone's; slot (i - 1) % STAGES is free
         if (i + STAGES - 1 < n_local) {
             const int s = (i + STAGES - 1) % STAGES;
-            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kp, vp, k_stride, v_stride, cp,
+            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, koff, voff, k_stride, v_stride, cp,
                             kv0 + (STAGES - 1) * KV_TILE, seq_k);
         }
         cp_async_commit();
         const int slot = i % STAGES;
 #else
         __syncthreads();  // the previous tile is no longer being read
-        load_kv_tile<D>(k_s, v_s, kp, vp, k_stride, v_stride, cp, kv0, seq_k);
+        load_kv_tile<D>(k_s, v_s, kh, vh, koff, voff, k_stride, v_stride, cp, kv0, seq_k);
         __syncthreads();  // K, V (and Q on the first tile) are visible
         const int slot = 0;
 #endif
@@ -495,7 +499,7 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
 
     // Epilogue: rows past SQ write nothing; lane l writes dims 2l + 64i, +1.
     if (row0 >= seq_q) return;
-    elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, h);
+    elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, blockIdx.y / heads_q, blockIdx.y % heads_q);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
@@ -508,7 +512,7 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
             for (int d2 = 0; d2 < DP; ++d2)
                 orow[lane + 32 * d2] = from_f32x2(acc[r][2 * d2] * inv_l, acc[r][2 * d2 + 1] * inv_l);
         } else {
-            const size_t prow = optd_split_partial_row(split, bh, row, batch, heads_q, seq_q);
+            const size_t prow = optd_split_partial_row(blockIdx.z, blockIdx.y, row, batch, heads_q, seq_q);
             float2* orow = reinterpret_cast<float2*>(o_partial + prow * D);
 #pragma unroll
             for (int d2 = 0; d2 < DP; ++d2)

@@ -71,9 +71,9 @@
  * Addressing (kernel ABI v2): global rows go through the strides (either
  * layout, padded views), never assuming rows D apart; the shared tiles are
  * this template's own padded layout. Each thread copies the same 16-byte
- * chunks of key rows kj, kj + RPI, ... of every K/V tile: its first chunk's
- * address is computed once per CTA, and a copy adds (kv0 + i * RPI) row
- * strides (kernel parameters).
+ * chunk of key rows kj, kj + RPI, ... of every K/V tile: the KV head's base
+ * pointers (warp-uniform) and the thread's offset to row kj are computed once
+ * per CTA, and a copy adds the uniform (kv0 + i * RPI) row strides.
  *
  * Shared memory rows are padded (no swizzle): Q, K, V rows D + 8 elem_t and P
  * rows BLOCK_N + 8 elem_t (16 bytes of padding; WMMA needs ldm a multiple of
@@ -99,7 +99,7 @@
  *          (B * HQ <= 65535); no KV split, n_splits = 1, single launch.
  * Registers: CPW * 8 fp32 (O fragments, at most 64) + BLOCK_N / TPR scores
  *          per thread plus fragments in flight and two 64-bit K/V source
- *          pointers; __launch_bounds__(threads, 1).
+ *          offsets; __launch_bounds__(threads, 1).
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -237,14 +237,17 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     const int hkv = optd_kv_head(h, heads_q, heads_kv);
     const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
 
-    // K/V copies: 16-byte chunk kc of key rows kj + i * KV_RPI; kp / vp point at
-    // that chunk of row kj of the KV head (row kj may lie past SK: only read when valid).
+    // K/V copies: 16-byte chunk kc of key rows kj + i * KV_RPI of every tile. The
+    // KV head's base pointers are warp-uniform and the thread's offset (kj row
+    // strides + kc chunks) is computed once here; a copy adds the uniform
+    // (kv0 + i * KV_RPI) row strides.
     constexpr int KV_RPI = WM_THREADS / CH;
     const int kj = tid / CH, kc = tid % CH;
     static_assert(WM_THREADS % CH == 0 && BLOCK_N % KV_RPI == 0 && KV_ITERS == BLOCK_N / KV_RPI,
                   "K/V chunks: whole rows per step");
-    const elem_t* kp = k + optd_head_off(strides.k_b, strides.k_h, b, hkv) + kj * strides.k_s + kc * 8;
-    const elem_t* vp = v + optd_head_off(strides.v_b, strides.v_h, b, hkv) + kj * strides.v_s + kc * 8;
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
+    const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
 
     // Causal: no key tile past the last key the tile's rows see.
     int n_tiles = (seq_k + BLOCK_N - 1) / BLOCK_N;
@@ -290,8 +293,8 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
             const int r = kj + i * KV_RPI;
             uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
             if (kv0 + r < seq_k) {
-                kraw = *reinterpret_cast<const uint4*>(kp + (kv0 + i * KV_RPI) * strides.k_s);
-                vraw = *reinterpret_cast<const uint4*>(vp + (kv0 + i * KV_RPI) * strides.v_s);
+                kraw = *reinterpret_cast<const uint4*>(kh + (kv0 + i * KV_RPI) * strides.k_s + koff);
+                vraw = *reinterpret_cast<const uint4*>(vh + (kv0 + i * KV_RPI) * strides.v_s + voff);
             }
             *reinterpret_cast<uint4*>(k_s + r * QK_LD + kc * 8) = kraw;
             *reinterpret_cast<uint4*>(v_s + r * QK_LD + kc * 8) = vraw;
