@@ -65,7 +65,9 @@
  *          the smallest count with the same tiles per split, so that without
  *          causal masking no split is left without a tile.
  * Registers: R * (D / 32 + 3) fp32 per thread (accumulators, m, l, a score)
- *          plus a K chunk and addressing; __launch_bounds__(threads, 1).
+ *          plus a K chunk and addressing (two 64-bit K/V row offsets);
+ *          __launch_bounds__(threads, 1), except D 64 at 128 threads: 3 CTAs
+ *          per SM, at most 168 registers (see the kernels at the end).
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -299,9 +301,14 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     }
 }
 
-// minBlocks = 1 leaves ptxas free to keep the R x D/32 accumulators in registers;
-// with the default it caps 256-thread builds at 64 registers and spills.
-extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
+// minBlocks = 1 (D 128, and D 64 at 256 threads) leaves ptxas free to keep the
+// R x D/32 accumulators in registers; with the default it caps 256-thread builds
+// at 64 registers and spills. D 64 at 128 threads asks for 3 CTAs per SM (at most
+// 168 registers): BLOCK_M 64's R = 16 rows of accumulators fit there, while
+// without the bound ABI v2's addressing took ptxas to 169-184 registers, 2 CTAs
+// per SM, 5-11% slower on b4h16s1024d64 (H100). kv-split's BLOCK_M 64 build then
+// spills 8 bytes on sm_90 and is still as fast as its ABI v1 build.
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_THREADS == 128 ? 3 : 1) optd_fwd_d64(OPTD_ARGS) {
     kv_split_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
