@@ -1,7 +1,7 @@
 /******************************************************************************
  * mma-fa2: FlashAttention-2-style forward on the tensor cores (mma.sync).
  *
- * One CTA per (query tile of BLOCK_M rows, b * HQ + h). The warps form
+ * One CTA per (query tile of BLOCK_M rows, query head h, batch b). The warps form
  * NUM_WARPS / KV_WARPS row groups of WARP_ROWS consecutive query rows
  * (BLOCK_M = WARP_ROWS * NUM_WARPS / KV_WARPS); each warp runs the whole
  * computation for its group's rows in registers, as WARP_ROWS / 16 m16 tiles.
@@ -57,13 +57,17 @@
  *             shared memory (no barrier: only this warp reads them), then
  *             16-byte coalesced global stores of the rows < SQ.
  *
- * Addressing (kernel ABI v2): query head h = blockIdx.y % HQ of batch
- * b = blockIdx.y / HQ reads K/V head h / (HQ / HKV) (grouped-query attention);
+ * Addressing (kernel ABI v2): query head h = blockIdx.y of batch
+ * b = blockIdx.z reads K/V head h / (HQ / HKV) (grouped-query attention);
  * every Q, K, V and O row is addressed through its tensor's (batch, head, row)
  * strides, so [B,H,S,D], [B,S,H,D] and padded views run the same code. Rows
  * start 16-byte aligned (the ABI's guarantee), which keeps the 16-byte cp.async
- * copies and stores legal. The query heads of one K/V head are adjacent in
- * blockIdx.y, so CTAs launched together read the same K/V through L2.
+ * copies and stores legal. The head and batch come from the grid, not from a
+ * division of one index, and the one division left (the K/V head) is off the
+ * Q loads' path: on the latency-bound shapes this template wins, each
+ * dependent integer division before the first copy is visible. The query
+ * heads of one K/V head are adjacent in blockIdx.y, so CTAs launched together
+ * read the same K/V through L2.
  *
  * Shared memory rows are D * 2 bytes (8 or 16 chunks of 16 bytes). SWIZZLE=1
  * stores chunk c of row r at c ^ (r % 8), so the 8 row addresses of every
@@ -99,14 +103,16 @@
  *          3 stages, KV_WARPS 4, WARP_ROWS 32, padded). Combos over the
  *          device's opt-in limit (227 KiB on sm_90, 99 KiB on sm_86/89) are
  *          rejected by the gate.
- * CTAs:    cdiv(SQ, BLOCK_M) x (B * HQ) x 1, NUM_WARPS * 32 threads
- *          (B * HQ <= 65535); no split across CTAs, n_splits = 1, one launch.
+ * CTAs:    cdiv(SQ, BLOCK_M) x HQ x B, NUM_WARPS * 32 threads (HQ, B <= 65535);
+ *          no split across CTAs, n_splits = 1, one launch.
  * Registers: per thread WARP_ROWS / 16 * (D / 2 (O) + BLOCK_N / 2 (S)) plus
  *          D / 4 (Q fragments, WARP_ROWS 16) or 8 (one k-step's, WARP_ROWS 32)
  *          fp32 / b32 values plus addressing; __launch_bounds__(threads, 1).
  *          D 128, BLOCK_N 64, WARP_ROWS 32: 128 + 64 + 8 of the 255; ptxas
- *          spills 1 (padded) to 9 (swizzled) rarely used values there (the row
- *          sums), a few local loads per tile.
+ *          (NVRTC 13.0, sm_90) spills 8 bytes there when padded and 84 to 96
+ *          when swizzled (the row sums, plus one or two addressing values
+ *          reloaded per tile; 84 / 72 before kernel ABI v2's strided K/V
+ *          copies); every other point spills nothing.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -131,7 +137,7 @@ splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["m_blocks", "B * HQ", "1"]
+grid = ["m_blocks", "HQ", "B"]
 block = ["NUM_WARPS * 32", "1", "1"]
 smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (NUM_WARPS - NUM_WARPS // KV_WARPS) * WARP_ROWS * (D + 8) * 4)"
 */
@@ -345,7 +351,7 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], co
 #endif
 
 // ---------------------------------------------------------------------------
-// Forward: one (query tile, b * HQ + h) per CTA.
+// Forward: one (query tile, query head, batch) per CTA.
 // ---------------------------------------------------------------------------
 template <int D>
 __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
@@ -389,10 +395,12 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = m_block * FA_BLOCK_M;
     const int wrow0 = m0 + rg * WARP_ROWS;  // this warp's first query row
-    // Query head hq of batch b; its K/V head (GQA: heads_q / heads_kv query heads share one).
-    const int b = (int)blockIdx.y / heads_q;
-    const int hq = (int)blockIdx.y - b * heads_q;
-    const int kvh = optd_kv_head(hq, heads_q, heads_kv);
+    // Query head hq of batch b; its K/V head (GQA: heads_q / heads_kv query heads
+    // share one): hq * HKV / HQ is optd_kv_head's hq / (HQ / HKV) (HQ = G HKV)
+    // in one integer division instead of two dependent ones.
+    const int b = (int)blockIdx.z;
+    const int hq = (int)blockIdx.y;
+    const int kvh = hq * heads_kv / heads_q;
     const elem_t* qh = q + optd_head_off(strides.q_b, strides.q_h, b, hq);
     const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, kvh);
     const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, kvh);
@@ -419,8 +427,11 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     // pointers per thread (its K and V rows of the next tile to load), stepped
     // by KV_RSTEP rows per copy, which ends them on the tile after: tiles are
     // loaded once each, in order. The steps are 32-bit products of the row
-    // strides read from the constant bank (64-bit steps, or a row times the
-    // stride per copy, cost WARP_ROWS 32 at D 128 up to 120 bytes of spills).
+    // strides read from the constant bank, and an empty asm after each step
+    // keeps ptxas from computing all KV_ITERS addresses ahead of the copies
+    // (two registers each). WARP_ROWS 32 at D 128 is at the 255-register
+    // limit: 64-bit steps, a row times the stride per copy, or the hoisted
+    // addresses cost it 40 to 120 bytes of spills more than this form.
     // A copy past SK reads nothing (src-size 0) from the tensor's base, an
     // address that is always valid.
     constexpr int KV_RSTEP = FA_THREADS / CH;
@@ -432,8 +443,8 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const unsigned ld_dst = tile_off<D>(ld_row, tid % CH);
     const elem_t* k_next = kh + (long long)ld_row * strides.k_s + (tid % CH) * 8;
     const elem_t* v_next = vh + (long long)ld_row * strides.v_s + (tid % CH) * 8;
-    int rows_left = seq_k - ld_row;  // of the next tile: copy i is a key < SK iff i * KV_RSTEP < this
     auto load_kv = [&](int t) {
+        const int rows_left = seq_k - t * FA_TILE_N - ld_row;  // copy i is a key < SK iff i * KV_RSTEP < this
         const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES) + ld_dst;
 #pragma unroll
         for (int i = 0; i < KV_ITERS; ++i) {
@@ -443,8 +454,8 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
             cp_async16(s_v + dst, ok ? v_next : v, ok);
             k_next += KV_RSTEP * (int)strides.k_s;
             v_next += KV_RSTEP * (int)strides.v_s;
+            asm volatile("" : "+l"(k_next), "+l"(v_next));
         }
-        rows_left -= FA_TILE_N;
     };
     // Group 0 holds Q and tile 0; groups 1 .. STAGES - 2 one tile each.
 #pragma unroll
