@@ -390,3 +390,80 @@ mod tests {
         assert!(super::VERDICTS.contains(&"running"));
     }
 }
+
+#[cfg(test)]
+mod baseline_tables {
+    use super::*;
+    use crate::spec::protocol::{DType, Layout};
+    use serde_json::json;
+
+    fn closing(shape: &str, ours: f64, sdpa: f64, backends: serde_json::Value) -> ClosingRow {
+        ClosingRow {
+            shape: shape.into(),
+            seq: 9,
+            ours_before_us: ours,
+            ours_after_us: ours,
+            sdpa_default_us: Some(sdpa),
+            sdpa_picked: Some("cudnn".into()),
+            sdpa_backends: backends,
+            measured_at: "2026-11-24T10:00:00.000Z".into(),
+        }
+    }
+
+    fn decode() -> Shape {
+        Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
+    }
+
+    fn prefill() -> Shape {
+        Shape { b: 4, hq: 32, hkv: 8, sq: 1024, sk: 1024, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bshd }
+    }
+
+    fn line<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+        text.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no line for {key} in\n{text}")).split_whitespace().collect()
+    }
+
+    #[test]
+    fn the_closing_table_has_fa4_columns_when_fa4_was_measured_and_bandwidth_for_decode() {
+        let rows = [
+            closing(&decode().key(), 44.0, 51.93, json!({"fa4": {"graph_us": 50.18}})),
+            closing(&prefill().key(), 80.0, 85.0, json!({"fa4": {"error": "RuntimeError: no"}})),
+        ];
+        let text = closing_table(&rows, &[decode(), prefill()]);
+        let head = text.lines().nth(2).unwrap();
+        assert!(head.contains("fa4 us") && head.contains("vs fa4") && head.contains("best (decode: K/V bandwidth)"), "{text}");
+        assert_eq!(line(&text, "b8hq32hkv8"), ["b8hq32hkv8sq1sk4096d128-causal-bf16", "9", "44.00", "44.00", "51.93", "cudnn", "1.18x", "50.18", "1.14x", "3.05", "TB/s", "KV"]);
+        assert_eq!(line(&text, "b4hq32hkv8"), ["b4hq32hkv8s1024d128-causal-bf16-bshd", "9", "80.00", "80.00", "85.00", "cudnn", "1.06x", "failed", "-"]);
+    }
+
+    #[test]
+    fn without_fa4_the_tables_keep_their_columns_and_status_says_why() {
+        let rows = [closing(&prefill().key(), 80.0, 85.0, json!({"default": {"graph_us": 85.0}}))];
+        let text = closing_table(&rows, &[prefill()]);
+        assert!(!text.contains("fa4") && !text.contains("TB/s"), "{text}");
+        assert_eq!(line(&text, "b4hq32hkv8")[4..7], ["85.00", "cudnn", "1.06x"]);
+        let absent = json!({"torch": "2.11.0", "cudnn": 91900, "fa4": null, "fa4_error": "flash_attn.cute does not import (ModuleNotFoundError: No module named 'flash_attn')"});
+        assert_eq!(fa4_line(&absent), "fa4:  FA4 not measured: flash_attn.cute does not import (ModuleNotFoundError: No module named 'flash_attn')");
+        assert_eq!(fa4_line(&json!({"torch": "2.9.0"})), "fa4:  FA4 not measured");
+        assert!(fa4_line(&json!({"fa4": "4.0.0b36"})).starts_with("fa4:  FlashAttention-4 4.0.0b36"));
+    }
+
+    #[test]
+    fn the_best_table_puts_fa4_beside_sdpa_when_measured() {
+        let best = [BestRow { shape: decode().key(), seq: 9, median_us: 40.0, baseline_us: Some(400.0), source_path: "kernels/x.cu".into(), git_commit: None }];
+        let sdpa = |backends: serde_json::Value| SdpaRow {
+            shape: decode().key(),
+            default_graph_us: Some(50.0),
+            default_eager_us: Some(60.0),
+            picked: Some("cudnn".into()),
+            backends,
+            versions: json!({}),
+            cached: false,
+        };
+        let with = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}, "fa4": {"graph_us": 48.0}}))], "runs/r");
+        assert!(with.lines().next().unwrap().contains("fa4 us"), "{with}");
+        assert_eq!(line(&with, "b8hq32hkv8")[2..11], ["40.00", "400.00", "10.00x", "50.00", "cudnn", "1.25x", "48.00", "1.20x", "runs/r/workspace/kernels/x.cu"]);
+        let without = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}}))], "runs/r");
+        assert!(!without.contains("fa4"), "{without}");
+        assert_eq!(line(&without, "b8hq32hkv8")[2..9], ["40.00", "400.00", "10.00x", "50.00", "cudnn", "1.25x", "runs/r/workspace/kernels/x.cu"]);
+    }
+}

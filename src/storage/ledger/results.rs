@@ -244,3 +244,56 @@ impl Ledger {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::protocol::{DType, Layout};
+    use serde_json::json;
+
+    fn row(shape: &str, ours: f64, sdpa: f64, backends: serde_json::Value) -> ClosingRow {
+        ClosingRow {
+            shape: shape.into(),
+            seq: 9,
+            ours_before_us: ours,
+            ours_after_us: ours,
+            sdpa_default_us: Some(sdpa),
+            sdpa_picked: Some("cudnn".into()),
+            sdpa_backends: backends,
+            measured_at: "2026-11-24T10:00:00.000Z".into(),
+        }
+    }
+
+    fn decode() -> Shape {
+        Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
+    }
+
+    #[test]
+    fn a_prefill_line_without_fa4_reads_as_before() {
+        let r = row("b2h8s512d128-causal", 25.0, 50.0, json!({"default": {"graph_us": 50.0}}));
+        let s = Shape::mha(2, 8, 512, 128, true, DType::Fp16);
+        assert_eq!(r.summary(Some(&s)), "b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x");
+        assert_eq!((r.fa4_us(), r.vs_fa4(), r.fa4_measured()), (None, None, false));
+    }
+
+    #[test]
+    fn a_decode_line_gives_each_time_its_kv_bandwidth_and_fa4_beside_sdpa() {
+        // 8 * 8 * 4096 * 128 * 2 (K, V) * 2 bytes = 134,217,728 bytes: at 50 us 2.68 TB/s.
+        assert_eq!(decode().kv_bytes(), 134_217_728);
+        let r = row(&decode().key(), 44.0, 51.93, json!({"default": {"graph_us": 51.93}, "fa4": {"graph_us": 50.18, "ran": "fa4"}}));
+        assert_eq!(
+            r.summary(Some(&decode())),
+            "b8hq32hkv8sq1sk4096d128-causal-bf16 44.00 us (3.05 TB/s KV) vs SDPA default 51.93 us (2.58 TB/s KV) = 1.18x, FA4 50.18 us (2.67 TB/s KV) = 1.14x"
+        );
+        assert_eq!(r.vs_fa4().map(|x| (x * 1000.0).round()), Some(1140.0));
+        assert!((kv_tbps(&decode(), 50.0) - 2.684).abs() < 1e-3);
+    }
+
+    #[test]
+    fn fa4_that_could_not_run_a_shape_is_said_so() {
+        let r = row("b1h2s128d96", 5.0, 6.0, json!({"default": {"graph_us": 6.0}, "fa4": {"error": "NotImplementedError: head dim 96"}}));
+        assert!(r.fa4_measured());
+        assert_eq!(r.fa4_us(), None);
+        assert_eq!(r.summary(None), "b1h2s128d96 5.00 us vs SDPA default 6.00 us = 1.20x, FA4 could not run it");
+    }
+}
