@@ -529,3 +529,117 @@ async fn a_run_killed_and_resumed_reports_both_halves() {
     let fig4 = svg_texts(&read(&out.join("verdicts.svg")));
     assert!(fig4.iter().any(|t| t == "interrupted (1)"), "{fig4:?}");
 }
+
+/// Decode shapes are judged in bytes/s: a ledger written through the ledger's API with a
+/// Llama-3-8B decode shape, a chunked prefill and a small MHA shape, SDPA and FA4 recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_shapes_are_reported_in_kv_bandwidth_beside_sdpa_and_fa4() {
+    use optimizerd::spec::protocol::{DType, Layout, Shape};
+    use optimizerd::storage::ledger::NewSdpa;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(&dir.path().join("optimizer.db")).await.unwrap();
+    let decode = Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
+    let chunk = Shape { sq: 512, b: 1, ..decode };
+    let small = Shape::mha(1, 1, 128, 64, false, DType::Bf16);
+    let shapes = [decode, chunk, small];
+    ledger
+        .create_run(&NewRun {
+            id: "llm".into(),
+            started_at: "2026-11-24T00:00:00.000Z".into(),
+            budget_s: 60.0,
+            run_dir: "runs/llm".into(),
+            config_source: "agent.toml".into(),
+            plan_path: "strategies/default.toml".into(),
+            config_json: json!({ "timing": { "method": "graph" }, "workload": { "dtype": "bf16" } }).to_string(),
+            workload_json: serde_json::to_string(&shapes).unwrap(),
+            pid: 1,
+        })
+        .await
+        .unwrap();
+    ledger.set_device("llm", &common::h100()).await.unwrap();
+    // Best: decode 44 us, chunked prefill 40 us, small 4 us. SDPA default (cuDNN) 51.93 / 126 / 6 us;
+    // FA4 50.18 / 51 us and an error on the small shape.
+    let ours = [44.0, 40.0, 4.0];
+    let backends = [
+        json!({"default": {"graph_us": 51.93, "picked": "cudnn"}, "flash": {"graph_us": 53.86}, "fa4": {"graph_us": 50.18}}),
+        json!({"default": {"graph_us": 126.0, "picked": "flash"}, "flash": {"graph_us": 120.0}, "fa4": {"graph_us": 51.0}}),
+        json!({"default": {"graph_us": 6.0, "picked": "cudnn"}, "fa4": {"error": "NotImplementedError: too small"}}),
+    ];
+    let versions = json!({"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "fa4": "4.0.0b36"}).to_string();
+    for (s, b) in shapes.iter().zip(&backends) {
+        let key = s.key();
+        let row = NewSdpa {
+            shape: &key,
+            default_graph_us: b["default"]["graph_us"].as_f64(),
+            default_eager_us: None,
+            picked: b["default"]["picked"].as_str().map(String::from),
+            backends_json: b.to_string(),
+            versions_json: &versions,
+            cached: false,
+        };
+        ledger.sdpa_record("llm", &row).await.unwrap();
+    }
+    let rows: Vec<ShapeRecord> = shapes
+        .iter()
+        .zip(ours)
+        .map(|(s, us)| ShapeRecord { shape: s.key(), shape_json: serde_json::to_string(s).unwrap(), median_us: Some(us), won: true, ..Default::default() })
+        .collect();
+    let best: Vec<BestRow> = shapes
+        .iter()
+        .zip(ours)
+        .map(|(s, us)| BestRow { shape: s.key(), seq: 1, median_us: us, baseline_us: Some(us * 10.0), source_path: format!("kernels/{}.cu", s.key()), git_commit: None })
+        .collect();
+    let rec = IterationRecord {
+        run_id: "llm".into(),
+        seq: 1,
+        stage: "baseline".into(),
+        template: "decode".into(),
+        params_json: "{}".into(),
+        verdict: "baseline".parse().unwrap(),
+        reason: "synthetic".into(),
+        started_at: "2026-11-24T00:00:00.000Z".into(),
+        finished_at: "2026-11-24T00:00:00.000Z".into(),
+        shapes: rows,
+        ..Default::default()
+    };
+    ledger.record_iteration(&rec, &best, 30.0).await.unwrap();
+    ledger.finish_run("llm", optimizerd::spec::states::RunState::Finished, "plan exhausted", 30.0).await.unwrap();
+
+    let data = optimizerd::ops::run_report::data::load(&ledger, "llm", None).await.unwrap();
+    let t = |k: &str| data.throughput.iter().find(|t| t.shape == k).unwrap();
+    // 8 * 8 * 4096 * 128 * 2 * 2 bytes = 134.2 MB of K/V: 44 us = 3.05 TB/s.
+    let dt = t(&decode.key());
+    assert!(dt.decode && !t(&chunk.key()).decode && !t(&small.key()).decode);
+    assert_eq!(dt.kv_bytes, 134_217_728.0);
+    assert!((dt.kv_tbps(44.0) - 3.050).abs() < 1e-3, "{}", dt.kv_tbps(44.0));
+    assert_eq!(dt.sdpa.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>(), ["default", "flash", "fa4"]);
+    let bd = data.best.iter().find(|b| b.shape == decode.key()).unwrap();
+    assert_eq!((bd.tflops, bd.kv_tbps.map(|x| (x * 100.0).round() / 100.0)), (None, Some(3.05)), "decode: TB/s instead of TFLOPS");
+    let bc = data.best.iter().find(|b| b.shape == chunk.key()).unwrap();
+    assert!(bc.tflops.is_some() && bc.kv_tbps.is_none());
+    assert_eq!(data.peak.as_ref().and_then(|p| p.hbm_tbps), Some(3.35));
+
+    let out = dir.path().join("report");
+    optimizerd::ops::run_report::write(&ledger, "llm", &out, None).await.unwrap();
+    let html = read(&out.join("report.html"));
+    let f2 = table(&html, "throughput-data");
+    assert_eq!(cell(&f2, &decode.key(), "best KV TB/s"), "3.05");
+    assert_eq!(cell(&f2, &decode.key(), "best TFLOPS"), "-");
+    assert_eq!(cell(&f2, &decode.key(), "FA4 µs"), "50.18");
+    assert_eq!(cell(&f2, &chunk.key(), "best KV TB/s"), "-");
+    assert_eq!(cell(&f2, &chunk.key(), "FA4 µs"), "51.00");
+    assert!(cell(&f2, &small.key(), "FA4 µs").starts_with("n/a: NotImplementedError"), "{f2:?}");
+    let best_t = table(&html, "best");
+    assert_eq!(cell(&best_t, &decode.key(), "KV TB/s"), "3.05");
+    assert_eq!(cell(&best_t, &decode.key(), "TFLOPS"), "-");
+    // Figure 2: a decode panel in TB/s with the time beside each bar, the H100's memory line;
+    // FA4 is a series of its own. 134.2 MB / 51.93 us = 2.58 TB/s, / 50.18 us = 2.67.
+    let fig2 = svg_texts(&read(&out.join("throughput.svg")));
+    for want in ["3.05 TB/s (44.0 µs)", "2.58 TB/s (51.9 µs)", "2.67 TB/s (50.2 µs)", "FA4", "memory 3.35 TB/s (H100 SXM5)", "4.00 µs", "6.00 µs"] {
+        assert!(fig2.iter().any(|t| t == want), "`{want}` missing from figure 2: {fig2:?}");
+    }
+    assert!(fig2.iter().any(|t| t.starts_with("decode shapes")) && fig2.iter().any(|t| t.starts_with("large shapes")), "{fig2:?}");
+    assert!(fig2.iter().any(|t| t.contains("FlashAttention-4")), "title names FA4: {fig2:?}");
+    let env = unescape(&html[html.find("<dl id=\"environment\">").unwrap()..]);
+    assert!(env.contains("FlashAttention-4 4.0.0b36") && env.contains("bytes of K and V read"), "environment block");
+}
