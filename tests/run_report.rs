@@ -155,16 +155,17 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
     assert_eq!(cell(&f1, "b2h8s512d128-causal", "final"), "1.25x");
     assert!(cell(&f1, "b2h8s512d128-causal", "1.0x reached at").ends_with("(#6)"), "{f1:?}");
 
-    // Figure 2: large shape in TFLOPS (1.074 GFLOP / 40 us = 26.8; SDPA 50 us = 21.5, flash 80 us = 13.4,
-    // efficient 90 us = 11.9), small one in us; the H100's peak line.
+    // Figure 2: large shape in TFLOPS (4*B*H*D per visible pair, causal rows i see i + 1 keys:
+    // 1.076 GFLOP / 40 us = 26.9; SDPA 50 us = 21.5, flash 80 us = 13.4, efficient 90 us = 12.0),
+    // small one in us; the H100's peak line.
     let fig2 = svg_texts(&read(&out.join("throughput.svg")));
-    for want in ["26.8", "21.5", "13.4", "11.9", "20.00 µs", "6.00 µs", "5.30 µs", "5.90 µs", "SDPA default (= cudnn)", "SDPA flash", "SDPA cuDNN", "SDPA efficient"] {
+    for want in ["26.9", "21.5", "13.4", "12.0", "20.00 µs", "6.00 µs", "5.30 µs", "5.90 µs", "SDPA default (= cudnn)", "SDPA flash", "SDPA cuDNN", "SDPA efficient"] {
         assert!(fig2.iter().any(|t| t == want), "`{want}` missing from figure 2: {fig2:?}");
     }
     assert!(fig2.iter().any(|t| t.starts_with("peak 989 TFLOPS")), "{fig2:?}");
     assert!(fig2.iter().any(|t| t.starts_with("large shapes")) && fig2.iter().any(|t| t.starts_with("small shapes")), "{fig2:?}");
     let f2 = table(&html, "throughput-data");
-    assert_eq!(cell(&f2, "b2h8s512d128-causal", "best TFLOPS"), "26.8");
+    assert_eq!(cell(&f2, "b2h8s512d128-causal", "best TFLOPS"), "26.9");
     assert_eq!(cell(&f2, "b2h8s512d128-causal", "SDPA flash µs"), "80.00");
     assert!(cell(&f2, "b1h1s128d64", "SDPA efficient µs").contains("no kernel"), "{f2:?}");
     assert_eq!(cell(&f2, "b1h1s128d64", "SDPA default ran"), "cudnn");
@@ -199,7 +200,7 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
     assert_eq!(cell(&best, "b1h1s128d64", "vs baseline kernel"), "5.00x");
     assert_eq!(cell(&best, "b1h1s128d64", "vs SDPA default"), "0.30x");
     assert_eq!(cell(&best, "b1h1s128d64", "TFLOPS"), "-", "small shapes are not rated in TFLOPS");
-    assert_eq!(cell(&best, "b2h8s512d128-causal", "TFLOPS"), "26.8");
+    assert_eq!(cell(&best, "b2h8s512d128-causal", "TFLOPS"), "26.9");
     let it7 = &its[6];
     let s7 = it7.shapes.iter().find(|s| s.shape == "b1h1s128d64").unwrap();
     assert_eq!(cell(&best, "b1h1s128d64", "regs"), it7.registers.unwrap().to_string());
@@ -285,8 +286,8 @@ async fn a_run_without_sdpa_reports_speedups_over_its_baseline_kernel_and_says_s
     assert!(fig1.iter().any(|t| t == "b1h1s128d64  5.00x") && fig1.iter().any(|t| t == "b2h8s512d128-causal  2.50x"), "{fig1:?}");
     let fig2 = svg_texts(&read(&out.join("throughput.svg")));
     assert!(fig2.iter().any(|t| t == "baseline kernel (this run)") && !fig2.iter().any(|t| t.starts_with("SDPA")), "{fig2:?}");
-    // The baseline kernel in TFLOPS on the large shape: 1.074 GFLOP / 100 us = 10.7.
-    assert!(fig2.iter().any(|t| t == "10.7") && fig2.iter().any(|t| t == "26.8"), "{fig2:?}");
+    // The baseline kernel in TFLOPS on the large shape: 1.076 GFLOP / 100 us = 10.8.
+    assert!(fig2.iter().any(|t| t == "10.8") && fig2.iter().any(|t| t == "26.9"), "{fig2:?}");
     let html = read(&out.join("report.html"));
     assert!(unescape(&html).contains("SDPA was not measured"), "the page carries the note");
     assert_eq!(cell(&table(&html, "best"), "b1h1s128d64", "vs SDPA default"), "-");
