@@ -5,27 +5,36 @@ against PyTorch SDPA.
     python3 examples/run_exported.py DIR [--extra-s 17,100]
 
 For every kernel in DIR/manifest.json and every shape it is the best for (plus the same
-shape at the extra sequence lengths, to show the launch formulas work for any S), the
-launch geometry is computed from the manifest's formulas (Jinja2 expressions over
-B, H, S, D, CAUSAL, SMS, ...), the kernels run in order on fresh randn inputs, and the
-output is compared with torch's scaled_dot_product_attention in fp32. Needs cupy and torch.
+shape at the extra key lengths, to show the launch formulas work for any length), the
+launch geometry is computed from the manifest's formulas (Jinja2 expressions over the
+shape, the device and the knobs), the kernels run in order on fresh randn inputs, and the
+output is compared with torch's scaled_dot_product_attention in fp32. Needs cupy, torch,
+jinja2 and cuda-bindings (pip install cuda-bindings).
+
+Both manifest formats load:
+  - format 2 (kernel ABI v2): 16 arguments `(q, k, v, o, o_partial, lse_partial, batch,
+    heads_q, heads_kv, seq_q, seq_k, n_splits, softmax_scale, causal, strides, cta_counter)`;
+    shapes {b, hq, hkv, sq, sk, d, causal, dtype, layout}; formulas over B, HQ, HKV, G, SQ,
+    SK, D, CAUSAL, BSHD; `strides` is a struct of 12 int64 element strides (batch, head, row
+    of q, k, v, o) passed by value, so every launch goes through the driver API's
+    cuLaunchKernel. Grouped-query heads (query head h reads KV head h / (HQ / HKV)),
+    bottom-right causal (row i sees keys <= i + SK - SQ), either layout. Each exported
+    shape also runs once on padded views (rows 64 elements further apart than contiguous):
+    the strides are all a kernel may assume.
+  - format 1 (kernel ABI v1, older exports): 13 arguments `(.., batch, heads, seq_len,
+    n_splits, softmax_scale, causal, cta_counter)`, [B,H,S,D] contiguous, formulas over B, H,
+    S, D; launched with CuPy's RawKernel call unless the kernel has tensor maps.
 
 Kernels of Hopper templates differ in two ways, both said by the manifest:
   - `arch` (e.g. "sm_90a"): the NVRTC target they are compiled for. An arch-specific
     target (ending in "a") runs only on a GPU of exactly that compute capability; on
     another GPU such a kernel is skipped, with the reason printed.
-  - `tensor_maps`: after the 13 ABI arguments the kernel takes one CUtensorMap (128 bytes,
+  - `tensor_maps`: after the ABI arguments the kernel takes one CUtensorMap (128 bytes,
     by value) per map, in `param_index` order. Each is encoded with cuTensorMapEncodeTiled
-    over the q/k/v/o tensor it names, for the shape being run:
-      * an exported shape: from that shape's resolved entry in the manifest
-        (column "maps": manifest);
-      * the extra sequence lengths, which the manifest does not list: from the kernel's
-        tensor_maps formulas (the fixed convention dims {P, S, D/P, B*H}, byte strides
-        {2D, 2P, 2SD}, box {P, box_rows, D/P, 1}, P = swizzle_bytes / 2, written as
-        expressions of B, H, S, D and the knobs), evaluated like the launch formulas
-        (column "maps": formulas).
-    CuPy's RawKernel call cannot pass a 128-byte struct, so these kernels are launched with
-    the CUDA driver API's cuLaunchKernel, from cuda-bindings (pip install cuda-bindings).
+    over the q/k/v/o tensor it names, for the shape being run: from the manifest's resolved
+    entry for an exported shape in its contiguous layout (column "maps": manifest), else
+    from the kernel's tensor_maps formulas (column "maps": formulas; format 2's formulas
+    read the strides of the view being launched as strides.q_s and so on).
 """
 import argparse
 import ctypes
@@ -38,8 +47,49 @@ import cupy as cp
 import jinja2
 import torch
 
-ABI_PARAMS = 13  # q k v o o_partial lse_partial batch heads seq_len n_splits softmax_scale causal cta_counter
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
+PAD = 64  # extra elements per row of the padded view (format 2)
+
+
+class Abi:
+    """What differs between manifest formats: the argument count, the names formulas use,
+    and how a stored shape reads."""
+
+    def __init__(self, fmt):
+        if fmt not in (1, 2):
+            sys.exit(f"manifest format {fmt}: this loader knows formats 1 and 2")
+        self.format = fmt
+        self.params = 13 if fmt == 1 else 16
+
+    def shape(self, s):
+        """A manifest shape as a dict with b, hq, hkv, sq, sk, d, causal, layout."""
+        if self.format == 1 or "h" in s:
+            return dict(b=s["b"], hq=s["h"], hkv=s["h"], sq=s["s"], sk=s["s"], d=s["d"], causal=bool(s["causal"]),
+                        layout="bhsd")
+        return dict(b=s["b"], hq=s["hq"], hkv=s["hkv"], sq=s["sq"], sk=s["sk"], d=s["d"], causal=bool(s["causal"]),
+                    layout=s.get("layout", "bhsd"))
+
+    def formula_vars(self, shape):
+        if self.format == 1:
+            return dict(B=shape["b"], H=shape["hq"], S=shape["sq"], D=shape["d"], CAUSAL=int(shape["causal"]))
+        return dict(B=shape["b"], HQ=shape["hq"], HKV=shape["hkv"], G=shape["hq"] // shape["hkv"], SQ=shape["sq"],
+                    SK=shape["sk"], D=shape["d"], CAUSAL=int(shape["causal"]), BSHD=int(shape["layout"] == "bshd"))
+
+
+def strides_of(shape, tensor, pad):
+    """Element strides (batch, head, row) of q/k/v/o in the shape's layout, rows `pad` longer."""
+    heads, rows = (shape["hq"], shape["sq"]) if tensor in "qo" else (shape["hkv"], shape["sk"])
+    d = shape["d"]
+    if shape["layout"] == "bhsd":
+        return heads * rows * (d + pad), rows * (d + pad), d + pad
+    return rows * (heads * d + pad), d, heads * d + pad
+
+
+def key_of(shape):
+    heads = f"h{shape['hq']}" if shape["hq"] == shape["hkv"] else f"hq{shape['hq']}hkv{shape['hkv']}"
+    rows = f"s{shape['sq']}" if shape["sq"] == shape["sk"] else f"sq{shape['sq']}sk{shape['sk']}"
+    return (f"b{shape['b']}{heads}{rows}d{shape['d']}" + ("-causal" if shape["causal"] else "")
+            + ("-bshd" if shape["layout"] == "bshd" else ""))
 
 
 def evaluator(env_vars):
@@ -58,12 +108,12 @@ def evaluator(env_vars):
     return ev
 
 
-def launches_for(kernel, shape, device):
+def launches_for(abi, kernel, shape, device):
     """(n_splits, launches, variables): the kernel's launches for `shape`, and the variables
     (knobs, shape, device, derived values) its formulas are evaluated with."""
     vars_ = dict(kernel["params"])
-    vars_.update(B=shape["b"], H=shape["h"], S=shape["s"], D=shape["d"], CAUSAL=int(shape["causal"]),
-                 ELEM_BYTES=2, SMS=device["sms"], SMEM_OPTIN=device["smem_optin"], CC=device["cc"])
+    vars_.update(abi.formula_vars(shape), ELEM_BYTES=2, SMS=device["sms"], SMEM_OPTIN=device["smem_optin"],
+                 CC=device["cc"])
     for name, expr in kernel["derived"]:
         vars_[name] = evaluator(vars_)(expr)
     ev = evaluator(vars_)
@@ -80,25 +130,22 @@ def launches_for(kernel, shape, device):
 # ---------------------------------------------------------------------------
 # TMA tensor maps and driver-API launches (kernels with `tensor_maps`)
 # ---------------------------------------------------------------------------
-def same_shape(a, b):
-    return all(a[k] == b[k] for k in ("b", "h", "s", "d")) and bool(a["causal"]) == bool(b["causal"])
-
-
-def tensor_maps_for(kernel, entry, shape, vars_):
-    """(maps, where from): the kernel's tensor maps for `shape`, with numbers: the manifest's
-    resolved entry when `shape` is the exported shape `entry`, else the kernel's formulas."""
+def tensor_maps_for(abi, kernel, entry, shape, vars_, strides, exported_view):
+    """(maps, where from): the kernel's tensor maps for `shape` with numbers: the manifest's
+    resolved entry when this is the exported shape in its contiguous view, else the
+    kernel's formulas (format 2: over `strides`, the view being launched)."""
     if not kernel.get("tensor_maps"):
         return [], "-"
-    if same_shape(entry["shape"], shape) and entry.get("tensor_maps"):
+    if exported_view and entry.get("tensor_maps"):
         maps, source = entry["tensor_maps"], "manifest"
     else:
-        ev = evaluator(vars_)
+        ev = evaluator(dict(vars_, strides=strides))
         maps = [dict(m, dims=[ev(x) for x in m["dims"]], strides_bytes=[ev(x) for x in m["strides_bytes"]],
                      box=[ev(x) for x in m["box"]]) for m in kernel["tensor_maps"]]
         source = "formulas"
     maps = sorted(maps, key=lambda m: m["param_index"])
-    if [m["param_index"] for m in maps] != list(range(ABI_PARAMS, ABI_PARAMS + len(maps))):
-        raise ValueError(f"tensor map param_index {[m['param_index'] for m in maps]}: expected 13, 14, ...")
+    if [m["param_index"] for m in maps] != list(range(abi.params, abi.params + len(maps))):
+        raise ValueError(f"tensor map param_index {[m['param_index'] for m in maps]}: expected {abi.params}, ...")
     return maps, source
 
 
@@ -159,14 +206,36 @@ class Driver:
                                           kernel_params, 0), f"cuLaunchKernel({l['kernel']})")
 
 
-def run_one(module, kernel, entry, shape, device, driver):
+class Strides(ctypes.Structure):
+    """Format 2's `struct optd_strides`, passed by value."""
+    _fields_ = [(f"{t}_{x}", ctypes.c_int64) for t in "qkvo" for x in "bhs"]
+
+
+def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_view=False):
+    """Run the kernel on `shape` (tensors laid out in its layout, rows `pad` elements longer)
+    and compare with SDPA in fp32. Returns (max_abs, unwritten, written outside O's view,
+    eager us, launches, where the maps came from)."""
     dtype = torch.bfloat16 if kernel["dtype"] == "bf16" else torch.float16
-    b, h, s, d, causal = shape["b"], shape["h"], shape["s"], shape["d"], bool(shape["causal"])
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
-    o = torch.full_like(q, float("nan"))
-    splits, launches, vars_ = launches_for(kernel, shape, device)
-    o_part = torch.empty(max(1, splits * b * h * s * d), device="cuda", dtype=torch.float32)
-    lse = torch.empty(max(1, splits * b * h * s), device="cuda", dtype=torch.float32)
+    b, hq, hkv, sq, sk, d = (shape[x] for x in ("b", "hq", "hkv", "sq", "sk", "d"))
+    causal = shape["causal"]
+    q = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=dtype) for _ in range(2))
+    st = {t: strides_of(shape, t, pad) for t in "qkvo"}
+
+    def storage(t, logical, fill=float("nan")):
+        heads, rows = (hq, sq) if t in "qo" else (hkv, sk)
+        sb, sh, ss = st[t]
+        flat = torch.full(((b - 1) * sb + (heads - 1) * sh + (rows - 1) * ss + d,), fill, device="cuda", dtype=dtype)
+        view = flat.as_strided((b, heads, rows, d), (sb, sh, ss, 1))
+        if logical is not None:
+            view.copy_(logical)
+        return flat, view
+
+    (qf, _), (kf, _), (vf, _) = storage("q", q), storage("k", k), storage("v", v)
+    of, o = storage("o", None)
+    splits, launches, vars_ = launches_for(abi, kernel, shape, device)
+    o_part = torch.empty(max(1, splits * b * hq * sq * d), device="cuda", dtype=torch.float32)
+    lse = torch.empty(max(1, splits * b * hq * sq), device="cuda", dtype=torch.float32)
     counter = torch.zeros(1, device="cuda", dtype=torch.int32)
     fns = []
     for l in launches:
@@ -174,26 +243,36 @@ def run_one(module, kernel, entry, shape, device, driver):
         if l["smem"] > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = l["smem"]
         fns.append((fn, l))
-    maps, maps_from = tensor_maps_for(kernel, entry, shape, vars_)
+    names = dict(q_b=st["q"][0], q_h=st["q"][1], q_s=st["q"][2], k_b=st["k"][0], k_h=st["k"][1], k_s=st["k"][2],
+                 v_b=st["v"][0], v_h=st["v"][1], v_s=st["v"][2], o_b=st["o"][0], o_h=st["o"][1], o_s=st["o"][2])
+    maps, maps_from = tensor_maps_for(abi, kernel, entry, shape, vars_, names, exported_view)
 
-    if not maps:  # CuPy passes the 13 ABI arguments itself
+    scale = 1.0 / math.sqrt(d)
+    if abi.format == 1 and not maps:  # CuPy passes the 13 ABI v1 arguments itself
         ptr = lambda t: cp.uint64(t.data_ptr())  # device pointers are 8-byte kernel arguments
-        args = (ptr(q), ptr(k), ptr(v), ptr(o), ptr(o_part), ptr(lse),
-                cp.int32(b), cp.int32(h), cp.int32(s), cp.int32(splits), cp.float32(1.0 / math.sqrt(d)),
+        args = (ptr(qf), ptr(kf), ptr(vf), ptr(of), ptr(o_part), ptr(lse),
+                cp.int32(b), cp.int32(hq), cp.int32(sq), cp.int32(splits), cp.float32(scale),
                 cp.int32(int(causal)), ptr(counter))
 
         def go():
             for fn, l in fns:
                 fn(l["grid"], l["block"], args, shared_mem=l["smem"])
     else:  # the driver API: kernelParams[i] points at the value of parameter i
-        values = [ctypes.c_uint64(t.data_ptr()) for t in (q, k, v, o, o_part, lse)] + [
-            ctypes.c_int32(b), ctypes.c_int32(h), ctypes.c_int32(s), ctypes.c_int32(splits),
-            ctypes.c_float(1.0 / math.sqrt(d)), ctypes.c_int32(int(causal)), ctypes.c_uint64(counter.data_ptr())]
+        values = [ctypes.c_uint64(t.data_ptr()) for t in (qf, kf, vf, of, o_part, lse)]
+        if abi.format == 1:
+            values += [ctypes.c_int32(b), ctypes.c_int32(hq), ctypes.c_int32(sq)]
+        else:
+            values += [ctypes.c_int32(b), ctypes.c_int32(hq), ctypes.c_int32(hkv), ctypes.c_int32(sq),
+                       ctypes.c_int32(sk)]
+        values += [ctypes.c_int32(splits), ctypes.c_float(scale), ctypes.c_int32(int(causal))]
+        if abi.format == 2:
+            values.append(Strides(**names))
+        values.append(ctypes.c_uint64(counter.data_ptr()))
         pointers = [ctypes.addressof(x) for x in values]
-        tensors = {"q": q, "k": k, "v": v, "o": o}
-        for m in maps:  # q, k, v, o are contiguous [B, H, S, D]: the maps' convention
-            storage, address = driver.encode(m, tensors[m["tensor"]].data_ptr())
-            values.append(storage)  # keeps the 128 bytes alive
+        tensors = {"q": qf, "k": kf, "v": vf, "o": of}
+        for m in maps:
+            storage_, address = driver.encode(m, tensors[m["tensor"]].data_ptr())
+            values.append(storage_)  # keeps the 128 bytes alive
             pointers.append(address)
         kernel_params = (ctypes.c_void_p * len(pointers))(*pointers)
 
@@ -204,9 +283,17 @@ def run_one(module, kernel, entry, shape, device, driver):
 
     go()
     torch.cuda.synchronize()
-    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    kr = k.float().repeat_interleave(hq // hkv, dim=1)
+    vr = v.float().repeat_interleave(hq // hkv, dim=1)
+    mask = None
+    if causal:  # bottom-right: the query rows are the last SQ positions
+        mask = torch.arange(sk, device="cuda")[None, :] <= torch.arange(sq, device="cuda")[:, None] + (sk - sq)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kr, vr, attn_mask=mask)
     err = (o.float() - ref).abs()
     unwritten = int(torch.isnan(o).sum())
+    outside = of.float().clone()
+    outside.as_strided(o.shape, o.stride()).fill_(float("nan"))
+    written_outside = int(torch.isfinite(outside).sum())
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(20):
@@ -217,7 +304,7 @@ def run_one(module, kernel, entry, shape, device, driver):
         end.synchronize()
         times.append(start.elapsed_time(end) * 100.0)  # us per call, Python launch overhead included
     times.sort()
-    return float(err.max()), unwritten, times[len(times) // 2], len(launches), maps_from
+    return float(err.max()), unwritten, written_outside, times[len(times) // 2], len(launches), maps_from
 
 
 class NotRunnableHere(Exception):
@@ -244,16 +331,21 @@ def compile_options(kernel, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
-    ap.add_argument("--extra-s", default="17,100")
+    ap.add_argument("--extra-s", default="17,100",
+                    help="also run each shape at these key lengths (SQ follows when SQ == SK)")
     args = ap.parse_args()
     manifest = json.load(open(os.path.join(args.dir, "manifest.json")))
+    abi = Abi(manifest.get("format", 1))
     p = torch.cuda.get_device_properties(0)
     device = {"sms": p.multi_processor_count, "cc": p.major * 10 + p.minor,
               "smem_optin": getattr(p, "shared_memory_per_block_optin", 232448)}
-    driver = Driver() if any(k.get("tensor_maps") for k in manifest["kernels"]) else None
+    need_driver = abi.format == 2 or any(k.get("tensor_maps") for k in manifest["kernels"])
+    driver = Driver() if need_driver else None
     extra = [int(x) for x in args.extra_s.split(",") if x]
     failures = skipped = 0
-    print(f"{'kernel':<22} {'shape':<26} {'launches':>8} {'maps':>8} {'max_abs':>9} {'unwritten':>9} {'eager us':>9}")
+    print(f"manifest format {abi.format}")
+    print(f"{'kernel':<22} {'shape':<40} {'view':>6} {'launches':>8} {'maps':>8} {'max_abs':>9} {'unwritten':>9} "
+          f"{'eager us':>9}")
     for kernel in manifest["kernels"]:
         src = open(os.path.join(args.dir, kernel["file"])).read()
         try:
@@ -265,7 +357,7 @@ def main():
         try:
             module = cp.RawModule(code=src, options=options, backend="nvrtc")
             for entry in kernel["shapes"]:
-                for l in launches_for(kernel, entry["shape"], device)[1]:
+                for l in launches_for(abi, kernel, abi.shape(entry["shape"]), device)[1]:
                     module.get_function(l["kernel"])  # compiles and loads now, so errors show here
         except Exception as e:  # noqa: BLE001 - reported, and the next kernel runs
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
@@ -273,15 +365,21 @@ def main():
             failures += 1
             continue
         for entry in kernel["shapes"]:
-            base = entry["shape"]
-            for s in [base["s"]] + extra:
-                shape = dict(base, s=s)
-                max_abs, unwritten, us, n, maps_from = run_one(module, kernel, entry, shape, device, driver)
-                ok = unwritten == 0 and max_abs <= ATOL.get(kernel["dtype"], 2e-2)
+            base = abi.shape(entry["shape"])
+            runs = [(base, 0, True)]
+            if abi.format == 2:
+                runs.append((base, PAD, False))  # the same shape on padded (non-contiguous) views
+            for sk in extra:
+                sq = sk if base["sq"] == base["sk"] else min(base["sq"], sk)
+                runs.append((dict(base, sq=sq, sk=sk), 0, False))
+            for shape, pad, exported_view in runs:
+                max_abs, unwritten, outside, us, n, maps_from = run_one(abi, module, kernel, entry, shape, device,
+                                                                         driver, pad, exported_view)
+                ok = unwritten == 0 and outside == 0 and max_abs <= ATOL.get(kernel["dtype"], 2e-2)
                 failures += not ok
-                key = f"b{shape['b']}h{shape['h']}s{s}d{shape['d']}{'-causal' if shape['causal'] else ''}"
-                print(f"{kernel['file']:<22} {key:<26} {n:>8} {maps_from:>8} {max_abs:>9.2e} {unwritten:>9} "
-                      f"{us:>9.2f}{'' if ok else '  FAIL'}")
+                print(f"{kernel['file']:<22} {key_of(shape):<40} {'padded' if pad else 'dense':>6} {n:>8} "
+                      f"{maps_from:>8} {max_abs:>9.2e} {unwritten:>9} {us:>9.2f}"
+                      + ("" if ok else f"  FAIL{f' ({outside} written outside O)' if outside else ''}"))
     print(("all exported kernels match SDPA" if failures == 0 else f"{failures} FAILED")
           + (f" ({skipped} kernels skipped: not runnable on this GPU)" if skipped else ""))
     return 1 if failures else 0

@@ -31,13 +31,23 @@ Hopper templates (wgmma_tma.cu):
     feature macro, so a different NVRTC that picked sm_90 fails loudly). The
     dependable path is --build-cubins here, --cubin-dir there.
   - `[[tensor_map]]` entries: plan() resolves each map's geometry per shape
-    (tensor_map_geometry(): the daemon's convention, dims {P, S, D/P, B*H},
-    byte strides {2D, 2P, 2SD}, box {P, box_rows, D/P, 1}, P = swizzle / 2);
+    (tensor_map_geometry(): the daemon's convention, rank 5, dims
+    {P, rows, D/P, heads, B}, byte strides {row, 2P, head, batch} from the
+    shape's strides, box {P, box_rows, D/P, 1, 1}, P = swizzle / 2);
     Gpu.launch_args() encodes them with cuda.bindings' cuTensorMapEncodeTiled
     on the very q/k/v/o buffers of that check or timing run, and Gpu.launch()
     (the one launch function of every path: check, timing and its CUDA graph,
-    --sdpa, --faults) passes them by value after the 13 ABI arguments through
-    cuLaunchKernel on the current CuPy stream. Needs cuda-bindings.
+    --sdpa, --faults) passes them by value after the 16 ABI arguments through
+    cuLaunchKernel on the current CuPy stream.
+
+Kernel ABI v2: every launch goes through cuLaunchKernel (cuda-bindings), since the
+`strides` struct is passed by value. Shapes (class Shape) carry HQ/HKV (grouped-query,
+multi-query), SQ/SK (chunked prefill, decode; causal is bottom-right), the layout (bhsd,
+bshd) and `padded` (rows VIEW_PAD elements further apart than contiguous, the gaps NaN and
+checked untouched in O). Inputs are placed into flat storage through the strides; the
+reference is fp32 SDPA with K/V repeated per group and the bottom-right mask. CHECK_SHAPES
+cover GQA ratios 1, 4, 8 and 32, SQ < SK causal, decode, both layouts, padded views and a
+ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate does).
   A (combo, shape) whose shared memory exceeds the device's, or whose tensor
   map the TMA cannot encode, is skipped and counted, as the daemon's gate does.
 
@@ -108,37 +118,132 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nvrtc_compile_check import (  # noqa: E402
-    ABI_PARAMS, FUNCS, ROOT, TEMPLATES_DIR, TMA_SWIZZLES, Template, Unsupported, arch_targets, combo_label,
+    FUNCS, ROOT, TEMPLATES_DIR, TMA_SWIZZLES, Template, Unsupported, arch_targets, combo_label,
     device_arch, eval_expr, load_templates, render, specific_arch,
 )
 
-# (B, H, S, D, causal)
-CHECK_SHAPES = [
+# Kernel ABI v2 (kernel-templates/common/optd.cuh): 6 pointers, batch, heads_q, heads_kv,
+# seq_q, seq_k, n_splits, softmax_scale, causal, the strides struct, the CTA counter.
+ABI_PARAMS = 16
+# Extra elements per row of a padded view: src/spec/protocol.rs VIEW_PAD.
+VIEW_PAD = 64
+DECODE_MAX_SQ = 16
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One attention problem as the daemon states it (src/spec/protocol.rs Shape): B batches,
+    HQ query heads of SQ rows over HKV key/value heads of SK keys (query head h reads KV head
+    h // (HQ // HKV)), causal bottom-right (row i sees keys <= i + SK - SQ), in `layout`
+    ("bhsd" or "bshd"); `padded`: every tensor a view whose rows are VIEW_PAD elements further
+    apart than contiguous (the daemon's check runs such views too)."""
+    b: int
+    hq: int
+    hkv: int
+    sq: int
+    sk: int
+    d: int
+    causal: bool
+    layout: str = "bhsd"
+    padded: bool = False
+
+    @property
+    def group(self) -> int:
+        return self.hq // self.hkv
+
+    def dims_of(self, tensor: str) -> tuple[int, int]:
+        """(heads, rows) of q/o or k/v."""
+        return (self.hq, self.sq) if tensor in ("q", "o") else (self.hkv, self.sk)
+
+    def strides(self, tensor: str) -> tuple[int, int, int]:
+        """Element strides (batch, head, row) of `tensor`, as ViewStrides in protocol.rs."""
+        heads, rows = self.dims_of(tensor)
+        pad = VIEW_PAD if self.padded else 0
+        if self.layout == "bhsd":
+            return heads * rows * (self.d + pad), rows * (self.d + pad), self.d + pad
+        return rows * (heads * self.d + pad), self.d, heads * self.d + pad
+
+    def extent(self, tensor: str) -> int:
+        heads, rows = self.dims_of(tensor)
+        sb, sh, ss = self.strides(tensor)
+        return (self.b - 1) * sb + (heads - 1) * sh + (rows - 1) * ss + self.d
+
+    def visible_pairs(self) -> float:
+        if self.causal:
+            return self.sq * (self.sk - self.sq) + self.sq * (self.sq + 1) / 2
+        return float(self.sq * self.sk)
+
+    def kv_bytes(self) -> int:
+        return 2 * self.b * self.hkv * self.sk * self.d * ELEM_BYTES
+
+
+def mha(b: int, h: int, s: int, d: int, causal: bool) -> Shape:
+    return Shape(b, h, h, s, s, d, causal)
+
+
+def gqa(b: int, hq: int, hkv: int, sq: int, sk: int, d: int, causal: bool, layout: str = "bhsd",
+        padded: bool = False) -> Shape:
+    return Shape(b, hq, hkv, sq, sk, d, causal, layout, padded)
+
+
+def mhas(tuples) -> list[Shape]:
+    return [mha(*x) for x in tuples]
+
+
+CHECK_SHAPES = mhas([
     (1, 1, 1, 64, False), (1, 1, 17, 64, True), (1, 1, 32, 64, False),
     (1, 1, 100, 128, True), (1, 1, 128, 64, False), (2, 8, 128, 64, False),
     (1, 2, 1000, 64, True), (1, 1, 4097, 128, False), (4, 16, 1024, 64, True),
+]) + [
+    # Grouped-query heads: ratios 4, 8 and 32 (multi-query), ragged SK, chunked prefill
+    # (SQ < SK, bottom-right causal), decode (SQ 1 and 4 against a long cache), both layouts
+    # and padded (non-contiguous) views.
+    gqa(1, 8, 2, 128, 128, 64, True),
+    gqa(2, 8, 1, 100, 333, 128, True),
+    gqa(1, 32, 4, 64, 1000, 128, True, "bshd"),
+    gqa(1, 32, 1, 257, 257, 64, False, padded=True),
+    gqa(2, 16, 2, 200, 700, 64, False, "bshd", padded=True),
+    gqa(2, 32, 8, 1, 1024, 128, False),
+    gqa(1, 32, 8, 1, 4000, 128, True, "bshd"),
+    gqa(2, 8, 1, 4, 999, 128, True, padded=True),
+    gqa(1, 4, 4, 16, 2048, 64, True, "bshd", padded=True),
 ]
-TIME_SHAPES = [
+TIME_SHAPES = mhas([
     (1, 1, 128, 64, False), (1, 1, 256, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False),
     (4, 16, 1024, 64, True),
-]
+])
 # --more-shapes: ragged S around the tile sizes, causal and not, both head dims.
-EXTRA_CHECK_SHAPES = [
+EXTRA_CHECK_SHAPES = mhas([
     (1, 1, 1, 128, True), (1, 1, 17, 128, False), (1, 3, 100, 64, False), (1, 1, 64, 128, True),
     (1, 1, 65, 64, True), (2, 3, 333, 64, True), (1, 1, 1000, 128, False), (1, 2, 1000, 128, True),
     (1, 1, 4097, 64, True), (1, 2, 4097, 128, True),
     # Causal, one CTA per tile: heads scheduled in groups whose K/V fit 8 MiB (wgmma_tma.cu),
     # here with a smaller last group (groups of 2, 2, 1 heads; of 7, 3 with a ragged S).
     (1, 5, 8192, 128, True), (2, 5, 4500, 64, True),
+]) + [
+    gqa(1, 32, 8, 512, 4096, 128, True), gqa(2, 16, 4, 2048, 2048, 64, True, "bshd"),
+    gqa(8, 32, 8, 1, 16384, 128, False), gqa(8, 32, 1, 1, 4096, 128, True, padded=True),
 ]
-# --sdpa: (B, H, S, D, causal)
-SDPA_SHAPES = [
+# --time-shapes decode: the LLM decode shapes of issue 17 (Llama-3-8B heads 32/8, D 128, bf16
+# in the daemon; timed here in fp16 like the other tables), plus MQA and a ragged cache.
+DECODE_TIME_SHAPES = [
+    gqa(1, 32, 8, 1, 1024, 128, True), gqa(1, 32, 8, 1, 4096, 128, True), gqa(8, 32, 8, 1, 4096, 128, True),
+    gqa(8, 32, 8, 1, 4000, 128, True), gqa(64, 32, 8, 1, 4096, 128, True), gqa(8, 32, 8, 1, 16384, 128, True),
+    gqa(8, 32, 1, 1, 4096, 128, True),
+]
+# --time-shapes llm: prefill and chunked prefill with grouped-query heads.
+LLM_TIME_SHAPES = [
+    gqa(1, 32, 8, 4096, 4096, 128, True), gqa(4, 32, 8, 1024, 1024, 128, True), gqa(1, 32, 8, 512, 4096, 128, True),
+    gqa(4, 16, 4, 2048, 2048, 64, True),
+]
+# --sdpa: large prefill shapes
+SDPA_SHAPES = mhas([
     (4, 16, 4096, 64, False), (4, 16, 4096, 64, True), (2, 16, 8192, 128, False), (2, 16, 8192, 128, True),
-]
+])
 # --faults: the testing templates' single launch, and the shapes a planted fault in a
 # real template is checked on (several key tiles per CTA, so a K/V ring slot is reused).
-FAULT_SHAPE = (1, 1, 128, 64, False)
-FAULT_CHECK_SHAPES = [(1, 1, 128, 64, False), (2, 4, 1000, 64, True), (1, 2, 4097, 128, False)]
+FAULT_SHAPE = mha(1, 1, 128, 64, False)
+FAULT_CHECK_SHAPES = mhas([(1, 1, 128, 64, False), (2, 4, 1000, 64, True), (1, 2, 4097, 128, False)])
 MBAR_FAULT_MACRO = "OPTD_FAULT_MBAR_PHASE"
 # --time-best: the best kernel per shape of the daemon's last complete benchmark run (docs/BENCHMARKS.md,
 # 2026-11-23, run 20261123-234147-be5c, its report's best-kernel table): mma-fa2 on the latency-bound
@@ -146,14 +251,14 @@ MBAR_FAULT_MACRO = "OPTD_FAULT_MBAR_PHASE"
 _FA2 = dict(NUM_WARPS=4, STAGES=2, SWIZZLE=1, WARP_ROWS=16)
 _WT = dict(CONSUMERS=3, LAZY_RESCALE=1, PINGPONG=1)
 BEST_POINTS = [
-    ("mma_fa2.cu", dict(_FA2, BLOCK_N=32, KV_WARPS=1), [(1, 1, 32, 64, False)]),
-    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=1), [(1, 1, 64, 64, False)]),
-    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=2), [(1, 1, 128, 64, False), (2, 8, 128, 64, False)]),
-    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=4), [(1, 1, 256, 64, False), (1, 1, 512, 64, False)]),
-    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1), [(4, 16, 4096, 64, False)]),
-    ("wgmma_tma.cu", dict(_WT, BLOCK_N=192, STAGES=3, OVERLAP=0, PERSISTENT=0), [(4, 16, 4096, 64, True)]),
-    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=1), [(2, 16, 8192, 128, False)]),
-    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=0), [(2, 16, 8192, 128, True)]),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=32, KV_WARPS=1), mhas([(1, 1, 32, 64, False)])),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=1), mhas([(1, 1, 64, 64, False)])),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=2), mhas([(1, 1, 128, 64, False), (2, 8, 128, 64, False)])),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=4), mhas([(1, 1, 256, 64, False), (1, 1, 512, 64, False)])),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1), mhas([(4, 16, 4096, 64, False)])),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=192, STAGES=3, OVERLAP=0, PERSISTENT=0), mhas([(4, 16, 4096, 64, True)])),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=1), mhas([(2, 16, 8192, 128, False)])),
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=0), mhas([(2, 16, 8192, 128, True)])),
 ]
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
@@ -203,13 +308,14 @@ class DoesNotFit(ValueError):
 # TMA tensor maps: the daemon's fixed geometry convention (src/spec/protocol.rs,
 # TensorMap::geometry). Pure, so it is checked without a GPU.
 # ---------------------------------------------------------------------------
-def tensor_map_geometry(shape, box_rows: int, swizzle: int) -> dict:
-    """cuTensorMapEncodeTiled's arguments for one [B, H, S, D] contiguous tensor of 2-byte
-    elements seen through a `swizzle`-byte swizzle: P = swizzle / 2 elements per panel;
-    rank 4, dims innermost first {P, S, D/P, B*H}, byte strides of dims 1..3
-    {D*2, P*2, S*D*2}, box {P, box_rows, D/P, 1}, element strides {1, 1, 1, 1}.
-    Raises ValueError, saying why, where the TMA cannot encode it."""
-    b, h, s, d = shape[:4]
+def tensor_map_geometry(shape: Shape, tensor: str, box_rows: int, swizzle: int) -> dict:
+    """cuTensorMapEncodeTiled's arguments for one tensor (q, k, v or o) of `shape` through
+    its strides (contiguous or padded, either layout), 2-byte elements, a `swizzle`-byte
+    swizzle: P = swizzle / 2 elements per panel; rank 5, dims innermost first
+    {P, rows, D/P, heads, B} (rows/heads: SQ/HQ for q and o, SK/HKV for k and v), byte
+    strides of dims 1..4 {row, P*2, head, batch}, box {P, box_rows, D/P, 1, 1}, element
+    strides all 1. Raises ValueError, saying why, where the TMA cannot encode it."""
+    d = shape.d
     if swizzle not in TMA_SWIZZLES:
         raise ValueError(f"swizzle = {swizzle} bytes; allowed: 32, 64, 128")
     p = swizzle // ELEM_BYTES
@@ -220,17 +326,19 @@ def tensor_map_geometry(shape, box_rows: int, swizzle: int) -> dict:
         raise ValueError(f"D / {p} = {panels} panels; a box dimension holds at most 256")
     if not 1 <= box_rows <= 256:
         raise ValueError(f"box_rows = {box_rows}; a box dimension holds 1..256")
-    if s <= 0 or b * h <= 0:
+    heads, rows = shape.dims_of(tensor)
+    if rows <= 0 or heads <= 0 or shape.b <= 0:
         raise ValueError(f"shape {shape} has an empty dimension")
-    dims = (p, s, panels, b * h)
-    strides = (d * ELEM_BYTES, p * ELEM_BYTES, s * d * ELEM_BYTES)
+    sb, sh, ss = shape.strides(tensor)
+    dims = (p, rows, panels, heads, shape.b)
+    strides = (ss * ELEM_BYTES, p * ELEM_BYTES, sh * ELEM_BYTES, sb * ELEM_BYTES)
     if max(dims) > 1 << 32:
         raise ValueError(f"a dimension of {max(dims)} exceeds the TMA's 2^32")
     for st in strides:
         if st % 16 or st >= 1 << 40:
             raise ValueError(f"a stride of {st} bytes is not a multiple of 16 below 2^40")
-    return dict(swizzle=swizzle, dims=dims, strides_bytes=strides, box=(p, box_rows, panels, 1),
-                element_strides=(1, 1, 1, 1))
+    return dict(swizzle=swizzle, dims=dims, strides_bytes=strides, box=(p, box_rows, panels, 1, 1),
+                element_strides=(1, 1, 1, 1, 1))
 
 
 def resolve_tensor_maps(tpl: Template, shape, ctx: dict) -> list[dict]:
@@ -241,7 +349,7 @@ def resolve_tensor_maps(tpl: Template, shape, ctx: dict) -> list[dict]:
     for i, tm in enumerate(tpl.tensor_maps):
         rows = EVAL(str(tm["box_rows"]), ctx)
         try:
-            geometry = tensor_map_geometry(shape, rows, tm["swizzle"])
+            geometry = tensor_map_geometry(shape, tm["tensor"], rows, tm["swizzle"])
         except ValueError as e:
             raise DoesNotFit(f"tensor_map[{i}] ({tm['tensor']}, box_rows \"{tm['box_rows']}\" = {rows}, "
                              f"swizzle {tm['swizzle']}): {e}") from None
@@ -261,8 +369,12 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
     and tensor_maps: the template's resolved [[tensor_map]] entries (the same list for every
     launch; empty for templates without). Raises DoesNotFit where the daemon's gate would
     reject the (combo, shape), ValueError for a plan that is wrong."""
-    b, h, s, d, causal = shape
-    ctx = dict(knobs, B=b, H=h, S=s, D=d, CAUSAL=int(causal), ELEM_BYTES=ELEM_BYTES, **dev)
+    max_sq = tpl.spec["template"].get("max_sq")
+    if max_sq is not None and shape.sq > max_sq:
+        raise DoesNotFit(f"SQ = {shape.sq} is above the template's max_sq = {max_sq}")
+    d = shape.d
+    ctx = dict(knobs, B=shape.b, HQ=shape.hq, HKV=shape.hkv, G=shape.group, SQ=shape.sq, SK=shape.sk, D=d,
+               CAUSAL=int(shape.causal), BSHD=int(shape.layout == "bshd"), ELEM_BYTES=ELEM_BYTES, **dev)
     for name, expr in tpl.spec["derived"].items():
         ctx[name] = EVAL(str(expr), ctx)
     splits = ctx["splits"]
@@ -285,9 +397,13 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
     return splits, launches, ctx
 
 
-def shape_key(shape) -> str:
-    b, h, s, d, causal = shape
-    return f"b{b}h{h}s{s}d{d}" + ("-causal" if causal else "")
+def shape_key(shape: Shape) -> str:
+    """The daemon's key (Shape::key), plus `-padded` for a padded view."""
+    heads = f"h{shape.hq}" if shape.hq == shape.hkv else f"hq{shape.hq}hkv{shape.hkv}"
+    rows = f"s{shape.sq}" if shape.sq == shape.sk else f"sq{shape.sq}sk{shape.sk}"
+    key = f"b{shape.b}{heads}{rows}d{shape.d}" + ("-causal" if shape.causal else "")
+    key += "-bshd" if shape.layout == "bshd" else ""
+    return key + ("-padded" if shape.padded else "")
 
 
 def _strip_comments(text: str) -> str:
@@ -401,13 +517,22 @@ class KernelParams:
         return [v.SIZE if isinstance(v, TensorMapArg) else ctypes.sizeof(v) for v in self.values]
 
 
-def abi_values(q: int, k: int, v: int, o: int, o_part: int, lse: int, shape, splits: int, counter: int) -> list:
-    """The 13 ABI parameters as ctypes values: six pointers, batch, heads, seq_len, n_splits
-    (int32), softmax_scale = 1/sqrt(D) (float32), causal (int32), the CTA counter pointer."""
-    b, h, s, d, causal = shape
+class Strides(ctypes.Structure):
+    """`struct optd_strides` (kernel-templates/common/optd.cuh), passed by value: element
+    strides (batch, head, row) of q, k, v, o."""
+    _fields_ = [(f"{t}_{x}", ctypes.c_int64) for t in "qkvo" for x in "bhs"]
+    SIZE = 96
+
+
+def abi_values(q: int, k: int, v: int, o: int, o_part: int, lse: int, shape: Shape, splits: int, counter: int) -> list:
+    """The 16 ABI v2 parameters as ctypes values: six pointers, batch, heads_q, heads_kv, seq_q,
+    seq_k, n_splits (int32), softmax_scale = 1/sqrt(D) (float32), causal (int32), the strides
+    struct, the CTA counter pointer."""
+    strides = Strides(*[x for t in "qkvo" for x in shape.strides(t)])
     return [ctypes.c_uint64(x) for x in (q, k, v, o, o_part, lse)] + [
-        ctypes.c_int32(b), ctypes.c_int32(h), ctypes.c_int32(s), ctypes.c_int32(splits),
-        ctypes.c_float(1.0 / math.sqrt(d)), ctypes.c_int32(int(causal)), ctypes.c_uint64(counter),
+        ctypes.c_int32(shape.b), ctypes.c_int32(shape.hq), ctypes.c_int32(shape.hkv), ctypes.c_int32(shape.sq),
+        ctypes.c_int32(shape.sk), ctypes.c_int32(splits), ctypes.c_float(1.0 / math.sqrt(shape.d)),
+        ctypes.c_int32(int(shape.causal)), strides, ctypes.c_uint64(counter),
     ]
 
 
@@ -478,7 +603,7 @@ class Driver:
         if sizes != params.sizes():
             raise RuntimeError(
                 f"{name} takes {len(sizes)} parameters of {sizes} bytes, but the launch passes {len(params.values)} "
-                f"of {params.sizes()} bytes (13 ABI parameters, then one 128-byte CUtensorMap per [[tensor_map]] of "
+                f"of {params.sizes()} bytes (16 ABI parameters, then one 128-byte CUtensorMap per [[tensor_map]] of "
                 f"the spec): the kernel's signature and the spec's [[tensor_map]] entries disagree")
         self._checked_params.add(key)
 
@@ -521,11 +646,11 @@ class Kernel:
 
 @dataclass
 class LaunchArgs:
-    """The arguments of every launch of one plan on one set of buffers. `cupy`: the 13 ABI
-    arguments for a RawKernel call; `params`: for templates with tensor maps, cuLaunchKernel's
-    kernelParams (the same 13 values, then one CUtensorMap per [[tensor_map]]), else None."""
-    cupy: tuple
-    params: KernelParams | None
+    """The arguments of every launch of one plan on one set of buffers: cuLaunchKernel's
+    kernelParams (the 16 ABI values, the strides struct by value among them, then one
+    CUtensorMap per [[tensor_map]]). Every launch goes through the driver API: CuPy's
+    RawKernel call cannot pass a struct by value."""
+    params: KernelParams
 
 
 class Gpu:
@@ -612,46 +737,57 @@ class Gpu:
         return self.modules[key]
 
     # -- data ---------------------------------------------------------------
-    def inputs(self, shape, dtype: str, need_ref: bool = True):
-        """(q, k, v as torch elem tensors, fp32 reference), cached per shape and dtype.
-        need_ref=False (timing only) skips the reference (None) until one is asked for."""
+    def inputs(self, shape: Shape, dtype: str, need_ref: bool = True):
+        """(q, k, v as logical torch elem tensors [B,HQ,SQ,D] / [B,HKV,SK,D], fp32 reference
+        [B,HQ,SQ,D]), cached per shape and dtype. need_ref=False (timing only) skips the
+        reference (None) until one is asked for. The reference is computed per KV group with
+        K/V repeated for the group's query heads and the bottom-right causal mask."""
         key = (shape, dtype)
         if key not in self._inputs:
             torch = self.torch
-            b, h, s, d, causal = shape
             gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(key).encode()))
             tdt = torch.float16 if dtype == "fp16" else torch.bfloat16
-            q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(tdt) for _ in range(3))
+            q = torch.randn(shape.b, shape.hq, shape.sq, shape.d, device="cuda", generator=gen).to(tdt)
+            k, v = (torch.randn(shape.b, shape.hkv, shape.sk, shape.d, device="cuda", generator=gen).to(tdt)
+                    for _ in range(2))
             self._inputs[key] = (q, k, v, None)
         q, k, v, ref = self._inputs[key]
         if ref is None and need_ref:
-            causal = shape[4]
-            ref = self.F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+            torch = self.torch
+            kf = k.float().repeat_interleave(shape.group, dim=1)
+            vf = v.float().repeat_interleave(shape.group, dim=1)
+            mask = None
+            if shape.causal:
+                i = torch.arange(shape.sq, device="cuda")[:, None]
+                j = torch.arange(shape.sk, device="cuda")[None, :]
+                mask = j <= i + (shape.sk - shape.sq)
+            ref = self.F.scaled_dot_product_attention(q.float(), kf, vf, attn_mask=mask)
             self._inputs[key] = (q, k, v, ref)
         return self._inputs[key]
 
-    def as_cp(self, t):
-        # cupy has no bfloat16: hand it the raw 16-bit storage, only the pointer matters.
-        return self.cp.asarray(t.view(self.torch.int16)) if t.element_size() == 2 else self.cp.asarray(t)
+    def view(self, shape: Shape, tensor: str, storage):
+        """The logical [B, heads, rows, D] view of `tensor` inside its flat `storage`."""
+        heads, rows = shape.dims_of(tensor)
+        sb, sh, ss = shape.strides(tensor)
+        return storage.as_strided((shape.b, heads, rows, shape.d), (sb, sh, ss, 1))
 
-    def buffers(self, shape, splits: int, dtype: str, fill=float("nan"), need_ref: bool = True):
+    def place(self, shape: Shape, tensor: str, logical, fill=float("nan")):
+        """Flat storage laid out by the shape's strides, `logical` copied into its view, every
+        other element `fill` (NaN: a kernel that reads a padded view's gaps produces NaN)."""
+        storage = self.torch.full((shape.extent(tensor),), fill, device="cuda", dtype=logical.dtype)
+        self.view(shape, tensor, storage).copy_(logical)
+        return storage
+
+    def buffers(self, shape: Shape, splits: int, dtype: str, fill=float("nan"), need_ref: bool = True):
+        """(q, k, v, o as flat strided storage, o_part, lse, fp32 reference)."""
         torch = self.torch
-        b, h, s, d, _ = shape
         q, k, v, ref = self.inputs(shape, dtype, need_ref)
-        o = torch.full_like(q, fill)
-        o_part = torch.full((max(1, splits * b * h * s * d),), fill, device="cuda", dtype=torch.float32)
-        lse = torch.full((max(1, splits * b * h * s),), fill, device="cuda", dtype=torch.float32)
-        return q, k, v, o, o_part, lse, ref
-
-    def args(self, shape, splits, q, k, v, o, o_part, lse):
-        import numpy as np
-
-        b, h, s, d, causal = shape
-        return (
-            self.as_cp(q), self.as_cp(k), self.as_cp(v), self.as_cp(o), self.cp.asarray(o_part),
-            self.cp.asarray(lse), np.int32(b), np.int32(h), np.int32(s), np.int32(splits),
-            np.float32(1.0 / math.sqrt(d)), np.int32(int(causal)), self.counter,
-        )
+        qs, ks, vs = (self.place(shape, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+        o = torch.full((shape.extent("o"),), fill, device="cuda", dtype=q.dtype)
+        rows = shape.b * shape.hq * shape.sq
+        o_part = torch.full((max(1, splits * rows * shape.d),), fill, device="cuda", dtype=torch.float32)
+        lse = torch.full((max(1, splits * rows),), fill, device="cuda", dtype=torch.float32)
+        return qs, ks, vs, o, o_part, lse, ref
 
     def kernel(self, mod, launch):
         """The RawKernel of one planned launch, allowed its dynamic shared memory."""
@@ -664,37 +800,32 @@ class Gpu:
     def prepare(self, mod, launch: dict) -> Kernel:
         return Kernel(launch["kernel"], launch["grid"], launch["block"], launch["smem"], self.kernel(mod, launch))
 
-    def launch_args(self, shape, splits: int, launches: list[dict], q, k, v, o, o_part, lse) -> LaunchArgs:
-        """The arguments of these launches on these buffers; tensor maps are encoded here, on
-        the very q/k/v/o tensors the launches use (so the maps go stale with the buffers)."""
-        cupy_args = self.args(shape, splits, q, k, v, o, o_part, lse)
+    def launch_args(self, shape: Shape, splits: int, launches: list[dict], q, k, v, o, o_part, lse) -> LaunchArgs:
+        """The arguments of these launches on these buffers (flat storage laid out by the
+        shape's strides); tensor maps are encoded here, on the very q/k/v/o buffers the
+        launches use (so the maps go stale with the buffers)."""
         maps = launches[0]["tensor_maps"] if launches else []
-        if not maps:
-            return LaunchArgs(cupy_args, None)
-        b, h, s, d, _ = shape
         tensors = dict(q=q, k=k, v=v, o=o)
         values = abi_values(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), o_part.data_ptr(),
                             lse.data_ptr(), shape, splits, self.counter.data.ptr)
         for m in maps:
             t = tensors[m["tensor"]]
-            if tuple(t.shape) != (b, h, s, d) or not t.is_contiguous() or t.element_size() != ELEM_BYTES:
-                raise ValueError(f"tensor map on {m['tensor']}: needs a contiguous [B,H,S,D] tensor of 2-byte "
-                                 f"elements, got {tuple(t.shape)} {t.dtype} contiguous={t.is_contiguous()}")
+            if t.numel() != shape.extent(m["tensor"]) or t.element_size() != ELEM_BYTES:
+                raise ValueError(f"tensor map on {m['tensor']}: needs the flat storage of {shape_key(shape)}'s "
+                                 f"{m['tensor']} ({shape.extent(m['tensor'])} 2-byte elements), got {t.numel()} "
+                                 f"{t.dtype}")
             values.append(self.driver.encode_tensor_map(m, t.data_ptr()))
-        return LaunchArgs(cupy_args, KernelParams(values))
+        return LaunchArgs(KernelParams(values))
 
     def launch(self, kernel: Kernel, args: LaunchArgs) -> None:
-        """Launch on the current CuPy stream (a capturing stream records it in its graph):
-        CuPy's RawKernel call, or for templates with tensor maps cuLaunchKernel."""
-        if args.params is None:
-            kernel.fn(kernel.grid, kernel.block, args.cupy, shared_mem=kernel.smem)
-        else:
-            stream = self.cp.cuda.get_current_stream().ptr
-            self.driver.launch(kernel.fn.kernel.ptr, kernel.name, kernel.grid, kernel.block, kernel.smem, stream,
-                               args.params)
+        """Launch on the current CuPy stream (a capturing stream records it in its graph)
+        through cuLaunchKernel."""
+        stream = self.cp.cuda.get_current_stream().ptr
+        self.driver.launch(kernel.fn.kernel.ptr, kernel.name, kernel.grid, kernel.block, kernel.smem, stream,
+                           args.params)
 
     # -- correctness --------------------------------------------------------
-    def check(self, tpl: Template, knobs: dict, shape, dtype: str, mbar_fault: bool = False) -> tuple[bool, str]:
+    def check(self, tpl: Template, knobs: dict, shape: Shape, dtype: str, mbar_fault: bool = False) -> tuple[bool, str]:
         torch = self.torch
         mod = self.module(tpl, knobs, dtype == "bf16", count=True, mbar_fault=mbar_fault)
         splits, launches, _ = plan(tpl, knobs, shape, self.dev)
@@ -708,10 +839,17 @@ class Gpu:
             ran, planned = int(self.counter.get()[0]), math.prod(launch["grid"])
             if ran != planned:
                 return False, f"{launch['kernel']}: {ran} CTAs counted, {planned} planned"
-        out = o.float()
+        out = self.view(shape, "o", o).float()
         bad = int((~torch.isfinite(out)).sum())
         if bad:
             return False, f"{bad} non-finite outputs (splits {splits})"
+        if shape.padded or shape.layout != "bhsd":
+            # Everything outside O's view must still hold the fill.
+            outside = o.float().clone()
+            self.view(shape, "o", outside).fill_(float("nan"))
+            written = int(torch.isfinite(outside).sum())
+            if written:
+                return False, f"{written} elements of O's buffer outside its view were written"
         err = (out - ref).abs()
         max_abs = float(err.max())
         rel_l2 = float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
@@ -729,7 +867,7 @@ class Gpu:
         splits, launches, _ = plan(tpl, knobs, shape, self.dev)
         q, k, v, o, o_part, lse, _ = self.buffers(shape, splits, "fp16", fill=0.0, need_ref=False)
         if keep_output:
-            self.last_output = o
+            self.last_output = self.view(shape, "o", o)
         args = self.launch_args(shape, splits, launches, q, k, v, o, o_part, lse)
         kernels = [self.prepare(mod, l) for l in launches]
         self.torch.cuda.synchronize()
@@ -875,10 +1013,21 @@ def _cubin_job(job):
 # ---------------------------------------------------------------------------
 # --sdpa: templates against torch's scaled_dot_product_attention
 # ---------------------------------------------------------------------------
-def attn_flops(shape) -> float:
-    b, h, s, d, causal = shape
-    f = 4.0 * b * h * s * s * d
-    return f / 2 if causal else f
+def attn_flops(shape: Shape) -> float:
+    """4 * B * HQ * D per visible (query, key) pair (causal: the unmasked part)."""
+    return 4.0 * shape.b * shape.hq * shape.d * shape.visible_pairs()
+
+
+def sdpa_fn(gpu: "Gpu", shape: Shape, q, k, v):
+    """SDPA (default backend) on the logical q, k, v of `shape`: enable_gqa for grouped
+    heads, the bottom-right causal mask when SQ < SK (is_causal when SQ == SK)."""
+    F = gpu.F
+    extra = dict(enable_gqa=True) if shape.hq != shape.hkv else {}
+    if shape.causal and shape.sq != shape.sk:
+        from torch.nn.attention.bias import causal_lower_right
+        mask = causal_lower_right(shape.sq, shape.sk)
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **extra)
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **extra)
 
 
 def time_torch_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
@@ -921,7 +1070,7 @@ def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: 
         per_shape: dict = {}
         for shape in SDPA_SHAPES:
             q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
-            causal = shape[4]
+            causal = shape.causal
             sd = {}
             ref_out = None
             for label, be in backends:
@@ -1060,7 +1209,7 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
             for name in (versions if r % 2 == 0 else versions[::-1]):
                 times[name].append(gpu.time_us(variants[name], knobs, shape, reps=reps, samples=20))
             times["sdpa"].append(time_torch_graph_us(
-                gpu, lambda: gpu.F.scaled_dot_product_attention(q, k, v, is_causal=shape[4]), reps, 20))
+                gpu, sdpa_fn(gpu, shape, q, k, v), reps, 20))
         med = {name: statistics.median(ts) for name, ts in times.items()}
         spread = {name: max(ts) / min(ts) - 1 for name, ts in times.items()}
         line = f"{shape_key(shape):22} {Path(tpl.rel).stem:12} {med['new']:9.2f} {spread['new']:6.1%}"
@@ -1300,6 +1449,9 @@ def main() -> int:
     ap.add_argument("--fault-mode", choices=("launch", "check"), default="launch", help=argparse.SUPPRESS)
     ap.add_argument("--fault-mbar-phase", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--more-shapes", action="store_true", help="also check EXTRA_CHECK_SHAPES")
+    ap.add_argument("--time-shapes", choices=("default", "decode", "llm"), default="default",
+                    help="--time-template's shapes: TIME_SHAPES (default), DECODE_TIME_SHAPES or LLM_TIME_SHAPES; "
+                         "decode and llm also time SDPA (enable_gqa, bottom-right causal) and print KV TB/s")
     ap.add_argument("--pairs", action="append", metavar="TEMPLATE",
                     help="check this template on a pairwise covering set of its knob combinations")
     ap.add_argument("--sdpa", action="store_true", help="time the selected templates against SDPA (SDPA_SHAPES)")
@@ -1421,9 +1573,15 @@ def main() -> int:
         except Unsupported as e:
             print(f"--time-template {name}: skipped: {e}")
             continue
-        print(f"\n{tpl.rel}: every combination on TIME_SHAPES (fp16, us per forward, {gpu.timing_method}); "
-              f"the 3 fastest per shape")
-        for shape in TIME_SHAPES:
+        time_shapes = {"default": TIME_SHAPES, "decode": DECODE_TIME_SHAPES, "llm": LLM_TIME_SHAPES}[args.time_shapes]
+        print(f"\n{tpl.rel}: every combination on {args.time_shapes} shapes (fp16, us per forward, "
+              f"{gpu.timing_method}); the 3 fastest per shape")
+        for shape in time_shapes:
+            if args.time_shapes != "default":
+                q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
+                us = time_torch_graph_us(gpu, sdpa_fn(gpu, shape, q, k, v), 20, 20)
+                print(f"  {shape_key(shape):34} sdpa {us:8.2f} us  {shape.kv_bytes() / us / 1e6:5.2f} TB/s KV  "
+                      f"{attn_flops(shape) / us / 1e6:6.1f} TFLOPS")
             rows = []
             for knobs in tpl.knob_combos():
                 try:

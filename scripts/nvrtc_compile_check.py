@@ -52,7 +52,7 @@ COMMON_INCLUDE = "common/optd.cuh"
 INCLUDE_LINE = f'#include "{COMMON_INCLUDE}"'
 HEAD_DIMS = (64, 128)
 DEFAULT_ARCHS = ("sm_80", "sm_89", "sm_90")
-ABI_PARAMS = 13  # q k v o o_partial lse_partial batch heads seq_len n_splits softmax_scale causal cta_counter
+ABI_PARAMS = 16  # q k v o o_partial lse_partial batch heads_q heads_kv seq_q seq_k n_splits softmax_scale causal strides cta_counter
 TENSOR_NAMES = ("q", "k", "v", "o")
 TMA_SWIZZLES = (32, 64, 128)
 

@@ -94,3 +94,82 @@ fn agent_keys_are_checked_with_file_line_and_key() {
     assert!(ok.agent.enabled());
     assert!((ok.agent.cost(1_000_000, 500_000) - 6.0).abs() < 1e-9);
 }
+
+// ---------------------------------------------------------------------------------------
+// The workload grammar: GQA heads, SQ/SK, layout (issue 17)
+
+use optimizerd::spec::protocol::{DType, Layout, Shape};
+
+fn shapes_of(text: &str) -> Vec<Shape> {
+    parse(text).unwrap_or_else(|e| panic!("{e}")).shapes()
+}
+
+#[test]
+fn grouped_query_decode_and_chunked_prefill_shapes_parse_with_readable_keys() {
+    let shapes = shapes_of(
+        r#"
+[workload]
+dtype = "bf16"
+layout = "bshd"
+shapes = [
+  { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true },
+  { b = 1, hq = 32, hkv = 1, sq = 512, sk = 4096, d = 128, causal = true },
+  { b = 2, h = 16, s = 1024, d = 64 },
+]
+"#,
+    );
+    let keys: Vec<String> = shapes.iter().map(|s| s.key()).collect();
+    assert_eq!(
+        keys,
+        ["b8hq32hkv8sq1sk4096d128-causal-bf16-bshd", "b1hq32hkv1sq512sk4096d128-causal-bf16-bshd", "b2h16s1024d64-bf16-bshd"]
+    );
+    let decode = shapes[0];
+    assert_eq!((decode.hq, decode.hkv, decode.sq, decode.sk, decode.group()), (32, 8, 1, 4096, 4));
+    assert!(decode.is_decode() && !shapes[1].is_decode());
+    assert_eq!(decode.layout, Layout::Bshd);
+    assert_eq!(decode.kv_bytes(), 2 * 8 * 8 * 4096 * 128 * 2);
+    // Causal with SQ < SK is bottom-right: each of the 512 rows sees 3584 + its index + 1 keys.
+    let chunk = shapes[1];
+    assert_eq!(chunk.flops(), 4.0 * 32.0 * 128.0 * (512.0 * 3584.0 + 512.0 * 513.0 / 2.0));
+}
+
+/// Version-1 configs, keys and stored shapes keep working: `h`/`s` mean HQ = HKV and SQ = SK
+/// in [B,H,S,D], with the same keys as before.
+#[test]
+fn version_one_shapes_keep_their_keys_and_json() {
+    let shapes = shapes_of("[workload]\nshapes = [ { b = 4, h = 16, s = 1024, d = 64, causal = true } ]\n");
+    assert_eq!(shapes, vec![Shape::mha(4, 16, 1024, 64, true, DType::Fp16)]);
+    assert_eq!(shapes[0].key(), "b4h16s1024d64-causal");
+    let v1: Shape = serde_json::from_str(r#"{"b":4,"h":16,"s":1024,"d":64,"causal":true,"dtype":"fp16"}"#).unwrap();
+    assert_eq!(v1, shapes[0]);
+    let round: Shape = serde_json::from_str(&serde_json::to_string(&shapes[0]).unwrap()).unwrap();
+    assert_eq!(round, shapes[0]);
+    let v2 = serde_json::to_value(shapes[0]).unwrap();
+    assert_eq!((v2["hq"].as_u64(), v2["sk"].as_u64(), v2["layout"].as_str()), (Some(16), Some(1024), Some("bhsd")));
+}
+
+#[test]
+fn each_bad_combination_names_its_key_and_the_fix() {
+    let cases = [
+        ("{ b = 1, hq = 32, hkv = 5, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hq", "not a multiple of hkv = 5"),
+        ("{ b = 1, hq = 8, hkv = 8, sq = 65, sk = 64, d = 128 }", "workload.shapes[0].sq", "sq <= sk"),
+        ("{ b = 1, hq = 8, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hkv", "give hkv too"),
+        ("{ b = 1, hkv = 8, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hq", "give hq too"),
+        ("{ b = 1, h = 8, hq = 8, hkv = 2, s = 64, d = 128 }", "workload.shapes[0].h", "use h alone"),
+        ("{ b = 1, h = 8, sq = 1, d = 128 }", "workload.shapes[0].sk", "give sk too"),
+        ("{ b = 1, h = 8, sk = 64, d = 128 }", "workload.shapes[0].sq", "give sq too"),
+        ("{ b = 1, h = 8, s = 64, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].s", "use s alone"),
+        ("{ b = 1, h = 8, d = 128 }", "workload.shapes[0].s", "is missing"),
+        ("{ b = 1, s = 8, d = 128 }", "workload.shapes[0].h", "is missing"),
+        ("{ b = 1, hq = 8, hkv = 0, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hkv", "at least 1"),
+        ("{ b = 1, hq = 8, hkv = 8, sq = 1, sk = 64, d = 96 }", "workload.shapes[0].d", "[64, 128]"),
+    ];
+    for (shape, key, fix) in cases {
+        let err = parse(&format!("[workload]\nshapes = [ {shape} ]\n")).unwrap_err();
+        assert!(err.contains("/etc/agent.toml") && err.contains(key) && err.contains(fix), "{shape}: {err}");
+    }
+    let err = parse("[workload]\nshapes = [ { b = 1, h = 8, s = 64, d = 64 }, { b = 1, hq = 8, hkv = 8, sq = 64, sk = 64, d = 64 } ]\n").unwrap_err();
+    assert!(err.contains("workload.shapes[1]") && err.contains("same shape as workload.shapes[0]"), "{err}");
+    let err = parse("[workload]\nlayout = \"bsdh\"\n").unwrap_err();
+    assert!(err.contains("bsdh") && err.contains("bhsd") && err.contains("bshd"), "{err}");
+}

@@ -185,3 +185,42 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Grouped-query, decode and layout are part of what a run and its memory are keyed by: a
+/// GQA decode workload runs through the plan with its own shape keys, a second run warm-starts
+/// from it, and the same heads in the other layout (or with another KV head count) are new
+/// shapes that nothing is remembered for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gqa_decode_shapes_are_run_and_remembered_by_their_own_keys() {
+    let p = project();
+    p.set_workload(
+        "shapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
+         { b = 1, hq = 32, hkv = 8, sq = 512, sk = 2048, d = 128, causal = true } ]",
+    );
+    assert_eq!(p.run("gqa", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let its = iterations(&p, "gqa").await;
+    let keys: std::collections::BTreeSet<String> = its.iter().flat_map(|i| i.shapes.iter().map(|s| s.shape.clone())).collect();
+    assert_eq!(
+        keys.into_iter().collect::<Vec<_>>(),
+        ["b1hq32hkv8sq512sk2048d128-causal", "b8hq32hkv8sq1sk4096d128-causal"],
+    );
+    // What the worker was sent is the v2 shape: the stored JSON reads back with its GQA fields.
+    let stored: optimizerd::spec::protocol::Shape = serde_json::from_str(&its[0].shapes[0].shape_json).unwrap();
+    assert_eq!((stored.hq, stored.hkv), (32, 8));
+    assert_eq!(best_us(&p, "gqa").await.len(), 2);
+
+    assert_eq!(p.run("again", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let again = iterations(&p, "again").await;
+    assert_eq!(again[0].stage, "warm-start", "{:?}", verdicts(&again));
+
+    // The same problem in [B,S,H,D], and the decode shape with MQA: new keys, no memory.
+    p.set_workload(
+        "layout = \"bshd\"\nshapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
+         { b = 8, hq = 32, hkv = 1, sq = 1, sk = 4096, d = 128, causal = true } ]",
+    );
+    assert_eq!(p.run("bshd", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let bshd = iterations(&p, "bshd").await;
+    assert!(bshd.iter().all(|i| i.stage != "warm-start" && i.verdict.as_str() != "remembered"), "{:?}", verdicts(&bshd));
+    let keys: std::collections::BTreeSet<String> = bshd.iter().flat_map(|i| i.shapes.iter().map(|s| s.shape.clone())).collect();
+    assert!(keys.contains("b8hq32hkv8sq1sk4096d128-causal-bshd") && keys.contains("b8hq32hkv1sq1sk4096d128-causal-bshd"), "{keys:?}");
+}

@@ -128,6 +128,15 @@ gpu_retry_max = "200ms"
 }
 
 impl Project {
+    /// Replace the `[workload]` shapes line of agent.toml with `lines` (e.g. a
+    /// `layout = "bshd"` line and a `shapes = [...]` line in the new grammar).
+    pub fn set_workload(&self, lines: &str) {
+        let path = self.path().join("agent.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let old = text.lines().find(|l| l.starts_with("shapes = [")).expect("agent.toml has a shapes line").to_string();
+        std::fs::write(path, text.replace(&old, lines)).unwrap();
+    }
+
     /// Append TOML (e.g. a `[baseline]` section) to the project's agent.toml.
     pub fn append_config(&self, toml: &str) {
         let path = self.path().join("agent.toml");
