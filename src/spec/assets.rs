@@ -42,6 +42,7 @@ static EMBEDDED: &[(&str, &str)] = embed! {
     "mma_fa2.cu" => "kernel-templates/mma_fa2.cu",
     "wmma.cu" => "kernel-templates/wmma.cu",
     "wgmma_tma.cu" => "kernel-templates/wgmma_tma.cu",
+    "decode.cu" => "kernel-templates/decode.cu",
     "testing/oob_write.cu" => "kernel-templates/testing/oob_write.cu",
     "testing/infinite_loop.cu" => "kernel-templates/testing/infinite_loop.cu",
     "testing/tensor_map_probe.cu" => "kernel-templates/testing/tensor_map_probe.cu",
