@@ -5,7 +5,7 @@ Uses scripts/check_templates_gpu.py's Gpu (the daemon's ABI v2 launches, fp32 re
 padded views, CTA counts) on the decode regime only:
 
   --check   every pairwise-covering knob combination (and the default point) of
-            decode.cu on DECODE_CHECK shapes (GQA 1/4/8/32, SQ 1/3/4/16, SK ragged and
+            each --template (decode.cu, decode_cluster.cu) on DECODE_CHECK shapes (GQA 1/4/8/32, SQ 1/3/4/16, SK ragged and
             not, causal and not, both layouts, padded views), fp16 and bf16
   --time    every knob combination on the issue-17 decode shapes (fp16; bf16 moves
             the same bytes), CUDA-graph medians; SDPA default (enable_gqa) beside it;
@@ -53,10 +53,13 @@ def main() -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--cubin-dir")
-    ap.add_argument("--points", help="JSON list of knob dicts to time instead of every combination")
+    ap.add_argument("--template", action="append", help="decode.cu (default) and/or decode_cluster.cu")
+    ap.add_argument("--space", help="JSON {knob: [values]} restricting the timed combinations (knobs a template lacks are ignored)")
     ap.add_argument("--out", default="decode_sweep.json")
     args = ap.parse_args()
-    tpl = next(t for t in load_templates() if t.rel == "decode.cu")
+    wanted = args.template or ["decode.cu"]
+    tpls = [t for t in load_templates() if t.rel in wanted]
+    space = json.loads(args.space) if args.space else {}
     gpu = C.Gpu()
     if args.cubin_dir:
         gpu.cubin_dir = Path(args.cubin_dir)
@@ -64,12 +67,13 @@ def main() -> int:
     out: dict = {"device": gpu.name, "check": [], "time": []}
     t0 = time.perf_counter()
     failures = 0
-    if args.check:
+    for tpl in tpls if args.check else []:
         combos = C.pairwise_combos(tpl)
         default = {k: v[0] for k, v in tpl.spec["knobs"].items()}
         if default not in combos:
             combos.insert(0, default)
         n = 0
+        failures_before = failures
         for knobs in combos:
             for shape in DECODE_CHECK:
                 for dtype in ("fp16", "bf16"):
@@ -80,39 +84,45 @@ def main() -> int:
                     except Exception as e:  # noqa: BLE001
                         ok, msg = False, f"{type(e).__name__}: {e}"
                     n += 1
-                    out["check"].append(dict(knobs=knobs, shape=C.shape_key(shape), dtype=dtype, ok=ok, msg=msg))
+                    out["check"].append(dict(template=tpl.rel, knobs=knobs, shape=C.shape_key(shape), dtype=dtype,
+                                             ok=ok, msg=msg))
                     if not ok:
                         failures += 1
-                        print(f"FAIL {combo_label(knobs)} {C.shape_key(shape)} {dtype}: {msg}", flush=True)
-        print(f"check: {n - failures} of {n} passed ({len(combos)} combos x {len(DECODE_CHECK)} shapes x 2 dtypes, "
+                        print(f"FAIL {tpl.rel} {combo_label(knobs)} {C.shape_key(shape)} {dtype}: {msg}", flush=True)
+        print(f"check {tpl.rel}: {n - (failures - failures_before)} of {n} passed ({len(combos)} combos x {len(DECODE_CHECK)} shapes x 2 dtypes, "
               f"{time.perf_counter() - t0:.0f} s)", flush=True)
     if args.time:
-        points = json.loads(args.points) if args.points else tpl.knob_combos()
+        points = [(t, kn) for t in tpls for kn in t.knob_combos()
+                  if all(kn[k] in vs for k, vs in space.items() if k in kn)]
         for shape in DECODE_TIME:
             q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
             sdpa = C.time_torch_graph_us(gpu, C.sdpa_fn(gpu, shape, q, k, v), 10, 15)
             rows = []
-            for knobs in points:
+            for tpl, knobs in points:
                 try:
                     us = gpu.time_us(tpl, knobs, shape, reps=10, samples=12)
                 except C.DoesNotFit:
                     continue
+                except Exception as e:  # noqa: BLE001
+                    print(f"  timing failed: {tpl.rel} {combo_label(knobs)}: {type(e).__name__}: {e}", flush=True)
+                    continue
                 splits = C.plan(tpl, knobs, shape, gpu.dev)[0]
-                rows.append((us, knobs, splits))
+                rows.append((us, tpl.rel, knobs, splits))
             rows.sort(key=lambda r: r[0])
             mb = shape.kv_bytes() / 1e6
             print(f"{C.shape_key(shape):34} KV {mb:7.1f} MB  sdpa {sdpa:8.2f} us {shape.kv_bytes() / sdpa / 1e6:5.2f} TB/s",
                   flush=True)
-            for us, knobs, splits in rows[:4]:
-                print(f"    {us:8.2f} us {shape.kv_bytes() / us / 1e6:5.2f} TB/s {sdpa / us:5.2f}x  "
-                      f"{combo_label(knobs)} splits {splits}", flush=True)
+            for rel in [t.rel for t in tpls]:
+                for us, r, knobs, splits in [x for x in rows if x[1] == rel][:3]:
+                    print(f"    {us:8.2f} us {shape.kv_bytes() / us / 1e6:5.2f} TB/s {sdpa / us:5.2f}x  {rel:18} "
+                          f"{combo_label(knobs)} splits {splits}", flush=True)
             out["time"].append(dict(shape=C.shape_key(shape), kv_mb=mb, sdpa_us=sdpa,
-                                    rows=[dict(us=us, knobs=kn, splits=s) for us, kn, s in rows]))
+                                    rows=[dict(us=us, template=r, knobs=kn, splits=s) for us, r, kn, s in rows]))
         # Points by geomean speedup over SDPA across every shape they fit.
         score: dict = {}
         for t in out["time"]:
             for r in t["rows"]:
-                score.setdefault(combo_label(r["knobs"]), []).append(t["sdpa_us"] / r["us"])
+                score.setdefault(r["template"] + " " + combo_label(r["knobs"]), []).append(t["sdpa_us"] / r["us"])
         full = [(math.exp(sum(map(math.log, v)) / len(v)), k) for k, v in score.items() if len(v) == len(out["time"])]
         full.sort(reverse=True)
         print("best geomean speedup over SDPA on every shape:")
