@@ -146,7 +146,7 @@ name = "synthetic"
 TILE = [1, 4096]
 [[launch]]
 kernel = "fwd"
-grid = ["1 if TILE == 1 else cdiv(S, 64)", "B * H", "1"]
+grid = ["1 if TILE == 1 else cdiv(SQ, 64)", "B * HQ", "1"]
 block = ["128", "1", "1"]
 smem = "TILE * D * 2"
 */
