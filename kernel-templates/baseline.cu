@@ -11,13 +11,22 @@
  *   acc   = acc * 2^(m - m') + 2^(s - m') * v_j
  *
  * and O = acc / l is written once at the end. K and V rows are read straight
- * from global memory (L1/L2 catch the reuse between warps); nothing is staged.
- * It is slow on purpose: a serial dependency chain over all S keys per row and
- * a warp-wide reduction for every single dot product.
+ * from global memory (L1/L2 catch the reuse between warps, and between the
+ * G = HQ / HKV query heads of one KV head, which are neighbours in gridDim.y);
+ * nothing is staged. It is slow on purpose: a serial dependency chain over
+ * all keys per row and a warp-wide reduction for every single dot product.
+ *
+ * Addressing (kernel ABI v2): blockIdx.y = b * HQ + h; query row i of head h
+ * is at q + b * q_b + h * q_h + i * q_s (O likewise through strides.o), key j
+ * of KV head optd_kv_head(h) at k + b * k_b + hkv * k_h + j * k_s (V likewise).
+ * The K and V row pointers advance by one row stride per key.
+ * Causal (bottom-right, SQ <= SK): row i sees keys < i + 1 + SK - SQ
+ * (KeyMask::limit), so every row sees at least key 0 and l > 0.
  *
  * Knobs:   WARPS_PER_CTA  query rows per CTA (one warp each)
  * Shared:  none
- * CTAs:    cdiv(S, WARPS_PER_CTA) x (B * H) x 1   (B * H <= 65535, gridDim.y)
+ * CTAs:    cdiv(SQ, WARPS_PER_CTA) x (B * HQ) x 1   (B * HQ <= 65535, gridDim.y)
+ * Registers: 2 * D / 32 fp32 (q and acc) plus m, l and two row pointers.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -34,12 +43,13 @@ splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["cdiv(S, WARPS_PER_CTA)", "B * H", "1"]
+grid = ["cdiv(SQ, WARPS_PER_CTA)", "B * HQ", "1"]
 block = ["WARPS_PER_CTA * 32", "1", "1"]
 smem = "0"
 */
 
 #include "common/optd.cuh"
+#include "common/mask.cuh"
 
 #ifndef WARPS_PER_CTA
 #error "WARPS_PER_CTA must be defined"
@@ -49,15 +59,21 @@ template <int D>
 __device__ __forceinline__ void baseline_fwd(OPTD_ARGS) {
     static_assert(D % 32 == 0, "each lane owns D / 32 dims");
     constexpr int DPL = D / 32;  // dims per lane
+    (void)batch;
+    (void)n_splits;
+    (void)o_partial;
+    (void)lse_partial;
 
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * WARPS_PER_CTA + (threadIdx.x >> 5);
-    if (row >= seq_len) return;  // whole warp leaves together: no shuffle is left waiting
+    if (row >= seq_q) return;  // whole warp leaves together: no shuffle is left waiting
 
-    const size_t head_off = (size_t)blockIdx.y * seq_len * D;  // blockIdx.y = b * H + h
-    const elem_t* qr = q + head_off + (size_t)row * D;
-    const elem_t* kh = k + head_off;
-    const elem_t* vh = v + head_off;
+    const int b = blockIdx.y / heads_q, h = blockIdx.y - b * heads_q;  // blockIdx.y = b * HQ + h
+    const int hkv = optd_kv_head(h, heads_q, heads_kv);
+    const elem_t* qr = q + optd_head_off(strides.q_b, strides.q_h, b, h) + row * strides.q_s;
+    const elem_t* kr = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vr = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
+    const long long k_step = strides.k_s, v_step = strides.v_s;
 
     const float scale_log2 = softmax_scale * OPTD_LOG2E;
     float qv[DPL], acc[DPL];
@@ -67,12 +83,10 @@ __device__ __forceinline__ void baseline_fwd(OPTD_ARGS) {
         acc[i] = 0.f;
     }
 
-    // Key 0 is never masked, so m becomes finite at the first key and l > 0.
+    // Key 0 is never masked (SQ <= SK), so m becomes finite at the first key and l > 0.
     float m = OPTD_NEG_INF, l = 0.f;
-    const int n_keys = causal ? min(seq_len, row + 1) : seq_len;
-    for (int j = 0; j < n_keys; ++j) {
-        const elem_t* kr = kh + (size_t)j * D;
-        const elem_t* vr = vh + (size_t)j * D;
+    const int n_keys = KeyMask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k)).limit(row);
+    for (int j = 0; j < n_keys; ++j, kr += k_step, vr += v_step) {
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) s += qv[i] * to_f32(kr[lane + 32 * i]);
@@ -88,7 +102,7 @@ __device__ __forceinline__ void baseline_fwd(OPTD_ARGS) {
     }
 
     const float inv_l = 1.f / l;
-    elem_t* orow = o + head_off + (size_t)row * D;
+    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + row * strides.o_s;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) orow[lane + 32 * i] = from_f32(acc[i] * inv_l);
 }

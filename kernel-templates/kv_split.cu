@@ -1,10 +1,10 @@
 /******************************************************************************
  * kv-split: shared-memory K/V tiles, and the KV sequence split across CTAs.
  *
- * Small problems (few heads, short sequences) give B * H * cdiv(S, BLOCK_M)
+ * Small problems (few heads, short sequences) give B * HQ * cdiv(SQ, BLOCK_M)
  * CTAs, far fewer than the GPU has SMs. This template also splits the keys:
  * gridDim.z = n_splits CTAs share one query block, split z covering key tiles
- * [z * tps, (z + 1) * tps) with tps = cdiv(cdiv(S, 32), n_splits). Each split
+ * [z * tps, (z + 1) * tps) with tps = cdiv(cdiv(SK, 32), n_splits). Each split
  * runs its own online softmax and writes a normalized partial output plus its
  * log-sum-exp; a second kernel (combine) merges the splits:
  *
@@ -13,33 +13,44 @@
  * With n_splits == 1 the forward kernel writes O directly and combine is not
  * launched.
  *
- * Forward CTA: BLOCK_M query rows, NUM_WARPS warps, each warp owning
- * R = BLOCK_M / NUM_WARPS consecutive rows. Per key tile of 32 keys:
+ * Forward CTA: BLOCK_M query rows of head (b, h) (blockIdx.y = b * HQ + h),
+ * NUM_WARPS warps, each warp owning R = BLOCK_M / NUM_WARPS consecutive rows.
+ * Its keys and values are those of KV head optd_kv_head(h) (grouped-query
+ * attention: the G = HQ / HKV query heads of a KV head are neighbours in
+ * gridDim.y, so their CTAs re-read the same K/V tiles from L2). Rows are
+ * addressed through the ABI's strides (any layout, padded views); only the
+ * shared-memory tiles are dense. A thread copies the same 16-byte chunk of
+ * key rows kj, kj + RPI, ... of every K/V tile: the KV head's base pointers
+ * (warp-uniform) and its offset to row kj are computed once per CTA, and a
+ * copy adds the uniform (kv0 + i * RPI) row strides.
+ * Per key tile of 32 keys:
  *   1. all threads stage K and V (32 x D, elem_t) in shared memory; K's
  *      16-byte chunks are XOR-swizzled by key so that the per-key reads in 2.
  *      hit distinct banks without padding;
  *   2. scores, lane-per-key: lane j computes q_r . k_j for the warp's R rows,
  *      q read from shared memory as fp32 broadcasts (Q is staged once per CTA,
  *      pre-scaled by softmax_scale * log2 e, so scores are in the log2 domain);
- *   3. masking (key >= S, row >= S, causal key > row: common/mask.cuh) and one
+ *   3. masking (key >= SK, row >= SQ, causal key > row + SK - SQ, the
+ *      bottom-right diagonal: common/mask.cuh's KeyMask) and one
  *      warp-shuffle row max per row per tile; p = exp2(s - m), the accumulator
  *      is rescaled once per tile (common/online_softmax.cuh, exp2f). Each lane
  *      keeps a partial row sum l, reduced once at the end;
  *   4. O += P V with lane l owning dims 2l + 64i, 2l + 64i + 1 (D / 32 dims),
  *      p_j broadcast from lane j by __shfl_sync.
- * Causal: tiles entirely above the CTA's last row are not visited, and a warp
- * skips the compute (not the __syncthreads) of tiles above its own rows.
+ * Causal: tiles entirely above the CTA's last row (keys > last row + SK - SQ)
+ * are not visited, and a warp skips the compute (not the __syncthreads) of
+ * tiles above its own rows.
  *
- * Partial results (n_splits > 1), fp32:
- *   o_partial[z][b][h][s][:]  = O_z (normalized by the split's own sum), and
- *   lse_partial[z][b][h][s]   = natural-log LSE of the split's scaled scores,
+ * Partial results (n_splits > 1), fp32, contiguous (common/split_combine.cuh):
+ *   o_partial[z][b][h][i][:]  = O_z (normalized by the split's own sum), and
+ *   lse_partial[z][b][h][i]   = natural-log LSE of the split's scaled scores,
  *                               m + log(l) with scores = softmax_scale * q.k
  *                               (FlashAttention's softmax_lse convention).
  * A split that has no unmasked key for a row writes lse = -inf and O = 0;
  * combine gives it weight 0.
  *
  * Combine: one warp per output row (lane owns the same dims as above), 4 rows
- * per 128-thread CTA.
+ * per 128-thread CTA, O written through strides.o.
  *
  * Knobs:   BLOCK_M     query rows per CTA              16, 32, 64
  *          NUM_WARPS   warps per CTA (R = BLOCK_M / NUM_WARPS rows each)
@@ -47,12 +58,14 @@
  * Shared (static):  4 * BLOCK_M * D  (Q, fp32)  +  2 * 2 * 32 * D  (K, V)
  *                   bytes; at most 48 KiB (BLOCK_M 64, D 128). No dynamic
  *                   shared memory (smem = "0", checked by OPTD_CHECK_SMEM).
- * CTAs:    fwd      cdiv(S, BLOCK_M) x (B * H) x n_splits   (B * H <= 65535)
- *          combine  cdiv(B * H * S, 4), only when n_splits > 1
- * n_splits: 1 when B * H * cdiv(S, BLOCK_M) already fills 80% of the SMs,
- *          else min(MAX_SPLITS, cdiv(SMS, that), cdiv(S, 32)), then lowered to
+ * CTAs:    fwd      cdiv(SQ, BLOCK_M) x (B * HQ) x n_splits   (B * HQ <= 65535)
+ *          combine  cdiv(B * HQ * SQ, 4), only when n_splits > 1
+ * n_splits: 1 when B * HQ * cdiv(SQ, BLOCK_M) already fills 80% of the SMs,
+ *          else min(MAX_SPLITS, cdiv(SMS, that), cdiv(SK, 32)), then lowered to
  *          the smallest count with the same tiles per split, so that without
  *          causal masking no split is left without a tile.
+ * Registers: R * (D / 32 + 3) fp32 per thread (accumulators, m, l, a score)
+ *          plus a K chunk and addressing; __launch_bounds__(threads, 1).
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -67,23 +80,23 @@ NUM_WARPS = [4, 8]
 MAX_SPLITS = [1, 2, 4, 8, 16, 32]
 
 [derived]
-m_blocks = "cdiv(S, BLOCK_M)"
-kv_tiles = "cdiv(S, 32)"
-base_ctas = "B * H * m_blocks"
+m_blocks = "cdiv(SQ, BLOCK_M)"
+kv_tiles = "cdiv(SK, 32)"
+base_ctas = "B * HQ * m_blocks"
 want_splits = "1 if 5 * base_ctas >= 4 * SMS else max(1, min(MAX_SPLITS, cdiv(SMS, base_ctas), kv_tiles))"
 tiles_per_split = "cdiv(kv_tiles, want_splits)"
 splits = "cdiv(kv_tiles, tiles_per_split)"
 
 [[launch]]
 kernel = "fwd"
-grid = ["m_blocks", "B * H", "splits"]
+grid = ["m_blocks", "B * HQ", "splits"]
 block = ["NUM_WARPS * 32", "1", "1"]
 smem = "0"
 
 [[launch]]
 kernel = "combine"
 when = "splits > 1"
-grid = ["cdiv(B * H * S, 4)", "1", "1"]
+grid = ["cdiv(B * HQ * SQ, 4)", "1", "1"]
 block = ["128", "1", "1"]
 smem = "0"
 */
@@ -127,18 +140,33 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int bh = blockIdx.y;  // b * H + h
+    const int bh = blockIdx.y;  // b * HQ + h
+    const int b = bh / heads_q, h = bh - b * heads_q;
+    const int hkv = optd_kv_head(h, heads_q, heads_kv);
     const int split = blockIdx.z;
     const int m0 = blockIdx.x * BLOCK_M;
     const int row0 = m0 + warp * R;  // this warp's first row
-    const size_t head_off = (size_t)bh * seq_len * D;
+    const elem_t* qh = q + optd_head_off(strides.q_b, strides.q_h, b, h);
 
-    // This split's key tiles; under causal masking none past the block's last row.
-    const int n_tiles = (seq_len + KV_TILE - 1) / KV_TILE;
+    // K/V staging: thread tid copies 16-byte chunk kc of key rows kj + i * KV_RPI
+    // (i < KV_ITERS) of every tile. The KV head's base pointers are warp-uniform
+    // and the thread's offset (kj row strides + kc chunks) is computed once here;
+    // a copy adds (kv0 + i * KV_RPI) row strides, a uniform multiply of kernel
+    // parameters.
+    constexpr int KV_RPI = FWD_THREADS / CHUNKS;            // key rows per step
+    constexpr int KV_ITERS = KV_TILE * CHUNKS / FWD_THREADS;  // steps per tile
+    static_assert(FWD_THREADS % CHUNKS == 0 && KV_TILE % KV_RPI == 0, "K/V chunks must split evenly over the threads");
+    const int kj = tid / CHUNKS, kc = tid % CHUNKS;
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
+    const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
+
+    // This split's key tiles; under causal masking none past the block's last visible key.
+    const int n_tiles = (seq_k + KV_TILE - 1) / KV_TILE;
     const int tps = (n_tiles + n_splits - 1) / n_splits;
     const int t_begin = split * tps;
     int t_end = min(n_tiles, t_begin + tps);
-    const KeyMask mask(seq_len, causal != 0, 0);
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     t_end = min(t_end, (mask.keys_before(m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
 
     // Scores are in the log2 domain (Q is pre-scaled), so the softmax's scale is 1;
@@ -153,13 +181,13 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     }
 
     if (t_begin < t_end) {
-        // Stage Q once; rows past S are zero (their scores are masked anyway).
+        // Stage Q once; rows past SQ are zero (their scores are masked anyway).
         const float scale_log2 = softmax_scale * OPTD_LOG2E;
         for (int c = tid; c < BLOCK_M * CHUNKS; c += FWD_THREADS) {
             const int r = c / CHUNKS, cc = c % CHUNKS;
             float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            if (m0 + r < seq_len) {
-                unpack8(*reinterpret_cast<const uint4*>(q + head_off + (size_t)(m0 + r) * D + cc * 8), f);
+            if (m0 + r < seq_q) {
+                unpack8(*reinterpret_cast<const uint4*>(qh + (m0 + r) * strides.q_s + cc * 8), f);
             }
             float4* dst = reinterpret_cast<float4*>(&q_s[r * D + cc * 8]);
             dst[0] = make_float4(f[0] * scale_log2, f[1] * scale_log2, f[2] * scale_log2, f[3] * scale_log2);
@@ -170,22 +198,22 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     for (int t = t_begin; t < t_end; ++t) {
         const int kv0 = t * KV_TILE;
         __syncthreads();  // the previous tile is no longer being read
-        // Keys past S are zero-filled: their p is 0, and 0 * V must not be NaN.
-        for (int c = tid; c < KV_TILE * CHUNKS; c += FWD_THREADS) {
-            const int j = c / CHUNKS, cc = c % CHUNKS;
+        // Keys past SK are zero-filled: their p is 0, and 0 * V must not be NaN.
+#pragma unroll
+        for (int i = 0; i < KV_ITERS; ++i) {
+            const int j = kj + i * KV_RPI;
             uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
-            if (kv0 + j < seq_len) {
-                const size_t off = head_off + (size_t)(kv0 + j) * D + cc * 8;
-                kraw = *reinterpret_cast<const uint4*>(k + off);
-                vraw = *reinterpret_cast<const uint4*>(v + off);
+            if (kv0 + j < seq_k) {
+                kraw = *reinterpret_cast<const uint4*>(kh + (kv0 + i * KV_RPI) * strides.k_s + koff);
+                vraw = *reinterpret_cast<const uint4*>(vh + (kv0 + i * KV_RPI) * strides.v_s + voff);
             }
-            k_s[j * CHUNKS + (cc ^ (j & 7))] = kraw;
-            v_s[j * CHUNKS + cc] = vraw;
+            k_s[j * CHUNKS + (kc ^ (j & 7))] = kraw;
+            v_s[j * CHUNKS + kc] = vraw;
         }
         __syncthreads();  // K, V (and Q on the first tile) are visible
 
-        // Warp-uniform skip: all rows past S, or (causal) the tile lies above them.
-        if (row0 >= seq_len || mask.above(kv0, row0 + R - 1)) continue;
+        // Warp-uniform skip: all rows past SQ, or (causal) the tile lies above them.
+        if (row0 >= seq_q || mask.above(kv0, row0 + R - 1)) continue;
 
         // 2. Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
         float s[R];
@@ -210,12 +238,12 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
         }
 
         // 3. Mask, then online softmax with one max reduction per row per tile.
-        // Rows past S are masked whole (the warp's last rows of a ragged tile).
+        // Rows past SQ are masked whole (the warp's last rows of a ragged tile).
         const int key = kv0 + lane;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int row = row0 + r;
-            if (row >= seq_len || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
+            if (row >= seq_q || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
             float mx = fmaxf(sm.m[r], warp_max(s[r])), bias, corr;
             bool moved;  // always, without the lazy max
             sm.rescale_row(r, mx, 1.f, bias, corr, moved);
@@ -224,7 +252,8 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
             for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
         }
 
-        // 4. O += P V. Keys past S, or (causal) past the warp's last row, have p = 0
+        // 4. O += P V. Keys past SK, or (causal) past the warp's last row's last
+        // visible key, have p = 0
         // for every row of the warp: stop before them.
         const int j_end = min(KV_TILE, mask.keys_before(row0 + R) - kv0);
         const elem2_t* v2 = reinterpret_cast<const elem2_t*>(v_s);
@@ -246,22 +275,22 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
         }
     }
 
-    // Epilogue: rows past S write nothing; lane l writes dims 2l + 64i, +1.
-    if (row0 >= seq_len) return;
-    const size_t rows_total = (size_t)batch * heads * seq_len;
+    // Epilogue: rows past SQ write nothing; lane l writes dims 2l + 64i, +1.
+    if (row0 >= seq_q) return;
+    elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, blockIdx.y / heads_q, blockIdx.y % heads_q);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
-        if (row >= seq_len) break;  // warp-uniform
+        if (row >= seq_q) break;  // warp-uniform
         const float l = warp_sum(sm.l[r]);
         const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: no unmasked key in this split
         if (n_splits == 1) {
-            elem2_t* orow = reinterpret_cast<elem2_t*>(o + head_off + (size_t)row * D);
+            elem2_t* orow = reinterpret_cast<elem2_t*>(oh + row * strides.o_s);
 #pragma unroll
             for (int i = 0; i < DP; ++i)
                 orow[lane + 32 * i] = from_f32x2(acc[r][2 * i] * inv_l, acc[r][2 * i + 1] * inv_l);
         } else {
-            const size_t prow = (size_t)split * rows_total + (size_t)bh * seq_len + row;
+            const size_t prow = optd_split_partial_row(split, bh, row, batch, heads_q, seq_q);
             float2* orow = reinterpret_cast<float2*>(o_partial + prow * D);
 #pragma unroll
             for (int i = 0; i < DP; ++i)

@@ -5,16 +5,20 @@
  * The computation is kv-split's (kv_split.cu), unchanged, so that this
  * template measures what the memory techniques buy and nothing else:
  *
- *   - one CTA per (query block of BLOCK_M rows, b * H + h, KV split z);
+ *   - one CTA per (query block of BLOCK_M rows, b * HQ + h, KV split z);
  *     NUM_WARPS warps, each owning R = BLOCK_M / NUM_WARPS consecutive rows;
+ *     keys and values of KV head optd_kv_head(h) (grouped-query attention:
+ *     the G = HQ / HKV query heads of one KV head are neighbours in gridDim.y
+ *     and re-read its tiles from L2);
  *   - keys in tiles of 32, split z covering tiles [z * tps, (z + 1) * tps)
- *     with tps = cdiv(cdiv(S, 32), n_splits);
+ *     with tps = cdiv(cdiv(SK, 32), n_splits);
  *   - Q staged once per CTA in shared memory as fp32, pre-multiplied by
  *     softmax_scale * log2(e) so that scores are in the log2 domain and the
  *     softmax uses exp2f;
  *   - scores lane-per-key: lane j computes q_r . k_j for the warp's R rows,
  *     q read as fp32 broadcasts, k_j as 16-byte chunks of the K tile;
- *   - masking (key >= S, row >= S, causal key > row: common/mask.cuh), one
+ *   - masking (key >= SK, row >= SQ, causal key > row + SK - SQ, the
+ *     bottom-right diagonal: common/mask.cuh's KeyMask), one
  *     warp-shuffle row max per row per tile, p = exp2(s - m), the accumulator
  *     rescaled once per tile, a per-lane partial row sum reduced once at the
  *     end (common/online_softmax.cuh, exp2f);
@@ -23,12 +27,23 @@
  *   - n_splits > 1: each split writes its normalized O_z and natural-log LSE
  *     to the fp32 partial buffers, and the combine kernel merges them:
  *       lse = log(sum_z exp(lse_z)),   O = sum_z exp(lse_z - lse) * O_z
- *     (o_partial[z][b][h][s][:], lse_partial[z][b][h][s]; a split with no
- *     unmasked key for a row writes lse = -inf, O = 0, and gets weight 0).
- *     With n_splits == 1 the forward kernel writes O and combine is skipped.
- * Causal: key tiles wholly above the CTA's last row are not loaded, a warp
- * skips the math (never the barriers) of tiles wholly above its own rows, and
- * the diagonal tile is masked per element.
+ *     (o_partial[z][b][h][i][:], lse_partial[z][b][h][i], contiguous, see
+ *     common/split_combine.cuh; a split with no unmasked key for a row writes
+ *     lse = -inf, O = 0, and gets weight 0). With n_splits == 1 the forward
+ *     kernel writes O and combine is skipped.
+ * Causal: key tiles wholly above the CTA's last row (keys > last row + SK -
+ * SQ) are not loaded, a warp skips the math (never the barriers) of tiles
+ * wholly above its own rows, and the diagonal tile is masked per element.
+ *
+ * Addressing (kernel ABI v2): every global row goes through the strides
+ * (either layout, padded views); only the shared-memory tiles are dense.
+ * Each thread copies the same column granule (16 bytes, or one element with
+ * VEC_LOADS = CP_ASYNC = 0) of key rows kj, kj + RPI, ... of every K/V tile:
+ * the KV head's base pointers (warp-uniform) and the thread's offset to its
+ * granule of row kj are computed once per CTA, and a copy adds the uniform
+ * (kv0 + i * RPI) row strides: no per-copy offsets stay live across the key
+ * loop. b and h are re-derived from blockIdx for the epilogue rather than
+ * kept live through it.
  *
  * What this template changes, each behind a knob:
  *
@@ -51,7 +66,7 @@
  *            i + STAGES - 1 into that slot, commit (an empty group past the
  *            end keeps the count uniform), compute on slot i % STAGES. One
  *            barrier per tile; the copies of the next STAGES - 1 tiles run
- *            under this tile's math. Keys >= S are zero-filled by the
+ *            under this tile's math. Keys >= SK are zero-filled by the
  *            src-size-0 form of cp.async (nothing is read) and masked.
  *            0: synchronous loads into a single K/V buffer, two barriers per
  *            tile (as kv-split); STAGES is then unused.
@@ -83,15 +98,16 @@
  *          (BLOCK_M 64, D 128, 3 stages, padded): every combination fits
  *          the 99 KiB opt-in of sm_86 / sm_89 (the worker opts in above
  *          48 KiB).
- * CTAs:    fwd      cdiv(S, BLOCK_M) x (B * H) x n_splits, NUM_WARPS * 32
- *                   threads (B * H <= 65535)
- *          combine  cdiv(B * H * S, 4) x 1 x 1, 128 threads (one warp per
+ * CTAs:    fwd      cdiv(SQ, BLOCK_M) x (B * HQ) x n_splits, NUM_WARPS * 32
+ *                   threads (B * HQ <= 65535)
+ *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads (one warp per
  *                   output row), only when n_splits > 1
- * n_splits: as kv-split: 1 when B * H * cdiv(S, BLOCK_M) already fills 80%
- *          of the SMs, else min(MAX_SPLITS, cdiv(SMS, that), cdiv(S, 32)),
+ * n_splits: as kv-split: 1 when B * HQ * cdiv(SQ, BLOCK_M) already fills 80%
+ *          of the SMs, else min(MAX_SPLITS, cdiv(SMS, that), cdiv(SK, 32)),
  *          then lowered to the smallest count with the same tiles per split,
  *          so that without causal masking no split is left without a tile.
- * Registers: R * (D / 32 + 3) fp32 per thread plus a K chunk and addressing;
+ * Registers: R * (D / 32 + 3) fp32 per thread plus a K chunk and addressing
+ *          (two 64-bit K/V source pointers per thread);
  *          __launch_bounds__(threads, 1), as kv-split, so that ptxas keeps
  *          the accumulators of BLOCK_M 64 / 4 warps in registers.
  ******************************************************************************/
@@ -112,9 +128,9 @@ STAGES = [2, 3]
 SWIZZLE = [1, 0]
 
 [derived]
-m_blocks = "cdiv(S, BLOCK_M)"
-kv_tiles = "cdiv(S, 32)"
-base_ctas = "B * H * m_blocks"
+m_blocks = "cdiv(SQ, BLOCK_M)"
+kv_tiles = "cdiv(SK, 32)"
+base_ctas = "B * HQ * m_blocks"
 want_splits = "1 if 5 * base_ctas >= 4 * SMS else max(1, min(MAX_SPLITS, cdiv(SMS, base_ctas), kv_tiles))"
 tiles_per_split = "cdiv(kv_tiles, want_splits)"
 splits = "cdiv(kv_tiles, tiles_per_split)"
@@ -124,14 +140,14 @@ smem_bytes = "4 * BLOCK_M * D + ring * 32 * (k_row_bytes + ELEM_BYTES * D)"
 
 [[launch]]
 kernel = "fwd"
-grid = ["m_blocks", "B * H", "splits"]
+grid = ["m_blocks", "B * HQ", "splits"]
 block = ["NUM_WARPS * 32", "1", "1"]
 smem = "smem_bytes"
 
 [[launch]]
 kernel = "combine"
 when = "splits > 1"
-grid = ["cdiv(B * H * S, 4)", "1", "1"]
+grid = ["cdiv(B * HQ * SQ, 4)", "1", "1"]
 block = ["128", "1", "1"]
 smem = "0"
 */
@@ -205,73 +221,88 @@ __device__ __forceinline__ int k_off(int j, int c) {
 
 // ---------------------------------------------------------------------------
 // K/V tile loads: keys kv0 .. kv0 + 31 into K tile ks and V tile vs (byte
-// pointers into shared memory); keys >= S are zero-filled so that 0 * V is 0.
+// pointers into shared memory); keys >= seq_k are zero-filled so that 0 * V
+// is 0. The thread copies granule kc (GRANULE elements) of key rows
+// kj + i * RPI of the KV head at kh / vh (warp-uniform pointers); koff / voff
+// locate that granule of row kj (KvCopy<D>::offset, once per CTA) and k_s /
+// v_s are the row strides, so a copy adds the uniform (kv0 + i * RPI) * k_s.
 // ---------------------------------------------------------------------------
+template <int D>
+struct KvCopy {
+    static constexpr int GRANULE = (CP_ASYNC || VEC_LOADS) ? 8 : 1;  // elements per copy
+    static constexpr int PER_ROW = D / GRANULE;                      // copies per key row
+    static constexpr int RPI = FWD_THREADS / PER_ROW;                // key rows per step
+    static constexpr int ITERS = KV_TILE / RPI;                      // steps per tile
+    static_assert(FWD_THREADS % PER_ROW == 0 && KV_TILE % RPI == 0 && ITERS >= 1,
+                  "K/V copies must split evenly over the threads");
+    int kj, kc;  // this thread's first key row and granule
+    __device__ __forceinline__ explicit KvCopy(int tid) : kj(tid / PER_ROW), kc(tid % PER_ROW) {}
+    // Offset of the thread's granule of key row kj, rows `row_stride` apart.
+    __device__ __forceinline__ long long offset(long long row_stride) const {
+        return kj * row_stride + kc * GRANULE;
+    }
+};
+
 #if CP_ASYNC
 template <int D>
 __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
-                                             const elem_t* vh, int kv0, int seq_len, int tid) {
-    constexpr int CH = Layout<D>::CHUNKS;
-    constexpr int ITERS = KV_TILE * CH / FWD_THREADS;
-    static_assert(KV_TILE * CH % FWD_THREADS == 0 && ITERS >= 1, "K/V chunks must split evenly over the threads");
+                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
+                                             const KvCopy<D>& cp, int kv0, int seq_k) {
+    using C = KvCopy<D>;
     const unsigned ks32 = smem_u32(ks), vs32 = smem_u32(vs);
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int c = tid + i * FWD_THREADS;
-        const int j = c / CH, cc = c % CH;
-        const bool ok = kv0 + j < seq_len;
-        // An out-of-range key copies 0 bytes from a valid address (the head's first row).
-        const size_t src = ok ? (size_t)(kv0 + j) * D + cc * 8 : 0;
-        cp_async16(ks32 + k_off<D>(j, cc), kh + src, ok);
-        cp_async16(vs32 + j * Layout<D>::V_ROW + cc * 16, vh + src, ok);
+    for (int i = 0; i < C::ITERS; ++i) {
+        const int j = cp.kj + i * C::RPI;
+        const bool ok = kv0 + j < seq_k;
+        // Rows counted from row kj. An out-of-range key copies 0 bytes from a
+        // valid address, the head's row 0 (row kj itself may lie past the tensor).
+        const int src_row = ok ? kv0 + i * C::RPI : -cp.kj;
+        cp_async16(ks32 + k_off<D>(j, cp.kc), kh + src_row * k_s + koff, ok);
+        cp_async16(vs32 + j * Layout<D>::V_ROW + cp.kc * 16, vh + src_row * v_s + voff, ok);
     }
 }
 #elif VEC_LOADS
 template <int D>
 __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
-                                             const elem_t* vh, int kv0, int seq_len, int tid) {
-    constexpr int CH = Layout<D>::CHUNKS;
-    constexpr int ITERS = KV_TILE * CH / FWD_THREADS;
-    static_assert(KV_TILE * CH % FWD_THREADS == 0 && ITERS >= 1, "K/V chunks must split evenly over the threads");
-    uint4 kr[ITERS], vr[ITERS];
+                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
+                                             const KvCopy<D>& cp, int kv0, int seq_k) {
+    using C = KvCopy<D>;
+    uint4 kr[C::ITERS], vr[C::ITERS];
     // All global loads first, then the shared stores: ITERS * 2 loads in flight.
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int c = tid + i * FWD_THREADS;
-        const int j = c / CH, cc = c % CH;
+    for (int i = 0; i < C::ITERS; ++i) {
         kr[i] = make_uint4(0u, 0u, 0u, 0u);
         vr[i] = kr[i];
-        if (kv0 + j < seq_len) {
-            const size_t off = (size_t)(kv0 + j) * D + cc * 8;
-            kr[i] = *reinterpret_cast<const uint4*>(kh + off);
-            vr[i] = *reinterpret_cast<const uint4*>(vh + off);
+        if (kv0 + cp.kj + i * C::RPI < seq_k) {
+            const int src_row = kv0 + i * C::RPI;
+            kr[i] = *reinterpret_cast<const uint4*>(kh + src_row * k_s + koff);
+            vr[i] = *reinterpret_cast<const uint4*>(vh + src_row * v_s + voff);
         }
     }
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int c = tid + i * FWD_THREADS;
-        const int j = c / CH, cc = c % CH;
-        *reinterpret_cast<uint4*>(ks + k_off<D>(j, cc)) = kr[i];
-        *reinterpret_cast<uint4*>(vs + j * Layout<D>::V_ROW + cc * 16) = vr[i];
+    for (int i = 0; i < C::ITERS; ++i) {
+        const int j = cp.kj + i * C::RPI;
+        *reinterpret_cast<uint4*>(ks + k_off<D>(j, cp.kc)) = kr[i];
+        *reinterpret_cast<uint4*>(vs + j * Layout<D>::V_ROW + cp.kc * 16) = vr[i];
     }
 }
 #else
 template <int D>
 __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
-                                             const elem_t* vh, int kv0, int seq_len, int tid) {
-    constexpr int ITERS = KV_TILE * D / FWD_THREADS;
-    static_assert(KV_TILE * D % FWD_THREADS == 0, "K/V elements must split evenly over the threads");
+                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
+                                             const KvCopy<D>& cp, int kv0, int seq_k) {
+    using C = KvCopy<D>;
+    const int d = cp.kc;  // one element per copy
     const unsigned short* k16 = reinterpret_cast<const unsigned short*>(kh);
     const unsigned short* v16 = reinterpret_cast<const unsigned short*>(vh);
 #pragma unroll 8
-    for (int i = 0; i < ITERS; ++i) {
-        const int e = tid + i * FWD_THREADS;
-        const int j = e / D, d = e % D;
+    for (int i = 0; i < C::ITERS; ++i) {
+        const int j = cp.kj + i * C::RPI;
         unsigned short kx = 0, vx = 0;
-        if (kv0 + j < seq_len) {
-            const size_t off = (size_t)(kv0 + j) * D + d;
-            kx = k16[off];
-            vx = v16[off];
+        if (kv0 + j < seq_k) {
+            const int src_row = kv0 + i * C::RPI;
+            kx = k16[src_row * k_s + koff];
+            vx = v16[src_row * v_s + voff];
         }
         *reinterpret_cast<unsigned short*>(ks + k_off<D>(j, d >> 3) + 2 * (d & 7)) = kx;
         *reinterpret_cast<unsigned short*>(vs + j * Layout<D>::V_ROW + 2 * d) = vx;
@@ -279,16 +310,17 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* v
 }
 #endif
 
-// Q rows m0 .. m0 + BLOCK_M - 1 -> fp32, times scale_log2; rows >= S are zero.
+// Q rows m0 .. m0 + BLOCK_M - 1 of the head at qh (rows q_s apart) -> fp32, times
+// scale_log2; rows >= seq_q are zero.
 template <int D>
-__device__ __forceinline__ void load_q(float* q_s, const elem_t* qh, int m0, int seq_len, float scale_log2,
-                                       int tid) {
+__device__ __forceinline__ void load_q(float* q_s, const elem_t* qh, long long q_stride, int m0, int seq_q,
+                                       float scale_log2, int tid) {
 #if VEC_LOADS
     constexpr int CH = D / 8;
     for (int c = tid; c < BLOCK_M * CH; c += FWD_THREADS) {
         const int r = c / CH, cc = c % CH;
         float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (m0 + r < seq_len) unpack8(*reinterpret_cast<const uint4*>(qh + (size_t)(m0 + r) * D + cc * 8), f);
+        if (m0 + r < seq_q) unpack8(*reinterpret_cast<const uint4*>(qh + (m0 + r) * q_stride + cc * 8), f);
         float4* dst = reinterpret_cast<float4*>(&q_s[r * D + cc * 8]);
         dst[0] = make_float4(f[0] * scale_log2, f[1] * scale_log2, f[2] * scale_log2, f[3] * scale_log2);
         dst[1] = make_float4(f[4] * scale_log2, f[5] * scale_log2, f[6] * scale_log2, f[7] * scale_log2);
@@ -297,7 +329,7 @@ __device__ __forceinline__ void load_q(float* q_s, const elem_t* qh, int m0, int
 #pragma unroll 4
     for (int e = tid; e < BLOCK_M * D; e += FWD_THREADS) {
         const int r = e / D, d = e % D;
-        q_s[e] = m0 + r < seq_len ? to_f32(qh[(size_t)(m0 + r) * D + d]) * scale_log2 : 0.f;
+        q_s[e] = m0 + r < seq_q ? to_f32(qh[(m0 + r) * q_stride + d]) * scale_log2 : 0.f;
     }
 #endif
 }
@@ -324,20 +356,24 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int bh = blockIdx.y;  // b * H + h
+    const int bh = blockIdx.y;  // b * HQ + h
+    const int b = bh / heads_q, h = bh - b * heads_q;
+    const int hkv = optd_kv_head(h, heads_q, heads_kv);
     const int split = blockIdx.z;
     const int m0 = blockIdx.x * BLOCK_M;
     const int row0 = m0 + warp * R;  // this warp's first row
-    const size_t head_off = (size_t)bh * seq_len * D;
-    const elem_t* kh = k + head_off;
-    const elem_t* vh = v + head_off;
+    const long long k_stride = strides.k_s, v_stride = strides.v_s;
+    const KvCopy<D> cp(tid);
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
+    const long long koff = cp.offset(k_stride), voff = cp.offset(v_stride);
 
-    // This split's key tiles; under causal masking none past the block's last row.
-    const int n_tiles = (seq_len + KV_TILE - 1) / KV_TILE;
+    // This split's key tiles; under causal masking none past the block's last visible key.
+    const int n_tiles = (seq_k + KV_TILE - 1) / KV_TILE;
     const int tps = (n_tiles + n_splits - 1) / n_splits;
     const int t_begin = split * tps;
     int t_end = min(n_tiles, t_begin + tps);
-    const KeyMask mask(seq_len, causal != 0, 0);
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     t_end = min(t_end, (mask.keys_before(m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
     const int n_local = t_end - t_begin;  // may be <= 0: nothing to do but write the empty result
 
@@ -346,12 +382,15 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_local)
-            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, (t_begin + s) * KV_TILE, seq_len, tid);
+            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, koff, voff, k_stride, v_stride, cp,
+                            (t_begin + s) * KV_TILE, seq_k);
         cp_async_commit();
     }
 #endif
     // Q, once per CTA, while those copies are in flight; published by the loop's first barrier.
-    if (n_local > 0) load_q<D>(q_s, q + head_off, m0, seq_len, softmax_scale * OPTD_LOG2E, tid);
+    if (n_local > 0)
+        load_q<D>(q_s, q + optd_head_off(strides.q_b, strides.q_h, b, h), strides.q_s, m0, seq_q,
+                  softmax_scale * OPTD_LOG2E, tid);
 
     // Scores are in the log2 domain (Q is pre-scaled), so the softmax's scale is 1;
     // l is this lane's share of the row sum.
@@ -377,22 +416,22 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
         __syncthreads();              // ... everyone's; slot (i - 1) % STAGES is free
         if (i + STAGES - 1 < n_local) {
             const int s = (i + STAGES - 1) % STAGES;
-            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, kv0 + (STAGES - 1) * KV_TILE,
-                            seq_len, tid);
+            load_kv_tile<D>(k_s + s * L::K_TILE, v_s + s * L::V_TILE, kh, vh, koff, voff, k_stride, v_stride, cp,
+                            kv0 + (STAGES - 1) * KV_TILE, seq_k);
         }
         cp_async_commit();
         const int slot = i % STAGES;
 #else
         __syncthreads();  // the previous tile is no longer being read
-        load_kv_tile<D>(k_s, v_s, kh, vh, kv0, seq_len, tid);
+        load_kv_tile<D>(k_s, v_s, kh, vh, koff, voff, k_stride, v_stride, cp, kv0, seq_k);
         __syncthreads();  // K, V (and Q on the first tile) are visible
         const int slot = 0;
 #endif
         const unsigned char* kt = k_s + slot * L::K_TILE;
         const unsigned char* vt = v_s + slot * L::V_TILE;
 
-        // Warp-uniform skip: all rows past S, or (causal) the tile lies above them.
-        if (row0 >= seq_len || mask.above(kv0, row0 + R - 1)) continue;
+        // Warp-uniform skip: all rows past SQ, or (causal) the tile lies above them.
+        if (row0 >= seq_q || mask.above(kv0, row0 + R - 1)) continue;
 
         // Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
         float s[R];
@@ -418,12 +457,12 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
         }
 
         // Mask, then online softmax with one max reduction per row per tile.
-        // Rows past S are masked whole (the warp's last rows of a ragged tile).
+        // Rows past SQ are masked whole (the warp's last rows of a ragged tile).
         const int key = kv0 + lane;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int row = row0 + r;
-            if (row >= seq_len || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
+            if (row >= seq_q || !mask.sees(row, key)) s[r] = OPTD_NEG_INF;
             float mx = fmaxf(sm.m[r], warp_max(s[r])), bias, corr;
             bool moved;  // always, without the lazy max
             sm.rescale_row(r, mx, 1.f, bias, corr, moved);
@@ -432,7 +471,8 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
             for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
         }
 
-        // O += P V. Keys past S, or (causal) past the warp's last row, have p = 0
+        // O += P V. Keys past SK, or (causal) past the warp's last row's last
+        // visible key, have p = 0
         // for every row of the warp: stop before them.
         const int j_end = min(KV_TILE, mask.keys_before(row0 + R) - kv0);
         const elem2_t* v2 = reinterpret_cast<const elem2_t*>(vt);
@@ -457,22 +497,22 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
 #endif
 
-    // Epilogue: rows past S write nothing; lane l writes dims 2l + 64i, +1.
-    if (row0 >= seq_len) return;
-    const size_t rows_total = (size_t)batch * heads * seq_len;
+    // Epilogue: rows past SQ write nothing; lane l writes dims 2l + 64i, +1.
+    if (row0 >= seq_q) return;
+    elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, blockIdx.y / heads_q, blockIdx.y % heads_q);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int row = row0 + r;
-        if (row >= seq_len) break;  // warp-uniform
+        if (row >= seq_q) break;  // warp-uniform
         const float l = warp_sum(sm.l[r]);
         const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: no unmasked key in this split
         if (n_splits == 1) {
-            elem2_t* orow = reinterpret_cast<elem2_t*>(o + head_off + (size_t)row * D);
+            elem2_t* orow = reinterpret_cast<elem2_t*>(oh + row * strides.o_s);
 #pragma unroll
             for (int d2 = 0; d2 < DP; ++d2)
                 orow[lane + 32 * d2] = from_f32x2(acc[r][2 * d2] * inv_l, acc[r][2 * d2 + 1] * inv_l);
         } else {
-            const size_t prow = (size_t)split * rows_total + (size_t)bh * seq_len + row;
+            const size_t prow = optd_split_partial_row(blockIdx.z, blockIdx.y, row, batch, heads_q, seq_q);
             float2* orow = reinterpret_cast<float2*>(o_partial + prow * D);
 #pragma unroll
             for (int d2 = 0; d2 < DP; ++d2)

@@ -8,11 +8,13 @@
  * keeping S and P in registers; this template is the simpler version, with
  * no inline PTX and no knowledge of the fragment layouts.
  *
- * One CTA per (query tile of BLOCK_M rows, b * H + h), NUM_WARPS warps. The
- * Q tile is staged once in shared memory; per key tile of BLOCK_N keys
- * (t = 0 .. n_tiles - 1):
+ * One CTA per (query tile of BLOCK_M rows, b * HQ + h), NUM_WARPS warps; its
+ * keys and values are those of KV head optd_kv_head(h) (grouped-query
+ * attention: the G = HQ / HKV query heads of a KV head are neighbours in
+ * gridDim.y and re-read its tiles from L2). The Q tile is staged once in
+ * shared memory; per key tile of BLOCK_N keys (t = 0 .. n_tiles - 1):
  *   1. all threads load K and V (BLOCK_N x D) into shared memory with 16-byte
- *      loads; keys >= S are zero-filled (their p is 0, and 0 * V must not be
+ *      loads; keys >= SK are zero-filled (their p is 0, and 0 * V must not be
  *      NaN); one __syncthreads;
  *   2. S = Q K^T: the (BLOCK_M / 16) x (BLOCK_N / 16) fragments of S are
  *      dealt round-robin to the warps; each runs D / 16 wmma::mma_sync with Q
@@ -23,18 +25,19 @@
  *      lanes own one query row (columns part, part + TPR, ...), reduce its max
  *      with xor shuffles and keep m (log2 domain: s * softmax_scale * log2 e,
  *      one multiply before exp2f) and a partial row sum l in registers for
- *      the whole key loop. Masked scores (key >= S, row >= S, causal
- *      key > row) are -inf; p = exp2(x - m_new) is written to the P tile as
+ *      the whole key loop. Masked scores (key >= SK, row >= SQ, causal
+ *      key > row + SK - SQ: common/mask.cuh's KeyMask, the bottom-right
+ *      diagonal) are -inf; p = exp2(x - m_new) is written to the P tile as
  *      elem_t, and the rescale factor corr = exp2(m_old - m_new) of the row
  *      to 16 copies in the row's line of the factor tile F; one __syncthreads;
  *   4. O = corr * O + P V with wmma (P row_major matrix_a, V row_major
  *      matrix_b): see "O accumulator" below.
  * Epilogue: l is reduced across the row's lanes; F gets 1 / l (0 for rows
- * with no unmasked key, i.e. rows >= S); each warp scales its O fragments,
+ * with no unmasked key, i.e. rows >= SQ); each warp scales its O fragments,
  * stores them one at a time to its own 16 x 20 fp32 staging block at the
  * start of shared memory (the Q / K / V tiles, free by then; at most 10 KiB,
  * never reaching F), and its lanes convert a row half each (8 values) to
- * elem_t and write 16 bytes to global memory, rows < S only.
+ * elem_t and write 16 bytes to global memory, rows < SQ only.
  *
  * O accumulator. The O tile (BLOCK_M x D fp32) stays in wmma accumulator
  * fragments in registers across all key tiles: warp w owns row block
@@ -53,15 +56,24 @@
  * 4 * BLOCK_M * D more bytes, 32 KiB at BLOCK_M 64, D 128, and a read-modify-
  * write of the whole tile per key tile.)
  *
- * Ragged S: Q rows >= S are zero-filled and never stored; K/V rows >= S are
- * zero-filled and masked. Skips (warp-uniform, always also masked): an S
- * fragment whose rows are all >= S, keys all >= S, or (causal) keys all above
- * its rows is neither computed nor stored (the softmax never reads its stale
- * values: masked entries are selected as -inf, not computed); PV stops at the
- * first 16-key block that is all >= S or (causal) all above the row block;
- * a row block wholly >= S skips PV and the epilogue.
- * Causal: key tiles wholly above the CTA's last row are not visited, and CTAs
- * take query tiles in reverse (blockIdx.x = 0 gets the last, heaviest one).
+ * Ragged SQ / SK: Q rows >= SQ are zero-filled and never stored; K/V rows
+ * >= SK are zero-filled and masked. Skips (warp-uniform, always also
+ * masked): an S fragment whose rows are all >= SQ, keys all >= SK, or
+ * (causal) keys all above its rows' last visible keys is neither computed nor
+ * stored (the softmax never reads its stale values: masked entries are
+ * selected as -inf, not computed); PV stops at the first 16-key block that
+ * is all >= SK or (causal) all above the row block; a row block wholly
+ * >= SQ skips PV and the epilogue.
+ * Causal: key tiles wholly above the CTA's last row (keys > last row + SK -
+ * SQ) are not visited, and CTAs take query tiles in reverse (blockIdx.x = 0
+ * gets the last, heaviest one).
+ *
+ * Addressing (kernel ABI v2): global rows go through the strides (either
+ * layout, padded views), never assuming rows D apart; the shared tiles are
+ * this template's own padded layout. Each thread copies the same 16-byte
+ * chunk of key rows kj, kj + RPI, ... of every K/V tile: the KV head's base
+ * pointers (warp-uniform) and the thread's offset to row kj are computed once
+ * per CTA, and a copy adds the uniform (kv0 + i * RPI) row strides.
  *
  * Shared memory rows are padded (no swizzle): Q, K, V rows D + 8 elem_t and P
  * rows BLOCK_N + 8 elem_t (16 bytes of padding; WMMA needs ldm a multiple of
@@ -83,10 +95,11 @@
  *          from 22.5 KiB (BLOCK_M 32, BLOCK_N 32, D 64) to 81 KiB (64, 64,
  *          D 128); over 48 KiB the worker sets the opt-in attribute, and every
  *          combination fits sm_86/89's 99 KiB. m and l live in registers.
- * CTAs:    cdiv(S, BLOCK_M) x (B * H) x 1, NUM_WARPS * 32 threads
- *          (B * H <= 65535); no KV split, n_splits = 1, single launch.
+ * CTAs:    cdiv(SQ, BLOCK_M) x (B * HQ) x 1, NUM_WARPS * 32 threads
+ *          (B * HQ <= 65535); no KV split, n_splits = 1, single launch.
  * Registers: CPW * 8 fp32 (O fragments, at most 64) + BLOCK_N / TPR scores
- *          per thread plus fragments in flight; __launch_bounds__(threads, 1).
+ *          per thread plus fragments in flight and two 64-bit K/V source
+ *          offsets; __launch_bounds__(threads, 1).
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -101,17 +114,18 @@ BLOCK_N = [64, 32]
 NUM_WARPS = [4, 8]
 
 [derived]
-m_blocks = "cdiv(S, BLOCK_M)"
+m_blocks = "cdiv(SQ, BLOCK_M)"
 splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["m_blocks", "B * H", "1"]
+grid = ["m_blocks", "B * HQ", "1"]
 block = ["NUM_WARPS * 32", "1", "1"]
 smem = "ELEM_BYTES * (D + 8) * (BLOCK_M + 2 * BLOCK_N) + 4 * BLOCK_M * (BLOCK_N + 4) + ELEM_BYTES * BLOCK_M * (BLOCK_N + 8) + 64 * BLOCK_M"
 */
 
 #include "common/optd.cuh"
+#include "common/mask.cuh"
 
 #include <mma.h>
 
@@ -156,7 +170,7 @@ __device__ __forceinline__ unsigned wm_pack2(float a, float b) {
 }
 
 // ---------------------------------------------------------------------------
-// Forward: one (query tile, b * H + h) per CTA.
+// Forward: one (query tile, b * HQ + h) per CTA.
 // ---------------------------------------------------------------------------
 template <int D>
 __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
@@ -200,7 +214,6 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     static_assert(NUM_WARPS * 16 * ST_LD * 4 <= OFF_F, "epilogue staging must not overlap the factor tile");
     static_assert((16 * ST_LD * 4) % 32 == 0, "staging blocks 32-byte aligned");
     (void)batch;
-    (void)heads;
     (void)n_splits;
     (void)o_partial;
     (void)lse_partial;
@@ -220,29 +233,44 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     // Causal: the heaviest query tiles (last rows) first.
     const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = m_block * BLOCK_M;
-    const size_t head_off = (size_t)blockIdx.y * seq_len * D;
-    const elem_t* qh = q + head_off;
-    const elem_t* kh = k + head_off;
-    const elem_t* vh = v + head_off;
+    const int b = blockIdx.y / heads_q, h = blockIdx.y - b * heads_q;  // blockIdx.y = b * HQ + h
+    const int hkv = optd_kv_head(h, heads_q, heads_kv);
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
 
-    int n_tiles = (seq_len + BLOCK_N - 1) / BLOCK_N;
-    if (causal) n_tiles = min(n_tiles, (min(seq_len, m0 + BLOCK_M) + BLOCK_N - 1) / BLOCK_N);
+    // K/V copies: 16-byte chunk kc of key rows kj + i * KV_RPI of every tile. The
+    // KV head's base pointers are warp-uniform and the thread's offset (kj row
+    // strides + kc chunks) is computed once here; a copy adds the uniform
+    // (kv0 + i * KV_RPI) row strides.
+    constexpr int KV_RPI = WM_THREADS / CH;
+    const int kj = tid / CH, kc = tid % CH;
+    static_assert(WM_THREADS % CH == 0 && BLOCK_N % KV_RPI == 0 && KV_ITERS == BLOCK_N / KV_RPI,
+                  "K/V chunks: whole rows per step");
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
+    const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
 
-    // --- Q tile, rows >= S zero-filled (visible after the loop's first barrier) ---
+    // Causal: no key tile past the last key the tile's rows see.
+    int n_tiles = (seq_k + BLOCK_N - 1) / BLOCK_N;
+    if (causal) n_tiles = min(n_tiles, (mask.keys_before(min(seq_q, m0 + BLOCK_M)) + BLOCK_N - 1) / BLOCK_N);
+
+    // --- Q tile, rows >= SQ zero-filled (visible after the loop's first barrier) ---
+    {
+        const elem_t* qh = q + optd_head_off(strides.q_b, strides.q_h, b, h);
 #pragma unroll
-    for (int i = 0; i < Q_ITERS; ++i) {
-        const int c = tid + i * WM_THREADS;
-        const int r = c / CH, ch = c % CH;
-        uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (m0 + r < seq_len) val = *reinterpret_cast<const uint4*>(qh + (size_t)(m0 + r) * D + ch * 8);
-        *reinterpret_cast<uint4*>(q_s + r * QK_LD + ch * 8) = val;
+        for (int i = 0; i < Q_ITERS; ++i) {
+            const int c = tid + i * WM_THREADS;
+            const int r = c / CH, ch = c % CH;
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (m0 + r < seq_q) val = *reinterpret_cast<const uint4*>(qh + (m0 + r) * strides.q_s + ch * 8);
+            *reinterpret_cast<uint4*>(q_s + r * QK_LD + ch * 8) = val;
+        }
     }
 
     // Softmax ownership: lanes part = 0 .. TPR - 1 of row srow (consecutive lanes
     // of one warp, so the row reductions are xor shuffles within the warp).
     const int srow = tid / TPR;
     const int spart = tid % TPR;
-    const int grow = m0 + srow;  // global query row
+    const int grow = m0 + srow;  // query row
     const float sl2 = softmax_scale * OPTD_LOG2E;
     float m_run = OPTD_NEG_INF;  // running row max, log2 domain
     float l_run = 0.f;           // this lane's share of the row sum
@@ -258,20 +286,18 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     for (int t = 0; t < n_tiles; ++t) {
         const int kv0 = t * BLOCK_N;
 
-        // 1. K, V tiles (keys >= S zero-filled).
+        // 1. K, V tiles (keys >= SK zero-filled).
         __syncthreads();  // the previous tile's K, V, S, P, F are no longer read
 #pragma unroll
         for (int i = 0; i < KV_ITERS; ++i) {
-            const int c = tid + i * WM_THREADS;
-            const int r = c / CH, ch = c % CH;
+            const int r = kj + i * KV_RPI;
             uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
-            if (kv0 + r < seq_len) {
-                const size_t off = (size_t)(kv0 + r) * D + ch * 8;
-                kraw = *reinterpret_cast<const uint4*>(kh + off);
-                vraw = *reinterpret_cast<const uint4*>(vh + off);
+            if (kv0 + r < seq_k) {
+                kraw = *reinterpret_cast<const uint4*>(kh + (kv0 + i * KV_RPI) * strides.k_s + koff);
+                vraw = *reinterpret_cast<const uint4*>(vh + (kv0 + i * KV_RPI) * strides.v_s + voff);
             }
-            *reinterpret_cast<uint4*>(k_s + r * QK_LD + ch * 8) = kraw;
-            *reinterpret_cast<uint4*>(v_s + r * QK_LD + ch * 8) = vraw;
+            *reinterpret_cast<uint4*>(k_s + r * QK_LD + kc * 8) = kraw;
+            *reinterpret_cast<uint4*>(v_s + r * QK_LD + kc * 8) = vraw;
         }
         __syncthreads();  // K, V (and Q on the first tile) are visible
 
@@ -280,7 +306,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
             const int rb = f / NB, nb = f % NB;
             const int r0 = m0 + rb * 16, k0 = kv0 + nb * 16;
             // Warp-uniform: wholly masked fragments are not computed (nor read unmasked).
-            if (r0 >= seq_len || k0 >= seq_len || (causal && k0 > r0 + 15)) continue;
+            if (r0 >= seq_q || k0 >= seq_k || mask.above(k0, r0 + 15)) continue;
             wm_frag_acc s_acc;
             wm::fill_fragment(s_acc, 0.f);
 #pragma unroll
@@ -303,7 +329,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
             for (int j = 0; j < CPT; ++j) {
                 const int c = spart + TPR * j;
                 const int key = kv0 + c;
-                const bool valid = grow < seq_len && key < seq_len && (!causal || key <= grow);
+                const bool valid = grow < seq_q && mask.sees(grow, key);
                 // A select, not arithmetic on the masked value: skipped fragments hold stale data.
                 x[j] = valid ? s_s[srow * S_LD + c] * sl2 : OPTD_NEG_INF;
                 mx = fmaxf(mx, x[j]);
@@ -329,7 +355,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
         __syncthreads();  // P and F are visible
 
         // 4. O = corr * O + P V for this warp's fragments.
-        if (prow0 < seq_len) {  // warp-uniform
+        if (prow0 < seq_q) {  // warp-uniform
             wm_frag_acc fc;
             wm::load_matrix_sync(fc, f_s + prb * 16 * F_LD, F_LD, wm::mem_row_major);
 #pragma unroll
@@ -340,8 +366,8 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
 #pragma unroll
             for (int kk = 0; kk < NB; ++kk) {
                 const int k0 = kv0 + kk * 16;
-                // P is 0 from here on: keys >= S, or (causal) above every row of the block.
-                if (k0 >= seq_len || (causal && k0 > prow0 + 15)) break;
+                // P is 0 from here on: keys >= SK, or (causal) above every row of the block.
+                if (k0 >= seq_k || mask.above(k0, prow0 + 15)) break;
                 wm_frag_a pa;
                 wm::load_matrix_sync(pa, p_s + prb * 16 * P_LD + kk * 16, P_LD);
 #pragma unroll
@@ -354,34 +380,35 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
         }
     }
 
-    // --- Epilogue: F = 1 / l, O *= F, then staged 16-byte stores of rows < S ---
+    // --- Epilogue: F = 1 / l, O *= F, then staged 16-byte stores of rows < SQ ---
     __syncthreads();  // the last tile's F, P, V are no longer read
     {
         float l = l_run;
 #pragma unroll
         for (int off = TPR / 2; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: row >= S (nothing unmasked)
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: row >= SQ (nothing unmasked)
 #pragma unroll
         for (int e = 0; e < FPT; ++e) f_s[srow * F_LD + spart * FPT + e] = inv_l;
     }
     __syncthreads();  // F is visible; Q, K, V, S, P are free for staging
 
-    if (prow0 >= seq_len) return;  // warp-uniform; the wrapper counts the CTA
+    if (prow0 >= seq_q) return;  // warp-uniform; the wrapper counts the CTA
     wm_frag_acc fc;
     wm::load_matrix_sync(fc, f_s + prb * 16 * F_LD, F_LD, wm::mem_row_major);
     float* st = reinterpret_cast<float*>(wm_smem) + warp * 16 * ST_LD;  // this warp's staging block
     const int r = lane >> 1, hc = (lane & 1) * 8;  // lane's row and column half in a fragment
     const int row = prow0 + r;
+    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + row * strides.o_s + pcb0 * 16 + hc;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
 #pragma unroll
         for (int e = 0; e < fc.num_elements; ++e) o_acc[i].x[e] *= fc.x[e];
         wm::store_matrix_sync(st, o_acc[i], ST_LD, wm::mem_row_major);
         __syncwarp();
-        if (row < seq_len) {
+        if (row < seq_q) {
             const float4 a = *reinterpret_cast<const float4*>(st + r * ST_LD + hc);
             const float4 b = *reinterpret_cast<const float4*>(st + r * ST_LD + hc + 4);
-            *reinterpret_cast<uint4*>(o + head_off + (size_t)row * D + (pcb0 + i) * 16 + hc) =
+            *reinterpret_cast<uint4*>(orow + i * 16) =
                 make_uint4(wm_pack2(a.x, a.y), wm_pack2(a.z, a.w), wm_pack2(b.x, b.y), wm_pack2(b.z, b.w));
         }
         __syncwarp();  // the block is read before the next fragment overwrites it

@@ -2,15 +2,17 @@
  * test-oob-write: a planted fault, for testing the daemon, never for use.
  *
  * Computes attention exactly like baseline.cu (one warp per query row, keys one
- * at a time) and then thread 0 of CTA (0, 0, 0) stores to o + 2^40 elements,
- * about 2 TiB past the output, an address no allocation covers. The launch
- * must die with an illegal-address error (a sticky error: the context is
- * lost), which the daemon must record as `crashed` and survive.
+ * at a time; GQA, bottom-right causal and strided rows as there), so that the
+ * fault is the only thing wrong with it, and then thread 0 of CTA (0, 0, 0)
+ * stores to o + 2^40 elements, about 2 TiB past the output, an address no
+ * allocation covers. The launch must die with an illegal-address error (a
+ * sticky error: the context is lost), which the daemon must record as
+ * `crashed` and survive.
  * The store is inline PTX marked volatile, so the compiler cannot drop it.
  *
  * Knobs:   WARPS_PER_CTA  query rows per CTA (one warp each)
  * Shared:  none
- * CTAs:    cdiv(S, WARPS_PER_CTA) x (B * H) x 1
+ * CTAs:    cdiv(SQ, WARPS_PER_CTA) x (B * HQ) x 1
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -28,7 +30,7 @@ splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["cdiv(S, WARPS_PER_CTA)", "B * H", "1"]
+grid = ["cdiv(SQ, WARPS_PER_CTA)", "B * HQ", "1"]
 block = ["WARPS_PER_CTA * 32", "1", "1"]
 smem = "0"
 */
@@ -51,9 +53,16 @@ __device__ __forceinline__ void oob_fwd(OPTD_ARGS) {
         asm volatile("st.global.b16 [%0], %1;" ::"l"(bad), "h"((unsigned short)0x7e00) : "memory");
     }
 
-    if (row >= seq_len) return;
-    const size_t head_off = (size_t)blockIdx.y * seq_len * D;
-    const elem_t* qr = q + head_off + (size_t)row * D;
+    if (row >= seq_q) return;
+    (void)batch;
+    (void)n_splits;
+    (void)o_partial;
+    (void)lse_partial;
+    const int b = blockIdx.y / heads_q, h = blockIdx.y - b * heads_q;  // blockIdx.y = b * HQ + h
+    const int hkv = optd_kv_head(h, heads_q, heads_kv);
+    const elem_t* qr = q + optd_head_off(strides.q_b, strides.q_h, b, h) + row * strides.q_s;
+    const elem_t* kr = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
+    const elem_t* vr = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
     const float scale_log2 = softmax_scale * OPTD_LOG2E;
     float qv[DPL], acc[DPL];
 #pragma unroll
@@ -62,10 +71,9 @@ __device__ __forceinline__ void oob_fwd(OPTD_ARGS) {
         acc[i] = 0.f;
     }
     float m = OPTD_NEG_INF, l = 0.f;
-    const int n_keys = causal ? min(seq_len, row + 1) : seq_len;
-    for (int j = 0; j < n_keys; ++j) {
-        const elem_t* kr = k + head_off + (size_t)j * D;
-        const elem_t* vr = v + head_off + (size_t)j * D;
+    // Bottom-right causal: row i sees keys <= i + SK - SQ.
+    const int n_keys = causal ? min(seq_k, row + 1 + optd_causal_offset(seq_q, seq_k)) : seq_k;
+    for (int j = 0; j < n_keys; ++j, kr += strides.k_s, vr += strides.v_s) {
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) s += qv[i] * to_f32(kr[lane + 32 * i]);
@@ -78,7 +86,7 @@ __device__ __forceinline__ void oob_fwd(OPTD_ARGS) {
         for (int i = 0; i < DPL; ++i) acc[i] = acc[i] * corr + p * to_f32(vr[lane + 32 * i]);
         m = m_new;
     }
-    elem_t* orow = o + head_off + (size_t)row * D;
+    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + row * strides.o_s;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) orow[lane + 32 * i] = from_f32(acc[i] / l);
 }
