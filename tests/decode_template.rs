@@ -1,8 +1,9 @@
-//! decode.cu (`decode-split`), the flash-decoding template, on the CPU: its spec plans
-//! decode shapes (the split count, grids and shared memory its header states), the gate
-//! refuses prefill shapes with the reason, every pairwise-covering variant compiles with
-//! NVRTC, and its plan stage runs on a workload's decode shapes only (scripted worker),
-//! and is skipped, with the reason recorded, on a workload without any.
+//! The flash-decoding templates on the CPU: decode.cu (`decode-split`) and
+//! decode_cluster.cu (`decode-cluster`, sm_90). Their specs plan decode shapes (the
+//! split count, grids and shared memory their headers state), the gate refuses prefill
+//! shapes with the reason, every pairwise-covering variant compiles with NVRTC, and a
+//! decode plan stage runs on a workload's decode shapes only (scripted worker), and is
+//! skipped, with the reason recorded, on a workload without any.
 
 mod common;
 
@@ -120,38 +121,44 @@ fn max_sq_is_validated_and_optional() {
     assert!(any.meta.admits(&gqa(1, 8, 8, 4096, 4096, true)).is_ok());
 }
 
-#[test]
-fn every_pairwise_variant_compiles_with_nvrtc() {
+/// Every variant of a covering set of the knobs the code reads (the split knobs only
+/// enter the launch formulas) compiles with NVRTC for `archs`, both element types, and
+/// exports its kernels; the check build once. Three values per knob: the orthogonal
+/// array (i, j, i + j, i + 2j mod 3) covers every pair of values of up to 4 knobs in 9
+/// points (tests/nvrtc_templates.rs compiles every combination for every arch).
+fn compile_covering_set(file: &str, code_knobs: &[&str], archs: &[&str]) {
     let tc = nvrtc::locate().unwrap_or_else(|e| panic!("NVRTC is required for this test (run scripts/setup.sh): {e}"));
-    let t = decode();
     let dir = common::repo_root().join("kernel-templates");
-    // The knobs the code reads (the split knobs only enter the launch formulas); a set of
-    // their combinations covering every pair of values (tests/nvrtc_templates.rs compiles
-    // every combination for every arch).
-    let code: Vec<(String, Vec<i64>)> = t.knobs.iter().filter(|(k, _)| ["BLOCK_N", "NUM_WARPS", "STAGES"].contains(&k.as_str())).cloned().collect();
-    assert_eq!(code.len(), 3);
-    let values = |i: usize| code[i].1.clone();
+    let t = Template::load(&dir, file).unwrap();
+    let values: Vec<&Vec<i64>> = code_knobs.iter().map(|k| &t.knobs.iter().find(|(n, _)| n == k).unwrap().1).collect();
+    assert!(values.iter().all(|v| v.len() == 3) && code_knobs.len() <= 4);
     let mut variants = Vec::new();
-    // 3 values per knob: a Latin square covers every pair in 9 points.
-    for (i, a) in values(0).iter().enumerate() {
-        for (j, b) in values(1).iter().enumerate() {
-            let c = values(2)[(i + j) % 3];
-            variants.push(knobs(*a, *b, c, 1, 1));
+    for i in 0..3 {
+        for j in 0..3 {
+            let mut p = t.default_params();
+            for (n, (k, v)) in code_knobs.iter().zip(&values).enumerate() {
+                p.insert(k.to_string(), v[[i, j, (i + j) % 3, (i + 2 * j) % 3][n]]);
+            }
+            variants.push(p);
         }
     }
     let mut pairs = std::collections::BTreeSet::new();
-    for v in &variants {
-        let (a, b, c) = (v["BLOCK_N"], v["NUM_WARPS"], v["STAGES"]);
-        pairs.extend([(0, a, 1, b), (0, a, 2, c), (1, b, 2, c)]);
+    for p in &variants {
+        for (x, a) in code_knobs.iter().enumerate() {
+            for b in &code_knobs[x + 1..] {
+                pairs.insert((*a, p[*a], *b, p[*b]));
+            }
+        }
     }
-    assert_eq!(pairs.len(), 27, "every pair of values of the three code knobs");
+    let n = code_knobs.len();
+    assert_eq!(pairs.len(), 9 * n * (n - 1) / 2, "every pair of values of the code knobs");
     let jobs: Vec<(Params, DType, &str, bool)> = variants
         .iter()
         .enumerate()
         .flat_map(|(i, v)| {
-            [DType::Fp16, DType::Bf16].into_iter().flat_map(move |dt| {
-                ["sm_80", "sm_90"].into_iter().map(move |arch| (v.clone(), dt, arch, i == 0 && arch == "sm_90"))
-            })
+            [DType::Fp16, DType::Bf16]
+                .into_iter()
+                .flat_map(move |dt| archs.iter().map(move |arch| (v.clone(), dt, *arch, i == 0 && *arch == "sm_90")))
         })
         .collect();
     let failures = std::sync::Mutex::new(Vec::new());
@@ -162,15 +169,15 @@ fn every_pairwise_variant_compiles_with_nvrtc() {
                 let Some((p, dtype, arch, count)) = queue.lock().unwrap().pop() else { break };
                 let src = render(&t, &p, dtype, &dir).unwrap();
                 let defines: Vec<(&str, String)> = if count { vec![("OPTD_COUNT_CTAS", "1".into())] } else { vec![] };
-                match nvrtc::compile(&tc, &src.source, "decode.cu", arch, &defines) {
+                match nvrtc::compile(&tc, &src.source, file, arch, &defines) {
                     Ok(c) => {
                         for k in t.kernel_names(&[64, 128]) {
                             if !c.cubin.windows(k.len()).any(|w| w == k.as_bytes()) {
-                                failures.lock().unwrap().push(format!("{p:?} {arch}: {k} not exported"));
+                                failures.lock().unwrap().push(format!("{file} {p:?} {arch}: {k} not exported"));
                             }
                         }
                     }
-                    Err(e) => failures.lock().unwrap().push(format!("{p:?} {} {arch}: {e}", dtype.as_str())),
+                    Err(e) => failures.lock().unwrap().push(format!("{file} {p:?} {} {arch}: {e}", dtype.as_str())),
                 }
             });
         }
@@ -180,17 +187,43 @@ fn every_pairwise_variant_compiles_with_nvrtc() {
 }
 
 #[test]
+fn every_pairwise_variant_compiles_with_nvrtc() {
+    compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &["sm_80", "sm_90"]);
+    // Clusters and distributed shared memory: sm_90 only (its min_cc).
+    compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &["sm_90"]);
+}
+
+#[test]
+fn the_cluster_template_is_one_launch_of_one_cluster_per_group_and_needs_sm_90() {
+    let t = Template::load(&common::repo_root().join("kernel-templates"), "decode_cluster.cu").unwrap();
+    assert_eq!((t.name(), t.meta.max_sq, t.meta.min_cc), ("decode-cluster", Some(16), 90));
+    let mut p = t.default_params();
+    let plan = t.plan(&p, &gqa(1, 32, 8, 1, 1024, false), &h100()).unwrap();
+    assert_eq!(plan.n_splits, 1, "no global partials");
+    assert_eq!(plan.launches.len(), 1);
+    assert_eq!((plan.launches[0].grid, plan.launches[0].block), ([8, 8, 1], [128, 1, 1]));
+    p.insert("CLUSTER".into(), 2);
+    assert_eq!(t.plan(&p, &gqa(8, 32, 1, 4, 4000, true), &h100()).unwrap().launches[0].grid, [2, 8, 8], "MQA x SQ 4: 8 row tiles");
+    // Refused below sm_90 (the stage is skipped there, with this reason) and on prefill shapes.
+    let err = gate::check(&t, &p, &[gqa(1, 32, 8, 1, 1024, false)], &common::l4(), "1").unwrap_err();
+    assert!(err.0.contains("needs compute capability 90"), "{}", err.0);
+    let err = gate::check(&t, &p, &[gqa(1, 32, 8, 64, 1024, false)], &h100(), "1").unwrap_err();
+    assert!(err.0.contains("SQ <= 16"), "{}", err.0);
+}
+
+#[test]
 fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
     let path = common::repo_root().join("strategies/default.toml");
     let plan = optimizerd::strategy::plan::Plan::load(&path, &common::repo_root().join("kernel-templates")).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
-    assert_eq!(&names[..3], ["baseline", "decode", "kv-split"]);
-    let stage = &plan.stages[1];
-    assert_eq!(stage.template.name(), "decode-split");
-    assert!(stage.spec.when.is_empty(), "decode shapes need it whatever the diagnosis");
-    // Its start point fits the H100 on the shapes.
+    assert_eq!(&names[..4], ["baseline", "decode", "decode-cluster", "kv-split"]);
     let shapes = [gqa(1, 32, 8, 1, 1024, false), gqa(8, 32, 1, 1, 4096, true), gqa(64, 32, 8, 1, 16384, false)];
-    gate::check(&stage.template, &stage.start, &shapes, &h100(), &stage.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    for (stage, template) in plan.stages[1..3].iter().zip(["decode-split", "decode-cluster"]) {
+        assert_eq!(stage.template.name(), template);
+        assert!(stage.spec.when.is_empty(), "decode shapes need it whatever the diagnosis");
+        // Its start point fits the H100 on the shapes.
+        gate::check(&stage.template, &stage.start, &shapes, &h100(), &stage.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    }
 }
 
 /// Baseline, then the decode stage over two points; no open phase.
