@@ -252,9 +252,8 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
             for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
         }
 
-        // 4. O += P V. Keys past SK, or (causal) past the warp's last row's last
-        // visible key, have p = 0
-        // for every row of the warp: stop before them.
+        // 4. O += P V. Keys past SK, or (causal) past the last key the warp's last
+        // row sees, have p = 0 for every row of the warp: stop before them.
         const int j_end = min(KV_TILE, mask.keys_before(row0 + R) - kv0);
         const elem2_t* v2 = reinterpret_cast<const elem2_t*>(v_s);
 #pragma unroll 4

@@ -246,8 +246,8 @@ struct KvCopy {
 #if CP_ASYNC
 template <int D>
 __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
-                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
-                                             const KvCopy<D>& cp, int kv0, int seq_k) {
+                                             const elem_t* vh, long long koff, long long voff, long long k_s,
+                                             long long v_s, const KvCopy<D>& cp, int kv0, int seq_k) {
     using C = KvCopy<D>;
     const unsigned ks32 = smem_u32(ks), vs32 = smem_u32(vs);
 #pragma unroll
@@ -264,8 +264,8 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* v
 #elif VEC_LOADS
 template <int D>
 __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
-                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
-                                             const KvCopy<D>& cp, int kv0, int seq_k) {
+                                             const elem_t* vh, long long koff, long long voff, long long k_s,
+                                             long long v_s, const KvCopy<D>& cp, int kv0, int seq_k) {
     using C = KvCopy<D>;
     uint4 kr[C::ITERS], vr[C::ITERS];
     // All global loads first, then the shared stores: ITERS * 2 loads in flight.
@@ -289,8 +289,8 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* v
 #else
 template <int D>
 __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* vs, const elem_t* kh,
-                                             const elem_t* vh, long long koff, long long voff, long long k_s, long long v_s,
-                                             const KvCopy<D>& cp, int kv0, int seq_k) {
+                                             const elem_t* vh, long long koff, long long voff, long long k_s,
+                                             long long v_s, const KvCopy<D>& cp, int kv0, int seq_k) {
     using C = KvCopy<D>;
     const int d = cp.kc;  // one element per copy
     const unsigned short* k16 = reinterpret_cast<const unsigned short*>(kh);
@@ -471,9 +471,8 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
             for (int e = 0; e < 2 * DP; ++e) acc[r][e] *= corr;
         }
 
-        // O += P V. Keys past SK, or (causal) past the warp's last row's last
-        // visible key, have p = 0
-        // for every row of the warp: stop before them.
+        // O += P V. Keys past SK, or (causal) past the last key the warp's last
+        // row sees, have p = 0 for every row of the warp: stop before them.
         const int j_end = min(KV_TILE, mask.keys_before(row0 + R) - kv0);
         const elem2_t* v2 = reinterpret_cast<const elem2_t*>(vt);
 #pragma unroll 4

@@ -406,10 +406,10 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
         wm::store_matrix_sync(st, o_acc[i], ST_LD, wm::mem_row_major);
         __syncwarp();
         if (row < seq_q) {
-            const float4 a = *reinterpret_cast<const float4*>(st + r * ST_LD + hc);
-            const float4 b = *reinterpret_cast<const float4*>(st + r * ST_LD + hc + 4);
+            const float4 lo = *reinterpret_cast<const float4*>(st + r * ST_LD + hc);
+            const float4 hi = *reinterpret_cast<const float4*>(st + r * ST_LD + hc + 4);
             *reinterpret_cast<uint4*>(orow + i * 16) =
-                make_uint4(wm_pack2(a.x, a.y), wm_pack2(a.z, a.w), wm_pack2(b.x, b.y), wm_pack2(b.z, b.w));
+                make_uint4(wm_pack2(lo.x, lo.y), wm_pack2(lo.z, lo.w), wm_pack2(hi.x, hi.y), wm_pack2(hi.z, hi.w));
         }
         __syncwarp();  // the block is read before the next fragment overwrites it
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use optimizerd::pipeline::gate;
 use optimizerd::strategy::plan::Plan;
-use optimizerd::spec::protocol::{DType, Shape};
+use optimizerd::spec::protocol::{DType, Layout, Shape};
 use optimizerd::pipeline::render::render;
 use optimizerd::spec::template::{Params, Template};
 
@@ -16,6 +16,11 @@ fn templates_dir() -> PathBuf {
 
 fn shape(b: u32, h: u32, s: u32, d: u32, causal: bool) -> Shape {
     Shape::mha(b, h, s, d, causal, DType::Fp16)
+}
+
+/// Grouped-query attention with SQ query rows against SK keys (ABI v2 shapes).
+fn gqa(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: u32, causal: bool, layout: Layout) -> Shape {
+    Shape { b, hq, hkv, sq, sk, d, causal, dtype: DType::Fp16, layout }
 }
 
 fn params(t: &Template, pairs: &[(&str, i64)]) -> Params {
@@ -92,10 +97,37 @@ fn kv_split_grid_follows_its_declared_formula_and_skips_combine_without_splits()
 }
 
 #[test]
+fn kv_split_grids_count_query_heads_and_rows_and_split_the_keys() {
+    // Decode under GQA: one query row per head, 4096 keys. The forward grid has a
+    // query block per query head (HQ, not HKV) and splits SK; combine covers the
+    // B * HQ * SQ output rows.
+    let t = Template::load(&templates_dir(), "kv_split.cu").unwrap();
+    let dev = common::h100();
+    let p = params(&t, &[("BLOCK_M", 16), ("MAX_SPLITS", 8)]);
+    let plan = t.plan(&p, &gqa(2, 32, 8, 1, 4096, 128, true, Layout::Bshd), &dev).unwrap();
+    // 64 CTAs fill under 80% of the 132 SMs: cdiv(132, 64) = 3 splits of the 128 key tiles.
+    assert_eq!(plan.n_splits, 3, "{plan:?}");
+    assert_eq!(plan.launches[0].grid, [1, 64, 3]);
+    assert_eq!(plan.launches[1].kernel, "optd_combine_d128");
+    assert_eq!(plan.launches[1].grid, [16, 1, 1]);
+    // Chunked prefill: SQ query rows (not SK) make the query blocks, SK the key tiles.
+    let plan = t.plan(&p, &gqa(1, 8, 2, 100, 1000, 64, true, Layout::Bhsd), &dev).unwrap();
+    assert_eq!(plan.launches[0].grid, [7, 8, 3]);
+    assert_eq!(plan.launches[1].grid, [200, 1, 1]);
+}
+
+#[test]
 fn every_knob_combination_plans_every_default_shape() {
     let dev = common::h100();
     let config = optimizerd::spec::config::Config::parse("", std::path::Path::new("x"), std::path::Path::new(".")).unwrap();
-    let extra = [shape(1, 1, 1, 64, false), shape(1, 1, 17, 128, true), shape(1, 2, 4097, 64, true)];
+    let extra = [
+        shape(1, 1, 1, 64, false),
+        shape(1, 1, 17, 128, true),
+        shape(1, 2, 4097, 64, true),
+        gqa(2, 32, 8, 1, 4096, 128, true, Layout::Bshd),
+        gqa(1, 32, 1, 4, 999, 64, false, Layout::Bhsd),
+        gqa(1, 8, 2, 100, 1000, 128, true, Layout::Bshd),
+    ];
     for file in ["baseline.cu", "kv_split.cu", "memory.cu", "mma_fa2.cu", "wmma.cu", "testing/oob_write.cu", "testing/infinite_loop.cu"] {
         let t = Template::load(&templates_dir(), file).unwrap();
         let space: Vec<(String, Vec<i64>)> = t.knobs.clone();
