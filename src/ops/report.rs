@@ -397,22 +397,8 @@ mod baseline_tables {
     use crate::spec::protocol::{DType, Layout};
     use serde_json::json;
 
-    fn closing(shape: &str, ours: f64, sdpa: f64, backends: serde_json::Value) -> ClosingRow {
-        ClosingRow {
-            shape: shape.into(),
-            seq: 9,
-            ours_before_us: ours,
-            ours_after_us: ours,
-            sdpa_default_us: Some(sdpa),
-            sdpa_picked: Some("cudnn".into()),
-            sdpa_backends: backends,
-            measured_at: "2026-11-24T10:00:00.000Z".into(),
-        }
-    }
+    use crate::test_fixtures::{closing_row as closing, llama_decode as decode};
 
-    fn decode() -> Shape {
-        Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
-    }
 
     fn prefill() -> Shape {
         Shape { b: 4, hq: 32, hkv: 8, sq: 1024, sk: 1024, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bshd }

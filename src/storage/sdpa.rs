@@ -293,19 +293,7 @@ mod tests {
         let present: Versions = serde_json::from_str(r#"{"torch":"2.11.0","cuda":"13.0","cudnn":91900,"device":"H100","cc":"9.0","fa4":"4.0.0b36"}"#).unwrap();
         assert_eq!(present.fa4_absent(), None);
         // Installing FA4 changes what a measurement holds: a cached one without it is not reused.
-        let dev = DeviceInfo {
-            name: "H100".into(),
-            cc_major: 9,
-            cc_minor: 0,
-            sm_count: 132,
-            smem_optin: 232448,
-            smem_per_sm: 233472,
-            l2_bytes: 50 << 20,
-            max_threads_per_sm: 2048,
-            driver_version: 13000,
-            nvrtc_version: (13, 0),
-            arch: "sm_90".into(),
-        };
+        let dev = crate::test_fixtures::h100();
         assert_ne!(cache_key(&dev, &absent, &decode(), 2000.0), cache_key(&dev, &present, &decode(), 2000.0));
         assert!(cache_key(&dev, &present, &decode(), 2000.0).contains("|fa4 4.0.0b36|"));
     }

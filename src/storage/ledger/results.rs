@@ -248,25 +248,11 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::protocol::{DType, Layout};
+    use crate::spec::protocol::DType;
     use serde_json::json;
 
-    fn row(shape: &str, ours: f64, sdpa: f64, backends: serde_json::Value) -> ClosingRow {
-        ClosingRow {
-            shape: shape.into(),
-            seq: 9,
-            ours_before_us: ours,
-            ours_after_us: ours,
-            sdpa_default_us: Some(sdpa),
-            sdpa_picked: Some("cudnn".into()),
-            sdpa_backends: backends,
-            measured_at: "2026-11-24T10:00:00.000Z".into(),
-        }
-    }
+    use crate::test_fixtures::{closing_row as row, llama_decode as decode};
 
-    fn decode() -> Shape {
-        Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
-    }
 
     #[test]
     fn a_prefill_line_without_fa4_reads_as_before() {
