@@ -1,7 +1,7 @@
 /******************************************************************************
  * mma-fa2: FlashAttention-2-style forward on the tensor cores (mma.sync).
  *
- * One CTA per (query tile of BLOCK_M rows, b * H + h). The warps form
+ * One CTA per (query tile of BLOCK_M rows, query head h, batch b). The warps form
  * NUM_WARPS / KV_WARPS row groups of WARP_ROWS consecutive query rows
  * (BLOCK_M = WARP_ROWS * NUM_WARPS / KV_WARPS); each warp runs the whole
  * computation for its group's rows in registers, as WARP_ROWS / 16 m16 tiles.
@@ -33,9 +33,9 @@
  *        fragments by ldmatrix.x4 (non-transposed: K rows are the B columns),
  *        each used by every m-tile (WARP_ROWS = 32: per k-step, one
  *        ldmatrix.x4 of Q per m-tile, then the K fragments);
- *     3. masking, only on the tiles that need it: keys >= S (ragged tail) and,
- *        causal, keys > row on the tiles that cross the warp's diagonal
- *        (common/mask.cuh, m16n8_mask of common/quad_softmax.cuh);
+ *     3. masking, only on the tiles that need it: keys >= SK (ragged tail)
+ *        and, causal, keys > row + SK - SQ on the tiles that cross the warp's
+ *        diagonal (common/mask.cuh, m16n8_mask of common/quad_softmax.cuh);
  *     4. online softmax per row (common/online_softmax.cuh): a thread holds
  *        2 rows per m-tile (g, g + 8
  *        of the m16n8 accumulator layout) and reduces their max across its quad of
@@ -55,20 +55,34 @@
  *             adds them to its own after a second barrier.
  *   epilogue  O / l (or the merged O) -> the group's rows of the Q tile in
  *             shared memory (no barrier: only this warp reads them), then
- *             16-byte coalesced global stores of the rows < S.
+ *             16-byte coalesced global stores of the rows < SQ.
+ *
+ * Addressing (kernel ABI v2): query head h = blockIdx.y of batch
+ * b = blockIdx.z reads K/V head h / (HQ / HKV) (grouped-query attention);
+ * every Q, K, V and O row is addressed through its tensor's (batch, head, row)
+ * strides, so [B,H,S,D], [B,S,H,D] and padded views run the same code. Rows
+ * start 16-byte aligned (the ABI's guarantee), which keeps the 16-byte cp.async
+ * copies and stores legal. The head and batch come from the grid, not from a
+ * division of one index, and the one division left (the K/V head) is off the
+ * Q loads' path: on the latency-bound shapes this template wins, each
+ * dependent integer division before the first copy is visible. The query
+ * heads of one K/V head are adjacent in blockIdx.y, so CTAs launched together
+ * read the same K/V through L2.
  *
  * Shared memory rows are D * 2 bytes (8 or 16 chunks of 16 bytes). SWIZZLE=1
  * stores chunk c of row r at c ^ (r % 8), so the 8 row addresses of every
  * ldmatrix phase and of the cp.async writes hit 8 distinct 16-byte bank
  * groups; SWIZZLE=0 pads rows to D + 8 elements for the same effect.
  *
- * Ragged S: K/V rows >= S are zero-filled in shared memory (cp.async with
- * src-size 0) and their scores set to -inf; Q rows >= S are zero-filled,
- * computed (warps wholly past S skip the math) and never stored.
- * Causal: the key tiles wholly above the CTA's last row are not loaded, a
- * warp skips the math (not the barrier) of tiles wholly above its last row,
- * and CTAs take query tiles in reverse (blockIdx.x = 0 gets the last, the
- * heaviest), so the long CTAs start first and the short ones fill the tail.
+ * Ragged lengths: K/V rows >= SK are zero-filled in shared memory (cp.async
+ * with src-size 0) and their scores set to -inf; Q rows >= SQ are zero-filled,
+ * computed (warps wholly past SQ skip the math) and never stored.
+ * Causal (bottom-right, offset = SK - SQ: row i sees keys <= i + offset): the
+ * key tiles wholly above the CTA's last row are not loaded, a warp skips the
+ * math (not the barrier) of tiles wholly above its last row, only the tiles
+ * crossing a warp's diagonal are masked, and CTAs take query tiles in reverse
+ * (blockIdx.x = 0 gets the last, the heaviest), so the long CTAs start first
+ * and the short ones fill the tail.
  *
  * Knobs:   BLOCK_N    keys per warp per K/V tile                 64, 32
  *          NUM_WARPS  warps per CTA                               4, 8
@@ -89,14 +103,16 @@
  *          3 stages, KV_WARPS 4, WARP_ROWS 32, padded). Combos over the
  *          device's opt-in limit (227 KiB on sm_90, 99 KiB on sm_86/89) are
  *          rejected by the gate.
- * CTAs:    cdiv(S, BLOCK_M) x (B * H) x 1, NUM_WARPS * 32 threads
- *          (B * H <= 65535); no split across CTAs, n_splits = 1, one launch.
+ * CTAs:    cdiv(SQ, BLOCK_M) x HQ x B, NUM_WARPS * 32 threads (HQ, B <= 65535);
+ *          no split across CTAs, n_splits = 1, one launch.
  * Registers: per thread WARP_ROWS / 16 * (D / 2 (O) + BLOCK_N / 2 (S)) plus
  *          D / 4 (Q fragments, WARP_ROWS 16) or 8 (one k-step's, WARP_ROWS 32)
  *          fp32 / b32 values plus addressing; __launch_bounds__(threads, 1).
  *          D 128, BLOCK_N 64, WARP_ROWS 32: 128 + 64 + 8 of the 255; ptxas
- *          spills 1 (padded) to 9 (swizzled) rarely used values there (the row
- *          sums), a few local loads per tile.
+ *          (NVRTC 13.0, sm_90) spills 8 bytes there when padded and 84 to 96
+ *          when swizzled (the row sums, plus one or two addressing values
+ *          reloaded per tile; 84 / 72 before kernel ABI v2's strided K/V
+ *          copies); every other point spills nothing.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -115,13 +131,13 @@ WARP_ROWS = [16, 32]
 
 [derived]
 block_m = "WARP_ROWS * NUM_WARPS // KV_WARPS"
-m_blocks = "cdiv(S, block_m)"
+m_blocks = "cdiv(SQ, block_m)"
 row_bytes = "ELEM_BYTES * (D + 8 * (1 - SWIZZLE))"
 splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["m_blocks", "B * H", "1"]
+grid = ["m_blocks", "HQ", "B"]
 block = ["NUM_WARPS * 32", "1", "1"]
 smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (NUM_WARPS - NUM_WARPS // KV_WARPS) * WARP_ROWS * (D + 8) * 4)"
 */
@@ -244,7 +260,7 @@ struct FaSmem {
 //   O = sum_w f_w O_w / L
 // Every warp scales its own O by f_w / L; warps ks > 0 then hand theirs to
 // warp ks = 0 through shared memory, which adds them up. Rows no warp
-// saw a key for (m = -inf) come out 0; rows >= S are never stored.
+// saw a key for (m = -inf) come out 0; rows >= SQ are never stored.
 // Shared memory (FaSmem): the maxima and sums in the Q tile
 // ([2][NUM_WARPS][WARP_ROWS] floats; every warp is done with Q by the first
 // barrier), the O rows from FaSmem::XO.
@@ -335,7 +351,7 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], co
 #endif
 
 // ---------------------------------------------------------------------------
-// Forward: one (query tile, b * H + h) per CTA.
+// Forward: one (query tile, query head, batch) per CTA.
 // ---------------------------------------------------------------------------
 template <int D>
 __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
@@ -356,7 +372,6 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     static_assert(FA_TILE_N * CH % FA_THREADS == 0 && KV_ITERS >= 1, "K/V tile chunks must split evenly over the threads");
     static_assert(!SWIZZLE || CH >= 8, "the swizzle permutes 8 chunks");
     (void)batch;
-    (void)heads;
     (void)n_splits;
     (void)o_partial;
     (void)lse_partial;
@@ -380,65 +395,68 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = m_block * FA_BLOCK_M;
     const int wrow0 = m0 + rg * WARP_ROWS;  // this warp's first query row
-    const size_t head_off = (size_t)blockIdx.y * seq_len * D;
-    const elem_t* qh = q + head_off;
-    const elem_t* kh = k + head_off;
-    const elem_t* vh = v + head_off;
+    // Query head hq of batch b; its K/V head (GQA: heads_q / heads_kv query heads
+    // share one): hq * HKV / HQ is optd_kv_head's hq / (HQ / HKV) (HQ = G HKV)
+    // in one integer division instead of two dependent ones.
+    const int b = (int)blockIdx.z;
+    const int hq = (int)blockIdx.y;
+    const int kvh = hq * heads_kv / heads_q;
+    const elem_t* qh = q + optd_head_off(strides.q_b, strides.q_h, b, hq);
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, kvh);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, kvh);
 
-    const KeyMask mask(seq_len, causal != 0, 0);
+    // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     const int kv_end = mask.keys_before(m0 + FA_BLOCK_M);  // keys any row here sees
-    const int n_tiles = (kv_end + FA_TILE_N - 1) / FA_TILE_N;
+    const int n_tiles = max(kv_end + FA_TILE_N - 1, 0) / FA_TILE_N;
 
-    // --- Q tile (rows >= S zero-filled) ---------------------------------------
+    // --- Q tile (rows >= SQ zero-filled) --------------------------------------
 #pragma unroll
     for (int i = 0; i < Q_ITERS; ++i) {
         const int c = tid + i * FA_THREADS;
         if (Q_CHUNKS % FA_THREADS != 0 && c >= Q_CHUNKS) break;
         const int r = c / CH, ch = c % CH;
-        const bool ok = m0 + r < seq_len;
-        cp_async16(s_q + tile_off<D>(r, ch), qh + (ok ? (size_t)(m0 + r) * D + ch * 8 : 0), ok);
+        const bool ok = m0 + r < seq_q;
+        cp_async16(s_q + tile_off<D>(r, ch), ok ? qh + (long long)(m0 + r) * strides.q_s + ch * 8 : q, ok);
     }
 
-    // K/V tile t -> ring slot t % STAGES (keys >= S zero-filled). Copy i of a
-    // thread is chunk tid % CH of row tid / CH + i * KV_RSTEP. WARP_ROWS = 32,
-    // short of registers, computes the offsets once: KV_RSTEP is a multiple of
-    // 8, so the swizzle is the same for every i and copy i is the first plus
-    // immediates (WARP_ROWS = 16 keeps its GPU-validated form).
+    // K/V tile t -> ring slot t % STAGES (keys >= SK zero-filled). Copy i of a
+    // thread is chunk tid % CH of row tid / CH + i * KV_RSTEP. KV_RSTEP is a
+    // multiple of 8, so the swizzle is the same for every i: the shared offset
+    // of copy i is the first plus an immediate. The global addresses are two
+    // pointers per thread (its K and V rows of the next tile to load), stepped
+    // by KV_RSTEP rows per copy, which ends them on the tile after: tiles are
+    // loaded once each, in order. The steps are 32-bit products of the row
+    // strides read from the constant bank, and an empty asm after each step
+    // keeps ptxas from computing all KV_ITERS addresses ahead of the copies
+    // (two registers each). WARP_ROWS 32 at D 128 is at the 255-register
+    // limit: 64-bit steps, a row times the stride per copy, or the hoisted
+    // addresses cost it 40 to 120 bytes of spills more than this form.
+    // A copy past SK reads nothing (src-size 0) from the tensor's base, an
+    // address that is always valid.
     constexpr int KV_RSTEP = FA_THREADS / CH;
-    static_assert(MT == 1 || (FA_THREADS % CH == 0 && (!SWIZZLE || KV_RSTEP % 8 == 0)),
-                  "K/V copy rows must step by a multiple of 8");
+    static_assert(FA_THREADS % CH == 0 && (!SWIZZLE || KV_RSTEP % 8 == 0), "K/V copy rows must step by a multiple of 8");
+    // Row strides of 2^31 / KV_RSTEP elements or more (GiBs between rows)
+    // would wrap those steps: fail loudly rather than read the wrong rows.
+    if (strides.k_s > 0x7fffffffll / KV_RSTEP || strides.v_s > 0x7fffffffll / KV_RSTEP) __trap();
     const int ld_row = tid / CH;
     const unsigned ld_dst = tile_off<D>(ld_row, tid % CH);
-    const size_t ld_src = (size_t)ld_row * D + (tid % CH) * 8;
+    const elem_t* k_next = kh + (long long)ld_row * strides.k_s + (tid % CH) * 8;
+    const elem_t* v_next = vh + (long long)ld_row * strides.v_s + (tid % CH) * 8;
     auto load_kv = [&](int t) {
-        const int kv0 = t * FA_TILE_N;
-        if constexpr (MT == 1) {
-            const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES);
+        const int rows_left = seq_k - t * FA_TILE_N - ld_row;  // copy i is a key < SK iff i * KV_RSTEP < this
+        const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES) + ld_dst;
 #pragma unroll
-            for (int i = 0; i < KV_ITERS; ++i) {
-                const int c = tid + i * FA_THREADS;
-                const int r = c / CH, ch = c % CH;
-                const bool ok = kv0 + r < seq_len;
-                const size_t src = ok ? (size_t)(kv0 + r) * D + ch * 8 : 0;
-                const unsigned dst = slot + tile_off<D>(r, ch);
-                cp_async16(s_k + dst, kh + src, ok);
-                cp_async16(s_v + dst, vh + src, ok);
-            }
-        } else {
-            const int rows_left = seq_len - kv0 - ld_row;  // copy i is a key < S iff i * KV_RSTEP < this
-            const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES) + ld_dst;
-            const size_t base = (size_t)kv0 * D + ld_src;
-#pragma unroll
-            for (int i = 0; i < KV_ITERS; ++i) {
-                const bool ok = i * KV_RSTEP < rows_left;
-                const size_t src = ok ? base + (size_t)i * KV_RSTEP * D : 0;
-                const unsigned dst = slot + i * KV_RSTEP * ROW_BYTES;
-                cp_async16(s_k + dst, kh + src, ok);
-                cp_async16(s_v + dst, vh + src, ok);
-            }
+        for (int i = 0; i < KV_ITERS; ++i) {
+            const bool ok = i * KV_RSTEP < rows_left;
+            const unsigned dst = slot + i * KV_RSTEP * ROW_BYTES;
+            cp_async16(s_k + dst, ok ? k_next : k, ok);
+            cp_async16(s_v + dst, ok ? v_next : v, ok);
+            k_next += KV_RSTEP * (int)strides.k_s;
+            v_next += KV_RSTEP * (int)strides.v_s;
+            asm volatile("" : "+l"(k_next), "+l"(v_next));
         }
     };
-
     // Group 0 holds Q and tile 0; groups 1 .. STAGES - 2 one tile each.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -490,9 +508,9 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         cp_async_commit();
 
         const int kv0 = t * FA_TILE_N + ks * BLOCK_N;  // this warp's first key
-        // Warp-uniform: rows all past S, keys all past S, or (causal) the
+        // Warp-uniform: rows all past SQ, keys all past SK, or (causal) the
         // sub-tile is wholly above the rows.
-        if (wrow0 >= seq_len || kv0 >= seq_len || mask.above(kv0, wrow0 + WARP_ROWS - 1)) continue;
+        if (wrow0 >= seq_q || kv0 >= seq_k || mask.above(kv0, wrow0 + WARP_ROWS - 1)) continue;
         // Sub-tile rows start at a multiple of 16, so row % 8 and the swizzle are unchanged.
         const unsigned sub = (unsigned)((t % STAGES) * KV_BYTES + ks * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
@@ -595,14 +613,15 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         }
     }
     __syncwarp();
+    elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, hq);
 #pragma unroll
     for (int i = 0; i < WARP_ROWS * CH / 32; ++i) {
         const int c = lane + 32 * i;
         const int r = c / CH, ch = c % CH;
         const int row = wrow0 + r;
-        if (row < seq_len) {
+        if (row < seq_q) {
             const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(rg * WARP_ROWS + r, ch));
-            *reinterpret_cast<uint4*>(o + head_off + (size_t)row * D + ch * 8) = val;
+            *reinterpret_cast<uint4*>(oh + (long long)row * strides.o_s + ch * 8) = val;
         }
     }
 }

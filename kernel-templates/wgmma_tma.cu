@@ -4,7 +4,7 @@
  * shared-memory slots; consumer warpgroups multiply on the tensor cores with
  * wgmma.mma_async and keep the online softmax in registers.
  *
- * One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows, b * H + h), with
+ * One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows, b * HQ + h), with
  * CONSUMERS + 1 warpgroups of 128 threads:
  *   warpgroup 0 (producer) gives its registers away (setmaxnreg.dec) and one
  *             thread issues every load: the CTA's Q tile once, then K and V
@@ -16,10 +16,11 @@
  *             owns query rows 64 (c - 1) .. + 63 of the tile. Per key tile:
  *     1. S = Q K^T: D / 16 wgmma m64nBLOCK_Nk16, A (Q) and B (K) read from
  *        shared memory through 128-byte-swizzle descriptors (K-major);
- *     2. masking, only on tiles that need it: keys >= S and, causal, keys
- *        above the row (tiles wholly above every row of the warpgroup are not
- *        computed; tiles above every row of the CTA are not even loaded);
- *        common/mask.cuh's KeyMask, causal offset 0;
+ *     2. masking, only on tiles that need it: keys >= SK and, causal, keys
+ *        above the row's diagonal, bottom-right (row i sees keys
+ *        <= i + SK - SQ; tiles wholly above every row of the warpgroup are
+ *        not computed; tiles above every row of the CTA are not even loaded);
+ *        common/mask.cuh's KeyMask;
  *     3. online softmax (common/online_softmax.cuh, on the m16n8 layout of
  *        common/quad_softmax.cuh): a thread holds rows g and g + 8 of its
  *        warp's 16, max and sum reduced across the quad;
@@ -28,7 +29,14 @@
  *     4. O += P V: P rounded to f16x2 / bf16x2 in registers is wgmma's
  *        register A operand (BLOCK_N / 16 wgmma m64nDk16), V read from shared
  *        memory as the MN-major ("transposed") B operand.
- *   epilogue  O / l stored from registers, rows < S only.
+ *   epilogue  O / l stored from registers through O's strides, rows < SQ
+ *             only (4-byte stores: a quad writes 16 contiguous bytes per n8
+ *             block).
+ *
+ * Heads: work tile bh = b * HQ + h; query head h reads K/V head h / (HQ / HKV)
+ * (grouped-query attention). The query heads of one K/V head are adjacent in
+ * bh, and every schedule below walks heads in bh order, so CTAs running at
+ * once share that head's K/V in L2.
  *
  *   OVERLAP = 1 (FA3's intra-warpgroup pipelining): iteration t issues
  *             S_t = Q K_t^T and then O += P_{t-1} V_{t-1} before waiting, so
@@ -48,21 +56,26 @@
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
  *   mbarriers static (8 (1 + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
- * CTAs:    cdiv(S, 64 CONSUMERS) x (B * H) x 1, 128 (CONSUMERS + 1) threads;
+ * CTAs:    cdiv(SQ, 64 CONSUMERS) x (B * HQ) x 1, 128 (CONSUMERS + 1) threads
+ *          (PERSISTENT: min(that product, SMs) x 1);
  *          the producer and the consumers walk the same work tiles through
  *          common/tile_scheduler.cuh;
  *          causal, PERSISTENT = 0: CTAs start in linear-id order, and the id
  *          maps to (query tile, head) longest first across a group of heads
- *          whose K/V fit in WT_LPT_GROUP_BYTES (8 MiB, L2 reuse), so the last
- *          wave holds only light tiles. H100, vs one head after another:
+ *          whose K/V fit in WT_LPT_GROUP_BYTES (8 MiB, L2 reuse; K/V counted
+ *          once per K/V head, a group holding whole GQA groups of query
+ *          heads), so the last wave holds only light tiles. H100 (MHA), vs one
+ *          head after another:
  *          (4,16,4096,64) 356 -> 351 us, (2,16,8192,128) BLOCK_N 192
  *          1052 -> 1013 us (docs/device-runs/2026-11-23-h100-causal-lpt.txt).
  * Registers (setmaxnreg, per thread): producer 24 (2 consumers) or 32 (3);
  *          consumers 240 or 160 (the launch allocation, 168 or 128 each, moved
  *          from the producer to the consumers). A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
  *          + BLOCK_N / 4 (P) values: D 128, BLOCK_N 128: 160.
- * Tensor maps: q (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle.
- *          Rows past S are zero-filled by the TMA (per head: the map is 4-D).
+ * Tensor maps: q (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle,
+ *          rank 5 over the tensors' real strides (the daemon's convention:
+ *          dims {64, rows, D / 64, heads, B}, a box at (0, row, 0, head, b));
+ *          rows past SQ (Q) or SK (K, V) are zero-filled by the TMA, per head.
  *
  * Knobs:   BLOCK_N    keys per K/V tile (wgmma N of S = Q K^T)   192, 128, 176
  *          STAGES     K/V slots in the TMA ring                 2, 3
@@ -93,12 +106,12 @@ LAZY_RESCALE = [1, 0]
 
 [derived]
 block_m = "64 * CONSUMERS"
-m_blocks = "cdiv(S, block_m)"
+m_blocks = "cdiv(SQ, block_m)"
 splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["min(m_blocks * B * H, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * H", "1"]
+grid = ["min(m_blocks * B * HQ, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
 smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N)"
 
@@ -305,7 +318,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // derives from it) is warp-uniform; a wgmma under a branch it thinks
     // divergent is serialized (C7518).
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int n_mb = (seq_len + WT_BLOCK_M - 1) / WT_BLOCK_M;
+    const int n_mb = (seq_q + WT_BLOCK_M - 1) / WT_BLOCK_M;
     // The work tiles of this CTA, in the same order for the producer and every
     // consumer (common/tile_scheduler.cuh). Persistent: rounds in a snake
     // order (a plain grid stride gave some CTAs only the heaviest causal tiles
@@ -314,12 +327,16 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // head's K/V in L2 (tiles ordered by weight across heads streamed every
     // head's K/V from DRAM: 13% slower at (2,16,8192,128) causal). One CTA per
     // tile, causal: longest first across groups of heads whose K/V fit
-    // WT_LPT_GROUP_BYTES.
-    const TileScheduler<PERSISTENT != 0> sched(n_mb, batch * heads, causal != 0,
-                                               2ll * seq_len * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
-    const KeyMask mask(seq_len, causal != 0, 0);
+    // WT_LPT_GROUP_BYTES (K/V counted per K/V head: the heads_q / heads_kv
+    // query heads of one K/V head share it).
+    const TileScheduler<PERSISTENT != 0> sched(n_mb, batch * heads_q, heads_q / heads_kv, causal != 0,
+                                               2ll * seq_k * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
+    // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     // Key tiles any row of query tile m_block sees (causal: up to its last row).
-    auto tiles_of = [&](int m_block) { return (mask.keys_before((m_block + 1) * WT_BLOCK_M) + BLOCK_N - 1) / BLOCK_N; };
+    auto tiles_of = [&](int m_block) {
+        return max(mask.keys_before((m_block + 1) * WT_BLOCK_M) + BLOCK_N - 1, 0) / BLOCK_N;
+    };
 
     if (tid == 0) {
         mbar_init(smem_addr(&bars.q_full), 1);
@@ -347,24 +364,32 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 if (!sched.has(r)) continue;
                 const WorkTile w = sched.tile(r);
                 const int i = n++;  // work tiles this CTA has taken: Q slot phase
-                const int m_block = w.m_block, bh = w.bh;
+                const int m_block = w.m_block;
                 const int m0 = m_block * WT_BLOCK_M;
+                const int b = w.bh / heads_q, hq = w.bh - b * heads_q;
+                const int kvh = optd_kv_head(hq, heads_q, heads_kv);
                 // Q: the previous work tile's consumers must be done with it.
                 const unsigned qf = smem_addr(&bars.q_full);
                 mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
                 mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
 #pragma unroll
-                for (int c = 0; c < CONSUMERS; ++c) tma_load_4d(s_q + c * Q_WG_BYTES, tm_q, qf, 0, m0 + 64 * c, 0, bh);
+                for (int c = 0; c < CONSUMERS; ++c)
+                    tma_load_5d(s_q + c * Q_WG_BYTES, tm_q, qf, 0, m0 + 64 * c, 0, hq, b);
                 const int n_tiles = tiles_of(m_block);
+                // Not unrolled: one thread issuing TMA has time to spare, and
+                // ptxas unrolled this loop 4x into the producer's 24 or 32
+                // registers, spilling the K/V coordinates (b, K/V head) around
+                // every copy.
+#pragma unroll 1
                 for (int t = 0; t < n_tiles; ++t, ++it) {
                     const int s = it % STAGES;
                     const unsigned ph = (it / STAGES) & 1;
                     mbar_wait(smem_addr(&bars.k_empty[s]), ph ^ 1);
                     mbar_arrive_expect_tx(smem_addr(&bars.k_full[s]), KV_BYTES);
-                    tma_load_4d(s_k + s * KV_BYTES, tm_k, smem_addr(&bars.k_full[s]), 0, t * BLOCK_N, 0, bh);
+                    tma_load_5d(s_k + s * KV_BYTES, tm_k, smem_addr(&bars.k_full[s]), 0, t * BLOCK_N, 0, kvh, b);
                     mbar_wait(smem_addr(&bars.v_empty[s]), ph ^ 1);
                     mbar_arrive_expect_tx(smem_addr(&bars.v_full[s]), KV_BYTES);
-                    tma_load_4d(s_v + s * KV_BYTES, tm_v, smem_addr(&bars.v_full[s]), 0, t * BLOCK_N, 0, bh);
+                    tma_load_5d(s_v + s * KV_BYTES, tm_v, smem_addr(&bars.v_full[s]), 0, t * BLOCK_N, 0, kvh, b);
                 }
             }
         }
@@ -386,8 +411,8 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             const int row0 = m0 + 64 * c;                  // the warpgroup's first row
             const int row_g = row0 + 16 * w + (lane >> 2);  // this thread's rows: row_g, row_g + 8
             // Key tiles this warpgroup computes: those up to its last row (causal);
-            // none when all its rows are past S. The rest it only waits for and releases.
-            const int n_wg = row0 >= seq_len ? 0 : (mask.keys_before(row0 + 64) + BLOCK_N - 1) / BLOCK_N;
+            // none when all its rows are past SQ. The rest it only waits for and releases.
+            const int n_wg = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + 64) + BLOCK_N - 1, 0) / BLOCK_N;
             const unsigned q_tile = s_q + c * Q_WG_BYTES;
             const float sl2 = softmax_scale * OPTD_LOG2E;
 
@@ -464,7 +489,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 }
             }
             // Tiles above this warpgroup's rows (causal) or with all its rows past
-            // S: wait for them (a slot is reused only after every consumer is
+            // SQ: wait for them (a slot is reused only after every consumer is
             // done) and release them; keep the ping-pong turns in step.
             for (int t = n_wg; t < n_tiles; ++t) {
                 mbar_wait(k_full(t), parity(t));
@@ -479,15 +504,17 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             if (lane == 0) mbar_arrive(smem_addr(&bars.q_empty));
             it0 += n_tiles;
 
-            // ---- epilogue: O / l, rows < S --------------------------------------
+            // ---- epilogue: O / l, rows < SQ, through O's strides ----------------
             const int tq = lane & 3;
+            const int b = bh / heads_q;
+            elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, bh - b * heads_q) + 2 * tq;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = row_g + 8 * h;
                 const float l = quad_sum(cs.sm.l[h]);
                 const float inv = l > 0.f ? 1.f / l : 0.f;
-                if (row < seq_len) {
-                    elem_t* orow = o + ((size_t)bh * seq_len + row) * D + 2 * tq;
+                if (row < seq_q) {
+                    elem_t* orow = oh + (long long)row * strides.o_s;
 #pragma unroll
                     for (int j = 0; j < D / 8; ++j)
                         *reinterpret_cast<unsigned*>(orow + 8 * j) =

@@ -1,13 +1,23 @@
 #!/usr/bin/env python3
-"""The benchmark: one optimizerd run from an empty ledger on the benchmark workload,
+"""The benchmark: one optimizerd run from an empty ledger on a benchmark workload,
 then a dated section appended to docs/BENCHMARKS.md with the exact command, the GPU,
-driver, torch and cuDNN versions, and per shape: the best kernel's time and TFLOPS,
-SDPA's (default and FlashAttention-2 backends, same run, CUDA-graph GPU time), the
-ratios, and the budget used until the best kernel first matched SDPA default
-(time-to-target). The section embeds the run's figures: `optimizerd report` writes them
-(with report.html and report.md) into benchmarks/<run id>/ beside BENCHMARKS.md.
+driver, torch, cuDNN and FlashAttention-4 versions, and per shape: the best kernel's time
+and TFLOPS (decode shapes: effective K/V bandwidth, TB/s), SDPA's (default and
+FlashAttention-2 backends) and FlashAttention-4's (where it imports) from the same run
+(CUDA-graph GPU time), the ratios, and the budget used until the best kernel first
+matched SDPA default (time-to-target). The section embeds the run's figures:
+`optimizerd report` writes them (with report.html and report.md) into
+benchmarks/<run id>/ beside BENCHMARKS.md.
 
     python3 scripts/benchmark.py --bin target/release/optimizerd --budget 20m
+    python3 scripts/benchmark.py --workload llm --budget 20m
+
+Workloads (--workload; --config names any other file):
+  default   scripts/benchmark-agent.toml: small MHA shapes and four large ones (fp16).
+  llm       scripts/benchmark-llm.toml: a Llama-3-8B-like bf16 set: prefill, chunked
+            prefill, decode (GQA and MQA, ragged sk), a D 64 GQA prefill ([B,H,S,D]).
+  llm-bshd  scripts/benchmark-llm-bshd.toml: three of them in [B,S,H,D] (layout is per
+            workload, so the other layout is a second, small run).
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -38,13 +48,61 @@ def shape_of(key_json):
     return json.loads(key_json) if isinstance(key_json, str) else key_json
 
 
+WORKLOADS = {
+    "default": "scripts/benchmark-agent.toml",
+    "llm": "scripts/benchmark-llm.toml",
+    "llm-bshd": "scripts/benchmark-llm-bshd.toml",
+}
+
+DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode
+
+
+def dims(s):
+    """(b, hq, hkv, sq, sk, d) of a shape as optimizerd records it (version 2, or 1's h/s)."""
+    hq = s.get("hq", s.get("h"))
+    sq = s.get("sq", s.get("s"))
+    return s["b"], hq, s.get("hkv", hq), sq, s.get("sk", sq), s["d"]
+
+
+def is_decode(s):
+    return dims(s)[3] <= DECODE_MAX_SQ
+
+
 def flops(s):
-    f = 4.0 * s["b"] * s["h"] * s["s"] * s["s"] * s["d"]
-    return f / 2 if s["causal"] else f
+    """4 * B * HQ * D per visible (query, key) pair; causal rows see keys <= i + SK - SQ."""
+    b, hq, _, sq, sk, d = dims(s)
+    pairs = sq * (sk - sq) + sq * (sq + 1) / 2 if s.get("causal") else sq * sk
+    return 4.0 * b * hq * d * pairs
+
+
+def kv_bytes(s):
+    b, _, hkv, _, sk, d = dims(s)
+    return 2 * b * hkv * sk * d * 2
 
 
 def tflops(s, us):
     return flops(s) / (us * 1e-6) / 1e12 if us else None
+
+
+def rate(s, us):
+    """How a time is judged: TFLOPS, or for decode shapes the K/V bytes read per second."""
+    if not us:
+        return "-"
+    if is_decode(s):
+        return f"{kv_bytes(s) / (us * 1e-6) / 1e12:.2f} TB/s"
+    return f"{tflops(s, us):.1f}"
+
+
+def graph_us(backends, name):
+    return ((backends or {}).get(name) or {}).get("graph_us")
+
+
+def fa4_cell(backends):
+    """FA4's time, 'failed' where it ran and could not take the shape, '-' where not measured."""
+    e = (backends or {}).get("fa4")
+    if not e:
+        return "-"
+    return fmt(e.get("graph_us")) if e.get("graph_us") is not None else "failed"
 
 
 def fmt(x, spec=".2f", suffix=""):
@@ -71,7 +129,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="target/release/optimizerd")
     ap.add_argument("--budget", default="20m")
-    ap.add_argument("--config", default="scripts/benchmark-agent.toml")
+    ap.add_argument("--workload", default="default", choices=sorted(WORKLOADS),
+                    help="which benchmark workload (its config file; see above)")
+    ap.add_argument("--config", help="a config file instead of the workload's")
     ap.add_argument("--out", default="docs/BENCHMARKS.md")
     ap.add_argument("--work", help="folder for the run (default: a fresh temporary one)")
     ap.add_argument("--detach", action="store_true",
@@ -80,6 +140,8 @@ def main():
     ap.add_argument("--worker-script", help=argparse.SUPPRESS)
     ap.add_argument("--sdpa-command", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.config is None:
+        args.config = WORKLOADS[args.workload]
 
     binary = os.path.abspath(args.bin)
     if args.detach and not args.work:
@@ -101,7 +163,9 @@ def main():
         command.append("--foreground")
     if args.worker_script:
         command += ["--worker-script", args.worker_script]
-    shown = f"python3 scripts/benchmark.py --bin {args.bin} --budget {args.budget}" + (" --detach --work DIR" if args.detach else "")
+    shown = (f"python3 scripts/benchmark.py --bin {args.bin} --budget {args.budget}"
+             + (f" --workload {args.workload}" if args.workload != "default" else "")
+             + (" --detach --work DIR" if args.detach else ""))
     marker = os.path.join(work, "started")
     if args.detach and os.path.exists(marker):
         print(f"attaching to the run in {work}", flush=True)
@@ -148,7 +212,6 @@ def main():
         s = shapes[key]
         sd = sdpa.get(key, {})
         default_us = sd.get("default_graph_us")
-        flash_us = (sd.get("backends", {}).get("flash") or {}).get("graph_us")
         # Time-to-target: budget used when some iteration first won this shape at or under SDPA default.
         ttt = None
         if default_us:
@@ -170,18 +233,21 @@ def main():
         if c:
             ours = 0.5 * (c["ours_before_us"] + c["ours_after_us"])
             end_default = c.get("sdpa_default_us")
-            end_flash = ((c.get("sdpa_backends") or {}).get("flash") or {}).get("graph_us")
+            end_backends = c.get("sdpa_backends") or {}
             picked = c.get("sdpa_picked") or ""
         else:
-            ours, end_default, end_flash, picked = b["median_us"], default_us, flash_us, sd.get("picked") or ""
+            ours, end_default, end_backends, picked = b["median_us"], default_us, sd.get("backends", {}), sd.get("picked") or ""
+        end_flash = graph_us(end_backends, "flash")
+        end_fa4 = graph_us(end_backends, "fa4")
         rows.append(
             f"| {key} | {fmt(plan_best)} | {fmt(default_us / plan_best if default_us and plan_best else None, '.2f', 'x')} | "
             f"{b['seq']} | {b['median_us']:.2f} | {fmt(default_us)} | "
-            f"{ours:.2f} | {fmt(tflops(s, ours), '.1f')} | "
-            f"{fmt(end_default)} {picked} | {fmt(tflops(s, end_default), '.1f')} | "
-            f"{fmt(end_flash)} | "
+            f"{ours:.2f} | {rate(s, ours)} | "
+            f"{fmt(end_default)} {picked} | {rate(s, end_default)} | "
+            f"{fmt(end_flash)} | {fa4_cell(end_backends)} | "
             f"{fmt(end_default / ours if end_default else None, '.2f', 'x')} | "
             f"{fmt(end_flash / ours if end_flash else None, '.2f', 'x')} | "
+            f"{fmt(end_fa4 / ours if end_fa4 else None, '.2f', 'x')} | "
             f"{fmt(ttt, '.0f', ' s') if ttt is not None else 'not reached'} |"
         )
 
@@ -192,6 +258,10 @@ def main():
         if closing else
         'No closing comparison was recorded: the columns from "closing us" on repeat the best kernel\'s time '
         'when it won and SDPA at the start.')
+    if versions.get("fa4"):
+        fa4_note = f"FlashAttention-4 {versions['fa4']} (flash_attn.cute, [B,S,H,D] inputs, CUDA-graph replay in the same run)"
+    else:
+        fa4_note = "FA4 not measured" + (f": {versions['fa4_error']}" if versions.get("fa4_error") else " (flash_attn.cute does not import)")
     run_row = status["run"]
     out_md = os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out
     figures = report_figures(binary, config, repo, run_row["id"], os.path.dirname(os.path.abspath(out_md)))
@@ -204,9 +274,11 @@ def main():
   with `{args.config}`); run `{run_row['id']}`, {run_row['iterations']} iterations,
   {run_row['used_s']:.0f} s of budget used, state {run_row['state']}.
 - GPU {run_row.get('gpu_name') or '-'}; driver, max SM clock: {driver}; torch {versions.get('torch', '-')},
-  CUDA {versions.get('cuda', '-')}, cuDNN {versions.get('cudnn', '-')}.
-- Times are GPU time per call: candidates by CUDA-graph replay (timing.method = graph), SDPA by
-  CUDA-graph replay in the same run. TFLOPS = 4*B*H*S*S*D / time, halved for causal.
+  CUDA {versions.get('cuda', '-')}, cuDNN {versions.get('cudnn', '-')}; {fa4_note}.
+- Times are GPU time per call: candidates by CUDA-graph replay (timing.method = graph), SDPA and FA4 by
+  CUDA-graph replay in the same run. TFLOPS = 4*B*HQ*D per visible (query, key) pair / time (S*S,
+  about half for causal); decode shapes (sq <= {DECODE_MAX_SQ}) show instead the effective K/V bandwidth,
+  bytes of K and V (2*B*HKV*SK*D*2) / time, in TB/s.
   "end of plan": the best when the plan's stages were done, before the open-ended phase
   (stages `open/<class>`), and its ratio to SDPA default as measured at the start of the run.
   "iter", "when won us", "SDPA at start us": the best kernel's iteration, its time when it won and
@@ -214,8 +286,8 @@ def main():
   Time-to-target: budget used when a kernel at or under SDPA default (at the start) first won the shape. {sum(1 for it in history if it["stage"].startswith("open/"))} open-phase iterations;
   {run_row['iterations'] * 60.0 / max(run_row['used_s'], 1.0):.1f} candidates per minute of budget; run message: {run_row.get('message') or '-'}.
 
-| shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS | SDPA default us | TFLOPS | SDPA flash us | vs default | vs flash | time-to-target |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS or TB/s | SDPA default us | TFLOPS or TB/s | SDPA flash us | FA4 us | vs default | vs flash | vs FA4 | time-to-target |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n" + figures
     with open(out_md, "a") as f:
         f.write(section)

@@ -1,16 +1,27 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA timings for optimizerd's workload shapes, measured like the candidates.
+"""PyTorch SDPA (and FlashAttention-4) timings for optimizerd's workload shapes, measured
+like the candidates.
 
 optimizerd runs this (command: `baseline.sdpa_command` in agent.toml) and records the
-result per shape in the ledger, so each run reports its kernels against SDPA on the same
-GPU, the same day.
+result per shape in the ledger, so each run reports its kernels against SDPA (and FA4,
+where it imports) on the same GPU, the same day.
 
-    sdpa_baseline.py --versions            -> {"torch": ..., "cuda": ..., "cudnn": ..., "device": ...}
-    sdpa_baseline.py --shapes SHAPES.json  -> {"versions": {...}, "results": [...]}
+    sdpa_baseline.py --versions            -> {"torch": ..., "cuda": ..., "cudnn": ..., "device": ...,
+                                               "fa4": VERSION or null, "fa4_error": why it is absent}
+    sdpa_baseline.py --shapes SHAPES.json  -> {"versions": {...}, "method": {...}, "results": [...]}
 
-SHAPES.json: [{"b":1,"h":1,"s":128,"d":64,"causal":false,"dtype":"fp16"}, ...]
-For each shape and backend (default, flash, cudnn, efficient; one that cannot run is
-reported with its error):
+SHAPES.json: a list of shapes as optimizerd writes them,
+  {"b":8,"hq":32,"hkv":8,"sq":1,"sk":4096,"d":128,"causal":true,"dtype":"bf16","layout":"bhsd"},
+or in the version-1 form {"b":1,"h":1,"s":128,"d":64,"causal":false,"dtype":"fp16"} (hq = hkv = h,
+sq = sk = s, layout bhsd).
+
+Inputs are built as a model holds them: Q [B,HQ,SQ,D], K/V [B,HKV,SK,D] for layout bhsd; for
+bshd, [B,S,H,D] tensors passed to SDPA as `.transpose(1, 2)` views (no copy). Grouped-query
+shapes (HQ != HKV) call SDPA with enable_gqa=True. Causal with SQ = SK is `is_causal`; with
+SQ < SK the query rows are the last SQ positions (bottom-right), SDPA's
+`causal_lower_right` mask; with SQ = 1 that mask hides nothing, so no mask is passed.
+
+For each shape and backend (SDPA's default, flash, cudnn, efficient; then "fa4"), one entry:
   graph_us  GPU time per call: a CUDA graph of `calls` back-to-back calls, median of
             `replays` replays, divided by `calls`. With --target-us T (the daemon passes
             its timing.sample_target_us) `calls` is chosen per shape and backend so that
@@ -18,7 +29,20 @@ reported with its error):
             graph runs the GPU hotter, at lower clocks, than the candidates' samples;
   calls     the calls per graph that were used;
   eager_us  CUDA events around `calls` back-to-back Python calls (includes CPU dispatch);
-  picked    for `default`: the backend whose kernels ran (from torch.profiler).
+  ran       the backend whose kernels ran (torch.profiler: cudnn, flash, efficient, math; fa4);
+  picked    for `default`: the same as `ran` (the name older readers know);
+  kv        "mha" (HQ = HKV), "gqa" (enable_gqa=True) or "repeated" (K/V repeated to HQ heads
+            with repeat_interleave before timing: the backend refused enable_gqa);
+  mask      "none", "is_causal", "lower_right" (causal_lower_right) or "explicit" (a boolean
+            [SQ, SK] mask: the backend refused the lower-right mask);
+  fallback  present when the first form was refused: what was refused and why;
+  error     instead of the timings when the backend cannot run the shape in any form (a
+            forced backend whose kernels did not run counts as refused: under the
+            lower-right mask SDPA dispatches by itself).
+"fa4" is FlashAttention-4 (`flash_attn.cute.flash_attn_func`, [B,S,H,D] inputs: the bshd
+tensors themselves, or contiguous [B,S,H,D] copies of bhsd ones made before timing; GQA and
+bottom-right causal natively); it is timed the same way, and left out when flash_attn.cute
+does not import (`versions.fa4` is then null and `versions.fa4_error` says why).
 Inputs: fresh randn (never zeros), rotated over several sets when one set fits in L2.
 Exit status 0 with JSON on stdout; errors go to stderr.
 """
@@ -27,19 +51,82 @@ import json
 import statistics
 import sys
 
+SDPA_BACKENDS = ["default", "flash", "cudnn", "efficient"]
+FA4 = "fa4"
 
-def versions(torch):
+
+def load_fa4():
+    """(flash_attn_func, version, None) when FlashAttention-4 imports, else (None, None, why)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # absent, or present but broken (no CuTe DSL, wrong CUDA): not measured
+        return None, None, f"flash_attn.cute does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"[:300]
+    version = None
+    try:
+        from importlib.metadata import version as dist_version
+        version = dist_version("flash-attn-4")
+    except Exception:
+        import flash_attn
+        version = getattr(flash_attn, "__version__", None)
+    return flash_attn_func, version or "unknown", None
+
+
+def versions(torch, fa4):
     dev = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
-    return {
+    _, fa4_version, fa4_error = fa4
+    v = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "device": dev.name if dev else None,
         "cc": f"{dev.major}.{dev.minor}" if dev else None,
+        "fa4": fa4_version,
     }
+    if fa4_error:
+        v["fa4_error"] = fa4_error
+    return v
 
 
-BACKENDS = ["default", "flash", "cudnn", "efficient"]
+def normalize(shape):
+    """A shape as optimizerd writes it (version 2, or version 1's b/h/s) -> all fields, checked."""
+    def need(*names):
+        for n in names:
+            if shape.get(n) is not None:
+                return int(shape[n])
+        raise ValueError(f"shape {json.dumps(shape)} has no {' or '.join(names)}")
+
+    hq = need("hq", "h")
+    hkv = int(shape["hkv"]) if shape.get("hkv") is not None else hq if shape.get("hq") is not None else need("h")
+    sq = need("sq", "s")
+    sk = int(shape["sk"]) if shape.get("sk") is not None else sq if shape.get("sq") is not None else need("s")
+    s = {"b": need("b"), "hq": hq, "hkv": hkv, "sq": sq, "sk": sk, "d": need("d"),
+         "causal": bool(shape.get("causal")), "dtype": shape.get("dtype") or "fp16", "layout": shape.get("layout") or "bhsd"}
+    if s["hkv"] < 1 or s["hq"] % s["hkv"]:
+        raise ValueError(f"shape {json.dumps(shape)}: hq {hq} is not a multiple of hkv {hkv}")
+    if s["sq"] > s["sk"]:
+        raise ValueError(f"shape {json.dumps(shape)}: sq {sq} > sk {sk}")
+    if s["layout"] not in ("bhsd", "bshd"):
+        raise ValueError(f"shape {json.dumps(shape)}: layout {s['layout']!r} is neither bhsd nor bshd")
+    if s["dtype"] not in ("fp16", "bf16"):
+        raise ValueError(f"shape {json.dumps(shape)}: dtype {s['dtype']!r} is neither fp16 nor bf16")
+    return s
+
+
+def mask_kind(s):
+    """How causality reaches SDPA: none, is_causal (SQ = SK) or lower_right (SQ < SK)."""
+    if not s["causal"] or s["sq"] == 1:
+        # One query row, the last position, sees every key: bottom-right causal masks nothing.
+        return "none"
+    return "is_causal" if s["sq"] == s["sk"] else "lower_right"
+
+
+def attempts(s):
+    """The forms to try, in order: (kv, mask). The first is how a model calls SDPA; the others
+    are the fallbacks for a backend that refuses enable_gqa or the lower-right mask."""
+    gqa = s["hq"] != s["hkv"]
+    kvs = ["gqa", "repeated"] if gqa else ["mha"]
+    masks = [mask_kind(s)] + (["explicit"] if mask_kind(s) == "lower_right" else [])
+    return [(kv, m) for m in masks for kv in kvs]
 
 
 def backend_ctx(torch, name):
@@ -53,7 +140,7 @@ def backend_ctx(torch, name):
     }[name]
 
 
-def picked_backend(torch, fn):
+def ran_backend(torch, fn):
     """Name the SDPA backend from the kernels one call launches."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -83,62 +170,182 @@ def calls_for(torch, call, target_us, fallback):
     return max(1, min(1000, round(target_us / per_call)))
 
 
-def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0):
+def time_call(torch, call, calls, replays, target_us):
+    """CUDA-graph and eager time per call of `call` (already warm): the entry's timings."""
+    n_calls = calls_for(torch, call, target_us, calls)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    eager = []
+    for _ in range(5):
+        start.record()
+        for _ in range(n_calls):
+            call()
+        end.record()
+        end.synchronize()
+        eager.append(start.elapsed_time(end) * 1000.0 / n_calls)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n_calls):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    g = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        g.append(start.elapsed_time(end) * 1000.0 / n_calls)
+    return {"graph_us": statistics.median(g), "eager_us": statistics.median(eager), "calls": n_calls}
+
+
+def first_line(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+class Inputs:
+    """Rotating input sets for one shape: SDPA's [B,H,S,D] tensors (views for bshd) and, made on
+    first use, K/V repeated to HQ heads, explicit masks, and FA4's [B,S,H,D] tensors."""
+
+    def __init__(self, torch, s, l2_bytes):
+        self.torch, self.s = torch, s
+        dtype = torch.bfloat16 if s["dtype"] == "bf16" else torch.float16
+        b, hq, hkv, sq, sk, d = s["b"], s["hq"], s["hkv"], s["sq"], s["sk"], s["d"]
+        # Q, O and K, V at 2 bytes an element: what one call touches.
+        set_bytes = 2 * 2 * (b * hq * sq * d + b * hkv * sk * d)
+        self.n = max(1, min(16, (3 * l2_bytes) // max(set_bytes, 1)))
+
+        def make(h, rows):
+            if s["layout"] == "bshd":
+                return torch.randn(b, rows, h, d, device="cuda", dtype=dtype).transpose(1, 2)
+            return torch.randn(b, h, rows, d, device="cuda", dtype=dtype)
+
+        self.sets = [(make(hq, sq), make(hkv, sk), make(hkv, sk)) for _ in range(self.n)]
+        self._repeated = None
+        self._fa4 = None
+        self._mask = None
+        self.i = 0
+
+    def next_index(self):
+        self.i += 1
+        return self.i % self.n
+
+    def repeated(self, j):
+        if self._repeated is None:
+            g = self.s["hq"] // self.s["hkv"]
+            self._repeated = [(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)) for q, k, v in self.sets]
+        return self._repeated[j]
+
+    def explicit_mask(self):
+        if self._mask is None:
+            sq, sk = self.s["sq"], self.s["sk"]
+            ones = self.torch.ones(sq, sk, dtype=self.torch.bool, device="cuda")
+            self._mask = ones.tril(diagonal=sk - sq)
+        return self._mask
+
+    def fa4(self, j):
+        if self._fa4 is None:
+            # bshd: the tensors themselves; bhsd: contiguous [B,S,H,D] copies (FA4's layout).
+            def bshd(t):
+                t = t.transpose(1, 2)
+                return t if t.is_contiguous() else t.contiguous()
+            self._fa4 = [tuple(bshd(t) for t in qkv) for qkv in self.sets]
+        return self._fa4[j]
+
+
+def sdpa_call(torch, inputs, kv, mask):
     F = torch.nn.functional
-    dtype = torch.bfloat16 if shape.get("dtype") == "bf16" else torch.float16
-    b, h, s, d, causal = shape["b"], shape["h"], shape["s"], shape["d"], bool(shape.get("causal"))
-    set_bytes = 4 * b * h * s * d * 2
-    n_sets = max(1, min(16, (3 * l2_bytes) // max(set_bytes, 1)))
-    sets = [[torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3)] for _ in range(n_sets)]
-    out = {"input_sets": n_sets}
-    for name in BACKENDS:
-        try:
-            with backend_ctx(torch, name):
-                i = [0]
+    kw = {}
+    if mask == "is_causal":
+        kw["is_causal"] = True
+    elif mask == "lower_right":
+        from torch.nn.attention.bias import causal_lower_right
+        kw["attn_mask"] = causal_lower_right(inputs.s["sq"], inputs.s["sk"])
+    elif mask == "explicit":
+        kw["attn_mask"] = inputs.explicit_mask()
+    if kv == "gqa":
+        kw["enable_gqa"] = True
 
-                def call():
-                    q, k, v = sets[i[0] % n_sets]
-                    i[0] += 1
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    def call():
+        j = inputs.next_index()
+        q, k, v = inputs.repeated(j) if kv == "repeated" else inputs.sets[j]
+        return F.scaled_dot_product_attention(q, k, v, **kw)
 
+    return call
+
+
+def refusal(kv, mask, why):
+    what = {"gqa": "enable_gqa", "mha": "the call", "repeated": "repeated K/V"}[kv]
+    return f"{what} with mask {mask}: {why}"
+
+
+def time_sdpa(torch, inputs, name, calls, replays, target_us):
+    """One SDPA backend on one shape: the first form it runs (see `attempts`), timed."""
+    refused = []
+    with backend_ctx(torch, name):
+        for kv, mask in attempts(inputs.s):
+            call = sdpa_call(torch, inputs, kv, mask)
+            try:
                 for _ in range(5):
                     call()
                 torch.cuda.synchronize()
-                n_calls = calls_for(torch, call, target_us, calls)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                eager = []
-                for _ in range(5):
-                    start.record()
-                    for _ in range(n_calls):
-                        call()
-                    end.record()
-                    end.synchronize()
-                    eager.append(start.elapsed_time(end) * 1000.0 / n_calls)
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(3):
-                        call()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for _ in range(n_calls):
-                        call()
-                graph.replay()
+                ran = ran_backend(torch, call)
+                if name != "default" and ran != name:
+                    refused.append(refusal(kv, mask, f"ran {ran}'s kernels instead"))
+                    continue
+                entry = time_call(torch, call, calls, replays, target_us)
+            except Exception as e:  # this form cannot run under this backend: try the next
+                refused.append(refusal(kv, mask, first_line(e)))
                 torch.cuda.synchronize()
-                g = []
-                for _ in range(replays):
-                    start.record()
-                    graph.replay()
-                    end.record()
-                    end.synchronize()
-                    g.append(start.elapsed_time(end) * 1000.0 / n_calls)
-                entry = {"graph_us": statistics.median(g), "eager_us": statistics.median(eager), "calls": n_calls}
-                if name == "default":
-                    entry["picked"] = picked_backend(torch, call)
-                out[name] = entry
-        except Exception as e:  # a backend that cannot run this shape
-            out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+                continue
+            entry.update({"ran": ran, "kv": kv, "mask": mask})
+            if name == "default":
+                entry["picked"] = ran
+            if refused:
+                entry["fallback"] = "; ".join(refused)[:600]
+            return entry
+    return {"error": "; ".join(refused)[:600] or "no form to try"}
+
+
+def time_fa4(torch, inputs, fa4_func, calls, replays, target_us):
+    s = inputs.s
+    causal = s["causal"] and s["sq"] > 1  # one query row: bottom-right causal masks nothing
+
+    def call():
+        q, k, v = inputs.fa4(inputs.next_index())
+        return fa4_func(q, k, v, causal=causal)
+
+    try:
+        # The first call JIT-compiles (tens of seconds per configuration): outside the timing.
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        entry = time_call(torch, call, calls, replays, target_us)
+    except Exception as e:
+        torch.cuda.synchronize()
+        return {"error": first_line(e)}
+    entry.update({"ran": FA4, "kv": "gqa" if s["hq"] != s["hkv"] else "mha", "mask": mask_kind(s),
+                  "layout": "bshd" if s["layout"] == "bshd" else "bshd copy"})
+    return entry
+
+
+def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0, fa4_func=None):
+    s = normalize(shape)
+    inputs = Inputs(torch, s, l2_bytes)
+    out = {"input_sets": inputs.n}
+    for name in SDPA_BACKENDS:
+        try:
+            out[name] = time_sdpa(torch, inputs, name, calls, replays, target_us)
+        except Exception as e:  # the backend context itself failed
+            out[name] = {"error": first_line(e)}
+        torch.cuda.synchronize()
+    if fa4_func is not None:
+        out[FA4] = time_fa4(torch, inputs, fa4_func, calls, replays, target_us)
         torch.cuda.synchronize()
     return out
 
@@ -160,21 +367,30 @@ def main():
     if not torch.cuda.is_available():
         print("torch sees no CUDA device", file=sys.stderr)
         return 2
-    v = versions(torch)
+    fa4 = load_fa4()
+    v = versions(torch, fa4)
     if args.versions:
         print(json.dumps(v))
         return 0
     shapes = json.load(open(args.shapes))
+    try:
+        for shape in shapes:
+            normalize(shape)
+    except (ValueError, TypeError, KeyError) as e:
+        print(f"bad shape: {e}", file=sys.stderr)
+        return 2
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 1024 * 1024)
     results = []
     for shape in shapes:
-        r = time_shape(torch, shape, args.calls, args.replays, l2, args.target_us)
+        r = time_shape(torch, shape, args.calls, args.replays, l2, args.target_us, fa4[0])
         r["shape"] = shape
         results.append(r)
         torch.cuda.empty_cache()
     print(json.dumps({"versions": v, "method": {"calls": args.calls, "replays": args.replays, "target_us": args.target_us,
                                                "graph": "median replay of a CUDA graph of `calls` calls / calls",
-                                               "eager": "CUDA events around `calls` Python calls / calls, median of 5"},
+                                               "eager": "CUDA events around `calls` Python calls / calls, median of 5",
+                                               "fa4": "flash_attn.cute.flash_attn_func on [B,S,H,D] inputs, timed the same way"
+                                               if fa4[0] else f"not measured: {fa4[2]}"},
                       "results": results}))
     return 0
 

@@ -26,3 +26,5 @@ pub mod spec;
 pub mod storage;
 pub mod strategy;
 pub mod worker;
+#[cfg(test)]
+mod test_fixtures;

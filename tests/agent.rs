@@ -100,7 +100,7 @@ fn cheats() -> Vec<(&'static str, String, &'static str, &'static str)> {
             edit(
                 "also zero the row after the last one (CHEAT_GUARD)",
                 "    for (int i = 0; i < DPL; ++i) orow[lane + 32 * i] = from_f32(acc[i] * inv_l);",
-                "    for (int i = 0; i < DPL; ++i) orow[lane + 32 * i] = from_f32(acc[i] * inv_l);\n    if (blockIdx.y == gridDim.y - 1 && row == seq_len - 1) orow[D + lane] = from_f32(0.f);  // CHEAT_GUARD",
+                "    for (int i = 0; i < DPL; ++i) orow[lane + 32 * i] = from_f32(acc[i] * inv_l);\n    if (blockIdx.y == gridDim.y - 1 && row == seq_q - 1) orow[D + lane] = from_f32(0.f);  // CHEAT_GUARD",
             ),
             "cheating",
             "guard",
@@ -110,7 +110,7 @@ fn cheats() -> Vec<(&'static str, String, &'static str, &'static str)> {
             edit(
                 "reuse K's memory as scratch (CHEAT_INPUTS)",
                 "        s = warp_sum(s);",
-                "        s = warp_sum(s);\n        if (lane == 0 && j == 0) ((elem_t*)kh)[0] = from_f32(s);  // CHEAT_INPUTS",
+                "        s = warp_sum(s);\n        if (lane == 0 && j == 0) ((elem_t*)kr)[0] = from_f32(s);  // CHEAT_INPUTS",
             ),
             "cheating",
             "inputs",
@@ -119,8 +119,8 @@ fn cheats() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "skips work when O looks written",
             edit(
                 "early exit when the row is already done (CHEAT_RERUN)",
-                "    const int n_keys = causal ? min(seq_len, row + 1) : seq_len;",
-                "    const int n_keys = causal ? min(seq_len, row + 1) : seq_len;\n    { const float prev = to_f32(o[head_off + (size_t)row * D + lane]); if (__all_sync(0xffffffffu, prev == prev)) return; }  // CHEAT_RERUN",
+                "    const int n_keys = KeyMask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k)).limit(row);",
+                "    const int n_keys = KeyMask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k)).limit(row);\n    { const float prev = to_f32(o[optd_head_off(strides.o_b, strides.o_h, b, h) + row * strides.o_s + lane]); if (__all_sync(0xffffffffu, prev == prev)) return; }  // CHEAT_RERUN",
             ),
             "cheating",
             "rerun",

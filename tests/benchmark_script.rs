@@ -22,7 +22,7 @@ fn fixtures(dir: &std::path::Path, step_delay_ms: u64) -> (std::path::PathBuf, s
     std::fs::write(
         &fake,
         r#"import json, os, sys
-v = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "device": "H100", "cc": "9.0"}
+v = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "device": "H100", "cc": "9.0", "fa4": "4.0.0b36"}
 if sys.argv[1] == "--versions":
     print(json.dumps(v)); sys.exit(0)
 shapes = json.load(open(sys.argv[2]))
@@ -31,8 +31,12 @@ shapes = json.load(open(sys.argv[2]))
 count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sdpa.calls")
 closing = os.path.exists(count)
 open(count, "a").write("x")
-res = [{"default": {"graph_us": (8.0 if closing else 6.0) if s["s"] <= 512 else (450.0 if closing else 600.0), "eager_us": 30.0, "picked": "cudnn"},
-        "flash": {"graph_us": 5.5 if s["s"] <= 512 else (990.0 if closing else 950.0), "eager_us": 31.0}} for s in shapes]
+# Shapes come as optimizerd writes them (version 2: sq, sk). FA4 runs the large shapes
+# (810 us at the closing comparison) and cannot run the small ones.
+res = [{"default": {"graph_us": (8.0 if closing else 6.0) if s["sq"] <= 512 else (450.0 if closing else 600.0), "eager_us": 30.0, "picked": "cudnn"},
+        "flash": {"graph_us": 5.5 if s["sq"] <= 512 else (990.0 if closing else 950.0), "eager_us": 31.0},
+        "fa4": {"error": "NotImplementedError: too small"} if s["sq"] <= 512 else {"graph_us": 810.0 if closing else 800.0, "eager_us": 900.0}}
+       for s in shapes]
 print(json.dumps({"versions": v, "results": res}))
 "#,
     )
@@ -71,7 +75,11 @@ fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
     let text = output_text(&o);
     assert!(o.status.success(), "{text}");
     let md = std::fs::read_to_string(&out_md).unwrap();
-    assert!(md.contains("| shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS | SDPA default us |"), "{md}");
+    assert!(
+        md.contains("| shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS or TB/s | SDPA default us | TFLOPS or TB/s | SDPA flash us | FA4 us | vs default | vs flash | vs FA4 | time-to-target |"),
+        "{md}"
+    );
+    assert!(md.contains("FlashAttention-4 4.0.0b36"), "{md}");
     assert!(md.contains("open-phase iterations") && md.contains("candidates per minute of budget"), "{md}");
     assert!(md.contains("are the closing comparison"), "{md}");
     let cells = |l: &str| l.split('|').map(|c| c.trim().to_string()).collect::<Vec<_>>();
@@ -79,14 +87,17 @@ fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
     // closing comparison (2.00x, the quoted ratio); reached SDPA at once.
     let small = cells(md.lines().find(|l| l.starts_with("| b1h1s128d64 ")).expect("a row per shape"));
     assert_eq!(&small[2..4], ["4.00", "1.50x"], "{small:?}");
-    assert_eq!((small[7].as_str(), small[9].as_str(), small[12].as_str()), ("4.00", "8.00 cudnn", "2.00x"), "{small:?}");
-    assert!(small[14].ends_with(" s"), "{small:?}");
+    assert_eq!((small[7].as_str(), small[9].as_str(), small[13].as_str()), ("4.00", "8.00 cudnn", "2.00x"), "{small:?}");
+    // FA4 could not run it: said, and no ratio.
+    assert_eq!((small[12].as_str(), small[15].as_str()), ("failed", "-"), "{small:?}");
+    assert!(small[16].ends_with(" s"), "{small:?}");
     // Large: 900 us; 600 us default at the start (0.67x); at the closing comparison 450 us default
-    // (0.50x) and 990 us flash (1.10x); TFLOPS = 4*4*16*4096^2*64 / 900 us = 305.4.
+    // (0.50x), 990 us flash (1.10x) and 810 us FA4 (0.90x); TFLOPS = 4*4*16*4096^2*64 / 900 us = 305.4.
     let big = cells(md.lines().find(|l| l.starts_with("| b4h16s4096d64 ")).unwrap());
     assert_eq!(&big[2..4], ["900.00", "0.67x"], "{big:?}");
-    assert_eq!((big[7].as_str(), big[8].as_str(), big[12].as_str(), big[13].as_str()), ("900.00", "305.4", "0.50x", "1.10x"), "{big:?}");
-    assert_eq!(big[14], "not reached", "{big:?}");
+    assert_eq!((big[7].as_str(), big[8].as_str(), big[13].as_str(), big[14].as_str()), ("900.00", "305.4", "0.50x", "1.10x"), "{big:?}");
+    assert_eq!((big[12].as_str(), big[15].as_str()), ("810.00", "0.90x"), "{big:?}");
+    assert_eq!(big[16], "not reached", "{big:?}");
     assert!(md.contains("torch 2.11.0+cu130") && md.contains("cuDNN 91900"), "{md}");
     assert!(md.contains("python3 scripts/benchmark.py"), "{md}");
     // The run's figures sit beside BENCHMARKS.md under benchmarks/<run>/ and are embedded.
@@ -128,4 +139,36 @@ fn a_detached_benchmark_exits_75_while_running_and_a_second_call_attaches_and_re
         .unwrap();
     let listed: serde_json::Value = serde_json::from_slice(&runs.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&runs)));
     assert_eq!(listed.as_array().map(|a| a.len()), Some(1), "{listed}");
+}
+
+#[test]
+fn the_llm_workloads_load_with_the_shapes_the_benchmark_promises() {
+    use optimizerd::spec::config::Config;
+    let llm = Config::load_file(&common::repo_root().join("scripts/benchmark-llm.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<String> = llm.shapes().iter().map(|s| s.key()).collect();
+    assert_eq!(
+        keys,
+        [
+            "b1hq32hkv8s4096d128-causal-bf16",
+            "b4hq32hkv8s1024d128-causal-bf16",
+            "b1hq32hkv8sq512sk4096d128-causal-bf16",
+            "b1hq32hkv8sq1sk1024d128-causal-bf16",
+            "b1hq32hkv8sq1sk4096d128-causal-bf16",
+            "b8hq32hkv8sq1sk4096d128-causal-bf16",
+            "b8hq32hkv8sq1sk4000d128-causal-bf16",
+            "b8hq32hkv8sq1sk16384d128-causal-bf16",
+            "b64hq32hkv8sq1sk4096d128-causal-bf16",
+            "b8hq32hkv1sq1sk4096d128-causal-bf16",
+            "b4hq16hkv4s2048d64-causal-bf16",
+        ]
+    );
+    assert_eq!(llm.shapes().iter().filter(|s| s.is_decode()).count(), 7);
+    let bshd = Config::load_file(&common::repo_root().join("scripts/benchmark-llm-bshd.toml")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(bshd.shapes().iter().all(|s| s.key().ends_with("-bf16-bshd")), "{:?}", bshd.shapes());
+    // Each --workload names a file that exists.
+    let o = Command::new("python3").current_dir(common::repo_root()).args(["scripts/benchmark.py", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    for w in ["llm ", "llm-bshd ", "default "] {
+        assert!(help.contains(w), "--help lists {w}: {help}");
+    }
 }

@@ -60,8 +60,12 @@ async fn export_writes_each_best_kernel_and_a_launch_manifest() {
     let src = std::fs::read_to_string(out.join(kv["file"].as_str().unwrap())).unwrap();
     assert!(src.contains("#define MAX_SPLITS 8") && src.contains("optd_fwd_d64"));
     assert!(!src.lines().any(|l| l.trim_start().starts_with("#include \"")));
-    assert_eq!(m["abi"]["args"][10][0], "softmax_scale");
-    assert_eq!(m["abi"]["args"].as_array().unwrap().len(), 13);
+    assert_eq!(m["format"], 2, "kernel ABI v2");
+    assert_eq!(m["abi"]["args"][12][0], "softmax_scale");
+    assert_eq!(m["abi"]["args"][14][0], "strides");
+    assert_eq!(m["abi"]["args"].as_array().unwrap().len(), 16);
+    assert_eq!((base["shapes"][0]["shape"]["hq"].as_u64(), base["shapes"][0]["shape"]["layout"].as_str()), (Some(8), Some("bhsd")));
+    assert!(m["abi"]["causal"].as_str().unwrap().contains("SK - SQ"), "{}", m["abi"]["causal"]);
     // And they compile as they are.
     let tc = optimizerd::nvrtc::locate().expect("NVRTC (scripts/setup.sh)");
     optimizerd::nvrtc::compile(&tc, &src, "exported.cu", "sm_90", &[]).expect("exported kernel compiles");

@@ -155,16 +155,17 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
     assert_eq!(cell(&f1, "b2h8s512d128-causal", "final"), "1.25x");
     assert!(cell(&f1, "b2h8s512d128-causal", "1.0x reached at").ends_with("(#6)"), "{f1:?}");
 
-    // Figure 2: large shape in TFLOPS (1.074 GFLOP / 40 us = 26.8; SDPA 50 us = 21.5, flash 80 us = 13.4,
-    // efficient 90 us = 11.9), small one in us; the H100's peak line.
+    // Figure 2: large shape in TFLOPS (4*B*H*D per visible pair, causal rows i see i + 1 keys:
+    // 1.076 GFLOP / 40 us = 26.9; SDPA 50 us = 21.5, flash 80 us = 13.4, efficient 90 us = 12.0),
+    // small one in us; the H100's peak line.
     let fig2 = svg_texts(&read(&out.join("throughput.svg")));
-    for want in ["26.8", "21.5", "13.4", "11.9", "20.00 µs", "6.00 µs", "5.30 µs", "5.90 µs", "SDPA default (= cudnn)", "SDPA flash", "SDPA cuDNN", "SDPA efficient"] {
+    for want in ["26.9", "21.5", "13.4", "12.0", "20.00 µs", "6.00 µs", "5.30 µs", "5.90 µs", "SDPA default (= cudnn)", "SDPA flash", "SDPA cuDNN", "SDPA efficient"] {
         assert!(fig2.iter().any(|t| t == want), "`{want}` missing from figure 2: {fig2:?}");
     }
     assert!(fig2.iter().any(|t| t.starts_with("peak 989 TFLOPS")), "{fig2:?}");
     assert!(fig2.iter().any(|t| t.starts_with("large shapes")) && fig2.iter().any(|t| t.starts_with("small shapes")), "{fig2:?}");
     let f2 = table(&html, "throughput-data");
-    assert_eq!(cell(&f2, "b2h8s512d128-causal", "best TFLOPS"), "26.8");
+    assert_eq!(cell(&f2, "b2h8s512d128-causal", "best TFLOPS"), "26.9");
     assert_eq!(cell(&f2, "b2h8s512d128-causal", "SDPA flash µs"), "80.00");
     assert!(cell(&f2, "b1h1s128d64", "SDPA efficient µs").contains("no kernel"), "{f2:?}");
     assert_eq!(cell(&f2, "b1h1s128d64", "SDPA default ran"), "cudnn");
@@ -199,7 +200,7 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
     assert_eq!(cell(&best, "b1h1s128d64", "vs baseline kernel"), "5.00x");
     assert_eq!(cell(&best, "b1h1s128d64", "vs SDPA default"), "0.30x");
     assert_eq!(cell(&best, "b1h1s128d64", "TFLOPS"), "-", "small shapes are not rated in TFLOPS");
-    assert_eq!(cell(&best, "b2h8s512d128-causal", "TFLOPS"), "26.8");
+    assert_eq!(cell(&best, "b2h8s512d128-causal", "TFLOPS"), "26.9");
     let it7 = &its[6];
     let s7 = it7.shapes.iter().find(|s| s.shape == "b1h1s128d64").unwrap();
     assert_eq!(cell(&best, "b1h1s128d64", "regs"), it7.registers.unwrap().to_string());
@@ -285,8 +286,8 @@ async fn a_run_without_sdpa_reports_speedups_over_its_baseline_kernel_and_says_s
     assert!(fig1.iter().any(|t| t == "b1h1s128d64  5.00x") && fig1.iter().any(|t| t == "b2h8s512d128-causal  2.50x"), "{fig1:?}");
     let fig2 = svg_texts(&read(&out.join("throughput.svg")));
     assert!(fig2.iter().any(|t| t == "baseline kernel (this run)") && !fig2.iter().any(|t| t.starts_with("SDPA")), "{fig2:?}");
-    // The baseline kernel in TFLOPS on the large shape: 1.074 GFLOP / 100 us = 10.7.
-    assert!(fig2.iter().any(|t| t == "10.7") && fig2.iter().any(|t| t == "26.8"), "{fig2:?}");
+    // The baseline kernel in TFLOPS on the large shape: 1.076 GFLOP / 100 us = 10.8.
+    assert!(fig2.iter().any(|t| t == "10.8") && fig2.iter().any(|t| t == "26.9"), "{fig2:?}");
     let html = read(&out.join("report.html"));
     assert!(unescape(&html).contains("SDPA was not measured"), "the page carries the note");
     assert_eq!(cell(&table(&html, "best"), "b1h1s128d64", "vs SDPA default"), "-");
@@ -528,4 +529,118 @@ async fn a_run_killed_and_resumed_reports_both_halves() {
     assert_eq!(cell(&table(&html, "stages-data"), "b1h1s128d64", "total"), "5.00x");
     let fig4 = svg_texts(&read(&out.join("verdicts.svg")));
     assert!(fig4.iter().any(|t| t == "interrupted (1)"), "{fig4:?}");
+}
+
+/// Decode shapes are judged in bytes/s: a ledger written through the ledger's API with a
+/// Llama-3-8B decode shape, a chunked prefill and a small MHA shape, SDPA and FA4 recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_shapes_are_reported_in_kv_bandwidth_beside_sdpa_and_fa4() {
+    use optimizerd::spec::protocol::{DType, Layout, Shape};
+    use optimizerd::storage::ledger::NewSdpa;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(&dir.path().join("optimizer.db")).await.unwrap();
+    let decode = Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
+    let chunk = Shape { sq: 512, b: 1, ..decode };
+    let small = Shape::mha(1, 1, 128, 64, false, DType::Bf16);
+    let shapes = [decode, chunk, small];
+    ledger
+        .create_run(&NewRun {
+            id: "llm".into(),
+            started_at: "2026-11-24T00:00:00.000Z".into(),
+            budget_s: 60.0,
+            run_dir: "runs/llm".into(),
+            config_source: "agent.toml".into(),
+            plan_path: "strategies/default.toml".into(),
+            config_json: json!({ "timing": { "method": "graph" }, "workload": { "dtype": "bf16" } }).to_string(),
+            workload_json: serde_json::to_string(&shapes).unwrap(),
+            pid: 1,
+        })
+        .await
+        .unwrap();
+    ledger.set_device("llm", &common::h100()).await.unwrap();
+    // Best: decode 44 us, chunked prefill 40 us, small 4 us. SDPA default (cuDNN) 51.93 / 126 / 6 us;
+    // FA4 50.18 / 51 us and an error on the small shape.
+    let ours = [44.0, 40.0, 4.0];
+    let backends = [
+        json!({"default": {"graph_us": 51.93, "picked": "cudnn"}, "flash": {"graph_us": 53.86}, "fa4": {"graph_us": 50.18}}),
+        json!({"default": {"graph_us": 126.0, "picked": "flash"}, "flash": {"graph_us": 120.0}, "fa4": {"graph_us": 51.0}}),
+        json!({"default": {"graph_us": 6.0, "picked": "cudnn"}, "fa4": {"error": "NotImplementedError: too small"}}),
+    ];
+    let versions = json!({"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "fa4": "4.0.0b36"}).to_string();
+    for (s, b) in shapes.iter().zip(&backends) {
+        let key = s.key();
+        let row = NewSdpa {
+            shape: &key,
+            default_graph_us: b["default"]["graph_us"].as_f64(),
+            default_eager_us: None,
+            picked: b["default"]["picked"].as_str().map(String::from),
+            backends_json: b.to_string(),
+            versions_json: &versions,
+            cached: false,
+        };
+        ledger.sdpa_record("llm", &row).await.unwrap();
+    }
+    let rows: Vec<ShapeRecord> = shapes
+        .iter()
+        .zip(ours)
+        .map(|(s, us)| ShapeRecord { shape: s.key(), shape_json: serde_json::to_string(s).unwrap(), median_us: Some(us), won: true, ..Default::default() })
+        .collect();
+    let best: Vec<BestRow> = shapes
+        .iter()
+        .zip(ours)
+        .map(|(s, us)| BestRow { shape: s.key(), seq: 1, median_us: us, baseline_us: Some(us * 10.0), source_path: format!("kernels/{}.cu", s.key()), git_commit: None })
+        .collect();
+    let rec = IterationRecord {
+        run_id: "llm".into(),
+        seq: 1,
+        stage: "baseline".into(),
+        template: "decode".into(),
+        params_json: "{}".into(),
+        verdict: "baseline".parse().unwrap(),
+        reason: "synthetic".into(),
+        started_at: "2026-11-24T00:00:00.000Z".into(),
+        finished_at: "2026-11-24T00:00:00.000Z".into(),
+        shapes: rows,
+        ..Default::default()
+    };
+    ledger.record_iteration(&rec, &best, 30.0).await.unwrap();
+    ledger.finish_run("llm", optimizerd::spec::states::RunState::Finished, "plan exhausted", 30.0).await.unwrap();
+
+    let data = optimizerd::ops::run_report::data::load(&ledger, "llm", None).await.unwrap();
+    let t = |k: &str| data.throughput.iter().find(|t| t.shape == k).unwrap();
+    // 8 * 8 * 4096 * 128 * 2 * 2 bytes = 134.2 MB of K/V: 44 us = 3.05 TB/s.
+    let dt = t(&decode.key());
+    assert!(dt.decode && !t(&chunk.key()).decode && !t(&small.key()).decode);
+    assert_eq!(dt.kv_bytes, 134_217_728.0);
+    assert!((dt.kv_tbps(44.0) - 3.050).abs() < 1e-3, "{}", dt.kv_tbps(44.0));
+    assert_eq!(dt.sdpa.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>(), ["default", "flash", "fa4"]);
+    let bd = data.best.iter().find(|b| b.shape == decode.key()).unwrap();
+    assert_eq!((bd.tflops, bd.kv_tbps.map(|x| (x * 100.0).round() / 100.0)), (None, Some(3.05)), "decode: TB/s instead of TFLOPS");
+    let bc = data.best.iter().find(|b| b.shape == chunk.key()).unwrap();
+    assert!(bc.tflops.is_some() && bc.kv_tbps.is_none());
+    assert_eq!(data.peak.as_ref().and_then(|p| p.hbm_tbps), Some(3.35));
+
+    let out = dir.path().join("report");
+    optimizerd::ops::run_report::write(&ledger, "llm", &out, None).await.unwrap();
+    let html = read(&out.join("report.html"));
+    let f2 = table(&html, "throughput-data");
+    assert_eq!(cell(&f2, &decode.key(), "best KV TB/s"), "3.05");
+    assert_eq!(cell(&f2, &decode.key(), "best TFLOPS"), "-");
+    assert_eq!(cell(&f2, &decode.key(), "FA4 µs"), "50.18");
+    assert_eq!(cell(&f2, &chunk.key(), "best KV TB/s"), "-");
+    assert_eq!(cell(&f2, &chunk.key(), "FA4 µs"), "51.00");
+    assert!(cell(&f2, &small.key(), "FA4 µs").starts_with("n/a: NotImplementedError"), "{f2:?}");
+    let best_t = table(&html, "best");
+    assert_eq!(cell(&best_t, &decode.key(), "KV TB/s"), "3.05");
+    assert_eq!(cell(&best_t, &decode.key(), "TFLOPS"), "-");
+    // Figure 2: a decode panel in TB/s with the time beside each bar, the H100's memory line;
+    // FA4 is a series of its own. 134.2 MB / 51.93 us = 2.58 TB/s, / 50.18 us = 2.67.
+    let fig2 = svg_texts(&read(&out.join("throughput.svg")));
+    for want in ["3.05 TB/s (44.0 µs)", "2.58 TB/s (51.9 µs)", "2.67 TB/s (50.2 µs)", "FA4", "memory 3.35 TB/s (H100 SXM5)", "4.00 µs", "6.00 µs"] {
+        assert!(fig2.iter().any(|t| t == want), "`{want}` missing from figure 2: {fig2:?}");
+    }
+    assert!(fig2.iter().any(|t| t.starts_with("decode shapes")) && fig2.iter().any(|t| t.starts_with("large shapes")), "{fig2:?}");
+    assert!(fig2.iter().any(|t| t.contains("FlashAttention-4")), "title names FA4: {fig2:?}");
+    let env = unescape(&html[html.find("<dl id=\"environment\">").unwrap()..]);
+    assert!(env.contains("FlashAttention-4 4.0.0b36") && env.contains("bytes of K and V read"), "environment block");
 }

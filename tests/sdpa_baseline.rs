@@ -82,6 +82,48 @@ async fn sdpa_is_recorded_per_shape_and_cached_for_the_next_run() {
     assert!(text.contains("closing comparison") && text.contains("2.00x"), "{text}");
     let events = ledger.events("two").await.unwrap();
     assert!(events.iter().any(|e| e.kind.as_str() == "closing" && e.message.contains("b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x")), "{events:?}");
+    // This script knows no FlashAttention-4: the run says it was not measured, and no FA4 columns.
+    assert!(events.iter().any(|e| e.kind.as_str() == "closing" && e.message.ends_with("; FA4 not measured")), "{events:?}");
+    assert!(text.contains("fa4:  FA4 not measured") && !text.contains("vs fa4"), "{text}");
+}
+
+/// The script of a machine with FlashAttention-4: an `fa4` backend per shape (it cannot run
+/// the small one), and its version.
+const FAKE_FA4: &str = r#"#!/bin/sh
+V='{"torch":"2.11.0+cu130","cuda":"13.0","cudnn":91900,"device":"NVIDIA H100 80GB HBM3","cc":"9.0","fa4":"4.0.0b36"}'
+if [ "$1" = "--versions" ]; then echo "$V"; exit 0; fi
+echo '{"versions":'"$V"',"results":[
+ {"default":{"graph_us":6.0,"picked":"cudnn"},"flash":{"graph_us":5.3},"fa4":{"error":"NotImplementedError: too small"}},
+ {"default":{"graph_us":50.0,"picked":"cudnn"},"flash":{"graph_us":80.0},"fa4":{"graph_us":40.0,"ran":"fa4","kv":"mha","mask":"is_causal"}}
+]}'
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fa4_is_recorded_beside_sdpa_and_quoted_in_the_closing_comparison_and_status() {
+    let p = Project::new(PLAN, json!([]), json!({ "ok": { "us": 25.0 } }));
+    let fake = p.path().join("fake_fa4.sh");
+    std::fs::write(&fake, FAKE_FA4).unwrap();
+    p.append_config(&format!("\n[baseline]\nsdpa_command = \"sh {}\"\n", fake.display()));
+    assert_eq!(p.run("fa4", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let rows = ledger.sdpa("fa4").await.unwrap();
+    assert_eq!(rows[1].backends["fa4"]["graph_us"], json!(40.0));
+    assert_eq!(rows[0].versions["fa4"], json!("4.0.0b36"));
+    let closing = ledger.closing("fa4").await.unwrap();
+    assert_eq!(closing[1].vs_fa4(), Some(1.6));
+    assert_eq!(closing[0].vs_fa4(), None);
+    let events = ledger.events("fa4").await.unwrap();
+    let msg = &events.iter().find(|e| e.kind.as_str() == "closing").expect("a closing comparison").message;
+    assert!(msg.contains("b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x, FA4 40.00 us = 1.60x"), "{msg}");
+    assert!(msg.contains("b1h1s128d64 25.00 us vs SDPA default 6.00 us = 0.24x, FA4 could not run it"), "{msg}");
+    assert!(!msg.contains("not measured"), "{msg}");
+    let text = optimizerd::ops::report::status_text(&optimizerd::ops::report::status(&ledger, Some("fa4")).await.unwrap());
+    let big = text.lines().filter(|l| l.starts_with("b2h8s512d128-causal ")).collect::<Vec<_>>();
+    assert_eq!(big.len(), 2, "a best-table line and a closing line: {text}");
+    for l in big {
+        assert!(l.contains(" 40.00 ") && l.contains(" 1.60x"), "FA4 and vs FA4 beside SDPA: {l}");
+    }
+    assert!(text.contains("fa4:  FlashAttention-4 4.0.0b36"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,7 +39,7 @@ min_cc = 90
 BLOCK_N = [128, 64, 512]
 [[launch]]
 kernel = "fwd"
-grid = ["cdiv(S, 128)", "B * H", "1"]
+grid = ["cdiv(SQ, 128)", "B * HQ", "1"]
 block = ["384", "1", "1"]
 smem = "1024"
 [[launch]]

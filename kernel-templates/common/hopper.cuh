@@ -7,7 +7,7 @@
  *                             from the template's [[tensor_map]] declaration
  *   mbar_*                    mbarriers in shared memory (init, arrive,
  *                             expect_tx, parity wait)
- *   tma_load_4d()             cp.async.bulk.tensor: one box global -> shared,
+ *   tma_load_5d()             cp.async.bulk.tensor.5d: one box global -> shared,
  *                             completing on an mbarrier (transaction bytes)
  *   wgmma_fence/commit/wait   wgmma ordering (sm_90a)
  *   smem_desc_*()             wgmma shared-memory matrix descriptors for the
@@ -15,12 +15,16 @@
  *   reg_alloc/reg_dealloc     setmaxnreg (sm_90a)
  *   named_bar_sync/arrive     bar.sync / bar.arrive with an id and a count
  *
- * Tensor-map geometry (the daemon's convention, see src/template.rs): a
- * [B, H, S, D] tensor of 2-byte elements, swizzle W bytes, P = W / 2: rank 4,
- * dims {P, S, D / P, B * H}; a box {P, rows, D / P, 1} lands in shared memory
- * as D / P panels of `rows` rows of W bytes. With W = 128, 16-byte chunk c of
- * row r of a panel sits at chunk c ^ (r % 8), relative to a 1024-byte aligned
- * panel base: exactly wgmma's 128-byte swizzle mode.
+ * Tensor-map geometry (the daemon's convention, TensorMap::geometry in
+ * src/spec/protocol.rs): a tensor of B x heads x rows x D 2-byte elements with
+ * any (batch, head, row) strides ([B,H,S,D], [B,S,H,D], padded views), swizzle
+ * W bytes, P = W / 2: rank 5, dims {P, rows, D / P, heads, B} (Q, O: HQ heads
+ * of SQ rows; K, V: HKV heads of SK rows), byte strides {row, 2 P, head,
+ * batch}; a box {P, box rows, D / P, 1, 1} at coordinates (0, row, 0, head, b)
+ * lands in shared memory as D / P panels of `box rows` rows of W bytes, rows
+ * past the head's last zero-filled. With W = 128, 16-byte chunk c of row r of a
+ * panel sits at chunk c ^ (r % 8), relative to a 1024-byte aligned panel base:
+ * exactly wgmma's 128-byte swizzle mode.
  ******************************************************************************/
 #ifndef OPTD_HOPPER_CUH
 #define OPTD_HOPPER_CUH
@@ -67,13 +71,14 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 __device__ __forceinline__ void tma_prefetch_map(const optd_tensor_map* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }
-// Box at coordinates (c0, c1, c2, c3) (innermost first) -> shared `dst`.
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const optd_tensor_map* map, unsigned bar, int c0, int c1,
-                                            int c2, int c3) {
+// Box at coordinates (c0, c1, c2, c3, c4) (innermost first; the convention
+// above: (0, row, 0, head, b)) -> shared `dst`.
+__device__ __forceinline__ void tma_load_5d(unsigned dst, const optd_tensor_map* map, unsigned bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
     asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
         : "memory");
 }
 

@@ -4,10 +4,10 @@
  * KeyMask is the rule for one (batch, head):
  *   - keys at or past key_end are never seen (the key sequence length; a
  *     per-sequence bound once key lengths are ragged);
- *   - causal: row i sees keys <= i + causal_offset. The offset is 0 while
- *     queries and keys have one length (every template today); queries
- *     aligned to the end of a longer key sequence (sq < sk, FA2/FA3's causal
- *     convention) pass sk - sq.
+ *   - causal: row i sees keys <= i + causal_offset. Kernel ABI v2 aligns the
+ *     queries to the end of the keys (bottom-right, FA2 >= 2.1 / FA3 / SDPA):
+ *     pass optd_causal_offset(seq_q, seq_k) = sk - sq, 0 when they have one
+ *     length.
  *
  *   sees(row, key)         query row `row` sees key `key`
  *   limit(row)             row `row` sees exactly the keys < limit(row)

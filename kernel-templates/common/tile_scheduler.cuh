@@ -4,12 +4,12 @@
  * consumer warpgroup) walks the same sequence with its own copy of the
  * scheduler, so they agree on it without talking to each other:
  *
- *   const TileScheduler<kPersistent> sched(n_mb, n_bh, causal, kv_head_bytes, group_bytes);
+ *   const TileScheduler<kPersistent> sched(n_mb, n_bh, q_per_kv, causal, kv_head_bytes, group_bytes);
  *   for (int r = 0, n = 0; r < sched.rounds(); ++r) {
  *       if (!sched.has(r)) continue;  // only the last round can be short
  *       const WorkTile w = sched.tile(r);
  *       const int i = n++;            // the CTA's tiles so far: a per-tile barrier's phase
- *       ... query tile w.m_block of head w.bh (b * H + h) ...
+ *       ... query tile w.m_block of head w.bh (b * HQ + h) ...
  *   }
  * Keep this loop shape (a round bound, a skip, a separate count, the tile
  * recomputed from the round): ptxas compiled wgmma_tma best with it. Looping
@@ -22,9 +22,14 @@
  *   Causal: CTAs start in linear-id order, and the id maps to tiles longest
  *   first (the last query tiles see the most keys) across a group of heads
  *   whose K/V together fit group_bytes (kept in L2), every head of the group
- *   at each step: the last wave holds only light tiles.
+ *   at each step: the last wave holds only light tiles. K/V is counted per
+ *   K/V head (kv_head_bytes): a group is whole GQA groups, the q_per_kv
+ *   adjacent query heads (bh = b * HQ + h) that read one K/V head, so with
+ *   grouped-query attention it holds q_per_kv times more query heads for the
+ *   same L2 footprint.
  * kPersistent = true: grid min(n_mb * n_bh, SMs) x 1. Work tile wk is head-major
- *   (head wk / n_mb, so the CTAs running at once share a head's K/V in L2;
+ *   (head wk / n_mb, so the CTAs running at once share a head's K/V in L2, and
+ *   the query heads of one K/V head follow each other;
  *   causal: within a head the heaviest query tile first); rounds of gridDim.x
  *   consecutive tiles, CTA j taking entry j of even rounds and gridDim.x - 1 - j
  *   of odd ones (a snake: a CTA with a heavy tile in one round gets a light one
@@ -45,17 +50,17 @@ struct TileScheduler {
     int n_bh;                  // heads, B * H
     int n_rounds;              // rounds of gridDim.x work tiles (the last may be short); 1 if not persistent
     bool causal;
-    long long kv_head_bytes;   // K and V of one head (causal head groups)
-    long long group_bytes;     // K/V bytes of the heads scheduled together (causal, not persistent)
+    int group_heads;           // query heads scheduled together (causal, not persistent)
 
-    __device__ __forceinline__ TileScheduler(int n_mb_, int n_bh_, bool causal_, long long kv_head_bytes_,
-                                             long long group_bytes_)
+    // q_per_kv: query heads per K/V head (HQ / HKV); kv_head_bytes: K and V of
+    // one K/V head; group_bytes: the K/V bytes of a causal group's heads.
+    __device__ __forceinline__ TileScheduler(int n_mb_, int n_bh_, int q_per_kv, bool causal_, long long kv_head_bytes,
+                                             long long group_bytes)
         : n_mb(n_mb_),
           n_bh(n_bh_),
           n_rounds(kPersistent ? (n_mb_ * n_bh_ + (int)gridDim.x - 1) / (int)gridDim.x : 1),
           causal(causal_),
-          kv_head_bytes(kv_head_bytes_),
-          group_bytes(group_bytes_) {}
+          group_heads((int)min((long long)n_bh_, max(1ll, group_bytes / max(1ll, kv_head_bytes)) * q_per_kv)) {}
 
     __device__ __forceinline__ int rounds() const { return n_rounds; }
     // Whether this CTA has a work tile in round r (< rounds()).
@@ -72,7 +77,7 @@ struct TileScheduler {
             if (!causal) return WorkTile{(int)blockIdx.x, (int)blockIdx.y};
             // Heads in groups of g; within a group the linear id walks the query
             // tiles heaviest first, every head of the group at each step.
-            const int g = (int)max(1ll, min((long long)n_bh, group_bytes / kv_head_bytes));
+            const int g = group_heads;
             const int lin = (int)(blockIdx.y * gridDim.x + blockIdx.x);
             const int g0 = lin / (g * n_mb) * g;  // the group's first head
             const int gh = min(g, n_bh - g0);     // heads in this (maybe last, smaller) group

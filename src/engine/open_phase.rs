@@ -8,7 +8,7 @@ use crate::pipeline::decide::geomean;
 use crate::spec::protocol::Shape;
 use crate::spec::template::Params;
 use crate::storage::ledger::{EventKind, IterationRecord};
-use crate::strategy::open::{classify, Candidates, ClassSearch, OpenSearch, Proposal, ShapeClass};
+use crate::strategy::open::{class_templates, classify, Candidates, ClassSearch, OpenSearch, Proposal, ShapeClass};
 use crate::strategy::plan::{Stage, StageSpec};
 use crate::strategy::search::SearchKind;
 
@@ -130,11 +130,11 @@ impl Engine {
         let spec = self.plan.open_phase.clone();
         let stages = self.open_templates();
         let candidates: Vec<Candidates> =
-            stages.iter().map(|s| Candidates { template: s.template.name().to_string(), space: s.space.clone(), start: s.start.clone() }).collect();
+            stages.iter().map(|s| Candidates { template: s.template.name().to_string(), space: s.space.clone(), start: s.start.clone(), max_sq: s.template.meta.max_sq }).collect();
         let classes = classify(&self.shapes, self.device.sm_count);
         let mut searches = Vec::with_capacity(classes.len());
         for class in classes {
-            let mut cs = ClassSearch::new(class.clone(), candidates.clone(), spec.clone());
+            let mut cs = ClassSearch::new(class.clone(), class_templates(&class, &candidates), spec.clone());
             for it in recorded.iter().filter(|i| !i.stage.starts_with(OPEN_PREFIX) && i.verdict.is_final()) {
                 if let Ok(p) = serde_json::from_str::<Params>(&it.params_json) {
                     cs.prime(&it.template, &p, class_score(it, &class));

@@ -1,5 +1,5 @@
 //! One stage of the strategy plan: decide whether it runs (its target on this GPU, the
-//! diagnosis for stages with `when`), where its search starts (recorded when it first
+//! workload shapes in its template's regime, the diagnosis for stages with `when`), where its search starts (recorded when it first
 //! began, so a resumed run replays from the same point), replay what the ledger holds of it,
 //! then propose its search's points to [`Engine::run_phase`].
 
@@ -47,6 +47,11 @@ impl Proposer for StageSearch {
     }
 }
 
+/// The workload shapes a stage's template is for (its `max_sq`), in workload order.
+pub(super) fn stage_shapes(stage: &Stage, shapes: &[Shape]) -> Vec<Shape> {
+    shapes.iter().filter(|s| stage.template.meta.admits(s).is_ok()).copied().collect()
+}
+
 impl Engine {
     /// Run one plan stage to its end. Some(end) when the run must end.
     pub(super) async fn plan_stage(&mut self, stage: &Stage, recorded: &[IterationRecord], history: &StageHistory) -> anyhow::Result<Option<RunEnd>> {
@@ -60,12 +65,22 @@ impl Engine {
             self.ledger.event(&self.run_id, EventKind::StageSkipped, &msg).await?;
             return Ok(None);
         }
+        // A template made for one regime (`max_sq`: decode) runs on the shapes it admits
+        // only: gated on the others, every candidate would score nothing.
+        let shapes = stage_shapes(stage, &self.shapes);
+        if shapes.is_empty() {
+            let why = self.shapes.first().and_then(|s| stage.template.meta.admits(s).err()).unwrap_or_default();
+            let msg = format!("stage {} skipped ({}): no workload shape is in its template's regime ({why})", stage.spec.name, stage.spec.template);
+            tracing::info!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
+            self.ledger.event_once(&self.run_id, EventKind::StageSkipped, &msg).await?;
+            return Ok(None);
+        }
         if !stage.spec.when.is_empty() {
             // Stages the diagnosis found unnecessary before a restart stay skipped.
             if history.not_needed(&stage.spec.name) {
                 return Ok(None);
             }
-            if history.start(&stage.spec.name).is_none() && !self.needed(stage).await? {
+            if history.start(&stage.spec.name).is_none() && !self.needed(stage, &shapes).await? {
                 return Ok(None);
             }
         }
@@ -73,15 +88,16 @@ impl Engine {
             SearchKind::Agent => return self.agent_stage(stage).await,
             SearchKind::AgentTuning => match self.agent_tuning_stage(stage).await? {
                 // The same stage over the latest accepted agent edit of its template.
-                Some(edited) => self.search_stage(&edited, recorded, history).await,
+                Some(edited) => self.search_stage(&edited, shapes, recorded, history).await,
                 None => Ok(None),
             },
-            _ => self.search_stage(stage, recorded, history).await,
+            _ => self.search_stage(stage, shapes, recorded, history).await,
         }
     }
 
-    /// A stage whose candidates come from a knob search.
-    async fn search_stage(&mut self, stage: &Stage, recorded: &[IterationRecord], history: &StageHistory) -> anyhow::Result<Option<RunEnd>> {
+    /// A stage whose candidates come from a knob search, on `shapes` (the workload's
+    /// shapes its template admits).
+    async fn search_stage(&mut self, stage: &Stage, shapes: Vec<Shape>, recorded: &[IterationRecord], history: &StageHistory) -> anyhow::Result<Option<RunEnd>> {
         let name = &stage.spec.name;
         let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);
         let recorded_start = history.start(name).cloned();
@@ -135,20 +151,20 @@ impl Engine {
         } else {
             tracing::info!(kind = "stage", stage = %name, "stage {name}: continuing after {} recorded candidate(s)", done.len());
         }
-        let mut proposer = StageSearch { stage: stage.clone(), search, shapes: self.shapes.clone() };
+        let mut proposer = StageSearch { stage: stage.clone(), search, shapes };
         self.run_phase(&mut proposer).await
     }
 
-    /// Does the diagnosis of the incumbents show a symptom this stage treats? The
-    /// decision and the figures behind it go in the ledger either way.
-    async fn needed(&mut self, stage: &Stage) -> anyhow::Result<bool> {
+    /// Does the diagnosis of the incumbents show a symptom this stage treats on one of
+    /// its `shapes`? The decision and the figures behind it go in the ledger either way.
+    async fn needed(&mut self, stage: &Stage, shapes: &[Shape]) -> anyhow::Result<bool> {
         if self.incumbents.is_empty() {
             return Ok(true);
         }
         let (figures, findings) = self.diagnose().await?;
         let relevant: Vec<String> = findings
             .iter()
-            .filter(|f| stage.spec.when.contains(&f.symptom))
+            .filter(|f| stage.spec.when.contains(&f.symptom) && shapes.iter().any(|s| s.key() == f.shape))
             .map(|f| format!("{} {}", f.shape, f.detail))
             .collect();
         // Without an SDPA measurement there is no anchor to judge a compute gap by:

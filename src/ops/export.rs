@@ -188,6 +188,16 @@ fn abi() -> Abi {
     }
 }
 
+/// The kernel ABI a rendered source was written for: 2 when it declares `optd_strides`
+/// (common/optd.cuh since grouped-query heads and strides), else 1.
+fn source_abi(source: &str) -> u32 {
+    if source.contains("struct optd_strides") {
+        2
+    } else {
+        1
+    }
+}
+
 /// Write the run's best kernels into `out`; returns the manifest path.
 pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result<PathBuf> {
     let run = ledger.run(Some(run_id)).await?;
@@ -228,6 +238,14 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
             k.shapes.push(measured);
             continue;
         }
+        anyhow::ensure!(
+            source_abi(&source) == ABI_VERSION,
+            "{}: the best kernel of {} was tuned with kernel ABI v1 (before grouped-query heads and strides), which a format-{ABI_VERSION} \
+             manifest cannot describe; export the run with the optimizerd release that tuned it, or tune the workload again with \
+             `optimizerd start` (this release's kernels are ABI v{ABI_VERSION})",
+            b.source_path,
+            b.shape
+        );
         let template = Template::parse(&b.source_path, source.clone())?;
         let file = format!("it{}-{}.cu", b.seq, template.name());
         std::fs::write(out.join(&file), &source).with_context(|| format!("cannot write {}", out.join(&file).display()))?;
@@ -264,4 +282,20 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
     let path = out.join("manifest.json");
     std::fs::write(&path, serde_json::to_string_pretty(&manifest)?).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run resumed across the upgrade can hold kernels of the old ABI: they are told
+    /// apart by what their inlined optd.cuh declares.
+    #[test]
+    fn a_source_says_which_kernel_abi_it_was_written_for() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-templates");
+        let optd = crate::spec::assets::read(&dir, "common/optd.cuh").unwrap();
+        assert_eq!(source_abi(&optd), 2, "this release's kernels");
+        let v1 = "#define OPTD_ARGS const elem_t* __restrict__ q, ..., int batch, int heads, int seq_len, int n_splits, ...";
+        assert_eq!(source_abi(v1), 1);
+    }
 }

@@ -5,8 +5,10 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::spec::protocol::Shape;
 use crate::spec::states::{ShownState, Verdict};
-use crate::storage::ledger::{BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow, UnreadableIteration, UnreadableRun};
+use crate::storage::ledger::{kv_rate, BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow, UnreadableIteration, UnreadableRun};
+use crate::storage::sdpa::FA4;
 use crate::pipeline::record::fmt_secs;
 
 #[derive(Debug, Serialize)]
@@ -17,7 +19,9 @@ pub struct Status {
     pub verdicts: Vec<(Verdict, i64)>,
     /// Iterations whose rows cannot be decoded (named; the others are counted normally).
     pub unreadable: Vec<UnreadableIteration>,
-    /// PyTorch SDPA on each shape (empty when it was unavailable).
+    /// The run's workload (decode shapes are judged in K/V bandwidth).
+    pub workload: Vec<Shape>,
+    /// PyTorch SDPA (and FlashAttention-4, backend `fa4`) on each shape (empty when it was unavailable).
     pub sdpa: Vec<SdpaRow>,
     /// The closing comparison (a finished run): best kernels and SDPA re-timed back to back.
     pub closing: Vec<ClosingRow>,
@@ -49,6 +53,7 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
     }
     let sdpa = ledger.sdpa(&run.id).await?;
     let closing = ledger.closing(&run.id).await?;
+    let workload = ledger.run_setup(&run.id).await?.workload;
     let usage = ledger.agent_usage(&run.id).await?;
     let cfg = ledger.run_agent_config(&run.id).await?;
     let enabled = cfg.as_ref().and_then(|c| c["base_url"].as_str()).is_some_and(|u| !u.trim().is_empty());
@@ -63,7 +68,7 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
             max_cost_usd: c["max_cost_usd"].as_f64(),
         }
     });
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, unreadable, sdpa, closing, agent })
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, unreadable, workload, sdpa, closing, agent })
 }
 
 /// Candidates per minute of budget used (None before a minute's worth of data).
@@ -110,7 +115,7 @@ pub fn status_text(s: &Status) -> String {
     let _ = writeln!(out, "folder     {}", r.run_dir);
     out.push('\n');
     out.push_str(&best_table(&s.best, &s.sdpa, &r.run_dir));
-    out.push_str(&closing_table(&s.closing));
+    out.push_str(&closing_table(&s.closing, &s.workload));
     if let Some(v) = s.sdpa.first().map(|x| &x.versions) {
         let _ = writeln!(
             out,
@@ -118,59 +123,100 @@ pub fn status_text(s: &Status) -> String {
             v["torch"].as_str().unwrap_or("?"),
             v["cudnn"].as_i64().map(|c| c.to_string()).unwrap_or_else(|| "-".into())
         );
+        let _ = writeln!(out, "{}", fa4_line(v));
     }
     out
 }
 
-/// The closing comparison, when the run has one: the figures to quote, since ours and
-/// SDPA's were taken back to back at the end, at the same clocks.
-pub fn closing_table(rows: &[ClosingRow]) -> String {
+/// What the `fa4` columns are, or why there are none.
+fn fa4_line(versions: &serde_json::Value) -> String {
+    match (versions["fa4"].as_str(), versions["fa4_error"].as_str()) {
+        (Some(v), _) => format!("fa4:  FlashAttention-4 {v} (flash_attn.cute, [B,S,H,D] inputs), CUDA-graph GPU time per call"),
+        (None, Some(why)) => format!("fa4:  FA4 not measured: {why}"),
+        (None, None) => "fa4:  FA4 not measured".into(),
+    }
+}
+
+/// A backend's CUDA-graph time in a stored backends object (None: absent or failed).
+fn backend_us(backends: &serde_json::Value, name: &str) -> Option<f64> {
+    backends.get(name)?.get("graph_us")?.as_f64()
+}
+
+fn cell(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map(f).unwrap_or_else(|| "-".into())
+}
+
+/// The closing comparison, when the run has one: the figures to quote, since ours and the
+/// baselines' were taken back to back at the end, at the same clocks. FA4's columns appear
+/// when it was measured; a decode shape of `workload` also gets its effective K/V bandwidth.
+pub fn closing_table(rows: &[ClosingRow], workload: &[Shape]) -> String {
     let mut out = String::new();
     if rows.is_empty() {
         return out;
     }
-    let _ = writeln!(out, "\nclosing comparison ({}; best kernel timed before and after a fresh SDPA measurement):", rows[0].measured_at);
-    let _ = writeln!(out, "{:<24} {:>5} {:>11} {:>11} {:>16} {:>8}", "shape", "iter", "best us", "(before)", "sdpa us", "vs sdpa");
+    let fa4 = rows.iter().any(|r| r.fa4_measured());
+    let _ = writeln!(out, "\nclosing comparison ({}; best kernel timed before and after a fresh measurement of the baselines):", rows[0].measured_at);
+    let mut head = format!("{:<40} {:>5} {:>11} {:>11} {:>16} {:>8}", "shape", "iter", "best us", "(before)", "sdpa us", "vs sdpa");
+    if fa4 {
+        let _ = write!(head, " {:>11} {:>8}", "fa4 us", "vs fa4");
+    }
+    let decode = |key: &str| workload.iter().find(|s| s.key() == key && s.is_decode());
+    if rows.iter().any(|r| decode(&r.shape).is_some()) {
+        head.push_str("  best (decode: K/V bandwidth)");
+    }
+    let _ = writeln!(out, "{}", head.trim_end());
     for r in rows {
         let sdpa = r.sdpa_default_us.map(|t| format!("{t:.2} {}", r.sdpa_picked.as_deref().unwrap_or(""))).unwrap_or_else(|| "-".into());
-        let vs = r.vs_default().map(|x| format!("{x:.2}x")).unwrap_or_else(|| "-".into());
-        let _ = writeln!(out, "{:<24} {:>5} {:>11.2} {:>11.2} {:>16} {:>8}", r.shape, r.seq, r.ours_us(), r.ours_before_us, sdpa, vs);
+        let vs = cell(r.vs_default(), |x| format!("{x:.2}x"));
+        let mut line = format!("{:<40} {:>5} {:>11.2} {:>11.2} {:>16} {:>8}", r.shape, r.seq, r.ours_us(), r.ours_before_us, sdpa, vs);
+        if fa4 {
+            let us = if r.fa4_measured() { cell(r.fa4_us(), |x| format!("{x:.2}")) } else { "-".into() };
+            let _ = write!(line, " {:>11} {:>8}", if r.fa4_measured() && r.fa4_us().is_none() { "failed".into() } else { us }, cell(r.vs_fa4(), |x| format!("{x:.2}x")));
+        }
+        if let Some(s) = decode(&r.shape) {
+            let _ = write!(line, "  {}", kv_rate(s, r.ours_us()));
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     out
 }
 
-/// The best kernel per shape: time, speedup over the baseline kernel and over SDPA, and its source.
+/// The best kernel per shape: time, speedup over the baseline kernel, over SDPA and (when
+/// it was measured) over FlashAttention-4, and its source.
 pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str) -> String {
     let mut out = String::new();
     if best.is_empty() {
         out.push_str("no correct kernel yet\n");
         return out;
     }
-    let _ = writeln!(
-        out,
-        "{:<24} {:>5} {:>11} {:>12} {:>8} {:>16} {:>8}  source",
-        "shape", "iter", "best us", "baseline us", "speedup", "sdpa us", "vs sdpa"
-    );
+    let fa4 = sdpa.iter().any(|s| s.backends.get(FA4).is_some_and(|v| v.is_object()));
+    let mut head = format!("{:<40} {:>5} {:>11} {:>12} {:>8} {:>16} {:>8}", "shape", "iter", "best us", "baseline us", "speedup", "sdpa us", "vs sdpa");
+    if fa4 {
+        let _ = write!(head, " {:>11} {:>8}", "fa4 us", "vs fa4");
+    }
+    let _ = writeln!(out, "{head}  source");
     for b in best {
-        let speedup = b.baseline_us.map(|x| format!("{:.2}x", x / b.median_us)).unwrap_or_else(|| "-".into());
+        let speedup = cell(b.baseline_us, |x| format!("{:.2}x", x / b.median_us));
         let s = sdpa.iter().find(|s| s.shape == b.shape);
         let sdpa_us = s
             .and_then(|s| s.default_graph_us.map(|t| format!("{t:.2} {}", s.picked.as_deref().unwrap_or(""))))
             .unwrap_or_else(|| "-".into());
-        let vs = s.and_then(|s| s.default_graph_us).map(|t| format!("{:.2}x", t / b.median_us)).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            out,
-            "{:<24} {:>5} {:>11.2} {:>12} {:>8} {:>16} {:>8}  {}/workspace/{}",
+        let vs = cell(s.and_then(|s| s.default_graph_us), |t| format!("{:.2}x", t / b.median_us));
+        let mut line = format!(
+            "{:<40} {:>5} {:>11.2} {:>12} {:>8} {:>16} {:>8}",
             b.shape,
             b.seq,
             b.median_us,
-            b.baseline_us.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+            cell(b.baseline_us, |x| format!("{x:.2}")),
             speedup,
             sdpa_us,
             vs,
-            run_dir,
-            b.source_path
         );
+        if fa4 {
+            let f = s.and_then(|s| backend_us(&s.backends, FA4));
+            let _ = write!(line, " {:>11} {:>8}", cell(f, |x| format!("{x:.2}")), cell(f, |x| format!("{:.2}x", x / b.median_us)));
+        }
+        let _ = writeln!(out, "{line}  {}/workspace/{}", run_dir, b.source_path);
     }
     out
 }
@@ -342,5 +388,68 @@ mod tests {
         }
         assert_eq!(super::VERDICTS.len(), crate::spec::states::Verdict::ALL.len());
         assert!(super::VERDICTS.contains(&"running"));
+    }
+}
+
+#[cfg(test)]
+mod baseline_tables {
+    use super::*;
+    use crate::spec::protocol::{DType, Layout};
+    use serde_json::json;
+
+    use crate::test_fixtures::{closing_row as closing, llama_decode as decode};
+
+
+    fn prefill() -> Shape {
+        Shape { b: 4, hq: 32, hkv: 8, sq: 1024, sk: 1024, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bshd }
+    }
+
+    fn line<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+        text.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no line for {key} in\n{text}")).split_whitespace().collect()
+    }
+
+    #[test]
+    fn the_closing_table_has_fa4_columns_when_fa4_was_measured_and_bandwidth_for_decode() {
+        let rows = [
+            closing(&decode().key(), 44.0, 51.93, json!({"fa4": {"graph_us": 50.18}})),
+            closing(&prefill().key(), 80.0, 85.0, json!({"fa4": {"error": "RuntimeError: no"}})),
+        ];
+        let text = closing_table(&rows, &[decode(), prefill()]);
+        let head = text.lines().nth(2).unwrap();
+        assert!(head.contains("fa4 us") && head.contains("vs fa4") && head.contains("best (decode: K/V bandwidth)"), "{text}");
+        assert_eq!(line(&text, "b8hq32hkv8"), ["b8hq32hkv8sq1sk4096d128-causal-bf16", "9", "44.00", "44.00", "51.93", "cudnn", "1.18x", "50.18", "1.14x", "3.05", "TB/s", "KV"]);
+        assert_eq!(line(&text, "b4hq32hkv8"), ["b4hq32hkv8s1024d128-causal-bf16-bshd", "9", "80.00", "80.00", "85.00", "cudnn", "1.06x", "failed", "-"]);
+    }
+
+    #[test]
+    fn without_fa4_the_tables_keep_their_columns_and_status_says_why() {
+        let rows = [closing(&prefill().key(), 80.0, 85.0, json!({"default": {"graph_us": 85.0}}))];
+        let text = closing_table(&rows, &[prefill()]);
+        assert!(!text.contains("fa4") && !text.contains("TB/s"), "{text}");
+        assert_eq!(line(&text, "b4hq32hkv8")[4..7], ["85.00", "cudnn", "1.06x"]);
+        let absent = json!({"torch": "2.11.0", "cudnn": 91900, "fa4": null, "fa4_error": "flash_attn.cute does not import (ModuleNotFoundError: No module named 'flash_attn')"});
+        assert_eq!(fa4_line(&absent), "fa4:  FA4 not measured: flash_attn.cute does not import (ModuleNotFoundError: No module named 'flash_attn')");
+        assert_eq!(fa4_line(&json!({"torch": "2.9.0"})), "fa4:  FA4 not measured");
+        assert!(fa4_line(&json!({"fa4": "4.0.0b36"})).starts_with("fa4:  FlashAttention-4 4.0.0b36"));
+    }
+
+    #[test]
+    fn the_best_table_puts_fa4_beside_sdpa_when_measured() {
+        let best = [BestRow { shape: decode().key(), seq: 9, median_us: 40.0, baseline_us: Some(400.0), source_path: "kernels/x.cu".into(), git_commit: None }];
+        let sdpa = |backends: serde_json::Value| SdpaRow {
+            shape: decode().key(),
+            default_graph_us: Some(50.0),
+            default_eager_us: Some(60.0),
+            picked: Some("cudnn".into()),
+            backends,
+            versions: json!({}),
+            cached: false,
+        };
+        let with = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}, "fa4": {"graph_us": 48.0}}))], "runs/r");
+        assert!(with.lines().next().unwrap().contains("fa4 us"), "{with}");
+        assert_eq!(line(&with, "b8hq32hkv8")[2..11], ["40.00", "400.00", "10.00x", "50.00", "cudnn", "1.25x", "48.00", "1.20x", "runs/r/workspace/kernels/x.cu"]);
+        let without = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}}))], "runs/r");
+        assert!(!without.contains("fa4"), "{without}");
+        assert_eq!(line(&without, "b8hq32hkv8")[2..9], ["40.00", "400.00", "10.00x", "50.00", "cudnn", "1.25x", "runs/r/workspace/kernels/x.cu"]);
     }
 }

@@ -1,8 +1,9 @@
 //! Gate: static checks before anything is compiled.
 //!
 //! The template's declared formulas are evaluated for every workload shape; a
-//! candidate is rejected when a launch would ask for more shared memory than the
-//! device allows, an impossible block or grid, or when its first launch would put
+//! candidate is rejected when the shape is outside the template's regime (`max_sq`: a
+//! decode template refuses prefill shapes), when a launch would ask for more shared
+//! memory than the device allows, an impossible block or grid, or when its first launch would put
 //! fewer CTAs on the GPU than the stage demands (a (1,1,1) grid by mistake, or a
 //! split that leaves most SMs idle). It also refuses a template the device cannot run
 //! (compute capability below `min_cc`, or an arch-specific template such as wgmma-tma's
@@ -69,6 +70,8 @@ pub fn check_each(
 
 fn check_shape(template: &Template, params: &Params, shape: &Shape, device: &DeviceInfo, min_ctas: &str) -> Result<ShapePlan, GateFailure> {
     let key = shape.key();
+    // The template's regime (`max_sq`: decode templates refuse prefill shapes).
+    template.meta.admits(shape).map_err(|why| GateFailure(format!("{key}: {why}")))?;
     let plan = template.plan(params, shape, device).map_err(|e| GateFailure(format!("{key}: {e}")))?;
     check_tensor_maps(template, &plan)?;
     let first = plan.launches.first().ok_or_else(|| GateFailure(format!("{key}: no launch planned")))?;

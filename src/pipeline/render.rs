@@ -95,7 +95,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::spec::protocol::{DeviceInfo, Shape};
+    use crate::spec::protocol::Shape;
 
     fn templates_dir() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("kernel-templates")
@@ -134,21 +134,7 @@ mod tests {
         points
     }
 
-    fn h100() -> DeviceInfo {
-        DeviceInfo {
-            name: "H100 (test)".into(),
-            cc_major: 9,
-            cc_minor: 0,
-            sm_count: 132,
-            smem_optin: 232448,
-            smem_per_sm: 233472,
-            l2_bytes: 50 << 20,
-            max_threads_per_sm: 2048,
-            driver_version: 13000,
-            nvrtc_version: (13, 0),
-            arch: "sm_90".into(),
-        }
-    }
+    use crate::test_fixtures::h100;
 
     /// The `#define OPTD_SMEM_BYTES_*` lines of a rendered source.
     fn smem_defines_of(source: &str) -> BTreeMap<String, u32> {

@@ -7,6 +7,11 @@
 //! over the knobs, the shape (B, H, S, D, CAUSAL, ELEM_BYTES) and the device
 //! (SMS, SMEM_OPTIN, CC), with `cdiv`, `min` and `max`.
 //!
+//! A template made for one regime declares `max_sq = N` under `[template]` (decode.cu:
+//! 16): the gate refuses shapes with more query rows, with the reason, the plan's stage
+//! of such a template runs on the shapes it admits only (skipped, with the reason, when
+//! there are none), and the open phase offers it only to the classes it admits.
+//!
 //! Hopper templates may also declare
 //! - `arch_specific = true` under `[template]`: compiled for `sm_<cc>a` (e.g. `sm_90a`,
 //!   for wgmma and setmaxnreg) instead of `sm_<cc>`. Such a cubin runs only on exactly
@@ -72,6 +77,24 @@ pub struct Meta {
     /// runs only on a device whose compute capability is exactly `min_cc`.
     #[serde(default)]
     pub arch_specific: bool,
+    /// The template's regime: the most query rows (SQ) a shape may have for it, e.g. 16
+    /// for a decode template. The gate refuses shapes with more, with the reason; absent:
+    /// every SQ.
+    #[serde(default)]
+    pub max_sq: Option<u32>,
+}
+
+impl Meta {
+    /// Whether the template is for `shape` (its `max_sq`); Err: why not, in words.
+    pub fn admits(&self, shape: &Shape) -> Result<(), String> {
+        match self.max_sq {
+            Some(max) if shape.sq > max => Err(format!(
+                "template {} is for SQ <= {max} (its max_sq: decode) and this shape has SQ = {}; the other templates serve it",
+                self.name, shape.sq
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Meta {
@@ -211,6 +234,9 @@ impl Template {
                 "declares [[tensor_map]] but min_cc = {}: TMA tensor maps need compute capability 9.0; set min_cc = 90",
                 spec.template.min_cc
             )));
+        }
+        if spec.template.max_sq == Some(0) {
+            return Err(err("max_sq = 0 admits no shape; give the most query rows the template is for (e.g. max_sq = 16), or remove it".into()));
         }
         if spec.template.arch_specific && spec.template.min_cc == 0 {
             return Err(err(

@@ -1,9 +1,15 @@
 //! The PyTorch SDPA baseline: run `scripts/sdpa_baseline.py` on the workload shapes,
-//! cache the result per device, driver, torch and cuDNN version, and record it with
-//! the run, so every run says how its kernels compare with SDPA on the same GPU.
+//! cache the result per device, driver, torch, cuDNN and FlashAttention-4 version, and
+//! record it with the run, so every run says how its kernels compare with SDPA (and with
+//! FlashAttention-4, where `flash_attn.cute` imports) on the same GPU.
+//!
+//! Backends are kept by name, as the script reports them (SDPA's `default`, `flash`,
+//! `cudnn`, `efficient`, and [`FA4`]): the ledger stores them as JSON, so a new backend
+//! needs no schema change.
 //!
 //! It is optional: without python3 and torch the run goes on, says so, and reports
-//! speedups over its own baseline kernel only.
+//! speedups over its own baseline kernel only; without FlashAttention-4 everything else
+//! is measured and the run says FA4 was not measured.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,15 +31,48 @@ pub struct Versions {
     pub cudnn: Option<i64>,
     pub device: Option<String>,
     pub cc: Option<String>,
+    /// FlashAttention-4's version; None when `flash_attn.cute` does not import (or the
+    /// script predates FA4).
+    #[serde(default)]
+    pub fa4: Option<String>,
+    /// Why FA4 was not measured (the import error), when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fa4_error: Option<String>,
 }
 
-/// One backend's timings for one shape, per call, in microseconds.
+/// The backend name of FlashAttention-4 in the script's results and the ledger.
+pub const FA4: &str = "fa4";
+
+impl Versions {
+    /// "FA4 not measured (why)" when FlashAttention-4 was absent; None when it was measured.
+    pub fn fa4_absent(&self) -> Option<String> {
+        self.fa4.is_none().then(|| match &self.fa4_error {
+            Some(why) => format!("FA4 not measured: {why}"),
+            None => "FA4 not measured".to_string(),
+        })
+    }
+}
+
+/// One backend's timings for one shape, per call, in microseconds, and how it ran.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct BackendTiming {
     pub graph_us: Option<f64>,
     pub eager_us: Option<f64>,
+    /// `default` only: the backend SDPA dispatched to.
     pub picked: Option<String>,
     pub error: Option<String>,
+    /// The backend whose kernels ran (cudnn, flash, efficient, math; fa4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran: Option<String>,
+    /// How K/V reached it: `mha`, `gqa` (enable_gqa) or `repeated` (repeat_interleave).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv: Option<String>,
+    /// How causality reached it: `none`, `is_causal`, `lower_right` or `explicit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<String>,
+    /// What the backend refused before the form that ran (enable_gqa, the lower-right mask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 /// SDPA on one shape, as recorded for a run.
@@ -47,6 +86,11 @@ pub struct ShapeBaseline {
 impl ShapeBaseline {
     pub fn default_backend(&self) -> Option<&BackendTiming> {
         self.backends.get("default")
+    }
+
+    /// FlashAttention-4 on this shape; None when it was not measured.
+    pub fn fa4(&self) -> Option<&BackendTiming> {
+        self.backends.get(FA4)
     }
 }
 
@@ -90,21 +134,24 @@ async fn run_script(cmd: &str, args: &str, timeout: Duration) -> Result<String, 
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Keyed by what changes the answer: device, driver, torch, cuDNN, the shape, and the
-/// length of a timed graph (sized like a candidate's sample).
+/// Keyed by what changes the answer: device, driver, torch, cuDNN, FA4 (installing it adds
+/// a backend), the shape, and the length of a timed graph (sized like a candidate's sample).
 fn cache_key(device: &DeviceInfo, v: &Versions, shape: &Shape, target_us: f64) -> String {
     format!(
-        "{}|sm_{}|driver {}|torch {}|cudnn {}|graph {}us|{}",
+        "{}|sm_{}|driver {}|torch {}|cudnn {}|fa4 {}|graph {}us|{}",
         device.name,
         device.cc(),
         device.driver_version,
         v.torch.as_deref().unwrap_or("?"),
         v.cudnn.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+        v.fa4.as_deref().unwrap_or("-"),
         target_us,
         shape.key()
     )
 }
 
+/// One shape's result object: every member that is an object is a backend (by name, so a
+/// backend the script adds needs nothing here), except the echoed `shape`.
 fn parse_entry(shape: &Shape, entry: &serde_json::Value, cached: bool) -> ShapeBaseline {
     let mut backends = BTreeMap::new();
     if let Some(obj) = entry.as_object() {
@@ -137,12 +184,13 @@ async fn run_shapes(cfg: &Config, cmd: &str, run_dir: &Path, shapes: &[Shape]) -
     Ok(parsed)
 }
 
-/// Measure SDPA on `shapes` now, bypassing the cache (the closing comparison: SDPA at the
-/// clocks of the end of a run). Results in the order of `shapes`.
-pub async fn measure_fresh(cfg: &Config, run_dir: &Path, shapes: &[Shape]) -> Result<Vec<ShapeBaseline>, String> {
+/// Measure SDPA (and FA4) on `shapes` now, bypassing the cache (the closing comparison:
+/// the baselines at the clocks of the end of a run). Results in the order of `shapes`,
+/// with the versions that measured them (whether FA4 was there).
+pub async fn measure_fresh(cfg: &Config, run_dir: &Path, shapes: &[Shape]) -> Result<(Vec<ShapeBaseline>, Versions), String> {
     let cmd = command(cfg, run_dir).map_err(|e| format!("cannot write the SDPA script into {}: {e}", run_dir.display()))?;
     let parsed = run_shapes(cfg, &cmd, run_dir, shapes).await?;
-    Ok(shapes.iter().zip(&parsed.results).map(|(s, e)| parse_entry(s, e, false)).collect())
+    Ok((shapes.iter().zip(&parsed.results).map(|(s, e)| parse_entry(s, e, false)).collect(), parsed.versions))
 }
 
 /// Measure (or take from the cache) SDPA for every shape and record it with the run.
@@ -193,4 +241,60 @@ pub async fn measure(
         ledger.sdpa_record(run_id, &row).await.map_err(|e| crate::error_text::chain(&e))?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::protocol::{DType, Layout};
+    use serde_json::json;
+
+    fn decode() -> Shape {
+        Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
+    }
+
+    #[test]
+    fn an_fa4_entry_is_a_backend_beside_sdpas_with_how_each_ran() {
+        let entry = json!({
+            "input_sets": 1,
+            "default": {"graph_us": 50.8, "eager_us": 60.0, "calls": 40, "picked": "cudnn", "ran": "cudnn", "kv": "gqa", "mask": "none"},
+            "efficient": {"graph_us": 90.0, "ran": "efficient", "kv": "repeated", "mask": "none",
+                          "fallback": "enable_gqa with mask none: RuntimeError: No available kernel"},
+            "flash": {"error": "enable_gqa with mask none: ran cudnn's kernels instead"},
+            "fa4": {"graph_us": 47.5, "eager_us": 70.0, "calls": 42, "ran": "fa4", "kv": "gqa", "mask": "none", "layout": "bshd copy"},
+            "shape": {"b": 8, "hq": 32, "hkv": 8, "sq": 1, "sk": 4096, "d": 128, "causal": true, "dtype": "bf16", "layout": "bhsd"}
+        });
+        let b = parse_entry(&decode(), &entry, false);
+        assert_eq!(b.shape, "b8hq32hkv8sq1sk4096d128-causal-bf16");
+        assert_eq!(b.backends.keys().map(String::as_str).collect::<Vec<_>>(), ["default", "efficient", "fa4", "flash"], "`shape` and scalars are no backends");
+        let fa4 = b.fa4().expect("fa4 parsed as a backend");
+        assert_eq!((fa4.graph_us, fa4.ran.as_deref(), fa4.kv.as_deref()), (Some(47.5), Some("fa4"), Some("gqa")));
+        let eff = &b.backends["efficient"];
+        assert_eq!(eff.kv.as_deref(), Some("repeated"));
+        assert!(eff.fallback.as_deref().unwrap().contains("No available kernel"));
+        assert_eq!(b.backends["flash"].graph_us, None);
+        assert_eq!(b.default_backend().and_then(|d| d.picked.as_deref()), Some("cudnn"));
+        // Stored as the ledger stores it and read back: nothing lost, no nulls for the new fields.
+        let stored = serde_json::to_value(&b.backends).unwrap();
+        assert_eq!(stored["fa4"]["graph_us"], json!(47.5));
+        assert!(stored["default"].get("fallback").is_none());
+    }
+
+    #[test]
+    fn versions_say_whether_fa4_was_measured_and_older_answers_still_parse() {
+        let old: Versions = serde_json::from_str(r#"{"torch":"2.11.0","cuda":"13.0","cudnn":91900,"device":"H100","cc":"9.0"}"#).unwrap();
+        assert_eq!(old.fa4, None);
+        assert_eq!(old.fa4_absent().as_deref(), Some("FA4 not measured"));
+        let absent: Versions = serde_json::from_str(
+            r#"{"torch":"2.11.0","cuda":"13.0","cudnn":91900,"device":"H100","cc":"9.0","fa4":null,"fa4_error":"flash_attn.cute does not import (ModuleNotFoundError: No module named 'flash_attn')"}"#,
+        )
+        .unwrap();
+        assert_eq!(absent.fa4_absent().as_deref(), Some("FA4 not measured: flash_attn.cute does not import (ModuleNotFoundError: No module named 'flash_attn')"));
+        let present: Versions = serde_json::from_str(r#"{"torch":"2.11.0","cuda":"13.0","cudnn":91900,"device":"H100","cc":"9.0","fa4":"4.0.0b36"}"#).unwrap();
+        assert_eq!(present.fa4_absent(), None);
+        // Installing FA4 changes what a measurement holds: a cached one without it is not reused.
+        let dev = crate::test_fixtures::h100();
+        assert_ne!(cache_key(&dev, &absent, &decode(), 2000.0), cache_key(&dev, &present, &decode(), 2000.0));
+        assert!(cache_key(&dev, &present, &decode(), 2000.0).contains("|fa4 4.0.0b36|"));
+    }
 }

@@ -1,11 +1,13 @@
 //! The open-ended phase: after the plan, keep improving each class of shapes until the
 //! budget is spent or every class has converged.
 //!
-//! Shapes are grouped by what limits them ([`classify`]): latency-bound shapes (too few
-//! 128-row tiles to give each SM two) apart from compute-bound ones, and within each by
-//! head dimension and causality, so a candidate is timed only on shapes that pull the
+//! Shapes are grouped by what limits them ([`classify`]): decode shapes (SQ <= 16, bound by
+//! the KV cache's bandwidth), latency-bound shapes (too few 128-row tiles to give each SM
+//! two) and compute-bound ones, and within each by head dimension (and, but for decode,
+//! causality), so a candidate is timed only on shapes that pull the
 //! search the same way. Each class has its own [`ClassSearch`] over the full knob space
-//! of every template the plan uses: mostly one or two knob mutations of the best point
+//! of every template the plan uses that is for its shapes ([`class_templates`]: a decode
+//! template only for decode classes, and a decode class only with it when there is one): mostly one or two knob mutations of the best point
 //! of a focus template, some uniform random points so the plan's choices do not trap
 //! it, and a restart on the next template after `restart_after` candidates without a
 //! better score. A class has converged after `patience` candidates in a row that won no
@@ -75,15 +77,24 @@ pub fn is_compute_bound(shape: &Shape, sm_count: u32) -> bool {
     tiles >= 2 * sm_count as u64
 }
 
-/// Group the workload's shapes into classes, in order of first appearance.
+/// Group the workload's shapes into classes, in order of first appearance. Decode
+/// shapes (SQ <= 16, [`Shape::is_decode`]) form their own class per head dim,
+/// `decode-d{D}`: they read the whole KV cache for a handful of query rows, so what
+/// limits them is HBM bandwidth and latency, whatever their causality (a causal decode
+/// row masks only the last few keys).
 pub fn classify(shapes: &[Shape], sm_count: u32) -> Vec<ShapeClass> {
     let mut classes: Vec<ShapeClass> = Vec::new();
     for s in shapes {
-        let bound = if is_compute_bound(s, sm_count) { "compute" } else { "latency" };
-        let mut name = format!("{bound}-d{}", s.d);
-        if s.causal {
-            name.push_str("-causal");
-        }
+        let name = if s.is_decode() {
+            format!("decode-d{}", s.d)
+        } else {
+            let bound = if is_compute_bound(s, sm_count) { "compute" } else { "latency" };
+            let mut name = format!("{bound}-d{}", s.d);
+            if s.causal {
+                name.push_str("-causal");
+            }
+            name
+        };
         match classes.iter_mut().find(|c| c.name == name) {
             Some(c) => c.shapes.push(*s),
             None => classes.push(ShapeClass { name, shapes: vec![*s] }),
@@ -99,6 +110,23 @@ pub struct Candidates {
     pub space: Vec<(String, Vec<i64>)>,
     /// Where to begin when the template has no measured point in the class.
     pub start: Params,
+    /// The template's regime: the most query rows it is for (`max_sq` of its spec).
+    pub max_sq: Option<u32>,
+}
+
+/// The templates a class is searched with, in plan order: those whose regime admits
+/// every shape of the class (a decode template never gets a prefill class); and for a
+/// decode class, only the templates made for decode when the plan has one that runs
+/// here (the prefill templates would spend 15 of 16 rows of their tiles on padding:
+/// correct, and measured by the plan's own stages, but not where the class's gains are).
+pub fn class_templates(class: &ShapeClass, all: &[Candidates]) -> Vec<Candidates> {
+    let admitted: Vec<Candidates> =
+        all.iter().filter(|c| c.max_sq.is_none_or(|m| class.shapes.iter().all(|s| s.sq <= m))).cloned().collect();
+    let decode = !class.shapes.is_empty() && class.shapes.iter().all(Shape::is_decode);
+    if decode && admitted.iter().any(|c| c.max_sq.is_some()) {
+        return admitted.into_iter().filter(|c| c.max_sq.is_some()).collect();
+    }
+    admitted
 }
 
 /// One proposal: a template and its knobs.
@@ -352,6 +380,7 @@ mod tests {
             template: "t".into(),
             space: vec![("A".into(), vec![1, 2, 3, 4]), ("B".into(), vec![10, 20, 30])],
             start: [("A".to_string(), 1), ("B".to_string(), 10)].into_iter().collect(),
+            max_sq: None,
         }
     }
 
@@ -362,6 +391,37 @@ mod tests {
         let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["latency-d64", "compute-d64", "compute-d64-causal", "compute-d128"]);
         assert_eq!(c[0].shapes.len(), 2, "both small d64 shapes together");
+    }
+
+    fn gqa(b: u32, sq: u32, sk: u32, d: u32, causal: bool) -> Shape {
+        Shape { hq: 32, hkv: 8, sq, sk, ..Shape::mha(b, 32, sk, d, causal, DType::Bf16) }
+    }
+
+    #[test]
+    fn decode_shapes_have_a_class_per_head_dim_whatever_their_causality() {
+        let shapes = [gqa(8, 1, 4096, 128, true), gqa(1, 4096, 4096, 128, true), gqa(1, 1, 1024, 128, false), gqa(2, 16, 2048, 64, false), gqa(2, 17, 2048, 64, false)];
+        let c = classify(&shapes, 132);
+        let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["decode-d128", "compute-d128-causal", "decode-d64", "latency-d64"]);
+        assert_eq!(c[0].shapes, [shapes[0], shapes[2]], "causal and not, together");
+        assert_eq!(c[2].shapes, [shapes[3]], "SQ 16 is decode, SQ 17 is not");
+    }
+
+    #[test]
+    fn a_decode_template_serves_decode_classes_only_and_they_search_it_alone() {
+        let decode = Candidates { template: "decode-split".into(), max_sq: Some(16), ..space() };
+        let other = Candidates { template: "mma-fa2".into(), ..space() };
+        let all = [other.clone(), decode.clone()];
+        let names = |c: Vec<Candidates>| c.into_iter().map(|c| c.template).collect::<Vec<_>>();
+        let classes = classify(&[gqa(8, 1, 4096, 128, false), gqa(1, 512, 4096, 128, true)], 132);
+        assert_eq!(names(class_templates(&classes[0], &all)), ["decode-split"]);
+        assert_eq!(names(class_templates(&classes[1], &all)), ["mma-fa2"], "{}: the decode template does not admit SQ 512", classes[1].name);
+        // Without a decode template that runs here, decode classes keep the others.
+        assert_eq!(names(class_templates(&classes[0], &[other])), ["mma-fa2"]);
+        // A decode template with a smaller regime than some shape of the class is left out.
+        let narrow = Candidates { max_sq: Some(1), ..decode };
+        let sq4 = ShapeClass { name: "decode-d128".into(), shapes: vec![gqa(8, 1, 4096, 128, false), gqa(8, 4, 4096, 128, false)] };
+        assert_eq!(names(class_templates(&sq4, &all.iter().cloned().chain([narrow]).collect::<Vec<_>>())), ["decode-split"]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! What the report shows, extracted from the ledger alone: the speedup curves, the
-//! throughput per shape against every SDPA backend, the gain each stage bought, the
+//! throughput per shape against every SDPA backend and FlashAttention-4 (TFLOPS, or K/V
+//! bandwidth for decode shapes), the gain each stage bought, the
 //! verdicts per stage, the best kernel per shape and the environment. No drawing here.
 
 use std::collections::BTreeMap;
@@ -19,8 +20,18 @@ pub const LARGE_FLOPS: f64 = 1e9;
 /// Points kept per curve at most (the figure is ~800 px wide: more would not show).
 pub const MAX_CURVE_POINTS: usize = 400;
 
-/// SDPA backends in the order the figures and tables show them.
-pub const SDPA_BACKENDS: [&str; 4] = ["default", "flash", "cudnn", "efficient"];
+/// The baselines in the order the figures and tables show them: SDPA's backends, then
+/// FlashAttention-4 ([`crate::storage::sdpa::FA4`], where it was measured).
+pub const BASELINES: [&str; 5] = ["default", "flash", "cudnn", "efficient", crate::storage::sdpa::FA4];
+
+/// How a baseline is named in the figures and tables: `SDPA cuDNN`, `FA4`.
+pub fn backend_label(name: &str) -> String {
+    match name {
+        crate::storage::sdpa::FA4 => "FA4".into(),
+        "cudnn" => "SDPA cuDNN".into(),
+        b => format!("SDPA {b}"),
+    }
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunData {
@@ -106,12 +117,16 @@ pub struct CurvePoint {
     pub stage: String,
 }
 
-/// One shape's best kernel next to every SDPA backend, in microseconds.
+/// One shape's best kernel next to every baseline, in microseconds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Throughput {
     pub shape: String,
     pub flops: f64,
     pub large: bool,
+    /// A decode shape ([`Shape::is_decode`]): judged by the K/V bytes it reads per second.
+    pub decode: bool,
+    /// Bytes of K and V one call reads ([`Shape::kv_bytes`]).
+    pub kv_bytes: f64,
     pub best_us: Option<f64>,
     /// The run's first correct kernel (shown when SDPA is missing).
     pub baseline_us: Option<f64>,
@@ -124,6 +139,11 @@ pub struct Throughput {
 impl Throughput {
     pub fn tflops(&self, us: f64) -> f64 {
         self.flops / (us * 1e-6) / 1e12
+    }
+
+    /// Effective K/V bandwidth of a call of `us` microseconds, TB/s.
+    pub fn kv_tbps(&self, us: f64) -> f64 {
+        self.kv_bytes / (us * 1e-6) / 1e12
     }
 }
 
@@ -158,7 +178,10 @@ pub struct BestKernel {
     pub us: f64,
     pub baseline_us: Option<f64>,
     pub sdpa_default_us: Option<f64>,
+    /// Large shapes other than decode.
     pub tflops: Option<f64>,
+    /// Decode shapes: effective K/V bandwidth, TB/s.
+    pub kv_tbps: Option<f64>,
     pub registers: Option<i64>,
     pub spill_bytes: Option<i64>,
     /// Static + dynamic shared memory of the first kernel, bytes.
@@ -245,6 +268,8 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> R
                 shape: s.key.clone(),
                 flops: s.shape.flops(),
                 large: s.large,
+                decode: s.shape.is_decode(),
+                kv_bytes: s.shape.kv_bytes() as f64,
                 best_us: b.map(|b| b.median_us),
                 baseline_us: b.and_then(|b| b.baseline_us),
                 sdpa: row.map(sdpa_backends).unwrap_or_default(),
@@ -268,7 +293,8 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> R
                 us: b.median_us,
                 baseline_us: b.baseline_us,
                 sdpa_default_us: sdpa_default.get(s.key.as_str()).copied(),
-                tflops: s.large.then(|| s.shape.flops() / (b.median_us * 1e-6) / 1e12),
+                tflops: (s.large && !s.shape.is_decode()).then(|| s.shape.flops() / (b.median_us * 1e-6) / 1e12),
+                kv_tbps: s.shape.is_decode().then(|| crate::storage::ledger::kv_tbps(&s.shape, b.median_us)),
                 registers: it.and_then(|i| i.registers),
                 spill_bytes: it.and_then(|i| i.local_bytes),
                 smem_bytes: it.and_then(smem_bytes),
@@ -430,7 +456,7 @@ pub fn verdict_totals(v: &[StageVerdicts]) -> Vec<(Verdict, usize)> {
 }
 
 fn sdpa_backends(row: &SdpaRow) -> Vec<(String, Option<f64>, Option<String>)> {
-    SDPA_BACKENDS
+    BASELINES
         .iter()
         .filter_map(|b| {
             let v = row.backends.get(*b)?;
@@ -506,6 +532,16 @@ fn environment(
         }
         None => env.push(("torch".into(), "- (SDPA not measured)".into())),
     }
+    if let Some(v) = sdpa.first().map(|r| &r.versions) {
+        env.push((
+            "FA4".into(),
+            match (v["fa4"].as_str(), v["fa4_error"].as_str()) {
+                (Some(version), _) => format!("FlashAttention-4 {version} (flash_attn.cute, [B,S,H,D] inputs, CUDA-graph replay like SDPA)"),
+                (None, Some(why)) => format!("not measured: {why}"),
+                (None, None) => "not measured".into(),
+            },
+        ));
+    }
     let t = &config["timing"];
     let method = t["method"].as_str().unwrap_or("?");
     env.push((
@@ -528,6 +564,7 @@ fn environment(
             None => "unknown for this GPU (no reference line)".into(),
         },
     ));
-    env.push(("TFLOPS".into(), "4*B*H*S*S*D / time, halved for causal".into()));
+    env.push(("TFLOPS".into(), "4*B*HQ*D per visible (query, key) pair / time (S*S, about half for causal)".into()));
+    env.push(("TB/s".into(), format!("decode shapes (SQ <= {}): bytes of K and V read (2*B*HKV*SK*D*2) / time", crate::spec::protocol::DECODE_MAX_SQ)));
     env
 }

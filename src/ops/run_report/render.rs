@@ -5,7 +5,7 @@
 use minijinja::{context, Environment, Value};
 use serde::Serialize;
 
-use crate::ops::run_report::data::{RunData, SDPA_BACKENDS};
+use crate::ops::run_report::data::{backend_label, RunData, BASELINES};
 use crate::ops::run_report::figures::{fmt_x, Figure};
 
 const HTML: &str = include_str!("report.html.j2");
@@ -38,8 +38,8 @@ fn us(x: f64) -> String {
 /// The best kernel per shape with its resources and launch figures.
 pub fn best_table(d: &RunData) -> Table {
     let head = [
-        "shape", "iter", "stage", "template", "knobs", "best µs", "TFLOPS", "vs baseline kernel", "vs SDPA default", "regs", "spill B", "smem KiB",
-        "CTAs", "waves", "arch",
+        "shape", "iter", "stage", "template", "knobs", "best µs", "TFLOPS", "KV TB/s", "vs baseline kernel", "vs SDPA default", "regs", "spill B",
+        "smem KiB", "CTAs", "waves", "arch",
     ];
     let rows = d
         .best
@@ -53,6 +53,7 @@ pub fn best_table(d: &RunData) -> Table {
                 b.knobs.clone(),
                 us(b.us),
                 opt(b.tflops, |t| format!("{t:.1}")),
+                opt(b.kv_tbps, |t| format!("{t:.2}")),
                 opt(b.baseline_us, |x| fmt_x(x / b.us)),
                 opt(b.sdpa_default_us, |x| fmt_x(x / b.us)),
                 b.registers.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
@@ -95,18 +96,30 @@ fn speedup_table(d: &RunData) -> Table {
     }
 }
 
+/// Figure 2's data: per shape the best kernel (TFLOPS, or K/V bandwidth for decode shapes)
+/// and every baseline measured (FA4's column only where it was).
 fn throughput_table(d: &RunData) -> Table {
-    let mut head = vec!["shape".to_string(), "GFLOP".into(), "best µs".into(), "best TFLOPS".into()];
-    for b in SDPA_BACKENDS {
-        head.push(format!("SDPA {b} µs"));
+    let mut head = vec!["shape".to_string(), "GFLOP".into(), "best µs".into(), "best TFLOPS".into(), "best KV TB/s".into()];
+    let shown: Vec<&str> = BASELINES
+        .into_iter()
+        .filter(|b| *b != crate::storage::sdpa::FA4 || d.throughput.iter().any(|t| t.sdpa.iter().any(|(n, _, _)| n == b)))
+        .collect();
+    for b in &shown {
+        head.push(format!("{} µs", backend_label(b)));
     }
     head.push("SDPA default ran".into());
     let rows = d
         .throughput
         .iter()
         .map(|t| {
-            let mut row = vec![t.shape.clone(), format!("{:.3}", t.flops / 1e9), opt(t.best_us, us), opt(t.best_us, |x| format!("{:.1}", t.tflops(x)))];
-            for b in SDPA_BACKENDS {
+            let mut row = vec![
+                t.shape.clone(),
+                format!("{:.3}", t.flops / 1e9),
+                opt(t.best_us, us),
+                opt(t.best_us.filter(|_| !t.decode), |x| format!("{:.1}", t.tflops(x))),
+                opt(t.best_us.filter(|_| t.decode), |x| format!("{:.2}", t.kv_tbps(x))),
+            ];
+            for b in &shown {
                 row.push(match t.sdpa.iter().find(|(n, _, _)| n == b) {
                     Some((_, Some(x), _)) => us(*x),
                     Some((_, None, Some(e))) => format!("n/a: {}", e.chars().take(60).collect::<String>()),

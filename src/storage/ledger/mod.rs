@@ -19,7 +19,7 @@ mod runs;
 pub use events::{Event, EventKind, EventRow, StageHistory};
 pub use iterations::{BestRow, IterationRecord, ShapeRecord, UnreadableIteration};
 pub use open::Health;
-pub use results::{ClosingRow, NewSdpa, SdpaRow};
+pub use results::{kv_rate, kv_tbps, ClosingRow, NewSdpa, SdpaRow};
 pub use runs::{NewRun, RunListing, RunRow, RunSetup, UnreadableRun, MAX_STORED_SECS};
 
 use std::path::{Path, PathBuf};

@@ -5,6 +5,8 @@
 use serde::Serialize;
 
 use super::{now, Ledger, Result};
+use crate::spec::protocol::Shape;
+use crate::storage::sdpa::FA4;
 
 /// SDPA as recorded for one shape of a run.
 #[derive(Debug, Clone, Serialize)]
@@ -83,6 +85,60 @@ impl ClosingRow {
     pub fn vs_default(&self) -> Option<f64> {
         self.sdpa_default_us.map(|d| d / self.ours_us())
     }
+
+    /// A backend's CUDA-graph time as the script reported it (None: not measured, or failed).
+    pub fn backend_us(&self, name: &str) -> Option<f64> {
+        self.sdpa_backends.get(name)?.get("graph_us")?.as_f64()
+    }
+
+    /// FlashAttention-4's time; None when it was not measured or could not run the shape.
+    pub fn fa4_us(&self) -> Option<f64> {
+        self.backend_us(FA4)
+    }
+
+    /// FA4's time over ours (> 1: ours is faster).
+    pub fn vs_fa4(&self) -> Option<f64> {
+        self.fa4_us().map(|f| f / self.ours_us())
+    }
+
+    /// FA4 was run on this shape (timed, or it failed with an error).
+    pub fn fa4_measured(&self) -> bool {
+        self.sdpa_backends.get(FA4).is_some_and(|v| v.is_object())
+    }
+
+    /// The closing comparison of this shape in one line, as the run's event says it:
+    /// `KEY 25.00 us vs SDPA default 50.00 us = 2.00x, FA4 40.00 us = 1.60x`. A decode
+    /// shape (`shape`, when known, [`Shape::is_decode`]) is judged in bytes/s: each time is
+    /// followed by the effective K/V bandwidth it stands for.
+    pub fn summary(&self, shape: Option<&Shape>) -> String {
+        let decode = shape.filter(|s| s.is_decode());
+        let rate = |us: f64| decode.map(|s| format!(" ({})", kv_rate(s, us))).unwrap_or_default();
+        let ours = self.ours_us();
+        let sdpa = match self.sdpa_default_us {
+            Some(d) => format!("{d:.2} us{}", rate(d)),
+            None => "-".into(),
+        };
+        let vs = self.vs_default().map(|x| format!("{x:.2}x")).unwrap_or_else(|| "-".into());
+        let mut line = format!("{} {ours:.2} us{} vs SDPA default {sdpa} = {vs}", self.shape, rate(ours));
+        if self.fa4_measured() {
+            match self.fa4_us() {
+                Some(f) => line.push_str(&format!(", FA4 {f:.2} us{} = {:.2}x", rate(f), f / ours)),
+                None => line.push_str(", FA4 could not run it"),
+            }
+        }
+        line
+    }
+}
+
+/// Effective K/V bandwidth of a call of `us` microseconds on `shape`: the bytes of K and V
+/// it must read ([`Shape::kv_bytes`]) over the time, in TB/s.
+pub fn kv_tbps(shape: &Shape, us: f64) -> f64 {
+    shape.kv_bytes() as f64 / (us * 1e-6) / 1e12
+}
+
+/// `2.64 TB/s KV`: how decode times are judged.
+pub fn kv_rate(shape: &Shape, us: f64) -> String {
+    format!("{:.2} TB/s KV", kv_tbps(shape, us))
 }
 
 impl Ledger {
@@ -186,5 +242,44 @@ impl Ledger {
                 measured_at: r.measured_at,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::protocol::DType;
+    use serde_json::json;
+
+    use crate::test_fixtures::{closing_row as row, llama_decode as decode};
+
+
+    #[test]
+    fn a_prefill_line_without_fa4_reads_as_before() {
+        let r = row("b2h8s512d128-causal", 25.0, 50.0, json!({"default": {"graph_us": 50.0}}));
+        let s = Shape::mha(2, 8, 512, 128, true, DType::Fp16);
+        assert_eq!(r.summary(Some(&s)), "b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x");
+        assert_eq!((r.fa4_us(), r.vs_fa4(), r.fa4_measured()), (None, None, false));
+    }
+
+    #[test]
+    fn a_decode_line_gives_each_time_its_kv_bandwidth_and_fa4_beside_sdpa() {
+        // 8 * 8 * 4096 * 128 * 2 (K, V) * 2 bytes = 134,217,728 bytes: at 50 us 2.68 TB/s.
+        assert_eq!(decode().kv_bytes(), 134_217_728);
+        let r = row(&decode().key(), 44.0, 51.93, json!({"default": {"graph_us": 51.93}, "fa4": {"graph_us": 50.18, "ran": "fa4"}}));
+        assert_eq!(
+            r.summary(Some(&decode())),
+            "b8hq32hkv8sq1sk4096d128-causal-bf16 44.00 us (3.05 TB/s KV) vs SDPA default 51.93 us (2.58 TB/s KV) = 1.18x, FA4 50.18 us (2.67 TB/s KV) = 1.14x"
+        );
+        assert_eq!(r.vs_fa4().map(|x| (x * 1000.0).round()), Some(1140.0));
+        assert!((kv_tbps(&decode(), 50.0) - 2.684).abs() < 1e-3);
+    }
+
+    #[test]
+    fn fa4_that_could_not_run_a_shape_is_said_so() {
+        let r = row("b1h2s128d96", 5.0, 6.0, json!({"default": {"graph_us": 6.0}, "fa4": {"error": "NotImplementedError: head dim 96"}}));
+        assert!(r.fa4_measured());
+        assert_eq!(r.fa4_us(), None);
+        assert_eq!(r.summary(None), "b1h2s128d96 5.00 us vs SDPA default 6.00 us = 1.20x, FA4 could not run it");
     }
 }

@@ -1,0 +1,357 @@
+/******************************************************************************
+ * decode_split.cuh: one split of flash-decoding, shared by decode.cu
+ * (decode-split: partials + a combine launch) and decode_cluster.cu
+ * (decode-cluster: the splits of a group are one thread-block cluster and
+ * combine through distributed shared memory). Read decode.cu's header for
+ * the method; this file is its per-CTA part:
+ *
+ *   decode_split_tile<D>(..., t_begin, t_end)
+ *       the CTA (blockIdx.y = b * HKV + kv head, blockIdx.z = row tile of 16
+ *       packed rows r = gi * SQ + s) walks key tiles [t_begin, t_end) of
+ *       DEC_TILE_N keys: packed Q tile and a STAGES-deep cp.async K/V ring,
+ *       mma.sync S = Q K^T and O += P V per warp on its BLOCK_N keys of each
+ *       tile, online softmax, then the warps' merge. On return (after a
+ *       barrier) shared memory holds, for each valid row r < dec_rows_valid():
+ *         xo[w][r][0 .. D)  warp w's share of the split's normalized O row
+ *                           (fp32, rows of DecSmem::XO_ROW floats): the row
+ *                           is the sum over the NUM_WARPS warps;
+ *         lse_s[r]          the split's natural-log LSE of the scaled scores,
+ *                           -inf (and O = 0) when it saw no key of the row.
+ *   dec_rows_valid(heads_q, heads_kv, seq_q)   packed rows of this row tile
+ *   dec_out_row(...)          where packed row r's output row lives
+ *
+ * Expects the including template to define the knobs BLOCK_N, NUM_WARPS and
+ * STAGES and to launch NUM_WARPS * 32 threads with DecSmem<D>::BYTES of
+ * dynamic shared memory.
+ ******************************************************************************/
+#ifndef OPTD_DECODE_SPLIT_CUH
+#define OPTD_DECODE_SPLIT_CUH
+
+#include "common/optd.cuh"
+#include "common/quad_softmax.cuh"
+#include "common/async_copy.cuh"
+
+#ifndef BLOCK_N
+#error "BLOCK_N must be defined"
+#endif
+#ifndef NUM_WARPS
+#error "NUM_WARPS must be defined"
+#endif
+#ifndef STAGES
+#error "STAGES must be defined"
+#endif
+#if BLOCK_N % 16 != 0 || BLOCK_N < 16
+#error "BLOCK_N must be a positive multiple of 16 (two n8 tiles per ldmatrix.x4)"
+#endif
+#if STAGES < 2
+#error "STAGES must be at least 2"
+#endif
+#if NUM_WARPS < 1 || NUM_WARPS > 16
+#error "NUM_WARPS must be in 1..16"
+#endif
+
+#define DEC_ROWS 16                        // packed query rows per CTA: one m16 tile
+#define DEC_TILE_N (NUM_WARPS * BLOCK_N)   // keys per CTA tile
+#define DEC_THREADS (NUM_WARPS * 32)
+
+// ---------------------------------------------------------------------------
+// PTX wrappers (sm_80+).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void dec_ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void dec_ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// D (16x8, fp32) += A (16x16, row) * B (16x8, col).
+__device__ __forceinline__ void dec_mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if OPTD_BF16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Byte offset of 16-byte chunk `chunk` of tile row `row`: rows of D elements,
+// chunk c stored at c ^ (row % 8), so the 8 row addresses of every ldmatrix
+// phase and of the cp.async writes hit 8 distinct 16-byte bank groups.
+template <int D>
+__device__ __forceinline__ unsigned dec_tile_off(int row, int chunk) {
+    return static_cast<unsigned>(row * (2 * D) + ((chunk ^ (row & 7)) << 4));
+}
+
+// Dynamic shared memory (bytes from the base): the packed Q tile, then the K
+// and V rings; after the key loop the merge puts the warps' row maxima and
+// sums and the rows' LSE in the Q tile and their fp32 O rows (padded to D + 8
+// floats against bank conflicts of the float2 stores) over the drained ring.
+// BYTES = the spec's smem formula of the including template.
+template <int D>
+struct DecSmem {
+    static constexpr int ROW_BYTES = 2 * D;
+    static constexpr int Q_BYTES = DEC_ROWS * ROW_BYTES;
+    static constexpr int KV_BYTES = DEC_TILE_N * ROW_BYTES;  // one K (or V) tile
+    static constexpr int XO_ROW = D + 8;                     // floats per merged O row
+    static constexpr int Q = 0;
+    static constexpr int K = Q + Q_BYTES;                    // STAGES x KV_BYTES
+    static constexpr int V = K + STAGES * KV_BYTES;          // STAGES x KV_BYTES
+    static constexpr int RING_END = V + STAGES * KV_BYTES;
+    static constexpr int XO = Q_BYTES;
+    static constexpr int XO_END = XO + NUM_WARPS * DEC_ROWS * XO_ROW * 4;
+    static constexpr int BYTES = RING_END > XO_END ? RING_END : XO_END;
+    static constexpr int ML = Q;                                  // [2][NUM_WARPS][16] floats
+    static constexpr int LSE = ML + 2 * NUM_WARPS * DEC_ROWS * 4;  // [16] floats
+    static_assert(LSE + DEC_ROWS * 4 <= Q_BYTES, "row maxima, sums and LSE must fit in the Q tile");
+};
+
+// Packed rows of this CTA's row tile (blockIdx.z), 1 .. 16.
+__device__ __forceinline__ int dec_rows_valid(int heads_q, int heads_kv, int seq_q) {
+    return min(DEC_ROWS, (heads_q / heads_kv) * seq_q - (int)blockIdx.z * DEC_ROWS);
+}
+
+// Packed row r of this CTA: query head kvh * G + (16 z + r) / SQ, row (16 z + r) % SQ.
+struct DecRow {
+    int hq, s;
+};
+__device__ __forceinline__ DecRow dec_out_row(int r, int heads_q, int heads_kv, int seq_q) {
+    const int pr = (int)blockIdx.z * DEC_ROWS + r;
+    const int kvh = (int)blockIdx.y % heads_kv;
+    return DecRow{kvh * (heads_q / heads_kv) + pr / seq_q, pr % seq_q};
+}
+
+template <int D>
+__device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
+                                                  const elem_t* __restrict__ v, int heads_q, int heads_kv, int seq_q,
+                                                  int seq_k, float softmax_scale, int causal,
+                                                  const optd_strides& strides, int t_begin, int t_end) {
+    static_assert(D % 64 == 0, "D must be 64 or 128 (8 or 16 chunks, the swizzle permutes 8)");
+    using L = DecSmem<D>;
+    constexpr int CH = D / 8;        // 16-byte chunks per row
+    constexpr int ROW_BYTES = L::ROW_BYTES;
+    constexpr int KV_BYTES = L::KV_BYTES;
+    constexpr int KSTEPS = D / 16;   // k-steps of S = Q K^T
+    constexpr int NT = BLOCK_N / 8;  // n8 tiles of S per warp
+    constexpr int DT = D / 8;        // n8 tiles of O
+    constexpr int Q_ITERS = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
+    static_assert(DEC_THREADS % CH == 0, "a thread copies one chunk column of the K/V rows");
+    constexpr int KV_RSTEP = DEC_THREADS / CH;  // rows between a thread's copies
+    static_assert(DEC_TILE_N % KV_RSTEP == 0, "K/V tile chunks must split evenly over the threads");
+    constexpr int KV_ITERS = DEC_TILE_N / KV_RSTEP;
+
+    extern __shared__ __align__(128) unsigned char dec_smem[];
+    const unsigned s_q = smem_u32(dec_smem) + L::Q;
+    const unsigned s_k = smem_u32(dec_smem) + L::K;
+    const unsigned s_v = smem_u32(dec_smem) + L::V;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2;   // accumulator rows g, g + 8
+    const int tq = lane & 3;   // accumulator column pair
+    const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
+    const int lr = lane & 7;   // ldmatrix: row within that matrix
+
+    const int b = blockIdx.y / heads_kv;
+    const int kvh = blockIdx.y % heads_kv;
+    const int group = heads_q / heads_kv;
+    const int rows_valid = min(DEC_ROWS, group * seq_q - (int)blockIdx.z * DEC_ROWS);  // packed rows of this tile
+    const int prow0 = blockIdx.z * DEC_ROWS;  // first packed row: r = gi * SQ + s
+
+    const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, kvh);
+    const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, kvh);
+
+    const int my_tiles = max(0, t_end - t_begin);
+
+    // --- packed Q tile: row r = query head kvh * G + (prow0 + r) / SQ, row (prow0 + r) % SQ
+#pragma unroll
+    for (int i = 0; i < Q_ITERS; ++i) {
+        const int c = tid + i * DEC_THREADS;
+        if ((DEC_ROWS * CH) % DEC_THREADS != 0 && c >= DEC_ROWS * CH) break;
+        const int r = c / CH, ch = c % CH;
+        const bool ok = r < rows_valid;
+        const int pr = prow0 + r;
+        const elem_t* src = q;
+        if (ok) {
+            const int h = kvh * group + pr / seq_q;
+            src = q + optd_head_off(strides.q_b, strides.q_h, b, h) + (long long)(pr % seq_q) * strides.q_s + ch * 8;
+        }
+        cp_async16(s_q + dec_tile_off<D>(r, ch), src, ok);
+    }
+
+    // K/V tile t -> ring slot (t - t_begin) % STAGES, keys >= SK zero-filled.
+    // Copy i of a thread is chunk tid % CH of row tid / CH + i * KV_RSTEP.
+    const int ld_row = tid / CH;
+    const int ld_ch = tid % CH;
+    const long long k_row = strides.k_s, v_row = strides.v_s;
+    const elem_t* k_thr = kh + (long long)ld_row * k_row + ld_ch * 8;
+    const elem_t* v_thr = vh + (long long)ld_row * v_row + ld_ch * 8;
+    auto load_kv = [&](int t) {
+        const int kv0 = t * DEC_TILE_N;
+        const int rows_left = seq_k - kv0 - ld_row;  // copy i is a key < SK iff i * KV_RSTEP < this
+        const unsigned slot = (unsigned)(((t - t_begin) % STAGES) * KV_BYTES);
+        const elem_t* ks = k_thr + (long long)kv0 * k_row;
+        const elem_t* vs = v_thr + (long long)kv0 * v_row;
+#pragma unroll
+        for (int i = 0; i < KV_ITERS; ++i) {
+            const bool ok = i * KV_RSTEP < rows_left;
+            const unsigned dst = slot + dec_tile_off<D>(ld_row + i * KV_RSTEP, ld_ch);
+            cp_async16(s_k + dst, ok ? ks + (long long)i * KV_RSTEP * k_row : kh, ok);
+            cp_async16(s_v + dst, ok ? vs + (long long)i * KV_RSTEP * v_row : vh, ok);
+        }
+    };
+
+    // Group 0 holds Q and the first tile; groups 1 .. STAGES - 2 one tile each.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < my_tiles) load_kv(t_begin + s);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    // Per-lane ldmatrix offsets; every matrix starts at a row that is a multiple
+    // of 8, so for an even chunk 2c: tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5).
+    const unsigned q_lane = dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
+    const unsigned k_lane = dec_tile_off<D>((mi >> 1) * 8 + lr, mi & 1);
+    const unsigned v_lane = dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
+    unsigned qf[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) dec_ldmatrix_x4(qf[kk], s_q + (q_lane ^ (unsigned)(kk << 5)));
+
+    float acc[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    OnlineSoftmax<2, false, Exp2Approx> sm;
+    sm.init();
+    const float sl2 = softmax_scale * OPTD_LOG2E;
+    auto acc_at = [&](int, int j, int e) -> float& { return acc[j][e]; };
+
+    // Causal: row s sees keys < limit(s); the thread's rows g and g + 8 have
+    // s = packed row % SQ (padding rows: any s, never stored).
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lim[h] = mask.limit((prow0 + g + 8 * h) % seq_q);
+
+    for (int i = 0; i < my_tiles; ++i) {
+        cp_async_wait<STAGES - 2>();  // tile i has landed (this thread's copies)
+        __syncthreads();              // ... everyone's; slot (i - 1) % STAGES is free
+        if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);
+        cp_async_commit();
+
+        const int kv0 = (t_begin + i) * DEC_TILE_N + warp * BLOCK_N;  // this warp's first key
+        if (kv0 >= seq_k) continue;  // warp-uniform: the ragged tail of the last tile
+        const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + warp * BLOCK_N * ROW_BYTES);
+        const unsigned kb = s_k + sub;
+        const unsigned vb = s_v + sub;
+
+        // S = Q K^T: ldmatrix.x4 on K gives the B fragments of n-tiles 2 j2, 2 j2 + 1.
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+#pragma unroll
+            for (int j2 = 0; j2 < NT / 2; ++j2) {
+                unsigned bf[4];
+                dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + (k_lane ^ (unsigned)(kk << 5)));
+                dec_mma16816(s[2 * j2], qf[kk], bf[0], bf[1]);
+                dec_mma16816(s[2 * j2 + 1], qf[kk], bf[2], bf[3]);
+            }
+        }
+
+        // Masking, only where some row loses a key: past SK, or past the first
+        // row's diagonal (causal; the last tile of the last split).
+        if (mask.partial(kv0, BLOCK_N, 0)) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (kv0 + 8 * j + 2 * tq + (e & 1) >= lim[e >> 1]) s[j][e] = OPTD_NEG_INF;
+                }
+            }
+        }
+
+        // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
+        auto s_at = [&](int, int j, int e) -> float& { return s[j][e]; };
+        float mx[2], bias[2], corr[2];
+        m16n8_row_max<1, NT>(s_at, sm.m, mx);
+        sm.rescale(mx, sl2, bias, corr);
+        m16n8_scale_rows<1, DT>(acc_at, corr);
+        m16n8_exp2<1, NT>(s_at, sm, sl2, bias);
+
+        // O += P V: P's A fragment of keys 16 kk2 .. + 15 is n-tiles 2 kk2, 2 kk2 + 1.
+#pragma unroll
+        for (int kk2 = 0; kk2 < NT / 2; ++kk2) {
+            unsigned a[4];
+            a[0] = pack2(s[2 * kk2][0], s[2 * kk2][1]);
+            a[1] = pack2(s[2 * kk2][2], s[2 * kk2][3]);
+            a[2] = pack2(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]);
+            a[3] = pack2(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3]);
+#pragma unroll
+            for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
+                unsigned bf[4];
+                dec_ldmatrix_x4_trans(bf, vb + kk2 * 16 * ROW_BYTES + (v_lane ^ (unsigned)(dj2 << 5)));
+                dec_mma16816(acc[2 * dj2], a, bf[0], bf[1]);
+                dec_mma16816(acc[2 * dj2 + 1], a, bf[2], bf[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
+
+    // --- merge of the warps' key ranges -------------------------------------
+    // Maxima and sums in the Q tile ([2][NUM_WARPS][16] floats; Q was read into
+    // registers before the first tile), O rows over the drained ring.
+    float* ml = reinterpret_cast<float*>(dec_smem + L::ML);
+    float* lse_s = reinterpret_cast<float*>(dec_smem + L::LSE);
+    float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
+    float l_sum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_sum[h] = quad_sum(sm.l[h]);
+    __syncthreads();  // every warp is past its last K/V tile
+    if (tq == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            ml[warp * DEC_ROWS + g + 8 * h] = sm.m[h];
+            ml[(NUM_WARPS + warp) * DEC_ROWS + g + 8 * h] = l_sum[h];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        if (row >= rows_valid) continue;
+        float m = OPTD_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, ml[w * DEC_ROWS + row]);
+        float total = 0.f;
+        if (m != OPTD_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < NUM_WARPS; ++w) {
+                const float mw = ml[w * DEC_ROWS + row];
+                if (mw != OPTD_NEG_INF) total += ml[(NUM_WARPS + w) * DEC_ROWS + row] * fast_exp2((mw - m) * sl2);
+            }
+        }
+        // A row no warp saw a key for (total 0) comes out O = 0, LSE = -inf.
+        const float f = (sm.m[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : fast_exp2((sm.m[h] - m) * sl2) / total;
+        float* xrow = xo + (warp * DEC_ROWS + row) * L::XO_ROW + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+            *reinterpret_cast<float2*>(xrow + 8 * j) = make_float2(acc[j][2 * h] * f, acc[j][2 * h + 1] * f);
+        if (warp == 0 && tq == 0) lse_s[row] = total > 0.f ? (m * sl2 + __log2f(total)) * OPTD_LN2 : OPTD_NEG_INF;
+    }
+    __syncthreads();
+}
+
+
+#endif  // OPTD_DECODE_SPLIT_CUH

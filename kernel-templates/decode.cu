@@ -1,0 +1,300 @@
+/******************************************************************************
+ * decode-split: flash-decoding for SQ = 1 .. 16 query rows against a KV cache
+ * of SK keys, grouped-query heads packed into the tensor-core tile.
+ *
+ * Decode reads the whole KV cache (2 * B * HKV * SK * D elements) to produce
+ * B * HQ * SQ rows: it is bound by HBM bandwidth (large caches) or by latency
+ * (small ones), never by the tensor cores. So the kernel is built around the
+ * bytes in flight, not the FLOPs:
+ *
+ *   - PackGQA (FlashAttention-3, FlashInfer): the G = HQ / HKV query heads
+ *     that share a KV head, times their SQ rows, are the M rows of one
+ *     mma.sync m16n8k16 tile, so each K/V tile is loaded once for the whole
+ *     group. Packed row r = gi * SQ + s is query head kvh * G + gi, row s
+ *     (Llama-3: G = 4, SQ = 1 -> rows 0..3 of 16; the rest are zero padding,
+ *     computed and never stored). G * SQ > 16 (MQA: G = 32) takes
+ *     cdiv(G * SQ, 16) row tiles, gridDim.z; their CTAs read the same K/V,
+ *     the second time mostly from L2.
+ *   - flash-decoding: the KV sequence is split across gridDim.x CTAs, so that
+ *     a few (b, kv head) groups still fill the SMs. Split z walks key tiles
+ *     [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, n_splits),
+ *     n_tiles = cdiv(SK, TILE_N), TILE_N = NUM_WARPS * BLOCK_N keys.
+ *   - inside a CTA, warp w takes keys [w * BLOCK_N, (w + 1) * BLOCK_N) of every
+ *     tile (its own online softmax over 1 / NUM_WARPS of the keys); the
+ *     warps merge once at the end through shared memory.
+ *   - a cp.async ring of STAGES K/V tiles (16-byte copies, XOR-swizzled rows)
+ *     keeps (STAGES - 1) * TILE_N * D * 4 bytes of K and V in flight per CTA.
+ *
+ * Per CTA (split z, group b * HKV + kvh, row tile):
+ *   prologue  the packed Q tile (16 x D, rows >= G * SQ zero-filled) and the
+ *             first STAGES - 1 K/V tiles in flight (cp.async); Q -> A
+ *             fragments in registers (ldmatrix.x4), held for the whole loop.
+ *   per tile  wait for tile i (cp.async.wait_group STAGES - 2), __syncthreads,
+ *             issue tile i + STAGES - 1 into the slot tile i - 1 used; then
+ *             each warp on its BLOCK_N keys: S = Q K^T (mma.sync, K's B
+ *             fragments by ldmatrix.x4), masking only on a tile that needs it
+ *             (keys >= SK; causal: the last tile, see below), online softmax
+ *             per row (common/online_softmax.cuh, quad reductions of
+ *             common/quad_softmax.cuh), O += P V (P from the S registers,
+ *             V's fragments by ldmatrix.x4.trans).
+ *   merge     the ring is drained; each warp publishes its row maxima m_w and
+ *             sums l_w (in the Q tile's space); every warp scales its O by
+ *             f_w = exp2((m_w - m) c) / L (m = max_w m_w,
+ *             L = sum_w l_w exp2((m_w - m) c), c = softmax_scale * log2 e) and
+ *             stores it, fp32, for its valid rows only, after the Q tile; then
+ *             all threads sum the NUM_WARPS copies of each valid row, 16 bytes
+ *             at a time, and store it: to O through strides.o (n_splits = 1,
+ *             elem_t), or to o_partial with lse_partial (n_splits > 1).
+ *   combine   (n_splits > 1, a second launch) one warp per row of O:
+ *             w_z = exp(lse_z - max_z lse_z), O = sum_z w_z O_z / sum_z w_z,
+ *             lane l owning D / 32 consecutive dims, the splits' loads issued
+ *             COMBINE_UNROLL at a time.
+ *
+ * Partial results (n_splits > 1), fp32, FlashAttention's softmax_lse
+ * convention (the ABI's contiguous scratch, row index (b * HQ + h) * SQ + s):
+ *   o_partial[z][b][h][s][:]  = O_z, normalized by the split's own row sum
+ *   lse_partial[z][b][h][s]   = natural-log LSE of the split's scaled scores,
+ *                               -inf (and O_z = 0) when the split has no key
+ *                               the row sees (a causal row s < SQ - 1 whose
+ *                               last split holds only keys past its diagonal).
+ *
+ * Masking. Causal decode rows are the last SQ positions: row s sees keys
+ * <= s + SK - SQ (optd_causal_offset), so only keys > SK - SQ, all in the last
+ * tile of the last split, are ever masked for causality; ragged SK (4000)
+ * masks the same tile's keys >= SK (zero-filled in shared memory, so that
+ * 0 * V is never NaN). A warp's sub-tile wholly past SK skips the math.
+ *
+ * Addressing: every row of Q, K, V and O goes through `strides` (both layouts,
+ * padded views); rows start 16-byte aligned, which the cp.async copies and the
+ * 16-byte O stores need. o_partial / lse_partial are contiguous.
+ *
+ * Knobs:   BLOCK_N        keys per warp per tile (n of S = Q K^T)     16, 32, 64
+ *          NUM_WARPS      warps per CTA, splitting each tile's keys   4, 2, 8
+ *          STAGES         K/V tiles in the cp.async ring              3, 2, 4
+ *          SPLIT_WAVES    split target: CTAs of the first launch
+ *                         >= SPLIT_WAVES * SMS where the keys allow   1, 2, 4
+ *          MIN_SPLIT_TILES  fewest key tiles per split (a split is
+ *                         a fixed cost: prologue, merge, combine row) 1, 2, 4
+ *          (SPLIT_WAVES and MIN_SPLIT_TILES only enter the launch formulas.)
+ * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N, rows of 2 D bytes:
+ *          2 D * 16  (packed Q tile)
+ *          + max(2 D * 2 * STAGES * TILE_N        (K and V ring),
+ *                NUM_WARPS * 16 * (D + 8) * 4)    (fp32 O rows of the merge)
+ *          (DecSmem<D>::BYTES, checked against the spec's smem formula by
+ *          OPTD_CHECK_SMEM); e.g. D 128, 4 warps, BLOCK_N 32, 3 stages:
+ *          4 KiB + 192 KiB. Combos over the device's opt-in limit (227 KiB on
+ *          sm_90) are rejected by the gate.
+ * CTAs:    fwd      n_splits x (B * HKV) x cdiv(G * SQ, 16), NUM_WARPS * 32
+ *                   threads (B * HKV <= 65535)
+ *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads, only when
+ *                   n_splits > 1
+ * n_splits: groups = B * HKV * cdiv(G * SQ, 16) CTAs per split;
+ *          want = min(cdiv(SPLIT_WAVES * SMS, groups),
+ *                     cdiv(n_tiles, MIN_SPLIT_TILES)), at least 1; then lowered
+ *          to the fewest splits with the same tiles per split, so that no split
+ *          is empty (the kernel derives its range from n_splits alone).
+ * Registers: per thread D / 4 (Q fragments) + D / 2 (O) + BLOCK_N / 2 (S)
+ *          fp32 / b32 values plus addressing: D 128, BLOCK_N 64: 32 + 64 + 32;
+ *          __launch_bounds__(threads, 1).
+ * Regime:  max_sq = 16 below: the gate refuses shapes with SQ > 16 (prefill),
+ *          which the other templates serve; the kernel itself is correct for
+ *          any SQ (more row tiles), just not what those shapes want.
+ ******************************************************************************/
+
+/* optimizerd:spec
+[template]
+name = "decode-split"
+description = "flash-decoding: GQA group x SQ rows packed into one mma.sync m16 tile, KV sequence split across CTAs, cp.async K/V ring, warps split the keys, LSE combine"
+min_cc = 80
+max_sq = 16
+
+[knobs]
+BLOCK_N = [32, 16, 64]
+NUM_WARPS = [4, 2, 8]
+STAGES = [3, 2, 4]
+SPLIT_WAVES = [1, 2, 4]
+MIN_SPLIT_TILES = [1, 2, 4]
+
+[derived]
+tile_n = "NUM_WARPS * BLOCK_N"
+row_tiles = "cdiv(G * SQ, 16)"
+groups = "B * HKV * row_tiles"
+kv_tiles = "cdiv(SK, tile_n)"
+want_splits = "max(1, min(cdiv(SPLIT_WAVES * SMS, groups), cdiv(kv_tiles, MIN_SPLIT_TILES)))"
+tiles_per_split = "cdiv(kv_tiles, want_splits)"
+splits = "cdiv(kv_tiles, tiles_per_split)"
+
+[[launch]]
+kernel = "fwd"
+grid = ["splits", "B * HKV", "row_tiles"]
+block = ["NUM_WARPS * 32", "1", "1"]
+smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4)"
+
+[[launch]]
+kernel = "combine"
+when = "splits > 1"
+grid = ["cdiv(B * HQ * SQ, 4)", "1", "1"]
+block = ["128", "1", "1"]
+smem = "0"
+*/
+
+#include "common/optd.cuh"
+#include "common/decode_split.cuh"
+
+#define DEC_COMBINE_ROWS 4    // rows (warps) per combine CTA: 128 threads
+#define DEC_COMBINE_UNROLL 8  // splits whose loads a combine lane has in flight
+
+// ---------------------------------------------------------------------------
+// Forward: one (split, b * HKV + kv head, row tile) per CTA. The split's work
+// is common/decode_split.cuh's; here its result leaves shared memory.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
+    using L = DecSmem<D>;
+    OPTD_CHECK_SMEM(FWD, D, L::BYTES);
+    // This split's key tiles (the spec's formula leaves none empty).
+    const int split = blockIdx.x;
+    const int n_tiles = (seq_k + DEC_TILE_N - 1) / DEC_TILE_N;
+    const int tps = (n_tiles + n_splits - 1) / n_splits;
+    const int t_begin = split * tps;
+    const int t_end = min(n_tiles, t_begin + tps);
+    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end);
+
+    // Sum the warps' copies of each valid row, 4 floats (16 bytes of xo) per step,
+    // and store it: O itself (one split), or the split's partial row and LSE.
+    extern __shared__ __align__(128) unsigned char dec_smem[];
+    const float* xo = reinterpret_cast<const float*>(dec_smem + L::XO);
+    const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
+    const int b = blockIdx.y / heads_kv;
+    const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
+    constexpr int C4 = D / 4;
+    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+        const int row = c / C4, c4 = c % C4;
+        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
+#pragma unroll
+        for (int w = 1; w < NUM_WARPS; ++w) {
+            const float4 x = *reinterpret_cast<const float4*>(xo + (w * DEC_ROWS + row) * L::XO_ROW + 4 * c4);
+            sum.x += x.x;
+            sum.y += x.y;
+            sum.z += x.z;
+            sum.w += x.w;
+        }
+        const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
+        if (n_splits == 1) {
+            elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
+            uint2 packed;
+            packed.x = pack2(sum.x, sum.y);
+            packed.y = pack2(sum.z, sum.w);
+            *reinterpret_cast<uint2*>(orow + 4 * c4) = packed;
+        } else {
+            const size_t prow = (((size_t)split * batch + b) * heads_q + out.hq) * seq_q + out.s;
+            *reinterpret_cast<float4*>(o_partial + prow * D + 4 * c4) = sum;
+            if (c4 == 0) lse_partial[prow] = lse_s[row];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Combine (n_splits > 1): one warp per output row (b * HQ + h) * SQ + s.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void decode_combine(OPTD_ARGS) {
+    OPTD_CHECK_SMEM(COMBINE, D, 0);  // launched as role `combine` with smem "0"
+    constexpr int VEC = D / 32;      // consecutive dims per lane: 2 or 4
+    static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
+    (void)q;
+    (void)k;
+    (void)v;
+    (void)heads_kv;
+    (void)seq_k;
+    (void)softmax_scale;
+    (void)causal;
+    const int lane = threadIdx.x & 31;
+    const size_t rows_total = (size_t)batch * heads_q * seq_q;
+    const size_t row = (size_t)blockIdx.x * DEC_COMBINE_ROWS + (threadIdx.x >> 5);
+    if (row >= rows_total) return;
+
+    // Max LSE over the splits, lanes reading different splits.
+    float m = OPTD_NEG_INF;
+    for (int z = lane; z < n_splits; z += 32) m = fmaxf(m, lse_partial[(size_t)z * rows_total + row]);
+    m = warp_max(m);
+
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
+    float wsum = 0.f;
+    if (m != OPTD_NEG_INF) {
+        // Every split wrote every row (O = 0, LSE = -inf where it saw no key),
+        // so the loads need no guard beyond z < n_splits; DEC_COMBINE_UNROLL
+        // splits' loads go out before their first use. Split z's row is
+        // z * rows_total rows further on, in both arrays.
+        const float* lse_z = lse_partial + row;
+        const float* o_z = o_partial + row * D + lane * VEC;
+        const size_t o_step = rows_total * D;
+        for (int z0 = 0; z0 < n_splits; z0 += DEC_COMBINE_UNROLL) {
+            float w[DEC_COMBINE_UNROLL];
+            float x[DEC_COMBINE_UNROLL][VEC];
+#pragma unroll
+            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
+                const bool live = z0 + u < n_splits;
+                // Same address in every lane: one broadcast load. The slots past
+                // n_splits are not splits at all: weight 0.
+                w[u] = live ? fast_exp2((lse_z[u * rows_total] - m) * OPTD_LOG2E) : 0.f;
+                if constexpr (VEC == 4) {
+                    const float4 t = live ? *reinterpret_cast<const float4*>(o_z + u * o_step) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    x[u][0] = t.x;
+                    x[u][1] = t.y;
+                    x[u][2] = t.z;
+                    x[u][3] = t.w;
+                } else {
+                    const float2 t = live ? *reinterpret_cast<const float2*>(o_z + u * o_step) : make_float2(0.f, 0.f);
+                    x[u][0] = t.x;
+                    x[u][1] = t.y;
+                }
+            }
+            // exp(-inf) = 0: a split that saw no key adds nothing.
+#pragma unroll
+            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
+                wsum += w[u];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w[u], x[u][e], acc[e]);
+            }
+            lse_z += DEC_COMBINE_UNROLL * rows_total;
+            o_z += DEC_COMBINE_UNROLL * o_step;
+        }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const int s = (int)(row % seq_q);
+    const int h = (int)((row / seq_q) % heads_q);
+    const int b = (int)(row / ((size_t)seq_q * heads_q));
+    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + (long long)s * strides.o_s + lane * VEC;
+    if constexpr (VEC == 4) {
+        uint2 packed;
+        packed.x = pack2(acc[0] * inv, acc[1] * inv);
+        packed.y = pack2(acc[2] * inv, acc[3] * inv);
+        *reinterpret_cast<uint2*>(orow) = packed;
+    } else {
+        *reinterpret_cast<unsigned*>(orow) = pack2(acc[0] * inv, acc[1] * inv);
+    }
+}
+
+// minBlocks = 1: the Q fragments, O accumulators and S tile stay in registers.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
+    decode_fwd<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
+    decode_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
+    decode_combine<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
+    decode_combine<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}

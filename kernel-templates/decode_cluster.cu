@@ -1,0 +1,206 @@
+/******************************************************************************
+ * decode-cluster: flash-decoding in one launch on Hopper: the CLUSTER splits
+ * of a (b, kv head, row tile) are one thread-block cluster, and they combine
+ * through distributed shared memory instead of fp32 partials in global memory
+ * and a second kernel.
+ *
+ * decode.cu (decode-split) needs two launches when it splits the KV cache:
+ * the forward writes partial O rows and LSEs, a combine kernel reads them
+ * back. On small caches (Llama-3 B 1, SK 1024: 4 MB) the whole call lasts a
+ * few microseconds, and the second launch, its kernel boundary and the
+ * partials' round trip through L2 are a large part of it. Here each split is
+ * the same per-CTA work (common/decode_split.cuh: GQA group x SQ rows packed
+ * into one m16 tile, a STAGES-deep cp.async K/V ring, warps splitting every
+ * tile's keys, their merge), and then, in the same kernel:
+ *   1. each CTA sums its warps' copies of every valid row into warp 0's
+ *      (fp32, in its own shared memory) and keeps the split's row LSEs;
+ *   2. cluster barrier (release / acquire: the rows are visible cluster-wide);
+ *   3. the cluster's CTAs share the combine of the rows' 16-byte chunks: for
+ *      each, the LSE of every split is read from its CTA (ld.shared::cluster
+ *      through mapa), w_z = exp(lse_z - max_z lse_z), and
+ *      O = sum_z w_z O_z / sum_z w_z, with O_z read the same way; O is stored
+ *      through strides.o;
+ *   4. cluster barrier: no CTA leaves while another still reads its memory.
+ * The splits of one group are the cluster's CTAs (rank z = blockIdx.x, key
+ * tiles [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, CLUSTER));
+ * a split past the keys (n_tiles < CLUSTER) has LSE -inf and weight 0. There
+ * is no global scratch: n_splits = 1 for the ABI (o_partial and lse_partial
+ * are not touched).
+ *
+ * Cluster size is a compile-time attribute (__cluster_dims__), so a plain
+ * cuLaunchKernel launches the clusters; at most 8 CTAs (the portable limit:
+ * 16 needs a host-side opt-in the daemon's launcher does not make). So
+ * CLUSTER * B * HKV * row tiles CTAs: for Llama-3 B 1 (8 KV heads) 64 CTAs,
+ * each holding 1 / 8 of a KV head's keys; bigger batches fill the GPU alone.
+ *
+ * Knobs:   BLOCK_N    keys per warp per tile                      16, 32, 64
+ *          NUM_WARPS  warps per CTA, splitting each tile's keys   4, 2, 8
+ *          STAGES     K/V tiles in the cp.async ring              3, 2, 4
+ *          CLUSTER    splits per group = CTAs per cluster         8, 4, 2
+ * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N (as decode.cu):
+ *          2 D * 16 + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
+ *          (DecSmem<D>::BYTES, checked by OPTD_CHECK_SMEM); combos over the
+ *          opt-in limit are rejected by the gate.
+ * CTAs:    fwd  CLUSTER x (B * HKV) x cdiv(G * SQ, 16), NUM_WARPS * 32 threads,
+ *          clusters of CLUSTER x 1 x 1; one launch.
+ * Registers: as decode.cu's forward (D / 4 + D / 2 + BLOCK_N / 2 per thread
+ *          plus addressing); __launch_bounds__(threads, 1).
+ * Needs:   compute capability 9.0 (clusters, distributed shared memory); not
+ *          arch-specific (plain sm_90 code). max_sq = 16, like decode.cu.
+ ******************************************************************************/
+
+/* optimizerd:spec
+[template]
+name = "decode-cluster"
+description = "flash-decoding in one launch: the KV splits of a GQA group are one thread-block cluster and combine through distributed shared memory (sm_90)"
+min_cc = 90
+max_sq = 16
+
+[knobs]
+BLOCK_N = [32, 16, 64]
+NUM_WARPS = [4, 2, 8]
+STAGES = [3, 2, 4]
+CLUSTER = [8, 4, 2]
+
+[derived]
+tile_n = "NUM_WARPS * BLOCK_N"
+row_tiles = "cdiv(G * SQ, 16)"
+splits = "1"
+
+[[launch]]
+kernel = "fwd"
+grid = ["CLUSTER", "B * HKV", "row_tiles"]
+block = ["NUM_WARPS * 32", "1", "1"]
+smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4)"
+*/
+
+#include "common/optd.cuh"
+#include "common/decode_split.cuh"
+
+#ifndef CLUSTER
+#error "CLUSTER must be defined"
+#endif
+#if CLUSTER < 1 || CLUSTER > 8
+#error "CLUSTER must be in 1..8 (the portable cluster size)"
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "decode-cluster needs compute capability 9.0 (thread-block clusters)"
+#endif
+
+// ---------------------------------------------------------------------------
+// Distributed shared memory (sm_90).
+// ---------------------------------------------------------------------------
+// The address of the same shared-memory location in the cluster's CTA `rank`.
+__device__ __forceinline__ unsigned dsmem_map(unsigned addr, unsigned rank) {
+    unsigned out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+}
+__device__ __forceinline__ float dsmem_ld_f32(unsigned addr) {
+    float x;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+    return x;
+}
+__device__ __forceinline__ float4 dsmem_ld_f32x4(unsigned addr) {
+    float4 x;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+                 : "r"(addr)
+                 : "memory");
+    return x;
+}
+// Every thread of every CTA of the cluster; writes before it are visible to
+// reads after it, cluster-wide.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+template <int D>
+__device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
+    using L = DecSmem<D>;
+    OPTD_CHECK_SMEM(FWD, D, L::BYTES);
+    (void)o_partial;
+    (void)lse_partial;
+    (void)n_splits;
+    (void)batch;
+    // blockIdx.x is the rank in the cluster: the grid's x is exactly CLUSTER.
+    const int split = blockIdx.x;
+    const int n_tiles = (seq_k + DEC_TILE_N - 1) / DEC_TILE_N;
+    const int tps = (n_tiles + CLUSTER - 1) / CLUSTER;
+    const int t_begin = min(n_tiles, split * tps);
+    const int t_end = min(n_tiles, t_begin + tps);
+    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end);
+
+    extern __shared__ __align__(128) unsigned char dec_smem[];
+    float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
+    const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
+    constexpr int C4 = D / 4;
+    // 1. This split's rows: the warps' copies summed into warp 0's (each chunk
+    //    read and written by one thread).
+    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+        const int row = c / C4, c4 = c % C4;
+        float4* dst = reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4);
+        float4 sum = *dst;
+#pragma unroll
+        for (int w = 1; w < NUM_WARPS; ++w) {
+            const float4 x = *reinterpret_cast<const float4*>(xo + (w * DEC_ROWS + row) * L::XO_ROW + 4 * c4);
+            sum.x += x.x;
+            sum.y += x.y;
+            sum.z += x.z;
+            sum.w += x.w;
+        }
+        *dst = sum;
+    }
+    cluster_sync();  // 2.
+
+    // 3. The cluster combines: chunk c of the rows goes to CTA c % CLUSTER.
+    const unsigned xo_local = smem_u32(dec_smem + L::XO);
+    const unsigned lse_local = smem_u32(dec_smem + L::LSE);
+    const int b = blockIdx.y / heads_kv;
+    for (int c = split + CLUSTER * (int)threadIdx.x; c < rows_valid * C4; c += CLUSTER * DEC_THREADS) {
+        const int row = c / C4, c4 = c % C4;
+        float lse[CLUSTER];
+        float m = OPTD_NEG_INF;
+#pragma unroll
+        for (int z = 0; z < CLUSTER; ++z) {
+            lse[z] = dsmem_ld_f32(dsmem_map(lse_local + 4 * row, z));
+            m = fmaxf(m, lse[z]);
+        }
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float wsum = 0.f;
+        if (m != OPTD_NEG_INF) {
+            const unsigned off = xo_local + (unsigned)((row * L::XO_ROW + 4 * c4) * 4);
+#pragma unroll
+            for (int z = 0; z < CLUSTER; ++z) {
+                // exp(-inf) = 0: a split that saw no key of the row adds nothing
+                // (its row is 0, never NaN).
+                const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
+                const float4 x = dsmem_ld_f32x4(dsmem_map(off, z));
+                wsum += w;
+                acc.x = fmaf(w, x.x, acc.x);
+                acc.y = fmaf(w, x.y, acc.y);
+                acc.z = fmaf(w, x.z, acc.z);
+                acc.w = fmaf(w, x.w, acc.w);
+            }
+        }
+        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+        const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
+        elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
+        uint2 packed;
+        packed.x = pack2(acc.x * inv, acc.y * inv);
+        packed.y = pack2(acc.z * inv, acc.w * inv);
+        *reinterpret_cast<uint2*>(orow + 4 * c4) = packed;
+    }
+    cluster_sync();  // 4.
+}
+
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
+    decode_cluster_fwd<64>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
+    decode_cluster_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}

@@ -1,0 +1,300 @@
+//! The flash-decoding templates on the CPU: decode.cu (`decode-split`) and
+//! decode_cluster.cu (`decode-cluster`, sm_90). Their specs plan decode shapes (the
+//! split count, grids and shared memory their headers state), the gate refuses prefill
+//! shapes with the reason, every pairwise-covering variant compiles with NVRTC, and a
+//! decode plan stage runs on a workload's decode shapes only (scripted worker), and is
+//! skipped, with the reason recorded, on a workload without any.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{h100, Project};
+use optimizerd::engine::RunEnd;
+use optimizerd::nvrtc;
+use optimizerd::pipeline::gate;
+use optimizerd::pipeline::render::render;
+use optimizerd::spec::protocol::{DType, Layout, Shape};
+use optimizerd::spec::template::{Params, Template};
+use optimizerd::storage::ledger::Ledger;
+use serde_json::json;
+
+fn decode() -> Template {
+    Template::load(&common::repo_root().join("kernel-templates"), "decode.cu").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn gqa(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, causal: bool) -> Shape {
+    Shape { b, hq, hkv, sq, sk, d: 128, causal, dtype: DType::Bf16, layout: Layout::Bhsd }
+}
+
+fn knobs(block_n: i64, warps: i64, stages: i64, waves: i64, min_tiles: i64) -> Params {
+    [("BLOCK_N", block_n), ("NUM_WARPS", warps), ("STAGES", stages), ("SPLIT_WAVES", waves), ("MIN_SPLIT_TILES", min_tiles)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+/// (n_splits, [(kernel, grid)]) of one plan.
+fn planned(t: &Template, p: &Params, s: &Shape) -> (u32, Vec<(String, [u32; 3])>) {
+    let plan = t.plan(p, s, &h100()).unwrap_or_else(|e| panic!("{e}"));
+    (plan.n_splits, plan.launches.iter().map(|l| (l.kernel.clone(), l.grid)).collect())
+}
+
+#[test]
+fn the_spec_splits_the_cache_to_fill_the_sms_and_packs_the_group_into_row_tiles() {
+    let t = decode();
+    assert_eq!(t.name(), "decode-split");
+    assert_eq!(t.meta.max_sq, Some(16));
+    let p = knobs(32, 4, 3, 1, 1); // 128 keys per tile
+    let fwd = |splits: u32, groups: u32, row_tiles: u32| ("optd_fwd_d128".to_string(), [splits, groups, row_tiles]);
+    let combine = |ctas: u32| ("optd_combine_d128".to_string(), [ctas, 1, 1]);
+
+    // Llama-3 B 1, SK 1024: 8 groups of 4 query heads, 8 tiles; 132 SMs want 17 splits per
+    // group, the keys allow 8. One 16-row tile holds the group's 4 rows.
+    assert_eq!(planned(&t, &p, &gqa(1, 32, 8, 1, 1024, false)), (8, vec![fwd(8, 8, 1), combine(8)]));
+    // B 64: 512 groups fill the GPU alone: one split, O written directly, no combine.
+    assert_eq!(planned(&t, &p, &gqa(64, 32, 8, 1, 4096, false)), (1, vec![fwd(1, 512, 1)]));
+    // MQA: 32 query heads on one KV head are two row tiles; 16 CTAs per split want 9
+    // splits, 32 tiles make that 4 tiles per split, so 8 splits (none left empty).
+    assert_eq!(planned(&t, &p, &gqa(8, 32, 1, 1, 4096, true)), (8, vec![fwd(8, 8, 2), combine(64)]));
+    // Ragged SK 4000 counts its partial last tile: 32 tiles; B 8: 64 groups want 3 splits.
+    assert_eq!(planned(&t, &p, &gqa(8, 32, 8, 1, 4000, true)), (3, vec![fwd(3, 64, 1), combine(64)]));
+    // Speculative decoding, SQ 4: 4 heads x 4 rows are one full tile; SQ 16 takes four.
+    // (8 groups want 17 splits of 32 tiles: 2 tiles each, 16 splits.)
+    assert_eq!(planned(&t, &p, &gqa(1, 32, 8, 4, 4096, true)).1[0], fwd(16, 8, 1));
+    // SQ 16: 64 rows, four row tiles; 32 CTAs per split want 5 splits.
+    assert_eq!(planned(&t, &p, &gqa(1, 32, 8, 16, 4096, true)).1[0].1, [5, 8, 4]);
+
+    // The split knobs: MIN_SPLIT_TILES keeps at least that many tiles per split,
+    // SPLIT_WAVES asks for more CTAs.
+    assert_eq!(planned(&t, &knobs(32, 4, 3, 1, 4), &gqa(1, 32, 8, 1, 1024, false)).0, 2);
+    assert_eq!(planned(&t, &knobs(32, 4, 3, 1, 1), &gqa(8, 32, 8, 1, 16384, false)).0, 3);
+    assert_eq!(planned(&t, &knobs(32, 4, 3, 2, 1), &gqa(8, 32, 8, 1, 16384, false)).0, 5);
+    // A cache shorter than one tile is one split.
+    assert_eq!(planned(&t, &p, &gqa(1, 8, 8, 1, 100, true)), (1, vec![fwd(1, 8, 1)]));
+
+    // Shared memory: the Q tile plus the K/V ring (or the merge's fp32 rows), as the
+    // header states; D 128, 4 warps of 32 keys, 3 stages: 4 KiB + 192 KiB.
+    let plan = t.plan(&p, &gqa(1, 32, 8, 1, 1024, false), &h100()).unwrap();
+    assert_eq!(plan.launches[0].dyn_smem, 256 * 16 + 3 * 2 * 128 * 256);
+    assert_eq!(plan.launches[0].block, [128, 1, 1]);
+    assert_eq!(plan.launches[1].dyn_smem, 0);
+    let layout = t.layout_smem(&p, 128);
+    assert_eq!(layout[0], ("fwd".to_string(), Ok(plan.launches[0].dyn_smem)), "the renderer's define is the launch's bytes");
+}
+
+#[test]
+fn the_gate_refuses_prefill_shapes_with_the_reason_and_plans_the_decode_ones() {
+    let t = decode();
+    let p = knobs(16, 4, 3, 1, 2);
+    let prefill = gqa(1, 32, 8, 512, 4096, true);
+    let shapes = [gqa(8, 32, 8, 1, 4096, true), prefill, gqa(2, 32, 8, 16, 2048, false)];
+    let each = gate::check_each(&t, &p, &shapes, &h100(), "1").unwrap();
+    let planned: Vec<String> = each.plans.iter().map(|p| p.shape.key()).collect();
+    assert_eq!(planned, [shapes[0].key(), shapes[2].key()]);
+    assert_eq!(each.refused.len(), 1);
+    let (key, why) = &each.refused[0];
+    assert_eq!(key, &prefill.key());
+    assert!(why.contains("template decode-split is for SQ <= 16") && why.contains("SQ = 512"), "{why}");
+    // Only prefill shapes: the candidate fails as a whole, with that reason.
+    let err = gate::check(&t, &p, &[prefill], &h100(), "1").unwrap_err();
+    assert!(err.0.contains("max_sq"), "{}", err.0);
+    // A ring over the device's shared memory is refused as for every template.
+    let err = gate::check(&t, &knobs(64, 8, 3, 1, 1), &shapes[..1], &h100(), "1").unwrap_err();
+    assert!(err.0.contains("dynamic shared memory"), "{}", err.0);
+}
+
+#[test]
+fn max_sq_is_validated_and_optional() {
+    let text = |extra: &str| {
+        format!(
+            "/* optimizerd:spec\n[template]\nname = \"t\"\n{extra}\n[knobs]\nX = [1]\n[[launch]]\nkernel = \"fwd\"\ngrid = [\"1\", \"1\", \"1\"]\nblock = [\"32\", \"1\", \"1\"]\nsmem = \"0\"\n*/\n"
+        )
+    };
+    let err = Template::parse("t.cu", text("max_sq = 0")).unwrap_err().to_string();
+    assert!(err.contains("max_sq = 0 admits no shape"), "{err}");
+    // A string is refused, at its line of the file.
+    let err = Template::parse("t.cu", text("max_sq = \"16\"")).unwrap_err().to_string();
+    assert!(err.contains("line 4") && err.contains("expected u32"), "{err}");
+    let any = Template::parse("t.cu", text("")).unwrap();
+    assert_eq!(any.meta.max_sq, None);
+    assert!(any.meta.admits(&gqa(1, 8, 8, 4096, 4096, true)).is_ok());
+}
+
+/// Every variant of a covering set of the knobs the code reads (the split knobs only
+/// enter the launch formulas) compiles with NVRTC for `archs`, both element types, and
+/// exports its kernels; the check build once. Three values per knob: the orthogonal
+/// array (i, j, i + j, i + 2j mod 3) covers every pair of values of up to 4 knobs in 9
+/// points (tests/nvrtc_templates.rs compiles every combination for every arch).
+fn compile_covering_set(file: &str, code_knobs: &[&str], archs: &[&str]) {
+    let tc = nvrtc::locate().unwrap_or_else(|e| panic!("NVRTC is required for this test (run scripts/setup.sh): {e}"));
+    let dir = common::repo_root().join("kernel-templates");
+    let t = Template::load(&dir, file).unwrap();
+    let values: Vec<&Vec<i64>> = code_knobs.iter().map(|k| &t.knobs.iter().find(|(n, _)| n == k).unwrap().1).collect();
+    assert!(values.iter().all(|v| v.len() == 3) && code_knobs.len() <= 4);
+    let mut variants = Vec::new();
+    for i in 0..3 {
+        for j in 0..3 {
+            let mut p = t.default_params();
+            for (n, (k, v)) in code_knobs.iter().zip(&values).enumerate() {
+                p.insert(k.to_string(), v[[i, j, (i + j) % 3, (i + 2 * j) % 3][n]]);
+            }
+            variants.push(p);
+        }
+    }
+    let mut pairs = std::collections::BTreeSet::new();
+    for p in &variants {
+        for (x, a) in code_knobs.iter().enumerate() {
+            for b in &code_knobs[x + 1..] {
+                pairs.insert((*a, p[*a], *b, p[*b]));
+            }
+        }
+    }
+    let n = code_knobs.len();
+    assert_eq!(pairs.len(), 9 * n * (n - 1) / 2, "every pair of values of the code knobs");
+    let jobs: Vec<(Params, DType, &str, bool)> = variants
+        .iter()
+        .enumerate()
+        .flat_map(|(i, v)| {
+            [DType::Fp16, DType::Bf16]
+                .into_iter()
+                .flat_map(move |dt| archs.iter().map(move |arch| (v.clone(), dt, *arch, i == 0 && *arch == "sm_90")))
+        })
+        .collect();
+    let failures = std::sync::Mutex::new(Vec::new());
+    let queue = std::sync::Mutex::new(jobs);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let Some((p, dtype, arch, count)) = queue.lock().unwrap().pop() else { break };
+                let src = render(&t, &p, dtype, &dir).unwrap();
+                let defines: Vec<(&str, String)> = if count { vec![("OPTD_COUNT_CTAS", "1".into())] } else { vec![] };
+                match nvrtc::compile(&tc, &src.source, file, arch, &defines) {
+                    Ok(c) => {
+                        for k in t.kernel_names(&[64, 128]) {
+                            if !c.cubin.windows(k.len()).any(|w| w == k.as_bytes()) {
+                                failures.lock().unwrap().push(format!("{file} {p:?} {arch}: {k} not exported"));
+                            }
+                        }
+                    }
+                    Err(e) => failures.lock().unwrap().push(format!("{file} {p:?} {} {arch}: {e}", dtype.as_str())),
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_pairwise_variant_compiles_with_nvrtc() {
+    compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &["sm_80", "sm_90"]);
+    // Clusters and distributed shared memory: sm_90 only (its min_cc).
+    compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &["sm_90"]);
+}
+
+#[test]
+fn the_cluster_template_is_one_launch_of_one_cluster_per_group_and_needs_sm_90() {
+    let t = Template::load(&common::repo_root().join("kernel-templates"), "decode_cluster.cu").unwrap();
+    assert_eq!((t.name(), t.meta.max_sq, t.meta.min_cc), ("decode-cluster", Some(16), 90));
+    let mut p = t.default_params();
+    let plan = t.plan(&p, &gqa(1, 32, 8, 1, 1024, false), &h100()).unwrap();
+    assert_eq!(plan.n_splits, 1, "no global partials");
+    assert_eq!(plan.launches.len(), 1);
+    assert_eq!((plan.launches[0].grid, plan.launches[0].block), ([8, 8, 1], [128, 1, 1]));
+    p.insert("CLUSTER".into(), 2);
+    assert_eq!(t.plan(&p, &gqa(8, 32, 1, 4, 4000, true), &h100()).unwrap().launches[0].grid, [2, 8, 8], "MQA x SQ 4: 8 row tiles");
+    // Refused below sm_90 (the stage is skipped there, with this reason) and on prefill shapes.
+    let err = gate::check(&t, &p, &[gqa(1, 32, 8, 1, 1024, false)], &common::l4(), "1").unwrap_err();
+    assert!(err.0.contains("needs compute capability 90"), "{}", err.0);
+    let err = gate::check(&t, &p, &[gqa(1, 32, 8, 64, 1024, false)], &h100(), "1").unwrap_err();
+    assert!(err.0.contains("SQ <= 16"), "{}", err.0);
+}
+
+#[test]
+fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
+    let path = common::repo_root().join("strategies/default.toml");
+    let plan = optimizerd::strategy::plan::Plan::load(&path, &common::repo_root().join("kernel-templates")).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
+    assert_eq!(&names[..4], ["baseline", "decode", "decode-cluster", "kv-split"]);
+    let shapes = [gqa(1, 32, 8, 1, 1024, false), gqa(8, 32, 1, 1, 4096, true), gqa(64, 32, 8, 1, 16384, false)];
+    for (stage, template) in plan.stages[1..3].iter().zip(["decode-split", "decode-cluster"]) {
+        assert_eq!(stage.template.name(), template);
+        assert!(stage.spec.when.is_empty(), "decode shapes need it whatever the diagnosis");
+        // Its start point fits the H100 on the issue's shapes.
+        gate::check(&stage.template, &stage.start, &shapes, &h100(), &stage.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    }
+}
+
+/// Baseline, then the decode stage over two points; no open phase.
+const PLAN: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "decode"
+template = "decode.cu"
+search = "exhaustive"
+space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2] }
+
+[open_phase]
+enabled = false
+"#;
+
+fn rules() -> serde_json::Value {
+    json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        { "source_contains": ["template `decode-split`"], "behaviour": { "ok": { "us": 10.0 } } }
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decode_stage_is_skipped_with_its_reason_on_a_prefill_workload() {
+    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 50.0 } }));
+    assert_eq!(p.run("prefill", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("prefill").await.unwrap();
+    assert!(!its.is_empty() && its.iter().all(|i| i.stage == "baseline"), "{:?}", its.iter().map(|i| &i.stage).collect::<Vec<_>>());
+    let events = ledger.events("prefill").await.unwrap();
+    let skipped: Vec<&String> = events.iter().filter(|e| e.kind.as_str() == "stage_skipped").map(|e| &e.message).collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0].contains("stage decode skipped (decode.cu): no workload shape is in its template's regime")
+            && skipped[0].contains("SQ <= 16"),
+        "{}",
+        skipped[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decode_stage_runs_on_the_decode_shapes_of_a_mixed_workload() {
+    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 50.0 } }));
+    p.set_workload(
+        "shapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
+         { b = 1, hq = 32, hkv = 8, sq = 512, sk = 2048, d = 128, causal = true }, \
+         { b = 8, hq = 32, hkv = 1, sq = 4, sk = 4000, d = 128, causal = true } ]",
+    );
+    assert_eq!(p.run("mixed", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("mixed").await.unwrap();
+    let decode: Vec<_> = its.iter().filter(|i| i.stage == "decode").collect();
+    assert_eq!(decode.len(), 2, "both points of the stage's space");
+    for it in &decode {
+        let keys: Vec<&str> = it.shapes.iter().map(|s| s.shape.as_str()).collect();
+        assert_eq!(keys, ["b8hq32hkv8sq1sk4096d128-causal", "b8hq32hkv1sq4sk4000d128-causal"], "iteration {}", it.seq);
+        assert!(it.shapes.iter().all(|s| s.gated.is_none()), "nothing gated: the prefill shape is not the stage's");
+        assert!(it.score_us.is_some(), "scored on its shapes");
+    }
+    // The decode kernels win the decode shapes; the prefill shape keeps the baseline.
+    let best = ledger.best("mixed").await.unwrap();
+    for b in &best {
+        let it = its.iter().find(|i| i.seq == b.seq).unwrap();
+        let want = if b.shape.contains("sq512") { "baseline" } else { "decode" };
+        assert_eq!(it.stage, want, "{}", b.shape);
+    }
+    let events = ledger.events("mixed").await.unwrap();
+    assert!(!events.iter().any(|e| e.kind.as_str() == "stage_skipped"), "{events:?}");
+}

@@ -1,0 +1,157 @@
+//! scripts/sdpa_baseline.py on CPU against a fake torch (tests/fixtures/fake_torch: shapes,
+//! strides and a simulated clock; it logs every attention call) and a fake FlashAttention-4
+//! (tests/fixtures/fake_fa4): the shapes as optimizerd writes them (version 2 and version 1),
+//! how SDPA is called (enable_gqa, the bottom-right causal mask, bshd views), the fallbacks a
+//! backend's refusals lead to, and FA4 present or absent.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+#[derive(Debug)]
+struct Ran {
+    out: Value,
+    /// Every attention call the fakes saw.
+    calls: Vec<Value>,
+}
+
+fn run_script(dir: &Path, shapes: &Value, with_fa4: bool, args: &[&str]) -> Result<Ran, String> {
+    let fixtures = common::repo_root().join("tests/fixtures");
+    let mut path = fixtures.join("fake_torch").display().to_string();
+    if with_fa4 {
+        path = format!("{path}:{}", fixtures.join("fake_fa4").display());
+    }
+    let shapes_file = dir.join("shapes.json");
+    std::fs::write(&shapes_file, shapes.to_string()).unwrap();
+    let log = dir.join("calls.jsonl");
+    let _ = std::fs::remove_file(&log);
+    let o = Command::new("python3")
+        .arg(common::repo_root().join("scripts/sdpa_baseline.py"))
+        .args(args)
+        .arg("--shapes")
+        .arg(&shapes_file)
+        .env("PYTHONPATH", path)
+        .env("FAKE_TORCH_LOG", &log)
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        return Err(format!("exit {:?}: {}", o.status.code(), String::from_utf8_lossy(&o.stderr)));
+    }
+    let out: Value = serde_json::from_slice(&o.stdout).map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&o.stdout)))?;
+    let calls = std::fs::read_to_string(&log).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    Ok(Ran { out, calls })
+}
+
+/// Llama-3-8B decode (GQA 32/8, one row against 4096 keys), chunked prefill in [B,S,H,D]
+/// (bottom-right causal), and a version-1 shape with a head dim FA4 refuses.
+fn shapes() -> Value {
+    json!([
+        {"b": 8, "hq": 32, "hkv": 8, "sq": 1, "sk": 4096, "d": 128, "causal": true, "dtype": "bf16", "layout": "bhsd"},
+        {"b": 1, "hq": 32, "hkv": 8, "sq": 512, "sk": 4096, "d": 128, "causal": true, "dtype": "bf16", "layout": "bshd"},
+        {"b": 1, "h": 2, "s": 128, "d": 96, "causal": true, "dtype": "fp16"}
+    ])
+}
+
+#[test]
+fn sdpa_is_called_as_a_model_calls_it_and_fa4_is_timed_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_script(dir.path(), &shapes(), true, &["--target-us", "2000"]).unwrap();
+    assert_eq!(r.out["versions"]["fa4"], json!("4.0.0b36+fake"));
+    assert!(r.out["versions"].get("fa4_error").is_none());
+    let res = r.out["results"].as_array().unwrap();
+    assert_eq!(res.len(), 3);
+
+    // Decode: enable_gqa on the 8 KV heads, no mask (one row, the last, sees every key);
+    // default dispatches to cuDNN (50 us in the fake), timed by graphs of ~2000 us.
+    let dec = &res[0];
+    assert_eq!(dec["default"]["picked"], "cudnn");
+    assert_eq!((dec["default"]["kv"].as_str(), dec["default"]["mask"].as_str()), (Some("gqa"), Some("none")));
+    assert_eq!(dec["default"]["graph_us"], json!(50.0));
+    assert_eq!(dec["default"]["calls"], json!(40));
+    let first = r.calls.iter().find(|c| c["call"] == "sdpa").unwrap();
+    assert_eq!((first["q"].clone(), first["k"].clone(), first["enable_gqa"].clone()), (json!([8, 32, 1, 128]), json!([8, 8, 4096, 128]), json!(true)));
+    // efficient refuses enable_gqa: K/V repeated to 32 heads, and the entry says so.
+    assert_eq!(dec["efficient"]["kv"], "repeated");
+    assert!(dec["efficient"]["fallback"].as_str().unwrap().contains("enable_gqa with mask none: RuntimeError: No available kernel"));
+    assert!(r.calls.iter().any(|c| c["forced"] == "efficient" && c["k"] == json!([8, 32, 4096, 128]) && c["enable_gqa"] == false));
+    // FA4: [B,S,H,D] copies of the bhsd tensors, GQA natively, 45 us.
+    assert_eq!((dec["fa4"]["graph_us"].clone(), dec["fa4"]["ran"].clone(), dec["fa4"]["layout"].clone()), (json!(45.0), json!("fa4"), json!("bshd copy")));
+    assert!(r.calls.iter().any(|c| c["call"] == "fa4" && c["q"] == json!([8, 1, 32, 128]) && c["k"] == json!([8, 4096, 8, 128]) && c["contiguous"] == true));
+
+    // Chunked prefill in bshd: SDPA gets transposed views of [B,S,H,D] tensors (head stride D,
+    // row stride H*D) and the lower-right mask; the default runs flash under it.
+    let chunk = &res[1];
+    let sdpa_chunk: Vec<&Value> = r.calls.iter().filter(|c| c["call"] == "sdpa" && c["q"] == json!([1, 32, 512, 128])).collect();
+    assert!(!sdpa_chunk.is_empty());
+    for c in &sdpa_chunk {
+        assert_eq!(c["q_stride"], json!([512 * 32 * 128, 128, 32 * 128, 1]), "Q must be a view of a [B,S,H,D] tensor: {c}");
+        if c["enable_gqa"] == true {
+            assert_eq!(c["k_stride"], json!([4096 * 8 * 128, 128, 8 * 128, 1]), "{c}");
+        } else {
+            assert_eq!(c["k"], json!([1, 32, 4096, 128]), "without enable_gqa K/V are repeated copies: {c}");
+        }
+    }
+    assert_eq!((chunk["default"]["mask"].as_str(), chunk["default"]["picked"].as_str()), (Some("lower_right"), Some("flash")));
+    // cuDNN forced: under the lower-right mask flash's kernels run (both K/V forms), so it is
+    // measured with an explicit boolean mask instead, and says why.
+    assert_eq!((chunk["cudnn"]["ran"].as_str(), chunk["cudnn"]["mask"].as_str(), chunk["cudnn"]["graph_us"].as_f64()), (Some("cudnn"), Some("explicit"), Some(50.0)));
+    let why = chunk["cudnn"]["fallback"].as_str().unwrap();
+    assert!(why.contains("enable_gqa with mask lower_right: ran flash's kernels instead") && why.contains("repeated K/V with mask lower_right"), "{why}");
+    // FA4 on the bshd tensors themselves, bottom-right causal.
+    assert!(r.calls.iter().any(|c| c["call"] == "fa4" && c["q"] == json!([1, 512, 32, 128]) && c["causal"] == true && c["contiguous"] == true));
+    assert_eq!(chunk["fa4"]["layout"], "bshd");
+
+    // A version-1 shape: h = 2 for both, s = 128 for both, is_causal; FA4 refuses D 96 and the
+    // error is recorded for that shape only.
+    let v1 = &res[2];
+    assert_eq!((v1["default"]["kv"].as_str(), v1["default"]["mask"].as_str()), (Some("mha"), Some("is_causal")));
+    assert!(r.calls.iter().any(|c| c["q"] == json!([1, 2, 128, 96]) && c["k"] == json!([1, 2, 128, 96]) && c["mask"] == "is_causal"));
+    assert!(v1["fa4"]["error"].as_str().unwrap().contains("head dim 96"), "{}", v1["fa4"]);
+    assert!(v1["fa4"].get("graph_us").is_none());
+    assert_eq!(v1["shape"], shapes()[2], "each result echoes its shape as given");
+}
+
+#[test]
+fn without_fa4_everything_else_is_measured_and_the_answer_says_why_fa4_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run_script(dir.path(), &shapes(), false, &[]).unwrap();
+    assert_eq!(r.out["versions"]["fa4"], Value::Null);
+    let why = r.out["versions"]["fa4_error"].as_str().unwrap();
+    assert!(why.contains("flash_attn.cute does not import") && why.contains("flash_attn"), "{why}");
+    assert!(r.out["method"]["fa4"].as_str().unwrap().starts_with("not measured"));
+    for res in r.out["results"].as_array().unwrap() {
+        assert!(res.get("fa4").is_none(), "no fa4 entry without FA4: {res}");
+        assert!(res["default"]["graph_us"].is_number());
+    }
+    assert!(r.calls.iter().all(|c| c["call"] == "sdpa"));
+    // Without --target-us: --calls per graph, as before.
+    assert_eq!(r.out["results"][0]["default"]["calls"], json!(20));
+
+    // --versions alone says the same.
+    let o = Command::new("python3")
+        .arg(common::repo_root().join("scripts/sdpa_baseline.py"))
+        .arg("--versions")
+        .env("PYTHONPATH", common::repo_root().join("tests/fixtures/fake_torch"))
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["torch"].as_str(), v["cudnn"].as_i64(), v["fa4"].clone()), (Some("2.11.0+fake"), Some(91900), Value::Null));
+}
+
+#[test]
+fn a_shape_the_script_cannot_read_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for (bad, says) in [
+        (json!({"b": 1, "hq": 6, "hkv": 4, "sq": 1, "sk": 64, "d": 64, "dtype": "fp16"}), "not a multiple of hkv"),
+        (json!({"b": 1, "hq": 4, "hkv": 4, "sq": 65, "sk": 64, "d": 64, "dtype": "fp16"}), "sq 65 > sk 64"),
+        (json!({"b": 1, "hq": 4, "hkv": 4, "sq": 1, "sk": 64, "d": 64, "dtype": "fp16", "layout": "sbhd"}), "neither bhsd nor bshd"),
+        (json!({"b": 1, "sq": 1, "sk": 64, "d": 64, "dtype": "fp16"}), "has no hq or h"),
+    ] {
+        let err = run_script(dir.path(), &json!([shapes()[0], bad]), false, &[]).unwrap_err();
+        assert!(err.starts_with("exit Some(2)") && err.contains(says), "{bad}: {err}");
+        assert!(!dir.path().join("calls.jsonl").exists(), "nothing measured before the shapes are read");
+    }
+}
