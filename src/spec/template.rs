@@ -19,11 +19,12 @@
 //!   equals its `min_cc` ([`Meta::target_arch`]).
 //! - `[[tensor_map]]` entries (`tensor` = q|k|v|o, `box_rows` = a formula, `swizzle` =
 //!   32|64|128 bytes): TMA tensor maps the worker encodes against the tensor's device
-//!   pointer and appends, in declaration order, after the 13 ABI parameters of every
+//!   pointer and appends, in declaration order, after the 16 ABI parameters of every
 //!   launch (`const __grid_constant__ optd_tensor_map tm_x`, 128 bytes by value). The
-//!   geometry is a fixed convention over the [B,H,S,D] tensor of 2-byte elements: with
-//!   swizzle W and P = W/2 elements per panel, rank 4, dims {P, S, D/P, B*H} (innermost
-//!   first), byte strides {D*2, P*2, S*D*2}, box {P, box_rows, D/P, 1}; see
+//!   geometry is a fixed convention over the tensor of 2-byte elements as the launch's
+//!   strides lay it out: with swizzle W and P = W/2 elements per panel, rank 5, dims
+//!   {P, rows, D/P, heads, B} (innermost first), byte strides {row, P*2, head, batch}, box
+//!   {P, box_rows, D/P, 1, 1}; see
 //!   [`crate::spec::protocol::TensorMap::geometry`], the one place it is computed.
 
 use std::collections::BTreeMap;
@@ -175,7 +176,7 @@ pub struct Template {
     /// Derived name -> expression, in evaluation order.
     pub derived: Vec<(String, String)>,
     pub launches: Vec<LaunchSpec>,
-    /// TMA tensor maps, in kernel-parameter order (after the 13 ABI parameters).
+    /// TMA tensor maps, in kernel-parameter order (after the 16 ABI parameters).
     pub tensor_maps: Vec<TensorMapSpec>,
 }
 
