@@ -664,8 +664,8 @@ max_candidates = 4
     ]);
     let server = ChatServer::start(vec![Reply::text(&edit(
         "note the split (AGENT_KV)",
-        "extern \"C\" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {",
-        "// AGENT_KV\nextern \"C\" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {",
+        INCLUDE,
+        &format!("{INCLUDE}\n// AGENT_KV"),
     ))])
     .await;
     let p = Project::new(plan, rules, json!({"ok": {"us": 100.0}}));
