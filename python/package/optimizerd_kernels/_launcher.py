@@ -28,9 +28,14 @@ def cache_dir() -> str:
     return root
 
 
+NEEDED_HEADERS = ("cuda.h", "cuda_runtime_api.h", os.path.join("crt", "host_config.h"))
+
+
 def cuda_include_dirs():
-    """Folders holding cuda.h and cuda_runtime_api.h: CUDA_HOME / CUDA_PATH, the pip
-    wheels next to torch (nvidia/*/include), /usr/local/cuda."""
+    """Folders that hold the CUDA headers torch's c10/cuda headers include (cuda.h,
+    cuda_runtime_api.h and crt/): from CUDA_HOME / CUDA_PATH, the nvidia pip packages
+    next to torch (nvidia/*/include: torch's wheels bring the runtime's, nvidia-cuda-crt
+    the crt/ ones), /usr/local/cuda. The first folder holding each header wins."""
     candidates = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
@@ -46,12 +51,18 @@ def cuda_include_dirs():
             for sub in sorted(os.listdir(nvidia)):
                 candidates.append(os.path.join(nvidia, sub, "include"))
     candidates.append("/usr/local/cuda/include")
-    for c in candidates:
-        if os.path.isfile(os.path.join(c, "cuda.h")) and os.path.isfile(os.path.join(c, "cuda_runtime_api.h")):
-            return [c]
-    raise BuildError("no CUDA headers (cuda.h, cuda_runtime_api.h) found in CUDA_HOME, CUDA_PATH, the nvidia pip "
-                     "packages next to torch, or /usr/local/cuda: install a CUDA toolkit or `pip install "
-                     "nvidia-cuda-runtime`, or set CUDA_HOME")
+    found = {}
+    for header in NEEDED_HEADERS:
+        for c in candidates:
+            if os.path.isfile(os.path.join(c, header)):
+                found[header] = c
+                break
+    missing = [h for h in NEEDED_HEADERS if h not in found]
+    if missing:
+        raise BuildError(f"CUDA headers {', '.join(missing)} not found in CUDA_HOME, CUDA_PATH, the nvidia pip packages "
+                         "next to torch, or /usr/local/cuda: install a CUDA toolkit (or `pip install nvidia-cuda-runtime "
+                         "nvidia-cuda-crt` matching torch's CUDA), or set CUDA_HOME")
+    return list(dict.fromkeys(found.values()))
 
 
 def compile_command(namespace: str, output: str):
