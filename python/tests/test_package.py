@@ -352,6 +352,15 @@ class Transformers(unittest.TestCase):
             out = model(ids[:, :11], use_cache=True)
             step = model(ids[:, 11:], past_key_values=out.past_key_values, use_cache=True).logits
             torch.testing.assert_close(step[:, -1], want[:, -1], atol=1e-5, rtol=1e-5)
+        # Both reached the op: transformers passed no mask (sdpa_mask left it out), nothing was delegated.
+        self.assertEqual(PKG._transformers._delegated, set())
+        with torch.no_grad():  # padding needs a mask: transformers' own SDPA runs it, and it says so
+            mask = torch.ones(2, 12, dtype=torch.long)
+            mask[0, :3] = 0
+            got = model(ids, attention_mask=mask).logits
+            model.set_attn_implementation("sdpa")
+            torch.testing.assert_close(got, model(ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-5)
+        self.assertTrue(any("attention_mask" in why for _, _, why in PKG._transformers._delegated))
 
 
 if __name__ == "__main__":
