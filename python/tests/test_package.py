@@ -333,6 +333,27 @@ class Launcher(unittest.TestCase):
 
 
 class Transformers(unittest.TestCase):
+    def test_the_mask_function_leaves_out_causal_only_masks_even_under_capture(self):
+        import transformers.masking_utils as mu
+
+        mask = PKG._transformers.mask
+        capturing = mu.is_tracing
+        try:  # what transformers sees while a CUDA graph is captured
+            mu.is_tracing = lambda *a, **k: True
+            self.assertIsNone(mask(batch_size=2, q_length=1, kv_length=40, mask_function=mu.causal_mask_function))
+            self.assertIsNone(mask(batch_size=2, q_length=9, kv_length=9, mask_function=mu.causal_mask_function))
+        finally:
+            mu.is_tracing = capturing
+        for kw in (dict(allow_is_causal_skip=False), dict(local_size=4), dict(attention_mask=torch.ones(2, 9).bool())):
+            with self.subTest(**{k: str(v)[:20] for k, v in kw.items()}):
+                m = mask(batch_size=2, q_length=9, kv_length=9, mask_function=mu.causal_mask_function, **kw)
+                if m is not None:
+                    self.assertEqual(tuple(m.shape)[-2:], (9, 9))
+        m = mask(batch_size=2, q_length=3, kv_length=9, mask_function=mu.causal_mask_function, q_offset=6)
+        self.assertTrue(m is None or m.shape[-2:] == (3, 9))
+        m = mask(batch_size=2, q_length=9, kv_length=9, mask_function=mu.causal_mask_function, allow_is_causal_skip=False)
+        self.assertEqual(tuple(m.shape), (2, 1, 9, 9))
+
     def test_a_llama_runs_with_attn_implementation_optimizerd_and_matches_sdpa(self):
         from transformers import LlamaConfig, LlamaForCausalLM
 

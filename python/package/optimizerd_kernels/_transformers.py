@@ -9,7 +9,9 @@ The kernels take no mask, no sliding window, no soft-capping and no dropout: suc
 and prefill over a longer cache (Sq > 1, Sq != Sk, where transformers' mask-free calls
 mean top-left causal), go to transformers' own SDPA function unchanged. The mask
 function is transformers' sdpa_mask, which leaves the mask out (None) whenever causality
-alone says it (no padding), so that plain prefill and decode reach the kernels.
+alone says it (no padding), so that plain prefill and decode reach the kernels — also
+while a CUDA graph is captured or torch.compile traces, where sdpa_mask itself always builds
+a mask (transformers counts stream capture as tracing, so as not to sync on the padding).
 """
 import logging
 
@@ -55,13 +57,27 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     return out, None
 
 
+def mask(batch_size, q_length, kv_length, attention_mask=None, local_size=None, allow_is_causal_skip=True, **kwargs):
+    """transformers' sdpa_mask, except that the causal-only case (no padding mask at all, no
+    window, every query row either alone or one per key, which the op's causal flag expresses)
+    returns None whatever the tracing state. `allow_is_causal_skip` is False where
+    transformers knows better (a static cache's unfilled slots, packed sequences, extra mask
+    functions), and then sdpa_mask decides."""
+    if allow_is_causal_skip and attention_mask is None and local_size is None and (q_length == 1 or q_length == kv_length):
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, attention_mask=attention_mask,
+                     local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
 def register(name: str) -> str:
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError as e:
         raise ImportError(f"{_op.NAMESPACE}.register_transformers needs transformers >= 4.56 "
                           f"(AttentionInterface, AttentionMaskInterface): {e}") from e
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, mask)
     return name
