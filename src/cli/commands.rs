@@ -112,12 +112,10 @@ pub async fn export(args: ExportArgs, config_path: Option<&Path>, out: &mut Out)
     let run = ledger.run(args.run.as_deref()).await?;
     // NVRTC first: without it nothing is written.
     let toolchain = match &args.python {
-        Some(_) => Some(crate::nvrtc::locate().map_err(|e| {
-            anyhow::anyhow!(
-                "export --python compiles each kernel to a cubin with NVRTC, and NVRTC is not usable: {e}\n\
-                 (a CUDA toolkit's NVRTC works too: set CUDA_HOME to it); or export with --out only (sources and manifest, no cubins)"
-            )
-        })?),
+        Some(_) => Some(crate::nvrtc::locate().map_err(anyhow::Error::new).context(
+            "export --python compiles each kernel to a cubin with NVRTC (a CUDA toolkit's works too: set CUDA_HOME to it; \
+             or export with --out only: sources and manifest, no cubins)",
+        )?),
         None => None,
     };
     let plain = match &args.out {
