@@ -130,7 +130,8 @@ fn prepare_dir(dir: &Path, marker: &str) -> Result<bool, PackageError> {
             false
         }
         Err(e) => return Err(io("read", dir)(e)),
-        Ok(m) if !m.is_dir() && !(m.file_type().is_symlink() && dir.is_dir()) => return Err(PackageError::NotAFolder { dir: dir.into() }),
+        // A link to a folder is that folder.
+        Ok(_) if !dir.is_dir() => return Err(PackageError::NotAFolder { dir: dir.into() }),
         Ok(_) => {
             let entries: Vec<std::fs::DirEntry> =
                 std::fs::read_dir(dir).map_err(io("list", dir))?.collect::<Result<_, _>>().map_err(io("list", dir))?;
