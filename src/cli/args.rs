@@ -7,6 +7,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::spec::protocol::{DType, Layout};
 use crate::spec::states::Verdict;
 
 /// The longest budget `start` accepts.
@@ -245,13 +246,87 @@ pub struct ReportArgs {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("into").required(true).multiple(true).args(["out", "python"]))]
 pub struct ExportArgs {
     /// Run id (default: the most recent run).
     #[arg(value_parser = parse_run_id)]
     pub run: Option<String>,
-    /// Folder to write the kernels and manifest.json into (created if needed).
+    /// Folder to write the kernels (.cu) and manifest.json into (created if needed).
     #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
+    /// Folder to write an installable Python package into: the kernels, their cubins
+    /// (compiled with NVRTC for the GPU the run tuned on) and a torch custom op that
+    /// dispatches over them; then `pip install DIR` (no network needed). A folder an
+    /// earlier `export --python` wrote is replaced; any other non-empty folder is refused.
+    #[arg(long, value_name = "DIR")]
+    pub python: Option<PathBuf>,
+    /// The package's import name with --python (a Python identifier; also the op
+    /// namespace, torch.ops.NAME).
+    #[arg(long, value_name = "NAME", default_value = crate::ops::python_package::DEFAULT_NAME, requires = "python", value_parser = parse_package_name)]
+    pub package_name: String,
+    /// Print what was written as JSON, for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_package_name(s: &str) -> Result<String, String> {
+    crate::ops::python_package::validate_name(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+fn parse_positive(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number of at least 1 (e.g. 4096)")),
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "bf16" | "bfloat16" => Ok(DType::Bf16),
+        "fp16" | "float16" => Ok(DType::Fp16),
+        _ => Err("the kernel templates tune bf16 and fp16: write --dtype bf16 or --dtype fp16".into()),
+    }
+}
+
+fn parse_layout(s: &str) -> Result<Layout, String> {
+    match s {
+        "bhsd" => Ok(Layout::Bhsd),
+        "bshd" => Ok(Layout::Bshd),
+        _ => Err("write bhsd ([B, H, S, D]: transformers, SDPA) or bshd ([B, S, H, D]: FlashAttention, vLLM)".into()),
+    }
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("lengths").required(true).multiple(true).args(["prefill", "decode_context"]))]
+pub struct WorkloadArgs {
+    /// A transformers config.json: num_attention_heads, num_key_value_heads, head_dim (or
+    /// hidden_size), torch_dtype; a multimodal model's under text_config.
+    #[arg(long, value_name = "CONFIG.json")]
+    pub from_hf: PathBuf,
+    /// Prompt lengths: prefill shapes with sq = sk = LEN, causal (comma-separated or repeated).
+    #[arg(long, value_name = "LEN", value_delimiter = ',', value_parser = parse_positive)]
+    pub prefill: Vec<u32>,
+    /// KV cache lengths: decode shapes with one query row against LEN keys.
+    #[arg(long, value_name = "LEN", value_delimiter = ',', value_parser = parse_positive)]
+    pub decode_context: Vec<u32>,
+    /// Chunked prefill: also a shape of N queries against each --prefill length above N
+    /// (the last chunk of a long prompt), causal.
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
+    pub chunk: Option<u32>,
+    /// Batch sizes: every shape once per batch size.
+    #[arg(long, value_name = "B", value_delimiter = ',', value_parser = parse_positive, default_value = "1")]
+    pub batch: Vec<u32>,
+    /// Element type, bf16 or fp16 (default: the config's torch_dtype; needed when it is
+    /// float32 or absent).
+    #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
+    pub dtype: Option<DType>,
+    /// Memory layout of Q, K, V and O in your model: bhsd (transformers, SDPA) or bshd
+    /// (FlashAttention, vLLM).
+    #[arg(long, value_name = "LAYOUT", value_parser = parse_layout, default_value = "bhsd")]
+    pub layout: Layout,
+    /// Write the TOML into FILE instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,12 +1,14 @@
 //! The commands beside a run: those that read the ledger (`runs`, `history`, `status`,
 //! `watch`, `report`, `export`; they open it read-only, so they work on a read-only file
-//! or folder), `doctor`, and the two that remove runs (`forget`, `runs --prune`). Each
+//! or folder), `doctor`, `workload` (a model's config as a workload), and the two that remove runs (`forget`, `runs --prune`). Each
 //! calls its library module and prints its result; a row that cannot be read is shown as
 //! such while the rest print normally.
 
 use std::path::Path;
 
-use super::args::{DoctorArgs, ExportArgs, ForgetArgs, HistoryArgs, ReportArgs, RunArgs, RunsArgs, WatchArgs};
+use anyhow::Context;
+
+use super::args::{DoctorArgs, ExportArgs, ForgetArgs, HistoryArgs, ReportArgs, RunArgs, RunsArgs, WatchArgs, WorkloadArgs};
 use super::exit;
 use super::process::{ledger_path, live_state, runs_dir};
 use super::{note, Out};
@@ -108,11 +110,83 @@ pub async fn doctor(args: DoctorArgs, config_path: Option<&Path>, out: &mut Out)
 pub async fn export(args: ExportArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
     let (_, ledger) = read_ledger(config_path).await?;
     let run = ledger.run(args.run.as_deref()).await?;
-    let manifest = crate::ops::export::export(&ledger, &run.id, &args.out).await?;
-    out.line(&format!("exported the best kernels of run {} to {}", run.id, args.out.display()))?;
-    out.line(&format!("  manifest: {}", manifest.display()))?;
-    out.line(&format!("  try it:   python3 examples/run_exported.py {}", args.out.display()))?;
+    // NVRTC first: without it nothing is written.
+    let toolchain = match &args.python {
+        Some(_) => Some(crate::nvrtc::locate().map_err(anyhow::Error::new).context(
+            "export --python compiles each kernel to a cubin with NVRTC (a CUDA toolkit's works too: set CUDA_HOME to it; \
+             or export with --out only: sources and manifest, no cubins)",
+        )?),
+        None => None,
+    };
+    let plain = match &args.out {
+        Some(dir) => Some(crate::ops::export::export_with(&ledger, &run.id, dir, &Default::default()).await?),
+        None => None,
+    };
+    let package = match (&args.python, toolchain) {
+        (Some(dir), Some(tc)) => Some(crate::ops::python_package::export_python(&ledger, &run.id, dir, &args.package_name, tc).await?),
+        _ => None,
+    };
+    if args.json {
+        out.json(&serde_json::json!({ "run": run.id, "out": plain, "python": package }))?;
+        return Ok(exit::SUCCESS);
+    }
+    if let Some(e) = &plain {
+        out.line(&format!("exported the best kernels of run {} to {} ({} kernels)", run.id, e.dir.display(), e.kernels.len()))?;
+        out.line(&format!("  manifest: {}", e.manifest.display()))?;
+        out.line(&format!("  try it:   python3 examples/run_exported.py {}", e.dir.display()))?;
+    }
+    if let Some(p) = &package {
+        let k = &p.kernels;
+        let dir = p.dir.display();
+        let name = &p.package;
+        out.line(&format!(
+            "{} the Python package {name} {} in {dir}: {} kernels of run {}, {} cubins ({})",
+            if p.replaced { "replaced" } else { "wrote" },
+            p.version,
+            k.kernels.len(),
+            run.id,
+            k.cubins.len(),
+            if k.archs.is_empty() { "none".to_string() } else { k.archs.join(", ") },
+        ))?;
+        for n in &k.notes {
+            out.line(&format!("  note:     {n}"))?;
+        }
+        out.line(&format!("  manifest: {}", k.manifest.display()))?;
+        out.line(&format!("  install:  pip install {dir}"))?;
+        out.line(&format!("  use:      import {name}; o = {name}.attention(q, k, v, causal=True)      # [B, H, S, D] tensors, or layout=\"bshd\""))?;
+        out.line(&format!("  model:    {name}.register_transformers()  then  attn_implementation=\"optimizerd\" in from_pretrained / from_config"))?;
+        out.line(&format!("  which:    {name}.explain(q, k, v, causal=True)  says which kernel (or SDPA) a call runs"))?;
+    }
     Ok(exit::SUCCESS)
+}
+
+pub fn workload(args: WorkloadArgs, out: &mut Out) -> anyhow::Result<u8> {
+    let model = crate::spec::hf_config::ModelAttention::load(&args.from_hf, args.dtype)?;
+    let lengths = crate::ops::workload::Lengths { prefill: args.prefill, decode_context: args.decode_context, chunk: args.chunk, batch: args.batch };
+    let text = crate::ops::workload::workload_toml(&model, &lengths, args.layout, &command_line())?;
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, &text).with_context(|| format!("cannot write {}", path.display()))?;
+            let shapes = text.lines().filter(|l| l.trim_start().starts_with("{ b =")).count();
+            out.line(&format!("wrote the [workload] of {} ({shapes} shapes) to {}", args.from_hf.display(), path.display()))?;
+            out.line(&format!("  tune it:  optimizerd --config {} start --budget 20m", path.display()))?;
+            out.line("  or paste it over the [workload] of agent.toml")?;
+        }
+        None => out.text(&text)?,
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// This process's command line as a shell would take it back (for a file's header).
+fn command_line() -> String {
+    let quote = |a: String| {
+        if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./,=:+@".contains(c)) {
+            a
+        } else {
+            format!("'{}'", a.replace('\'', "'\\''"))
+        }
+    };
+    std::iter::once("optimizerd".to_string()).chain(std::env::args().skip(1).map(quote)).collect::<Vec<_>>().join(" ")
 }
 
 pub async fn history(args: HistoryArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {

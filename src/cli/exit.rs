@@ -10,7 +10,9 @@ use crate::daemon::lock::LockError;
 use crate::daemon::supervisor::WorkerFailure;
 use crate::engine::SetupError;
 use crate::spec::assets::AssetError;
+use crate::nvrtc::NvrtcError;
 use crate::spec::config::ConfigError;
+use crate::spec::hf_config::HfConfigError;
 use crate::storage::ledger::LedgerError;
 use crate::strategy::plan::PlanError;
 
@@ -119,8 +121,13 @@ pub fn code_of(e: &anyhow::Error) -> u8 {
         if matches!(cause.downcast_ref::<WorkerFailure>(), Some(WorkerFailure::Start(_))) {
             return NO_GPU;
         }
-        if cause.is::<ConfigError>() || cause.is::<PlanError>() || cause.is::<AssetError>() {
+        // A model's config.json (`workload --from-hf`) is configuration too.
+        if cause.is::<ConfigError>() || cause.is::<PlanError>() || cause.is::<AssetError>() || cause.is::<HfConfigError>() {
             return CONFIG;
+        }
+        // `export --python` without NVRTC: as `start` without it.
+        if cause.is::<NvrtcError>() {
+            return NO_GPU;
         }
     }
     FAILURE

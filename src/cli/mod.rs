@@ -30,7 +30,8 @@ subcommand. Paths inside it (run.runs_dir, run.plan, run.templates_dir) are rela
 
 const EXAMPLES: &str = "Examples:\n  optimizerd doctor\n  optimizerd start --budget 90m\n  optimizerd watch\n  optimizerd stop\n  \
 optimizerd resume\n  optimizerd history --verdict accepted\n  optimizerd --config lab/agent.toml runs\n  \
-optimizerd report --out docs/report\n  optimizerd completions bash > ~/.local/share/bash-completion/completions/optimizerd";
+optimizerd report --out docs/report\n  optimizerd workload --from-hf config.json --prefill 4096 --decode-context 4096 > llama.toml\n  \
+optimizerd export --python pkg/ && pip install ./pkg\n  optimizerd completions bash > ~/.local/share/bash-completion/completions/optimizerd";
 
 const REPORT_ABOUT: &str = "Draw a run as pictures, from the ledger alone: a finished, stopped, interrupted or still running run.\n\n\
 Writes into one folder (default runs/<run>/report):\n  \
@@ -43,6 +44,37 @@ verdicts.svg     4. how each stage's candidates ended\n\n\
 and a table of the best kernel per shape (template, knobs, registers, spills, shared memory, CTAs, waves) \
 with the environment (GPU, driver, NVRTC, torch, cuDNN, timing method). Without SDPA in the run, speedups are \
 over the run's baseline kernel and the page says so.";
+
+const EXPORT_ABOUT: &str = "Write each shape's best kernel of a run (default: the latest).\n\n\
+--out DIR: the exact sources that were timed (.cu) and manifest.json, the launch recipe (argument order, grid and \
+shared memory as formulas of the shape, the GPU they were tuned on); examples/run_exported.py loads them with CuPy.\n\n\
+--python DIR: an installable Python package (`pip install DIR`, no network): the kernels, their cubins (compiled with \
+NVRTC for the run's GPU, with the options the run timed them with; the .cu beside them for other GPUs) and a torch \
+custom op, NAME.attention(q, k, v, causal=..., layout=...), that runs the kernel tuned for the call's exact shape, \
+else the best of its class whose launch covers the shape, else PyTorch SDPA; NAME.register_transformers() makes it \
+attn_implementation=\"optimizerd\" in transformers. An earlier export into DIR is replaced; any other non-empty \
+folder is refused. Needs NVRTC (scripts/setup.sh, or a CUDA toolkit).";
+
+const EXPORT_EXAMPLES: &str = "Examples:\n  optimizerd export --out kernels/\n  \
+optimizerd export 20261121-184149-4b49 --out /tmp/k && python3 examples/run_exported.py /tmp/k\n  \
+optimizerd export --python llama-attn/ --package-name llama_attn && pip install ./llama-attn\n  \
+python3 -c 'import llama_attn, torch; print(llama_attn.explain(*[torch.randn(1, 32, 4096, 128, device=\"cuda\", dtype=torch.bfloat16)] * 3, causal=True))'\n  \
+optimizerd export --python pkg/ --out kernels/ --json          # both, and what was written as JSON";
+
+const WORKLOAD_ABOUT: &str = "Write the [workload] a model's attention runs, from its transformers config.json, to tune \
+a run for that model.\n\n\
+Read from the config: num_attention_heads, num_key_value_heads (default: as many), head_dim (default: hidden_size / \
+num_attention_heads) and torch_dtype (or dtype); a multimodal model's under text_config. Shapes, for each --batch:\n  \
+prefill          sq = sk = each --prefill length, causal\n  \
+chunked prefill  sq = --chunk, sk = each longer --prefill length, causal (bottom-right)\n  \
+decode           sq = 1, sk = each --decode-context length, not causal (the newest row sees the whole cache)\n\n\
+What is written loads with the configuration loader (checked before it is written): paste it over the [workload] \
+of agent.toml, or use the file as the whole configuration (every other key takes its default).";
+
+const WORKLOAD_EXAMPLES: &str = "Examples:\n  \
+optimizerd workload --from-hf Meta-Llama-3-8B/config.json --prefill 4096 --decode-context 4096 --batch 1,8\n  \
+optimizerd workload --from-hf config.json --prefill 1024,4096 --chunk 512 --decode-context 4096,16384 --out llama.toml\n  \
+optimizerd --config llama.toml start --budget 20m        # tune it; then export --python";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -95,9 +127,12 @@ optimizerd history --stage tuning --verdict accepted --csv > tuning-wins.csv\n  
     /// Check the config, runs folder, ledger, plan, NVRTC, driver, GPU and python/torch, each with its fix.
     #[command(after_help = "Examples:\n  optimizerd doctor\n  optimizerd --config lab/agent.toml doctor --json")]
     Doctor(DoctorArgs),
-    /// Write each shape's best kernel as a standalone .cu plus manifest.json (launch recipe).
-    #[command(after_help = "Examples:\n  optimizerd export --out kernels/\n  optimizerd export 20261121-184149-4b49 --out /tmp/k && python3 examples/run_exported.py /tmp/k")]
+    /// Write each shape's best kernel as a standalone .cu plus manifest.json (--out), or as an installable Python package (--python).
+    #[command(long_about = EXPORT_ABOUT, after_help = EXPORT_EXAMPLES)]
     Export(ExportArgs),
+    /// Write the [workload] of a Hugging Face model from its config.json: prefill, chunked prefill and decode shapes.
+    #[command(long_about = WORKLOAD_ABOUT, after_help = WORKLOAD_EXAMPLES)]
+    Workload(WorkloadArgs),
     /// Draw a run as pictures: report.html (self-contained), report.md and SVG figures.
     #[command(
         long_about = REPORT_ABOUT,
@@ -204,6 +239,7 @@ fn run() -> anyhow::Result<u8> {
         Command::Doctor(a) => runtime()?.block_on(commands::doctor(a, config, out)),
         Command::Export(a) => runtime()?.block_on(commands::export(a, config, out)),
         Command::Report(a) => runtime()?.block_on(commands::run_report(a, config, out)),
+        Command::Workload(a) => commands::workload(a, out),
     }
 }
 

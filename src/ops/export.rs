@@ -7,6 +7,11 @@
 //! templates also carry their NVRTC target (`arch`, e.g. `sm_90a`) and their TMA tensor
 //! maps: as formulas per kernel, and resolved per exported shape (one geometry,
 //! [`crate::spec::protocol::TensorMap::geometry`], shared with the gate and the worker).
+//!
+//! With [`ExportOptions::cubins`] each kernel is also compiled to `<file>.cubin` for its
+//! `arch`, with the options of the timed build (the binary that was measured), so a
+//! runtime can load it without a compiler; `export --python` uses that
+//! ([`crate::ops::python_package`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,8 +19,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::nvrtc::Toolchain;
 use crate::storage::ledger::Ledger;
-use crate::spec::protocol::{Shape, TensorMap, TensorMapGeometry, TensorName, ViewStrides, ABI_PARAMS, ABI_VERSION};
+use crate::spec::protocol::{DeviceInfo, Shape, TensorMap, TensorMapGeometry, TensorName, ViewStrides, ABI_PARAMS, ABI_VERSION};
 use crate::spec::template::{Template, TensorMapSpec};
 use crate::storage::workspace::Workspace;
 
@@ -25,8 +31,70 @@ pub struct Manifest {
     pub format: u32,
     pub run: String,
     pub gpu: Option<String>,
+    /// The GPU the kernels were tuned and timed on (a runtime compares it with its own).
+    pub device: DeviceEntry,
+    /// The Python package these kernels are part of (`export --python` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub package: Option<PackageInfo>,
     pub abi: Abi,
     pub kernels: Vec<KernelEntry>,
+}
+
+/// The manifest's `device`: what a runtime needs to decide whether a kernel runs on its
+/// GPU (cc), and whether the launch formulas it evaluates are those of the GPU the run
+/// timed (SMS and SMEM_OPTIN appear in them). Fields are null when the ledger has no
+/// device for the run (a run that never reached the GPU).
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceEntry {
+    pub name: Option<String>,
+    /// major * 10 + minor, e.g. 90.
+    pub cc: Option<u32>,
+    pub sms: Option<u32>,
+    /// Largest dynamic shared memory per block after opt-in, in bytes.
+    pub smem_optin: Option<u32>,
+}
+
+impl DeviceEntry {
+    fn new(device: Option<&DeviceInfo>, gpu_name: Option<&str>) -> Self {
+        DeviceEntry {
+            name: device.map(|d| d.name.clone()).or_else(|| gpu_name.map(str::to_string)),
+            cc: device.map(DeviceInfo::cc),
+            sms: device.map(|d| d.sm_count),
+            smem_optin: device.map(|d| d.smem_optin),
+        }
+    }
+}
+
+/// The manifest's `package`: the Python package name (also its torch op namespace) and
+/// the optimizerd release that wrote it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PackageInfo {
+    pub name: String,
+    pub optimizerd: String,
+}
+
+/// What an export writes beyond the `.cu` files and the manifest.
+#[derive(Debug, Clone, Default)]
+pub struct ExportOptions {
+    /// Compile each kernel to `<file>.cubin` with this NVRTC; None: `cubin` is null.
+    pub cubins: Option<Toolchain>,
+    pub package: Option<PackageInfo>,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, Serialize)]
+pub struct Exported {
+    pub run: String,
+    pub dir: PathBuf,
+    pub manifest: PathBuf,
+    /// The `.cu` files, one per kernel (a kernel can be the best for several shapes).
+    pub kernels: Vec<String>,
+    /// The `.cubin` files written, beside their `.cu`.
+    pub cubins: Vec<String>,
+    /// Each cubin's target, e.g. `sm_90` or `sm_90a`, sorted and without repeats.
+    pub archs: Vec<String>,
+    /// What a reader should know (a kernel left without a cubin, and why).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -59,6 +127,15 @@ pub struct KernelEntry {
     /// `sm_<cc>a` (e.g. `sm_90a`) when `arch_specific`, which runs only on that exact cc.
     pub arch: Option<String>,
     pub arch_specific: bool,
+    /// The smallest compute capability the source compiles and runs on (the template's
+    /// `min_cc`; for an arch-specific kernel the only one).
+    pub min_cc: u32,
+    /// The most query rows (SQ) the kernel is written for (the template's `max_sq`, e.g.
+    /// 16 for decode); null: any SQ.
+    pub max_sq: Option<u32>,
+    /// `<file>.cubin`: the source compiled for `arch` as it was timed; null when the
+    /// export compiled no cubins (`export --out`) or the run recorded no arch.
+    pub cubin: Option<String>,
     /// TMA tensor maps passed by value after the 16 ABI arguments, as formulas of the
     /// shape, the `strides` argument and the knobs; each shape lists them resolved.
     pub tensor_maps: Vec<TensorMapEntry<String>>,
@@ -183,7 +260,7 @@ fn abi() -> Abi {
         gqa: "query head h reads key/value head h / (HQ / HKV)",
         softmax_scale: "softmax(Q K^T * softmax_scale) V with softmax_scale = 1/sqrt(D), passed by the caller",
         causal: "when causal != 0, key j is masked for query row i if j > i + SK - SQ (the query rows are the last SQ positions: FlashAttention >= 2.1, SDPA's bottom-right causal)",
-        compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path, for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); launches run in order on one stream",
+        compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path, for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); a kernel's `cubin`, when not null, is that build from NVRTC (--gpu-architecture=<arch> -std=c++17 -lineinfo, no defines), the binary the run timed; launches run in order on one stream",
         tensor_maps: "kernels with tensor_maps take, after the 16 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry (resolved for contiguous tensors in the shape's layout; for another view use the formulas with its strides)",
     }
 }
@@ -200,6 +277,11 @@ fn source_abi(source: &str) -> u32 {
 
 /// Write the run's best kernels into `out`; returns the manifest path.
 pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result<PathBuf> {
+    Ok(export_with(ledger, run_id, out, &ExportOptions::default()).await?.manifest)
+}
+
+/// [`export`], with cubins and the package entry as `opts` asks.
+pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &ExportOptions) -> anyhow::Result<Exported> {
     let run = ledger.run(Some(run_id)).await?;
     let best = ledger.best(&run.id).await?;
     anyhow::ensure!(!best.is_empty(), "run {} has no correct kernel yet: nothing to export", run.id);
@@ -211,6 +293,8 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
     let iterations = ledger.iterations(&run.id).await?;
     let device = ledger.device(&run.id).await?;
     let mut kernels: Vec<KernelEntry> = Vec::new();
+    // The exact source of each entry of `kernels`, for the cubins.
+    let mut sources: Vec<String> = Vec::new();
     for b in &best {
         let source = ws.read_best(&b.source_path)?.with_context(|| format!("{} is not on best", b.source_path))?;
         let entry = dispatch.get(&b.shape).with_context(|| format!("kernels/dispatch.json has no {}", b.shape))?;
@@ -274,14 +358,98 @@ pub async fn export(ledger: &Ledger, run_id: &str, out: &Path) -> anyhow::Result
                 .collect(),
             arch,
             arch_specific: template.meta.arch_specific,
+            min_cc: template.meta.min_cc,
+            max_sq: template.meta.max_sq,
+            cubin: None,
             tensor_maps: template.tensor_maps.iter().enumerate().map(|(i, m)| map_formulas(i, m)).collect(),
             shapes: vec![measured],
         });
+        sources.push(source);
     }
-    let manifest = Manifest { format: ABI_VERSION, run: run.id.clone(), gpu: run.gpu_name.clone(), abi: abi(), kernels };
-    let path = out.join("manifest.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&manifest)?).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(path)
+    let mut notes = Vec::new();
+    if let Some(tc) = &opts.cubins {
+        notes = write_cubins(tc, &mut kernels, &sources, out, device.as_ref())?;
+    }
+    let exported = Exported {
+        run: run.id.clone(),
+        dir: out.to_path_buf(),
+        manifest: out.join("manifest.json"),
+        kernels: kernels.iter().map(|k| k.file.clone()).collect(),
+        cubins: kernels.iter().filter_map(|k| k.cubin.clone()).collect(),
+        archs: kernels
+            .iter()
+            .filter(|k| k.cubin.is_some())
+            .filter_map(|k| k.arch.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        notes,
+    };
+    let manifest = Manifest {
+        format: ABI_VERSION,
+        run: run.id.clone(),
+        device: DeviceEntry::new(device.as_ref(), run.gpu_name.as_deref()),
+        gpu: run.gpu_name.clone(),
+        package: opts.package.clone(),
+        abi: abi(),
+        kernels,
+    };
+    let path = &exported.manifest;
+    std::fs::write(path, serde_json::to_string_pretty(&manifest)?).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(exported)
+}
+
+/// Compile each kernel to `<file>.cubin` for its `arch` and record it in its entry;
+/// returns notes on the kernels left without one. The options are those of the timed
+/// build (no defines: the CTA-counting check build is the one with `OPTD_COUNT_CTAS`),
+/// so the cubin is the binary that was measured, given the same NVRTC. Kernels compile
+/// side by side: each is one NVRTC call of a few seconds.
+fn write_cubins(tc: &Toolchain, kernels: &mut [KernelEntry], sources: &[String], out: &Path, device: Option<&DeviceInfo>) -> anyhow::Result<Vec<String>> {
+    let results: Vec<Option<anyhow::Result<Vec<u8>>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = kernels
+            .iter()
+            .zip(sources)
+            .map(|(k, source)| {
+                let arch = k.arch.clone();
+                let file = k.file.clone();
+                s.spawn(move || arch.map(|arch| compile_cubin(tc, source, &file, &arch, device)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Some(Err(anyhow::anyhow!("the NVRTC compile thread panicked")))))
+            .collect()
+    });
+    let mut notes = Vec::new();
+    for (k, result) in kernels.iter_mut().zip(results) {
+        let Some(result) = result else {
+            notes.push(format!(
+                "{}: no cubin: the ledger records no target arch for it (a run from before archs were recorded, without a device); \
+                 a runtime compiles the .cu itself",
+                k.file
+            ));
+            continue;
+        };
+        let cubin = format!("{}.cubin", k.file.trim_end_matches(".cu"));
+        let path = out.join(&cubin);
+        std::fs::write(&path, result?).with_context(|| format!("cannot write {}", path.display()))?;
+        k.cubin = Some(cubin);
+    }
+    Ok(notes)
+}
+
+fn compile_cubin(tc: &Toolchain, source: &str, file: &str, arch: &str, device: Option<&DeviceInfo>) -> anyhow::Result<Vec<u8>> {
+    crate::nvrtc::compile(tc, source, file, arch, &[]).map(|c| c.cubin).map_err(|e| {
+        let run_nvrtc = device.map(|d| format!(" (the run used NVRTC {}.{})", d.nvrtc_version.0, d.nvrtc_version.1)).unwrap_or_default();
+        anyhow::anyhow!(
+            "{file}: NVRTC {}.{} at {} cannot compile it for {arch}, although the run compiled and timed this exact source{run_nvrtc}: {e}\n\
+             To fix: export with the NVRTC the run used (scripts/setup.sh installs the pinned one into .deps/, or set OPTIMIZERD_NVRTC_LIB \
+             and OPTIMIZERD_CUDA_INCLUDE), or export with --out only (sources and manifest, no cubins)",
+            tc.version.0,
+            tc.version.1,
+            tc.lib.display()
+        )
+    })
 }
 
 #[cfg(test)]
