@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # Installs what optimizerd needs besides Rust into .deps/ (ignored by git):
-# NVRTC and the CUDA headers from NVIDIA's pip wheels, pinned to CUDA 13.0.x so
-# that the PTX/cubin they produce loads on a 580-series driver.
+#  - .deps/cuda: NVRTC and the CUDA headers from NVIDIA's pip wheels, pinned to CUDA
+#    13.0.x so that the PTX/cubin they produce loads on a 580-series driver;
+#  - .deps/py: torch and transformers, the versions the GPU machine has, for the tests of
+#    the Python package `optimizerd export --python` writes (python/tests) and of
+#    scripts/model_bench.py (python/bench_tests). torch's Linux wheels bring the CUDA
+#    runtime libraries they link against; nothing here needs a GPU.
 # Idempotent: re-running with the same pins does nothing.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dest="$root/.deps/cuda"
-pins=(nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88)
-stamp="$dest/.pins"
-want="${pins[*]}"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  exit 0
-fi
-python3 -m pip --version >/dev/null 2>&1 || { echo "setup: python3 with pip is needed to fetch NVRTC wheels" >&2; exit 1; }
-rm -rf "$dest"
-mkdir -p "$dest"
-echo "setup: installing ${pins[*]} into $dest" >&2
-python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$dest" "${pins[@]}"
-echo "$want" > "$stamp"
+python3 -m pip --version >/dev/null 2>&1 || { echo "setup: python3 with pip is needed to fetch the pinned wheels" >&2; exit 1; }
+
+# install DEST PIP_ARGS...: (re)install into DEST unless its stamp already says these pins.
+install() {
+  local dest="$1"; shift
+  local stamp="$dest/.pins" want="$*"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  fi
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  echo "setup: installing $want into $dest" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --target "$dest" "$@"
+  echo "$want" > "$stamp"
+}
+
+install "$root/.deps/cuda" --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88
+install "$root/.deps/py" torch==2.11.0 transformers==5.17.0
