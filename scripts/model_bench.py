@@ -260,7 +260,7 @@ def _record(name, query, key, value, attention_mask, kwargs, module):
         if {k: v for k, v in e.items() if k not in ("capturing", "calls")} == sig:
             e["calls"] += 1
             e["capturing"] = e["capturing"] or entry["capturing"]
-            return entry
+            return e
     entry["calls"] = 1
     lst.append(entry)
     return entry
