@@ -702,6 +702,10 @@ def markdown(results, env, args, impls, skipped, package_info, model_desc):
         L.append("optimizerd package path per attention shape (explain):")
         L.append("")
         for c in cases:
+            st = c.get("optimizerd_stats_delta")
+            if st:
+                L.append(f"- {_col(c['kind'], c['batch'], c['seq'])}: op calls per path in this case's eager warm-ups "
+                         f"and capture (stats(); graph replays are not counted): {st}")
             for e in c["impls"].get("optimizerd", {}).get("seen", []):
                 if e["mask"] is not None:
                     L.append(f"- {_col(c['kind'], c['batch'], c['seq'])}: a mask was given: the hook ran transformers' SDPA")

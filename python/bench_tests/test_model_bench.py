@@ -176,6 +176,30 @@ class ScriptTest(unittest.TestCase):
                 self.assertEqual(seen["q"][2], c["seq"] if c["kind"] == "prefill" else 1)
                 self.assertEqual(seen["causal"], c["kind"] == "prefill")
 
+    @unittest.skipUnless(os.path.isdir(os.path.join(ROOT, "python", "package", "optimizerd_kernels")),
+                         "the optimizerd package skeleton is not in this checkout")
+    def test_tiny_cpu_run_with_the_package(self):
+        """The package from the repo (no kernels exported: on CPU its op runs SDPA)."""
+        sys.path.insert(0, os.path.join(ROOT, "python", "package"))
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "out.json")
+                argv = ["--device", "cpu", "--tiny", "--impls", "sdpa,optimizerd", "--no-share", "--prefill", "1x32",
+                        "--decode", "2x32", "--time-ms", "1", "--json", path]
+                with mock.patch("sys.stdout"), mock.patch("sys.stderr"):
+                    self.assertEqual(mb.main(argv), 0)
+                with open(path) as f:
+                    res = json.load(f)
+        finally:
+            sys.path.remove(os.path.join(ROOT, "python", "package"))
+        self.assertEqual(res["implementations"], ["sdpa", "optimizerd"], res["skipped"])
+        for c in res["cases"]:
+            e = c["impls"]["optimizerd"]
+            self.assertIsNone(e["seen"][0]["mask"])
+            self.assertTrue(e["vs_sdpa"]["pass"], e["vs_sdpa"])
+            self.assertEqual([x["path"] for x in c["explain"].values()], ["fallback"])
+        self.assertIn("optimizerd package path per attention shape", res["markdown"])
+
 
 if __name__ == "__main__":
     unittest.main()
