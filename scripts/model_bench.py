@@ -621,6 +621,10 @@ def markdown(results, env, args, impls, skipped, package_info, model_desc):
         L.append(f"- optimizerd package: {package_info}")
     for name, why in skipped.items():
         L.append(f"- {name} skipped: {why}")
+    if "fa4" in impls:
+        L.append("- fa4: `flash_attn.cute.flash_attn_func(q, k, v, softmax_scale, causal)` on [B,S,H,D] views, its "
+                 "defaults otherwise (GQA packed; num_splits=1: FA4 has no split-KV on SM90, so its decode runs "
+                 "B*Hkv CTAs)")
     L.append(f"- timing: {'CUDA graph of each whole step, median of replays timed one by one with CUDA events' if args.use_graphs else 'eager forwards, wall clock (no CUDA graphs)'}; "
              "prefill = full forward from an empty cache, causal, logits of the last position; "
              "decode = one step of one new token per sequence over a KV cache of exactly ctx keys (no mask), "
@@ -690,7 +694,8 @@ def markdown(results, env, args, impls, skipped, package_info, model_desc):
             L.append(f"| {name} | {_col(c['kind'], c['batch'], c['seq'])} | {v['max_abs']:.3g} / {v['ref_max_abs']:.3g} | "
                      f"{v['rel_l2']:.2e} | {v['cosine_min']:.6f} | {v['top1_agree'] * 100:.0f}% | {res} |")
     L.append("")
-    L.append("What each implementation's attention function saw (first layer's call shapes; mask None = no mask):")
+    L.append("What each implementation's attention function saw (each distinct call shape, all layers, warm-up and "
+             "capture; mask None = no mask):")
     L.append("")
     for c in cases:
         for name in rows:
