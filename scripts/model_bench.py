@@ -623,8 +623,8 @@ def markdown(results, env, args, impls, skipped, package_info, model_desc):
         L.append(f"- {name} skipped: {why}")
     if "fa4" in impls:
         L.append("- fa4: `flash_attn.cute.flash_attn_func(q, k, v, softmax_scale, causal)` on [B,S,H,D] views, its "
-                 "defaults otherwise (GQA packed; num_splits=1: FA4 has no split-KV on SM90, so its decode runs "
-                 "B*Hkv CTAs)")
+                 "defaults otherwise (GQA packed; num_splits left at 1: the FA4 source this bench was written "
+                 "against refuses split-KV on SM 9.x, so decode gets no flash-decoding split)")
     L.append(f"- timing: {'CUDA graph of each whole step, median of replays timed one by one with CUDA events' if args.use_graphs else 'eager forwards, wall clock (no CUDA graphs)'}; "
              "prefill = full forward from an empty cache, causal, logits of the last position; "
              "decode = one step of one new token per sequence over a KV cache of exactly ctx keys (no mask), "
