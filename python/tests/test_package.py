@@ -242,6 +242,11 @@ class Dispatch(unittest.TestCase):
         self.assertEqual(dec.launches[0].grid, (2048 // 64, 32, 4))
         self.assertEqual(dec.launches[0].smem, 2 * 128 * 64 + 2 * 128 * 2 * 2 * 64)
 
+    def test_the_tuned_shape_in_the_other_layout_is_still_exact(self):
+        dec = self.d.decide(self.call(8, 32, 8, 1, 4096, 128, layout="bshd"), self.gpu)
+        self.assertEqual((dec.path, dec.kernel["file"], dec.reason), ("exact", "it9-decode-split.cu",
+                                                                      "tuned for this shape (in bhsd)"))
+
     def test_an_unseen_shape_of_the_class_runs_the_class_kernel_with_its_own_geometry(self):
         dec = self.d.decide(self.call(2, 32, 8, 3000, 3000, 128, causal=True, layout="bshd"), self.gpu)
         self.assertEqual((dec.path, dec.kernel["file"]), ("class", "it7-mma-fa2.cu"))
@@ -288,12 +293,12 @@ class Dispatch(unittest.TestCase):
     def test_tensor_maps_resolve_over_the_calls_strides_and_encode(self):
         call = self.call(2, 16, 16, 8192, 8192, 128, causal=True, dtype="fp16", layout="bshd")
         dec = self.d.decide(call, self.gpu)
-        self.assertEqual((dec.path, dec.kernel["file"]), ("class", "it12-wgmma-tma.cu"))
+        self.assertEqual((dec.path, dec.kernel["file"]), ("exact", "it12-wgmma-tma.cu"))  # tuned in bhsd
         q_map = dec.maps[0]
         self.assertEqual(q_map["dims"], [64, 8192, 2, 16, 2])
         self.assertEqual(q_map["strides_bytes"], [16 * 128 * 2, 128, 128 * 2, 8192 * 16 * 128 * 2])
         plan = PKG._dispatch.encode_plan(dec, [5], call)
-        self.assertEqual(plan[:6], [2, 1, 2 * 16 * 8192 * 128, 2 * 16 * 8192, 1, 2])
+        self.assertEqual(plan[:6], [1, 1, 2 * 16 * 8192 * 128, 2 * 16 * 8192, 1, 2])
         self.assertEqual(len(plan), 6 + 8 + 2 * 26)
         self.assertEqual(plan[6:14], [5, 64, 16, 2, 384, 1, 1, 128 * 128 * 2 + 4 * 128 * 128 * 2])
 

@@ -198,13 +198,17 @@ class Dispatcher:
                 if sh["d"] != call.d:
                     continue
                 dims = (sh["b"], sh["hq"], sh["hkv"], sh["sq"], sh["sk"], sh["causal"])
-                if dims == (call.b, call.hq, call.hkv, call.sq, call.sk, call.causal) and sh["layout"] == call.layout:
-                    exact.append(k)
+                if dims == (call.b, call.hq, call.hkv, call.sq, call.sk, call.causal):
+                    # The same shape tuned in the other layout is still this shape's kernel (it
+                    # addresses memory through strides); one tuned in the call's layout goes first.
+                    exact.append((sh["layout"] != call.layout, k, sh["layout"]))
                 elif shape_class(sh["b"], sh["hq"], sh["sq"], sh["d"], sh["causal"], gpu.sms) == cls_name:
                     near.append((_distance(sh, call), k))
         near.sort(key=lambda x: x[0])
-        for path, k in [("exact", k) for k in exact] + [("class", k) for _, k in near]:
-            decision, why = self._plan(path, k, call, gpu, cls_name)
+        exact.sort(key=lambda x: x[0])
+        tried = [("exact", k, lay) for _, k, lay in exact] + [("class", k, None) for _, k in near]
+        for path, k, tuned_layout in tried:
+            decision, why = self._plan(path, k, call, gpu, cls_name, tuned_layout)
             if decision:
                 return decision
             why_not.append(f"{k['file']}: {why}")
@@ -234,7 +238,7 @@ class Dispatcher:
             return f"SQ {call.sq} > SK {call.sk}: the kernels take the query rows as the last SQ of the keys"
         return None
 
-    def _plan(self, path: str, k: dict, call: Call, gpu: Gpu, cls_name: str):
+    def _plan(self, path: str, k: dict, call: Call, gpu: Gpu, cls_name: str, tuned_layout: Optional[str] = None):
         """(Decision, None) when kernel `k` can run `call` on `gpu`, else (None, why not)."""
         why = arch_runs_on(k.get("arch"), bool(k.get("arch_specific")), gpu.cc)
         if why:
@@ -271,7 +275,8 @@ class Dispatcher:
             return None, f"its formulas do not evaluate for {call.shape_key}: {type(e).__name__}: {e}"
         if not launches:
             return None, "no launch applies (every `when` is false)"
-        reason = ("tuned for this shape" if path == "exact"
+        reason = (("tuned for this shape" + (f" (in {tuned_layout})" if tuned_layout != call.layout else ""))
+                  if path == "exact"
                   else f"tuned for {', '.join(s['key'] for s in k['shapes'])} (class {cls_name})")
         return Decision(path, reason, k, int(env.get("splits", 1)), launches, maps), None
 
