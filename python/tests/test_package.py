@@ -242,6 +242,23 @@ class Dispatch(unittest.TestCase):
         self.assertEqual(dec.launches[0].grid, (2048 // 64, 32, 4))
         self.assertEqual(dec.launches[0].smem, 2 * 128 * 64 + 2 * 128 * 2 * 2 * 64)
 
+    def test_a_shape_where_sdpa_won_the_closing_comparison_runs_sdpa_unless_asked(self):
+        manifest = copy.deepcopy(MANIFEST)
+        manifest["kernels"][0]["shapes"][0]["closing"] = {"ours_us": 88.42, "sdpa_default_us": 85.49,
+                                                          "sdpa_picked": "cudnn", "fa4_us": None}
+        exact = self.call(4, 32, 8, 2048, 2048, 128, causal=True)
+        near = self.call(4, 32, 8, 1900, 1900, 128, causal=True)
+        d = PKG._dispatch.Dispatcher(manifest, "/nonexistent")
+        for call, where in ((exact, "on this shape"), (near, "on the nearest tuned shape b4hq32hkv8s2048d128")):
+            dec = d.decide(call, self.gpu)
+            self.assertEqual(dec.path, "fallback")
+            self.assertIn(f"SDPA was faster {where}", dec.reason)
+            self.assertIn("85.49 us cudnn vs 88.42 us", dec.reason)
+        always = PKG._dispatch.Dispatcher(manifest, "/nonexistent", always_kernels=True)
+        self.assertEqual(always.decide(exact, self.gpu).path, "exact")
+        manifest["kernels"][0]["shapes"][0]["closing"]["sdpa_default_us"] = 90.0  # ours won
+        self.assertEqual(PKG._dispatch.Dispatcher(manifest, "/x").decide(exact, self.gpu).path, "exact")
+
     def test_the_tuned_shape_in_the_other_layout_is_still_exact(self):
         dec = self.d.decide(self.call(8, 32, 8, 1, 4096, 128, layout="bshd"), self.gpu)
         self.assertEqual((dec.path, dec.kernel["file"], dec.reason), ("exact", "it9-decode-split.cu",

@@ -292,6 +292,9 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let iterations = ledger.iterations(&run.id).await?;
     let device = ledger.device(&run.id).await?;
+    // The closing comparison (a finished run): the runtime package prefers SDPA on a shape
+    // where SDPA was faster than the best kernel at the same clocks.
+    let closing = ledger.closing(&run.id).await?;
     let mut kernels: Vec<KernelEntry> = Vec::new();
     // The exact source of each entry of `kernels`, for the cubins.
     let mut sources: Vec<String> = Vec::new();
@@ -314,8 +317,15 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
                 .with_context(|| format!("the ledger has no shape for {} to resolve its tensor maps", b.shape))?;
             maps.iter().enumerate().map(|(i, m)| map_resolved(i, m, &shape)).collect::<anyhow::Result<Vec<_>>>()?
         };
+        let closing = closing.iter().find(|c| c.shape == b.shape && c.seq == b.seq).map(|c| {
+            serde_json::json!({
+                "ours_us": c.ours_us(), "sdpa_default_us": c.sdpa_default_us, "sdpa_picked": c.sdpa_picked,
+                "fa4_us": c.fa4_us(), "measured_at": c.measured_at,
+            })
+        });
         let measured = serde_json::json!({
             "key": b.shape, "shape": shape_json, "median_us": b.median_us, "baseline_us": b.baseline_us,
+            "closing": closing,
             "n_splits": entry["n_splits"], "launches": entry["launches"], "tensor_maps": resolved_maps,
         });
         if let Some(k) = kernels.iter_mut().find(|k| k.iteration == b.seq) {

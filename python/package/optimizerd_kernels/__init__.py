@@ -10,6 +10,8 @@ same shape class whose launch formulas cover it, else torch's SDPA (logged once 
 shape). `explain(q, k, v, ...)` says which and why; `stats()` counts calls per path.
 The op is `torch.ops.<package>.attention`: torch.compile traces it (fake implementation)
 and CUDA graphs capture it. OPTIMIZERD_STRICT=1 turns every fallback into an error.
+A shape where the run's closing comparison measured SDPA faster runs SDPA, unless
+OPTIMIZERD_ALWAYS_KERNELS=1.
 """
 from typing import Optional
 

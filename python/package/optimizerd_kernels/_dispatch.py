@@ -155,14 +155,15 @@ class Decision:
 
 
 class Dispatcher:
-    def __init__(self, manifest: dict, folder: str):
+    def __init__(self, manifest: dict, folder: str, always_kernels: bool = False):
         self.manifest = manifest
+        self.always_kernels = always_kernels
         self.folder = folder
         self.formulas = Formulas()
         self.kernels = manifest["kernels"]
 
     @classmethod
-    def load(cls, folder: str) -> "Dispatcher":
+    def load(cls, folder: str, always_kernels: bool = False) -> "Dispatcher":
         path = os.path.join(folder, "manifest.json")
         try:
             with open(path, encoding="utf-8") as f:
@@ -181,7 +182,7 @@ class Dispatcher:
                     raise ManifestError(f"{path}: kernels[{i}] has no `{key}`; export the package again")
         if not manifest.get("kernels"):
             raise ManifestError(f"{path} lists no kernels: the run had no correct kernel to export")
-        return cls(manifest, folder)
+        return cls(manifest, folder, always_kernels)
 
     # -- policy -------------------------------------------------------------
     def decide(self, call: Call, gpu: Gpu) -> Decision:
@@ -201,15 +202,20 @@ class Dispatcher:
                 if dims == (call.b, call.hq, call.hkv, call.sq, call.sk, call.causal):
                     # The same shape tuned in the other layout is still this shape's kernel (it
                     # addresses memory through strides); one tuned in the call's layout goes first.
-                    exact.append((sh["layout"] != call.layout, k, sh["layout"]))
+                    exact.append((sh["layout"] != call.layout, k, s))
                 elif shape_class(sh["b"], sh["hq"], sh["sq"], sh["d"], sh["causal"], gpu.sms) == cls_name:
-                    near.append((_distance(sh, call), k))
+                    near.append((_distance(sh, call), k, s))
         near.sort(key=lambda x: x[0])
         exact.sort(key=lambda x: x[0])
-        tried = [("exact", k, lay) for _, k, lay in exact] + [("class", k, None) for _, k in near]
-        for path, k, tuned_layout in tried:
-            decision, why = self._plan(path, k, call, gpu, cls_name, tuned_layout)
+        tried = [("exact", k, s) for _, k, s in exact] + [("class", k, s) for _, k, s in near]
+        for path, k, tuned in tried:
+            decision, why = self._plan(path, k, call, gpu, cls_name, _shape(tuned["shape"])["layout"])
             if decision:
+                slower = sdpa_was_faster(tuned)
+                if slower and not self.always_kernels:
+                    where = "on this shape" if path == "exact" else f"on the nearest tuned shape {tuned['key']}"
+                    return Decision("fallback", f"SDPA was faster {where} in the run's closing comparison ({slower}); "
+                                    "OPTIMIZERD_ALWAYS_KERNELS=1 runs the kernel anyway")
                 return decision
             why_not.append(f"{k['file']}: {why}")
         if why_not:
@@ -304,6 +310,16 @@ class Dispatcher:
                 raise ValueError(f"tensor map {m['tensor']}: strides {r['strides_bytes']} / box {r['box']} not encodable")
             out.append(r)
         return out
+
+
+def sdpa_was_faster(tuned: dict) -> Optional[str]:
+    """When the run's closing comparison (the best kernel timed before and after SDPA, same
+    clocks) had SDPA's default faster on this tuned shape: the two times, else None."""
+    c = tuned.get("closing") or {}
+    ours, sdpa = c.get("ours_us"), c.get("sdpa_default_us")
+    if ours is None or sdpa is None or sdpa >= ours:
+        return None
+    return f"{sdpa:.2f} us {c.get('sdpa_picked') or 'SDPA'} vs {ours:.2f} us"
 
 
 def _shape(s: dict) -> dict:

@@ -42,7 +42,8 @@ def strict() -> bool:
 def dispatcher() -> _dispatch.Dispatcher:
     global _dispatcher
     if _dispatcher is None:
-        _dispatcher = _dispatch.Dispatcher.load(KERNELS)
+        always = os.environ.get("OPTIMIZERD_ALWAYS_KERNELS", "") not in ("", "0")
+        _dispatcher = _dispatch.Dispatcher.load(KERNELS, always_kernels=always)
     return _dispatcher
 
 
