@@ -22,8 +22,10 @@ What is measured (bf16; on CUDA each step is one CUDA graph, warmed up, then rep
   query row over a non-"compileable" cache; a StaticCache would force a mask, and the
   optimizerd hook runs SDPA when a mask is given). The bench records and prints what the
   attention function saw (shapes, mask) so this is checked, not assumed.
-- Times: median over many graph replays (each replay bracketed by CUDA events), and a
-  sustained figure: replays back to back for >= --sustain-ms (200 ms) / count.
+- Times: every implementation's graph is captured first, then all are timed in 5
+  interleaved rounds (a, b, c, a, b, c, ...), so that clock and temperature drift over the
+  run falls on each alike: median over every replay timed one by one with CUDA events, and a
+  sustained figure: replays back to back, >= --sustain-ms (200 ms) per implementation in all.
 - attention share: the same graph with attention replaced by "null" (returns zeros of the
   output's shape): share = 1 - t_null / t; t - t_null estimates the attention time per step.
 - correctness: the last-position logits of each implementation vs "sdpa" on the same weights
@@ -395,26 +397,27 @@ def setup_impls(args, log):
 # ---------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------
-def measure(step, args):
-    """Time `step` (a no-arg callable returning the logits). With CUDA graphs: capture it,
-    warm up, then time replays one by one (median, p10, p90) and back to back for at least
-    sustain_ms. Returns (timing dict in ms, output tensor copy)."""
+def measure_eager(step, args):
+    """Time `step` (a no-arg callable returning the logits) eagerly, one call at a time
+    (--no-graphs, and CPU). Returns (timing dict in ms, output tensor copy)."""
     dev = args.device
-    if not args.use_graphs:
-        with torch.no_grad():
-            out = step()  # warm-up
+    with torch.no_grad():
+        out = step()  # warm-up
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize()
+        times = []
+        t_end = time.perf_counter() + args.time_ms / 1e3
+        while len(times) < 3 or (time.perf_counter() < t_end and len(times) < 200):
+            t0 = time.perf_counter()
+            out = step()
             if dev.startswith("cuda"):
                 torch.cuda.synchronize()
-            times = []
-            t_end = time.perf_counter() + args.time_ms / 1e3
-            while len(times) < 3 or (time.perf_counter() < t_end and len(times) < 200):
-                t0 = time.perf_counter()
-                out = step()
-                if dev.startswith("cuda"):
-                    torch.cuda.synchronize()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return _summary(times, None, None), out.detach().float().clone()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return _summary(times, None, None), out.detach().float().clone()
 
+
+def capture(step):
+    """`step` warmed up on a side stream, then captured as a CUDA graph: (graph, output)."""
     with torch.no_grad():
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -427,33 +430,47 @@ def measure(step, args):
         with torch.cuda.graph(g):
             out = step()
         torch.cuda.synchronize()
-        # warm-up replays, and an estimate of one replay
+    return g, out
+
+
+def time_interleaved(graphs, args, rounds=5):
+    """Time every captured graph in interleaved rounds (a, b, c, a, b, c, ...), so that clock
+    and temperature drift over the run falls on every implementation alike rather than on
+    whichever ran last: per round and graph, replays timed one by one with CUDA events (about
+    time_ms / rounds), then replays back to back for sustain_ms / rounds. Returns
+    {name: timing dict in ms}: median/p10/p90 over every timed replay, and the sustained mean."""
+    per, est = {}, {}
+    for name, g in graphs.items():  # warm-up replays, and an estimate of one replay
         t0 = time.perf_counter()
         for _ in range(5):
             g.replay()
         torch.cuda.synchronize()
-        est_ms = max((time.perf_counter() - t0) * 1e3 / 5, 1e-3)
-        n = int(min(max(args.time_ms / est_ms, 20), 2000))
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for a, b in ev:
+        est[name] = max((time.perf_counter() - t0) * 1e3 / 5, 1e-3)
+        per[name] = {"times": [], "sustained_ms": 0.0, "sustained_n": 0}
+    for _ in range(rounds):
+        for name, g in graphs.items():
+            n = int(min(max(args.time_ms / rounds / est[name], 5), 400))
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            for a, b in ev:
+                a.record()
+                g.replay()
+                b.record()
+            torch.cuda.synchronize()
+            per[name]["times"] += [a.elapsed_time(b) for a, b in ev]
+            m = int(max(math.ceil(args.sustain_ms / rounds / est[name]), 3))
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            g.replay()
+            for _ in range(m):
+                g.replay()
             b.record()
-        torch.cuda.synchronize()
-        times = [a.elapsed_time(b) for a, b in ev]
-        med = statistics.median(times)
-        m = int(max(math.ceil(args.sustain_ms / max(med, 1e-3)), 10))
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(m):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        sustained_total = a.elapsed_time(b)
-        result = out.detach().float().clone()
-    del g, out
-    torch.cuda.empty_cache()
-    return _summary(times, sustained_total / m, (m, sustained_total)), result
+            torch.cuda.synchronize()
+            per[name]["sustained_ms"] += a.elapsed_time(b)
+            per[name]["sustained_n"] += m
+    out = {}
+    for name, p in per.items():
+        n, total = p["sustained_n"], p["sustained_ms"]
+        out[name] = dict(_summary(p["times"], total / n, (n, total)), rounds=rounds)
+    return out
 
 
 def _summary(times, sustained, sustained_run):
@@ -521,20 +538,35 @@ def run_case(model, kind, b, s, impls, args, log):
         model.set_attn_implementation("sdpa")
         cache = make_decode_cache(model, tokens, s)
         step = decode_step(model, tokens[:, s - 1:], decode_position_ids(b, s, dev), cache)
-    outs = {}
+    outs, graphs, held = {}, {}, []
     for name in impls:
         SEEN.clear()
         model.set_attn_implementation(name)
         entry = {}
         try:
             t0 = time.perf_counter()
-            timing, outs[name] = measure(step, args)
-            entry.update(timing, wall_s=time.perf_counter() - t0)
+            if args.use_graphs:
+                g, out = capture(step)
+                graphs[name] = g
+                held.append(out)
+                outs[name] = out  # the graph's output buffer: read after the timed replays
+            else:
+                timing, outs[name] = measure_eager(step, args)
+                entry.update(timing)
+            entry["wall_s"] = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - one failing implementation must not lose the others
             entry["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
             log(f"{kind} B{b} S{s} {name}: ERROR {entry['error']}")
         entry["seen"] = [dict(e) for e in SEEN.pop(name, [])]
         res["impls"][name] = entry
+    if graphs:
+        for name, timing in time_interleaved(graphs, args).items():
+            res["impls"][name].update(timing)
+        outs = {name: out.detach().float().clone() for name, out in outs.items()}
+        del graphs, held
+        torch.cuda.empty_cache()
+    for name in impls:
+        entry = res["impls"][name]
         if "median_ms" in entry:
             log(f"{kind} B{b} S{s} {name}: median {entry['median_ms']:.4f} ms"
                 + (f", sustained {entry['sustained_ms']:.4f} ms" if "sustained_ms" in entry else "")
@@ -625,7 +657,7 @@ def markdown(results, env, args, impls, skipped, package_info, model_desc):
         L.append("- fa4: `flash_attn.cute.flash_attn_func(q, k, v, softmax_scale, causal)` on [B,S,H,D] views, its "
                  "defaults otherwise (GQA packed; num_splits left at 1: the FA4 source this bench was written "
                  "against refuses split-KV on SM 9.x, so decode gets no flash-decoding split)")
-    L.append(f"- timing: {'CUDA graph of each whole step, median of replays timed one by one with CUDA events' if args.use_graphs else 'eager forwards, wall clock (no CUDA graphs)'}; "
+    L.append(f"- timing: {'CUDA graph of each whole step; the implementations timed in 5 interleaved rounds; median of replays timed one by one with CUDA events' if args.use_graphs else 'eager forwards, wall clock (no CUDA graphs)'}; "
              "prefill = full forward from an empty cache, causal, logits of the last position; "
              "decode = one step of one new token per sequence over a KV cache of exactly ctx keys (no mask), "
              "per token of each sequence.")
