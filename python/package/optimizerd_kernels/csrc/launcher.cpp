@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -117,7 +118,9 @@ struct Kernel {
 
 std::mutex g_mutex;  // guards g_modules, g_kernels, g_plans
 std::unordered_map<std::string, CUmodule> g_modules;  // (device, image hash) -> module
-std::vector<Kernel> g_kernels;
+// A deque: a launch keeps a Kernel* after the lock is released, and push_back never moves
+// a deque's elements.
+std::deque<Kernel> g_kernels;
 
 std::string image_key(int device, const uint8_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a: modules are few and loaded once
