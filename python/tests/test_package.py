@@ -200,6 +200,26 @@ class Op(unittest.TestCase):
             with self.subTest(text=text), self.assertRaisesRegex(Exception, text):
                 PKG.attention(*args, **kw)
 
+    def test_fallbacks_are_logged_once_per_shape_and_then_capped(self):
+        op = PKG._op
+        saved = set(op._logged)
+        op._logged.clear()
+        try:
+            def report(sk):
+                call = PKG._dispatch.Call(dtype="bf16", device=0, causal=False, layout="bhsd", b=1, hq=8, hkv=8, sq=1,
+                                          sk=sk, d=64, strides=(0,) * 9)
+                op._report(call, PKG._dispatch.Decision("fallback", "no exported kernel for class decode-d64"))
+            with self.assertLogs(NAME, "INFO") as logs:
+                report(100)
+                report(100)  # the same shape: not again
+                for sk in range(101, 101 + op.MAX_LOGGED + 5):  # a growing KV cache: a new shape per token
+                    report(sk)
+            self.assertEqual(len(logs.records), op.MAX_LOGGED + 1)
+            self.assertIn("the rest are not logged", logs.records[-1].getMessage())
+        finally:
+            op._logged.clear()
+            op._logged.update(saved)
+
     def test_fake_implementation_gives_the_output_shape(self):
         for layout, shape in (("bhsd", (2, 8, 5, 64)), ("bshd", (2, 5, 8, 64))):
             q = torch.empty(shape, device="meta", dtype=torch.bfloat16)

@@ -30,6 +30,10 @@ _images: Dict[str, torch.Tensor] = {}
 _kernel_ids: Dict[tuple, int] = {}
 _decisions: Dict[_dispatch.Call, _dispatch.Decision] = {}
 _logged: set = set()
+MAX_DECISIONS = 4096
+# Shapes vary call to call in serving (prompt lengths, a growing KV cache): log the first
+# few fallbacks and class matches, then say that the rest are in stats().
+MAX_LOGGED = 20
 launcher_error: Optional[str] = None  # why the C++ launcher is not in use, if it is not
 launcher_path: Optional[str] = None
 
@@ -127,6 +131,8 @@ def decide(call: _dispatch.Call) -> _dispatch.Decision:
     else:
         decision = dispatcher().decide(call, gpu(call.device))
     with _lock:
+        if len(_decisions) >= MAX_DECISIONS:  # bounded, like the launcher's plan cache
+            _decisions.clear()
         _decisions[call] = decision
     return decision
 
@@ -150,13 +156,19 @@ def _kernel_id(decision, launch, device) -> int:
 def _report(call, decision):
     """Log a fallback once per shape (a warning: the user asked for tuned kernels) and a
     class match once per shape (info)."""
+    if decision.path == "fallback" and strict():
+        raise RuntimeError(f"{NAMESPACE}: {call.shape_key}: {decision.reason} (OPTIMIZERD_STRICT is set)")
     key = (call.shape_key, decision.path)
     if key in _logged or decision.path == "exact":
         return
     _logged.add(key)
+    shown = sum(1 for k in _logged if isinstance(k, tuple))
+    if shown > MAX_LOGGED:
+        if shown == MAX_LOGGED + 1:
+            log.warning("%s: more shapes than %d took SDPA or a class kernel; the rest are not logged "
+                        "(%s.stats() lists every decision)", NAMESPACE, MAX_LOGGED, NAMESPACE)
+        return
     if decision.path == "fallback":
-        if strict():
-            raise RuntimeError(f"{NAMESPACE}: {call.shape_key}: {decision.reason} (OPTIMIZERD_STRICT is set)")
         log.warning("%s: %s runs SDPA: %s", NAMESPACE, call.shape_key, decision.reason)
     else:
         log.info("%s: %s runs %s, %s", NAMESPACE, call.shape_key, decision.kernel["file"], decision.reason)

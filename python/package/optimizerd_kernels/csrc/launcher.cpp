@@ -186,6 +186,7 @@ struct KeyHash {
   }
 };
 std::unordered_map<Key, std::shared_ptr<const Plan>, KeyHash> g_plans;
+constexpr size_t kMaxPlans = 4096;
 std::atomic<int64_t> g_calls[3];  // calls per plan path since load
 
 // Plan layout (int64, written by _dispatch.encode_plan):
@@ -321,6 +322,9 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
     TORCH_CHECK(encoded.scalar_type() == at::kLong && encoded.device().is_cpu(), "_resolve must return a CPU int64 tensor");
     std::lock_guard<std::mutex> lock(g_mutex);
     plan = decode_plan(encoded);
+    // A decode loop over a growing cache makes a new signature per token: keep the cache
+    // bounded (plans are cheap to resolve again; kernels stay loaded).
+    if (g_plans.size() >= kMaxPlans) g_plans.clear();
     g_plans.emplace(key, plan);
   }
   g_calls[plan->path].fetch_add(1, std::memory_order_relaxed);
