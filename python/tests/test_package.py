@@ -339,6 +339,16 @@ class Dispatch(unittest.TestCase):
         self.assertEqual(len(plan), 6 + 8 + 2 * 26)
         self.assertEqual(plan[6:14], [5, 64, 16, 2, 384, 1, 1, 128 * 128 * 2 + 4 * 128 * 128 * 2])
 
+    def test_formulas_compile_to_python_and_refuse_what_is_not_arithmetic(self):
+        f = PKG._dispatch.Formulas()
+        env = dict(SK=100, CAUSAL=0, SMS=132, strides=PKG._dispatch.SimpleNamespace(q_s=8))
+        self.assertEqual(f.eval("cdiv(SK, 64) if CAUSAL else max(1, min(SK // 2, SMS))", env), 50)
+        self.assertEqual(f.eval("strides.q_s * 2", env), 16)
+        self.assertEqual(f.eval("SK > 64 and not CAUSAL", env), 1)
+        for bad in ("__import__('os').getcwd()", "SK.__class__", "open('manifest.json')", "SK / 3"):
+            with self.subTest(bad=bad), self.assertRaises(Exception):
+                f.eval(bad, env)
+
     def test_the_launcher_key_round_trips(self):
         call = self.call(3, 8, 2, 5, 77, 64, causal=True, layout="bshd")
         key = [1, 0, 1, 1, 3, 8, 2, 5, 77, 64, *call.strides, 1, 1, 0, 0, 0]

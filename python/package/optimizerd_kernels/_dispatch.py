@@ -9,8 +9,10 @@ query tiles per SM, else `latency-d{D}[-causal]`. A kernel serves another shape 
 class because every launch quantity is a formula of the shape (the manifest's `derived`
 and `launches`) and the kernels address memory through strides (ABI v2).
 """
+import ast
 import json
 import math
+from types import SimpleNamespace
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -109,23 +111,59 @@ def arch_runs_on(arch: Optional[str], arch_specific: bool, cc: int) -> Optional[
 
 
 class Formulas:
-    """The manifest's expressions (minijinja in the daemon, Jinja2 here: the same
-    subset — arithmetic, `//`, comparisons, cdiv/min/max, `x if c else y`)."""
+    """The manifest's expressions (minijinja in the daemon): arithmetic, `//`, comparisons,
+    `and`/`or`/`not`, `x if c else y`, cdiv/min/max, `strides.q_s`. That subset is also Python,
+    so each formula is compiled once to Python bytecode after its syntax tree is checked to hold
+    only those constructs (a new shape is resolved in microseconds: a decode loop over a growing
+    KV cache meets a new shape every token). Anything outside the subset goes through Jinja2."""
+
+    _ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call, ast.Name,
+                ast.Load, ast.Constant, ast.Attribute, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod,
+                ast.USub, ast.UAdd, ast.Not, ast.And, ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt,
+                ast.GtE)
+    _FUNCS = {"cdiv": lambda a, b: -(-a // b), "min": min, "max": max}
 
     def __init__(self):
-        import jinja2
-
-        self.env = jinja2.Environment()
-        self.env.globals.update(cdiv=lambda a, b: -(-a // b), min=min, max=max)
         self._compiled: Dict[str, object] = {}
+        self._jinja = None
+
+    def _compile(self, expr: str):
+        try:
+            tree = ast.parse(expr, mode="eval")
+        except SyntaxError:
+            tree = None
+        if tree is not None and all(self._python_safe(n) for n in ast.walk(tree)):
+            code = compile(tree, "<manifest formula>", "eval")
+            return lambda env: eval(code, {"__builtins__": {}}, dict(self._FUNCS, **env))  # noqa: S307 - checked tree
+        if self._jinja is None:
+            import jinja2
+
+            self._jinja = jinja2.Environment()
+            self._jinja.globals.update(self._FUNCS)
+        fn = self._jinja.compile_expression(expr, undefined_to_none=False)
+        return lambda env: fn(**env)
+
+    def _python_safe(self, node) -> bool:
+        if not isinstance(node, self._ALLOWED):
+            return False
+        if isinstance(node, ast.Call):  # only cdiv/min/max, positional
+            return isinstance(node.func, ast.Name) and node.func.id in self._FUNCS and not node.keywords
+        if isinstance(node, ast.Attribute):  # only strides.<name>
+            return isinstance(node.value, ast.Name) and node.value.id == "strides" and not node.attr.startswith("_")
+        if isinstance(node, ast.Name):
+            return not node.id.startswith("_")
+        return True
 
     def eval(self, expr, env) -> int:
         if not isinstance(expr, str):
             return int(expr)
         fn = self._compiled.get(expr)
         if fn is None:
-            fn = self._compiled[expr] = self.env.compile_expression(expr, undefined_to_none=False)
-        value = fn(**env)
+            fn = self._compiled[expr] = self._compile(expr)
+        try:
+            value = fn(env)
+        except NameError as e:
+            raise ValueError(f"{expr!r}: {e}") from None
         if isinstance(value, bool):
             return int(value)
         if value is None or (isinstance(value, float) and value != int(value)):
@@ -293,7 +331,7 @@ class Dispatcher:
         st = call.strides
         strides = dict(q_b=st[0], q_h=st[1], q_s=st[2], k_b=st[3], k_h=st[4], k_s=st[5], v_b=st[6], v_h=st[7],
                        v_s=st[8], o_b=ob, o_h=oh, o_s=os_)
-        env = dict(env, strides=strides)
+        env = dict(env, strides=SimpleNamespace(**strides))
         out = []
         for i, m in enumerate(sorted(k["tensor_maps"], key=lambda m: m["param_index"])):
             if m["param_index"] != ABI_PARAMS + i:
