@@ -10,7 +10,7 @@ use crate::spec::states::{ShownState, Verdict};
 use crate::storage::ledger::{kv_rate, BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow, UnreadableIteration, UnreadableRun};
 use crate::storage::sdpa::FA4;
 use crate::pipeline::record::fmt_secs;
-use crate::ops::run_report::time_to_best::{self, TimeToBest};
+use crate::storage::ledger::time_to_best::{self, TimeToBest};
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -103,7 +103,7 @@ pub fn status_text(s: &Status) -> String {
         fmt_secs(s.budget_left_s)
     );
     if !s.time_to_best.shapes.is_empty() || s.time_to_best.budget_s_on_candidates > 0.0 {
-        let _ = writeln!(out, "to best    {}", s.time_to_best.summary_line(r.used_s));
+        let _ = writeln!(out, "to best    {}", s.time_to_best.summary_line(r.used_s, fmt_secs));
     }
     if let Some(a) = &s.agent {
         let of = |x: Option<String>| x.map(|x| format!(" of {x}")).unwrap_or_default();

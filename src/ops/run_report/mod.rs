@@ -10,7 +10,6 @@ pub mod decimate;
 pub mod figures;
 pub mod peak;
 pub mod render;
-pub mod time_to_best;
 
 use std::path::{Path, PathBuf};
 

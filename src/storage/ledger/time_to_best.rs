@@ -2,12 +2,14 @@
 //! budget went to candidates that could not have won. Computed here, once, from the
 //! ledger's iterations alone, so it holds for old ledgers and for finished runs read
 //! read-only; `status` (text and `--json`), the end-of-run summary and `report` all show
-//! this one [`TimeToBest`].
+//! this one [`TimeToBest`]. It lives beside the rows it reads so that the engine (the
+//! run's closing log line) and `ops/` (status, report) share it without `engine/`
+//! depending on `ops/`.
 
 use serde::Serialize;
 
 use crate::spec::states::Verdict;
-use crate::storage::ledger::IterationRecord;
+use super::IterationRecord;
 
 /// A candidate "lost by more than 20%" when its time over the shapes it was timed on is
 /// more than this many times the incumbents' it was timed against.
@@ -134,9 +136,9 @@ impl TimeToBest {
     }
 
     /// One line for the status text and the end-of-run summary: `used_s` is the run's
-    /// budget used, the denominator of the shares.
-    pub fn summary_line(&self, used_s: f64) -> String {
-        let fmt = crate::pipeline::record::fmt_secs;
+    /// budget used, the denominator of the shares; `fmt` writes seconds (the callers'
+    /// `pipeline::record::fmt_secs`, which `storage/` may not use).
+    pub fn summary_line(&self, used_s: f64, fmt: impl Fn(f64) -> String) -> String {
         let share = |x: f64| if used_s > 0.0 { format!(" ({:.0}%)", 100.0 * x / used_s) } else { String::new() };
         let last = self.last_reached_s().map(|t| format!("every shape's final best reached by {}; ", fmt(t))).unwrap_or_default();
         format!(
@@ -237,7 +239,7 @@ mod tests {
         assert_eq!(t.losers_20pct, 1);
         assert!(close(t.budget_s_on_losers_20pct, 1.0), "{t:?}");
         assert_eq!(t.shape(A).map(|s| s.seq), Some(4));
-        let line = t.summary_line(22.0);
+        let line = t.summary_line(22.0, |s| format!("{s:.1}s"));
         assert!(line.contains("losing by >20%") && line.contains("3 that failed before timing"), "{line}");
     }
 
@@ -246,6 +248,6 @@ mod tests {
         let t = compute(&[]);
         assert!(t.shapes.is_empty() && t.last_reached_s().is_none());
         assert_eq!(t.budget_s_on_candidates, 0.0);
-        assert!(!t.summary_line(0.0).contains("reached by"));
+        assert!(!t.summary_line(0.0, |s| format!("{s}")).contains("reached by"));
     }
 }
