@@ -103,7 +103,7 @@ pub fn status_text(s: &Status) -> String {
         fmt_secs(s.budget_left_s)
     );
     if !s.time_to_best.shapes.is_empty() || s.time_to_best.budget_s_on_candidates > 0.0 {
-        let _ = writeln!(out, "to best    {}", s.time_to_best.summary_line(r.used_s, fmt_secs));
+        let _ = writeln!(out, "to best    {}", s.time_to_best.summary_line(r.used_s, fmt_ttb));
     }
     if let Some(a) = &s.agent {
         let of = |x: Option<String>| x.map(|x| format!(" of {x}")).unwrap_or_default();
@@ -194,6 +194,12 @@ pub fn closing_table(rows: &[ClosingRow], workload: &[Shape]) -> String {
 
 /// What the status text's `best at` column and `to best` line mean, in short; the full
 /// definition is [`time_to_best::DEFINITION`] (in `status --json` and the report).
+/// Seconds for the time-to-best figures: tenths under a minute (a short run's candidates
+/// cost fractions of a second), otherwise as the budget is written.
+fn fmt_ttb(s: f64) -> String {
+    if s < 60.0 { format!("{s:.1}s") } else { fmt_secs(s) }
+}
+
 pub const TIME_TO_BEST_NOTE: &str = "best at: budget time when the shape's final best kernel was recorded (its last win); \
 losing by >20%: timed, won no shape, time >1.2x the incumbents' (geometric mean over its timed shapes); \
 failed before timing: gated, compile_error, incorrect, cta_mismatch, crashed, timeout, error, cheating, rejected_proposal";
@@ -228,7 +234,7 @@ pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str, ttb: Option
         if let Some(t) = ttb {
             // "-" where the iterations hold no budget figure for the win (old rows), or name
             // another iteration than the best table does (never expected: both follow wins).
-            let at = t.shape(&b.shape).filter(|x| x.seq == b.seq).and_then(|x| x.first_reached_best_s).map(fmt_secs).unwrap_or_else(|| "-".into());
+            let at = t.shape(&b.shape).filter(|x| x.seq == b.seq).and_then(|x| x.first_reached_best_s).map(fmt_ttb).unwrap_or_else(|| "-".into());
             let _ = write!(line, " {at:>8}");
         }
         let _ = write!(

@@ -73,7 +73,7 @@ pub fn best_table(d: &RunData) -> Table {
 /// the iterations hold no budget figure for it or disagree with the best table.
 fn reached_at(d: &RunData, shape: &str, seq: i64) -> String {
     let at = d.time_to_best.shape(shape).filter(|x| x.seq == seq).and_then(|x| x.first_reached_best_s);
-    opt(at, |t| format!("{t:.0} s"))
+    opt(at, |t| format!("{t:.1} s"))
 }
 
 /// The run's time-to-best figures in one table: budget on candidates that lost by more
@@ -85,13 +85,13 @@ pub fn time_to_best_table(d: &RunData) -> Table {
     let rows = vec![
         vec![
             "every shape's final best reached".to_string(),
-            opt(t.last_reached_s(), |x| format!("{x:.0} s")),
+            opt(t.last_reached_s(), |x| format!("{x:.1} s")),
             "-".into(),
             opt(t.last_reached_s(), share),
         ],
-        vec!["candidates losing by >20%".into(), format!("{:.0} s", t.budget_s_on_losers_20pct), t.losers_20pct.to_string(), share(t.budget_s_on_losers_20pct)],
-        vec!["candidates that failed before timing".into(), format!("{:.0} s", t.budget_s_on_failed), t.failed.to_string(), share(t.budget_s_on_failed)],
-        vec!["all candidates".into(), format!("{:.0} s", t.budget_s_on_candidates), "-".into(), share(t.budget_s_on_candidates)],
+        vec!["candidates losing by >20%".into(), format!("{:.1} s", t.budget_s_on_losers_20pct), t.losers_20pct.to_string(), share(t.budget_s_on_losers_20pct)],
+        vec!["candidates that failed before timing".into(), format!("{:.1} s", t.budget_s_on_failed), t.failed.to_string(), share(t.budget_s_on_failed)],
+        vec!["all candidates".into(), format!("{:.1} s", t.budget_s_on_candidates), "-".into(), share(t.budget_s_on_candidates)],
     ];
     Table {
         id: "time-to-best",
