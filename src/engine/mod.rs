@@ -202,7 +202,7 @@ impl Engine {
                 let t = crate::storage::ledger::time_to_best::compute(&its);
                 tracing::info!(
                     kind = "time_to_best", last_reached_s = t.last_reached_s(), budget_s_on_losers_20pct = t.budget_s_on_losers_20pct,
-                    budget_s_on_failed = t.budget_s_on_failed, "time to best: {}", t.summary_line(self.used().as_secs_f64(), record::fmt_secs)
+                    budget_s_on_failed = t.budget_s_on_failed, "time to best: {}", t.summary_line(self.used().as_secs_f64(), state == RunState::Finished, record::fmt_secs)
                 );
             }
             Err(e) => tracing::warn!(kind = "time_to_best", "time to best not computed: cannot read the iterations: {e}"),

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::spec::protocol::Shape;
-use crate::spec::states::{ShownState, Verdict};
+use crate::spec::states::{RunState, ShownState, Verdict};
 use crate::storage::ledger::{kv_rate, BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow, UnreadableIteration, UnreadableRun};
 use crate::storage::sdpa::FA4;
 use crate::pipeline::record::fmt_secs;
@@ -103,7 +103,7 @@ pub fn status_text(s: &Status) -> String {
         fmt_secs(s.budget_left_s)
     );
     if !s.time_to_best.shapes.is_empty() || s.time_to_best.budget_s_on_candidates > 0.0 {
-        let _ = writeln!(out, "to best    {}", s.time_to_best.summary_line(r.used_s, fmt_ttb));
+        let _ = writeln!(out, "to best    {}", s.time_to_best.summary_line(r.used_s, r.state.recorded == RunState::Finished, fmt_ttb));
     }
     if let Some(a) = &s.agent {
         let of = |x: Option<String>| x.map(|x| format!(" of {x}")).unwrap_or_default();

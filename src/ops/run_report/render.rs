@@ -84,7 +84,8 @@ pub fn time_to_best_table(d: &RunData) -> Table {
     let share = |x: f64| if used > 0.0 { format!("{:.1}%", 100.0 * x / used) } else { "-".into() };
     let rows = vec![
         vec![
-            "every shape's final best reached".to_string(),
+            // Only a finished run's bests are final; a live or stopped one's are the bests so far.
+            format!("every shape's {} best reached", if d.state.recorded == crate::spec::states::RunState::Finished { "final" } else { "current" }),
             opt(t.last_reached_s(), |x| format!("{x:.1} s")),
             "-".into(),
             opt(t.last_reached_s(), share),

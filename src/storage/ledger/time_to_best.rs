@@ -136,11 +136,13 @@ impl TimeToBest {
     }
 
     /// One line for the status text and the end-of-run summary: `used_s` is the run's
-    /// budget used, the denominator of the shares; `fmt` writes seconds (the callers'
-    /// `pipeline::record::fmt_secs`, which `storage/` may not use).
-    pub fn summary_line(&self, used_s: f64, fmt: impl Fn(f64) -> String) -> String {
+    /// budget used, the denominator of the shares; `finished`: the run ended for good, so
+    /// its bests are final (otherwise they are the bests so far); `fmt` writes seconds (the
+    /// callers' `pipeline::record::fmt_secs`, which `storage/` may not use).
+    pub fn summary_line(&self, used_s: f64, finished: bool, fmt: impl Fn(f64) -> String) -> String {
+        let which = if finished { "final" } else { "current" };
         let share = |x: f64| if used_s > 0.0 { format!(" ({:.0}%)", 100.0 * x / used_s) } else { String::new() };
-        let last = self.last_reached_s().map(|t| format!("every shape's final best reached by {}; ", fmt(t))).unwrap_or_default();
+        let last = self.last_reached_s().map(|t| format!("every shape's {which} best reached by {}; ", fmt(t))).unwrap_or_default();
         format!(
             "{last}{}{} on {} candidate(s) losing by >20%, {}{} on {} that failed before timing",
             fmt(self.budget_s_on_losers_20pct),
@@ -239,8 +241,8 @@ mod tests {
         assert_eq!(t.losers_20pct, 1);
         assert!(close(t.budget_s_on_losers_20pct, 1.0), "{t:?}");
         assert_eq!(t.shape(A).map(|s| s.seq), Some(4));
-        let line = t.summary_line(22.0, |s| format!("{s:.1}s"));
-        assert!(line.contains("losing by >20%") && line.contains("3 that failed before timing"), "{line}");
+        let line = t.summary_line(22.0, true, |s| format!("{s:.1}s"));
+        assert_eq!(line, "every shape's final best reached by 9.0s; 1.0s (5%) on 1 candidate(s) losing by >20%, 7.0s (32%) on 3 that failed before timing");
     }
 
     #[test]
@@ -248,6 +250,6 @@ mod tests {
         let t = compute(&[]);
         assert!(t.shapes.is_empty() && t.last_reached_s().is_none());
         assert_eq!(t.budget_s_on_candidates, 0.0);
-        assert!(!t.summary_line(0.0, |s| format!("{s}")).contains("reached by"));
+        assert!(!t.summary_line(0.0, false, |s| format!("{s}")).contains("reached by"));
     }
 }
