@@ -194,6 +194,19 @@ impl Engine {
         };
         let _ = self.ws.reset_to_best();
         self.ledger.finish_run(&self.run_id, state, &message, self.used().as_secs_f64()).await?;
+        // The summary's time-to-best line (the same figures `status` shows), from the ledger
+        // as recorded, before `run_end`: `watch` stops at that line. It reports, it decides
+        // nothing, so a failed read is a warning only.
+        match self.ledger.iteration_list(&self.run_id).await {
+            Ok((its, _)) => {
+                let t = crate::storage::ledger::time_to_best::compute(&its);
+                tracing::info!(
+                    kind = "time_to_best", last_reached_s = t.last_reached_s(), budget_s_on_losers_20pct = t.budget_s_on_losers_20pct,
+                    budget_s_on_failed = t.budget_s_on_failed, "time to best: {}", t.summary_line(self.used().as_secs_f64(), state == RunState::Finished, record::fmt_secs)
+                );
+            }
+            Err(e) => tracing::warn!(kind = "time_to_best", "time to best not computed: cannot read the iterations: {e}"),
+        }
         tracing::info!(kind = "run_end", run = %self.run_id, state = %state, detail = %message, "run {} {state}: {message}", self.run_id);
         Ok(())
     }

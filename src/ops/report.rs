@@ -6,10 +6,11 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::spec::protocol::Shape;
-use crate::spec::states::{ShownState, Verdict};
+use crate::spec::states::{RunState, ShownState, Verdict};
 use crate::storage::ledger::{kv_rate, BestRow, ClosingRow, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow, UnreadableIteration, UnreadableRun};
 use crate::storage::sdpa::FA4;
 use crate::pipeline::record::fmt_secs;
+use crate::storage::ledger::time_to_best::{self, TimeToBest};
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -27,6 +28,9 @@ pub struct Status {
     pub closing: Vec<ClosingRow>,
     /// What the agent used of its limits; None when the run's agent was off and idle.
     pub agent: Option<AgentStatus>,
+    /// When each shape's final best was first reached, and the budget spent on candidates
+    /// that lost by more than 20% or failed before timing (from the iterations alone).
+    pub time_to_best: TimeToBest,
 }
 
 /// The agent's requests, tokens and estimated cost against the run's limits.
@@ -68,7 +72,8 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
             max_cost_usd: c["max_cost_usd"].as_f64(),
         }
     });
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, unreadable, workload, sdpa, closing, agent })
+    let time_to_best = time_to_best::compute(&its);
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, unreadable, workload, sdpa, closing, agent, time_to_best })
 }
 
 /// Candidates per minute of budget used (None before a minute's worth of data).
@@ -97,6 +102,9 @@ pub fn status_text(s: &Status) -> String {
         fmt_secs(r.budget_s),
         fmt_secs(s.budget_left_s)
     );
+    if !s.time_to_best.shapes.is_empty() || s.time_to_best.budget_s_on_candidates > 0.0 {
+        let _ = writeln!(out, "to best    {}", s.time_to_best.summary_line(r.used_s, r.state.recorded == RunState::Finished, fmt_ttb));
+    }
     if let Some(a) = &s.agent {
         let of = |x: Option<String>| x.map(|x| format!(" of {x}")).unwrap_or_default();
         let _ = writeln!(
@@ -114,7 +122,10 @@ pub fn status_text(s: &Status) -> String {
     }
     let _ = writeln!(out, "folder     {}", r.run_dir);
     out.push('\n');
-    out.push_str(&best_table(&s.best, &s.sdpa, &r.run_dir));
+    out.push_str(&best_table(&s.best, &s.sdpa, &r.run_dir, Some(&s.time_to_best)));
+    if !s.best.is_empty() {
+        let _ = writeln!(out, "{TIME_TO_BEST_NOTE}");
+    }
     out.push_str(&closing_table(&s.closing, &s.workload));
     if let Some(v) = s.sdpa.first().map(|x| &x.versions) {
         let _ = writeln!(
@@ -181,16 +192,33 @@ pub fn closing_table(rows: &[ClosingRow], workload: &[Shape]) -> String {
     out
 }
 
+/// What the status text's `best at` column and `to best` line mean, in short; the full
+/// definition is [`time_to_best::DEFINITION`] (in `status --json` and the report).
+/// Seconds for the time-to-best figures: tenths under a minute (a short run's candidates
+/// cost fractions of a second), otherwise as the budget is written.
+fn fmt_ttb(s: f64) -> String {
+    if s < 60.0 { format!("{s:.1}s") } else { fmt_secs(s) }
+}
+
+pub const TIME_TO_BEST_NOTE: &str = "best at: budget time when the shape's final best kernel was recorded (its last win); \
+losing by >20%: timed, won no shape, time >1.2x the incumbents' (geometric mean over its timed shapes); \
+failed before timing: gated, compile_error, incorrect, cta_mismatch, crashed, timeout, error, cheating, rejected_proposal";
+
 /// The best kernel per shape: time, speedup over the baseline kernel, over SDPA and (when
-/// it was measured) over FlashAttention-4, and its source.
-pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str) -> String {
+/// it was measured) over FlashAttention-4, and its source; with `ttb`, when each shape's
+/// final best was first reached (`best at`, budget time) beside its iteration.
+pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str, ttb: Option<&TimeToBest>) -> String {
     let mut out = String::new();
     if best.is_empty() {
         out.push_str("no correct kernel yet\n");
         return out;
     }
     let fa4 = sdpa.iter().any(|s| s.backends.get(FA4).is_some_and(|v| v.is_object()));
-    let mut head = format!("{:<40} {:>5} {:>11} {:>12} {:>8} {:>16} {:>8}", "shape", "iter", "best us", "baseline us", "speedup", "sdpa us", "vs sdpa");
+    let mut head = format!("{:<40} {:>5}", "shape", "iter");
+    if ttb.is_some() {
+        let _ = write!(head, " {:>8}", "best at");
+    }
+    let _ = write!(head, " {:>11} {:>12} {:>8} {:>16} {:>8}", "best us", "baseline us", "speedup", "sdpa us", "vs sdpa");
     if fa4 {
         let _ = write!(head, " {:>11} {:>8}", "fa4 us", "vs fa4");
     }
@@ -202,10 +230,16 @@ pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str) -> String {
             .and_then(|s| s.default_graph_us.map(|t| format!("{t:.2} {}", s.picked.as_deref().unwrap_or(""))))
             .unwrap_or_else(|| "-".into());
         let vs = cell(s.and_then(|s| s.default_graph_us), |t| format!("{:.2}x", t / b.median_us));
-        let mut line = format!(
-            "{:<40} {:>5} {:>11.2} {:>12} {:>8} {:>16} {:>8}",
-            b.shape,
-            b.seq,
+        let mut line = format!("{:<40} {:>5}", b.shape, b.seq);
+        if let Some(t) = ttb {
+            // "-" where the iterations hold no budget figure for the win (old rows), or name
+            // another iteration than the best table does (never expected: both follow wins).
+            let at = t.shape(&b.shape).filter(|x| x.seq == b.seq).and_then(|x| x.first_reached_best_s).map(fmt_ttb).unwrap_or_else(|| "-".into());
+            let _ = write!(line, " {at:>8}");
+        }
+        let _ = write!(
+            line,
+            " {:>11.2} {:>12} {:>8} {:>16} {:>8}",
             b.median_us,
             cell(b.baseline_us, |x| format!("{x:.2}")),
             speedup,
@@ -445,10 +479,10 @@ mod baseline_tables {
             versions: json!({}),
             cached: false,
         };
-        let with = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}, "fa4": {"graph_us": 48.0}}))], "runs/r");
+        let with = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}, "fa4": {"graph_us": 48.0}}))], "runs/r", None);
         assert!(with.lines().next().unwrap().contains("fa4 us"), "{with}");
         assert_eq!(line(&with, "b8hq32hkv8")[2..11], ["40.00", "400.00", "10.00x", "50.00", "cudnn", "1.25x", "48.00", "1.20x", "runs/r/workspace/kernels/x.cu"]);
-        let without = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}}))], "runs/r");
+        let without = best_table(&best, &[sdpa(json!({"default": {"graph_us": 50.0}}))], "runs/r", None);
         assert!(!without.contains("fa4"), "{without}");
         assert_eq!(line(&without, "b8hq32hkv8")[2..9], ["40.00", "400.00", "10.00x", "50.00", "cudnn", "1.25x", "runs/r/workspace/kernels/x.cu"]);
     }

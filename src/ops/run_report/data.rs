@@ -60,6 +60,8 @@ pub struct RunData {
     /// Each iteration's stage and the budget seconds when it was recorded (stage bands).
     #[serde(skip)]
     pub stage_times: Vec<(String, f64)>,
+    /// When each shape's final best was first reached; budget on losers and failures.
+    pub time_to_best: crate::storage::ledger::time_to_best::TimeToBest,
 }
 
 impl RunData {
@@ -316,7 +318,9 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> R
 
     let peak = setup.device.as_ref().and_then(|d| peak::lookup(&d.name));
     let env = environment(&run, &state, setup.device.as_ref(), &setup.config, &sdpa, peak.as_ref());
+    let time_to_best = crate::storage::ledger::time_to_best::compute(&its);
     Ok(RunData {
+        time_to_best,
         iterations: its.len(),
         run,
         state,

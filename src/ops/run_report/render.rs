@@ -39,7 +39,7 @@ fn us(x: f64) -> String {
 pub fn best_table(d: &RunData) -> Table {
     let head = [
         "shape", "iter", "stage", "template", "knobs", "best µs", "TFLOPS", "KV TB/s", "vs baseline kernel", "vs SDPA default", "regs", "spill B",
-        "smem KiB", "CTAs", "waves", "arch",
+        "smem KiB", "CTAs", "waves", "arch", "best reached at",
     ];
     let rows = d
         .best
@@ -62,10 +62,43 @@ pub fn best_table(d: &RunData) -> Table {
                 b.ctas.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
                 opt(b.waves, |w| if w >= 0.1 { format!("{w:.2}") } else { format!("{w:.3}") }),
                 b.arch.clone().unwrap_or_else(|| "-".into()),
+                reached_at(d, &b.shape, b.seq),
             ]
         })
         .collect();
     Table { id: "best", head: head.iter().map(|s| s.to_string()).collect(), rows }
+}
+
+/// Budget time when `shape`'s final best (iteration `seq`) was first reached; "-" when
+/// the iterations hold no budget figure for it or disagree with the best table.
+fn reached_at(d: &RunData, shape: &str, seq: i64) -> String {
+    let at = d.time_to_best.shape(shape).filter(|x| x.seq == seq).and_then(|x| x.first_reached_best_s);
+    opt(at, |t| format!("{t:.1} s"))
+}
+
+/// The run's time-to-best figures in one table: budget on candidates that lost by more
+/// than 20% and on those that failed before timing, with counts and shares of the budget used.
+pub fn time_to_best_table(d: &RunData) -> Table {
+    let t = &d.time_to_best;
+    let used = d.run.used_s;
+    let share = |x: f64| if used > 0.0 { format!("{:.1}%", 100.0 * x / used) } else { "-".into() };
+    let rows = vec![
+        vec![
+            // Only a finished run's bests are final; a live or stopped one's are the bests so far.
+            format!("every shape's {} best reached", if d.state.recorded == crate::spec::states::RunState::Finished { "final" } else { "current" }),
+            opt(t.last_reached_s(), |x| format!("{x:.1} s")),
+            "-".into(),
+            opt(t.last_reached_s(), share),
+        ],
+        vec!["candidates losing by >20%".into(), format!("{:.1} s", t.budget_s_on_losers_20pct), t.losers_20pct.to_string(), share(t.budget_s_on_losers_20pct)],
+        vec!["candidates that failed before timing".into(), format!("{:.1} s", t.budget_s_on_failed), t.failed.to_string(), share(t.budget_s_on_failed)],
+        vec!["all candidates".into(), format!("{:.1} s", t.budget_s_on_candidates), "-".into(), share(t.budget_s_on_candidates)],
+    ];
+    Table {
+        id: "time-to-best",
+        head: ["", "budget", "candidates", "of budget used"].iter().map(|s| s.to_string()).collect(),
+        rows,
+    }
 }
 
 fn speedup_table(d: &RunData) -> Table {
@@ -219,6 +252,8 @@ pub fn pages(d: &RunData, figures: &[Figure]) -> Result<(String, String), miniji
         figures => views,
         svgs => svgs,
         best => best_table(d),
+        ttb => time_to_best_table(d),
+        ttb_definition => d.time_to_best.definition,
         env => &d.env,
         page_height => page_height(d, figures),
         generated => crate::storage::ledger::now(),

@@ -4,7 +4,8 @@
 //! commands that only read, and `doctor`'s integrity check); one file per group of
 //! tables holds their rows (as `FromRow` structs) and queries: [`runs`], [`iterations`]
 //! (with their per-shape rows and the best kernel per shape), [`events`] (typed where
-//! a resume reads them), and [`results`] (SDPA and the closing comparison).
+//! a resume reads them), and [`results`] (SDPA and the closing comparison);
+//! [`time_to_best`] reads a run's iterations into its time-to-best figures.
 //!
 //! Every iteration is written in one transaction before the next one starts, so a
 //! crash loses at most the iteration in flight. Reads decode each row on its own: a row
@@ -15,6 +16,7 @@ mod iterations;
 mod open;
 mod results;
 mod runs;
+pub mod time_to_best;
 
 pub use events::{Event, EventKind, EventRow, StageHistory};
 pub use iterations::{BestRow, IterationRecord, ShapeRecord, UnreadableIteration};
