@@ -18,6 +18,8 @@ Workloads (--workload; --config names any other file):
             prefill, decode (GQA and MQA, ragged sk), a D 64 GQA prefill ([B,H,S,D]).
   llm-bshd  scripts/benchmark-llm-bshd.toml: three of them in [B,S,H,D] (layout is per
             workload, so the other layout is a second, small run).
+  unseen    scripts/benchmark-unseen.toml: bf16 prefill shapes the project was never
+            tuned on (D 128 causal, D 64 non-causal, a ragged S of 577).
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -52,6 +54,7 @@ WORKLOADS = {
     "default": "scripts/benchmark-agent.toml",
     "llm": "scripts/benchmark-llm.toml",
     "llm-bshd": "scripts/benchmark-llm-bshd.toml",
+    "unseen": "scripts/benchmark-unseen.toml",
 }
 
 DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode
