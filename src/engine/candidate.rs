@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::pipeline::decide::{self, geomean, ShapeDecision, Stats};
 use crate::pipeline::outcome::{Failure, Verdict};
-use crate::pipeline::{check, gate, record, render, timing};
+use crate::pipeline::{check, gate, record, render, screen, timing};
 use crate::spec::protocol::{Probes, Shape, ShapePlan, Timed};
 use crate::spec::template::Params;
 use crate::storage::ledger::{self, BestRow, IterationRecord, ShapeRecord};
@@ -28,6 +28,11 @@ pub(crate) struct Policy {
     /// Flag, never accept, a gain beyond `agent.suspicious_speedup` or a throughput beyond
     /// `agent.suspicious_peak_factor` x what SDPA demonstrated on this GPU.
     pub(crate) plausibility: bool,
+    /// Screen before the full timing ([`screen`]): a brief timing against the incumbent on one
+    /// shape per class rejects a candidate that is far slower everywhere (`timing.early_reject`).
+    /// Off for the warm start (it re-measures remembered kernels in full) and agent edits
+    /// (probed, re-checked after the full timing).
+    pub(crate) screen: bool,
     /// The agent's edit: named in every reason and committed beside the candidate.
     pub(crate) edit: Option<EditNote>,
 }
@@ -42,12 +47,12 @@ pub(crate) struct EditNote {
 impl Policy {
     /// The plan's stages and the open phase.
     pub(crate) fn search() -> Policy {
-        Policy { use_memory: true, probes: false, plausibility: false, edit: None }
+        Policy { use_memory: true, probes: false, plausibility: false, screen: true, edit: None }
     }
 
     /// The warm start: remembered kernels are run again, not answered from memory.
     pub(crate) fn warm_start() -> Policy {
-        Policy { use_memory: false, ..Policy::search() }
+        Policy { use_memory: false, screen: false, ..Policy::search() }
     }
 
     /// A language model's edit: probed, re-checked after timing, plausibility-bounded.
@@ -56,6 +61,7 @@ impl Policy {
             use_memory: false,
             probes: true,
             plausibility: true,
+            screen: false,
             edit: Some(EditNote { summary: summary.to_string(), diff: diff.to_string() }),
         }
     }
@@ -190,8 +196,15 @@ impl Engine {
         if let Err(f) = self.ensure_incumbents_loaded().await {
             return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await;
         }
-        let cases = self.against_incumbents(&id, &plans);
         let time_started = Instant::now();
+        if policy.screen {
+            let screened = self.screen(&id, &plans, seed, &mut shapes).await;
+            rec.time_ms = Some(time_started.elapsed().as_secs_f64() * 1e3);
+            if let Err(f) = screened {
+                return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await;
+            }
+        }
+        let cases = self.against_incumbents(&id, &plans);
         let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await;
         rec.time_ms = Some(time_started.elapsed().as_secs_f64() * 1e3);
         let timed = match timed {
@@ -243,6 +256,33 @@ impl Engine {
             if decided.won.is_empty() { vec![] } else { self.promote(seq, &id, stage, params, &rendered.source, commit, &decided.won).await? };
         self.conclude_success(rec, commit, verdict, reason, shapes, best_rows).await?;
         Ok(outcome)
+    }
+
+    /// The brief timing before the full one ([`screen`]): Err when the candidate is rejected
+    /// early (the screened shapes' rows then hold both times) or the brief timing failed.
+    /// Nothing is screened while some class of the candidate's shapes has no incumbent.
+    async fn screen(&mut self, id: &str, plans: &[ShapePlan], seed: u64, shapes: &mut [ShapeRecord]) -> Result<(), Failure> {
+        let margin = self.cfg.timing.early_reject;
+        if margin <= 0.0 {
+            return Ok(());
+        }
+        let all: Vec<Shape> = plans.iter().map(|p| p.shape).collect();
+        let classes = crate::strategy::open::classify(&all, self.device.sm_count);
+        let class_of = |s: &Shape| classes.iter().find(|c| c.shapes.contains(s)).map_or_else(String::new, |c| c.name.clone());
+        let Some(picked) = screen::choose(plans, class_of, |s| self.incumbents.get(&s.key()).map(|i| i.median_us)) else { return Ok(()) };
+        let cases = self.against_incumbents(id, &picked);
+        let timed = timing::run(&mut self.sup, cases, screen::brief(&self.cfg.timing_spec()), seed, self.cfg.worker.time_timeout).await?;
+        let Some(screened) = screen::results(&timed, id) else { return Ok(()) };
+        if !screen::rejects(&screened, margin) {
+            return Ok(());
+        }
+        for s in &screened {
+            let key = s.shape.key();
+            let decision = decide::decide_shape(&s.candidate, &s.incumbent, self.cfg.timing.min_gain);
+            let baseline = self.baseline_us.get(&key).copied();
+            record::timed(shapes, &key, &s.candidate, Some(&s.incumbent), Some(&decision), baseline, false, s.input_sets);
+        }
+        Err(Failure::new(Verdict::RejectedEarly, screen::reason(&screened, margin)))
     }
 
     /// Commit `candidate.cu` and `candidate.json` (and an agent edit's template and diff)

@@ -201,7 +201,7 @@ fn fmt_ttb(s: f64) -> String {
 }
 
 pub const TIME_TO_BEST_NOTE: &str = "best at: budget time when the shape's final best kernel was recorded (its last win); \
-losing by >20%: timed, won no shape, time >1.2x the incumbents' (geometric mean over its timed shapes); \
+losing by >20%: timed (in full, or briefly and rejected_early), won no shape, time >1.2x the incumbents' (geometric mean over its timed shapes); \
 failed before timing: gated, compile_error, incorrect, cta_mismatch, crashed, timeout, error, cheating, rejected_proposal";
 
 /// The best kernel per shape: time, speedup over the baseline kernel, over SDPA and (when
@@ -257,8 +257,8 @@ pub fn best_table(best: &[BestRow], sdpa: &[SdpaRow], run_dir: &str, ttb: Option
 
 /// Every verdict the ledger holds, by name: the pipeline's, and `running` for the
 /// iteration in flight (in the order lists and legends show them).
-pub const VERDICTS: [&str; 16] = {
-    let mut names = [""; 16];
+pub const VERDICTS: [&str; Verdict::ALL.len()] = {
+    let mut names = [""; Verdict::ALL.len()];
     let mut i = 0;
     while i < Verdict::ALL.len() {
         names[i] = Verdict::ALL[i].as_str();

@@ -162,6 +162,10 @@ pub struct TimingSection {
     /// (at least 2 rounds); 0: always `rounds`.
     pub max_entry_ms: f64,
     pub min_gain: f64,
+    /// Screening: before its full timing, a candidate is timed briefly beside the incumbent
+    /// on one shape per class; slower there by more than this fraction on every class, it is
+    /// recorded `rejected_early` without the full timing. 0: every candidate gets the full timing.
+    pub early_reject: f64,
     /// "graph": replay a CUDA graph of the launches (GPU time, like the SDPA baseline);
     /// "events": launch them one by one between the events (includes launch gaps).
     pub method: TimingMethod,
@@ -251,6 +255,7 @@ impl Default for TimingSection {
             sample_target_us: 2000.0,
             max_entry_ms: 300.0,
             min_gain: 0.02,
+            early_reject: 0.25,
             method: TimingMethod::Graph,
         }
     }
@@ -382,6 +387,9 @@ impl Config {
         if !(0.0..1.0).contains(&t.min_gain) {
             return Err(self.invalid("timing.min_gain", format!("is {}; allowed: 0 <= min_gain < 1 (0.02 = 2%)", t.min_gain)));
         }
+        if !(0.0..=10.0).contains(&t.early_reject) {
+            return Err(self.invalid("timing.early_reject", format!("is {}; allowed: 0 (off) to 10 (0.25 = rejected when 25% slower in the brief timing)", t.early_reject)));
+        }
         if t.l2_multiple.is_nan() || t.l2_multiple < 0.0 {
             return Err(self.invalid("timing.l2_multiple", "must be >= 0"));
         }
@@ -433,7 +441,7 @@ impl Config {
             "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,
                         "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,
                         "max_input_sets": t.max_input_sets, "sample_target_us": t.sample_target_us, "max_entry_ms": t.max_entry_ms,
-                        "min_gain": t.min_gain, "method": t.method },
+                        "min_gain": t.min_gain, "early_reject": t.early_reject, "method": t.method },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
                         "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },

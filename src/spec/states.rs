@@ -17,6 +17,9 @@ pub enum Verdict {
     Accepted,
     /// Correct, but faster on no shape.
     Rejected,
+    /// Correct, but a brief timing on one shape per class found it slower than the incumbent
+    /// by more than `timing.early_reject`: not given the full timing.
+    RejectedEarly,
     /// Failed a static check (shared memory, grid, CTA minimum) before compiling.
     Gated,
     CompileError,
@@ -51,10 +54,11 @@ impl Verdict {
     /// Every verdict the ledger can hold, for lists that must name them all (history
     /// filters, report legends): successes first, then each kind of failure, then the
     /// iteration in flight.
-    pub const ALL: [Verdict; 16] = [
+    pub const ALL: [Verdict; 17] = [
         Verdict::Baseline,
         Verdict::Accepted,
         Verdict::Rejected,
+        Verdict::RejectedEarly,
         Verdict::Remembered,
         Verdict::Gated,
         Verdict::CompileError,
@@ -75,6 +79,7 @@ impl Verdict {
             Verdict::Baseline => "baseline",
             Verdict::Accepted => "accepted",
             Verdict::Rejected => "rejected",
+            Verdict::RejectedEarly => "rejected_early",
             Verdict::Gated => "gated",
             Verdict::CompileError => "compile_error",
             Verdict::Incorrect => "incorrect",

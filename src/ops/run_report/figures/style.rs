@@ -39,6 +39,7 @@ pub(super) fn verdict_color(v: Verdict) -> RGBColor {
         Verdict::Baseline => RGBColor(27, 94, 32),
         Verdict::Accepted => RGBColor(67, 160, 71),
         Verdict::Rejected => RGBColor(176, 190, 197),
+        Verdict::RejectedEarly => RGBColor(207, 216, 220),
         Verdict::Gated => RGBColor(120, 144, 156),
         Verdict::CompileError => RGBColor(255, 183, 77),
         Verdict::Incorrect => RGBColor(229, 57, 53),

@@ -1,0 +1,190 @@
+//! Screen: a brief timing before the full one, so that a hopeless candidate costs
+//! milliseconds, not seconds.
+//!
+//! A checked candidate is timed beside the incumbent on one shape of each class it is
+//! judged on (the shape whose incumbent is fastest: the cheapest to time), with two
+//! rounds of two samples. When it is slower than the incumbent there by more than
+//! `timing.early_reject` (and beyond the measured noise) on every screened shape, it is
+//! rejected without the full timing; otherwise the brief numbers are dropped and the
+//! candidate is timed as usual. Classes are screened separately because a candidate can
+//! lose badly on one class and win another (a split-KV kernel on small and large shapes).
+
+use crate::spec::protocol::{Shape, ShapePlan, Timed, TimingSpec};
+
+use super::decide::Stats;
+use super::timing;
+
+/// Rounds and samples per round of the brief timing: two rounds sample each kernel in
+/// both orders; two samples per round make a median of four.
+const ROUNDS: u32 = 2;
+const SAMPLES_PER_ROUND: u32 = 2;
+
+/// The shapes to screen on: per class (in order of first appearance), the planned shape
+/// whose incumbent is fastest. None when some class has no shape with an incumbent: the
+/// candidate could become that shape's first kernel, so it must be timed in full.
+pub fn choose(plans: &[ShapePlan], class_of: impl Fn(&Shape) -> String, incumbent_us: impl Fn(&Shape) -> Option<f64>) -> Option<Vec<ShapePlan>> {
+    let mut classes: Vec<(String, Option<(f64, &ShapePlan)>)> = Vec::new();
+    for p in plans {
+        let class = class_of(&p.shape);
+        let inc = incumbent_us(&p.shape);
+        let i = match classes.iter().position(|(c, _)| *c == class) {
+            Some(i) => i,
+            None => {
+                classes.push((class, None));
+                classes.len() - 1
+            }
+        };
+        if let Some(t) = inc {
+            let slot = &mut classes[i].1;
+            if slot.is_none_or(|(best, _)| t < best) {
+                *slot = Some((t, p));
+            }
+        }
+    }
+    classes.into_iter().map(|(_, pick)| pick.map(|(_, p)| p.clone())).collect()
+}
+
+/// The brief timing: the run's timing with two rounds of two samples.
+pub fn brief(full: &TimingSpec) -> TimingSpec {
+    TimingSpec { rounds: ROUNDS.min(full.rounds.max(1)), samples_per_round: SAMPLES_PER_ROUND.min(full.samples_per_round.max(1)), ..full.clone() }
+}
+
+/// One screened shape: the candidate's and the incumbent's brief timings.
+#[derive(Debug, Clone)]
+pub struct Screened {
+    pub shape: Shape,
+    pub input_sets: u32,
+    pub candidate: Stats,
+    pub incumbent: Stats,
+}
+
+impl Screened {
+    /// How many times slower than the incumbent (above 1: slower).
+    pub fn ratio(&self) -> f64 {
+        self.candidate.median_us / self.incumbent.median_us
+    }
+
+    /// Slower by more than `margin`, and beyond half the p10-p90 spread of the noisier
+    /// of the two (as a win must be beyond it, a loss must be too).
+    pub fn hopeless(&self, margin: f64) -> bool {
+        let noise = 0.5 * self.candidate.rel_spread().max(self.incumbent.rel_spread());
+        self.ratio() > 1.0 + margin.max(noise)
+    }
+}
+
+/// The screened shapes of a brief timing, candidate `id` against each case's other entry.
+/// None when some case lacks samples of either (then the full timing decides).
+pub fn results(timed: &Timed, id: &str) -> Option<Vec<Screened>> {
+    timed
+        .cases
+        .iter()
+        .map(|case| {
+            let candidate = timing::stats_of(case, id)?;
+            let other = case.entries.iter().find(|e| e.id != id)?;
+            let incumbent = Stats::from_samples(&other.samples_us)?;
+            Some(Screened { shape: case.shape, input_sets: case.input_sets, candidate, incumbent })
+        })
+        .collect()
+}
+
+/// Reject when every screened shape is hopeless (see [`Screened::hopeless`]); 0 = never.
+pub fn rejects(screened: &[Screened], margin: f64) -> bool {
+    margin > 0.0 && !screened.is_empty() && screened.iter().all(|s| s.hopeless(margin))
+}
+
+/// The reason recorded for a rejected candidate: both numbers per screened shape.
+pub fn reason(screened: &[Screened], margin: f64) -> String {
+    let parts: Vec<String> = screened
+        .iter()
+        .map(|s| format!("{} {:.2} us vs the incumbent's {:.2} us ({:.2}x slower)", s.shape.key(), s.candidate.median_us, s.incumbent.median_us, s.ratio()))
+        .collect();
+    format!(
+        "rejected early: {}; brief timing ({ROUNDS} rounds x {SAMPLES_PER_ROUND} samples), beyond timing.early_reject = {margin} on every class screened; not timed in full",
+        parts.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::protocol::{DType, TimedCase, TimedEntry};
+
+    fn plan(b: u32, s: u32, d: u32) -> ShapePlan {
+        ShapePlan { shape: Shape::mha(b, 16, s, d, false, DType::Fp16), n_splits: 1, launches: vec![], tensor_maps: vec![] }
+    }
+
+    fn class(s: &Shape) -> String {
+        format!("d{}", s.d)
+    }
+
+    #[test]
+    fn one_shape_per_class_the_one_with_the_fastest_incumbent() {
+        let plans = [plan(4, 4096, 64), plan(1, 1024, 64), plan(2, 8192, 128)];
+        let inc = |s: &Shape| Some(s.b as f64 * s.sq as f64);
+        let got = choose(&plans, class, inc).unwrap();
+        let keys: Vec<String> = got.iter().map(|p| p.shape.key()).collect();
+        assert_eq!(keys, [plans[1].shape.key(), plans[2].shape.key()]);
+    }
+
+    #[test]
+    fn no_screening_when_a_class_has_no_incumbent() {
+        let plans = [plan(4, 4096, 64), plan(2, 8192, 128)];
+        let inc = |s: &Shape| (s.d == 64).then_some(10.0);
+        assert!(choose(&plans, class, inc).is_none(), "the d128 shape has no incumbent: the candidate could be its first kernel");
+        // A class with an incumbent on one of its shapes screens on that one.
+        let plans = [plan(4, 4096, 64), plan(1, 1024, 64)];
+        let inc = |s: &Shape| (s.b == 4).then_some(10.0);
+        assert_eq!(choose(&plans, class, inc).unwrap()[0].shape.b, 4);
+    }
+
+    fn case(b: u32, cand: &[f64], inc: &[f64]) -> TimedCase {
+        TimedCase {
+            shape: plan(b, 1024, 64).shape,
+            input_sets: 3,
+            entries: vec![TimedEntry { id: "it9".into(), samples_us: cand.to_vec() }, TimedEntry { id: "it2".into(), samples_us: inc.to_vec() }],
+        }
+    }
+
+    #[test]
+    fn rejects_only_when_every_class_loses_beyond_margin_and_noise() {
+        let slow = case(1, &[30.0, 30.0, 30.5, 30.2], &[10.0, 10.1, 10.0, 10.05]);
+        let close = case(2, &[11.0, 11.0, 11.1, 11.0], &[10.0, 10.1, 10.0, 10.05]);
+        let s = results(&Timed { cases: vec![slow.clone()] }, "it9").unwrap();
+        assert!((s[0].ratio() - 3.0).abs() < 0.05, "{}", s[0].ratio());
+        assert!(rejects(&s, 0.25));
+        assert!(!rejects(&s, 0.0), "0 turns screening off");
+        let reason = reason(&s, 0.25);
+        assert!(reason.contains("30.") && reason.contains("10.") && reason.contains("timing.early_reject = 0.25"), "{reason}");
+        // 10% slower on one class: not hopeless, so the candidate goes on to its full timing.
+        let s = results(&Timed { cases: vec![slow, close] }, "it9").unwrap();
+        assert!(!rejects(&s, 0.25));
+        // Noisy samples widen the margin: 1.4x slower but a p10-p90 band wider than its median is no verdict.
+        let noisy = case(3, &[14.0, 3.0, 30.0, 14.0, 14.0], &[10.0, 10.0, 10.0, 10.0]);
+        let s = results(&Timed { cases: vec![noisy] }, "it9").unwrap();
+        assert!(!rejects(&s, 0.25), "ratio {} within the noise", s[0].ratio());
+    }
+
+    #[test]
+    fn missing_samples_leave_the_decision_to_the_full_timing() {
+        let empty = case(1, &[], &[10.0]);
+        assert!(results(&Timed { cases: vec![empty] }, "it9").is_none());
+    }
+
+    #[test]
+    fn brief_keeps_the_method_and_takes_two_by_two() {
+        let full = crate::spec::config::TimingSection::default();
+        let cfg = TimingSpec {
+            warmup: full.warmup,
+            rounds: full.rounds,
+            samples_per_round: full.samples_per_round,
+            launches_per_sample: full.launches_per_sample,
+            l2_multiple: full.l2_multiple,
+            max_input_sets: full.max_input_sets,
+            graph: true,
+            sample_target_us: full.sample_target_us,
+            max_entry_ms: full.max_entry_ms,
+        };
+        let b = brief(&cfg);
+        assert_eq!((b.rounds, b.samples_per_round, b.graph, b.launches_per_sample), (2, 2, true, cfg.launches_per_sample));
+    }
+}
