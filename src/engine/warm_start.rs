@@ -8,6 +8,13 @@
 //! shapes the memory skips what was already measured: a candidate whose exact source an
 //! earlier run timed on all of its shapes is recorded `remembered`, with the remembered
 //! score, instead of being run.
+//!
+//! Transfer: a shape nothing is remembered for is seeded from the best kernels of the
+//! nearest similar remembered shapes ([`Memory::similar`]): each such configuration is run
+//! as a candidate (stage `transfer`, rendered for this run's dtype) on the shapes it was
+//! transferred to and on every other shape of their classes ([`classify`]), so the open
+//! phase can prime its class searches with it. It is trusted no more than any candidate: an
+//! incorrect or slow one just loses, and nothing is marked stale for it.
 
 use crate::pipeline::decide::geomean;
 use crate::pipeline::render;
@@ -15,7 +22,8 @@ use crate::spec::protocol::Shape;
 use crate::spec::states::Verdict;
 use crate::spec::template::Params;
 use crate::storage::ledger::{self, EventKind, IterationRecord};
-use crate::storage::memory::{Memory, Remembered};
+use crate::storage::memory::{Memory, Remembered, Transfer};
+use crate::strategy::open::classify;
 
 use super::candidate::{Candidate, Policy};
 use super::phase::{Next, Proposer};
@@ -24,18 +32,44 @@ use super::{Engine, Outcome, RunEnd};
 /// Stage name of the warm start's iterations.
 pub const MEMORY_STAGE: &str = crate::strategy::plan::RESERVED_WARM_START;
 
+/// Stage name of the iterations that try kernels remembered for similar shapes.
+pub const TRANSFER_STAGE: &str = crate::strategy::plan::RESERVED_TRANSFER;
+
+/// How many distinct configurations a shape nothing is remembered for borrows: the best
+/// kernels of its nearest similar remembered shapes.
+pub const TRANSFER_CONFIGS: usize = 2;
+
 /// How much slower than remembered a re-timed kernel may be (machines of one kind differ
 /// by a few percent) before its memory is called stale.
 pub const MEMORY_TOLERANCE: f64 = 0.10;
 
+/// A configuration transferred from similar shapes: the shapes it is run on (those it was
+/// transferred to, and the rest of their classes), and where it came from.
+struct Transferred {
+    /// A representative remembered measurement (template and knobs are what transfer).
+    rem: Remembered,
+    shapes: Vec<Shape>,
+    /// (target shape key, what it was transferred from), in workload order.
+    from: Vec<(String, Transfer)>,
+}
+
+impl Transferred {
+    /// "b2h8s1024d64 <- b1h8s512d64 (run one #5), ...".
+    fn sources(&self) -> String {
+        let parts: Vec<String> = self.from.iter().map(|(to, t)| format!("{to} <- {} (run {} #{})", t.from, t.rem.run_id, t.rem.seq)).collect();
+        parts.join(", ")
+    }
+}
+
 /// The remembered best kernels, one candidate per configuration (with the shapes it was
-/// best for), in workload order.
+/// best for), in workload order; then the configurations transferred from similar shapes.
 struct WarmStart {
     mem: Memory,
     configs: std::vec::IntoIter<(Remembered, Vec<Shape>)>,
+    transfers: std::vec::IntoIter<Transferred>,
     /// This run's iterations when it started (a resumed run's warm start is already recorded).
     recorded: Vec<IterationRecord>,
-    /// The configuration in flight.
+    /// The configuration in flight (None for a transferred one: nothing to judge).
     pending: Option<(Remembered, Vec<Shape>)>,
 }
 
@@ -66,6 +100,25 @@ impl Proposer for WarmStart {
             self.pending = Some((rem, shapes));
             return Ok(Next::Run(Box::new(c)));
         }
+        for t in self.transfers.by_ref() {
+            // Only runnable configurations were kept (`Engine::transfers`).
+            let Some(base) = engine.plan.stages.iter().find(|s| s.template.name() == t.rem.template && s.template.meta.target_arch(&engine.device).is_ok()) else {
+                continue;
+            };
+            let params: Params = serde_json::from_str(&t.rem.params_json)?;
+            let mut stage = base.clone();
+            stage.spec.name = TRANSFER_STAGE.into();
+            let done = self.recorded.iter().any(|i| {
+                i.stage == TRANSFER_STAGE && i.template == t.rem.template && i.params_json == t.rem.params_json && i.verdict.is_final()
+            });
+            if done {
+                continue;
+            }
+            engine.ledger.set_progress(&engine.run_id, Some(TRANSFER_STAGE), engine.used().as_secs_f64()).await?;
+            tracing::info!(kind = "memory", "transfer: trying {} {} from {}", t.rem.template, t.rem.params_json, t.sources());
+            let c = Candidate { stage, params, shapes: t.shapes, policy: Policy::warm_start(), begun: None };
+            return Ok(Next::Run(Box::new(c)));
+        }
         Ok(Next::Done)
     }
 
@@ -93,8 +146,68 @@ impl Engine {
                 None => configs.push((r.clone(), vec![*shape])),
             }
         }
-        let mut warm = WarmStart { mem, configs: configs.into_iter(), recorded: recorded.to_vec(), pending: None };
+        let transfers = self.transfers(&mem).await?;
+        let mut warm = WarmStart { mem, configs: configs.into_iter(), transfers: transfers.into_iter(), recorded: recorded.to_vec(), pending: None };
         self.run_phase(&mut warm).await
+    }
+
+    /// What the shapes nothing is remembered for borrow from similar remembered shapes,
+    /// grouped by configuration in workload order, each with the shapes of its targets'
+    /// classes; recorded once as a `memory` event. Configurations whose template is not in
+    /// the plan, cannot run on this GPU or no longer takes these knobs are left out.
+    async fn transfers(&mut self, mem: &Memory) -> anyhow::Result<Vec<Transferred>> {
+        let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
+        let mut out: Vec<Transferred> = Vec::new();
+        let mut skipped: Vec<String> = Vec::new();
+        for shape in &self.shapes {
+            for t in mem.similar(shape, TRANSFER_CONFIGS) {
+                if let Some(g) = out.iter_mut().find(|g| g.rem.template == t.rem.template && g.rem.params_json == t.rem.params_json) {
+                    g.from.push((shape.key(), t));
+                    continue;
+                }
+                let runnable = serde_json::from_str::<Params>(&t.rem.params_json).ok().is_some_and(|p| {
+                    self.plan.stages.iter().any(|s| {
+                        s.template.name() == t.rem.template
+                            && s.template.meta.target_arch(&self.device).is_ok()
+                            && render::render(&s.template, &p, self.cfg.workload.dtype, &templates_dir).is_ok()
+                    })
+                });
+                if !runnable {
+                    let what = format!("{} {}", t.rem.template, t.rem.params_json);
+                    if !skipped.contains(&what) {
+                        skipped.push(what);
+                    }
+                    continue;
+                }
+                out.push(Transferred { rem: t.rem.clone(), shapes: Vec::new(), from: vec![(shape.key(), t)] });
+            }
+        }
+        if out.is_empty() && skipped.is_empty() {
+            return Ok(out);
+        }
+        // Each configuration is timed on every shape of its targets' classes: the open phase
+        // primes a class's search only from iterations timed on all of the class's shapes.
+        let classes = classify(&self.shapes, self.device.sm_count);
+        for g in &mut out {
+            let targeted = |c: &&crate::strategy::open::ShapeClass| c.shapes.iter().any(|s| g.from.iter().any(|(to, _)| *to == s.key()));
+            let in_class: Vec<Shape> = classes.iter().filter(targeted).flat_map(|c| c.shapes.iter().copied()).collect();
+            g.shapes = self.shapes.iter().filter(|s| in_class.contains(s)).copied().collect();
+        }
+        let mut lines: Vec<String> =
+            out.iter().map(|g| format!("{} {} for {} (run on {} shape(s))", g.rem.template, g.rem.params_json, g.sources(), g.shapes.len())).collect();
+        if !skipped.is_empty() {
+            lines.push(format!("not transferred (template not in this plan, not for this GPU, or knobs it no longer takes): {}", skipped.join(", ")));
+        }
+        let msg = format!(
+            "transfer: {} configuration(s) remembered for similar shapes, re-checked and re-timed first (stage `{TRANSFER_STAGE}`): {}",
+            out.len(),
+            lines.join("; ")
+        );
+        // A resumed run derives the same transfers from the same memory; record them once.
+        if self.ledger.event_once(&self.run_id, EventKind::Memory, &msg).await? {
+            tracing::info!(kind = "memory", "{msg}");
+        }
+        Ok(out)
     }
 
     /// Compare a re-run remembered kernel (iteration `it`) with what was remembered, per

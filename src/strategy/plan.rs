@@ -82,6 +82,8 @@ fn default_max_candidates() -> u32 {
 
 /// Stage name of the warm start's iterations (memory across runs).
 pub const RESERVED_WARM_START: &str = "warm-start";
+/// Stage name of the iterations that try kernels remembered for similar shapes (transfer).
+pub const RESERVED_TRANSFER: &str = "transfer";
 /// Stage names of the open-ended phase's iterations: `open/<class>`.
 pub const RESERVED_OPEN_PREFIX: &str = "open/";
 
@@ -129,9 +131,9 @@ impl Plan {
             let err = |message: String| PlanError::Stage { path: path.into(), stage: spec.name.clone(), message };
             // Names the run gives its own iterations: a plan stage so named would be confused
             // with them when a run is resumed.
-            if spec.name == RESERVED_WARM_START || spec.name.starts_with(RESERVED_OPEN_PREFIX) {
+            if spec.name == RESERVED_WARM_START || spec.name == RESERVED_TRANSFER || spec.name.starts_with(RESERVED_OPEN_PREFIX) {
                 return Err(err(format!(
-                    "the stage name `{}` is reserved (`{RESERVED_WARM_START}` and `{RESERVED_OPEN_PREFIX}...` name the run's own iterations); rename the stage",
+                    "the stage name `{}` is reserved (`{RESERVED_WARM_START}`, `{RESERVED_TRANSFER}` and `{RESERVED_OPEN_PREFIX}...` name the run's own iterations); rename the stage",
                     spec.name
                 )));
             }
