@@ -108,6 +108,10 @@ async fn a_similar_workload_starts_from_the_nearest_remembered_shapes_best_kerne
     // exact shapes is remembered.
     let stages: Vec<&str> = its.iter().map(|i| i.stage.as_str()).collect();
     assert_eq!(stages, ["transfer", "transfer", "baseline", "kv-split", "kv-split", "kv-split", "kv-split"]);
+    // Each transferred iteration's reason says where its configuration came from.
+    for it in its.iter().filter(|i| i.stage == "transfer") {
+        assert!(it.reason.starts_with("transfer: ") && it.reason.contains(" <- ") && it.reason.contains("(run one #"), "{}", it.reason);
+    }
     assert!(its[0].params_json.contains("\"MAX_SPLITS\":8"), "{}", its[0].params_json);
     assert_eq!(shapes_of(&its[0]), [SMALL2]);
     assert!(its[1].params_json.contains("\"MAX_SPLITS\":4"), "{}", its[1].params_json);

@@ -35,6 +35,9 @@ pub(crate) struct Policy {
     pub(crate) screen: bool,
     /// The agent's edit: named in every reason and committed beside the candidate.
     pub(crate) edit: Option<EditNote>,
+    /// Where a candidate's configuration came from, when not from this run's search (a
+    /// transfer names the similar shapes it was remembered for); leads every reason.
+    pub(crate) origin: Option<String>,
 }
 
 /// An agent edit, as the workspace commit and the ledger's reasons show it.
@@ -47,12 +50,18 @@ pub(crate) struct EditNote {
 impl Policy {
     /// The plan's stages and the open phase.
     pub(crate) fn search() -> Policy {
-        Policy { use_memory: true, probes: false, plausibility: false, screen: true, edit: None }
+        Policy { use_memory: true, probes: false, plausibility: false, screen: true, edit: None, origin: None }
     }
 
     /// The warm start: remembered kernels are run again, not answered from memory.
     pub(crate) fn warm_start() -> Policy {
         Policy { use_memory: false, screen: false, ..Policy::search() }
+    }
+
+    /// A configuration transferred from similar shapes: re-checked and re-timed in full like
+    /// the warm start, its reasons saying where it came from.
+    pub(crate) fn transfer(origin: String) -> Policy {
+        Policy { origin: Some(origin), ..Policy::warm_start() }
     }
 
     /// A language model's edit: probed, re-checked after timing, plausibility-bounded.
@@ -63,14 +72,16 @@ impl Policy {
             plausibility: true,
             screen: false,
             edit: Some(EditNote { summary: summary.to_string(), diff: diff.to_string() }),
+            origin: None,
         }
     }
 
     /// A reason as recorded: prefixed with the edit it concerns, if any.
     fn reason(&self, why: impl std::fmt::Display) -> String {
-        match &self.edit {
-            Some(e) => format!("edit \"{}\": {why}", e.summary),
-            None => why.to_string(),
+        match (&self.edit, &self.origin) {
+            (Some(e), _) => format!("edit \"{}\": {why}", e.summary),
+            (None, Some(o)) => format!("{o}: {why}"),
+            (None, None) => why.to_string(),
         }
     }
 

@@ -116,7 +116,8 @@ impl Proposer for WarmStart {
             }
             engine.ledger.set_progress(&engine.run_id, Some(TRANSFER_STAGE), engine.used().as_secs_f64()).await?;
             tracing::info!(kind = "memory", "transfer: trying {} {} from {}", t.rem.template, t.rem.params_json, t.sources());
-            let c = Candidate { stage, params, shapes: t.shapes, policy: Policy::warm_start(), begun: None };
+            let origin = format!("transfer: {}", t.sources());
+            let c = Candidate { stage, params, shapes: t.shapes, policy: Policy::transfer(origin), begun: None };
             return Ok(Next::Run(Box::new(c)));
         }
         Ok(Next::Done)
