@@ -137,6 +137,9 @@ def main():
     ap.add_argument("--config", help="a config file instead of the workload's")
     ap.add_argument("--out", default="docs/BENCHMARKS.md")
     ap.add_argument("--work", help="folder for the run (default: a fresh temporary one)")
+    ap.add_argument("--warm-from", metavar="WORK",
+                    help="start from a copy of the ledger of an earlier benchmark's --work folder "
+                         "(memory across runs and transfer), instead of an empty one")
     ap.add_argument("--detach", action="store_true",
                     help="start the daemon in the background (or attach to the run in --work) and wait for it")
     ap.add_argument("--max-wait", type=float, default=540.0, help="--detach: seconds to wait before exiting 75")
@@ -160,6 +163,13 @@ def main():
         config_text += f'\n[baseline]\nsdpa_command = "{args.sdpa_command}"\n'
     config = os.path.join(work, "agent.toml")
     open(config, "w").write(config_text)
+    marker = os.path.join(work, "started")
+    if args.warm_from and not os.path.exists(marker):
+        src = os.path.join(os.path.abspath(args.warm_from), "runs", "optimizer.db")
+        if not os.path.exists(src):
+            ap.error(f"--warm-from {args.warm_from}: no ledger at {src}")
+        os.makedirs(os.path.join(work, "runs"), exist_ok=True)
+        shutil.copyfile(src, os.path.join(work, "runs", "optimizer.db"))
 
     command = [binary, "start", "--budget", args.budget, "--config", config]
     if not args.detach:
@@ -168,8 +178,8 @@ def main():
         command += ["--worker-script", args.worker_script]
     shown = (f"python3 scripts/benchmark.py --bin {args.bin} --budget {args.budget}"
              + (f" --workload {args.workload}" if args.workload != "default" else "")
+             + (" --warm-from WORK" if args.warm_from else "")
              + (" --detach --work DIR" if args.detach else ""))
-    marker = os.path.join(work, "started")
     if args.detach and os.path.exists(marker):
         print(f"attaching to the run in {work}", flush=True)
     else:
@@ -254,6 +264,20 @@ def main():
             f"{fmt(ttt, '.0f', ' s') if ttt is not None else 'not reached'} |"
         )
 
+    # Time-to-best (optimizerd's own figures, `status --json`): when each shape's final best
+    # was first reached, and the budget that went to candidates losing by more than 20%.
+    ttb = status.get("time_to_best") or {}
+    reached = {x["shape"]: x.get("first_reached_best_s") for x in ttb.get("shapes", [])}
+    early = sum(1 for it in history if it.get("verdict") == "rejected_early")
+    spent = ttb.get("budget_s_on_candidates") or 0.0
+    losers_s = ttb.get("budget_s_on_losers_20pct") or 0.0
+    ttb_note = ("Time-to-best (budget seconds when each shape's final best was first reached): "
+                + ", ".join(f"{k} {fmt(v, '.0f', ' s')}" for k, v in reached.items())
+                + f"; all by {fmt(max([v for v in reached.values() if v is not None], default=None), '.0f', ' s')}."
+                + f" Budget on candidates losing by >20%: {losers_s:.0f} s of {spent:.0f} s"
+                + (f" ({100 * losers_s / spent:.0f}%)" if spent else "")
+                + f", {ttb.get('losers_20pct', 0)} candidates ({early} of them rejected early after a brief timing);"
+                + f" failed before timing: {ttb.get('budget_s_on_failed', 0.0):.0f} s, {ttb.get('failed', 0)} candidates.")
     closing_note = (
         'The columns from "closing us" on are the closing comparison: at the end of the run the best kernel '
         'was timed, SDPA measured afresh, and the best kernel timed again (closing us = the mean of the two), '
@@ -270,10 +294,12 @@ def main():
     figures = report_figures(binary, config, repo, run_row["id"], os.path.dirname(os.path.abspath(out_md)))
     today = datetime.date.today().isoformat()
     how = "` in the background, waited for by --detach" if args.detach else " --foreground`"
+    ledger_note = (f"a copy of the ledger of {os.path.abspath(args.warm_from)} (memory across runs, transfer)"
+                   if args.warm_from else "an empty ledger")
     section = f"""
 ## {today} — benchmark, {run_row.get('gpu_name') or '-'}
 
-- Command: `{shown}` (runs `optimizerd start --budget {args.budget}{how} from an empty ledger
+- Command: `{shown}` (runs `optimizerd start --budget {args.budget}{how} from {ledger_note}
   with `{args.config}`); run `{run_row['id']}`, {run_row['iterations']} iterations,
   {run_row['used_s']:.0f} s of budget used, state {run_row['state']}.
 - GPU {run_row.get('gpu_name') or '-'}; driver, max SM clock: {driver}; torch {versions.get('torch', '-')},
@@ -286,6 +312,7 @@ def main():
   (stages `open/<class>`), and its ratio to SDPA default as measured at the start of the run.
   "iter", "when won us", "SDPA at start us": the best kernel's iteration, its time when it won and
   SDPA default at the start of the run. {closing_note}
+  {ttb_note}
   Time-to-target: budget used when a kernel at or under SDPA default (at the start) first won the shape. {sum(1 for it in history if it["stage"].startswith("open/"))} open-phase iterations;
   {run_row['iterations'] * 60.0 / max(run_row['used_s'], 1.0):.1f} candidates per minute of budget; run message: {run_row.get('message') or '-'}.
 
