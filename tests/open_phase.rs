@@ -186,3 +186,82 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
     assert!(!precompiled.is_empty(), "{log_on}");
     assert!(hits * 2 > loads, "{hits} of {loads} loads were compiled ahead");
 }
+
+/// The bandit over templates: kv-split is always 3x slower than memory on both classes.
+const SLOW_PLAN: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [8] }
+
+[[stage]]
+name = "memory"
+template = "memory.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [8], VEC_LOADS = [1], CP_ASYNC = [1], STAGES = [2], SWIZZLE = [1] }
+
+[open_phase]
+patience = 30
+"#;
+
+fn slow_rules() -> serde_json::Value {
+    json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        { "source_contains": ["template `kv-split`"], "behaviour": { "ok": { "us": 90.0 } } },
+        { "source_contains": ["template `memory`"], "behaviour": { "ok": { "us": 30.0 } } }
+    ])
+}
+
+/// `optimizerd ARGS` in the project, with the scripted worker (and a failpoint, if any).
+fn cli(p: &Project, args: &[&str], failpoint: Option<&str>) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_optimizerd"));
+    cmd.current_dir(p.path()).args(args).arg("--worker-script").arg(p.path().join("script.json"));
+    cmd.env_remove(optimizerd::failpoint::ENV).env_remove("RUST_BACKTRACE");
+    if let Some(f) = failpoint {
+        cmd.env(optimizerd::failpoint::ENV, f);
+    }
+    cmd.stdin(std::process::Stdio::null()).output().expect("run optimizerd")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_three_times_slower_gets_a_small_share_of_the_open_phase_and_a_resume_replays_it() {
+    let open_iterations = |its: Vec<optimizerd::storage::ledger::IterationRecord>| -> Vec<(String, String, String)> {
+        its.into_iter().filter(|i| i.stage.starts_with("open/") && i.verdict.as_str() != "interrupted").map(|i| (i.stage, i.template, i.params_json)).collect()
+    };
+    let reference = Project::new(SLOW_PLAN, slow_rules(), json!({ "ok": { "us": 500.0 } }));
+    let end = reference.run("ref", Duration::from_secs(600)).await;
+    let RunEnd::Finished(msg) = &end else { panic!("{end:?}") };
+    assert!(msg.starts_with("converged"), "{msg}");
+    let ref_open = open_iterations(Ledger::open(&reference.db()).await.unwrap().iterations("ref").await.unwrap());
+    for class in ["open/latency-d64", "open/latency-d128-causal"] {
+        let mine: Vec<_> = ref_open.iter().filter(|(s, ..)| s == class).collect();
+        let slow = mine.iter().filter(|(_, t, _)| t == "kv-split").count();
+        let share = slow as f64 / mine.len() as f64;
+        // Round-robin restarts and uniform random templates gave it about half.
+        assert!(
+            (1..=3).contains(&slow) && share < 0.1,
+            "{class}: kv-split (3x slower) got {slow} of {} open-phase candidates ({:.1}%): wanted 1..=3 and under 10%",
+            mine.len(),
+            share * 100.0
+        );
+    }
+
+    // Killed in the middle of the open phase, then resumed: the same candidates in the same order.
+    let p = Project::new(SLOW_PLAN, slow_rules(), json!({ "ok": { "us": 500.0 } }));
+    let o = cli(&p, &["start", "--budget", "10m", "--foreground", "--run-id", "open"], Some("candidate-committed@30"));
+    assert!(!o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = open_iterations(Ledger::open(&p.db()).await.unwrap().iterations("open").await.unwrap());
+    assert!(!before.is_empty() && before.len() < ref_open.len(), "killed inside the open phase: {} of {}", before.len(), ref_open.len());
+    let o = cli(&p, &["resume", "--foreground", "open"], None);
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    assert_eq!(open_iterations(ledger.iterations("open").await.unwrap()), ref_open);
+    assert_eq!(ledger.run(Some("open")).await.unwrap().message.as_deref(), Some(msg.as_str()));
+}

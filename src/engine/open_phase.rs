@@ -3,6 +3,9 @@
 //! converged. A candidate is gated, checked and timed on its class's shapes only, and
 //! recorded under the stage name `open/<class>`; a resumed run primes the searches from
 //! the plan's iterations and replays the phase's own, so it stands where it stopped.
+//! Every outcome (the plan's, as primed points, and the phase's) is evidence for the
+//! class's bandit over templates; a template whose weight comes down to the floor is
+//! said in a tracing line (`kind = "open_floor"`).
 
 use crate::pipeline::decide::geomean;
 use crate::spec::protocol::Shape;
@@ -76,6 +79,7 @@ impl Proposer for OpenProposer {
     async fn report(&mut self, engine: &mut Engine, _c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {
         let Some((ci, p)) = self.pending.take() else { return Ok(()) };
         self.open.report(ci, &p, outcome.score, outcome.won);
+        log_floor_changes(&mut self.open.classes[ci]);
         if let Some(why) = self.open.classes[ci].converged() {
             let name = &self.open.classes[ci].class.name;
             let msg = format!("{name}: converged: {why}");
@@ -83,6 +87,13 @@ impl Proposer for OpenProposer {
             tracing::info!(kind = "converged", class = %name, "class {msg}");
         }
         Ok(())
+    }
+}
+
+/// A tracing line for each template of the class whose weight came down to the floor.
+fn log_floor_changes(cs: &mut ClassSearch) {
+    for line in cs.floor_changes() {
+        tracing::info!(kind = "open_floor", class = %cs.class.name, "{line}");
     }
 }
 
@@ -141,6 +152,7 @@ impl Engine {
                 }
             }
             cs.focus_best();
+            log_floor_changes(&mut cs);
             searches.push(cs);
         }
         let mut open = OpenSearch::new(searches);
@@ -166,6 +178,7 @@ impl Engine {
             }
             let o = Outcome::of_record(it);
             open.report(ci, &p, o.score, o.won);
+            log_floor_changes(&mut open.classes[ci]);
         }
         if done.is_empty() {
             let names: Vec<String> = open.classes.iter().map(|c| format!("{} ({} shapes)", c.class.name, c.class.shapes.len())).collect();

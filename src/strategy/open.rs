@@ -9,10 +9,20 @@
 //! of every template the plan uses that is for its shapes ([`class_templates`]: a decode
 //! template only for decode classes, and a decode class only with it when there is one): mostly one or two knob mutations of the best point
 //! of a focus template, some uniform random points so the plan's choices do not trap
-//! it, and a restart on the next template after `restart_after` candidates without a
+//! it, and a restart on another template after `restart_after` candidates without a
 //! better score. A class has converged after `patience` candidates in a row that won no
 //! shape beyond noise, or when no unmeasured point is left. Everything is deterministic
 //! given the reported outcomes, so a resumed run replays to exactly the same point.
+//!
+//! Templates are a bandit per class ([`ClassSearch::weights`]): each has a weight from
+//! its elite (its best class score) against the class's best elite,
+//! `exp(-(ratio - 1) / 0.1)` but never under `exploration_floor`; a template with fewer
+//! than [`MIN_TRIES`] tries (plan points included) weighs 1 (it is still being explored),
+//! and one with that many tries but no score at all weighs the floor. The weights pick
+//! the template of a random point and the focus after a restart (the focus itself at half
+//! its weight; an unexplored template first), and a focus whose weight is `w` restarts
+//! after `ceil(restart_after * w)` stale candidates: a template 3x slower than the
+//! class's best gets one candidate at a time, now and then, but never none.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,13 +48,26 @@ pub struct OpenPhaseSpec {
     /// Template files to search; empty: every template of the plan except the first
     /// stage's (the reference kernel speedups are measured from).
     pub templates: Vec<String>,
+    /// The least weight of a template in a class (the best template weighs 1): a template
+    /// far slower than the class's best, or that never scored, is still drawn this often.
+    pub exploration_floor: f64,
 }
 
 impl Default for OpenPhaseSpec {
     fn default() -> Self {
-        OpenPhaseSpec { enabled: true, patience: 40, restart_after: 12, random_fraction: 0.25, templates: Vec::new() }
+        OpenPhaseSpec { enabled: true, patience: 40, restart_after: 12, random_fraction: 0.25, templates: Vec::new(), exploration_floor: 0.02 }
     }
 }
+
+/// Tries a template gets (plan points included) before its evidence decides its weight.
+pub const MIN_TRIES: u32 = 3;
+
+/// How fast a template's weight falls with its elite's ratio to the class's best:
+/// 1.1x weighs 0.37, 1.2x 0.14, 1.5x 0.007 (the floor).
+const TEMPERATURE: f64 = 0.1;
+
+/// The focus template's weight in the draw of a restart is this share of its own.
+const STAY: f64 = 0.5;
 
 impl OpenPhaseSpec {
     pub fn validate(&self) -> Result<(), String> {
@@ -56,6 +79,12 @@ impl OpenPhaseSpec {
         }
         if !(0.0..=1.0).contains(&self.random_fraction) {
             return Err(format!("open_phase.random_fraction = {} must be within 0.0..=1.0", self.random_fraction));
+        }
+        if !(self.exploration_floor > 0.0 && self.exploration_floor <= 1.0) {
+            return Err(format!(
+                "open_phase.exploration_floor = {} must be above 0.0 and at most 1.0 (0 would never draw a slow template again)",
+                self.exploration_floor
+            ));
         }
         Ok(())
     }
@@ -154,6 +183,15 @@ impl std::fmt::Display for Converged {
     }
 }
 
+/// What a class knows of one of its templates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Arm {
+    /// Points measured (primed plan points and the phase's candidates).
+    tries: u32,
+    /// Of those, the ones without a class score (failed, gated, or lost before being timed on every shape).
+    unscored: u32,
+}
+
 /// The search of one class.
 #[derive(Clone)]
 pub struct ClassSearch {
@@ -163,6 +201,10 @@ pub struct ClassSearch {
     seen: BTreeSet<String>,
     /// Best (score, params) per template within this class.
     elites: BTreeMap<String, (f64, Params)>,
+    /// Evidence per template, in the order of `templates`.
+    arms: Vec<Arm>,
+    /// Templates whose weight was at the floor when [`ClassSearch::floor_changes`] last looked.
+    floored: BTreeSet<String>,
     /// Index into `templates` of the template mutations start from.
     focus: usize,
     /// Candidates since the focus template's elite last improved.
@@ -184,10 +226,12 @@ impl ClassSearch {
         let seed = class.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
         ClassSearch {
             class,
+            arms: vec![Arm::default(); templates.len()],
             templates,
             spec,
             seen: BTreeSet::new(),
             elites: BTreeMap::new(),
+            floored: BTreeSet::new(),
             focus: 0,
             stale: 0,
             without_gain: 0,
@@ -199,10 +243,106 @@ impl ClassSearch {
     /// A point measured before the phase (a plan stage): never proposed again, and its
     /// class score (if it was timed on every shape of the class) seeds the elites.
     pub fn prime(&mut self, template: &str, params: &Params, score: Option<f64>) {
-        self.seen.insert(key(template, params));
+        if self.seen.insert(key(template, params)) {
+            self.count(template, score);
+        }
         if let Some(s) = score {
             self.improve(template, params, s);
         }
+    }
+
+    fn count(&mut self, template: &str, score: Option<f64>) {
+        if let Some(i) = self.templates.iter().position(|c| c.template == template) {
+            self.arms[i].tries += 1;
+            self.arms[i].unscored += u32::from(score.is_none());
+        }
+    }
+
+    /// The weight of each template (in the order they were given): 1 while it has fewer
+    /// than [`MIN_TRIES`] tries; then `exp(-(elite / best - 1) / 0.1)` with `best` the
+    /// best elite of the class's templates, or the floor if it has no score at all; never
+    /// under `exploration_floor`.
+    pub fn weights(&self) -> Vec<f64> {
+        let floor = self.spec.exploration_floor;
+        let best = self.templates.iter().filter_map(|c| self.elites.get(&c.template).map(|e| e.0)).fold(f64::INFINITY, f64::min);
+        self.templates
+            .iter()
+            .zip(&self.arms)
+            .map(|(c, arm)| match self.elites.get(&c.template) {
+                _ if arm.tries < MIN_TRIES => 1.0,
+                None => floor,
+                Some((s, _)) if best > 0.0 && best.is_finite() => (-(s / best - 1.0) / TEMPERATURE).exp().max(floor),
+                Some(_) => 1.0,
+            })
+            .collect()
+    }
+
+    /// An index drawn in proportion to `w` (every weight is positive).
+    fn draw(&mut self, w: &[f64]) -> usize {
+        let total: f64 = w.iter().sum();
+        let mut x = self.rng.random_range(0.0..total);
+        for (i, wi) in w.iter().enumerate() {
+            if x < *wi {
+                return i;
+            }
+            x -= wi;
+        }
+        w.len() - 1
+    }
+
+    /// Stale candidates before the focus moves: `restart_after` for a template as good as
+    /// the class's best, fewer the further it is behind (at least 1).
+    fn restart_limit(&self) -> u32 {
+        let w = self.weights().get(self.focus).copied().unwrap_or(1.0);
+        ((self.spec.restart_after as f64 * w).ceil() as u32).clamp(1, self.spec.restart_after)
+    }
+
+    /// Move the focus: to the next template still being explored (fewer than
+    /// [`MIN_TRIES`] tries), else to a template drawn by weight, the focus itself at
+    /// half its weight (a restart rarely stays, unless there is no other template).
+    fn restart(&mut self) {
+        self.stale = 0;
+        let n = self.templates.len();
+        if n <= 1 {
+            return;
+        }
+        if let Some(i) = (1..n).map(|k| (self.focus + k) % n).find(|&i| self.arms[i].tries < MIN_TRIES) {
+            self.focus = i;
+            return;
+        }
+        let mut w = self.weights();
+        w[self.focus] *= STAY;
+        self.focus = self.draw(&w);
+    }
+
+    /// Lines for the templates whose weight came down to the floor since the last call
+    /// (the ones that left it are forgotten, and said again if they come back).
+    pub fn floor_changes(&mut self) -> Vec<String> {
+        let floor = self.spec.exploration_floor;
+        if floor >= 1.0 {
+            return Vec::new();
+        }
+        let w = self.weights();
+        let best = self.templates.iter().filter_map(|c| self.elites.get(&c.template).map(|e| e.0)).fold(f64::INFINITY, f64::min);
+        let mut out = Vec::new();
+        for (i, c) in self.templates.iter().enumerate() {
+            if w[i] > floor {
+                self.floored.remove(&c.template);
+                continue;
+            }
+            if self.floored.insert(c.template.clone()) {
+                let arm = self.arms[i];
+                let why = match self.elites.get(&c.template) {
+                    Some((s, _)) => format!("its best is {:.2}x the class's best", s / best),
+                    None => "no score".to_string(),
+                };
+                out.push(format!(
+                    "{}: {} drawn at the floor weight {floor} from now on: {why} after {} tries ({} without a score)",
+                    self.class.name, c.template, arm.tries, arm.unscored
+                ));
+            }
+        }
+        out
     }
 
     /// Begin with the template of the best primed point.
@@ -251,6 +391,7 @@ impl ClassSearch {
     /// Feed back a proposal's outcome: its class score (None: failed or not timed on
     /// every shape of the class) and whether it won any shape.
     pub fn report(&mut self, p: &Proposal, score: Option<f64>, won: bool) {
+        self.count(&p.template, score);
         let improved = score.is_some_and(|s| self.improve(&p.template, &p.params, s));
         let focus = self.templates.get(self.focus).map(|c| c.template.as_str());
         if improved && focus == Some(p.template.as_str()) {
@@ -258,10 +399,9 @@ impl ClassSearch {
         } else {
             self.stale += 1;
         }
-        if self.stale >= self.spec.restart_after {
-            // Restart: another template, from its own best point in this class.
-            self.focus = (self.focus + 1) % self.templates.len().max(1);
-            self.stale = 0;
+        if self.stale >= self.restart_limit() {
+            // Restart: another template (by weight), from its own best point in this class.
+            self.restart();
         }
         self.without_gain = if won { 0 } else { self.without_gain + 1 };
         if self.without_gain >= self.spec.patience {
@@ -296,10 +436,12 @@ impl ClassSearch {
         None
     }
 
-    /// A uniform point of a uniformly drawn template.
+    /// A uniform point of a template drawn by weight.
     fn random_point(&mut self) -> Option<Proposal> {
+        let w = self.weights();
         for _ in 0..64 {
-            let c = &self.templates[self.rng.random_range(0..self.templates.len())];
+            let i = self.draw(&w);
+            let c = &self.templates[i];
             let p: Params = c.space.iter().map(|(k, v)| (k.clone(), v[self.rng.random_range(0..v.len())])).collect();
             if !self.seen.contains(&key(&c.template, &p)) {
                 return Some(Proposal { template: c.template.clone(), params: p });
@@ -426,7 +568,7 @@ mod tests {
 
     #[test]
     fn converges_after_patience_candidates_without_a_win() {
-        let spec = OpenPhaseSpec { patience: 5, restart_after: 3, random_fraction: 0.0, enabled: true, templates: vec![] };
+        let spec = OpenPhaseSpec { patience: 5, restart_after: 3, random_fraction: 0.0, ..Default::default() };
         let mut s = ClassSearch::new(ShapeClass { name: "c".into(), shapes: vec![] }, vec![space()], spec);
         let mut n = 0;
         while let Some(p) = s.next() {
@@ -510,5 +652,177 @@ mod tests {
         }
         assert_eq!(order, [0, 1, 1, 1]);
         assert!(o.summary().contains("a: 1 candidates in a row"), "{}", o.summary());
+    }
+
+    /// A template with a big knob space (6^5 points), named `name`.
+    fn big(name: &str) -> Candidates {
+        let space: Vec<(String, Vec<i64>)> = ["A", "B", "C", "D", "E"].iter().map(|k| (k.to_string(), (1..=6).collect())).collect();
+        let start = space.iter().map(|(k, v)| (k.clone(), v[0])).collect();
+        Candidates { template: name.into(), space, start, max_sq: None }
+    }
+
+    fn search(templates: Vec<Candidates>, spec: OpenPhaseSpec) -> ClassSearch {
+        ClassSearch::new(ShapeClass { name: "compute-d128-causal".into(), shapes: vec![] }, templates, spec)
+    }
+
+    /// "fast" scores 10 us (a little less at higher A), "slow" 3x that, "mid" 1.1x.
+    fn score_of(p: &Proposal) -> Option<f64> {
+        let base = match p.template.as_str() {
+            "fast" => 10.0,
+            "slow" => 30.0,
+            "mid" => 11.0,
+            _ => return None,
+        };
+        Some(base - 0.01 * p.params["A"] as f64)
+    }
+
+    #[test]
+    fn a_template_three_times_slower_is_starved_yet_still_sampled() {
+        let spec = OpenPhaseSpec { patience: 100_000, ..Default::default() };
+        let mut s = search(vec![big("fast"), big("slow")], spec.clone());
+        let (mut n, mut slow, mut run, mut longest_run) = (0, 0, 0, 0);
+        let mut slow_after_explored = 0;
+        while n < 3000 {
+            let p = s.next().unwrap();
+            n += 1;
+            if p.template == "slow" {
+                slow += 1;
+                run += 1;
+                longest_run = longest_run.max(run);
+                if s.arms[1].tries >= MIN_TRIES {
+                    slow_after_explored += 1;
+                }
+            } else {
+                run = 0;
+            }
+            s.report(&p, score_of(&p), false);
+        }
+        let w = s.weights();
+        assert_eq!(w, [1.0, spec.exploration_floor], "slow is at the floor once its tries show it 3x slower");
+        let share = slow as f64 / n as f64;
+        // Drawn at weight 0.02 against 1: about 2% of the random points (most candidates,
+        // once the best point's neighbours are measured) and of the restarts.
+        assert!(share < 0.03, "slow got {slow} of {n} candidates ({:.1}%); the floor allows about 2%", share * 100.0);
+        assert!(slow_after_explored >= 5, "slow is still drawn now and then once starved: {slow_after_explored} of {n}");
+        assert!(longest_run <= MIN_TRIES, "a starved focus moves on after one candidate (longest run {longest_run})");
+    }
+
+    #[test]
+    fn with_equal_weights_the_slow_template_would_get_a_third() {
+        // The same walk with a floor of 1 (every template weighs the same, as random points
+        // and round-robin restarts did before the bandit), for comparison with the test above.
+        let spec = OpenPhaseSpec { patience: 100_000, exploration_floor: 1.0, ..Default::default() };
+        let mut s = search(vec![big("fast"), big("slow")], spec);
+        let mut slow = 0;
+        for _ in 0..3000 {
+            let p = s.next().unwrap();
+            slow += usize::from(p.template == "slow");
+            s.report(&p, score_of(&p), false);
+        }
+        assert!(slow > 900, "with equal weights slow got {slow} of 3000");
+    }
+
+    #[test]
+    fn a_template_without_a_score_gets_the_floor_after_its_tries() {
+        let spec = OpenPhaseSpec { exploration_floor: 0.05, ..Default::default() };
+        let mut s = search(vec![big("fast"), big("broken")], spec);
+        s.prime("fast", &big("fast").start, Some(10.0));
+        let mut p = big("broken").start;
+        for i in 0..MIN_TRIES {
+            assert_eq!(s.weights()[1], 1.0, "still explored after {i} failed tries");
+            p.insert("A".into(), i as i64 + 1);
+            s.prime("broken", &p, None);
+        }
+        assert_eq!(s.weights(), [1.0, 0.05]);
+        let lines = s.floor_changes();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("broken drawn at the floor weight 0.05") && lines[0].contains("no score after 3 tries (3 without a score)"), "{lines:?}");
+        assert!(s.floor_changes().is_empty(), "said once");
+        // A point primed twice is one try.
+        s.prime("broken", &p, None);
+        assert_eq!(s.arms[1], Arm { tries: 3, unscored: 3 });
+    }
+
+    #[test]
+    fn weights_fall_with_the_elite_ratio_and_a_weak_focus_restarts_sooner() {
+        let mut s = search(vec![big("fast"), big("mid"), big("slow")], OpenPhaseSpec::default());
+        for (t, score) in [("fast", 10.0), ("mid", 11.0), ("slow", 30.0)] {
+            for a in 1..=3 {
+                let mut p = big(t).start;
+                p.insert("A".into(), a);
+                s.prime(t, &p, Some(if a == 1 { score } else { score + 5.0 }));
+            }
+        }
+        let w = s.weights();
+        assert_eq!(w[0], 1.0);
+        assert!((w[1] - (-1.0f64).exp()).abs() < 1e-9, "1.1x weighs e^-1: {w:?}");
+        assert_eq!(w[2], 0.02, "3x is at the floor");
+        s.focus = 0;
+        assert_eq!(s.restart_limit(), 12);
+        s.focus = 1;
+        assert_eq!(s.restart_limit(), 5, "ceil(12 * 0.37)");
+        s.focus = 2;
+        assert_eq!(s.restart_limit(), 1);
+        // Restarts from the best go mostly to `mid`, rarely to `slow`.
+        let mut to = [0; 3];
+        for _ in 0..1000 {
+            s.focus = 0;
+            s.restart();
+            to[s.focus] += 1;
+        }
+        assert!(to[1] > to[0] / 2 && to[2] > 0 && to[2] < 60, "restarts from fast went to {to:?}");
+    }
+
+    #[test]
+    fn the_bandit_is_deterministic_given_outcomes_and_a_replay_reaches_the_same_point() {
+        let spec = OpenPhaseSpec { patience: 60, ..Default::default() };
+        let fresh = || {
+            let mut s = search(vec![big("slow"), big("fast"), big("mid"), big("broken")], spec.clone());
+            s.prime("slow", &big("slow").start, Some(31.0));
+            s.prime("fast", &big("fast").start, Some(12.0));
+            s.focus_best();
+            s
+        };
+        let walk = |mut s: ClassSearch, limit: usize| {
+            let mut out = Vec::new();
+            while out.len() < limit {
+                let Some(p) = s.next() else { break };
+                let score = score_of(&p);
+                s.report(&p, score, score.is_some_and(|x| x < 9.97));
+                out.push(p);
+            }
+            (out, s)
+        };
+        let (all, _) = walk(fresh(), usize::MAX);
+        assert_eq!(all, walk(fresh(), usize::MAX).0);
+        assert!(all.iter().any(|p| p.template == "broken") && all.iter().any(|p| p.template == "slow"), "every template sampled");
+
+        // A resumed run: replay the first 40 recorded outcomes, then go on.
+        let mut s = fresh();
+        for recorded in &all[..40] {
+            let p = s.next().unwrap();
+            assert_eq!(&p, recorded);
+            // The look-ahead guesses on a clone, which leaves the search as it was.
+            let mut ahead = s.clone();
+            ahead.report(&p, None, false);
+            let _ = ahead.next();
+            let score = score_of(&p);
+            s.report(&p, score, score.is_some_and(|x| x < 9.97));
+        }
+        let (rest, s) = walk(s, usize::MAX);
+        assert_eq!(rest, all[40..]);
+        assert_eq!(s.converged(), Some(&Converged::NoGain(60)));
+    }
+
+    #[test]
+    fn exploration_floor_is_validated_and_the_old_keys_still_parse() {
+        let spec: OpenPhaseSpec = toml::from_str("enabled = true\npatience = 5\nrestart_after = 3\nrandom_fraction = 0.1\ntemplates = [\"kv_split.cu\"]\n").unwrap();
+        assert_eq!(spec.exploration_floor, 0.02);
+        assert!(spec.validate().is_ok());
+        for bad in [0.0, -0.1, 1.5, f64::NAN] {
+            let err = OpenPhaseSpec { exploration_floor: bad, ..Default::default() }.validate().unwrap_err();
+            assert!(err.starts_with(&format!("open_phase.exploration_floor = {bad} must be above 0.0 and at most 1.0")), "{err}");
+        }
+        assert!(OpenPhaseSpec { exploration_floor: 1.0, ..Default::default() }.validate().is_ok());
     }
 }
