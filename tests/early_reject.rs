@@ -1,7 +1,7 @@
-//! Early rejection through the run loop (scripted worker, real SQLite and git): a checked
+//! Early rejection through the run loop (scripted worker, real SQLite and git): a compiled
 //! candidate is first timed briefly beside the incumbent on one shape per class; far
-//! slower on every class, it is recorded `rejected_early` with both times and never gets
-//! the full timing. A close loser still gets the full timing, and `timing.early_reject = 0`
+//! slower on every class, it is recorded `rejected_early` with both times and is neither
+//! checked nor timed in full. A close loser still gets the full timing, and `timing.early_reject = 0`
 //! turns the screen off.
 
 mod common;
@@ -65,6 +65,8 @@ async fn a_candidate_far_slower_on_every_class_is_rejected_after_a_brief_timing(
     assert!(hopeless.reason.contains("timing.early_reject = 0.25"), "{}", hopeless.reason);
     assert_eq!(hopeless.score_us, None, "no class score without the full timing");
     assert!(hopeless.time_ms.is_some(), "the brief timing's cost is recorded");
+    assert_eq!(hopeless.check_ms, None, "not checked");
+    assert!(hopeless.shapes.iter().all(|s| s.check_passed.is_none()), "no check result: never remembered as correct");
     assert_eq!(hopeless.shapes.len(), 2);
     for s in &hopeless.shapes {
         assert_eq!(s.samples, Some(BRIEF_SAMPLES), "{}: timed briefly", s.shape);
@@ -105,4 +107,20 @@ async fn early_reject_zero_times_every_candidate_in_full() {
     let hopeless = with_splits(&its, 8);
     assert_eq!(hopeless.verdict, Verdict::Rejected, "{}", hopeless.reason);
     assert!(hopeless.shapes.iter().all(|s| s.samples == Some(FULL_SAMPLES)), "{:?}", hopeless.shapes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_in_the_screen_is_the_candidates_and_the_run_goes_on() {
+    let mut r = rules();
+    r.as_array_mut().unwrap().insert(0, json!({ "source_contains": ["#define MAX_SPLITS 8\n"], "behaviour": { "crash": { "step": "time" } } }));
+    let p = Project::new(PLAN, r, json!({ "ok": { "us": 100.0 } }));
+    p.run("crash", Duration::from_secs(600)).await;
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("crash").await.unwrap();
+    let crashed = with_splits(&its, 8);
+    assert_eq!(crashed.verdict, Verdict::Crashed, "{}", crashed.reason);
+    assert_eq!(crashed.check_ms, None, "it crashed in the screen, before any check");
+    // The others were judged as without the crash.
+    assert_eq!(with_splits(&its, 2).verdict, Verdict::Accepted);
+    assert_eq!(with_splits(&its, 1).verdict, Verdict::Rejected);
 }

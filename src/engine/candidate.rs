@@ -1,5 +1,5 @@
 //! A candidate's one path, whatever proposed it: render -> (memory) -> commit -> gate ->
-//! compile -> check -> time -> decide -> record. What differs between proposers (the plan's
+//! compile -> (screen) -> check -> time -> decide -> record. What differs between proposers (the plan's
 //! searches, the open phase, the warm start, the agent) is a [`Policy`], not a second copy
 //! of this path.
 
@@ -187,8 +187,25 @@ impl Engine {
         record::waves(&mut shapes, &plans, &loaded, self.device.sm_count);
         self.modules.insert(id.clone(), Module { source: rendered.source.clone(), arch, kernels, plans: plans.clone(), loaded: Some(loaded) });
 
-        // check
+        // screen (search candidates): before the check, whose fp32 reference costs more than a
+        // brief timing. A kernel far slower than the incumbents is never accepted, so whether
+        // it is correct does not matter; one that passes is checked before its full timing.
         let seed = iteration_seed(self.seed, seq);
+        if let Err(f) = self.ensure_incumbents_loaded().await {
+            return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await;
+        }
+        let mut screen_ms = 0.0;
+        if policy.screen {
+            let t0 = Instant::now();
+            let screened = self.screen(&id, &plans, seed, &mut shapes).await;
+            screen_ms = t0.elapsed().as_secs_f64() * 1e3;
+            if let Err(f) = screened {
+                rec.time_ms = Some(screen_ms);
+                return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await;
+            }
+        }
+
+        // check
         let probes = Probes { on: policy.probes, after_timing: false };
         let check_started = Instant::now();
         let checked = check::run_probed(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout, probes).await;
@@ -203,21 +220,15 @@ impl Engine {
             }
         }
 
-        // time (candidate and each shape's incumbent, interleaved)
+        // time (candidate and each shape's incumbent, interleaved; the worker still holds the
+        // screened shapes' inputs, as the seed is the same)
         if let Err(f) = self.ensure_incumbents_loaded().await {
             return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await;
         }
         let time_started = Instant::now();
-        if policy.screen {
-            let screened = self.screen(&id, &plans, seed, &mut shapes).await;
-            rec.time_ms = Some(time_started.elapsed().as_secs_f64() * 1e3);
-            if let Err(f) = screened {
-                return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await;
-            }
-        }
         let cases = self.against_incumbents(&id, &plans);
         let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await;
-        rec.time_ms = Some(time_started.elapsed().as_secs_f64() * 1e3);
+        rec.time_ms = Some(screen_ms + time_started.elapsed().as_secs_f64() * 1e3);
         let timed = match timed {
             Ok(t) => t,
             Err(f) => return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await,

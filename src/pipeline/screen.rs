@@ -1,12 +1,16 @@
-//! Screen: a brief timing before the full one, so that a hopeless candidate costs
-//! milliseconds, not seconds.
+//! Screen: a brief timing before the check and the full timing, so that a hopeless
+//! candidate costs a fraction of a second, not the seconds of an fp32 reference check
+//! and a full timing.
 //!
-//! A checked candidate is timed beside the incumbent on one shape of each class it is
+//! A compiled candidate is timed beside the incumbent on one shape of each class it is
 //! judged on (the shape whose incumbent is fastest: the cheapest to time), with two
 //! rounds of two samples. When it is slower than the incumbent there by more than
 //! `timing.early_reject` (and beyond the measured noise) on every screened shape, it is
-//! rejected without the full timing; otherwise the brief numbers are dropped and the
-//! candidate is timed as usual. Classes are screened separately because a candidate can
+//! rejected without the check or the full timing: a kernel that slow is never accepted,
+//! so its correctness does not matter (and it is never remembered: memory across runs
+//! takes only checked rows). Otherwise the brief numbers are dropped and the candidate is
+//! checked and timed as usual; the worker keeps the screened shapes' inputs for that
+//! timing (same seed). Classes are screened separately because a candidate can
 //! lose badly on one class and win another (a split-KV kernel on small and large shapes).
 
 use crate::spec::protocol::{Shape, ShapePlan, Timed, TimingSpec};
@@ -99,7 +103,7 @@ pub fn reason(screened: &[Screened], margin: f64) -> String {
         .map(|s| format!("{} {:.2} us vs the incumbent's {:.2} us ({:.2}x slower)", s.shape.key(), s.candidate.median_us, s.incumbent.median_us, s.ratio()))
         .collect();
     format!(
-        "rejected early: {}; brief timing ({ROUNDS} rounds x {SAMPLES_PER_ROUND} samples), beyond timing.early_reject = {margin} on every class screened; not timed in full",
+        "rejected early: {}; brief timing ({ROUNDS} rounds x {SAMPLES_PER_ROUND} samples), beyond timing.early_reject = {margin} on every class screened; not checked or timed in full",
         parts.join("; ")
     )
 }

@@ -162,9 +162,10 @@ pub struct TimingSection {
     /// (at least 2 rounds); 0: always `rounds`.
     pub max_entry_ms: f64,
     pub min_gain: f64,
-    /// Screening: before its full timing, a candidate is timed briefly beside the incumbent
-    /// on one shape per class; slower there by more than this fraction on every class, it is
-    /// recorded `rejected_early` without the full timing. 0: every candidate gets the full timing.
+    /// Screening: before its check and full timing, a candidate is timed briefly beside the
+    /// incumbent on one shape per class; slower there by more than this fraction on every
+    /// class, it is recorded `rejected_early` without them. 0: every candidate is checked and
+    /// timed in full.
     pub early_reject: f64,
     /// "graph": replay a CUDA graph of the launches (GPU time, like the SDPA baseline);
     /// "events": launch them one by one between the events (includes launch gaps).

@@ -61,6 +61,9 @@ pub struct CudaBackend {
     candidates: HashMap<String, Candidate>,
     /// Builds started by `Precompile`, keyed by arch and source, oldest first.
     pending: Vec<(String, std::thread::JoinHandle<Builds>)>,
+    /// The last `Time` request's input sets, for the next request with the same seed (an
+    /// iteration's full timing after its screen): see `timing::TimingInputs`.
+    timing_inputs: timing::TimingInputs,
 }
 
 impl CudaBackend {
@@ -108,6 +111,7 @@ impl CudaBackend {
             device,
             candidates: HashMap::new(),
             pending: Vec::new(),
+            timing_inputs: timing::TimingInputs::default(),
         })
     }
 

@@ -2,17 +2,57 @@
 //! per sample from its first warm-up, CUDA graphs of one sample each (graph mode), and
 //! samples taken round by round with the entries' order alternating, timed with events.
 
+use std::collections::HashMap;
+
 use cudarc::driver::sys;
 use cudarc::driver::{CudaEvent, DriverError};
 
 use super::abi::Abi;
-use super::buffers::dptr;
+use super::buffers::{dptr, TensorSet};
 use super::error::{after, api, Failure, Stage};
 use super::kernels::{resolve, Resolved};
 use super::plan::{validate_plan, validate_shape};
 use super::CudaBackend;
 use crate::spec::protocol::{Response, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec, ViewStrides};
 use crate::worker::reference;
+
+/// Input sets kept from one `Time` request for the next with the same seed: an iteration's
+/// screen (a brief timing on a few shapes) and its full timing use the same seed, so the full
+/// timing reuses the screened shapes' sets instead of generating and uploading them again
+/// (for a large shape, most of a brief timing's cost). A request with another seed frees
+/// them first, so at most one request's sets stay on the GPU between requests.
+#[derive(Default)]
+pub(super) struct TimingInputs {
+    seed: Option<u64>,
+    /// Shape key -> its sets (as many as the request's L2 rotation wanted).
+    sets: HashMap<String, Vec<TensorSet>>,
+}
+
+impl TimingInputs {
+    /// Forget sets of any other seed.
+    fn begin(&mut self, seed: u64) {
+        if self.seed != Some(seed) {
+            self.sets.clear();
+            self.seed = Some(seed);
+        }
+    }
+
+    /// The kept sets of `key`, if there are exactly `n` of them.
+    fn take(&mut self, key: &str, n: u32) -> Option<Vec<TensorSet>> {
+        self.sets.remove(key).filter(|s| s.len() == n as usize)
+    }
+
+    fn keep(&mut self, key: String, sets: Vec<TensorSet>) {
+        self.sets.insert(key, sets);
+    }
+}
+
+/// A case's input seed: from the request's seed and the shape, not the case's position,
+/// so the same shape gets the same inputs in an iteration's screen and its full timing.
+fn case_seed(seed: u64, key: &str) -> u64 {
+    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    reference::mix_seed(seed, h)
+}
 
 impl CudaBackend {
     pub(super) fn time(
@@ -44,9 +84,10 @@ impl CudaBackend {
                 }
             }
         }
+        self.timing_inputs.begin(seed);
         let mut out = Vec::with_capacity(cases.len());
-        for (ci, case) in cases.iter().enumerate() {
-            out.push(self.time_case(case, spec, reference::mix_seed(seed, ci as u64))?);
+        for case in cases {
+            out.push(self.time_case(case, spec, case_seed(seed, &case.shape.key()))?);
         }
         Ok(Response::Timed(Timed { cases: out }))
     }
@@ -85,19 +126,24 @@ impl CudaBackend {
         }
         .clamp(1, cap);
 
-        let (q, k, v) = reference::randn_inputs(&shape, seed);
-        let mut sets = Vec::with_capacity(n_sets as usize);
-        for s in 0..n_sets {
-            sets.push(self.upload_set(
-                &shape,
-                ViewStrides::contiguous(&shape),
-                &q,
-                &k,
-                &v,
-                &format!("{what}: input set {s} of {n_sets}"),
-            )?);
-        }
-        drop((q, k, v));
+        let sets = match self.timing_inputs.take(&key, n_sets) {
+            Some(kept) => kept,
+            None => {
+                let (q, k, v) = reference::randn_inputs(&shape, seed);
+                let mut sets = Vec::with_capacity(n_sets as usize);
+                for s in 0..n_sets {
+                    sets.push(self.upload_set(
+                        &shape,
+                        ViewStrides::contiguous(&shape),
+                        &q,
+                        &k,
+                        &v,
+                        &format!("{what}: input set {s} of {n_sets}"),
+                    )?);
+                }
+                sets
+            }
+        };
         let max_splits = case
             .entries
             .iter()
@@ -236,6 +282,9 @@ impl CudaBackend {
             }
         }
         after(stream.synchronize(), || format!("{what}: finishing"))?;
+        drop(graphs);
+        drop(abis);
+        self.timing_inputs.keep(key, sets);
 
         Ok(TimedCase {
             shape,
