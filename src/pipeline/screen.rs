@@ -3,8 +3,8 @@
 //! and a full timing.
 //!
 //! A compiled candidate is timed beside the incumbent on one shape of each class it is
-//! judged on (the shape whose incumbent is fastest: the cheapest to time), with two
-//! rounds of two samples. When it is slower than the incumbent there by more than
+//! judged on (the shape whose incumbent is fastest: the cheapest to time; and the slowest
+//! too where the class spans a wide range, see [`choose`]), with two rounds of two samples. When it is slower than the incumbent there by more than
 //! `timing.early_reject` (and beyond the measured noise) on every screened shape, it is
 //! rejected without the check or the full timing: a kernel that slow is never accepted,
 //! so its correctness does not matter (and it is never remembered: memory across runs
@@ -23,14 +23,22 @@ use super::timing;
 const ROUNDS: u32 = 2;
 const SAMPLES_PER_ROUND: u32 = 2;
 
+/// Incumbent times this far apart within a class make its fastest shape a poor stand-in
+/// for its slowest: a latency-bound class spans S 32 to 512, where the kernel that wins at
+/// S 512 (more KV warps) loses at S 32. Such a class is screened on both ends.
+const SPAN_FOR_TWO: f64 = 2.0;
+
 /// The shapes to screen on: per class (in order of first appearance), the planned shape
-/// whose incumbent is fastest. None when some class has no shape with an incumbent: the
-/// candidate could become that shape's first kernel, so it must be timed in full.
+/// whose incumbent is fastest (the cheapest to time), and also the one whose incumbent is
+/// slowest when the two are [`SPAN_FOR_TWO`] or more apart. None when some class has no
+/// shape with an incumbent: the candidate could become that shape's first kernel, so it
+/// must be checked and timed in full.
 pub fn choose(plans: &[ShapePlan], class_of: impl Fn(&Shape) -> String, incumbent_us: impl Fn(&Shape) -> Option<f64>) -> Option<Vec<ShapePlan>> {
-    let mut classes: Vec<(String, Option<(f64, &ShapePlan)>)> = Vec::new();
+    // Per class: (fastest, slowest) incumbent, each with its plan.
+    type Ends<'a> = Option<((f64, &'a ShapePlan), (f64, &'a ShapePlan))>;
+    let mut classes: Vec<(String, Ends<'_>)> = Vec::new();
     for p in plans {
         let class = class_of(&p.shape);
-        let inc = incumbent_us(&p.shape);
         let i = match classes.iter().position(|(c, _)| *c == class) {
             Some(i) => i,
             None => {
@@ -38,14 +46,23 @@ pub fn choose(plans: &[ShapePlan], class_of: impl Fn(&Shape) -> String, incumben
                 classes.len() - 1
             }
         };
-        if let Some(t) = inc {
-            let slot = &mut classes[i].1;
-            if slot.is_none_or(|(best, _)| t < best) {
-                *slot = Some((t, p));
-            }
+        if let Some(t) = incumbent_us(&p.shape) {
+            let ends = &mut classes[i].1;
+            *ends = Some(match *ends {
+                None => ((t, p), (t, p)),
+                Some((lo, hi)) => (if t < lo.0 { (t, p) } else { lo }, if t > hi.0 { (t, p) } else { hi }),
+            });
         }
     }
-    classes.into_iter().map(|(_, pick)| pick.map(|(_, p)| p.clone())).collect()
+    let mut out = Vec::new();
+    for (_, ends) in classes {
+        let (lo, hi) = ends?;
+        out.push(lo.1.clone());
+        if hi.0 >= SPAN_FOR_TWO * lo.0 {
+            out.push(hi.1.clone());
+        }
+    }
+    Some(out)
 }
 
 /// The brief timing: the run's timing with two rounds of two samples.
@@ -124,10 +141,23 @@ mod tests {
     #[test]
     fn one_shape_per_class_the_one_with_the_fastest_incumbent() {
         let plans = [plan(4, 4096, 64), plan(1, 1024, 64), plan(2, 8192, 128)];
-        let inc = |s: &Shape| Some(s.b as f64 * s.sq as f64);
+        let inc = |s: &Shape| Some(s.d as f64 + s.b as f64);
         let got = choose(&plans, class, inc).unwrap();
         let keys: Vec<String> = got.iter().map(|p| p.shape.key()).collect();
         assert_eq!(keys, [plans[1].shape.key(), plans[2].shape.key()]);
+    }
+
+    #[test]
+    fn a_class_whose_incumbents_span_a_wide_range_is_screened_at_both_ends() {
+        // S 32 .. 512 in one class: 3 us and 9 us incumbents.
+        let plans = [plan(1, 32, 64), plan(1, 128, 64), plan(1, 512, 64)];
+        let inc = |s: &Shape| Some(3.0 * (s.sq as f64 / 32.0).powf(0.4));
+        let keys: Vec<u32> = choose(&plans, class, inc).unwrap().iter().map(|p| p.shape.sq).collect();
+        assert_eq!(keys, [32, 512]);
+        // Within 2x: the fastest alone.
+        let inc = |s: &Shape| Some(3.0 + s.sq as f64 / 512.0);
+        let keys: Vec<u32> = choose(&plans, class, inc).unwrap().iter().map(|p| p.shape.sq).collect();
+        assert_eq!(keys, [32]);
     }
 
     #[test]
