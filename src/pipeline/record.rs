@@ -99,7 +99,11 @@ pub fn decision_reason(verdict: Verdict, shapes: &[ShapeRecord]) -> String {
             let wins: Vec<String> = shapes
                 .iter()
                 .filter(|s| s.won)
-                .map(|s| format!("{} {:.2}x", s.shape, s.speedup_vs_incumbent.unwrap_or(f64::NAN)))
+                .map(|s| match s.speedup_vs_incumbent {
+                    Some(x) => format!("{} {x:.2}x", s.shape),
+                    // No incumbent yet (an earlier candidate covered other shapes only).
+                    None => format!("{} (its first correct kernel)", s.shape),
+                })
                 .collect();
             let best_loss = shapes
                 .iter()
@@ -150,5 +154,18 @@ pub fn fmt_dur(d: Duration) -> String {
         format!("{}m{:02}s", s / 60, s % 60)
     } else {
         format!("{s}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_win_without_an_incumbent_says_so_instead_of_a_ratio() {
+        let won = |shape: &str, x: Option<f64>| ShapeRecord { shape: shape.into(), won: true, speedup_vs_incumbent: x, ..Default::default() };
+        let reason = decision_reason(Verdict::Accepted, &[won("b8h16s2048d64-bf16", None), won("b1h1s32d64", Some(1.25))]);
+        assert_eq!(reason, "won b8h16s2048d64-bf16 (its first correct kernel), b1h1s32d64 1.25x");
+        assert!(!reason.contains("NaN"));
     }
 }
