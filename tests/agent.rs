@@ -218,7 +218,8 @@ async fn assert_plan_went_on(p: &Project, run: &str) {
     let l = ledger(p).await;
     let its = l.iterations(run).await.unwrap();
     l.close().await;
-    assert!(its.iter().any(|i| i.stage == "after" && i.verdict.as_str() == "rejected"), "the stage after the agent's did not run: {its:#?}");
+    let judged = |v: &str| matches!(v, "rejected" | "rejected_early");
+    assert!(its.iter().any(|i| i.stage == "after" && judged(i.verdict.as_str())), "the stage after the agent's did not run: {its:#?}");
 }
 
 fn git(dir: &std::path::Path, args: &[&str]) -> String {

@@ -111,6 +111,23 @@ fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
     let fig1 = std::fs::read_to_string(dir.join("speedup.svg")).unwrap();
     assert!(fig1.contains("b1h1s128d64  1.50x"), "figure 1 disagrees with the table");
     assert!(dir.join("report.html").exists() && dir.join("report.md").exists());
+    // Time-to-best and the loser share, as optimizerd's status computes them.
+    assert!(md.contains("Time-to-best (budget seconds when each shape's final best was first reached): b1h1s32d64 "), "{md}");
+    assert!(md.contains("Budget on candidates losing by >20%: ") && md.contains("rejected early after a brief timing"), "{md}");
+
+    // A second benchmark that starts from the first one's ledger: the section says so, and the
+    // run finds the first run's memory (its warm start re-times the remembered kernels).
+    let out2 = work.path().join("BENCHMARKS-warm.md");
+    let o = benchmark(&work.path().join("w2"), &out2, &script_path, &fake, &["--warm-from", work.path().join("w").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", output_text(&o));
+    let md2 = std::fs::read_to_string(&out2).unwrap();
+    assert!(md2.contains("--warm-from WORK") && md2.contains("from a copy of the ledger of"), "{md2}");
+    let runs = Command::new(env!("CARGO_BIN_EXE_optimizerd")).args(["runs", "--json", "--config"]).arg(work.path().join("w2/agent.toml")).output().unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&runs.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&runs.stdout)));
+    assert_eq!(runs.as_array().map(Vec::len), Some(2), "both runs in the copied ledger: {runs}");
+    // Without a ledger there, --warm-from is refused with the path it looked for.
+    let o = benchmark(&work.path().join("w3"), &out2, &script_path, &fake, &["--warm-from", work.path().join("nowhere").to_str().unwrap()]);
+    assert!(!o.status.success() && output_text(&o).contains("no ledger at"), "{}", output_text(&o));
 }
 
 #[test]

@@ -64,14 +64,6 @@ fn project_with(plan: &str, delay_ms: u64, extra: serde_json::Value) -> Project 
     p
 }
 
-/// Turn screening off (`timing.early_reject = 0`): the fault drills make slow candidates
-/// crash in the check or hang in the full timing, which a screen would reject before either.
-fn without_screening(p: &Project) {
-    let path = p.path().join("agent.toml");
-    let text = std::fs::read_to_string(&path).unwrap().replace("samples_per_round = 5\n", "samples_per_round = 5\nearly_reject = 0\n");
-    std::fs::write(&path, text).unwrap();
-}
-
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_optimizerd")
 }
@@ -264,7 +256,7 @@ async fn kill_minus_nine_at_seeded_points_then_resume_loses_nothing() {
 async fn a_worker_that_fails_to_start_three_times_is_waited_for_without_burning_budget() {
     // Start 1 is fine; MAX_SPLITS 2 crashes the worker; starts 2..4 fail as if the GPU were gone.
     let p = project(0, json!({ "fail_starts": [2, 3, 4] }));
-    without_screening(&p);
+    p.without_screening();
     let path = p.path().join("script.json");
     let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     script["rules"].as_array_mut().unwrap().insert(0, json!({ "source_contains": ["#define MAX_SPLITS 2\n"], "behaviour": { "crash": { "step": "check" } } }));
@@ -291,7 +283,7 @@ async fn a_worker_that_fails_to_start_three_times_is_waited_for_without_burning_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_gone_for_good_ends_the_run_interrupted_and_resumable() {
     let p = project(0, json!({ "fail_starts": [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20] }));
-    without_screening(&p);
+    p.without_screening();
     let path = p.path().join("script.json");
     let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     script["rules"].as_array_mut().unwrap().insert(0, json!({ "source_contains": ["#define MAX_SPLITS 2\n"], "behaviour": { "crash": { "step": "check" } } }));
@@ -446,7 +438,7 @@ async fn a_run_killed_in_an_evolutionary_stage_resumes_to_the_same_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_crash_and_a_worker_hang_leave_everything_consistent() {
     let p = project(0, json!({}));
-    without_screening(&p);
+    p.without_screening();
     let path = p.path().join("script.json");
     let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let rules = script["rules"].as_array_mut().unwrap();

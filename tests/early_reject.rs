@@ -13,22 +13,9 @@ use optimizerd::spec::states::Verdict;
 use optimizerd::storage::ledger::{IterationRecord, Ledger};
 use serde_json::json;
 
-const PLAN: &str = r#"
-[[stage]]
-name = "baseline"
-template = "baseline.cu"
-search = "exhaustive"
-max_candidates = 1
-
-[[stage]]
-name = "kv-split"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 2, 8] }
-
-[open_phase]
-enabled = false
-"#;
+fn plan() -> String {
+    common::kv_split_plan("1, 2, 8")
+}
 
 /// The baseline takes 100 us on both shapes; kv-split is 10% slower with one split, 3x
 /// slower with eight, and 3x slower on one class but faster on the other with two.
@@ -51,7 +38,7 @@ const BRIEF_SAMPLES: i64 = 2 * 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_far_slower_on_every_class_is_rejected_after_a_brief_timing() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 100.0 } }));
+    let p = Project::new(&plan(), rules(), json!({ "ok": { "us": 100.0 } }));
     p.run("early", Duration::from_secs(600)).await;
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let its = ledger.iterations("early").await.unwrap();
@@ -96,7 +83,7 @@ async fn a_candidate_far_slower_on_every_class_is_rejected_after_a_brief_timing(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_reject_zero_times_every_candidate_in_full() {
-    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 100.0 } }));
+    let p = Project::new(&plan(), rules(), json!({ "ok": { "us": 100.0 } }));
     let path = p.path().join("agent.toml");
     let text = std::fs::read_to_string(&path).unwrap().replace("samples_per_round = 5\n", "samples_per_round = 5\nearly_reject = 0\n");
     std::fs::write(&path, text).unwrap();
@@ -113,7 +100,7 @@ async fn early_reject_zero_times_every_candidate_in_full() {
 async fn a_crash_in_the_screen_is_the_candidates_and_the_run_goes_on() {
     let mut r = rules();
     r.as_array_mut().unwrap().insert(0, json!({ "source_contains": ["#define MAX_SPLITS 8\n"], "behaviour": { "crash": { "step": "time" } } }));
-    let p = Project::new(PLAN, r, json!({ "ok": { "us": 100.0 } }));
+    let p = Project::new(&plan(), r, json!({ "ok": { "us": 100.0 } }));
     p.run("crash", Duration::from_secs(600)).await;
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let its = ledger.iterations("crash").await.unwrap();

@@ -60,6 +60,7 @@ fn rules() -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_records_every_outcome_and_keeps_the_workspace_on_best() {
     let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+    p.without_screening();
     let end = p.run("drill", Duration::from_secs(600)).await;
     assert_eq!(end, RunEnd::Finished("plan exhausted".into()));
 
@@ -189,6 +190,7 @@ enabled = false
         { "source_contains": ["#define MAX_SPLITS 32\n"], "behaviour": { "ok": { "us": 50.0 } } }
     ]);
     let p = Project::new(plan, rules, json!({ "ok": { "us": 100.0 } }));
+    p.without_screening();
     assert_eq!(p.run("cta", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let its = ledger.iterations("cta").await.unwrap();

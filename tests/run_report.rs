@@ -118,6 +118,7 @@ fn text(o: &std::process::Output) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs_numbers() {
     let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
+    p.without_screening(); // the fixture's verdicts include slow kernels that fail in the check
     with_sdpa(&p);
     assert_eq!(p.run("pics", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
@@ -241,6 +242,7 @@ async fn the_report_of_a_scripted_run_shows_every_figure_and_table_with_the_runs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_filters_by_stage_and_verdict_and_writes_csv() {
     let p = Project::new(PLAN, kv_split_rules(), json!({ "ok": { "us": 500.0 } }));
+    p.without_screening(); // the fixture's verdicts include slow kernels that fail in the check
     assert_eq!(p.run("hist", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
 
     let o = bin(&p, &["history", "--verdict", "accepted,incorrect", "--csv"]);

@@ -16,22 +16,9 @@ use optimizerd::engine::RunEnd;
 use optimizerd::storage::ledger::{IterationRecord, Ledger};
 use serde_json::json;
 
-const PLAN: &str = r#"
-[[stage]]
-name = "baseline"
-template = "baseline.cu"
-search = "exhaustive"
-max_candidates = 1
-
-[[stage]]
-name = "kv-split"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [1, 2, 4, 8] }
-
-[open_phase]
-enabled = false
-"#;
+fn plan() -> String {
+    common::kv_split_plan("1, 2, 4, 8")
+}
 
 /// Run one's shapes (fp16, the project's default): the small one is best with 8 splits
 /// (iteration 5), the causal one with 4 (iteration 4).
@@ -62,7 +49,7 @@ fn fast_on(us: f64, shapes: &[&str]) -> serde_json::Value {
 
 /// A project with run one recorded: fp16, 8 splits best for SMALL, 4 for CAUSAL.
 async fn remembered() -> Project {
-    let p = Project::new(PLAN, rules(fast_on(15.0, &[CAUSAL]), fast_on(20.0, &[SMALL])), json!({ "ok": { "us": 50.0 } }));
+    let p = Project::new(&plan(), rules(fast_on(15.0, &[CAUSAL]), fast_on(20.0, &[SMALL])), json!({ "ok": { "us": 50.0 } }));
     assert_eq!(p.run("one", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let best = Ledger::open(&p.db()).await.unwrap().best("one").await.unwrap();
     let seqs: Vec<(String, i64)> = best.into_iter().map(|b| (b.shape, b.seq)).collect();
@@ -132,7 +119,7 @@ async fn a_similar_workload_starts_from_the_nearest_remembered_shapes_best_kerne
     assert_eq!(json[0]["stage"], "transfer");
 
     // A plan may not name a stage `transfer`.
-    let bad = PLAN.replace("name = \"baseline\"", "name = \"transfer\"");
+    let bad = plan().replace("name = \"baseline\"", "name = \"transfer\"");
     let err = optimizerd::strategy::plan::Plan::parse(&PathBuf::from("p.toml"), &bad, &common::repo_root().join("kernel-templates")).unwrap_err().to_string();
     assert!(err.contains("the stage name `transfer` is reserved"), "{err}");
 }

@@ -201,7 +201,7 @@ fn fmt_ttb(s: f64) -> String {
 }
 
 pub const TIME_TO_BEST_NOTE: &str = "best at: budget time when the shape's final best kernel was recorded (its last win); \
-losing by >20%: timed (in full, or briefly and rejected_early), won no shape, time >1.2x the incumbents' (geometric mean over its timed shapes); \
+losing by >20%: timed, won no shape, time >1.2x the incumbents' (geometric mean over its timed shapes; rejected_early ones were timed briefly); \
 failed before timing: gated, compile_error, incorrect, cta_mismatch, crashed, timeout, error, cheating, rejected_proposal";
 
 /// The best kernel per shape: time, speedup over the baseline kernel, over SDPA and (when

@@ -137,6 +137,16 @@ impl Project {
         std::fs::write(path, text.replace(&old, lines)).unwrap();
     }
 
+    /// Turn screening off (`timing.early_reject = 0`): fault drills whose scripted kernels are
+    /// slow and fail only in the check (crash, CTA mismatch, wrong output) would otherwise be
+    /// rejected early, before the check they exercise.
+    pub fn without_screening(&self) {
+        let path = self.path().join("agent.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("samples_per_round = 5\n"), "the fixture's [timing] table moved");
+        std::fs::write(path, text.replace("samples_per_round = 5\n", "samples_per_round = 5\nearly_reject = 0\n")).unwrap();
+    }
+
     /// Append TOML (e.g. a `[baseline]` section) to the project's agent.toml.
     pub fn append_config(&self, toml: &str) {
         let path = self.path().join("agent.toml");
@@ -231,4 +241,28 @@ pub fn kv_split_rules() -> serde_json::Value {
         { "source_contains": ["#define MAX_SPLITS 8\n"], "behaviour": { "ok": { "us": 40.0 } } },
         { "source_contains": ["#define MAX_SPLITS 16\n"], "behaviour": { "ok": { "us": 60.0, "per_shape": { "b1h1s128d64": 20.0 } } } }
     ])
+}
+
+/// A plan of two stages without the open phase: the baseline kernel, then kv-split over
+/// `splits` (e.g. "1, 2, 4, 8") at BLOCK_M 32 and 4 warps. Scripted rules tell the candidates
+/// apart by their `#define MAX_SPLITS n` line.
+pub fn kv_split_plan(splits: &str) -> String {
+    format!(
+        r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = {{ BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [{splits}] }}
+
+[open_phase]
+enabled = false
+"#
+    )
 }
