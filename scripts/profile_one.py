@@ -8,7 +8,8 @@ from the profiler, e.g. on the GPU machine:
     ncu --clock-control none --set full -k regex:flash --launch-skip 2 --launch-count 1 \\
         python3 scripts/profile_one.py sdpa flash 2,16,8192,128
 
-Shape: B,H,S,D[,causal]. fp16, randn inputs. Needs torch and cupy (as
+Shape: B,H,S,D[,causal] (MHA, SQ = SK) or B,HQ,HKV,SQ,SK,D[,causal] (GQA, decode, chunked
+prefill; bhsd). fp16, randn inputs. Needs torch and cupy (as
 scripts/check_templates_gpu.py, whose renderer and launch planner this reuses).
 """
 import argparse
@@ -16,22 +17,23 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_templates_gpu import Gpu, plan  # noqa: E402
+from check_templates_gpu import Gpu, gqa, mha, plan, sdpa_fn  # noqa: E402
 from nvrtc_compile_check import load_templates  # noqa: E402
 
 
 def parse_shape(text: str):
-    parts = text.split(",")
-    b, h, s, d = (int(x) for x in parts[:4])
-    causal = len(parts) > 4 and parts[4].strip().lower() in ("1", "causal", "true")
-    return (b, h, s, d, causal)
+    parts = [x.strip() for x in text.split(",")]
+    n = 6 if len(parts) >= 6 else 4
+    dims = [int(x) for x in parts[:n]]
+    causal = len(parts) > n and parts[n].lower() in ("1", "causal", "true")
+    return gqa(*dims, causal) if n == 6 else mha(*dims, causal)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", help="a template file/name, or `sdpa`")
     ap.add_argument("config", help="knobs K=V,K=V (template) or default|flash|cudnn|efficient (sdpa)")
-    ap.add_argument("shape", help="B,H,S,D[,causal]")
+    ap.add_argument("shape", help="B,H,S,D[,causal] or B,HQ,HKV,SQ,SK,D[,causal]")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cubin-dir", help="precompiled cubins (see check_templates_gpu.py --build-cubins)")
     args = ap.parse_args()
@@ -45,12 +47,13 @@ def main() -> int:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                     "efficient": SDPBackend.EFFICIENT_ATTENTION}
+        call = sdpa_fn(gpu, shape, q, k, v)
         for _ in range(args.runs):
             if args.config == "default":
-                gpu.F.scaled_dot_product_attention(q, k, v, is_causal=shape[4])
+                call()
             else:
                 with sdpa_kernel(backends[args.config]):
-                    gpu.F.scaled_dot_product_attention(q, k, v, is_causal=shape[4])
+                    call()
         torch.cuda.synchronize()
         print(f"ran sdpa {args.config} on {shape} x{args.runs}")
         return 0
