@@ -376,14 +376,14 @@ fn ranked(its: &[IterationRecord], key: &str, best_seq: i64, n: usize) -> Vec<(i
     let mut seen: Vec<Option<String>> = Vec::new();
     let mut out = Vec::new();
     for (seq, hash, row) in rows {
+        if out.len() == n {
+            break;
+        }
         if hash.is_some() && seen.contains(&hash) {
             continue;
         }
         seen.push(hash);
         out.push((seq, row));
-        if out.len() == n {
-            break;
-        }
     }
     out
 }
