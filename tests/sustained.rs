@@ -53,8 +53,7 @@ echo '{{"versions":'"$V"',"results":['"$E"','"$E"']}}'
 }
 
 fn project(split8_factor: f64) -> Project {
-    let p = Project::new(&kv_split_plan("1, 8"), rules(split8_factor), json!({ "ok": { "us": 500.0 } }));
-    p
+    Project::new(&kv_split_plan("1, 8"), rules(split8_factor), json!({ "ok": { "us": 500.0 } }))
 }
 
 /// Set `[timing]` keys (the fixture's table ends with `samples_per_round = 5`).
@@ -244,4 +243,39 @@ async fn a_crash_after_the_re_rank_is_recorded_resumes_without_applying_it_twice
     // A second resume of the finished run is refused or changes nothing: no third re-rank.
     let _ = cli(&["resume", "--foreground", "crash"], None);
     assert_eq!(iterations(&p, "crash").await.iter().filter(|i| i.stage == "sustained-rerank").count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_promoting_and_recording_the_re_rank_redoes_it_once() {
+    let p = project(1.5);
+    fake_sdpa(&p, false);
+    let bin = env!("CARGO_BIN_EXE_optimizerd");
+    let cli = |args: &[&str], failpoint: Option<&str>| {
+        let mut cmd = Command::new(bin);
+        cmd.current_dir(p.path()).args(args).arg("--worker-script").arg(p.path().join("script.json")).env_remove(optimizerd::failpoint::ENV);
+        if let Some(f) = failpoint {
+            cmd.env(optimizerd::failpoint::ENV, f);
+        }
+        cmd.output().unwrap()
+    };
+    // `best` has advanced in git, the ledger has only the running row of iteration 4.
+    let o = cli(&["start", "--budget", "10m", "--foreground", "--run-id", "mid", "--seed", "7"], Some("rerank-promoted@4"));
+    assert!(!o.status.success());
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    assert!(ledger.best("mid").await.unwrap().iter().all(|b| b.seq == 3), "nothing of the re-rank recorded yet");
+
+    let o = cli(&["resume", "--foreground", "mid"], None);
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let its = iterations(&p, "mid").await;
+    let got: Vec<(i64, &str, &str)> = its.iter().skip(3).map(|i| (i.seq, i.stage.as_str(), i.verdict.as_str())).collect();
+    // The interrupted one stays as it was; each shape is then re-ranked once.
+    assert_eq!(got, [(4, "sustained-rerank", "interrupted"), (5, "sustained-rerank", "accepted"), (6, "sustained-rerank", "accepted")]);
+    assert_eq!(ledger.best("mid").await.unwrap().iter().map(|b| b.seq).collect::<Vec<_>>(), [5, 6]);
+    let events = ledger.events("mid").await.unwrap();
+    assert!(events.iter().any(|e| e.kind.as_str() == "workspace_aligned"), "git's best moved back to the ledger's: {events:?}");
+    let log = Command::new("git").args(["log", "--format=%s", "best"]).current_dir(p.workspace("mid")).output().unwrap();
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert_eq!(log.lines().filter(|l| l.starts_with("best: iteration")).filter(|l| l.contains("iteration 4")).count(), 0, "the unrecorded promotion is not on best: {log}");
+    assert!(log.lines().next().unwrap().starts_with("best: iteration 6 "), "{log}");
+    assert_eq!(dispatch(&p, "mid")[SHAPES[1]]["params"]["MAX_SPLITS"], json!(1));
 }
