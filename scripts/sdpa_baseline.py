@@ -8,7 +8,8 @@ where it imports) on the same GPU, the same day.
 
     sdpa_baseline.py --versions            -> {"torch": ..., "cuda": ..., "cudnn": ..., "device": ...,
                                                "fa4": VERSION or null, "fa4_error": why it is absent}
-    sdpa_baseline.py --shapes SHAPES.json  -> {"versions": {...}, "method": {...}, "results": [...]}
+    sdpa_baseline.py --shapes SHAPES.json [--target-us T] [--sustained-ms N]
+                                           -> {"versions": {...}, "method": {...}, "results": [...]}
 
 SHAPES.json: a list of shapes as optimizerd writes them,
   {"b":8,"hq":32,"hkv":8,"sq":1,"sk":4096,"d":128,"causal":true,"dtype":"bf16","layout":"bhsd"},
@@ -36,6 +37,12 @@ For each shape and backend (SDPA's default, flash, cudnn, efficient; then "fa4")
   mask      "none", "is_causal", "lower_right" (causal_lower_right) or "explicit" (a boolean
             [SQ, SK] mask: the backend refused the lower-right mask);
   fallback  present when the first form was refused: what was refused and why;
+  sustained_us, sustained_ms, sustained_replays
+            with --sustained-ms N (the daemon's closing comparison passes timing.sustained_ms):
+            the same graph replayed back to back until at least N ms of GPU time have passed,
+            events around the whole window, time per call = window / (replays * calls); the
+            median of 3 windows, and the last window's length and replays. A model step runs
+            attention this long, at lower clocks than one short replay; absent without it;
   error     instead of the timings when the backend cannot run the shape in any form (a
             forced backend whose kernels did not run counts as refused: under the
             lower-right mask SDPA dispatches by itself).
@@ -170,8 +177,36 @@ def calls_for(torch, call, target_us, fallback):
     return max(1, min(1000, round(target_us / per_call)))
 
 
-def time_call(torch, call, calls, replays, target_us):
-    """CUDA-graph and eager time per call of `call` (already warm): the entry's timings."""
+SUSTAINED_WINDOWS = 3
+
+
+def sustained(torch, graph, n_calls, replay_us, sustained_ms):
+    """Back-to-back replays of `graph` for at least `sustained_ms` of GPU time, per call:
+    the median of SUSTAINED_WINDOWS windows (see the module's docstring)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    target_us = sustained_ms * 1000.0
+    # Sized from the burst replay time: sustained clocks are lower, so the window only grows.
+    n = max(1, -(-int(target_us) // max(int(replay_us), 1)))
+    per_call, window_us = [], 0.0
+    for _ in range(SUSTAINED_WINDOWS):
+        while True:
+            start.record()
+            for _ in range(n):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            window_us = start.elapsed_time(end) * 1000.0
+            if window_us >= target_us:
+                break
+            # Shorter than asked (the burst figure was off): longer, and take it again.
+            n = max(n + 1, -(-int(target_us * n) // max(int(window_us), 1)))
+        per_call.append(window_us / (n * n_calls))
+    return {"sustained_us": statistics.median(per_call), "sustained_ms": window_us / 1000.0, "sustained_replays": n}
+
+
+def time_call(torch, call, calls, replays, target_us, sustained_ms=0.0):
+    """CUDA-graph and eager time per call of `call` (already warm): the entry's timings, and
+    with sustained_ms > 0 the sustained ones."""
     n_calls = calls_for(torch, call, target_us, calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     eager = []
@@ -201,7 +236,10 @@ def time_call(torch, call, calls, replays, target_us):
         end.record()
         end.synchronize()
         g.append(start.elapsed_time(end) * 1000.0 / n_calls)
-    return {"graph_us": statistics.median(g), "eager_us": statistics.median(eager), "calls": n_calls}
+    out = {"graph_us": statistics.median(g), "eager_us": statistics.median(eager), "calls": n_calls}
+    if sustained_ms > 0:
+        out.update(sustained(torch, graph, n_calls, out["graph_us"] * n_calls, sustained_ms))
+    return out
 
 
 def first_line(e):
@@ -284,7 +322,7 @@ def refusal(kv, mask, why):
     return f"{what} with mask {mask}: {why}"
 
 
-def time_sdpa(torch, inputs, name, calls, replays, target_us):
+def time_sdpa(torch, inputs, name, calls, replays, target_us, sustained_ms=0.0):
     """One SDPA backend on one shape: the first form it runs (see `attempts`), timed."""
     refused = []
     with backend_ctx(torch, name):
@@ -298,7 +336,7 @@ def time_sdpa(torch, inputs, name, calls, replays, target_us):
                 if name != "default" and ran != name:
                     refused.append(refusal(kv, mask, f"ran {ran}'s kernels instead"))
                     continue
-                entry = time_call(torch, call, calls, replays, target_us)
+                entry = time_call(torch, call, calls, replays, target_us, sustained_ms)
             except Exception as e:  # this form cannot run under this backend: try the next
                 refused.append(refusal(kv, mask, first_line(e)))
                 torch.cuda.synchronize()
@@ -312,7 +350,7 @@ def time_sdpa(torch, inputs, name, calls, replays, target_us):
     return {"error": "; ".join(refused)[:600] or "no form to try"}
 
 
-def time_fa4(torch, inputs, fa4_func, calls, replays, target_us):
+def time_fa4(torch, inputs, fa4_func, calls, replays, target_us, sustained_ms=0.0):
     s = inputs.s
     causal = s["causal"] and s["sq"] > 1  # one query row: bottom-right causal masks nothing
 
@@ -325,7 +363,7 @@ def time_fa4(torch, inputs, fa4_func, calls, replays, target_us):
         for _ in range(5):
             call()
         torch.cuda.synchronize()
-        entry = time_call(torch, call, calls, replays, target_us)
+        entry = time_call(torch, call, calls, replays, target_us, sustained_ms)
     except Exception as e:
         torch.cuda.synchronize()
         return {"error": first_line(e)}
@@ -334,18 +372,18 @@ def time_fa4(torch, inputs, fa4_func, calls, replays, target_us):
     return entry
 
 
-def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0, fa4_func=None):
+def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0, fa4_func=None, sustained_ms=0.0):
     s = normalize(shape)
     inputs = Inputs(torch, s, l2_bytes)
     out = {"input_sets": inputs.n}
     for name in SDPA_BACKENDS:
         try:
-            out[name] = time_sdpa(torch, inputs, name, calls, replays, target_us)
+            out[name] = time_sdpa(torch, inputs, name, calls, replays, target_us, sustained_ms)
         except Exception as e:  # the backend context itself failed
             out[name] = {"error": first_line(e)}
         torch.cuda.synchronize()
     if fa4_func is not None:
-        out[FA4] = time_fa4(torch, inputs, fa4_func, calls, replays, target_us)
+        out[FA4] = time_fa4(torch, inputs, fa4_func, calls, replays, target_us, sustained_ms)
         torch.cuda.synchronize()
     return out
 
@@ -358,6 +396,8 @@ def main():
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--target-us", type=float, default=0.0,
                     help="size each graph to last about this long (0: --calls per graph)")
+    ap.add_argument("--sustained-ms", type=float, default=0.0,
+                    help="also replay each graph back to back for at least this long (0: off)")
     args = ap.parse_args()
     try:
         import torch
@@ -369,6 +409,9 @@ def main():
         return 2
     fa4 = load_fa4()
     v = versions(torch, fa4)
+    if args.sustained_ms < 0:
+        print("--sustained-ms must be >= 0", file=sys.stderr)
+        return 2
     if args.versions:
         print(json.dumps(v))
         return 0
@@ -382,11 +425,12 @@ def main():
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 1024 * 1024)
     results = []
     for shape in shapes:
-        r = time_shape(torch, shape, args.calls, args.replays, l2, args.target_us, fa4[0])
+        r = time_shape(torch, shape, args.calls, args.replays, l2, args.target_us, fa4[0], args.sustained_ms)
         r["shape"] = shape
         results.append(r)
         torch.cuda.empty_cache()
     print(json.dumps({"versions": v, "method": {"calls": args.calls, "replays": args.replays, "target_us": args.target_us,
+                                               "sustained_ms": args.sustained_ms,
                                                "graph": "median replay of a CUDA graph of `calls` calls / calls",
                                                "eager": "CUDA events around `calls` Python calls / calls, median of 5",
                                                "fa4": "flash_attn.cute.flash_attn_func on [B,S,H,D] inputs, timed the same way"

@@ -38,5 +38,9 @@ pub fn closing_row(shape: &str, ours: f64, sdpa: f64, backends: serde_json::Valu
         sdpa_picked: Some("cudnn".into()),
         sdpa_backends: backends,
         measured_at: "2026-11-24T10:00:00.000Z".into(),
+        ours_sustained_before_us: None,
+        ours_sustained_after_us: None,
+        sdpa_default_sustained_us: None,
+        sustained_ms: None,
     }
 }

@@ -13,7 +13,7 @@ fn fixtures(dir: &std::path::Path, step_delay_ms: u64) -> (std::path::PathBuf, s
         "device": common::h100(),
         "step_delay_ms": step_delay_ms,
         "rules": [ { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100000.0 } } } ],
-        "default": { "ok": { "us": 4.0, "per_shape": { "b4h16s4096d64": 900.0, "b4h16s4096d64-causal": 500.0,
+        "default": { "ok": { "us": 4.0, "sustained": 1.25, "per_shape": { "b4h16s4096d64": 900.0, "b4h16s4096d64-causal": 500.0,
                                                          "b2h16s8192d128": 3500.0, "b2h16s8192d128-causal": 1800.0 } } }
     });
     let script_path = dir.join("script.json");
@@ -37,6 +37,12 @@ res = [{"default": {"graph_us": (8.0 if closing else 6.0) if s["sq"] <= 512 else
         "flash": {"graph_us": 5.5 if s["sq"] <= 512 else (990.0 if closing else 950.0), "eager_us": 31.0},
         "fa4": {"error": "NotImplementedError: too small"} if s["sq"] <= 512 else {"graph_us": 810.0 if closing else 800.0, "eager_us": 900.0}}
        for s in shapes]
+# --sustained-ms (the closing comparison): SDPA 1.2x and FA4 1.1x slower back to back.
+if "--sustained-ms" in sys.argv:
+    for r in res:
+        for name, f in (("default", 1.2), ("fa4", 1.1)):
+            if "graph_us" in r[name]:
+                r[name]["sustained_us"] = r[name]["graph_us"] * f
 print(json.dumps({"versions": v, "results": res}))
 "#,
     )
@@ -76,7 +82,7 @@ fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
     assert!(o.status.success(), "{text}");
     let md = std::fs::read_to_string(&out_md).unwrap();
     assert!(
-        md.contains("| shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS or TB/s | SDPA default us | TFLOPS or TB/s | SDPA flash us | FA4 us | vs default | vs flash | vs FA4 | time-to-target |"),
+        md.contains("| shape | end of plan us | vs default | iter | when won us | SDPA at start us | closing us | TFLOPS or TB/s | SDPA default us | TFLOPS or TB/s | SDPA flash us | FA4 us | vs default | vs flash | vs FA4 | time-to-target | sustained us | SDPA default sustained us | FA4 sustained us | sustained vs default | sustained vs FA4 |"),
         "{md}"
     );
     assert!(md.contains("FlashAttention-4 4.0.0b36"), "{md}");
@@ -98,6 +104,11 @@ fn the_benchmark_script_writes_a_dated_table_with_ratios_and_time_to_target() {
     assert_eq!((big[7].as_str(), big[8].as_str(), big[13].as_str(), big[14].as_str()), ("900.00", "305.4", "0.50x", "1.10x"), "{big:?}");
     assert_eq!((big[12].as_str(), big[15].as_str()), ("810.00", "0.90x"), "{big:?}");
     assert_eq!(big[16], "not reached", "{big:?}");
+    // Sustained (200 ms back to back at the closing): ours 1.25x slower (900 -> 1125 us, the
+    // scripted windows' median 0.998 of it), SDPA default 1.2x (450 -> 540), FA4 1.1x (810 -> 891).
+    assert_eq!(&big[17..22], ["1122.75", "540.00", "891.00", "0.48x", "0.79x"], "{big:?}");
+    assert_eq!(&small[17..22], ["4.99", "9.60", "-", "1.92x", "-"], "FA4 failed on the small shape: {small:?}");
+    assert!(md.contains("replayed back to back for at least 200 ms (timing.sustained_ms)"), "{md}");
     assert!(md.contains("torch 2.11.0+cu130") && md.contains("cuDNN 91900"), "{md}");
     assert!(md.contains("python3 scripts/benchmark.py"), "{md}");
     // The run's figures sit beside BENCHMARKS.md under benchmarks/<run>/ and are embedded.

@@ -62,6 +62,19 @@ fn a_zero_or_out_of_range_value_is_rejected_with_its_key() {
     assert!(err.contains("timing.rounds") && err.contains("at least 1"), "{err}");
     let err = parse("[timing]\nmin_gain = 1.5\n").unwrap_err();
     assert!(err.contains("timing.min_gain") && err.contains("0 <= min_gain < 1"), "{err}");
+    let err = parse("[timing]\nsustained_ms = -1\n").unwrap_err();
+    assert!(err.contains("timing.sustained_ms") && err.contains("0 (off)"), "{err}");
+    let err = parse("[timing]\nrerank_top = 0\n").unwrap_err();
+    assert!(err.contains("timing.rerank_top") && err.contains("1 (no re-rank)"), "{err}");
+}
+
+#[test]
+fn sustained_timing_is_on_for_the_closing_only() {
+    let c = parse("").unwrap();
+    assert_eq!((c.timing.sustained_ms, c.timing.rerank_top), (200.0, 3));
+    assert_eq!(c.timing_spec().sustained_ms, 0.0, "candidates are timed in bursts");
+    assert_eq!(c.sustained_spec().sustained_ms, 200.0);
+    assert_eq!(parse("[timing]\nsustained_ms = 0\n").unwrap().sustained_spec().sustained_ms, 0.0);
 }
 
 #[test]

@@ -19,6 +19,10 @@ struct Ran {
 }
 
 fn run_script(dir: &Path, shapes: &Value, with_fa4: bool, args: &[&str]) -> Result<Ran, String> {
+    run_script_env(dir, shapes, with_fa4, args, &[])
+}
+
+fn run_script_env(dir: &Path, shapes: &Value, with_fa4: bool, args: &[&str], env: &[(&str, &str)]) -> Result<Ran, String> {
     let fixtures = common::repo_root().join("tests/fixtures");
     let mut path = fixtures.join("fake_torch").display().to_string();
     if with_fa4 {
@@ -35,6 +39,7 @@ fn run_script(dir: &Path, shapes: &Value, with_fa4: bool, args: &[&str]) -> Resu
         .arg(&shapes_file)
         .env("PYTHONPATH", path)
         .env("FAKE_TORCH_LOG", &log)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     if !o.status.success() {
@@ -154,4 +159,43 @@ fn a_shape_the_script_cannot_read_is_refused_before_anything_runs() {
         assert!(err.starts_with("exit Some(2)") && err.contains(says), "{bad}: {err}");
         assert!(!dir.path().join("calls.jsonl").exists(), "nothing measured before the shapes are read");
     }
+}
+
+/// --sustained-ms: each backend's graph (and FA4's) replayed back to back for at least that
+/// long; the fake GPU slows down 1.2x after 20 ms of back-to-back replays, so the sustained
+/// figure is slower than the burst one, as on a real GPU.
+#[test]
+fn sustained_timing_replays_each_graph_for_the_asked_time_with_and_without_fa4() {
+    let dir = tempfile::tempdir().unwrap();
+    let throttle = [("FAKE_TORCH_THROTTLE", "1.2")];
+    let r = run_script_env(dir.path(), &shapes(), true, &["--target-us", "2000", "--sustained-ms", "200"], &throttle).unwrap();
+    assert_eq!(r.out["method"]["sustained_ms"], json!(200.0));
+    let dec = &r.out["results"][0];
+    for name in ["default", "fa4"] {
+        let e = &dec[name];
+        let (burst, sus) = (e["graph_us"].as_f64().unwrap(), e["sustained_us"].as_f64().unwrap());
+        assert!(e["sustained_ms"].as_f64().unwrap() >= 200.0, "{name}: the window lasts at least 200 ms: {e}");
+        // 2 ms replays: ~100 of them; the first 20 ms at boost, the rest 1.2x slower.
+        assert!(e["sustained_replays"].as_u64().unwrap() >= 100, "{e}");
+        assert!(sus > 1.15 * burst && sus < 1.2 * burst, "{name}: burst {burst} sustained {sus}");
+    }
+    assert_eq!(dec["default"]["graph_us"], json!(50.0), "the burst figure is unchanged by the sustained windows");
+    // FA4 refusing a shape: an error, no sustained figure.
+    let v1 = &r.out["results"][2];
+    assert!(v1["fa4"]["error"].is_string() && v1["fa4"].get("sustained_us").is_none());
+    assert!(v1["default"]["sustained_us"].is_number());
+
+    // Without FA4: every SDPA backend that ran is timed sustained; no fa4 entry.
+    let r = run_script_env(dir.path(), &shapes(), false, &["--target-us", "2000", "--sustained-ms", "200"], &throttle).unwrap();
+    assert!(r.out["versions"]["fa4_error"].as_str().unwrap().contains("does not import"));
+    for res in r.out["results"].as_array().unwrap() {
+        assert!(res.get("fa4").is_none());
+        assert!(res["default"]["sustained_us"].as_f64().unwrap() > res["default"]["graph_us"].as_f64().unwrap());
+    }
+
+    // Without --sustained-ms: no sustained fields, as before.
+    let r = run_script_env(dir.path(), &shapes(), true, &["--target-us", "2000"], &throttle).unwrap();
+    assert!(r.out["results"][0]["default"].get("sustained_us").is_none());
+    assert!(r.out["results"][0]["fa4"].get("sustained_us").is_none());
+    assert_eq!(r.out["results"][0]["default"]["graph_us"], json!(50.0), "short replays never throttle");
 }

@@ -275,7 +275,7 @@ impl Engine {
         };
         let reason = policy.reason(record::decision_reason(verdict, &shapes));
         let best_rows =
-            if decided.won.is_empty() { vec![] } else { self.promote(seq, &id, stage, params, &rendered.source, commit, &decided.won).await? };
+            if decided.won.is_empty() { vec![] } else { self.promote(seq, &id, stage.template.name(), params, &rendered.source, commit, &decided.won).await? };
         self.conclude_success(rec, commit, verdict, reason, shapes, best_rows).await?;
         Ok(outcome)
     }
@@ -385,7 +385,7 @@ impl Engine {
         Ok(Ok(out))
     }
 
-    async fn conclude_success(
+    pub(super) async fn conclude_success(
         &mut self,
         mut rec: IterationRecord,
         commit: git2::Oid,

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::storage::ledger::BestRow;
 use crate::pipeline::outcome::{Failure, Verdict};
-use crate::strategy::plan::Stage;
 use crate::spec::protocol::{Launch, Loaded, ShapePlan, TensorMap, TimeCase};
 use crate::pipeline::timing;
 use crate::spec::template::Params;
@@ -155,7 +154,7 @@ impl Engine {
         &mut self,
         seq: i64,
         id: &str,
-        stage: &Stage,
+        template: &str,
         params: &Params,
         source: &str,
         commit: git2::Oid,
@@ -173,7 +172,7 @@ impl Engine {
                 Incumbent {
                     seq,
                     id: id.to_string(),
-                    template: stage.template.name().to_string(),
+                    template: template.to_string(),
                     params: params.clone(),
                     plan: plan.clone(),
                     median_us: *median,
@@ -195,7 +194,7 @@ impl Engine {
         let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         let keys: Vec<String> = won.iter().map(|(p, _)| p.shape.key()).collect();
         crate::failpoint::hit("before-accept");
-        let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({}) for {}", stage.template.name(), keys.join(", ")))?;
+        let accept = self.ws.accept(commit, &refs, &format!("best: iteration {seq} ({template}) for {}", keys.join(", ")))?;
         for b in &mut best_rows {
             b.git_commit = Some(accept.to_string());
         }

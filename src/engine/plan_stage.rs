@@ -113,7 +113,8 @@ impl Engine {
             // The ledger as it is now: earlier stages of this very process count too.
             let start_json = serde_json::to_string(&start)?;
             let now = self.ledger.iterations(&self.run_id).await?;
-            let earlier = now.iter().filter(|i| &i.stage != name && i.template == stage.template.name());
+            // Not the closing's re-rank: it comes after every stage (see open_phase).
+            let earlier = now.iter().filter(|i| &i.stage != name && i.stage != super::closing::RERANK_STAGE && i.template == stage.template.name());
             let mut start_score = None;
             for it in earlier {
                 if it.params_json == start_json {

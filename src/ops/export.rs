@@ -321,6 +321,9 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
             serde_json::json!({
                 "ours_us": c.ours_us(), "sdpa_default_us": c.sdpa_default_us, "sdpa_picked": c.sdpa_picked,
                 "fa4_us": c.fa4_us(), "measured_at": c.measured_at,
+                // Sustained (`timing.sustained_ms` back to back); null when not measured.
+                "ours_sustained_us": c.ours_sustained_us(), "sdpa_default_sustained_us": c.sdpa_default_sustained_us,
+                "fa4_sustained_us": c.fa4_sustained_us(), "sustained_ms": c.sustained_ms,
             })
         });
         let measured = serde_json::json!({

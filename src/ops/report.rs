@@ -25,6 +25,10 @@ pub struct Status {
     /// PyTorch SDPA (and FlashAttention-4, backend `fa4`) on each shape (empty when it was unavailable).
     pub sdpa: Vec<SdpaRow>,
     /// The closing comparison (a finished run): best kernels and SDPA re-timed back to back.
+    /// Each row also carries its derived figures (`ours_us`, `vs_default`, `vs_fa4`, and
+    /// under sustained timing `ours_sustained_us`, `fa4_sustained_us`, `sustained_vs_default`,
+    /// `sustained_vs_fa4`), so `status --json` readers need not recompute them.
+    #[serde(serialize_with = "closing_json")]
     pub closing: Vec<ClosingRow>,
     /// What the agent used of its limits; None when the run's agent was off and idle.
     pub agent: Option<AgentStatus>,
@@ -157,6 +161,29 @@ fn cell(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map(f).unwrap_or_else(|| "-".into())
 }
 
+fn closing_json<S: serde::Serializer>(rows: &[ClosingRow], ser: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = ser.serialize_seq(Some(rows.len()))?;
+    for r in rows {
+        let mut v = serde_json::to_value(r).map_err(serde::ser::Error::custom)?;
+        if let Some(o) = v.as_object_mut() {
+            for (k, x) in [
+                ("ours_us", Some(r.ours_us())),
+                ("vs_default", r.vs_default()),
+                ("vs_fa4", r.vs_fa4()),
+                ("ours_sustained_us", r.ours_sustained_us()),
+                ("fa4_sustained_us", r.fa4_sustained_us()),
+                ("sustained_vs_default", r.sustained_vs_default()),
+                ("sustained_vs_fa4", r.sustained_vs_fa4()),
+            ] {
+                o.insert(k.into(), x.into());
+            }
+        }
+        seq.serialize_element(&v)?;
+    }
+    seq.end()
+}
+
 /// The closing comparison, when the run has one: the figures to quote, since ours and the
 /// baselines' were taken back to back at the end, at the same clocks. FA4's columns appear
 /// when it was measured; a decode shape of `workload` also gets its effective K/V bandwidth.
@@ -166,10 +193,21 @@ pub fn closing_table(rows: &[ClosingRow], workload: &[Shape]) -> String {
         return out;
     }
     let fa4 = rows.iter().any(|r| r.fa4_measured());
+    let sustained = rows.iter().any(|r| r.ours_sustained_us().is_some());
     let _ = writeln!(out, "\nclosing comparison ({}; best kernel timed before and after a fresh measurement of the baselines):", rows[0].measured_at);
+    if sustained {
+        let ms = rows.iter().find_map(|r| r.sustained_ms).map(|m| format!("{m:.0} ms")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(out, "(burst: ~2 ms samples, as candidates are timed; sus: each replayed back to back for at least {ms}, as in a model step)");
+    }
     let mut head = format!("{:<40} {:>5} {:>11} {:>11} {:>16} {:>8}", "shape", "iter", "best us", "(before)", "sdpa us", "vs sdpa");
     if fa4 {
         let _ = write!(head, " {:>11} {:>8}", "fa4 us", "vs fa4");
+    }
+    if sustained {
+        let _ = write!(head, " {:>11} {:>11} {:>8}", "best sus us", "sdpa sus us", "vs sdpa");
+        if fa4 {
+            let _ = write!(head, " {:>11} {:>8}", "fa4 sus us", "vs fa4");
+        }
     }
     let decode = |key: &str| workload.iter().find(|s| s.key() == key && s.is_decode());
     if rows.iter().any(|r| decode(&r.shape).is_some()) {
@@ -183,6 +221,13 @@ pub fn closing_table(rows: &[ClosingRow], workload: &[Shape]) -> String {
         if fa4 {
             let us = if r.fa4_measured() { cell(r.fa4_us(), |x| format!("{x:.2}")) } else { "-".into() };
             let _ = write!(line, " {:>11} {:>8}", if r.fa4_measured() && r.fa4_us().is_none() { "failed".into() } else { us }, cell(r.vs_fa4(), |x| format!("{x:.2}x")));
+        }
+        if sustained {
+            let f = |x: Option<f64>| cell(x, |x| format!("{x:.2}"));
+            let _ = write!(line, " {:>11} {:>11} {:>8}", f(r.ours_sustained_us()), f(r.sdpa_default_sustained_us), cell(r.sustained_vs_default(), |x| format!("{x:.2}x")));
+            if fa4 {
+                let _ = write!(line, " {:>11} {:>8}", f(r.fa4_sustained_us()), cell(r.sustained_vs_fa4(), |x| format!("{x:.2}x")));
+            }
         }
         if let Some(s) = decode(&r.shape) {
             let _ = write!(line, "  {}", kv_rate(s, r.ours_us()));
@@ -453,6 +498,36 @@ mod baseline_tables {
         assert!(head.contains("fa4 us") && head.contains("vs fa4") && head.contains("best (decode: K/V bandwidth)"), "{text}");
         assert_eq!(line(&text, "b8hq32hkv8"), ["b8hq32hkv8sq1sk4096d128-causal-bf16", "9", "44.00", "44.00", "51.93", "cudnn", "1.18x", "50.18", "1.14x", "3.05", "TB/s", "KV"]);
         assert_eq!(line(&text, "b4hq32hkv8"), ["b4hq32hkv8s1024d128-causal-bf16-bshd", "9", "80.00", "80.00", "85.00", "cudnn", "1.06x", "failed", "-"]);
+    }
+
+    #[test]
+    fn the_closing_table_shows_sustained_figures_beside_the_burst_ones() {
+        let mut with = closing(&decode().key(), 44.0, 51.93, json!({"fa4": {"graph_us": 50.18, "sustained_us": 57.0}}));
+        (with.ours_sustained_before_us, with.ours_sustained_after_us, with.sdpa_default_sustained_us, with.sustained_ms) = (Some(50.0), Some(52.0), Some(61.2), Some(200.0));
+        let rows = [with, closing(&prefill().key(), 80.0, 85.0, json!({"fa4": {"error": "RuntimeError: no"}}))];
+        let text = closing_table(&rows, &[decode(), prefill()]);
+        assert!(text.contains("back to back for at least 200 ms"), "{text}");
+        let head = text.lines().nth(3).unwrap();
+        assert!(head.contains("best sus us") && head.contains("sdpa sus us") && head.contains("fa4 sus us"), "{text}");
+        assert_eq!(
+            line(&text, "b8hq32hkv8"),
+            ["b8hq32hkv8sq1sk4096d128-causal-bf16", "9", "44.00", "44.00", "51.93", "cudnn", "1.18x", "50.18", "1.14x", "51.00", "61.20", "1.20x", "57.00", "1.12x", "3.05", "TB/s", "KV"]
+        );
+        // A row without sustained figures (not measured for that shape): dashes, burst as before.
+        assert_eq!(line(&text, "b4hq32hkv8")[9..], ["-", "-", "-", "-", "-"]);
+        // status --json: the derived figures beside the stored ones.
+        let v = serde_json::to_value(Wrapper { closing: rows.to_vec() }).unwrap();
+        assert_eq!(v["closing"][0]["ours_sustained_us"], json!(51.0));
+        assert_eq!(v["closing"][0]["sustained_vs_default"], json!(1.2));
+        assert_eq!(v["closing"][0]["sustained_vs_fa4"].as_f64().map(|x| (x * 1000.0).round()), Some(1118.0));
+        assert_eq!(v["closing"][1]["ours_sustained_us"], json!(null));
+        assert_eq!(v["closing"][1]["ours_us"], json!(80.0));
+    }
+
+    #[derive(serde::Serialize)]
+    struct Wrapper {
+        #[serde(serialize_with = "closing_json")]
+        closing: Vec<ClosingRow>,
     }
 
     #[test]

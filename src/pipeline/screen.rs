@@ -67,7 +67,7 @@ pub fn choose(plans: &[ShapePlan], class_of: impl Fn(&Shape) -> String, incumben
 
 /// The brief timing: the run's timing with two rounds of two samples.
 pub fn brief(full: &TimingSpec) -> TimingSpec {
-    TimingSpec { rounds: ROUNDS.min(full.rounds.max(1)), samples_per_round: SAMPLES_PER_ROUND.min(full.samples_per_round.max(1)), ..full.clone() }
+    TimingSpec { rounds: ROUNDS.min(full.rounds.max(1)), samples_per_round: SAMPLES_PER_ROUND.min(full.samples_per_round.max(1)), sustained_ms: 0.0, ..full.clone() }
 }
 
 /// One screened shape: the candidate's and the incumbent's brief timings.
@@ -175,7 +175,10 @@ mod tests {
         TimedCase {
             shape: plan(b, 1024, 64).shape,
             input_sets: 3,
-            entries: vec![TimedEntry { id: "it9".into(), samples_us: cand.to_vec() }, TimedEntry { id: "it2".into(), samples_us: inc.to_vec() }],
+            entries: vec![
+                TimedEntry { id: "it9".into(), samples_us: cand.to_vec(), sustained_us: vec![] },
+                TimedEntry { id: "it2".into(), samples_us: inc.to_vec(), sustained_us: vec![] },
+            ],
         }
     }
 
@@ -217,8 +220,10 @@ mod tests {
             graph: true,
             sample_target_us: full.sample_target_us,
             max_entry_ms: full.max_entry_ms,
+            sustained_ms: 200.0,
         };
         let b = brief(&cfg);
+        assert_eq!(b.sustained_ms, 0.0, "a screen is never a sustained timing");
         assert_eq!((b.rounds, b.samples_per_round, b.graph, b.launches_per_sample), (2, 2, true, cfg.launches_per_sample));
     }
 }

@@ -28,6 +28,11 @@ pub fn stats_of(case: &crate::spec::protocol::TimedCase, id: &str) -> Option<Sta
     case.entries.iter().find(|e| e.id == id).and_then(|e| Stats::from_samples(&e.samples_us))
 }
 
+/// Stats of entry `id`'s sustained windows in one timed case (None: not timed sustained).
+pub fn sustained_of(case: &crate::spec::protocol::TimedCase, id: &str) -> Option<Stats> {
+    case.entries.iter().find(|e| e.id == id).and_then(|e| Stats::from_samples(&e.sustained_us))
+}
+
 pub fn entry(id: &str, plan: &crate::spec::protocol::ShapePlan) -> TimeEntry {
     TimeEntry { id: id.to_string(), plan: plan.clone() }
 }

@@ -170,6 +170,13 @@ pub struct TimingSection {
     /// "graph": replay a CUDA graph of the launches (GPU time, like the SDPA baseline);
     /// "events": launch them one by one between the events (includes launch gaps).
     pub method: TimingMethod,
+    /// The closing comparison's sustained timing: each best kernel and the baselines also
+    /// replayed back to back for at least this long (ms), and each shape's top `rerank_top`
+    /// correct kernels re-ranked under it. 0: no sustained timing (burst figures only).
+    pub sustained_ms: f64,
+    /// How many distinct correct kernels per shape (the best and the next by their recorded
+    /// time) the closing re-ranks under sustained timing; 1: figures only, no re-rank.
+    pub rerank_top: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -258,6 +265,8 @@ impl Default for TimingSection {
             min_gain: 0.02,
             early_reject: 0.25,
             method: TimingMethod::Graph,
+            sustained_ms: 200.0,
+            rerank_top: 3,
         }
     }
 }
@@ -400,6 +409,12 @@ impl Config {
         if t.max_entry_ms.is_nan() || t.max_entry_ms < 0.0 {
             return Err(self.invalid("timing.max_entry_ms", "must be >= 0 (0: always `rounds`)"));
         }
+        if !(0.0..=10_000.0).contains(&t.sustained_ms) {
+            return Err(self.invalid("timing.sustained_ms", format!("is {}; allowed: 0 (off) to 10000 (200 = 200 ms back to back)", t.sustained_ms)));
+        }
+        if !(1..=16).contains(&t.rerank_top) {
+            return Err(self.invalid("timing.rerank_top", format!("is {}; allowed: 1 (no re-rank) to 16", t.rerank_top)));
+        }
         for (k, v) in [("check.atol", self.check.atol), ("check.rtol_l2", self.check.rtol_l2)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(self.invalid(k, format!("is {v}; must be a number > 0 (e.g. 0.02)")));
@@ -442,7 +457,8 @@ impl Config {
             "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,
                         "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,
                         "max_input_sets": t.max_input_sets, "sample_target_us": t.sample_target_us, "max_entry_ms": t.max_entry_ms,
-                        "min_gain": t.min_gain, "early_reject": t.early_reject, "method": t.method },
+                        "min_gain": t.min_gain, "early_reject": t.early_reject, "method": t.method,
+                        "sustained_ms": t.sustained_ms, "rerank_top": t.rerank_top },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
                         "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
@@ -466,7 +482,14 @@ impl Config {
             graph: t.method == TimingMethod::Graph,
             sample_target_us: t.sample_target_us,
             max_entry_ms: t.max_entry_ms,
+            // Candidates are timed in bursts; only the closing comparison asks for sustained.
+            sustained_ms: 0.0,
         }
+    }
+
+    /// The closing comparison's timing: the run's, plus `timing.sustained_ms` windows.
+    pub fn sustained_spec(&self) -> TimingSpec {
+        TimingSpec { sustained_ms: self.timing.sustained_ms, ..self.timing_spec() }
     }
 }
 

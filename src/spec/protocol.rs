@@ -492,6 +492,29 @@ pub struct TimingSpec {
     /// entry is sampled in both orders; at most `rounds`). 0: always `rounds`.
     #[serde(default)]
     pub max_entry_ms: f64,
+    /// Sustained timing (the closing comparison): after the samples, each entry's graph is
+    /// replayed back to back until at least this much GPU time has passed, one window per
+    /// entry per round, entries interleaved as the samples are; the window's time over its
+    /// executions is the entry's [`TimedEntry::sustained_us`] for that round. Short samples
+    /// run at boost clocks; a model step runs attention for hundreds of milliseconds, 12-18%
+    /// slower, and not every kernel slows alike. 0: off (every candidate's timing).
+    #[serde(default)]
+    pub sustained_ms: f64,
+}
+
+/// Sustained windows per entry: both orders and a third for a median, never more than the
+/// spec's rounds. Each costs `sustained_ms` of GPU time per entry.
+pub fn sustained_rounds(spec: &TimingSpec) -> u32 {
+    spec.rounds.clamp(1, 3)
+}
+
+/// Graph replays one sustained window needs so that it lasts at least `sustained_ms`, from a
+/// replay's burst time (`replay_us`): sustained clocks are lower, so the window only grows.
+pub fn sustained_replays(sustained_ms: f64, replay_us: f64) -> u32 {
+    if !(replay_us.is_finite() && replay_us > 0.0) {
+        return 1;
+    }
+    ((sustained_ms * 1000.0 / replay_us).ceil() as u32).clamp(1, 1_000_000)
 }
 
 /// Launches per sample for a case whose slowest entry took `slowest_us` per execution.
@@ -719,6 +742,10 @@ pub struct TimedEntry {
     pub id: String,
     /// Per-launch microseconds of every sample, in the order taken.
     pub samples_us: Vec<f64>,
+    /// Sustained timing (`TimingSpec::sustained_ms` > 0): per-execution microseconds of each
+    /// round's back-to-back window. Empty when off (and in older workers' answers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sustained_us: Vec<f64>,
 }
 
 #[cfg(test)]
@@ -736,6 +763,7 @@ mod tests {
             graph: true,
             sample_target_us: target_us,
             max_entry_ms: 0.0,
+            sustained_ms: 0.0,
         }
     }
 
@@ -767,6 +795,21 @@ mod tests {
     fn a_timing_spec_without_sample_target_still_parses() {
         let json = r#"{"warmup":5,"rounds":4,"samples_per_round":10,"launches_per_sample":10,"l2_multiple":3.0,"max_input_sets":32}"#;
         let s: TimingSpec = serde_json::from_str(json).unwrap();
-        assert_eq!((s.sample_target_us, s.graph, s.max_entry_ms), (0.0, false, 0.0));
+        assert_eq!((s.sample_target_us, s.graph, s.max_entry_ms, s.sustained_ms), (0.0, false, 0.0, 0.0));
+        // A timed entry without sustained figures (an older worker) still parses, and one
+        // without them is written as before.
+        let e: TimedEntry = serde_json::from_str(r#"{"id":"it1","samples_us":[1.0]}"#).unwrap();
+        assert!(e.sustained_us.is_empty());
+        assert!(!serde_json::to_string(&e).unwrap().contains("sustained"));
+    }
+
+    #[test]
+    fn a_sustained_window_lasts_at_least_the_asked_time() {
+        assert_eq!(sustained_replays(200.0, 2000.0), 100, "2 ms replays: 100 make 200 ms");
+        assert_eq!(sustained_replays(200.0, 3000.0), 67, "rounded up: 67 x 3 ms = 201 ms");
+        assert_eq!(sustained_replays(200.0, 500_000.0), 1, "a replay longer than the window: one");
+        assert_eq!(sustained_replays(200.0, f64::NAN), 1);
+        assert_eq!(sustained_rounds(&spec(10, 2000.0)), 3);
+        assert_eq!(sustained_rounds(&TimingSpec { rounds: 2, ..spec(10, 2000.0) }), 2);
     }
 }

@@ -73,6 +73,11 @@ pub struct BackendTiming {
     /// What the backend refused before the form that ran (enable_gqa, the lower-right mask).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
+    /// Per call under sustained load (`--sustained-ms`: the graph replayed back to back for at
+    /// least that long, the median of the script's windows). None: not asked for (the run's
+    /// start, older cached entries) or the backend did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sustained_us: Option<f64>,
 }
 
 /// SDPA on one shape, as recorded for a run.
@@ -167,7 +172,7 @@ fn parse_entry(shape: &Shape, entry: &serde_json::Value, cached: bool) -> ShapeB
 }
 
 /// Run the script on `shapes` (no cache).
-async fn run_shapes(cfg: &Config, cmd: &str, run_dir: &Path, shapes: &[Shape]) -> Result<ScriptOutput, String> {
+async fn run_shapes(cfg: &Config, cmd: &str, run_dir: &Path, shapes: &[Shape], sustained_ms: f64) -> Result<ScriptOutput, String> {
     let file = run_dir.join("sdpa_shapes.json");
     let list: Vec<serde_json::Value> = shapes
         .iter()
@@ -175,7 +180,11 @@ async fn run_shapes(cfg: &Config, cmd: &str, run_dir: &Path, shapes: &[Shape]) -
         .collect();
     std::fs::write(&file, serde_json::to_string(&list).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     // Graphs as long as a candidate's timed sample, so both run at the same clocks.
-    let args = format!("--shapes {} --target-us {}", shell_quote(&file.display().to_string()), cfg.timing.sample_target_us);
+    let mut args = format!("--shapes {} --target-us {}", shell_quote(&file.display().to_string()), cfg.timing.sample_target_us);
+    if sustained_ms > 0.0 {
+        // Only the closing comparison asks: it compares sustained figures with ours.
+        args.push_str(&format!(" --sustained-ms {sustained_ms}"));
+    }
     let text = run_script(cmd, &args, cfg.baseline.sdpa_timeout).await?;
     let parsed: ScriptOutput = serde_json::from_str(&text).map_err(|e| format!("unexpected SDPA script output: {e}"))?;
     if parsed.results.len() != shapes.len() {
@@ -186,10 +195,11 @@ async fn run_shapes(cfg: &Config, cmd: &str, run_dir: &Path, shapes: &[Shape]) -
 
 /// Measure SDPA (and FA4) on `shapes` now, bypassing the cache (the closing comparison:
 /// the baselines at the clocks of the end of a run). Results in the order of `shapes`,
-/// with the versions that measured them (whether FA4 was there).
-pub async fn measure_fresh(cfg: &Config, run_dir: &Path, shapes: &[Shape]) -> Result<(Vec<ShapeBaseline>, Versions), String> {
+/// with the versions that measured them (whether FA4 was there). `sustained_ms` > 0 also
+/// times each backend sustained (`BackendTiming::sustained_us`).
+pub async fn measure_fresh(cfg: &Config, run_dir: &Path, shapes: &[Shape], sustained_ms: f64) -> Result<(Vec<ShapeBaseline>, Versions), String> {
     let cmd = command(cfg, run_dir).map_err(|e| format!("cannot write the SDPA script into {}: {e}", run_dir.display()))?;
-    let parsed = run_shapes(cfg, &cmd, run_dir, shapes).await?;
+    let parsed = run_shapes(cfg, &cmd, run_dir, shapes, sustained_ms).await?;
     Ok((shapes.iter().zip(&parsed.results).map(|(s, e)| parse_entry(s, e, false)).collect(), parsed.versions))
 }
 
@@ -216,7 +226,7 @@ pub async fn measure(
         }
     }
     if !missing.is_empty() {
-        let parsed = run_shapes(cfg, &cmd, run_dir, &missing).await?;
+        let parsed = run_shapes(cfg, &cmd, run_dir, &missing, 0.0).await?;
         for (shape, entry) in missing.iter().zip(&parsed.results) {
             ledger
                 .sdpa_cache_put(&cache_key(device, &parsed.versions, shape, cfg.timing.sample_target_us), &entry.to_string())
@@ -278,6 +288,25 @@ mod tests {
         let stored = serde_json::to_value(&b.backends).unwrap();
         assert_eq!(stored["fa4"]["graph_us"], json!(47.5));
         assert!(stored["default"].get("fallback").is_none());
+    }
+
+    #[test]
+    fn sustained_figures_parse_when_present_and_are_none_in_older_entries() {
+        let entry = json!({
+            "default": {"graph_us": 50.0, "picked": "cudnn", "sustained_us": 59.0, "sustained_ms": 236.0, "sustained_replays": 100},
+            "fa4": {"graph_us": 45.0, "ran": "fa4", "sustained_us": 53.0, "sustained_ms": 238.0, "sustained_replays": 102},
+            "flash": {"error": "no"}
+        });
+        let b = parse_entry(&decode(), &entry, false);
+        assert_eq!(b.default_backend().and_then(|d| d.sustained_us), Some(59.0));
+        assert_eq!(b.fa4().and_then(|f| f.sustained_us), Some(53.0));
+        assert_eq!(b.backends["flash"].sustained_us, None);
+        // A cached entry from before (no sustained fields, no FA4) parses, with None.
+        let old = parse_entry(&decode(), &json!({"default": {"graph_us": 50.0, "eager_us": 60.0, "picked": "cudnn"}}), true);
+        assert_eq!(old.default_backend().map(|d| (d.graph_us, d.sustained_us)), Some((Some(50.0), None)));
+        assert!(old.fa4().is_none());
+        // Stored without a null for the absent figure.
+        assert!(serde_json::to_value(&old.backends).unwrap()["default"].get("sustained_us").is_none());
     }
 
     #[test]

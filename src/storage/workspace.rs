@@ -174,6 +174,20 @@ impl Workspace {
         Ok(Some(String::from_utf8_lossy(blob.content()).into_owned()))
     }
 
+    /// A file's text as committed in `commit` (a candidate's commit, kept on `best` or under
+    /// `refs/rejected/<seq>`); None when the commit has no such file.
+    pub fn read_at(&self, commit: &str, rel: &str) -> Result<Option<String>> {
+        let oid = Oid::from_str(commit).map_err(|e| self.err(format!("read commit {commit}"), e))?;
+        let commit = self.repo.find_commit(oid).map_err(|e| self.err(format!("read commit {oid}"), e))?;
+        let tree = commit.tree().map_err(|e| self.err(format!("read the tree of {oid}"), e))?;
+        let entry = match tree.get_path(Path::new(rel)) {
+            Ok(e) => e,
+            Err(_) => return Ok(None),
+        };
+        let blob = self.repo.find_blob(entry.id()).map_err(|e| self.err(format!("read {rel} at {oid}"), e))?;
+        Ok(Some(String::from_utf8_lossy(blob.content()).into_owned()))
+    }
+
     /// Commit messages of `best`, newest first.
     pub fn best_log(&self) -> Result<Vec<String>> {
         let mut walk = self.repo.revwalk().map_err(|e| self.err("revwalk", e))?;

@@ -86,6 +86,9 @@ pub const RESERVED_WARM_START: &str = "warm-start";
 pub const RESERVED_TRANSFER: &str = "transfer";
 /// Stage names of the open-ended phase's iterations: `open/<class>`.
 pub const RESERVED_OPEN_PREFIX: &str = "open/";
+/// Stage name of the closing comparison's re-rank: a kernel that was faster than the best
+/// under sustained timing, recorded as the win it is.
+pub const RESERVED_RERANK: &str = "sustained-rerank";
 
 /// A stage with its template loaded and its search space resolved.
 #[derive(Debug, Clone)]
@@ -131,9 +134,9 @@ impl Plan {
             let err = |message: String| PlanError::Stage { path: path.into(), stage: spec.name.clone(), message };
             // Names the run gives its own iterations: a plan stage so named would be confused
             // with them when a run is resumed.
-            if spec.name == RESERVED_WARM_START || spec.name == RESERVED_TRANSFER || spec.name.starts_with(RESERVED_OPEN_PREFIX) {
+            if spec.name == RESERVED_WARM_START || spec.name == RESERVED_TRANSFER || spec.name == RESERVED_RERANK || spec.name.starts_with(RESERVED_OPEN_PREFIX) {
                 return Err(err(format!(
-                    "the stage name `{}` is reserved (`{RESERVED_WARM_START}`, `{RESERVED_TRANSFER}` and `{RESERVED_OPEN_PREFIX}...` name the run's own iterations); rename the stage",
+                    "the stage name `{}` is reserved (`{RESERVED_WARM_START}`, `{RESERVED_TRANSFER}`, `{RESERVED_RERANK}` and `{RESERVED_OPEN_PREFIX}...` name the run's own iterations); rename the stage",
                     spec.name
                 )));
             }

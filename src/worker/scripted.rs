@@ -52,10 +52,16 @@ pub struct Rule {
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum Behaviour {
     /// Correct; each launch plan takes `us` microseconds (per shape key in `per_shape`, if listed).
+    /// Under sustained timing each takes `sustained` times that (per shape key in
+    /// `sustained_per_shape`, if listed), so tests can make ranks differ there.
     Ok {
         us: f64,
         #[serde(default)]
         per_shape: HashMap<String, f64>,
+        #[serde(default = "one")]
+        sustained: f64,
+        #[serde(default)]
+        sustained_per_shape: HashMap<String, f64>,
     },
     CompileError { log: String },
     /// Check reports a large error.
@@ -84,6 +90,10 @@ pub enum Behaviour {
 }
 
 fn fast_us() -> f64 {
+    1.0
+}
+
+fn one() -> f64 {
     1.0
 }
 
@@ -248,15 +258,25 @@ impl Backend for ScriptedBackend {
                         if let Some(r) = self.trip(&b, "time") {
                             return r;
                         }
-                        let us = match &b {
-                            Behaviour::Ok { us, per_shape } => per_shape.get(&case.shape.key()).copied().unwrap_or(*us),
-                            Behaviour::Cheat { us, .. } => *us,
-                            _ => 1000.0,
+                        let key = case.shape.key();
+                        let (us, factor) = match &b {
+                            Behaviour::Ok { us, per_shape, sustained, sustained_per_shape } => (
+                                per_shape.get(&key).copied().unwrap_or(*us),
+                                sustained_per_shape.get(&key).copied().unwrap_or(*sustained),
+                            ),
+                            Behaviour::Cheat { us, .. } => (*us, 1.0),
+                            _ => (1000.0, 1.0),
                         };
-                        let n = (spec.rounds * spec.samples_per_round) as usize;
                         // Deterministic +-0.4% jitter: well inside the decision's noise floor.
-                        let samples_us = (0..n).map(|i| us * (1.0 + 0.002 * ((i % 5) as f64 - 2.0))).collect();
-                        entries.push(TimedEntry { id: e.id, samples_us });
+                        let jitter = |us: f64, n: usize| -> Vec<f64> { (0..n).map(|i| us * (1.0 + 0.002 * ((i % 5) as f64 - 2.0))).collect() };
+                        let samples_us = jitter(us, (spec.rounds * spec.samples_per_round) as usize);
+                        // Sustained: one figure per round's window, as the CUDA worker gives it.
+                        let sustained_us = if spec.sustained_ms > 0.0 {
+                            jitter(us * factor, crate::spec::protocol::sustained_rounds(&spec) as usize)
+                        } else {
+                            Vec::new()
+                        };
+                        entries.push(TimedEntry { id: e.id, samples_us, sustained_us });
                     }
                     out.push(TimedCase { shape: case.shape, input_sets: 1, entries });
                 }

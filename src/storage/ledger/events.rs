@@ -37,6 +37,9 @@ pub enum EventKind {
     SdpaUnavailable,
     Closing,
     ClosingFailed,
+    /// The closing's sustained re-rank finished (what it kept or changed): a resumed run
+    /// does not re-rank again.
+    Rerank,
     AgentResumed,
     AgentStageEnd,
 }
@@ -61,6 +64,7 @@ impl EventKind {
             EventKind::SdpaUnavailable => "sdpa_unavailable",
             EventKind::Closing => "closing",
             EventKind::ClosingFailed => "closing_failed",
+            EventKind::Rerank => "rerank",
             EventKind::AgentResumed => "agent_resumed",
             EventKind::AgentStageEnd => "agent_stage_end",
         }

@@ -61,6 +61,13 @@ pub struct ClosingRow {
     /// Every backend's timing, as the SDPA script reported it.
     pub sdpa_backends: serde_json::Value,
     pub measured_at: String,
+    /// Sustained timing (`timing.sustained_ms`): our median per-execution time over
+    /// back-to-back windows of `sustained_ms`, before and after the baselines; SDPA
+    /// default's the same way (FA4's is in `sdpa_backends`). None: not measured.
+    pub ours_sustained_before_us: Option<f64>,
+    pub ours_sustained_after_us: Option<f64>,
+    pub sdpa_default_sustained_us: Option<f64>,
+    pub sustained_ms: Option<f64>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -73,6 +80,10 @@ struct RawClosing {
     sdpa_picked: Option<String>,
     sdpa_json: String,
     measured_at: String,
+    ours_sustained_before_us: Option<f64>,
+    ours_sustained_after_us: Option<f64>,
+    sdpa_default_sustained_us: Option<f64>,
+    sustained_ms: Option<f64>,
 }
 
 impl ClosingRow {
@@ -89,6 +100,30 @@ impl ClosingRow {
     /// A backend's CUDA-graph time as the script reported it (None: not measured, or failed).
     pub fn backend_us(&self, name: &str) -> Option<f64> {
         self.sdpa_backends.get(name)?.get("graph_us")?.as_f64()
+    }
+
+    /// Our sustained time: the mean of the figures before and after the baselines (either
+    /// alone when only one was taken); None when not measured.
+    pub fn ours_sustained_us(&self) -> Option<f64> {
+        match (self.ours_sustained_before_us, self.ours_sustained_after_us) {
+            (Some(b), Some(a)) => Some(0.5 * (b + a)),
+            (b, a) => b.or(a),
+        }
+    }
+
+    /// SDPA default's sustained time over ours (> 1: ours is faster under sustained load).
+    pub fn sustained_vs_default(&self) -> Option<f64> {
+        Some(self.sdpa_default_sustained_us? / self.ours_sustained_us()?)
+    }
+
+    /// FlashAttention-4's sustained time; None when not measured.
+    pub fn fa4_sustained_us(&self) -> Option<f64> {
+        self.sdpa_backends.get(FA4)?.get("sustained_us")?.as_f64()
+    }
+
+    /// FA4's sustained time over ours.
+    pub fn sustained_vs_fa4(&self) -> Option<f64> {
+        Some(self.fa4_sustained_us()? / self.ours_sustained_us()?)
     }
 
     /// FlashAttention-4's time; None when it was not measured or could not run the shape.
@@ -124,6 +159,17 @@ impl ClosingRow {
             match self.fa4_us() {
                 Some(f) => line.push_str(&format!(", FA4 {f:.2} us{} = {:.2}x", rate(f), f / ours)),
                 None => line.push_str(", FA4 could not run it"),
+            }
+        }
+        if let Some(ours) = self.ours_sustained_us() {
+            let window = self.sustained_ms.map(|ms| format!(" over {ms:.0} ms")).unwrap_or_default();
+            let sdpa = match (self.sdpa_default_sustained_us, self.sustained_vs_default()) {
+                (Some(d), Some(x)) => format!("SDPA default {d:.2} us = {x:.2}x"),
+                _ => "SDPA default -".into(),
+            };
+            line.push_str(&format!("; sustained{window}: {ours:.2} us{} vs {sdpa}", rate(ours)));
+            if let (Some(f), Some(x)) = (self.fa4_sustained_us(), self.sustained_vs_fa4()) {
+                line.push_str(&format!(", FA4 {f:.2} us = {x:.2}x"));
             }
         }
         line
@@ -204,8 +250,9 @@ impl Ledger {
     /// Record one shape of the closing comparison (replaces an earlier one).
     pub async fn closing_record(&self, run_id: &str, c: &ClosingRow) -> Result<()> {
         sqlx::query(
-            "INSERT OR REPLACE INTO closing (run_id, shape, seq, ours_before_us, ours_after_us, sdpa_default_us, sdpa_picked, sdpa_json, measured_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO closing (run_id, shape, seq, ours_before_us, ours_after_us, sdpa_default_us, sdpa_picked, sdpa_json, measured_at,
+                                             ours_sustained_before_us, ours_sustained_after_us, sdpa_default_sustained_us, sustained_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(run_id)
         .bind(&c.shape)
@@ -216,6 +263,10 @@ impl Ledger {
         .bind(&c.sdpa_picked)
         .bind(c.sdpa_backends.to_string())
         .bind(&c.measured_at)
+        .bind(c.ours_sustained_before_us)
+        .bind(c.ours_sustained_after_us)
+        .bind(c.sdpa_default_sustained_us)
+        .bind(c.sustained_ms)
         .execute(&self.pool)
         .await
         .map_err(self.q("record the closing comparison"))?;
@@ -240,6 +291,10 @@ impl Ledger {
                 sdpa_picked: r.sdpa_picked,
                 sdpa_backends: serde_json::from_str(&r.sdpa_json).unwrap_or_default(),
                 measured_at: r.measured_at,
+                ours_sustained_before_us: r.ours_sustained_before_us,
+                ours_sustained_after_us: r.ours_sustained_after_us,
+                sdpa_default_sustained_us: r.sdpa_default_sustained_us,
+                sustained_ms: r.sustained_ms,
             })
             .collect())
     }
@@ -273,6 +328,27 @@ mod tests {
         );
         assert_eq!(r.vs_fa4().map(|x| (x * 1000.0).round()), Some(1140.0));
         assert!((kv_tbps(&decode(), 50.0) - 2.684).abs() < 1e-3);
+    }
+
+    #[test]
+    fn sustained_figures_follow_the_burst_ones_with_their_ratios() {
+        let mut r = row("b2h8s512d128-causal", 25.0, 50.0, json!({"default": {"graph_us": 50.0, "sustained_us": 57.0}, "fa4": {"graph_us": 40.0, "sustained_us": 48.0}}));
+        assert_eq!((r.ours_sustained_us(), r.sustained_vs_default(), r.sustained_vs_fa4()), (None, None, None), "not measured: no figures");
+        assert!(!r.summary(None).contains("sustained"));
+        r.ours_sustained_before_us = Some(29.0);
+        r.ours_sustained_after_us = Some(31.0);
+        r.sdpa_default_sustained_us = Some(57.0);
+        r.sustained_ms = Some(200.0);
+        assert_eq!(r.ours_sustained_us(), Some(30.0));
+        assert_eq!(r.sustained_vs_default(), Some(1.9));
+        assert_eq!(r.sustained_vs_fa4(), Some(1.6));
+        assert_eq!(
+            r.summary(None),
+            "b2h8s512d128-causal 25.00 us vs SDPA default 50.00 us = 2.00x, FA4 40.00 us = 1.60x; sustained over 200 ms: 30.00 us vs SDPA default 57.00 us = 1.90x, FA4 48.00 us = 1.60x"
+        );
+        // Only one of ours (a failed second timing): that one.
+        r.ours_sustained_after_us = None;
+        assert_eq!(r.ours_sustained_us(), Some(29.0));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Timing candidates: per case, enough input sets to spill L2, each entry's launch count
 //! per sample from its first warm-up, CUDA graphs of one sample each (graph mode), and
-//! samples taken round by round with the entries' order alternating, timed with events.
+//! samples taken round by round with the entries' order alternating, timed with events;
+//! with `sustained_ms`, then one back-to-back window per entry and round (the same graphs).
 
 use std::collections::HashMap;
 
@@ -245,39 +246,64 @@ impl CudaBackend {
             }
             after(stream.synchronize(), || format!("{what}: graph warmup"))?;
         }
+        // One timed window: `replays` back-to-back replays of entry `ei`'s graph (without
+        // graphs, `per_sample` executions each) between one pair of events; the result is
+        // per execution. A sample is a window of one replay; a sustained window is many.
+        let window = |ei: usize, replays: u32, cursor: &mut usize| -> Result<f64, Failure> {
+            let id = &case.entries[ei].id;
+            after(start.record(stream), || format!("{what}: recording the start event"))?;
+            for _ in 0..replays {
+                match graphs.get(ei) {
+                    Some(g) => after(g.launch(), || format!("{what}: replaying the graph of {id}"))?,
+                    None => {
+                        for _ in 0..per_sample {
+                            execute(ei, cursor)?;
+                        }
+                    }
+                }
+            }
+            after(end.record(stream), || format!("{what}: recording the end event"))?;
+            let ms = elapsed(&start, &end)
+                .map_err(|e| Failure::cuda(format!("{what}: entry {id} sample"), e, Stage::AfterLaunch))?;
+            Ok(ms as f64 * 1000.0 / (per_sample as f64 * replays.max(1) as f64))
+        };
         let mut samples: Vec<Vec<f64>> = case
             .entries
             .iter()
             .map(|_| Vec::with_capacity((rounds * spec.samples_per_round) as usize))
             .collect();
         let n_entries = case.entries.len();
+        // Alternate the order round by round so that no entry always runs first.
+        let order = |round: u32, j: usize| if round % 2 == 0 { j } else { n_entries - 1 - j };
         for round in 0..rounds {
             for j in 0..n_entries {
-                // Alternate the order so that no entry always runs first.
-                let ei = if round % 2 == 0 { j } else { n_entries - 1 - j };
+                let ei = order(round, j);
                 for _ in 0..spec.samples_per_round {
-                    after(start.record(stream), || {
-                        format!("{what}: recording the start event")
-                    })?;
-                    match graphs.get(ei) {
-                        Some(g) => after(g.launch(), || format!("{what}: replaying the graph of {}", case.entries[ei].id))?,
-                        None => {
-                            for _ in 0..per_sample {
-                                execute(ei, &mut cursor)?;
-                            }
-                        }
+                    samples[ei].push(window(ei, 1, &mut cursor)?);
+                }
+            }
+        }
+        // Sustained: per round, each entry replayed back to back for at least `sustained_ms`
+        // (entries interleaved like the samples, so each sees the same power state in turn).
+        let mut sustained: Vec<Vec<f64>> = vec![Vec::new(); n_entries];
+        if spec.sustained_ms > 0.0 {
+            let replay_us = |us: f64| us * per_sample as f64;
+            let mut replays: Vec<u32> = samples
+                .iter()
+                .map(|s| crate::spec::protocol::sustained_replays(spec.sustained_ms, replay_us(median(s))))
+                .collect();
+            for round in 0..crate::spec::protocol::sustained_rounds(spec) {
+                for j in 0..n_entries {
+                    let ei = order(round, j);
+                    let mut us = window(ei, replays[ei], &mut cursor)?;
+                    // Sized from the burst median, the window is normally longer than asked
+                    // (sustained clocks are lower); when it was not, size it from what this
+                    // window measured and take it again, so every window lasts the time asked.
+                    if replay_us(us) * (replays[ei] as f64) < spec.sustained_ms * 1000.0 {
+                        replays[ei] = crate::spec::protocol::sustained_replays(spec.sustained_ms, replay_us(us)).max(replays[ei] + 1);
+                        us = window(ei, replays[ei], &mut cursor)?;
                     }
-                    after(end.record(stream), || {
-                        format!("{what}: recording the end event")
-                    })?;
-                    let ms = elapsed(&start, &end).map_err(|e| {
-                        Failure::cuda(
-                            format!("{what}: entry {} sample", case.entries[ei].id),
-                            e,
-                            Stage::AfterLaunch,
-                        )
-                    })?;
-                    samples[ei].push(ms as f64 * 1000.0 / per_sample as f64);
+                    sustained[ei].push(us);
                 }
             }
         }
@@ -292,14 +318,25 @@ impl CudaBackend {
             entries: case
                 .entries
                 .iter()
-                .zip(samples)
-                .map(|(e, s)| TimedEntry {
+                .zip(samples.into_iter().zip(sustained))
+                .map(|(e, (s, sus))| TimedEntry {
                     id: e.id.clone(),
                     samples_us: s,
+                    sustained_us: sus,
                 })
                 .collect(),
         })
     }
+}
+
+/// The median of some samples (0 when there are none: one replay per sustained window).
+fn median(samples: &[f64]) -> f64 {
+    let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Milliseconds between two recorded events, once `end` has completed.
