@@ -70,7 +70,7 @@ min_cc = 90
 max_sq = 16
 
 [knobs]
-BLOCK_N = [32, 16, 64]
+BLOCK_N = [16, 32, 64]
 NUM_WARPS = [4, 2, 8]
 STAGES = [3, 2, 4]
 CLUSTER = [8, 4, 2]

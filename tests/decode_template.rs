@@ -126,7 +126,7 @@ fn max_sq_is_validated_and_optional() {
 /// exports its kernels; the check build once. Three values per knob: the orthogonal
 /// array (i, j, i + j, i + 2j mod 3) covers every pair of values of up to 4 knobs in 9
 /// points (tests/nvrtc_templates.rs compiles every combination for every arch).
-fn compile_covering_set(file: &str, code_knobs: &[&str], archs: &[&str]) {
+fn compile_covering_set(file: &str, code_knobs: &[&str], fixed: &[(&str, i64)], archs: &[&str]) {
     let tc = nvrtc::locate().unwrap_or_else(|e| panic!("NVRTC is required for this test (run scripts/setup.sh): {e}"));
     let dir = common::repo_root().join("kernel-templates");
     let t = Template::load(&dir, file).unwrap();
@@ -136,6 +136,9 @@ fn compile_covering_set(file: &str, code_knobs: &[&str], archs: &[&str]) {
     for i in 0..3 {
         for j in 0..3 {
             let mut p = t.default_params();
+            for (k, v) in fixed {
+                p.insert(k.to_string(), *v);
+            }
             for (n, (k, v)) in code_knobs.iter().zip(&values).enumerate() {
                 p.insert(k.to_string(), v[[i, j, (i + j) % 3, (i + 2 * j) % 3][n]]);
             }
@@ -188,9 +191,12 @@ fn compile_covering_set(file: &str, code_knobs: &[&str], archs: &[&str]) {
 
 #[test]
 fn every_pairwise_variant_compiles_with_nvrtc() {
-    compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &["sm_80", "sm_90"]);
+    compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &[], &["sm_80", "sm_90"]);
     // Clusters and distributed shared memory: sm_90 only (its min_cc).
-    compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &["sm_90"]);
+    // Both ways to combine (push to rank 0, pull through two cluster barriers).
+    for combine in [1, 0] {
+        compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", combine)], &["sm_90"]);
+    }
 }
 
 #[test]
