@@ -173,6 +173,41 @@ struct PushSmem {
     static_assert(RX % 16 == 0 && MBAR % 8 == 0, "16-byte rows, 8-byte mbarrier");
 };
 
+// Chunk c4 (4 columns) of packed row `row`, combined over the CLUSTER splits
+// and stored through strides.o: O = sum_z w_z O_z / sum_z w_z with
+// w_z = exp(lse_z - max_z lse_z). A split that saw no key of the row has LSE
+// -inf, weight 0 and a zero row (never NaN). chunk_at(z) gives split z's float4.
+template <typename ChunkAt>
+__device__ __forceinline__ void dec_combine_chunk(const float (&lse)[CLUSTER], ChunkAt chunk_at, int row, int c4,
+                                                  elem_t* __restrict__ o, const optd_strides& strides, int heads_q,
+                                                  int heads_kv, int seq_q) {
+    float m = OPTD_NEG_INF;
+#pragma unroll
+    for (int z = 0; z < CLUSTER; ++z) m = fmaxf(m, lse[z]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float wsum = 0.f;
+    if (m != OPTD_NEG_INF) {
+#pragma unroll
+        for (int z = 0; z < CLUSTER; ++z) {
+            const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
+            const float4 x = chunk_at(z);
+            wsum += w;
+            acc.x = fmaf(w, x.x, acc.x);
+            acc.y = fmaf(w, x.y, acc.y);
+            acc.z = fmaf(w, x.z, acc.z);
+            acc.w = fmaf(w, x.w, acc.w);
+        }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
+    const int b = blockIdx.y / heads_kv;
+    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
+    uint2 packed;
+    packed.x = pack2(acc.x * inv, acc.y * inv);
+    packed.y = pack2(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(orow + 4 * c4) = packed;
+}
+
 template <int D>
 __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     using L = DecSmem<D>;
@@ -250,40 +285,19 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         const float* lse_own = reinterpret_cast<const float*>(dec_smem + L::LSE);
         const float* rxf = reinterpret_cast<const float*>(dec_smem + P::RX);
         const float* rxl = reinterpret_cast<const float*>(dec_smem + P::RX_LSE);
-        const int b = blockIdx.y / heads_kv;
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
             float lse[CLUSTER];
             lse[0] = lse_own[row];
-            float m = lse[0];
 #pragma unroll
-            for (int z = 1; z < CLUSTER; ++z) {
-                lse[z] = rxl[(z - 1) * DEC_ROWS + row];
-                m = fmaxf(m, lse[z]);
-            }
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-            float wsum = 0.f;
-            if (m != OPTD_NEG_INF) {
-#pragma unroll
-                for (int z = 0; z < CLUSTER; ++z) {
-                    // exp(-inf) = 0: a split that saw no key of the row adds nothing.
-                    const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
-                    const float4 x = z == 0 ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
-                                            : *reinterpret_cast<const float4*>(rxf + ((z - 1) * DEC_ROWS + row) * D + 4 * c4);
-                    wsum += w;
-                    acc.x = fmaf(w, x.x, acc.x);
-                    acc.y = fmaf(w, x.y, acc.y);
-                    acc.z = fmaf(w, x.z, acc.z);
-                    acc.w = fmaf(w, x.w, acc.w);
-                }
-            }
-            const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-            const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
-            elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
-            uint2 packed;
-            packed.x = pack2(acc.x * inv, acc.y * inv);
-            packed.y = pack2(acc.z * inv, acc.w * inv);
-            *reinterpret_cast<uint2*>(orow + 4 * c4) = packed;
+            for (int z = 1; z < CLUSTER; ++z) lse[z] = rxl[(z - 1) * DEC_ROWS + row];
+            dec_combine_chunk(
+                lse,
+                [&](int z) {
+                    return z == 0 ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
+                                  : *reinterpret_cast<const float4*>(rxf + ((z - 1) * DEC_ROWS + row) * D + 4 * c4);
+                },
+                row, c4, o, strides, heads_q, heads_kv, seq_q);
         }
     }
 #else
@@ -292,40 +306,15 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     // 3. The cluster combines: chunk c of the rows goes to CTA c % CLUSTER.
     const unsigned xo_local = smem_u32(dec_smem + L::XO);
     const unsigned lse_local = smem_u32(dec_smem + L::LSE);
-    const int b = blockIdx.y / heads_kv;
     for (int c = split + CLUSTER * (int)threadIdx.x; c < rows_valid * C4; c += CLUSTER * DEC_THREADS) {
         const int row = c / C4, c4 = c % C4;
         float lse[CLUSTER];
-        float m = OPTD_NEG_INF;
 #pragma unroll
-        for (int z = 0; z < CLUSTER; ++z) {
-            lse[z] = dsmem_ld_f32(dsmem_map(lse_local + 4 * row, z));
-            m = fmaxf(m, lse[z]);
-        }
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        float wsum = 0.f;
-        if (m != OPTD_NEG_INF) {
-            const unsigned off = xo_local + (unsigned)((row * L::XO_ROW + 4 * c4) * 4);
-#pragma unroll
-            for (int z = 0; z < CLUSTER; ++z) {
-                // exp(-inf) = 0: a split that saw no key of the row adds nothing
-                // (its row is 0, never NaN).
-                const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
-                const float4 x = dsmem_ld_f32x4(dsmem_map(off, z));
-                wsum += w;
-                acc.x = fmaf(w, x.x, acc.x);
-                acc.y = fmaf(w, x.y, acc.y);
-                acc.z = fmaf(w, x.z, acc.z);
-                acc.w = fmaf(w, x.w, acc.w);
-            }
-        }
-        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-        const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
-        elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
-        uint2 packed;
-        packed.x = pack2(acc.x * inv, acc.y * inv);
-        packed.y = pack2(acc.z * inv, acc.w * inv);
-        *reinterpret_cast<uint2*>(orow + 4 * c4) = packed;
+        for (int z = 0; z < CLUSTER; ++z) lse[z] = dsmem_ld_f32(dsmem_map(lse_local + 4 * row, z));
+        const unsigned off = xo_local + (unsigned)((row * L::XO_ROW + 4 * c4) * 4);
+        dec_combine_chunk(
+            lse, [&](int z) { return dsmem_ld_f32x4(dsmem_map(off, z)); }, row, c4, o, strides, heads_q, heads_kv,
+            seq_q);
     }
     cluster_sync();  // 4.
 #endif
