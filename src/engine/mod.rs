@@ -21,6 +21,7 @@ use crate::strategy::plan::Plan;
 mod agent_stage;
 mod candidate;
 mod closing;
+mod rerank;
 mod gpu_wait;
 mod incumbents;
 mod open_phase;

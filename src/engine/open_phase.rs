@@ -148,7 +148,7 @@ impl Engine {
             let mut cs = ClassSearch::new(class.clone(), class_templates(&class, &candidates), spec.clone());
             // The closing's re-rank comes after this phase: a resume during the closing must
             // prime the searches as the run did, without it.
-            for it in recorded.iter().filter(|i| !i.stage.starts_with(OPEN_PREFIX) && i.stage != super::closing::RERANK_STAGE && i.verdict.is_final()) {
+            for it in recorded.iter().filter(|i| !i.stage.starts_with(OPEN_PREFIX) && i.stage != super::rerank::RERANK_STAGE && i.verdict.is_final()) {
                 if let Ok(p) = serde_json::from_str::<Params>(&it.params_json) {
                     cs.prime(&it.template, &p, class_score(it, &class));
                 }

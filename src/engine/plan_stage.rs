@@ -114,7 +114,7 @@ impl Engine {
             let start_json = serde_json::to_string(&start)?;
             let now = self.ledger.iterations(&self.run_id).await?;
             // Not the closing's re-rank: it comes after every stage (see open_phase).
-            let earlier = now.iter().filter(|i| &i.stage != name && i.stage != super::closing::RERANK_STAGE && i.template == stage.template.name());
+            let earlier = now.iter().filter(|i| &i.stage != name && i.stage != super::rerank::RERANK_STAGE && i.template == stage.template.name());
             let mut start_score = None;
             for it in earlier {
                 if it.params_json == start_json {
