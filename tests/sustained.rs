@@ -203,19 +203,21 @@ async fn sustained_ms_0_keeps_the_closing_as_it_was() {
     assert!((closing[0].ours_sustained_us().unwrap() - 59.82).abs() < 1e-9);
 }
 
+/// The daemon's CLI in the project with its scripted worker, optionally with a failpoint armed.
+fn cli(p: &Project, args: &[&str], failpoint: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_optimizerd"));
+    cmd.current_dir(p.path()).args(args).arg("--worker-script").arg(p.path().join("script.json")).env_remove(optimizerd::failpoint::ENV);
+    if let Some(f) = failpoint {
+        cmd.env(optimizerd::failpoint::ENV, f);
+    }
+    cmd.output().unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_the_re_rank_is_recorded_resumes_without_applying_it_twice() {
     let p = project(1.5);
     fake_sdpa(&p, true);
-    let bin = env!("CARGO_BIN_EXE_optimizerd");
-    let cli = |args: &[&str], failpoint: Option<&str>| {
-        let mut cmd = Command::new(bin);
-        cmd.current_dir(p.path()).args(args).arg("--worker-script").arg(p.path().join("script.json")).env_remove(optimizerd::failpoint::ENV);
-        if let Some(f) = failpoint {
-            cmd.env(optimizerd::failpoint::ENV, f);
-        }
-        cmd.output().unwrap()
-    };
+    let cli = |args: &[&str], failpoint: Option<&str>| cli(&p, args, failpoint);
     // Die right after the first shape's re-rank (iteration 4) is recorded.
     let o = cli(&["start", "--budget", "10m", "--foreground", "--run-id", "crash", "--seed", "7"], Some("rerank-recorded@4"));
     assert!(!o.status.success(), "the failpoint aborts the daemon");
@@ -249,15 +251,7 @@ async fn a_crash_after_the_re_rank_is_recorded_resumes_without_applying_it_twice
 async fn a_crash_between_promoting_and_recording_the_re_rank_redoes_it_once() {
     let p = project(1.5);
     fake_sdpa(&p, false);
-    let bin = env!("CARGO_BIN_EXE_optimizerd");
-    let cli = |args: &[&str], failpoint: Option<&str>| {
-        let mut cmd = Command::new(bin);
-        cmd.current_dir(p.path()).args(args).arg("--worker-script").arg(p.path().join("script.json")).env_remove(optimizerd::failpoint::ENV);
-        if let Some(f) = failpoint {
-            cmd.env(optimizerd::failpoint::ENV, f);
-        }
-        cmd.output().unwrap()
-    };
+    let cli = |args: &[&str], failpoint: Option<&str>| cli(&p, args, failpoint);
     // `best` has advanced in git, the ledger has only the running row of iteration 4.
     let o = cli(&["start", "--budget", "10m", "--foreground", "--run-id", "mid", "--seed", "7"], Some("rerank-promoted@4"));
     assert!(!o.status.success());
