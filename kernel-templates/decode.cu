@@ -45,10 +45,21 @@
  *             all threads sum the NUM_WARPS copies of each valid row, 16 bytes
  *             at a time, and store it: to O through strides.o (n_splits = 1,
  *             elem_t), or to o_partial with lse_partial (n_splits > 1).
- *   combine   (n_splits > 1, a second launch) one warp per row of O:
+ *   combine   (n_splits > 1) one warp per row of O:
  *             w_z = exp(lse_z - max_z lse_z), O = sum_z w_z O_z / sum_z w_z,
  *             lane l owning D / 32 consecutive dims, the splits' loads issued
- *             COMBINE_UNROLL at a time.
+ *             COMBINE_UNROLL at a time. FUSED_COMBINE = 0: a second launch,
+ *             one warp per row of the whole problem. FUSED_COMBINE = 1: in
+ *             the same launch, by the last CTA of each (group, row tile) to
+ *             finish its split: each CTA stores its partial, fences, and
+ *             counts itself in on the group's split semaphore (the ABI's
+ *             zeroed words after the LSEs: lse_partial[n_splits * B*HQ*SQ
+ *             + blockIdx.y * gridDim.z + blockIdx.z], atom.acq_rel.gpu); the
+ *             one that brings it to n_splits resets it to 0 and combines the
+ *             group's <= 16 rows with its warps. Why: on the small caches the
+ *             second launch (launch gap, ramp, tail) is a fixed 1.5-3 us next
+ *             to a 5-10 us kernel, and a cluster (decode-cluster) caps the
+ *             splits of a group at 8 CTAs, so B 1 x 8 KV heads fills 64 SMs.
  *
  * Partial results (n_splits > 1), fp32, FlashAttention's softmax_lse
  * convention (the ABI's contiguous scratch, row index (b * HQ + h) * SQ + s):
@@ -57,6 +68,10 @@
  *                               -inf (and O_z = 0) when the split has no key
  *                               the row sees (a causal row s < SQ - 1 whose
  *                               last split holds only keys past its diagonal).
+ *   lse_partial[n_splits * B*HQ*SQ + g]  (unsigned) split semaphore of CTA
+ *                               group g = blockIdx.y * gridDim.z + blockIdx.z,
+ *                               FUSED_COMBINE only: zero on entry (the ABI's
+ *                               contract), zero again when the launch ends.
  *
  * Masking. Causal decode rows are the last SQ positions: row s sees keys
  * <= s + SK - SQ (optd_causal_offset), so only keys > SK - SQ, all in the last
@@ -75,6 +90,8 @@
  *                         >= SPLIT_WAVES * SMS where the keys allow   1, 2, 4
  *          MIN_SPLIT_TILES  fewest key tiles per split (a split is
  *                         a fixed cost: prologue, merge, combine row) 1, 2, 4
+ *          FUSED_COMBINE  combine in a second launch (0) or in the
+ *                         last CTA of each group (1)                  0, 1
  *          (SPLIT_WAVES and MIN_SPLIT_TILES only enter the launch formulas.)
  * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N, rows of 2 D bytes:
  *          2 D * 16  (packed Q tile)
@@ -87,7 +104,7 @@
  * CTAs:    fwd      n_splits x (B * HKV) x cdiv(G * SQ, 16), NUM_WARPS * 32
  *                   threads (B * HKV <= 65535)
  *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads, only when
- *                   n_splits > 1
+ *                   n_splits > 1 and FUSED_COMBINE = 0
  * n_splits: groups = B * HKV * cdiv(G * SQ, 16) CTAs per split;
  *          want = min(cdiv(SPLIT_WAVES * SMS, groups),
  *                     cdiv(n_tiles, MIN_SPLIT_TILES)), at least 1; then lowered
@@ -114,6 +131,7 @@ NUM_WARPS = [4, 2, 8]
 STAGES = [3, 2, 4]
 SPLIT_WAVES = [1, 2, 4]
 MIN_SPLIT_TILES = [1, 2, 4]
+FUSED_COMBINE = [0, 1]
 
 [derived]
 tile_n = "NUM_WARPS * BLOCK_N"
@@ -132,7 +150,7 @@ smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARP
 
 [[launch]]
 kernel = "combine"
-when = "splits > 1"
+when = "splits > 1 and FUSED_COMBINE == 0"
 grid = ["cdiv(B * HQ * SQ, 4)", "1", "1"]
 block = ["128", "1", "1"]
 smem = "0"
@@ -141,8 +159,107 @@ smem = "0"
 #include "common/optd.cuh"
 #include "common/decode_split.cuh"
 
+#ifndef FUSED_COMBINE
+#error "FUSED_COMBINE must be defined (0 or 1)"
+#endif
+
 #define DEC_COMBINE_ROWS 4    // rows (warps) per combine CTA: 128 threads
 #define DEC_COMBINE_UNROLL 8  // splits whose loads a combine lane has in flight
+
+// ---------------------------------------------------------------------------
+// One row of O from the n_splits partials, by one warp: row `row` of
+// rows_total = B * HQ * SQ, lane l owning dims [l * D / 32, (l + 1) * D / 32).
+// Loads go through L2 only (ld.global.cg): with FUSED_COMBINE the partials
+// were written by other CTAs of the same launch.
+// ---------------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void dec_combine_row(const float* o_partial, const float* lse_partial, int n_splits,
+                                                size_t rows_total, size_t row, elem_t* orow) {
+    constexpr int VEC = D / 32;  // consecutive dims per lane: 2 or 4
+    static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
+    const int lane = threadIdx.x & 31;
+
+    // Max LSE over the splits, lanes reading different splits.
+    float m = OPTD_NEG_INF;
+    for (int z = lane; z < n_splits; z += 32) m = fmaxf(m, __ldcg(lse_partial + (size_t)z * rows_total + row));
+    m = warp_max(m);
+
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
+    float wsum = 0.f;
+    if (m != OPTD_NEG_INF) {
+        // Every split wrote every row (O = 0, LSE = -inf where it saw no key),
+        // so the loads need no guard beyond z < n_splits; DEC_COMBINE_UNROLL
+        // splits' loads go out before their first use. Split z's row is
+        // z * rows_total rows further on, in both arrays.
+        const float* lse_z = lse_partial + row;
+        const float* o_z = o_partial + row * D + lane * VEC;
+        const size_t o_step = rows_total * D;
+        for (int z0 = 0; z0 < n_splits; z0 += DEC_COMBINE_UNROLL) {
+            float w[DEC_COMBINE_UNROLL];
+            float x[DEC_COMBINE_UNROLL][VEC];
+#pragma unroll
+            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
+                const bool live = z0 + u < n_splits;
+                // Same address in every lane: one broadcast load. The slots past
+                // n_splits are not splits at all: weight 0.
+                w[u] = live ? fast_exp2((__ldcg(lse_z + u * rows_total) - m) * OPTD_LOG2E) : 0.f;
+                if constexpr (VEC == 4) {
+                    const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z + u * o_step)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    x[u][0] = t.x;
+                    x[u][1] = t.y;
+                    x[u][2] = t.z;
+                    x[u][3] = t.w;
+                } else {
+                    const float2 t = live ? __ldcg(reinterpret_cast<const float2*>(o_z + u * o_step)) : make_float2(0.f, 0.f);
+                    x[u][0] = t.x;
+                    x[u][1] = t.y;
+                }
+            }
+            // exp(-inf) = 0: a split that saw no key adds nothing.
+#pragma unroll
+            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
+                wsum += w[u];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w[u], x[u][e], acc[e]);
+            }
+            lse_z += DEC_COMBINE_UNROLL * rows_total;
+            o_z += DEC_COMBINE_UNROLL * o_step;
+        }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    elem_t* out = orow + lane * VEC;
+    if constexpr (VEC == 4) {
+        uint2 packed;
+        packed.x = pack2(acc[0] * inv, acc[1] * inv);
+        packed.y = pack2(acc[2] * inv, acc[3] * inv);
+        *reinterpret_cast<uint2*>(out) = packed;
+    } else {
+        *reinterpret_cast<unsigned*>(out) = pack2(acc[0] * inv, acc[1] * inv);
+    }
+}
+
+// Count this CTA in on its group's split semaphore; true in the one CTA that
+// arrives last (and has reset the semaphore for the next launch). Every thread
+// calls it after its own partial stores: the fence orders them before the
+// barrier, the barrier before thread 0's release, and thread 0's acquire plus
+// the barrier's second half order every later load after all arrivals.
+__device__ __forceinline__ bool dec_arrive_last(unsigned* sem, int n_splits) {
+    __threadfence();
+    __syncthreads();
+    int last = 0;
+    if (threadIdx.x == 0) {
+        unsigned prev;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(sem) : "memory");
+        if (prev == (unsigned)n_splits - 1) {
+            last = 1;
+            // Nobody else touches it in this launch now: all n_splits CTAs are in.
+            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;\n" ::"l"(sem) : "memory");
+        }
+    }
+    return __syncthreads_or(last) != 0;
+}
 
 // ---------------------------------------------------------------------------
 // Forward: one (split, b * HKV + kv head, row tile) per CTA. The split's work
@@ -167,6 +284,7 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
     const int b = blockIdx.y / heads_kv;
     const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
+    const size_t rows_total = (size_t)batch * heads_q * seq_q;
     constexpr int C4 = D / 4;
     for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
         const int row = c / C4, c4 = c % C4;
@@ -187,21 +305,35 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
             packed.y = pack2(sum.z, sum.w);
             *reinterpret_cast<uint2*>(orow + 4 * c4) = packed;
         } else {
-            const size_t prow = (((size_t)split * batch + b) * heads_q + out.hq) * seq_q + out.s;
+            const size_t prow = (size_t)split * rows_total + ((size_t)b * heads_q + out.hq) * seq_q + out.s;
             *reinterpret_cast<float4*>(o_partial + prow * D + 4 * c4) = sum;
             if (c4 == 0) lse_partial[prow] = lse_s[row];
         }
     }
+#if FUSED_COMBINE
+    if (n_splits == 1) return;
+    // The semaphores follow the n_splits * rows_total LSEs (the ABI's zeroed
+    // words; B * HKV * row_tiles <= rows_total of them are used).
+    unsigned* sem = reinterpret_cast<unsigned*>(lse_partial + (size_t)n_splits * rows_total) +
+                    ((size_t)blockIdx.y * gridDim.z + blockIdx.z);
+    if (!dec_arrive_last(sem, n_splits)) return;
+    // The last CTA of the group: its warps combine the group's valid rows.
+    for (int r = threadIdx.x >> 5; r < rows_valid; r += NUM_WARPS) {
+        const DecRow out = dec_out_row(r, heads_q, heads_kv, seq_q);
+        const size_t row = ((size_t)b * heads_q + out.hq) * seq_q + out.s;
+        elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
+        dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);
+    }
+#endif
 }
 
 // ---------------------------------------------------------------------------
-// Combine (n_splits > 1): one warp per output row (b * HQ + h) * SQ + s.
+// Combine (n_splits > 1, FUSED_COMBINE = 0): one warp per output row
+// (b * HQ + h) * SQ + s.
 // ---------------------------------------------------------------------------
 template <int D>
 __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
     OPTD_CHECK_SMEM(COMBINE, D, 0);  // launched as role `combine` with smem "0"
-    constexpr int VEC = D / 32;      // consecutive dims per lane: 2 or 4
-    static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
     (void)q;
     (void)k;
     (void)v;
@@ -209,73 +341,14 @@ __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
     (void)seq_k;
     (void)softmax_scale;
     (void)causal;
-    const int lane = threadIdx.x & 31;
     const size_t rows_total = (size_t)batch * heads_q * seq_q;
     const size_t row = (size_t)blockIdx.x * DEC_COMBINE_ROWS + (threadIdx.x >> 5);
     if (row >= rows_total) return;
-
-    // Max LSE over the splits, lanes reading different splits.
-    float m = OPTD_NEG_INF;
-    for (int z = lane; z < n_splits; z += 32) m = fmaxf(m, lse_partial[(size_t)z * rows_total + row]);
-    m = warp_max(m);
-
-    float acc[VEC];
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
-    float wsum = 0.f;
-    if (m != OPTD_NEG_INF) {
-        // Every split wrote every row (O = 0, LSE = -inf where it saw no key),
-        // so the loads need no guard beyond z < n_splits; DEC_COMBINE_UNROLL
-        // splits' loads go out before their first use. Split z's row is
-        // z * rows_total rows further on, in both arrays.
-        const float* lse_z = lse_partial + row;
-        const float* o_z = o_partial + row * D + lane * VEC;
-        const size_t o_step = rows_total * D;
-        for (int z0 = 0; z0 < n_splits; z0 += DEC_COMBINE_UNROLL) {
-            float w[DEC_COMBINE_UNROLL];
-            float x[DEC_COMBINE_UNROLL][VEC];
-#pragma unroll
-            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
-                const bool live = z0 + u < n_splits;
-                // Same address in every lane: one broadcast load. The slots past
-                // n_splits are not splits at all: weight 0.
-                w[u] = live ? fast_exp2((lse_z[u * rows_total] - m) * OPTD_LOG2E) : 0.f;
-                if constexpr (VEC == 4) {
-                    const float4 t = live ? *reinterpret_cast<const float4*>(o_z + u * o_step) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    x[u][0] = t.x;
-                    x[u][1] = t.y;
-                    x[u][2] = t.z;
-                    x[u][3] = t.w;
-                } else {
-                    const float2 t = live ? *reinterpret_cast<const float2*>(o_z + u * o_step) : make_float2(0.f, 0.f);
-                    x[u][0] = t.x;
-                    x[u][1] = t.y;
-                }
-            }
-            // exp(-inf) = 0: a split that saw no key adds nothing.
-#pragma unroll
-            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
-                wsum += w[u];
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w[u], x[u][e], acc[e]);
-            }
-            lse_z += DEC_COMBINE_UNROLL * rows_total;
-            o_z += DEC_COMBINE_UNROLL * o_step;
-        }
-    }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     const int s = (int)(row % seq_q);
     const int h = (int)((row / seq_q) % heads_q);
     const int b = (int)(row / ((size_t)seq_q * heads_q));
-    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + (long long)s * strides.o_s + lane * VEC;
-    if constexpr (VEC == 4) {
-        uint2 packed;
-        packed.x = pack2(acc[0] * inv, acc[1] * inv);
-        packed.y = pack2(acc[2] * inv, acc[3] * inv);
-        *reinterpret_cast<uint2*>(orow) = packed;
-    } else {
-        *reinterpret_cast<unsigned*>(orow) = pack2(acc[0] * inv, acc[1] * inv);
-    }
+    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + (long long)s * strides.o_s;
+    dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);
 }
 
 // minBlocks = 1: the Q fragments, O accumulators and S tile stay in registers.

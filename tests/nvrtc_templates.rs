@@ -1,11 +1,15 @@
-//! Every template variant compiles with NVRTC for sm_80, sm_89 and sm_90 (those at or
-//! above its `min_cc`), in both builds (timed, and the CTA-counting check build) and
-//! both element types, and exports the kernels its spec launches. An arch-specific
-//! template (`arch_specific = true`, e.g. wgmma_tma.cu) is compiled only for its own
-//! target, `sm_<min_cc>a`, the one the daemon uses. A variant is a combination of the
-//! knobs the code uses (knobs only the launch formulas read change no code). Every
-//! `*.cu` under kernel-templates/ and kernel-templates/testing/ is compiled, so a new
-//! template is covered as soon as it exists. Needs NVRTC: `bash scripts/setup.sh`.
+//! Template variants compile with NVRTC for sm_80, sm_89 and sm_90 (those at or above its
+//! `min_cc`), in both builds (timed, and the CTA-counting check build) and both element
+//! types, and export the kernels their spec launches. An arch-specific template
+//! (`arch_specific = true`, e.g. wgmma_tma.cu) is compiled only for its own target,
+//! `sm_<min_cc>a`, the one the daemon uses. A variant is a combination of the knobs the
+//! code uses (knobs only the launch formulas read change no code); each template compiles
+//! a covering set of them: its default, then greedily the variants that cover the most
+//! value pairs not yet covered, until every pair of values of every two code knobs has
+//! compiled together. (The full products grew past 2,000 compiles, most of CI's time; a
+//! knob interaction that breaks a build is a two-knob one in every case met so far.)
+//! Every `*.cu` under kernel-templates/ and kernel-templates/testing/ is compiled, so a
+//! new template is covered as soon as it exists. Needs NVRTC: `bash scripts/setup.sh`.
 
 mod common;
 
@@ -16,7 +20,7 @@ use optimizerd::nvrtc;
 use optimizerd::spec::protocol::DType;
 use optimizerd::pipeline::render::render;
 use optimizerd::strategy::search::{Search, SearchKind};
-use optimizerd::spec::template::Template;
+use optimizerd::spec::template::{Params, Template};
 
 const ARCHS: [(&str, u32); 3] = [("sm_80", 80), ("sm_89", 89), ("sm_90", 90)];
 
@@ -65,12 +69,16 @@ fn every_template_variant_compiles_for_every_arch() {
         let launch_only: Vec<String> = t.knobs.iter().map(|(k, _)| k.clone()).filter(|k| !code.contains(k.as_str())).collect();
         let mut compiled_code: std::collections::BTreeSet<String> = Default::default();
         let mut s = Search::new(SearchKind::Exhaustive, t.knobs.clone(), t.default_params(), 100_000);
-        let mut first = true;
+        let mut distinct = Vec::new();
         while let Some(p) = s.next() {
             let relevant: Vec<(&String, &i64)> = p.iter().filter(|(k, _)| !launch_only.contains(k)).collect();
-            if !compiled_code.insert(format!("{relevant:?}")) {
-                continue;
+            if compiled_code.insert(format!("{relevant:?}")) {
+                distinct.push(p);
             }
+        }
+        let code_knobs: Vec<String> = t.knobs.iter().map(|(k, _)| k.clone()).filter(|k| !launch_only.contains(k)).collect();
+        let mut first = true;
+        for p in pairwise_cover(&t.default_params(), distinct, &code_knobs) {
             for dtype in [DType::Fp16, DType::Bf16] {
                 let src = render(&t, &p, dtype, &dir).unwrap();
                 for arch in &archs {
@@ -133,6 +141,80 @@ fn arch_specific_templates_compile_only_for_their_arch_specific_target() {
     // Templates without the flag keep the plain targets their min_cc allows.
     let base = Template::load(&dir, "baseline.cu").unwrap();
     assert_eq!(targets(&base), vec!["sm_80", "sm_89", "sm_90"]);
+}
+
+/// A covering set of `variants` (distinct in their `knobs`): `default` first when it is
+/// one of them, then, greedily, the variant that covers the most pairs of (knob, value)
+/// not covered yet, until every pair that occurs in `variants` is covered (with fewer
+/// than two knobs: every value of each). The result is deterministic (ties keep order).
+fn pairwise_cover(default: &Params, variants: Vec<Params>, knobs: &[String]) -> Vec<Params> {
+    type Pair = (usize, i64, usize, i64);
+    let pairs_of = |p: &Params| -> Vec<Pair> {
+        let mut out = Vec::new();
+        for (i, a) in knobs.iter().enumerate() {
+            // A lone knob still needs each value once: pair it with itself.
+            if knobs.len() == 1 {
+                out.push((i, p[a], i, p[a]));
+            }
+            for (j, b) in knobs.iter().enumerate().skip(i + 1) {
+                out.push((i, p[a], j, p[b]));
+            }
+        }
+        out
+    };
+    let mut uncovered: std::collections::BTreeSet<Pair> = variants.iter().flat_map(|p| pairs_of(p)).collect();
+    let mut pool = variants;
+    let mut chosen = Vec::new();
+    if let Some(i) = pool.iter().position(|p| knobs.iter().all(|k| p[k] == default[k])) {
+        let p = pool.remove(i);
+        for x in pairs_of(&p) {
+            uncovered.remove(&x);
+        }
+        chosen.push(p);
+    }
+    while !uncovered.is_empty() {
+        let gain = |p: &Params| pairs_of(p).iter().filter(|x| uncovered.contains(x)).count();
+        let best = (0..pool.len()).max_by_key(|&i| (gain(&pool[i]), std::cmp::Reverse(i))).expect("uncovered pairs come from the pool");
+        let p = pool.remove(best);
+        for x in pairs_of(&p) {
+            uncovered.remove(&x);
+        }
+        chosen.push(p);
+    }
+    if chosen.is_empty() {
+        chosen.extend(pool.into_iter().take(1));
+    }
+    chosen
+}
+
+#[test]
+fn the_covering_set_holds_every_value_pair_and_far_fewer_variants_than_the_product() {
+    let knobs: Vec<String> = ["A", "B", "C", "D"].iter().map(|s| s.to_string()).collect();
+    let mut all = Vec::new();
+    for a in [1, 2, 3] {
+        for b in [1, 2, 3] {
+            for c in [0, 1] {
+                for d in [4, 8, 16] {
+                    all.push(Params::from_iter([("A".into(), a), ("B".into(), b), ("C".into(), c), ("D".into(), d)]));
+                }
+            }
+        }
+    }
+    let default = Params::from_iter([("A".into(), 2), ("B".into(), 1), ("C".into(), 1), ("D".into(), 8)]);
+    let cover = pairwise_cover(&default, all.clone(), &knobs);
+    assert_eq!(cover[0], default, "the daemon's starting point compiles first");
+    assert!(cover.len() <= 12 && cover.len() >= 9, "3 x 3 pairs need at least 9 variants, got {}", cover.len());
+    for (i, a) in knobs.iter().enumerate() {
+        for b in &knobs[i + 1..] {
+            for p in &all {
+                assert!(cover.iter().any(|c| c[a] == p[a] && c[b] == p[b]), "{a}={} with {b}={} not covered", p[a], p[b]);
+            }
+        }
+    }
+    // One knob: each value once; none: the one variant.
+    let one: Vec<Params> = [1, 2, 3].iter().map(|&v| Params::from_iter([("A".into(), v)])).collect();
+    assert_eq!(pairwise_cover(&one[1], one.clone(), &knobs[..1]).len(), 3);
+    assert_eq!(pairwise_cover(&Params::new(), vec![Params::new()], &[]).len(), 1);
 }
 
 /// The CUDA text without /* */ and // comments (the prose header names every knob).
