@@ -235,7 +235,9 @@ def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_v
     of, o = storage("o", None)
     splits, launches, vars_ = launches_for(abi, kernel, shape, device)
     o_part = torch.empty(max(1, splits * b * hq * sq * d), device="cuda", dtype=torch.float32)
-    lse = torch.empty(max(1, splits * b * hq * sq), device="cuda", dtype=torch.float32)
+    # (n_splits + 1) * B*HQ*SQ words: the split LSEs, then the split semaphores, which must be
+    # zero before the first launch (the kernels leave them zero); zeros for the whole buffer.
+    lse = torch.zeros(max(1, (splits + 1) * b * hq * sq), device="cuda", dtype=torch.float32)
     counter = torch.zeros(1, device="cuda", dtype=torch.int32)
     fns = []
     for l in launches:

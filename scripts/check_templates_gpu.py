@@ -8,8 +8,10 @@ template under kernel-templates/ and every knob combination, fp16 and bf16:
      compile the check build (-DOPTD_COUNT_CTAS=1) with cupy.RawModule (NVRTC);
   2. per shape, evaluate the spec's [derived] names and [[launch]] grid / block /
      smem / when expressions, fill O (and the fp32 partial buffers) with NaN,
+     except lse_partial's split semaphores (its last B*HQ*SQ words, zeroed),
      launch every planned kernel with the shared ABI, and check
        - each launch's CTA counter equals its grid size,
+       - the split semaphores are zero again after the launches,
        - no NaN / inf is left in O,
        - max |O - ref| <= atol (2e-2 fp16, 6e-2 bf16) and rel. L2 <= 1e-2,
      against torch's scaled_dot_product_attention in fp32 on the same inputs;
@@ -524,6 +526,22 @@ class Strides(ctypes.Structure):
     SIZE = 96
 
 
+def semaphore_error(lse, splits: int, rows: int) -> str | None:
+    """Why the split semaphores of `lse` (a float32 torch tensor of (splits + 1) * rows
+    words; the last `rows` are u32 semaphores) are not all zero after a plan's launches,
+    or None. The ABI requires every plan to leave them zero."""
+    import torch  # only on the GPU paths, where torch is loaded already
+
+    sem = lse[splits * rows:].view(torch.int32)
+    nonzero = (sem != 0).nonzero()
+    if nonzero.numel() == 0:
+        return None
+    i = int(nonzero[0])
+    word = int(sem[i]) & 0xFFFFFFFF
+    return (f"left split semaphores nonzero (lse_partial[{splits * rows + i}] = {word}, {nonzero.numel()} of "
+            f"{sem.numel()} words): the ABI requires every plan to leave lse_partial's last B*HQ*SQ words zero")
+
+
 def abi_values(q: int, k: int, v: int, o: int, o_part: int, lse: int, shape: Shape, splits: int, counter: int) -> list:
     """The 16 ABI v2 parameters as ctypes values: six pointers, batch, heads_q, heads_kv, seq_q,
     seq_k, n_splits (int32), softmax_scale = 1/sqrt(D) (float32), causal (int32), the strides
@@ -779,14 +797,17 @@ class Gpu:
         return storage
 
     def buffers(self, shape: Shape, splits: int, dtype: str, fill=float("nan"), need_ref: bool = True):
-        """(q, k, v, o as flat strided storage, o_part, lse, fp32 reference)."""
+        """(q, k, v, o as flat strided storage, o_part, lse, fp32 reference). lse holds
+        (splits + 1) * rows words: the split LSEs (filled with `fill`), then the split
+        semaphores, which the ABI requires zero before a plan's launches."""
         torch = self.torch
         q, k, v, ref = self.inputs(shape, dtype, need_ref)
         qs, ks, vs = (self.place(shape, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
         o = torch.full((shape.extent("o"),), fill, device="cuda", dtype=q.dtype)
         rows = shape.b * shape.hq * shape.sq
         o_part = torch.full((max(1, splits * rows * shape.d),), fill, device="cuda", dtype=torch.float32)
-        lse = torch.full((max(1, splits * rows),), fill, device="cuda", dtype=torch.float32)
+        lse = torch.full((max(1, (splits + 1) * rows),), fill, device="cuda", dtype=torch.float32)
+        lse[splits * rows:].zero_()
         return qs, ks, vs, o, o_part, lse, ref
 
     def kernel(self, mod, launch):
@@ -839,6 +860,9 @@ class Gpu:
             ran, planned = int(self.counter.get()[0]), math.prod(launch["grid"])
             if ran != planned:
                 return False, f"{launch['kernel']}: {ran} CTAs counted, {planned} planned"
+        sem_error = semaphore_error(lse, splits, shape.b * shape.hq * shape.sq)
+        if sem_error:
+            return False, sem_error
         out = self.view(shape, "o", o).float()
         bad = int((~torch.isfinite(out)).sum())
         if bad:

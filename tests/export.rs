@@ -64,6 +64,11 @@ async fn export_writes_each_best_kernel_and_a_launch_manifest() {
     assert_eq!(m["abi"]["args"][12][0], "softmax_scale");
     assert_eq!(m["abi"]["args"][14][0], "strides");
     assert_eq!(m["abi"]["args"].as_array().unwrap().len(), 16);
+    // lse_partial carries the split semaphores after the LSEs, and the zero-on-exit rule.
+    assert_eq!(m["abi"]["args"][5][0], "lse_partial");
+    let lse = m["abi"]["args"][5][2].as_str().unwrap();
+    assert!(lse.contains("(n_splits + 1)*B*HQ*SQ"), "{lse}");
+    assert!(lse.contains("split semaphores") && lse.contains("leaves zero"), "{lse}");
     assert_eq!((base["shapes"][0]["shape"]["hq"].as_u64(), base["shapes"][0]["shape"]["layout"].as_str()), (Some(8), Some("bhsd")));
     assert!(m["abi"]["causal"].as_str().unwrap().contains("SK - SQ"), "{}", m["abi"]["causal"]);
     // And they compile as they are.

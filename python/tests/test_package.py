@@ -296,6 +296,9 @@ class Dispatch(unittest.TestCase):
         splits = -(-kv_tiles // -(-kv_tiles // want))
         self.assertEqual(dec.splits, splits)
         self.assertEqual([l.kernel for l in dec.launches], ["optd_fwd_d128", "optd_combine_d128"])
+        # The split workspace: o_partial, then the LSEs and one split semaphore per row.
+        plan = PKG._dispatch.encode_plan(dec, [0, 1], self.call(1, 32, 8, 1, 1000, 128))
+        self.assertEqual(plan[1:4], [splits, splits * 32 * 128, (splits + 1) * 32])
 
     def test_no_kernel_of_the_class_falls_back_and_says_what_the_package_has(self):
         for call, text in [(self.call(4, 32, 8, 2048, 2048, 128, causal=False), "no exported kernel for class "
@@ -335,7 +338,8 @@ class Dispatch(unittest.TestCase):
         self.assertEqual(q_map["dims"], [64, 8192, 2, 16, 2])
         self.assertEqual(q_map["strides_bytes"], [16 * 128 * 2, 128, 128 * 2, 8192 * 16 * 128 * 2])
         plan = PKG._dispatch.encode_plan(dec, [5], call)
-        self.assertEqual(plan[:6], [1, 1, 2 * 16 * 8192 * 128, 2 * 16 * 8192, 1, 2])
+        # lse_partial: (splits + 1) * B*HQ*SQ words, the LSEs then the split semaphores.
+        self.assertEqual(plan[:6], [1, 1, 2 * 16 * 8192 * 128, (1 + 1) * 2 * 16 * 8192, 1, 2])
         self.assertEqual(len(plan), 6 + 8 + 2 * 26)
         self.assertEqual(plan[6:14], [5, 64, 16, 2, 384, 1, 1, 128 * 128 * 2 + 4 * 128 * 128 * 2])
 

@@ -46,6 +46,7 @@ pub fn rules(allowed_headers: &[String]) -> String {
          - Include only: {}.\n\
          - No mutable global device state (`__device__`/`__managed__` variables), no malloc/new, no child launches: every launch must compute O from Q, K, V alone.\n\
          - Write exactly O (and the o_partial/lse_partial scratch if the template uses splits); never write Q, K or V.\n\
+         - lse_partial's last B*HQ*SQ words (from index n_splits*B*HQ*SQ) are split semaphores: zero when the launches start, and they must be zero again when they end (a kernel that counts arrivals resets its counter); the check fails otherwise.\n\
          - Kernel ABI v2: address every row through `strides` (element strides of batch, head and row; only the last dimension is contiguous): the check also runs views whose rows are further apart than D. Query head h reads KV head optd_kv_head(h, heads_q, heads_kv); causal is bottom-right (row i sees keys <= i + seq_k - seq_q).\n\
          Reply format: first a line `SUMMARY: <one line saying what changes and why it should be faster>`, then one or more blocks\n\
          <<<<<<< SEARCH\n<lines copied exactly from the template>\n=======\n<replacement lines>\n>>>>>>> REPLACE\n\

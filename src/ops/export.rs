@@ -243,7 +243,7 @@ fn abi() -> Abi {
             ("v", "const T*", "B x HKV x SK rows of D elements, through strides.v_*"),
             ("o", "T*", "B x HQ x SQ rows of D elements, through strides.o_*, written"),
             ("o_partial", "float*", "n_splits*B*HQ*SQ*D floats of contiguous scratch (>= 1 element)"),
-            ("lse_partial", "float*", "n_splits*B*HQ*SQ floats of contiguous scratch (>= 1 element)"),
+            ("lse_partial", "float*", "(n_splits + 1)*B*HQ*SQ 4-byte words, contiguous: n_splits*B*HQ*SQ float LSEs of scratch, then B*HQ*SQ split semaphores (unsigned 32-bit, from word n_splits*B*HQ*SQ) that must be zero before a plan's first launch and that every execution of the plan's launches leaves zero (zero them once per reused workspace, or each call for a fresh one)"),
             ("batch", "int", "B"),
             ("heads_q", "int", "HQ, query heads"),
             ("heads_kv", "int", "HKV, key/value heads (HQ % HKV == 0; 1: multi-query)"),

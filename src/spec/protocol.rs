@@ -327,7 +327,10 @@ impl Launch {
 pub struct ShapePlan {
     pub shape: Shape,
     /// KV splits: sizes the fp32 partial buffers (`n_splits*B*HQ*SQ*D` and
-    /// `n_splits*B*HQ*SQ`, contiguous in that order whatever the layout).
+    /// `(n_splits + 1)*B*HQ*SQ` 4-byte words, contiguous in that order whatever the
+    /// layout). lse_partial's last B*HQ*SQ words (from `n_splits*B*HQ*SQ`) are split
+    /// semaphores (u32): zero before the plan's first launch, and left zero by every
+    /// execution of its launches (a kernel that counts arrivals resets its counter).
     pub n_splits: u32,
     pub launches: Vec<Launch>,
     /// TMA tensor maps appended, in this order, to the parameters of every launch.

@@ -394,7 +394,9 @@ def encode_plan(decision: Decision, kernel_ids: List[int], call: Call) -> List[i
     if decision.path == "fallback":
         return [0]
     splits = decision.splits
-    out = [PATH_CODES[decision.path], splits, splits * call.b * call.hq * call.sq * call.d, splits * call.b * call.hq * call.sq,
+    rows = call.b * call.hq * call.sq
+    # lse_partial: the split LSEs, then one split semaphore word per row (kernel ABI v2).
+    out = [PATH_CODES[decision.path], splits, splits * rows * call.d, (splits + 1) * rows,
            len(decision.launches), len(decision.maps)]
     for kid, l in zip(kernel_ids, decision.launches):
         out += [kid, *l.grid, *l.block, l.smem]

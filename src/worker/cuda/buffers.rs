@@ -1,6 +1,8 @@
 //! The device buffers a check or a timing launches on: Q, K, V, O tensor sets uploaded in
-//! the element type, the fp32 split-KV partials, and the NaN/pattern fills that poison
-//! them before a launch.
+//! the element type, the fp32 split-KV partials (with the split semaphores after the
+//! LSEs), and the NaN/pattern fills that poison them before a launch.
+
+use std::sync::Arc;
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError};
@@ -20,10 +22,23 @@ pub(super) struct TensorSet {
     pub(super) view: ViewStrides,
 }
 
-/// The fp32 split-KV scratch buffers.
+/// The fp32 split-KV scratch buffers. `lse` holds `(n_splits + 1) * rows` 4-byte words:
+/// the per-split LSEs, then `rows` split semaphores (u32) that the ABI requires to be zero
+/// before a plan's launches and after them.
 pub(super) struct Partials {
     pub(super) o: CudaSlice<f32>,
     pub(super) lse: CudaSlice<f32>,
+    /// Index in `lse` of the first semaphore word (`n_splits * rows`).
+    pub(super) sem_at: usize,
+}
+
+impl Partials {
+    /// Read the split semaphores back (as u32; the buffer is typed f32 for the ABI),
+    /// after the stream's earlier work; the caller synchronises before using the words.
+    pub(super) fn read_semaphores(&self, stream: &Arc<CudaStream>) -> Result<Vec<u32>, DriverError> {
+        let words: Vec<f32> = stream.clone_dtoh(&self.lse.slice(self.sem_at..))?;
+        Ok(words.into_iter().map(f32::to_bits).collect())
+    }
 }
 
 /// The raw device address of a buffer, for kernel parameters and driver calls.
@@ -63,7 +78,9 @@ impl CudaBackend {
         Ok(TensorSet { q, k, v, o, view })
     }
 
-    /// Allocate the split-KV partials for `n_splits`, NaN-poisoned when `poison`.
+    /// Allocate the split-KV partials for `n_splits`, zeroed; when `poison`, o_partial and
+    /// the LSE words are NaN-poisoned but the semaphore words stay zero (the ABI's
+    /// precondition for a plan's first launch).
     pub(super) fn alloc_partials(
         &self,
         shape: &Shape,
@@ -75,22 +92,24 @@ impl CudaBackend {
         let splits = n_splits.max(1) as u64;
         let rows = shape.q_rows();
         let o_len = (splits * rows * shape.d as u64).max(1) as usize;
-        let lse_len = (splits * rows).max(1) as usize;
+        let sem_at = (splits * rows) as usize;
+        // The LSEs, then one semaphore word per row (ABI v2's compatible extension).
+        let lse_len = ((splits + 1) * rows).max(1) as usize;
         let o = api(stream.alloc_zeros::<f32>(o_len), || {
             format!("{what}: allocating o_partial ({o_len} floats)")
         })?;
         let lse = api(stream.alloc_zeros::<f32>(lse_len), || {
-            format!("{what}: allocating lse_partial ({lse_len} floats)")
+            format!("{what}: allocating lse_partial ({lse_len} words: LSEs and split semaphores)")
         })?;
         if poison {
-            poison_f32(stream, &o).map_err(|e| {
+            poison_f32(stream, dptr(&o, stream), o.len()).map_err(|e| {
                 Failure::cuda(format!("{what}: poisoning o_partial"), e, Stage::Api)
             })?;
-            poison_f32(stream, &lse).map_err(|e| {
-                Failure::cuda(format!("{what}: poisoning lse_partial"), e, Stage::Api)
+            poison_f32(stream, dptr(&lse, stream), sem_at.min(lse.len())).map_err(|e| {
+                Failure::cuda(format!("{what}: poisoning lse_partial's LSE words"), e, Stage::Api)
             })?;
         }
-        Ok(Partials { o, lse })
+        Ok(Partials { o, lse, sem_at })
     }
 }
 
@@ -109,10 +128,9 @@ pub(super) fn poison_u16(stream: &CudaStream, buf: &CudaSlice<u16>, bits: u16) -
     unsafe { sys::cuMemsetD16Async(p, bits, buf.len(), stream.cu_stream()) }.result()
 }
 
-/// Fill all of `buf` with the fp32 quiet NaN.
-fn poison_f32(stream: &CudaStream, buf: &CudaSlice<f32>) -> Result<(), DriverError> {
-    let p = dptr(buf, stream);
-    // SAFETY: as in poison_u16, for `buf.len()` 32-bit elements.
-    unsafe { sys::cuMemsetD32Async(p, reference::NAN_BITS_F32, buf.len(), stream.cu_stream()) }
-        .result()
+/// Fill `len` 32-bit elements at `p` with the fp32 quiet NaN.
+fn poison_f32(stream: &CudaStream, p: sys::CUdeviceptr, len: usize) -> Result<(), DriverError> {
+    // SAFETY: as in poison_u16: callers pass `p` addressing at least `len` 32-bit elements
+    // of a live buffer that outlives the asynchronous memset.
+    unsafe { sys::cuMemsetD32Async(p, reference::NAN_BITS_F32, len, stream.cu_stream()) }.result()
 }

@@ -1,7 +1,8 @@
 //! The correctness check of a candidate's check build, shape by shape (smallest first,
 //! stopping at the first failure): fresh random inputs, O and the partials poisoned with
 //! NaN, the launches run while the CPU computes the fp32 reference, then unwritten
-//! outputs, the error against the tolerance and the CTAs counted against the plan. The
+//! outputs, the error against the tolerance, the CTAs counted against the plan and the
+//! split semaphores (lse_partial's tail) left zero as the ABI requires. The
 //! launches run twice: on the shape's layout contiguous (what timing uses), then on padded
 //! views (rows further apart than D, the gaps NaN, writes into them counted), so a kernel
 //! must honour the ABI's strides. With probes on, the anti-cheat probes of
@@ -157,7 +158,7 @@ impl CudaBackend {
             r.function_launch(&abi, counter_base + 4 * i as u64, stream)
                 .map_err(|e| Failure::cuda(format!("check {key}: launch {i} ({})", r.launch.kernel), e, Stage::Launch))?;
         }
-        Ok(ViewRun { shape, set, guarded, _partials: partials, counters, counter_base, abi })
+        Ok(ViewRun { shape, set, guarded, partials, counters, counter_base, abi })
     }
 
     /// Wait for a [`launch_view`]'s launches, read O back through its view and compare it
@@ -180,6 +181,7 @@ impl CudaBackend {
             Some(g) => probe::read_guarded_o(stream, g, n_o, key)?,
             None => (after(stream.clone_dtoh(&run.set.o), || format!("check {key}: reading O"))?, 0),
         };
+        let sems = after(run.partials.read_semaphores(stream), || format!("check {key}: reading the split semaphores"))?;
         after(stream.synchronize(), || format!("check {key}: reading results"))?;
         let nan = reference::nan_bits(shape.dtype);
         let o = reference::gather(&shape, &run.set.view, TensorName::O, &buffer, nan);
@@ -200,6 +202,7 @@ impl CudaBackend {
         if cmp.rel_l2 > tol.rtol_l2 || cmp.rel_l2.is_nan() {
             reasons.push(format!("rel_l2 {} > rtol_l2 {}", fmt_err(cmp.rel_l2), tol.rtol_l2));
         }
+        reasons.extend(semaphores_left(&sems, run.partials.sem_at));
         for (i, (r, &got)) in fns.iter().zip(&ctas_ran).enumerate() {
             let planned = r.launch.ctas();
             if got != planned {
@@ -210,14 +213,28 @@ impl CudaBackend {
     }
 }
 
+/// Why a plan fails the split-semaphore rule, if it does: `sems` are lse_partial's last
+/// B*HQ*SQ words after the launches, starting at index `sem_at`. A later execution of the
+/// plan (timing, the rerun probe, an exported caller reusing its workspace) starts from
+/// these words, so every one must be back to zero.
+fn semaphores_left(sems: &[u32], sem_at: usize) -> Option<String> {
+    let (i, w) = sems.iter().enumerate().find(|(_, &w)| w != 0)?;
+    let nonzero = sems.iter().filter(|&&w| w != 0).count();
+    Some(format!(
+        "left split semaphores nonzero (lse_partial[{}] = {w}, {nonzero} of {} words): the ABI requires every plan to leave lse_partial's last B*HQ*SQ words zero",
+        sem_at + i,
+        sems.len()
+    ))
+}
+
 /// One view's launches in flight: what [`CudaBackend::finish_view`] reads back, and what
 /// the probes reuse.
 struct ViewRun {
     shape: crate::spec::protocol::Shape,
     set: TensorSet,
     guarded: Option<cudarc::driver::CudaSlice<u16>>,
-    /// Kept alive until the launches are done.
-    _partials: Partials,
+    /// Kept alive until the launches are done; its semaphore words are read back after.
+    partials: Partials,
     counters: cudarc::driver::CudaSlice<u32>,
     counter_base: cudarc::driver::sys::CUdeviceptr,
     abi: Abi,
@@ -229,4 +246,17 @@ struct ViewSeen {
     ctas_ran: Vec<u64>,
     guards_bad: usize,
     reasons: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::semaphores_left;
+
+    #[test]
+    fn nonzero_split_semaphores_fail_with_the_first_index_and_the_count() {
+        assert_eq!(semaphores_left(&[0, 0, 0], 6), None);
+        let why = semaphores_left(&[0, 3, 0, 1], 8).expect("nonzero semaphores fail");
+        assert!(why.starts_with("left split semaphores nonzero (lse_partial[9] = 3, 2 of 4 words)"), "{why}");
+        assert!(why.contains("last B*HQ*SQ words zero"), "{why}");
+    }
 }

@@ -3,13 +3,14 @@
 //! samples taken round by round with the entries' order alternating, timed with events;
 //! with `sustained_ms`, then one back-to-back window per entry and round (the same graphs).
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaEvent, DriverError};
 
 use super::abi::Abi;
-use super::buffers::{dptr, TensorSet};
+use super::buffers::{dptr, Partials, TensorSet};
 use super::error::{after, api, Failure, Stage};
 use super::kernels::{resolve, Resolved};
 use super::plan::{validate_plan, validate_shape};
@@ -145,13 +146,16 @@ impl CudaBackend {
                 sets
             }
         };
-        let max_splits = case
-            .entries
-            .iter()
-            .map(|e| e.plan.n_splits)
-            .max()
-            .unwrap_or(1);
-        let partials = self.alloc_partials(&shape, max_splits, false, &what)?;
+        // One zeroed Partials per distinct n_splits: the split semaphores sit right after
+        // the LSEs (at n_splits * rows), so an entry with more splits would write its LSEs
+        // over the semaphores of an entry with fewer if they shared a buffer. Entries with
+        // the same n_splits share one, since each execution leaves the semaphores zero.
+        let mut partials: HashMap<u32, Partials> = HashMap::new();
+        for e in &case.entries {
+            if let Entry::Vacant(slot) = partials.entry(e.plan.n_splits) {
+                slot.insert(self.alloc_partials(&shape, e.plan.n_splits, false, &format!("{what} ({})", e.id))?);
+            }
+        }
         let scratch = api(self.stream.alloc_zeros::<u32>(1), || {
             format!("{what}: allocating the scratch counter")
         })?;
@@ -164,8 +168,12 @@ impl CudaBackend {
             .entries
             .iter()
             .map(|e| {
+                let what = format!("{what} ({})", e.id);
+                let partials = partials
+                    .get(&e.plan.n_splits)
+                    .ok_or_else(|| Failure::Bad(format!("{what}: no partials for n_splits {}", e.plan.n_splits)))?;
                 sets.iter()
-                    .map(|set| Abi::new(&e.plan, set, &partials, stream, &format!("{what} ({})", e.id)))
+                    .map(|set| Abi::new(&e.plan, set, partials, stream, &what))
                     .collect::<Result<Vec<_>, _>>()
             })
             .collect::<Result<_, _>>()?;

@@ -2,8 +2,8 @@
 // for a shape (and with what grid, shared memory and tensor maps) is decided once per
 // distinct call signature by the package's Python dispatcher (`_dispatch.py`, reached
 // through the OPTD_NS::_resolve op), then cached here, so a repeated call costs a hash
-// lookup, the allocations of o and the split workspace, and one cuLaunchKernel per
-// launch: no Python on the hot path.
+// lookup, the allocations of o and the split workspace, one memset of the workspace's
+// split semaphores and one cuLaunchKernel per launch: no Python on the hot path.
 //
 // Built at first import by `_launcher.py` (g++ against the installed torch; no ninja, no
 // pybind11, no Python headers) and loaded with torch.ops.load_library. The driver API is
@@ -52,6 +52,7 @@ struct Driver {
   CUresult (*moduleLoadData)(CUmodule*, const void*) = nullptr;
   CUresult (*moduleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*funcSetAttribute)(CUfunction, CUfunction_attribute, int) = nullptr;
+  CUresult (*memsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream) = nullptr;
   CUresult (*launchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                            void**, void**) = nullptr;
   CUresult (*tensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -81,6 +82,7 @@ struct Driver {
     sym(lib, "cuModuleLoadData", d.moduleLoadData);
     sym(lib, "cuModuleGetFunction", d.moduleGetFunction);
     sym(lib, "cuFuncSetAttribute", d.funcSetAttribute);
+    sym(lib, "cuMemsetD32Async", d.memsetD32Async);
     sym(lib, "cuLaunchKernel", d.launchKernel);
     sym(lib, "cuTensorMapEncodeTiled", d.tensorMapEncodeTiled);
     sym(lib, "cuGetErrorString", d.getErrorString);
@@ -169,7 +171,7 @@ struct MapSpec {
 struct Plan {
   bool fallback = true;
   int path = 0;  // 0 fallback, 1 exact, 2 class: what stats() counts
-  int64_t splits = 1, opart = 1, lse = 1;  // workspace floats
+  int64_t splits = 1, opart = 1, lse = 1;  // workspace floats (lse: LSEs and split semaphores)
   std::vector<Launch> launches;
   std::vector<MapSpec> maps;
 };
@@ -191,7 +193,8 @@ std::atomic<int64_t> g_calls[3];  // calls per plan path since load
 
 // Plan layout (int64, written by _dispatch.encode_plan):
 //   [0] path: 0 fallback, 1 exact kernel, 2 kernel of the shape's class
-//   kernels: [1] splits, [2] o_partial floats, [3] lse floats, [4] launches, [5] maps,
+//   kernels: [1] splits, [2] o_partial floats, [3] lse_partial words ((splits + 1) * B*HQ*SQ:
+//   the LSEs, then the split semaphores), [4] launches, [5] maps,
 //   per launch 8: kernel id, grid x y z, block x y z, dynamic smem;
 //   per map 26: tensor, dims[5], strides_bytes[4], box[5], element_strides[5], swizzle bytes, l2 code, 4 reserved.
 std::shared_ptr<const Plan> decode_plan(const at::Tensor& t) {
@@ -333,12 +336,16 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   ensure_context(device);
   const Driver& d = Driver::get();
   at::Tensor o = bshd ? at::empty({B, SQ, HQ, D}, q.options()) : at::empty({B, HQ, SQ, D}, q.options());
-  // One float32 workspace: o_partial, lse_partial, then a 4-byte CTA counter the
+  // One float32 workspace: o_partial, lse_partial (the LSEs, then B*HQ*SQ split
+  // semaphores), then a 4-byte CTA counter the
   // exported (non-counting) builds never touch but the ABI wants valid.
   at::Tensor ws = at::empty({plan->opart + plan->lse + 1}, q.options().dtype(at::kFloat));
   float* opart = ws.data_ptr<float>();
   float* lse = opart + plan->opart;
   unsigned* counter = reinterpret_cast<unsigned*>(lse + plan->lse);
+  const int64_t rows = B * HQ * SQ;
+  TORCH_CHECK(plan->lse >= (plan->splits + 1) * rows, OPTD_STR(OPTD_NS), ": the plan's lse_partial has ", plan->lse,
+              " words, the ABI needs (splits + 1) * B*HQ*SQ = ", (plan->splits + 1) * rows);
 
   const void* qp = q.data_ptr();
   const void* kp = k.data_ptr();
@@ -368,6 +375,11 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   for (auto& m : maps) params.push_back(&m);
 
   CUstream stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  // The workspace is fresh per call from the caching allocator (what keeps a call safe
+  // under CUDA graph capture), so its split semaphores are zeroed each call, as the ABI
+  // requires before a plan's launches: only those words, on the launches' stream.
+  check(d.memsetD32Async(reinterpret_cast<CUdeviceptr>(lse + plan->splits * rows), 0, static_cast<size_t>(rows), stream),
+        "cuMemsetD32Async (split semaphores)");
   for (const Launch& l : plan->launches) {
     Kernel* kern;
     {
