@@ -92,20 +92,16 @@
  *                         a fixed cost: prologue, merge, combine row) 1, 2, 4
  *          FUSED_COMBINE  combine in a second launch (0) or in the
  *                         last CTA of each group (1)                  0, 1
- *          ROW_TILES      16-row tiles per CTA (common/decode_split.cuh:
- *                         2 = MQA's 32 rows share each K/V tile in
- *                         shared memory; NUM_WARPS / ROW_TILES warps
- *                         split a tile's keys, TILE_N = that * BLOCK_N) 1, 2
  *          (SPLIT_WAVES and MIN_SPLIT_TILES only enter the launch formulas.)
- * Shared (dynamic, bytes), TILE_N = NUM_WARPS / ROW_TILES * BLOCK_N, rows of 2 D bytes:
- *          2 D * 16 * ROW_TILES  (packed Q tiles)
+ * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N, rows of 2 D bytes:
+ *          2 D * 16  (packed Q tile)
  *          + max(2 D * 2 * STAGES * TILE_N        (K and V ring),
  *                NUM_WARPS * 16 * (D + 8) * 4)    (fp32 O rows of the merge)
  *          (DecSmem<D>::BYTES, checked against the spec's smem formula by
  *          OPTD_CHECK_SMEM); e.g. D 128, 4 warps, BLOCK_N 32, 3 stages:
  *          4 KiB + 192 KiB. Combos over the device's opt-in limit (227 KiB on
  *          sm_90) are rejected by the gate.
- * CTAs:    fwd      n_splits x (B * HKV) x cdiv(cdiv(G * SQ, 16), ROW_TILES), NUM_WARPS * 32
+ * CTAs:    fwd      n_splits x (B * HKV) x cdiv(G * SQ, 16), NUM_WARPS * 32
  *                   threads (B * HKV <= 65535)
  *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads, only when
  *                   n_splits > 1 and FUSED_COMBINE = 0
@@ -136,13 +132,11 @@ STAGES = [3, 2, 4]
 SPLIT_WAVES = [1, 2, 4]
 MIN_SPLIT_TILES = [1, 2, 4]
 FUSED_COMBINE = [0, 1]
-ROW_TILES = [1, 2]
 
 [derived]
-tile_n = "NUM_WARPS // ROW_TILES * BLOCK_N"
+tile_n = "NUM_WARPS * BLOCK_N"
 row_tiles = "cdiv(G * SQ, 16)"
-cta_row_tiles = "cdiv(row_tiles, ROW_TILES)"
-groups = "B * HKV * cta_row_tiles"
+groups = "B * HKV * row_tiles"
 kv_tiles = "cdiv(SK, tile_n)"
 want_splits = "max(1, min(cdiv(SPLIT_WAVES * SMS, groups), cdiv(kv_tiles, MIN_SPLIT_TILES)))"
 tiles_per_split = "cdiv(kv_tiles, want_splits)"
@@ -150,9 +144,9 @@ splits = "cdiv(kv_tiles, tiles_per_split)"
 
 [[launch]]
 kernel = "fwd"
-grid = ["splits", "B * HKV", "cta_row_tiles"]
+grid = ["splits", "B * HKV", "row_tiles"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "ELEM_BYTES * D * 16 * ROW_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4)"
+smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4)"
 
 [[launch]]
 kernel = "combine"
@@ -289,25 +283,21 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     const float* xo = reinterpret_cast<const float*>(dec_smem + L::XO);
     const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
     const int b = blockIdx.y / heads_kv;
+    const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
     const size_t rows_total = (size_t)batch * heads_q * seq_q;
     constexpr int C4 = D / 4;
-    // Row `cr` of the CTA is row r = cr % 16 of row tile rt = cr / 16, whose warps
-    // are rt * DEC_WPR ...; lse_s is indexed by cr.
-    for (int c = threadIdx.x; c < DEC_CTA_ROWS * C4; c += DEC_THREADS) {
-        const int cr = c / C4, c4 = c % C4;
-        const int rt = cr / DEC_ROWS, row = cr % DEC_ROWS;
-        if (row >= dec_rows_valid(heads_q, heads_kv, seq_q, rt)) continue;
-        const float* xt = xo + rt * DEC_WPR * DEC_ROWS * L::XO_ROW;
-        float4 sum = *reinterpret_cast<const float4*>(xt + row * L::XO_ROW + 4 * c4);
+    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+        const int row = c / C4, c4 = c % C4;
+        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
 #pragma unroll
-        for (int w = 1; w < DEC_WPR; ++w) {
-            const float4 x = *reinterpret_cast<const float4*>(xt + (w * DEC_ROWS + row) * L::XO_ROW + 4 * c4);
+        for (int w = 1; w < NUM_WARPS; ++w) {
+            const float4 x = *reinterpret_cast<const float4*>(xo + (w * DEC_ROWS + row) * L::XO_ROW + 4 * c4);
             sum.x += x.x;
             sum.y += x.y;
             sum.z += x.z;
             sum.w += x.w;
         }
-        const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q, rt);
+        const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
         if (n_splits == 1) {
             elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
             uint2 packed;
@@ -317,7 +307,7 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
         } else {
             const size_t prow = (size_t)split * rows_total + ((size_t)b * heads_q + out.hq) * seq_q + out.s;
             *reinterpret_cast<float4*>(o_partial + prow * D + 4 * c4) = sum;
-            if (c4 == 0) lse_partial[prow] = lse_s[cr];
+            if (c4 == 0) lse_partial[prow] = lse_s[row];
         }
     }
 #if FUSED_COMBINE
@@ -328,10 +318,8 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
                     ((size_t)blockIdx.y * gridDim.z + blockIdx.z);
     if (!dec_arrive_last(sem, n_splits)) return;
     // The last CTA of the group: its warps combine the group's valid rows.
-    for (int cr = threadIdx.x >> 5; cr < DEC_CTA_ROWS; cr += NUM_WARPS) {
-        const int rt = cr / DEC_ROWS, r = cr % DEC_ROWS;
-        if (r >= dec_rows_valid(heads_q, heads_kv, seq_q, rt)) continue;  // warp-uniform
-        const DecRow out = dec_out_row(r, heads_q, heads_kv, seq_q, rt);
+    for (int r = threadIdx.x >> 5; r < rows_valid; r += NUM_WARPS) {
+        const DecRow out = dec_out_row(r, heads_q, heads_kv, seq_q);
         const size_t row = ((size_t)b * heads_q + out.hq) * seq_q + out.s;
         elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
         dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);

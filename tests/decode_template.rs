@@ -28,7 +28,7 @@ fn gqa(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, causal: bool) -> Shape {
 }
 
 fn knobs(block_n: i64, warps: i64, stages: i64, waves: i64, min_tiles: i64) -> Params {
-    [("BLOCK_N", block_n), ("NUM_WARPS", warps), ("STAGES", stages), ("SPLIT_WAVES", waves), ("MIN_SPLIT_TILES", min_tiles), ("FUSED_COMBINE", 0), ("ROW_TILES", 1)]
+    [("BLOCK_N", block_n), ("NUM_WARPS", warps), ("STAGES", stages), ("SPLIT_WAVES", waves), ("MIN_SPLIT_TILES", min_tiles), ("FUSED_COMBINE", 0)]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
@@ -77,13 +77,6 @@ fn the_spec_splits_the_cache_to_fill_the_sms_and_packs_the_group_into_row_tiles(
     fused.insert("FUSED_COMBINE".into(), 1);
     assert_eq!(planned(&t, &fused, &gqa(8, 32, 1, 1, 4096, true)), (8, vec![fwd(8, 8, 2)]));
     assert_eq!(planned(&t, &fused, &gqa(1, 32, 8, 1, 1024, false)), (8, vec![fwd(8, 8, 1)]));
-    // ROW_TILES 2: MQA's two row tiles are one CTA (2 warps each, 64 keys per tile): 8
-    // groups want 17 splits, 64 tiles make that 4 per split, 16 splits.
-    let mut rows2 = p.clone();
-    rows2.insert("ROW_TILES".into(), 2);
-    assert_eq!(planned(&t, &rows2, &gqa(8, 32, 1, 1, 4096, true)), (16, vec![fwd(16, 8, 1), combine(64)]));
-    let plan = t.plan(&rows2, &gqa(8, 32, 1, 1, 4096, true), &h100()).unwrap();
-    assert_eq!(plan.launches[0].dyn_smem, 2 * 256 * 16 + 3 * 2 * 64 * 256, "two Q tiles, a ring of 64-key tiles");
 
     // Shared memory: the Q tile plus the K/V ring (or the merge's fp32 rows), as the
     // header states; D 128, 4 warps of 32 keys, 3 stages: 4 KiB + 192 KiB.
@@ -204,10 +197,8 @@ fn compile_covering_set(file: &str, code_knobs: &[&str], fixed: &[(&str, i64)], 
 #[test]
 fn every_pairwise_variant_compiles_with_nvrtc() {
     // Both ways to combine the splits (a second launch, the last CTA of each group).
-    // And two row tiles per CTA (MQA), fused.
-    for (fused, row_tiles) in [(0, 1), (1, 1), (1, 2)] {
-        let fixed = [("FUSED_COMBINE", fused), ("ROW_TILES", row_tiles)];
-        compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &fixed, &["sm_80", "sm_90"]);
+    for fused in [0, 1] {
+        compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &[("FUSED_COMBINE", fused)], &["sm_80", "sm_90"]);
     }
     // Clusters and distributed shared memory: sm_90 only (its min_cc).
     // Both ways to combine (push to rank 0, pull through two cluster barriers).
@@ -261,7 +252,7 @@ max_candidates = 1
 name = "decode"
 template = "decode.cu"
 search = "exhaustive"
-space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], ROW_TILES = [1] }
+space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1] }
 
 [open_phase]
 enabled = false

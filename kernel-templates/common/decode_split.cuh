@@ -6,31 +6,23 @@
  * the method; this file is its per-CTA part:
  *
  *   decode_split_tile<D>(..., t_begin, t_end)
- *       the CTA (blockIdx.y = b * HKV + kv head, blockIdx.z = ROW_TILES row
- *       tiles of 16 packed rows r = gi * SQ + s) walks key tiles [t_begin,
- *       t_end) of DEC_TILE_N keys: packed Q tiles and a STAGES-deep cp.async
- *       K/V ring, mma.sync S = Q K^T and O += P V per warp on its BLOCK_N keys
- *       of each tile, online softmax, then the warps' merge. On return (after
- *       a barrier) shared memory holds, for each row tile rt and each valid
- *       row r < dec_rows_valid(..., rt):
+ *       the CTA (blockIdx.y = b * HKV + kv head, blockIdx.z = row tile of 16
+ *       packed rows r = gi * SQ + s) walks key tiles [t_begin, t_end) of
+ *       DEC_TILE_N keys: packed Q tile and a STAGES-deep cp.async K/V ring,
+ *       mma.sync S = Q K^T and O += P V per warp on its BLOCK_N keys of each
+ *       tile, online softmax, then the warps' merge. On return (after a
+ *       barrier) shared memory holds, for each valid row r < dec_rows_valid():
  *         xo[w][r][0 .. D)  warp w's share of the split's normalized O row
  *                           (fp32, rows of DecSmem::XO_ROW floats): the row
- *                           is the sum over the DEC_WPR warps of row tile rt,
- *                           w = rt * DEC_WPR + 0 .. DEC_WPR - 1;
- *         lse_s[16 rt + r]  the split's natural-log LSE of the scaled scores,
+ *                           is the sum over the NUM_WARPS warps;
+ *         lse_s[r]          the split's natural-log LSE of the scaled scores,
  *                           -inf (and O = 0) when it saw no key of the row.
- *   dec_rows_valid(heads_q, heads_kv, seq_q, rt)   packed rows of row tile rt
- *   dec_out_row(r, ..., rt)   where packed row r of row tile rt lives
+ *   dec_rows_valid(heads_q, heads_kv, seq_q)   packed rows of this row tile
+ *   dec_out_row(...)          where packed row r's output row lives
  *
  * Expects the including template to define the knobs BLOCK_N, NUM_WARPS and
- * STAGES (and optionally ROW_TILES, default 1) and to launch NUM_WARPS * 32
- * threads with DecSmem<D>::BYTES of dynamic shared memory.
- *
- * ROW_TILES: the CTA's 16-row tiles of packed rows. With ROW_TILES = 2 (MQA's
- * 32 heads per KV head), blockIdx.z covers row tiles 2 z and 2 z + 1; warps
- * [rt * DEC_WPR, (rt + 1) * DEC_WPR) serve row tile rt, splitting its keys,
- * and both row tiles read the same K/V tiles from shared memory: one copy of
- * the cache per group instead of one per row tile, half the CTAs.
+ * STAGES and to launch NUM_WARPS * 32 threads with DecSmem<D>::BYTES of
+ * dynamic shared memory.
  ******************************************************************************/
 #ifndef OPTD_DECODE_SPLIT_CUH
 #define OPTD_DECODE_SPLIT_CUH
@@ -58,17 +50,8 @@
 #error "NUM_WARPS must be in 1..16"
 #endif
 
-#ifndef ROW_TILES
-#define ROW_TILES 1
-#endif
-#if ROW_TILES < 1 || NUM_WARPS % ROW_TILES != 0
-#error "ROW_TILES must divide NUM_WARPS"
-#endif
-
-#define DEC_ROWS 16                           // packed query rows per row tile: one m16 tile
-#define DEC_CTA_ROWS (ROW_TILES * DEC_ROWS)   // packed query rows per CTA
-#define DEC_WPR (NUM_WARPS / ROW_TILES)       // warps per row tile, splitting each tile's keys
-#define DEC_TILE_N (DEC_WPR * BLOCK_N)        // keys per CTA tile
+#define DEC_ROWS 16                        // packed query rows per CTA: one m16 tile
+#define DEC_TILE_N (NUM_WARPS * BLOCK_N)   // keys per CTA tile
 #define DEC_THREADS (NUM_WARPS * 32)
 
 // ---------------------------------------------------------------------------
@@ -116,7 +99,7 @@ __device__ __forceinline__ unsigned dec_tile_off(int row, int chunk) {
 template <int D>
 struct DecSmem {
     static constexpr int ROW_BYTES = 2 * D;
-    static constexpr int Q_BYTES = DEC_CTA_ROWS * ROW_BYTES;
+    static constexpr int Q_BYTES = DEC_ROWS * ROW_BYTES;
     static constexpr int KV_BYTES = DEC_TILE_N * ROW_BYTES;  // one K (or V) tile
     static constexpr int XO_ROW = D + 8;                     // floats per merged O row
     static constexpr int Q = 0;
@@ -127,23 +110,21 @@ struct DecSmem {
     static constexpr int XO_END = XO + NUM_WARPS * DEC_ROWS * XO_ROW * 4;
     static constexpr int BYTES = RING_END > XO_END ? RING_END : XO_END;
     static constexpr int ML = Q;                                  // [2][NUM_WARPS][16] floats
-    static constexpr int LSE = ML + 2 * NUM_WARPS * DEC_ROWS * 4;  // [DEC_CTA_ROWS] floats
-    static_assert(LSE + DEC_CTA_ROWS * 4 <= Q_BYTES, "row maxima, sums and LSE must fit in the Q tile");
+    static constexpr int LSE = ML + 2 * NUM_WARPS * DEC_ROWS * 4;  // [16] floats
+    static_assert(LSE + DEC_ROWS * 4 <= Q_BYTES, "row maxima, sums and LSE must fit in the Q tile");
 };
 
-// Packed rows of this CTA's row tile rt (of blockIdx.z's ROW_TILES), at most 16;
-// 0 or less for a second row tile past the group's rows (its warps store nothing).
-__device__ __forceinline__ int dec_rows_valid(int heads_q, int heads_kv, int seq_q, int rt = 0) {
-    return min(DEC_ROWS, (heads_q / heads_kv) * seq_q - ((int)blockIdx.z * ROW_TILES + rt) * DEC_ROWS);
+// Packed rows of this CTA's row tile (blockIdx.z), 1 .. 16.
+__device__ __forceinline__ int dec_rows_valid(int heads_q, int heads_kv, int seq_q) {
+    return min(DEC_ROWS, (heads_q / heads_kv) * seq_q - (int)blockIdx.z * DEC_ROWS);
 }
 
-// Packed row r of row tile rt: with p = 16 (ROW_TILES z + rt) + r, query head
-// kvh * G + p / SQ, row p % SQ.
+// Packed row r of this CTA: query head kvh * G + (16 z + r) / SQ, row (16 z + r) % SQ.
 struct DecRow {
     int hq, s;
 };
-__device__ __forceinline__ DecRow dec_out_row(int r, int heads_q, int heads_kv, int seq_q, int rt = 0) {
-    const int pr = ((int)blockIdx.z * ROW_TILES + rt) * DEC_ROWS + r;
+__device__ __forceinline__ DecRow dec_out_row(int r, int heads_q, int heads_kv, int seq_q) {
+    const int pr = (int)blockIdx.z * DEC_ROWS + r;
     const int kvh = (int)blockIdx.y % heads_kv;
     return DecRow{kvh * (heads_q / heads_kv) + pr / seq_q, pr % seq_q};
 }
@@ -161,7 +142,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     constexpr int KSTEPS = D / 16;   // k-steps of S = Q K^T
     constexpr int NT = BLOCK_N / 8;  // n8 tiles of S per warp
     constexpr int DT = D / 8;        // n8 tiles of O
-    constexpr int Q_ITERS = (DEC_CTA_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
+    constexpr int Q_ITERS = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
     static_assert(DEC_THREADS % CH == 0, "a thread copies one chunk column of the K/V rows");
     constexpr int KV_RSTEP = DEC_THREADS / CH;  // rows between a thread's copies
     static_assert(DEC_TILE_N % KV_RSTEP == 0, "K/V tile chunks must split evenly over the threads");
@@ -183,25 +164,22 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     const int b = blockIdx.y / heads_kv;
     const int kvh = blockIdx.y % heads_kv;
     const int group = heads_q / heads_kv;
-    const int cta_row0 = blockIdx.z * DEC_CTA_ROWS;  // the CTA's first packed row: r = gi * SQ + s
-    const int rt = warp / DEC_WPR;                   // this warp's row tile ...
-    const int wk = warp % DEC_WPR;                   // ... and its BLOCK_N keys of each tile
-    const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q, rt);  // packed rows of the warp's tile
-    const int prow0 = cta_row0 + rt * DEC_ROWS;                         // its first packed row
+    const int rows_valid = min(DEC_ROWS, group * seq_q - (int)blockIdx.z * DEC_ROWS);  // packed rows of this tile
+    const int prow0 = blockIdx.z * DEC_ROWS;  // first packed row: r = gi * SQ + s
 
     const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, kvh);
     const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, kvh);
 
     const int my_tiles = max(0, t_end - t_begin);
 
-    // --- packed Q tiles: row r = query head kvh * G + (cta_row0 + r) / SQ, row (cta_row0 + r) % SQ
+    // --- packed Q tile: row r = query head kvh * G + (prow0 + r) / SQ, row (prow0 + r) % SQ
 #pragma unroll
     for (int i = 0; i < Q_ITERS; ++i) {
         const int c = tid + i * DEC_THREADS;
-        if ((DEC_CTA_ROWS * CH) % DEC_THREADS != 0 && c >= DEC_CTA_ROWS * CH) break;
+        if ((DEC_ROWS * CH) % DEC_THREADS != 0 && c >= DEC_ROWS * CH) break;
         const int r = c / CH, ch = c % CH;
-        const int pr = cta_row0 + r;
-        const bool ok = pr < group * seq_q;
+        const bool ok = r < rows_valid;
+        const int pr = prow0 + r;
         const elem_t* src = q;
         if (ok) {
             const int h = kvh * group + pr / seq_q;
@@ -248,8 +226,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     const unsigned v_lane = dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
     unsigned qf[KSTEPS][4];
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk)
-        dec_ldmatrix_x4(qf[kk], s_q + (unsigned)(rt * DEC_ROWS * ROW_BYTES) + (q_lane ^ (unsigned)(kk << 5)));
+    for (int kk = 0; kk < KSTEPS; ++kk) dec_ldmatrix_x4(qf[kk], s_q + (q_lane ^ (unsigned)(kk << 5)));
 
     float acc[DT][4];
 #pragma unroll
@@ -272,9 +249,9 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);
         cp_async_commit();
 
-        const int kv0 = (t_begin + i) * DEC_TILE_N + wk * BLOCK_N;  // this warp's first key
+        const int kv0 = (t_begin + i) * DEC_TILE_N + warp * BLOCK_N;  // this warp's first key
         if (kv0 >= seq_k) continue;  // warp-uniform: the ragged tail of the last tile
-        const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + wk * BLOCK_N * ROW_BYTES);
+        const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + warp * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
         const unsigned vb = s_v + sub;
 
@@ -354,15 +331,13 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     for (int h = 0; h < 2; ++h) {
         const int row = g + 8 * h;
         if (row >= rows_valid) continue;
-        // The warps of this row tile: w0 .. w0 + DEC_WPR - 1.
-        const int w0 = rt * DEC_WPR;
         float m = OPTD_NEG_INF;
 #pragma unroll
-        for (int w = w0; w < w0 + DEC_WPR; ++w) m = fmaxf(m, ml[w * DEC_ROWS + row]);
+        for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, ml[w * DEC_ROWS + row]);
         float total = 0.f;
         if (m != OPTD_NEG_INF) {
 #pragma unroll
-            for (int w = w0; w < w0 + DEC_WPR; ++w) {
+            for (int w = 0; w < NUM_WARPS; ++w) {
                 const float mw = ml[w * DEC_ROWS + row];
                 if (mw != OPTD_NEG_INF) total += ml[(NUM_WARPS + w) * DEC_ROWS + row] * fast_exp2((mw - m) * sl2);
             }
@@ -373,7 +348,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 #pragma unroll
         for (int j = 0; j < DT; ++j)
             *reinterpret_cast<float2*>(xrow + 8 * j) = make_float2(acc[j][2 * h] * f, acc[j][2 * h + 1] * f);
-        if (wk == 0 && tq == 0) lse_s[rt * DEC_ROWS + row] = total > 0.f ? (m * sl2 + __log2f(total)) * OPTD_LN2 : OPTD_NEG_INF;
+        if (warp == 0 && tq == 0) lse_s[row] = total > 0.f ? (m * sl2 + __log2f(total)) * OPTD_LN2 : OPTD_NEG_INF;
     }
     __syncthreads();
 }
