@@ -179,54 +179,61 @@ __device__ __forceinline__ void dec_combine_row(const float* o_partial, const fl
     static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
     const int lane = threadIdx.x & 31;
 
-    // Max LSE over the splits, lanes reading different splits.
-    float m = OPTD_NEG_INF;
-    for (int z = lane; z < n_splits; z += 32) m = fmaxf(m, __ldcg(lse_partial + (size_t)z * rows_total + row));
-    m = warp_max(m);
-
+    // One pass, online: each batch of DEC_COMBINE_UNROLL splits issues its LSE and O
+    // loads together, then rescales the running sum to the batch's new maximum (the
+    // online softmax's rule), so a row costs one L2 round trip per batch, not a max
+    // pass first. Every split wrote every row (O = 0, LSE = -inf where it saw no
+    // key), so the loads need no guard beyond z < n_splits. Split z's row is
+    // z * rows_total rows further on, in both arrays.
     float acc[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
     float wsum = 0.f;
-    if (m != OPTD_NEG_INF) {
-        // Every split wrote every row (O = 0, LSE = -inf where it saw no key),
-        // so the loads need no guard beyond z < n_splits; DEC_COMBINE_UNROLL
-        // splits' loads go out before their first use. Split z's row is
-        // z * rows_total rows further on, in both arrays.
-        const float* lse_z = lse_partial + row;
-        const float* o_z = o_partial + row * D + lane * VEC;
-        const size_t o_step = rows_total * D;
-        for (int z0 = 0; z0 < n_splits; z0 += DEC_COMBINE_UNROLL) {
-            float w[DEC_COMBINE_UNROLL];
-            float x[DEC_COMBINE_UNROLL][VEC];
+    float m = OPTD_NEG_INF;
+    const float* lse_z = lse_partial + row;
+    const float* o_z = o_partial + row * D + lane * VEC;
+    const size_t o_step = rows_total * D;
+    for (int z0 = 0; z0 < n_splits; z0 += DEC_COMBINE_UNROLL) {
+        float l[DEC_COMBINE_UNROLL];
+        float x[DEC_COMBINE_UNROLL][VEC];
 #pragma unroll
-            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
-                const bool live = z0 + u < n_splits;
-                // Same address in every lane: one broadcast load. The slots past
-                // n_splits are not splits at all: weight 0.
-                w[u] = live ? fast_exp2((__ldcg(lse_z + u * rows_total) - m) * OPTD_LOG2E) : 0.f;
-                if constexpr (VEC == 4) {
-                    const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z + u * o_step)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    x[u][0] = t.x;
-                    x[u][1] = t.y;
-                    x[u][2] = t.z;
-                    x[u][3] = t.w;
-                } else {
-                    const float2 t = live ? __ldcg(reinterpret_cast<const float2*>(o_z + u * o_step)) : make_float2(0.f, 0.f);
-                    x[u][0] = t.x;
-                    x[u][1] = t.y;
-                }
+        for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
+            const bool live = z0 + u < n_splits;
+            // Same address in every lane: one broadcast load. The slots past
+            // n_splits are not splits at all: LSE -inf, weight 0.
+            l[u] = live ? __ldcg(lse_z + u * rows_total) : OPTD_NEG_INF;
+            if constexpr (VEC == 4) {
+                const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z + u * o_step)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                x[u][0] = t.x;
+                x[u][1] = t.y;
+                x[u][2] = t.z;
+                x[u][3] = t.w;
+            } else {
+                const float2 t = live ? __ldcg(reinterpret_cast<const float2*>(o_z + u * o_step)) : make_float2(0.f, 0.f);
+                x[u][0] = t.x;
+                x[u][1] = t.y;
             }
+        }
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) m_new = fmaxf(m_new, l[u]);
+        if (m_new != OPTD_NEG_INF) {  // else no split so far saw a key of the row
+            const float corr = m == OPTD_NEG_INF ? 0.f : fast_exp2((m - m_new) * OPTD_LOG2E);
+            wsum *= corr;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] *= corr;
             // exp(-inf) = 0: a split that saw no key adds nothing.
 #pragma unroll
             for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
-                wsum += w[u];
+                const float w = fast_exp2((l[u] - m_new) * OPTD_LOG2E);
+                wsum += w;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w[u], x[u][e], acc[e]);
+                for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, x[u][e], acc[e]);
             }
-            lse_z += DEC_COMBINE_UNROLL * rows_total;
-            o_z += DEC_COMBINE_UNROLL * o_step;
+            m = m_new;
         }
+        lse_z += DEC_COMBINE_UNROLL * rows_total;
+        o_z += DEC_COMBINE_UNROLL * o_step;
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     elem_t* out = orow + lane * VEC;
