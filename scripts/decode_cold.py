@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Decode kernels timed cold, as the daemon's benchmark times them (issue 17): a CUDA graph of
+back-to-back executions that rotates over enough input sets (K/V, Q, O, partials) to exceed the
+L2 cache several times, so every execution reads its KV cache from HBM; SDPA default
+(enable_gqa) timed the same way. First a correctness check of decode-split's combine at points
+that make many splits (both combines), then per shape the best points of decode-split and
+decode-cluster, cold and hot.
+
+    python3 scripts/decode_cold.py OUT.json
+"""
+import sys, json, time, statistics
+from pathlib import Path
+sys.path.insert(0, "scripts")
+import check_templates_gpu as C
+import decode_sweep as DS
+from nvrtc_compile_check import combo_label, load_templates
+gqa = C.gqa
+tpls = {t.rel: t for t in load_templates()}
+split, cluster = tpls["decode.cu"], tpls["decode_cluster.cu"]
+gpu = C.Gpu()
+cp, torch = gpu.cp, gpu.torch
+L2_BYTES = 50e6
+
+
+def sets_for(shape):
+    kv = 2 * shape.b * shape.hkv * shape.sk * shape.d * 2
+    return max(2, min(24, int(3 * L2_BYTES // kv) + 1))
+
+
+def time_cold_us(tpl, kn, shape, reps=24, samples=15):
+    mod = gpu.module(tpl, kn, False, count=False)
+    splits, launches, _ = C.plan(tpl, kn, shape, gpu.dev)
+    n = sets_for(shape)
+    bufs = [gpu.buffers(shape, splits, "fp16", fill=0.0, need_ref=False) for _ in range(n)]
+    args = [gpu.launch_args(shape, splits, launches, *b[:6]) for b in bufs]
+    kernels = [gpu.prepare(mod, l) for l in launches]
+    torch.cuda.synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for a in args:
+            for kern in kernels:
+                gpu.launch(kern, a)
+        stream.synchronize()
+        stream.begin_capture()
+        for i in range(reps):
+            for kern in kernels:
+                gpu.launch(kern, args[i % n])
+        graph = stream.end_capture()
+        graph.upload(stream)
+        for _ in range(3):
+            graph.launch(stream)
+        times = []
+        for _ in range(samples):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
+    return statistics.median(times)
+
+
+def sdpa_cold_us(shape, reps=24, samples=15):
+    n = sets_for(shape)
+    fns = []
+    for _ in range(n):
+        q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)  # cached: copy, so each set has its own memory
+        fns.append(C.sdpa_fn(gpu, shape, q.clone(), k.clone(), v.clone()))
+    state = {"i": 0}
+
+    def rotating():
+        fns[state["i"] % n]()
+        state["i"] += 1
+    return C.time_torch_graph_us(gpu, rotating, reps, samples)
+
+
+t0 = time.time()
+fails = n = 0
+for kn in [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=f) for f in (0, 1)] + \
+          [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)]:
+    for shape in DS.DECODE_CHECK:
+        for dt in ("fp16", "bf16"):
+            try:
+                ok, msg = gpu.check(split, kn, shape, dt)
+            except C.DoesNotFit:
+                continue
+            except Exception as e:
+                ok, msg = False, f"{type(e).__name__}: {e}"
+            n += 1
+            if not ok:
+                fails += 1
+                print("FAIL", combo_label(kn), C.shape_key(shape), dt, msg, flush=True)
+print(f"check: {n - fails} of {n} passed ({time.time() - t0:.0f} s)", flush=True)
+
+split_points = [dict(BLOCK_N=b, NUM_WARPS=w, STAGES=3, SPLIT_WAVES=sw, MIN_SPLIT_TILES=2, FUSED_COMBINE=f)
+                for b in (16, 32) for w in (4, 8) for sw in (1, 2, 4) for f in (0, 1)]
+cluster_points = [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=1),
+                  dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=2, COMBINE=1),
+                  dict(BLOCK_N=16, NUM_WARPS=4, STAGES=2, CLUSTER=4, COMBINE=0)]
+shapes = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False),
+          gqa(8, 32, 8, 1, 1024, 128, False)]
+res = []
+for shape in shapes:
+    sd = sdpa_cold_us(shape)
+    rows = []
+    for tpl, pts in ((split, split_points), (cluster, cluster_points)):
+        for kn in pts:
+            try:
+                cold = time_cold_us(tpl, kn, shape)
+                hot = gpu.time_us(tpl, kn, shape, reps=10, samples=15)
+            except C.DoesNotFit:
+                continue
+            rows.append((cold, hot, tpl.name, combo_label(kn)))
+    rows.sort()
+    kv_mb = 2 * shape.b * shape.hkv * shape.sk * shape.d * 2 / 1e6
+    print(f"{C.shape_key(shape)} KV {kv_mb:.1f} MB, {sets_for(shape)} input sets; SDPA default cold {sd:.2f} us", flush=True)
+    for name in ("decode-split", "decode-cluster"):
+        for cold, hot, _, lab in [r for r in rows if r[2] == name][:3]:
+            print(f"   {name:<15} cold {cold:7.2f} ({sd / cold:4.2f}x SDPA)  hot {hot:7.2f}  {lab}", flush=True)
+    res.append(dict(shape=C.shape_key(shape), sdpa_cold=sd, rows=rows))
+Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
+print(f"done in {time.time() - t0:.0f} s")
