@@ -45,13 +45,11 @@
  *             all threads sum the NUM_WARPS copies of each valid row, 16 bytes
  *             at a time, and store it: to O through strides.o (n_splits = 1,
  *             elem_t), or to o_partial with lse_partial (n_splits > 1).
- *   combine   (n_splits > 1) O = sum_z w_z O_z / sum_z w_z with
- *             w_z = exp(lse_z - max_z lse_z), in one online pass (batches of
- *             DEC_COMBINE_UNROLL splits' loads in flight, the running sums
- *             rescaled to each batch's max), lane l owning D / 32 consecutive
- *             dims. FUSED_COMBINE = 0: a second launch, one CTA per row of O,
- *             its 4 warps taking every 4th split, merged through shared
- *             memory. FUSED_COMBINE = 1: in
+ *   combine   (n_splits > 1) one warp per row of O:
+ *             w_z = exp(lse_z - max_z lse_z), O = sum_z w_z O_z / sum_z w_z,
+ *             lane l owning D / 32 consecutive dims, the splits' loads issued
+ *             COMBINE_UNROLL at a time. FUSED_COMBINE = 0: a second launch,
+ *             one warp per row of the whole problem. FUSED_COMBINE = 1: in
  *             the same launch, by the last CTA of each (group, row tile) to
  *             finish its split: each CTA stores its partial, fences, and
  *             counts itself in on the group's split semaphore (the ABI's
@@ -105,7 +103,7 @@
  *          sm_90) are rejected by the gate.
  * CTAs:    fwd      n_splits x (B * HKV) x cdiv(G * SQ, 16), NUM_WARPS * 32
  *                   threads (B * HKV <= 65535)
- *          combine  B * HQ * SQ x 1 x 1, 128 threads, only when
+ *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads, only when
  *                   n_splits > 1 and FUSED_COMBINE = 0
  * n_splits: groups = B * HKV * cdiv(G * SQ, 16) CTAs per split;
  *          want = min(cdiv(SPLIT_WAVES * SMS, groups),
@@ -153,7 +151,7 @@ smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARP
 [[launch]]
 kernel = "combine"
 when = "splits > 1 and FUSED_COMBINE == 0"
-grid = ["B * HQ * SQ", "1", "1"]
+grid = ["cdiv(B * HQ * SQ, 4)", "1", "1"]
 block = ["128", "1", "1"]
 smem = "0"
 */
@@ -165,54 +163,53 @@ smem = "0"
 #error "FUSED_COMBINE must be defined (0 or 1)"
 #endif
 
-#define DEC_COMBINE_WARPS 4   // warps per combine CTA (one row each CTA): 128 threads
+#define DEC_COMBINE_ROWS 4    // rows (warps) per combine CTA: 128 threads
 #define DEC_COMBINE_UNROLL 8  // splits whose loads a combine lane has in flight
 
 // ---------------------------------------------------------------------------
-// A warp's share of one row of O: the splits z = z_first, z_first + z_step, ...
-// of row `row` (of rows_total = B * HQ * SQ), lane l owning dims
-// [l * D / 32, (l + 1) * D / 32). On return: m = the max LSE seen, wsum and acc the
-// sums of exp(lse_z - m) and exp(lse_z - m) * O_z (m = -inf, 0, 0: no split saw a
-// key). One pass, online: each batch of DEC_COMBINE_UNROLL splits issues its LSE
-// and O loads together, then rescales the running sums to the batch's new maximum
-// (the online softmax's rule), so a batch costs one L2 round trip (a max pass first
-// cost a second one: B 1 x SK 4096 went from 12.0 to 8.1 us). Every split wrote
-// every row (O = 0, LSE = -inf where it saw no key), so the loads need no guard
-// beyond z < n_splits. Loads go through L2 only (ld.global.cg): with FUSED_COMBINE
-// the partials were written by other CTAs of the same launch.
+// One row of O from the n_splits partials, by one warp: row `row` of
+// rows_total = B * HQ * SQ, lane l owning dims [l * D / 32, (l + 1) * D / 32).
+// Loads go through L2 only (ld.global.cg): with FUSED_COMBINE the partials
+// were written by other CTAs of the same launch.
 // ---------------------------------------------------------------------------
 template <int D>
-__device__ __forceinline__ void dec_combine_part(const float* o_partial, const float* lse_partial, int n_splits,
-                                                 int z_first, int z_step, size_t rows_total, size_t row, float& m,
-                                                 float& wsum, float (&acc)[D / 32]) {
+__device__ __forceinline__ void dec_combine_row(const float* o_partial, const float* lse_partial, int n_splits,
+                                                size_t rows_total, size_t row, elem_t* orow) {
     constexpr int VEC = D / 32;  // consecutive dims per lane: 2 or 4
     static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
     const int lane = threadIdx.x & 31;
+
+    // One pass, online: each batch of DEC_COMBINE_UNROLL splits issues its LSE and O
+    // loads together, then rescales the running sum to the batch's new maximum (the
+    // online softmax's rule), so a row costs one L2 round trip per batch, not a max
+    // pass first. Every split wrote every row (O = 0, LSE = -inf where it saw no
+    // key), so the loads need no guard beyond z < n_splits. Split z's row is
+    // z * rows_total rows further on, in both arrays.
+    float acc[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
-    wsum = 0.f;
-    m = OPTD_NEG_INF;
-    // Split z's row is z * rows_total rows further on, in both arrays.
+    float wsum = 0.f;
+    float m = OPTD_NEG_INF;
+    const float* lse_z = lse_partial + row;
+    const float* o_z = o_partial + row * D + lane * VEC;
     const size_t o_step = rows_total * D;
-    for (int z0 = z_first; z0 < n_splits; z0 += DEC_COMBINE_UNROLL * z_step) {
+    for (int z0 = 0; z0 < n_splits; z0 += DEC_COMBINE_UNROLL) {
         float l[DEC_COMBINE_UNROLL];
         float x[DEC_COMBINE_UNROLL][VEC];
 #pragma unroll
         for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
-            const int z = z0 + u * z_step;
-            const bool live = z < n_splits;
+            const bool live = z0 + u < n_splits;
             // Same address in every lane: one broadcast load. The slots past
             // n_splits are not splits at all: LSE -inf, weight 0.
-            l[u] = live ? __ldcg(lse_partial + (size_t)z * rows_total + row) : OPTD_NEG_INF;
-            const float* oz = o_partial + row * D + lane * VEC + (size_t)z * o_step;
+            l[u] = live ? __ldcg(lse_z + u * rows_total) : OPTD_NEG_INF;
             if constexpr (VEC == 4) {
-                const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(oz)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z + u * o_step)) : make_float4(0.f, 0.f, 0.f, 0.f);
                 x[u][0] = t.x;
                 x[u][1] = t.y;
                 x[u][2] = t.z;
                 x[u][3] = t.w;
             } else {
-                const float2 t = live ? __ldcg(reinterpret_cast<const float2*>(oz)) : make_float2(0.f, 0.f);
+                const float2 t = live ? __ldcg(reinterpret_cast<const float2*>(o_z + u * o_step)) : make_float2(0.f, 0.f);
                 x[u][0] = t.x;
                 x[u][1] = t.y;
             }
@@ -235,15 +232,11 @@ __device__ __forceinline__ void dec_combine_part(const float* o_partial, const f
             }
             m = m_new;
         }
+        lse_z += DEC_COMBINE_UNROLL * rows_total;
+        o_z += DEC_COMBINE_UNROLL * o_step;
     }
-}
-
-// acc / wsum (0 for a row no split saw) into O's row `orow`, lane l's dims.
-template <int D>
-__device__ __forceinline__ void dec_store_row(elem_t* orow, float wsum, const float (&acc)[D / 32]) {
-    constexpr int VEC = D / 32;
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    elem_t* out = orow + (threadIdx.x & 31) * VEC;
+    elem_t* out = orow + lane * VEC;
     if constexpr (VEC == 4) {
         uint2 packed;
         packed.x = pack2(acc[0] * inv, acc[1] * inv);
@@ -252,15 +245,6 @@ __device__ __forceinline__ void dec_store_row(elem_t* orow, float wsum, const fl
     } else {
         *reinterpret_cast<unsigned*>(out) = pack2(acc[0] * inv, acc[1] * inv);
     }
-}
-
-// One row of O from all n_splits partials, by one warp.
-template <int D>
-__device__ __forceinline__ void dec_combine_row(const float* o_partial, const float* lse_partial, int n_splits,
-                                                size_t rows_total, size_t row, elem_t* orow) {
-    float m, wsum, acc[D / 32];
-    dec_combine_part<D>(o_partial, lse_partial, n_splits, 0, 1, rows_total, row, m, wsum, acc);
-    dec_store_row<D>(orow, wsum, acc);
 }
 
 // Count this CTA in on its group's split semaphore; true in the one CTA that
@@ -351,15 +335,12 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
 }
 
 // ---------------------------------------------------------------------------
-// Combine (n_splits > 1, FUSED_COMBINE = 0): one CTA per output row
-// (b * HQ + h) * SQ + s; its DEC_COMBINE_WARPS warps take every
-// DEC_COMBINE_WARPS-th split each (4x the loads in flight of one warp per row:
-// a small batch has few rows and many splits), then warp 0 merges their sums.
+// Combine (n_splits > 1, FUSED_COMBINE = 0): one warp per output row
+// (b * HQ + h) * SQ + s.
 // ---------------------------------------------------------------------------
 template <int D>
 __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
     OPTD_CHECK_SMEM(COMBINE, D, 0);  // launched as role `combine` with smem "0"
-    constexpr int VEC = D / 32;
     (void)q;
     (void)k;
     (void)v;
@@ -367,42 +348,14 @@ __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
     (void)seq_k;
     (void)softmax_scale;
     (void)causal;
-    __shared__ float w_m[DEC_COMBINE_WARPS], w_sum[DEC_COMBINE_WARPS];
-    __shared__ __align__(16) float w_acc[DEC_COMBINE_WARPS][D];
     const size_t rows_total = (size_t)batch * heads_q * seq_q;
-    const size_t row = blockIdx.x;  // the grid is exactly rows_total CTAs
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float m, wsum, acc[VEC];
-    dec_combine_part<D>(o_partial, lse_partial, n_splits, warp, DEC_COMBINE_WARPS, rows_total, row, m, wsum, acc);
-    if (lane == 0) {
-        w_m[warp] = m;
-        w_sum[warp] = wsum;
-    }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) w_acc[warp][lane * VEC + e] = acc[e];
-    __syncthreads();
-    if (warp != 0) return;
-    float mx = OPTD_NEG_INF;
-#pragma unroll
-    for (int w = 0; w < DEC_COMBINE_WARPS; ++w) mx = fmaxf(mx, w_m[w]);
-    float total = 0.f, out[VEC];
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) out[e] = 0.f;
-    if (mx != OPTD_NEG_INF) {
-#pragma unroll
-        for (int w = 0; w < DEC_COMBINE_WARPS; ++w) {
-            // A warp that saw no key (m = -inf) holds zeros: scale 0.
-            const float f = w_m[w] == OPTD_NEG_INF ? 0.f : fast_exp2((w_m[w] - mx) * OPTD_LOG2E);
-            total += w_sum[w] * f;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) out[e] = fmaf(w_acc[w][lane * VEC + e], f, out[e]);
-        }
-    }
+    const size_t row = (size_t)blockIdx.x * DEC_COMBINE_ROWS + (threadIdx.x >> 5);
+    if (row >= rows_total) return;
     const int s = (int)(row % seq_q);
     const int h = (int)((row / seq_q) % heads_q);
     const int b = (int)(row / ((size_t)seq_q * heads_q));
     elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + (long long)s * strides.o_s;
-    dec_store_row<D>(orow, total, out);
+    dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);
 }
 
 // minBlocks = 1: the Q fragments, O accumulators and S tile stay in registers.
@@ -416,12 +369,12 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_
     OPTD_CTA_DONE();
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_COMBINE_WARPS * 32) optd_combine_d64(OPTD_ARGS) {
+extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
     decode_combine<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_COMBINE_WARPS * 32) optd_combine_d128(OPTD_ARGS) {
+extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
     decode_combine<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }

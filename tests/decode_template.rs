@@ -47,19 +47,18 @@ fn the_spec_splits_the_cache_to_fill_the_sms_and_packs_the_group_into_row_tiles(
     assert_eq!(t.meta.max_sq, Some(16));
     let p = knobs(32, 4, 3, 1, 1); // 128 keys per tile
     let fwd = |splits: u32, groups: u32, row_tiles: u32| ("optd_fwd_d128".to_string(), [splits, groups, row_tiles]);
-    // The combine: one CTA per row of O (B * HQ * SQ).
     let combine = |ctas: u32| ("optd_combine_d128".to_string(), [ctas, 1, 1]);
 
     // Llama-3 B 1, SK 1024: 8 groups of 4 query heads, 8 tiles; 132 SMs want 17 splits per
     // group, the keys allow 8. One 16-row tile holds the group's 4 rows.
-    assert_eq!(planned(&t, &p, &gqa(1, 32, 8, 1, 1024, false)), (8, vec![fwd(8, 8, 1), combine(32)]));
+    assert_eq!(planned(&t, &p, &gqa(1, 32, 8, 1, 1024, false)), (8, vec![fwd(8, 8, 1), combine(8)]));
     // B 64: 512 groups fill the GPU alone: one split, O written directly, no combine.
     assert_eq!(planned(&t, &p, &gqa(64, 32, 8, 1, 4096, false)), (1, vec![fwd(1, 512, 1)]));
     // MQA: 32 query heads on one KV head are two row tiles; 16 CTAs per split want 9
     // splits, 32 tiles make that 4 tiles per split, so 8 splits (none left empty).
-    assert_eq!(planned(&t, &p, &gqa(8, 32, 1, 1, 4096, true)), (8, vec![fwd(8, 8, 2), combine(256)]));
+    assert_eq!(planned(&t, &p, &gqa(8, 32, 1, 1, 4096, true)), (8, vec![fwd(8, 8, 2), combine(64)]));
     // Ragged SK 4000 counts its partial last tile: 32 tiles; B 8: 64 groups want 3 splits.
-    assert_eq!(planned(&t, &p, &gqa(8, 32, 8, 1, 4000, true)), (3, vec![fwd(3, 64, 1), combine(256)]));
+    assert_eq!(planned(&t, &p, &gqa(8, 32, 8, 1, 4000, true)), (3, vec![fwd(3, 64, 1), combine(64)]));
     // Speculative decoding, SQ 4: 4 heads x 4 rows are one full tile; SQ 16 takes four.
     // (8 groups want 17 splits of 32 tiles: 2 tiles each, 16 splits.)
     assert_eq!(planned(&t, &p, &gqa(1, 32, 8, 4, 4096, true)).1[0], fwd(16, 8, 1));
