@@ -75,21 +75,9 @@ def sdpa_cold_us(shape, reps=24, samples=15):
 
 
 t0 = time.time()
-fails = n = 0
-for kn in [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=f) for f in (0, 1)] + \
-          [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)]:
-    for shape in DS.DECODE_CHECK:
-        for dt in ("fp16", "bf16"):
-            try:
-                ok, msg = gpu.check(split, kn, shape, dt)
-            except C.DoesNotFit:
-                continue
-            except Exception as e:
-                ok, msg = False, f"{type(e).__name__}: {e}"
-            n += 1
-            if not ok:
-                fails += 1
-                print("FAIL", combo_label(kn), C.shape_key(shape), dt, msg, flush=True)
+records = DS.check_points(gpu, split, [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=f) for f in (0, 1)] + \
+          [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)])
+n, fails = len(records), sum(not r["ok"] for r in records)
 print(f"check: {n - fails} of {n} passed ({time.time() - t0:.0f} s)", flush=True)
 
 split_points = [dict(BLOCK_N=b, NUM_WARPS=w, STAGES=3, SPLIT_WAVES=sw, MIN_SPLIT_TILES=2, FUSED_COMBINE=f)

@@ -15,22 +15,10 @@ gqa = C.gqa
 tpl = [t for t in load_templates() if t.rel == "decode_cluster.cu"][0]
 gpu = C.Gpu()
 t0 = time.time()
-fails = n = 0
 check_points = [dict(BLOCK_N=b, NUM_WARPS=w, STAGES=s, CLUSTER=c, COMBINE=1)
                 for (b, w, s, c) in [(32, 4, 3, 8), (16, 8, 3, 8), (16, 8, 2, 2), (64, 2, 2, 4), (16, 4, 2, 8), (32, 2, 3, 2)]]
-for kn in check_points:
-    for shape in DS.DECODE_CHECK:
-        for dt in ("fp16", "bf16"):
-            try:
-                ok, msg = gpu.check(tpl, kn, shape, dt)
-            except C.DoesNotFit:
-                continue
-            except Exception as e:
-                ok, msg = False, f"{type(e).__name__}: {e}"
-            n += 1
-            if not ok:
-                fails += 1
-                print("FAIL", combo_label(kn), C.shape_key(shape), dt, msg, flush=True)
+records = DS.check_points(gpu, tpl, check_points)
+n, fails = len(records), sum(not r["ok"] for r in records)
 print(f"check: {n - fails} of {n} passed ({time.time() - t0:.0f} s)", flush=True)
 shapes = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False),
           gqa(8, 32, 8, 1, 1024, 128, False), gqa(8, 32, 8, 1, 4096, 128, False), gqa(1, 32, 8, 1, 16384, 128, False)]

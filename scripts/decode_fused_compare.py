@@ -20,24 +20,12 @@ tpl = tpls["decode.cu"]
 cluster = tpls["decode_cluster.cu"]
 gpu = C.Gpu()
 t0 = time.time()
-fails = n = 0
 # (BLOCK_N, NUM_WARPS, STAGES, SPLIT_WAVES, MIN_SPLIT_TILES): few splits, many (SPLIT_WAVES 4,
 # one tile each: up to 64+ splits, more than one combine pass of 32 lanes), 8 warps.
 check_points = [dict(BLOCK_N=b, NUM_WARPS=w, STAGES=s, SPLIT_WAVES=sw, MIN_SPLIT_TILES=mt, FUSED_COMBINE=1)
                 for (b, w, s, sw, mt) in [(16, 4, 3, 1, 2), (32, 4, 3, 4, 1), (16, 8, 2, 2, 1), (64, 2, 2, 1, 1), (16, 2, 3, 4, 1)]]
-for kn in check_points:
-    for shape in DS.DECODE_CHECK:
-        for dt in ("fp16", "bf16"):
-            try:
-                ok, msg = gpu.check(tpl, kn, shape, dt)
-            except C.DoesNotFit:
-                continue
-            except Exception as e:
-                ok, msg = False, f"{type(e).__name__}: {e}"
-            n += 1
-            if not ok:
-                fails += 1
-                print("FAIL", combo_label(kn), C.shape_key(shape), dt, msg, flush=True)
+records = DS.check_points(gpu, tpl, check_points)
+n, fails = len(records), sum(not r["ok"] for r in records)
 print(f"check: {n - fails} of {n} passed ({time.time() - t0:.0f} s)", flush=True)
 
 shapes = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False),

@@ -48,6 +48,26 @@ DECODE_TIME = [gqa(b, 32, 8, 1, sk, 128, False) for b in (1, 8, 64) for sk in (1
     gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4000, 128, True)]
 
 
+def check_points(gpu: "C.Gpu", tpl, points: list[dict], shapes: list | None = None) -> list[dict]:
+    """Check `tpl` at every knob point on `shapes` (DECODE_CHECK by default), fp16 and bf16,
+    against the fp32 reference; points that do not fit the device are skipped. Prints each
+    failure; returns one record per check (template, knobs, shape, dtype, ok, msg)."""
+    records = []
+    for knobs in points:
+        for shape in DECODE_CHECK if shapes is None else shapes:
+            for dtype in ("fp16", "bf16"):
+                try:
+                    ok, msg = gpu.check(tpl, knobs, shape, dtype)
+                except C.DoesNotFit:
+                    continue
+                except Exception as e:  # noqa: BLE001
+                    ok, msg = False, f"{type(e).__name__}: {e}"
+                records.append(dict(template=tpl.rel, knobs=knobs, shape=C.shape_key(shape), dtype=dtype, ok=ok, msg=msg))
+                if not ok:
+                    print(f"FAIL {tpl.rel} {combo_label(knobs)} {C.shape_key(shape)} {dtype}: {msg}", flush=True)
+    return records
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
@@ -72,24 +92,11 @@ def main() -> int:
         default = {k: v[0] for k, v in tpl.spec["knobs"].items()}
         if default not in combos:
             combos.insert(0, default)
-        n = 0
-        failures_before = failures
-        for knobs in combos:
-            for shape in DECODE_CHECK:
-                for dtype in ("fp16", "bf16"):
-                    try:
-                        ok, msg = gpu.check(tpl, knobs, shape, dtype)
-                    except C.DoesNotFit:
-                        continue
-                    except Exception as e:  # noqa: BLE001
-                        ok, msg = False, f"{type(e).__name__}: {e}"
-                    n += 1
-                    out["check"].append(dict(template=tpl.rel, knobs=knobs, shape=C.shape_key(shape), dtype=dtype,
-                                             ok=ok, msg=msg))
-                    if not ok:
-                        failures += 1
-                        print(f"FAIL {tpl.rel} {combo_label(knobs)} {C.shape_key(shape)} {dtype}: {msg}", flush=True)
-        print(f"check {tpl.rel}: {n - (failures - failures_before)} of {n} passed ({len(combos)} combos x {len(DECODE_CHECK)} shapes x 2 dtypes, "
+        records = check_points(gpu, tpl, combos)
+        out["check"] += records
+        bad = sum(not r["ok"] for r in records)
+        failures += bad
+        print(f"check {tpl.rel}: {len(records) - bad} of {len(records)} passed ({len(combos)} combos x {len(DECODE_CHECK)} shapes x 2 dtypes, "
               f"{time.perf_counter() - t0:.0f} s)", flush=True)
     if args.time:
         points = [(t, kn) for t in tpls for kn in t.knob_combos()
