@@ -18,6 +18,7 @@ pub mod cli;
 pub mod daemon;
 pub mod failpoint;
 pub mod engine;
+pub mod group;
 pub mod error_text;
 pub mod nvrtc;
 pub mod ops;

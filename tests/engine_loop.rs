@@ -219,6 +219,7 @@ async fn a_worker_that_cannot_start_stops_the_run_before_anything_is_recorded() 
         mode: optimizerd::engine::Mode::New,
         allow_concurrent: false,
         fresh: false,
+        placement: Default::default(),
     };
     let err = optimizerd::engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.unwrap_err();
     let msg = format!("{err:#}");

@@ -135,6 +135,7 @@ async fn resume(p: &Project, run_id: &str, rebaseline: bool) -> anyhow::Result<R
         mode: Mode::Resume { rebaseline },
         allow_concurrent: false,
         fresh: false,
+        placement: Default::default(),
     };
     engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.map(|(_, end)| end)
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::spec::protocol::{DType, Layout};
+use crate::group::{parse_gpus, GpuSelection};
 use crate::spec::states::Verdict;
 
 /// The longest budget `start` accepts.
@@ -80,6 +81,13 @@ pub struct DaemonArgs {
     /// Test double: drive a scripted worker instead of the GPU.
     #[arg(long, hide = true, value_name = "FILE")]
     pub worker_script: Option<PathBuf>,
+    /// The host GPU this daemon owns (set by a `--gpus` group, which also makes it the only
+    /// visible device): its lock is `gpu-N.lock`, and the ledger records it.
+    #[arg(long, hide = true, value_name = "N")]
+    pub gpu: Option<u32>,
+    /// The `--gpus` group that started this daemon (recorded with the run).
+    #[arg(long, hide = true, value_name = "GROUP", value_parser = parse_run_id)]
+    pub group: Option<String>,
 }
 
 impl DaemonArgs {
@@ -98,9 +106,16 @@ impl DaemonArgs {
         if let Some(w) = &self.worker_script {
             argv.extend(["--worker-script".into(), w.into()]);
         }
+        if let Some(g) = self.gpu {
+            argv.extend(["--gpu".into(), g.to_string().into()]);
+        }
+        if let Some(g) = &self.group {
+            argv.extend(["--group".into(), g.into()]);
+        }
         argv
     }
 }
+
 
 #[derive(Debug, clap::Args)]
 pub struct StartArgs {
@@ -116,6 +131,16 @@ pub struct StartArgs {
     /// and skips the exact sources already measured; --fresh measures everything again.
     #[arg(long)]
     pub fresh: bool,
+    /// Optimize on several GPUs of this host: `all`, or indices such as 0,2. The workload is
+    /// split into one work item per shape class; one daemon per GPU takes the next item
+    /// (its own run, on its GPU, with a share of the budget) until the queue is empty or the
+    /// budget is spent. The GPUs must be one model. The group is one id for `watch`,
+    /// `status`, `stop` and `resume`.
+    #[arg(long, value_name = "all|N,M", value_parser = parse_gpus)]
+    pub gpus: Option<GpuSelection>,
+    /// Optimize only these shapes of the workload (shape keys, as `status` shows them).
+    #[arg(long, value_name = "KEY,KEY", value_delimiter = ',')]
+    pub shapes: Option<Vec<String>>,
     #[command(flatten)]
     pub daemon: DaemonArgs,
     /// Run id to use (default: made from the clock).
@@ -133,6 +158,12 @@ impl StartArgs {
         }
         if self.fresh {
             argv.push("--fresh".into());
+        }
+        if let Some(keys) = &self.shapes {
+            argv.extend(["--shapes".into(), keys.join(",").into()]);
+        }
+        if let Some(g) = &self.gpus {
+            argv.extend(["--gpus".into(), g.to_string().into()]);
         }
         argv.extend(self.daemon.argv(config));
         argv
@@ -371,13 +402,32 @@ mod tests {
             budget: Duration::from_secs(90),
             plan: Some("p.toml".into()),
             fresh: true,
-            daemon: DaemonArgs { foreground: false, allow_concurrent: true, seed: Some(3), worker_script: Some("w.json".into()) },
+            gpus: Some(GpuSelection::Indices(vec![0, 2])),
+            shapes: Some(vec!["b1h1s128d64".into(), "b2h8s512d128-causal".into()]),
+            daemon: DaemonArgs {
+                foreground: false,
+                allow_concurrent: true,
+                seed: Some(3),
+                worker_script: Some("w.json".into()),
+                gpu: Some(1),
+                group: Some("g1".into()),
+            },
             run_id: None,
         };
         let argv: Vec<String> = args.child_argv("r1", Some(Path::new("c.toml"))).iter().map(|a| a.to_string_lossy().into_owned()).collect();
         assert_eq!(
             argv.join(" "),
-            "start --run-id r1 --budget 1m 30s --plan p.toml --fresh --foreground --config c.toml --allow-concurrent --seed 3 --worker-script w.json"
+            "start --run-id r1 --budget 1m 30s --plan p.toml --fresh --shapes b1h1s128d64,b2h8s512d128-causal --gpus 0,2 --foreground --config c.toml \
+             --allow-concurrent --seed 3 --worker-script w.json --gpu 1 --group g1"
         );
+    }
+
+    #[test]
+    fn gpus_are_all_or_distinct_indices() {
+        assert_eq!(parse_gpus("all"), Ok(GpuSelection::All));
+        assert_eq!(parse_gpus(" 0, 2 "), Ok(GpuSelection::Indices(vec![0, 2])));
+        assert!(parse_gpus("0,0").unwrap_err().contains("listed twice"));
+        assert!(parse_gpus("one").unwrap_err().contains("`one` is not a GPU index"));
+        assert_eq!(GpuSelection::Indices(vec![3, 1]).to_string(), "3,1");
     }
 }

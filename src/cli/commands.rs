@@ -33,7 +33,7 @@ pub async fn runs(args: RunsArgs, config_path: Option<&Path>, out: &mut Out) -> 
         return prune_runs(args.json, config_path, out).await;
     }
     let (config, ledger) = read_ledger(config_path).await?;
-    let holder = lock::holder(&runs_dir(&config));
+    let holder = lock::holders(&runs_dir(&config));
     let mut lines: Vec<report::RunLine> = Vec::new();
     for entry in ledger.run_list().await? {
         lines.push(match entry {
@@ -228,7 +228,7 @@ pub async fn run_report(args: ReportArgs, config_path: Option<&Path>, out: &mut 
     let (config, ledger) = read_ledger(config_path).await?;
     let run = ledger.run(args.run.as_deref()).await?;
     let dir = args.out.clone().unwrap_or_else(|| runs_dir(&config).join(&run.id).join("report"));
-    let state = live_state(&run, &lock::holder(&runs_dir(&config)));
+    let state = live_state(&run, &lock::holders(&runs_dir(&config)));
     let w = crate::ops::run_report::write(&ledger, &run.id, &dir, Some(state)).await?;
     if args.json {
         out.json(&w)?;
@@ -253,8 +253,20 @@ pub async fn run_report(args: ReportArgs, config_path: Option<&Path>, out: &mut 
 
 pub async fn status(args: RunArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
     let (config, ledger) = read_ledger(config_path).await?;
+    if let Some(id) = args.run.as_deref() {
+        if ledger.is_group(id).await {
+            let live = lock::holder_of(&runs_dir(&config), id).is_some();
+            let s = crate::group::status(&ledger, id, live).await?;
+            if args.json {
+                out.json(&s)?;
+            } else {
+                out.text(&crate::group::status_text(&s))?;
+            }
+            return Ok(exit::SUCCESS);
+        }
+    }
     let mut s = report::status(&ledger, args.run.as_deref()).await?;
-    s.run.state = live_state(&s.run, &lock::holder(&runs_dir(&config)));
+    s.run.state = live_state(&s.run, &lock::holders(&runs_dir(&config)));
     if args.json {
         out.json(&s)?;
     } else {

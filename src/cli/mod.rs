@@ -160,6 +160,9 @@ optimizerd completions zsh > ~/.zfunc/_optimizerd\n  optimizerd completions fish
         /// Use a scripted backend (tests): a JSON file describing each candidate's behaviour.
         #[arg(long)]
         script: Option<PathBuf>,
+        /// Print the visible GPUs (one JSON `DeviceInfo` per line) and exit.
+        #[arg(long)]
+        list_devices: bool,
     },
 }
 
@@ -222,7 +225,7 @@ fn run() -> anyhow::Result<u8> {
     let mut out = Out::new();
     let out = &mut out;
     match cli.command {
-        Command::Worker { script } => worker(script),
+        Command::Worker { script, list_devices } => worker(script, list_devices),
         Command::Completions(a) => docs::completions(a.shell, out),
         Command::Man { out: dir } => docs::man(dir.as_deref(), out),
         Command::Start(a) => runtime()?.block_on(daemon::start(a, config, out)),
@@ -247,11 +250,24 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")
 }
 
-fn worker(script: Option<PathBuf>) -> anyhow::Result<u8> {
+fn worker(script: Option<PathBuf>, list_devices: bool) -> anyhow::Result<u8> {
     // A worker must not outlive its daemon: an orphan would hold the GPU.
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag on this process.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+    if list_devices {
+        let devices = match &script {
+            Some(path) => crate::worker::scripted::ScriptedBackend::from_file(path)
+                .with_context(|| format!("cannot load worker script {}", path.display()))?
+                .devices(),
+            None => crate::worker::cuda::list_cuda_devices()?,
+        };
+        let mut out = std::io::stdout().lock();
+        for d in devices {
+            writeln!(out, "{}", serde_json::to_string(&d)?)?;
+        }
+        return Ok(exit::SUCCESS);
     }
     match script {
         Some(path) => {

@@ -38,8 +38,8 @@ pub fn worker_command(worker_script: Option<&Path>) -> anyhow::Result<WorkerComm
 }
 
 /// A run's state as the user should see it: `running` with no daemon means it was killed.
-pub fn live_state(r: &RunRow, holder: &Option<(String, u32)>) -> ShownState {
-    let alive = holder.as_ref().is_some_and(|h| h.0 == r.id);
+pub fn live_state(r: &RunRow, holders: &[(String, u32)]) -> ShownState {
+    let alive = holders.iter().any(|h| h.0 == r.id);
     ShownState { recorded: r.state.recorded, daemon_gone: !alive }
 }
 
@@ -172,18 +172,26 @@ fn send(pid: u32, sig: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `optimizerd stop`: signal the daemon found through the GPU lock, and wait for it.
+/// `optimizerd stop`: signal the daemon (or a group's coordinator) found through the
+/// locks, and wait for it.
 pub async fn stop(config: &Config, run: Option<&str>, now: bool, wait: Duration, out: &mut Out) -> anyhow::Result<u8> {
     let runs = runs_dir(config);
-    let holder = lock::holder(&runs);
-    let run_id = match (run, &holder) {
+    let holders = lock::holders(&runs);
+    let run_id = match (run, holders.as_slice()) {
         (Some(id), _) => id.to_string(),
-        (None, Some((id, _))) => id.clone(),
-        (None, None) => return Err(exit::refuse(exit::NOT_FOUND, "no run is running on this GPU (`optimizerd runs` lists them)")),
+        (None, [(id, _)]) => id.clone(),
+        (None, []) => return Err(exit::refuse(exit::NOT_FOUND, "no run is running (`optimizerd runs` lists them)")),
+        (None, many) => {
+            let ids: Vec<&str> = many.iter().map(|h| h.0.as_str()).collect();
+            return Err(exit::refuse(exit::USAGE, format!("{} runs are running ({}); say which: `optimizerd stop RUN`", ids.len(), ids.join(", "))));
+        }
     };
-    let pid = match &holder {
-        Some((id, pid)) if *id == run_id => *pid,
-        _ => {
+    let pid = match holders.iter().find(|h| h.0 == run_id) {
+        Some((_, pid)) => *pid,
+        None if crate::group::is_group(config, &run_id).await => {
+            return Err(exit::refuse(exit::NOT_RESUMABLE, format!("group {run_id} is not running; continue it with `optimizerd resume {run_id}`")));
+        }
+        None => {
             let ledger = Ledger::open_read_only(&ledger_path(config)).await?;
             let row = ledger.run(Some(&run_id)).await?;
             let what = if row.state.recorded == RunState::Finished {
@@ -196,6 +204,7 @@ pub async fn stop(config: &Config, run: Option<&str>, now: bool, wait: Duration,
     };
     // The pid file is a convenience; the lock is the truth. Say when they disagree.
     let pid_file = runs.join(&run_id).join("daemon.pid");
+    let is_group = crate::group::is_group(config, &run_id).await;
     match std::fs::read_to_string(&pid_file).ok().map(|t| t.trim().parse::<u32>()) {
         Some(Ok(p)) if p == pid => {}
         Some(Ok(p)) => super::note(&format!("note: {} says pid {p}, the GPU lock says {pid}; using {pid}", pid_file.display())),
@@ -211,13 +220,18 @@ pub async fn stop(config: &Config, run: Option<&str>, now: bool, wait: Duration,
         out.line(&format!("stopping run {run_id} (pid {pid}) after the candidate in flight; `optimizerd stop --now` abandons it"))?;
     }
     let t0 = Instant::now();
-    while lock::holder(&runs).is_some_and(|h| h.0 == run_id) {
+    while lock::holder_of(&runs, &run_id).is_some() {
         if t0.elapsed() > wait {
             anyhow::bail!("run {run_id} still running after {}; try `optimizerd stop --now {run_id}`", humantime::format_duration(wait));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let ledger = Ledger::open_read_only(&ledger_path(config)).await?;
+    if is_group {
+        let g = ledger.group(&run_id).await?;
+        out.line(&format!("group {run_id}: {}{}", g.state, g.message.map(|m| format!(" ({m})")).unwrap_or_default()))?;
+        return Ok(exit::SUCCESS);
+    }
     let row = ledger.run(Some(&run_id)).await?;
     out.line(&format!("run {run_id}: {}{}", row.state, row.message.map(|m| format!(" ({m})")).unwrap_or_default()))?;
     Ok(exit::SUCCESS)

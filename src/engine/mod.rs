@@ -49,6 +49,20 @@ pub struct RunOptions {
     pub allow_concurrent: bool,
     /// Ignore the memory of earlier runs (`start --fresh`): measure everything again.
     pub fresh: bool,
+    /// Which GPU of the host, which group, which shapes (default: GPU 0, no group, all).
+    pub placement: Placement,
+}
+
+/// Where a run sits on a host with several GPUs (`start --gpus`), and which shapes it takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The host GPU index this run owns (its lock; recorded). None: the default device.
+    pub gpu: Option<u32>,
+    /// The group that started it (recorded).
+    pub group: Option<String>,
+    /// Only these workload shapes (keys). None: every shape of the workload; on resume,
+    /// a group's run keeps the shapes it was started with.
+    pub only_shapes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,8 @@ use crate::spec::states::RunState;
 use crate::storage::ledger::{self, Event, EventKind, Ledger, LedgerError, NewRun, RunRow};
 use crate::daemon::lock::GpuLock;
 use crate::strategy::plan::{Plan, PlanError};
-use crate::spec::protocol::{ShapePlan, TimeCase};
+use crate::spec::config::Config;
+use crate::spec::protocol::{Shape, ShapePlan, TimeCase};
 use crate::daemon::supervisor::{Supervisor, WorkerFailure};
 use crate::spec::template::Template;
 use crate::storage::workspace::Workspace;
@@ -74,6 +75,23 @@ pub async fn resumable(ledger: &Ledger, row: &RunRow, templates_dir: &Path) -> R
     Plan::load(&path, templates_dir).map_err(|source| SetupError::Plan { run_id, path, source })
 }
 
+/// The shapes a run optimizes: the workload's, or those `only` names (each must be one of
+/// them). A resumed run of a `--gpus` group keeps the shapes it was started with.
+async fn select_shapes(cfg: &Config, resumed: Option<(&Ledger, &RunRow)>, only: Option<&[String]>) -> anyhow::Result<Vec<Shape>> {
+    let all = cfg.shapes();
+    let only: Option<Vec<String>> = match (only, resumed) {
+        (Some(keys), _) => Some(keys.to_vec()),
+        (None, Some((ledger, row))) if row.group_id.is_some() => Some(ledger.run_setup(&row.id).await?.workload.iter().map(Shape::key).collect()),
+        (None, _) => None,
+    };
+    let Some(keys) = only else { return Ok(all) };
+    let known: Vec<String> = all.iter().map(Shape::key).collect();
+    if let Some(k) = keys.iter().find(|k| !known.contains(k)) {
+        anyhow::bail!("shape {k} is not in the workload of {}; its shapes are: {}", cfg.source.display(), known.join(", "));
+    }
+    Ok(all.into_iter().filter(|s| keys.contains(&s.key())).collect())
+}
+
 impl Engine {
     pub(super) async fn create(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<Engine> {
         let cfg = opts.config;
@@ -85,20 +103,22 @@ impl Engine {
             (None, false) => new_run_id(),
             (None, true) => anyhow::bail!("resume needs a run id"),
         };
-        let lock = if opts.allow_concurrent { None } else { Some(GpuLock::acquire(&runs_dir, &run_id)?) };
+        let placement = opts.placement.clone();
+        let lock = if opts.allow_concurrent { None } else { Some(GpuLock::acquire(&runs_dir, placement.gpu.unwrap_or(0), &run_id)?) };
         let run_dir = runs_dir.join(&run_id);
         let templates_dir = cfg.resolve(&cfg.run.templates_dir);
-        let shapes = cfg.shapes();
+
         let seed = opts.seed.unwrap_or_else(rand::random);
         let mut sup = Supervisor::new(opts.worker, cfg.worker.hello_timeout, Some(run_dir.join("worker.log")));
         sup.set_abort(shutdown.clone());
 
-        let (ws, device, plan, budget, used_before, ledger) = match opts.mode {
+        let (ws, device, plan, budget, used_before, ledger, shapes) = match opts.mode {
             Mode::New => {
                 // The plan and the GPU are checked before anything is recorded: a start
                 // that fails here leaves no run in the ledger (`optimizerd start` also removes
                 // the folder it made for the worker's log).
                 let plan = Plan::load(&opts.plan_path, &templates_dir)?;
+                let shapes = select_shapes(&cfg, None, placement.only_shapes.as_deref()).await?;
                 std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
                 let device = sup.ensure_started().await.map_err(|source| SetupError::NoGpu { source })?;
                 let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
@@ -120,16 +140,18 @@ impl Engine {
                      workload shape and `kernels/dispatch.json` how to launch each. `git log best` is the lineage\n\
                      of improvements; rejected candidates are kept under refs/rejected/<iteration>.\n"
                 );
+                ledger.set_run_gpu(&run_id, placement.gpu, placement.group.as_deref()).await?;
                 let ws = Workspace::init(
                     &run_dir.join("workspace"),
                     &[("README.md", &readme), ("workload.json", &serde_json::to_string_pretty(&shapes)?)],
                 )?;
                 ledger.set_device(&run_id, &device).await?;
-                (ws, device, plan, opts.budget, Duration::ZERO, ledger)
+                (ws, device, plan, opts.budget, Duration::ZERO, ledger, shapes)
             }
             Mode::Resume { rebaseline } => {
                 let ledger = Ledger::open(&runs_dir.join("optimizer.db")).await?;
                 let row = ledger.run(Some(&run_id)).await?;
+                let shapes = select_shapes(&cfg, Some((&ledger, &row)), placement.only_shapes.as_deref()).await?;
                 // The plan and the GPU first: a resume that cannot go on leaves the run as it was.
                 let plan = resumable(&ledger, &row, &templates_dir).await?;
                 let device = match sup.ensure_started().await {
@@ -158,6 +180,9 @@ impl Engine {
                 }
                 ledger.set_state(&run_id, RunState::Running, None, Some(std::process::id())).await?;
                 ledger.set_device(&run_id, &device).await?;
+                if placement.gpu.is_some() || placement.group.is_some() {
+                    ledger.set_run_gpu(&run_id, placement.gpu, placement.group.as_deref().or(row.group_id.as_deref())).await?;
+                }
                 let msg = format!(
                     "resumed with {} of budget left{}",
                     record::fmt_dur(Duration::from_secs_f64((row.budget_s - row.used_s).max(0.0))),
@@ -165,7 +190,7 @@ impl Engine {
                 );
                 ledger.event(&run_id, EventKind::Resumed, &msg).await?;
                 tracing::info!(kind = "resumed", run = %run_id, detail = %msg, "run {run_id} {msg}");
-                (ws, device, plan, Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s), ledger)
+                (ws, device, plan, Duration::from_secs_f64(row.budget_s), Duration::from_secs_f64(row.used_s), ledger, shapes)
             }
         };
         let memory = load_memory(&ledger, &run_id, &device, resuming, opts.fresh).await?;

@@ -34,10 +34,8 @@ fn remove_folder(runs_dir: &Path, id: &str) -> Option<PathBuf> {
 
 /// Remove run `id` from the ledger, and its folder. Refused while it runs.
 pub async fn forget(ledger: &Ledger, runs_dir: &Path, id: &str, why: &str) -> Result<Removed, LedgerError> {
-    if let Some((holder, pid)) = lock::holder(runs_dir) {
-        if holder == id {
-            return Err(LedgerError::Live { id: id.to_string(), pid });
-        }
+    if let Some(pid) = lock::holder_of(runs_dir, id) {
+        return Err(LedgerError::Live { id: id.to_string(), pid });
     }
     let rows = ledger.forget_run(id).await?;
     Ok(Removed { run: id.to_string(), why: why.to_string(), rows, folder: remove_folder(runs_dir, id) })
@@ -52,11 +50,11 @@ fn is_leftover(dir: &Path) -> bool {
 
 /// `runs --prune`: failed runs, runs that never started, leftover folders.
 pub async fn prune(ledger: &Ledger, runs_dir: &Path) -> Result<Vec<Removed>, LedgerError> {
-    let live = lock::holder(runs_dir).map(|h| h.0);
+    let live: Vec<String> = lock::holders(runs_dir).into_iter().map(|h| h.0).collect();
     let listing = ledger.run_list().await?;
     let mut removed = Vec::new();
     for r in listing.iter().flatten() {
-        if Some(&r.id) == live.as_ref() {
+        if live.contains(&r.id) {
             continue;
         }
         let why = if r.state.recorded == RunState::Failed {
@@ -68,11 +66,13 @@ pub async fn prune(ledger: &Ledger, runs_dir: &Path) -> Result<Vec<Removed>, Led
         };
         removed.push(forget(ledger, runs_dir, &r.id, why).await?);
     }
-    let known: Vec<&str> = listing.iter().map(|r| r.as_ref().map_or_else(|u| u.id.as_str(), |r| r.id.as_str())).collect();
+    let mut known: Vec<String> = listing.iter().map(|r| r.as_ref().map_or_else(|u| u.id.clone(), |r| r.id.clone())).collect();
+    // A `--gpus` group's folder holds only its coordinator's log: it is not a leftover.
+    known.extend(ledger.groups().await.unwrap_or_default().into_iter().map(|g| g.id));
     let Ok(entries) = std::fs::read_dir(runs_dir) else { return Ok(removed) };
     for e in entries.filter_map(|e| e.ok()) {
         let name = e.file_name().to_string_lossy().into_owned();
-        if known.contains(&name.as_str()) || Some(&name) == live.as_ref() || !is_leftover(&e.path()) {
+        if known.contains(&name) || live.contains(&name) || !is_leftover(&e.path()) {
             continue;
         }
         if let Some(folder) = remove_folder(runs_dir, &name) {

@@ -72,7 +72,7 @@ pub async fn watch<W: Write>(
     mut out: W,
     opts: &WatchOptions,
 ) -> anyhow::Result<WatchEnd> {
-    let mut row = find_run(ledger, run).await?;
+    let mut row = find_run(ledger, run, runs_dir).await?;
     let log_path = log_path(runs_dir, &row);
     let mut view = View::new(&row, json, opts.progress);
 
@@ -147,7 +147,7 @@ pub async fn watch<W: Write>(
         }
 
         // Nothing new: the log is read to its end for now.
-        row = ledger.run(Some(&row.id)).await.with_context(|| format!("cannot read run {} from the ledger", row.id))?;
+        row = ledger.run_or_group(Some(&row.id), runs_dir).await.with_context(|| format!("cannot read run {} from the ledger", row.id))?;
         view.ledger(&row);
         if row.state.recorded.is_live() {
             // Resumed while watched (or never ended).
@@ -187,7 +187,7 @@ pub async fn watch<W: Write>(
             Err(e) => return Err(e).context("cannot write the output"),
         }
     }
-    let row = ledger.run(Some(&row.id)).await.with_context(|| format!("cannot read run {} from the ledger", row.id))?;
+    let row = ledger.run_or_group(Some(&row.id), runs_dir).await.with_context(|| format!("cannot read run {} from the ledger", row.id))?;
     if daemon_gone {
         let _ = view.daemon_gone(&row, &mut out);
     } else if !saw_end {
@@ -214,9 +214,10 @@ fn daemon_alive(log_path: &Path) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-async fn find_run(ledger: &Ledger, run: Option<&str>) -> anyhow::Result<RunRow> {
+async fn find_run(ledger: &Ledger, run: Option<&str>, runs_dir: &Path) -> anyhow::Result<RunRow> {
     // The ledger's own errors name the run and what to do (`optimizerd runs` lists them).
-    Ok(ledger.run(run).await?)
+    // A `--gpus` group is followed through its coordinator's log.
+    Ok(ledger.run_or_group(run, runs_dir).await?)
 }
 
 /// `<runs>/<id>/run.log`, or the run folder the ledger recorded when only that one has it.

@@ -163,6 +163,41 @@ impl RunState {
     }
 }
 
+/// A work item's state in a multi-GPU group's queue (`work_items.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum ItemState {
+    /// Waiting for a GPU (never taken, or its run was cut off and is to be resumed).
+    Queued,
+    /// A daemon on one GPU is optimizing its shapes.
+    Running,
+    /// Its run finished (budget share spent, converged, or the plan exhausted).
+    Done,
+    /// Its run was stopped by request; a resumed group takes it again.
+    Stopped,
+    /// Its run failed, or was cut off too often: the group goes on without it.
+    Failed,
+}
+
+impl ItemState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ItemState::Queued => "queued",
+            ItemState::Running => "running",
+            ItemState::Done => "done",
+            ItemState::Stopped => "stopped",
+            ItemState::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for ItemState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 impl fmt::Display for RunState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(self.as_str())

@@ -21,6 +21,11 @@ use crate::worker::Backend;
 #[serde(deny_unknown_fields)]
 pub struct Script {
     pub device: DeviceInfo,
+    /// The GPUs this script stands for (`worker --list-devices`; default: `device` alone).
+    /// A worker started with `CUDA_VISIBLE_DEVICES=N` (as a group's daemon on GPU N starts
+    /// it) says it is `gpus[N]`, so tests can give one host several GPUs, or a mix of models.
+    #[serde(default)]
+    pub gpus: Vec<DeviceInfo>,
     /// First matching rule wins; a candidate matching none uses `default`.
     #[serde(default)]
     pub rules: Vec<Rule>,
@@ -116,8 +121,22 @@ pub struct ScriptedBackend {
 impl ScriptedBackend {
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)?;
-        let script: Script = serde_json::from_str(&text)?;
+        let mut script: Script = serde_json::from_str(&text)?;
+        // A daemon on GPU N starts its worker with `CUDA_VISIBLE_DEVICES=N`: be that GPU.
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok().and_then(|v| v.trim().parse::<usize>().ok());
+        if let Some(d) = visible.and_then(|n| script.gpus.get(n)) {
+            script.device = d.clone();
+        }
         Ok(ScriptedBackend { script, modules: HashMap::new() })
+    }
+
+    /// The GPUs the script stands for (`worker --list-devices`).
+    pub fn devices(&self) -> Vec<DeviceInfo> {
+        if self.script.gpus.is_empty() {
+            vec![self.script.device.clone()]
+        } else {
+            self.script.gpus.clone()
+        }
     }
 
     fn behaviour_for(&self, source: &str) -> Behaviour {

@@ -112,6 +112,7 @@ gpu_retry_max = "200ms"
             mode: engine::Mode::New,
             allow_concurrent: false,
             fresh,
+            placement: Default::default(),
         };
         let (id, end) = engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.expect("run completes");
         assert_eq!(id, run_id);

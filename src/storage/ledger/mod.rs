@@ -12,6 +12,7 @@
 //! that cannot be decoded is named (run id, iteration) instead of failing the listing.
 
 mod events;
+mod groups;
 mod iterations;
 mod open;
 mod results;
@@ -19,6 +20,7 @@ mod runs;
 pub mod time_to_best;
 
 pub use events::{Event, EventKind, EventRow, StageHistory};
+pub use groups::{GpuSlot, GroupRow, ItemRow, NewGroup, NewItem};
 pub use iterations::{BestRow, IterationRecord, ShapeRecord, UnreadableIteration};
 pub use open::Health;
 pub use results::{kv_rate, kv_tbps, ClosingRow, NewSdpa, SdpaRow};

@@ -41,6 +41,10 @@ pub struct RunRow {
     pub gpu_name: Option<String>,
     pub message: Option<String>,
     pub iterations: i64,
+    /// The host GPU index the run used (`start --gpus`); None: the default device.
+    pub gpu: Option<i64>,
+    /// The multi-GPU group that started it, if any.
+    pub group_id: Option<String>,
 }
 
 /// A run's configuration, workload and device, as recorded when it started.
@@ -96,7 +100,7 @@ impl RunRow {
 /// Every table with a `run_id` column, children before parents (foreign keys).
 const RUN_TABLES: [&str; 8] = ["iteration_shapes", "agent_proposals", "agent_requests", "iterations", "best", "events", "sdpa", "closing"];
 
-const RUN_COLUMNS: &str = "r.rowid AS rowid_, r.id, r.state, r.started_at, r.finished_at, r.budget_s, r.used_s, r.stage, r.run_dir, r.gpu_name, r.message,
+const RUN_COLUMNS: &str = "r.rowid AS rowid_, r.id, r.state, r.started_at, r.finished_at, r.budget_s, r.used_s, r.stage, r.run_dir, r.gpu_name, r.message, r.gpu, r.group_id,
      (SELECT COUNT(*) FROM iterations i WHERE i.run_id = r.id) AS iterations";
 
 impl Ledger {

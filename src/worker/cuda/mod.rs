@@ -222,6 +222,30 @@ impl Backend for FailedInit {
 /// The worker process's main loop: build the CUDA backend and serve requests on
 /// stdin/stdout. If the backend cannot be built, the first request is answered with a
 /// sticky `CudaError { during: "init" }` naming the cause, and the process exits non-zero.
+/// Every CUDA device this process can see (`CUDA_VISIBLE_DEVICES` applies), in ordinal
+/// order, described as a worker's `Hello` would describe it: what `start --gpus` uses to
+/// find the host's GPUs and refuse a mix of models.
+pub fn list_cuda_devices() -> anyhow::Result<Vec<DeviceInfo>> {
+    // SAFETY: only tries to dlopen the driver library by its usual names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(InitError::NoDriver.into());
+    }
+    let toolchain = nvrtc::locate()?;
+    let listed = std::panic::catch_unwind(|| -> anyhow::Result<Vec<DeviceInfo>> {
+        let n = CudaContext::device_count().map_err(|e| anyhow::anyhow!("cannot count the CUDA devices: {}", describe(e)))?;
+        (0..n.max(0) as usize)
+            .map(|i| {
+                let ctx = CudaContext::new(i).map_err(|e| anyhow::anyhow!("cannot open CUDA device {i}: {}", describe(e)))?;
+                device_info(&ctx, &toolchain).map_err(|e| anyhow::anyhow!("cannot query CUDA device {i}: {}", describe(e)))
+            })
+            .collect()
+    });
+    match listed {
+        Ok(r) => r,
+        Err(p) => Err(InitError::Panic(panic_message(p.as_ref())).into()),
+    }
+}
+
 pub fn run_cuda_worker() -> anyhow::Result<()> {
     match CudaBackend::new() {
         Ok(mut backend) => super::serve(&mut backend),

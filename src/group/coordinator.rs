@@ -1,0 +1,392 @@
+//! The group's coordinator: the queue of shape classes, one daemon per GPU, the budget.
+//!
+//! Each daemon is a child process (`optimizerd start|resume --foreground --gpu N --group G`)
+//! that sees only its GPU (`CUDA_VISIBLE_DEVICES`), in a session of its own (a terminal's
+//! Ctrl-C reaches the coordinator, which passes it on once) and killed with its parent
+//! (`PR_SET_PDEATHSIG`: SIGTERM, so it stops as after `optimizerd stop`). Its stderr is
+//! relayed into the group's log, prefixed with its GPU. A daemon that dies (kill -9, OOM)
+//! puts its item back in the queue; the next GPU to take it resumes the same run, so no
+//! iteration is lost. The loop polls: nothing it waits for is faster than a candidate.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncBufReadExt;
+
+use super::gpus::{self, GpuSelection};
+use super::share::budget_share;
+use crate::daemon::lock::{self, GpuLock};
+use crate::daemon::shutdown::Shutdown;
+use crate::spec::config::Config;
+use crate::spec::states::{ItemState, RunState};
+use crate::storage::ledger::{GpuSlot, ItemRow, Ledger, LedgerError, NewGroup, NewItem};
+use crate::strategy::open::classify;
+
+/// Times an item may be taken before the group gives up on it (its daemon died each time).
+const MAX_ATTEMPTS: i64 = 3;
+/// How often the loop looks at its daemons and the signals.
+const TICK: Duration = Duration::from_millis(200);
+/// How often the budget used is written to the ledger while nothing else happens.
+const PERSIST_EVERY: Duration = Duration::from_secs(5);
+
+/// What every run of the group is started with, kept in the ledger for `resume`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GroupOptions {
+    /// The `--config` the group was started with (its runs get the same).
+    pub config_path: Option<PathBuf>,
+    pub plan_path: PathBuf,
+    pub fresh: bool,
+    /// The group's seed; item N's run gets seed + N.
+    pub seed: Option<u64>,
+    /// Test double: the scripted worker every run drives.
+    pub worker_script: Option<PathBuf>,
+}
+
+/// How a group ended, for the exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupEnd {
+    Finished(String),
+    Stopped,
+}
+
+struct Daemon {
+    item: ItemRow,
+    proc: tokio::process::Child,
+    /// The relay of its stderr; yields its last line (why it exited, if it failed).
+    relay: tokio::task::JoinHandle<String>,
+}
+
+struct Coordinator {
+    id: String,
+    ledger: Ledger,
+    gpus: Vec<GpuSlot>,
+    opts: GroupOptions,
+    budget: Duration,
+    used_before: Duration,
+    started: Instant,
+    shutdown: Shutdown,
+    daemons: BTreeMap<u32, Daemon>,
+    _lock: GpuLock,
+}
+
+fn runs_dir(config: &Config) -> PathBuf {
+    config.resolve(&config.run.runs_dir)
+}
+
+/// Refuse GPUs another daemon holds, before anything is recorded.
+fn check_free(config: &Config, gpus: &[GpuSlot]) -> anyhow::Result<()> {
+    for g in gpus {
+        if let Some((run_id, pid)) = lock::holder(&runs_dir(config), g.index) {
+            return Err(lock::LockError::Held { run_id, pid, what: format!("GPU {}", g.index) }.into());
+        }
+    }
+    Ok(())
+}
+
+fn describe_gpus(gpus: &[GpuSlot]) -> String {
+    let ids: Vec<String> = gpus.iter().map(|g| g.index.to_string()).collect();
+    let first = gpus.first().map(|g| g.device.name.as_str()).unwrap_or("?");
+    format!("{} GPU(s) {} ({first})", gpus.len(), ids.join(", "))
+}
+
+/// Start group `id` on the GPUs `selection` names, and drive it to its end.
+pub async fn start(config: &Config, id: &str, budget: Duration, selection: &GpuSelection, opts: GroupOptions, shutdown: Shutdown) -> anyhow::Result<GroupEnd> {
+    let runs = runs_dir(config);
+    std::fs::create_dir_all(&runs).with_context(|| format!("cannot create runs folder {}", runs.display()))?;
+    let devices = gpus::list_devices(opts.worker_script.as_deref(), config.worker.hello_timeout).await?;
+    let gpus = gpus::select(selection, &devices)?;
+    check_free(config, &gpus)?;
+    let lock = GpuLock::acquire_at(&lock::group_lock_path(&runs, id), id)?;
+    let shapes = config.shapes();
+    let sms = gpus.first().map(|g| g.device.sm_count).unwrap_or(1);
+    let items: Vec<NewItem> = classify(&shapes, sms)
+        .into_iter()
+        .map(|c| NewItem { run_id: format!("{id}-{}", c.name), shapes: c.shapes.iter().map(|s| s.key()).collect(), class: c.name })
+        .collect();
+    let ledger = Ledger::open(&runs.join("optimizer.db")).await?;
+    ledger
+        .create_group(&NewGroup {
+            id: id.to_string(),
+            budget_s: budget.as_secs_f64(),
+            gpus: gpus.clone(),
+            config_source: config.source.display().to_string(),
+            plan_path: opts.plan_path.display().to_string(),
+            options_json: serde_json::to_string(&opts)?,
+            items,
+        })
+        .await?;
+    let c = Coordinator { id: id.to_string(), ledger, gpus, opts, budget, used_before: Duration::ZERO, started: Instant::now(), shutdown, daemons: BTreeMap::new(), _lock: lock };
+    c.announce().await?;
+    c.drive().await
+}
+
+/// Continue group `id`: its queue as recorded, items cut off taken again (their runs resumed).
+pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, shutdown: Shutdown) -> anyhow::Result<GroupEnd> {
+    let runs = runs_dir(config);
+    let ledger = Ledger::open(&runs.join("optimizer.db")).await?;
+    let g = ledger.group(id).await?;
+    if matches!(g.state, RunState::Finished | RunState::Failed) {
+        anyhow::bail!("group {id} {}: {}; nothing to resume (`optimizerd status {id}` shows it)", g.state, g.message.unwrap_or_default());
+    }
+    let mut opts: GroupOptions = serde_json::from_str(&g.options_json).with_context(|| format!("the ledger's options of group {id} are unreadable"))?;
+    if worker_script.is_some() {
+        opts.worker_script = worker_script;
+    }
+    let devices = gpus::list_devices(opts.worker_script.as_deref(), config.worker.hello_timeout).await?;
+    let gpus = gpus::select(&GpuSelection::Indices(g.gpus.iter().map(|s| s.index).collect()), &devices)?;
+    if let (Some(before), Some(now)) = (g.gpus.first(), gpus.first()) {
+        if before.device.name != now.device.name {
+            anyhow::bail!("group {id} ran on {}; GPU {} is now {}: start a new group on this GPU model", before.device.name, now.index, now.device.name);
+        }
+    }
+    check_free(config, &gpus)?;
+    let lock = GpuLock::acquire_at(&lock::group_lock_path(&runs, id), id)?;
+    let requeued = ledger.requeue_items(id).await?;
+    ledger.set_group_state(id, RunState::Running, None, g.used_s).await?;
+    let c = Coordinator {
+        id: id.to_string(),
+        ledger,
+        gpus,
+        opts,
+        budget: Duration::from_secs_f64(g.budget_s),
+        used_before: Duration::from_secs_f64(g.used_s),
+        started: Instant::now(),
+        shutdown,
+        daemons: BTreeMap::new(),
+        _lock: lock,
+    };
+    tracing::info!(kind = "resumed", run = %id, "group {id} resumed with {} of budget left; {requeued} item(s) taken again", fmt(c.left()));
+    c.announce().await?;
+    c.drive().await
+}
+
+fn fmt(d: Duration) -> String {
+    crate::pipeline::record::fmt_dur(d)
+}
+
+impl Coordinator {
+    fn used(&self) -> Duration {
+        self.used_before + self.started.elapsed()
+    }
+
+    fn left(&self) -> Duration {
+        self.budget.saturating_sub(self.used())
+    }
+
+    /// The `device` line (`start` waits for it before detaching) and the queue.
+    async fn announce(&self) -> anyhow::Result<()> {
+        let items = self.ledger.items(&self.id).await?;
+        let first = self.gpus.first().map(|g| &g.device);
+        tracing::info!(
+            kind = "device", run = %self.id, gpu = first.map(|d| d.name.as_str()).unwrap_or("?"), gpus = self.gpus.len(),
+            sms = first.map(|d| d.sm_count).unwrap_or(0),
+            "group {}: {}, {} item(s) (one per shape class) in {} of budget",
+            self.id, describe_gpus(&self.gpus), items.len(), fmt(self.left())
+        );
+        for it in &items {
+            tracing::info!(kind = "item", run = %self.id, seq = it.seq, class = %it.class, state = %it.state, "  item {} {} ({}): {}", it.seq, it.class, it.state, it.shapes.join(", "));
+        }
+        Ok(())
+    }
+
+    async fn drive(mut self) -> anyhow::Result<GroupEnd> {
+        let mut signalled = 0u8; // SIGTERMs passed on to the daemons: 1 graceful, 2 now
+        let mut persisted = Instant::now();
+        let mut out_of_budget = false;
+        loop {
+            // Signals: passed on once each, as `optimizerd stop` and `stop --now` would.
+            let want = if self.shutdown.now_requested() { 2 } else if self.shutdown.requested() { 1 } else { 0 };
+            while signalled < want {
+                signalled += 1;
+                for d in self.daemons.values() {
+                    if let Some(pid) = d.proc.id() {
+                        // SAFETY: kill(2) on our own child's pid; no memory involved.
+                        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                    }
+                }
+            }
+            self.reap(signalled > 0).await?;
+            if signalled == 0 && !out_of_budget {
+                out_of_budget = self.fill().await?;
+            }
+            if self.daemons.is_empty() {
+                let queued = self.ledger.items(&self.id).await?.iter().filter(|i| i.state == ItemState::Queued).count();
+                if signalled > 0 || queued == 0 || out_of_budget {
+                    return self.finish(signalled > 0, queued).await;
+                }
+            }
+            if persisted.elapsed() >= PERSIST_EVERY {
+                self.ledger.set_group_used(&self.id, self.used().as_secs_f64()).await?;
+                persisted = Instant::now();
+            }
+            tokio::time::sleep(TICK).await;
+        }
+    }
+
+    /// Give every idle GPU the next queued item. Returns true when the budget left is too
+    /// short for another run.
+    async fn fill(&mut self) -> anyhow::Result<bool> {
+        for slot in self.gpus.clone() {
+            if self.daemons.contains_key(&slot.index) {
+                continue;
+            }
+            let queued = self.ledger.items(&self.id).await?.iter().filter(|i| i.state == ItemState::Queued).count();
+            if queued == 0 {
+                return Ok(false);
+            }
+            let Some(share) = budget_share(self.left(), self.gpus.len(), queued, self.daemons.len()) else {
+                return Ok(true);
+            };
+            let Some(item) = self.ledger.claim_item(&self.id, slot.index, share.as_secs_f64()).await? else {
+                return Ok(false);
+            };
+            match self.spawn(&slot, &item, share).await {
+                Ok(d) => {
+                    self.daemons.insert(slot.index, d);
+                }
+                Err(e) => {
+                    let why = crate::error_text::join(e.chain());
+                    tracing::error!(kind = "item_end", run = %self.id, seq = item.seq, gpu = slot.index, "[gpu {}] item {} {}: cannot start its daemon: {why}", slot.index, item.seq, item.class);
+                    self.ledger.set_item_state(&self.id, item.seq, ItemState::Failed, &format!("cannot start its daemon: {why}")).await?;
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Start (or, when its run exists, resume) the daemon of `item` on GPU `slot`.
+    async fn spawn(&self, slot: &GpuSlot, item: &ItemRow, share: Duration) -> anyhow::Result<Daemon> {
+        let resuming = match self.ledger.run(Some(&item.run_id)).await {
+            Ok(_) => true,
+            Err(LedgerError::NoSuchRun(_)) => false,
+            Err(e) => return Err(e.into()),
+        };
+        let mut argv: Vec<String> = Vec::new();
+        if let Some(c) = &self.opts.config_path {
+            argv.extend(["--config".into(), c.display().to_string()]);
+        }
+        if resuming {
+            argv.extend(["resume".into(), item.run_id.clone()]);
+        } else {
+            argv.extend(["start".into(), "--run-id".into(), item.run_id.clone(), "--budget".into(), format!("{}ms", share.as_millis().max(1))]);
+            argv.extend(["--shapes".into(), item.shapes.join(",")]);
+            argv.extend(["--plan".into(), self.opts.plan_path.display().to_string()]);
+            if self.opts.fresh {
+                argv.push("--fresh".into());
+            }
+            if let Some(s) = self.opts.seed {
+                argv.extend(["--seed".into(), s.wrapping_add(item.seq as u64).to_string()]);
+            }
+        }
+        argv.extend(["--foreground".into(), "--gpu".into(), slot.index.to_string(), "--group".into(), self.id.clone()]);
+        if let Some(w) = &self.opts.worker_script {
+            argv.extend(["--worker-script".into(), w.display().to_string()]);
+        }
+        let exe = std::env::current_exe().context("cannot find this executable")?;
+        let mut cmd = tokio::process::Command::new(exe);
+        let visible = gpus::visible_id(slot.index, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
+        cmd.args(&argv)
+            .env("CUDA_VISIBLE_DEVICES", &visible)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        // SAFETY: setsid and prctl are async-signal-safe and touch only the child itself.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut proc = cmd.spawn().context("cannot start the daemon process")?;
+        let stderr = proc.stderr.take().context("the daemon's stderr was not captured")?;
+        let (gpu, run) = (slot.index, item.run_id.clone());
+        let relay = tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            let mut last = String::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                tracing::info!(kind = "gpu_line", gpu, run = %run, "[gpu {gpu}] {line}");
+                last = line;
+            }
+            last
+        });
+        let how = if resuming { "resumes run".to_string() } else { format!("starts run {} with {} of budget:", item.run_id, fmt(share)) };
+        tracing::info!(
+            kind = "item_start", run = %self.id, seq = item.seq, gpu = slot.index, class = %item.class, item_run = %item.run_id, budget_s = share.as_secs_f64(),
+            "[gpu {}] item {} {} ({} shape(s)) {how}{}", slot.index, item.seq, item.class, item.shapes.len(), if resuming { format!(" {}", item.run_id) } else { String::new() }
+        );
+        Ok(Daemon { item: item.clone(), proc, relay })
+    }
+
+    /// Settle the daemons that exited: their items done, stopped, failed, or queued again.
+    async fn reap(&mut self, stopping: bool) -> anyhow::Result<()> {
+        let mut ended: Vec<(u32, ExitStatus)> = Vec::new();
+        for (gpu, d) in self.daemons.iter_mut() {
+            if let Some(status) = d.proc.try_wait()? {
+                ended.push((*gpu, status));
+            }
+        }
+        for (gpu, status) in ended {
+            let Some(d) = self.daemons.remove(&gpu) else { continue };
+            let last = d.relay.await.unwrap_or_default();
+            let recorded = match self.ledger.run(Some(&d.item.run_id)).await {
+                Ok(r) => Some(r),
+                Err(LedgerError::NoSuchRun(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
+            let cut_off = |why: String| {
+                if stopping {
+                    (ItemState::Stopped, format!("{why}; the group was stopping"))
+                } else if d.item.attempts < MAX_ATTEMPTS {
+                    (ItemState::Queued, format!("{why}; queued again (its run is resumed where it stopped)"))
+                } else {
+                    (ItemState::Failed, format!("{why}; given up after {} attempts", d.item.attempts))
+                }
+            };
+            let (state, message) = match recorded.as_ref().map(|r| r.state.recorded) {
+                Some(RunState::Finished) => (ItemState::Done, recorded.as_ref().and_then(|r| r.message.clone()).unwrap_or_default()),
+                Some(RunState::Failed) => (ItemState::Failed, recorded.as_ref().and_then(|r| r.message.clone()).unwrap_or(last.clone())),
+                Some(RunState::Stopped) => (ItemState::Stopped, "its run was stopped".to_string()),
+                Some(s) => cut_off(format!("its daemon exited ({status}) with its run {s}")),
+                None => cut_off(format!("its daemon exited ({status}) before recording its run: {last}")),
+            };
+            let level_warn = matches!(state, ItemState::Failed | ItemState::Queued);
+            let line = format!("[gpu {gpu}] item {} {} {state}: {message}", d.item.seq, d.item.class);
+            if level_warn {
+                tracing::warn!(kind = "item_end", run = %self.id, seq = d.item.seq, gpu, state = %state, "{line}");
+            } else {
+                tracing::info!(kind = "item_end", run = %self.id, seq = d.item.seq, gpu, state = %state, "{line}");
+            }
+            self.ledger.set_item_state(&self.id, d.item.seq, state, &message).await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(self, stopped: bool, queued: usize) -> anyhow::Result<GroupEnd> {
+        let used = self.used().as_secs_f64();
+        let (state, message, end) = if stopped {
+            (RunState::Stopped, format!("stopped by request; resume with `optimizerd resume {}`", self.id), GroupEnd::Stopped)
+        } else if queued > 0 {
+            let m = format!("budget spent; {queued} item(s) never started");
+            (RunState::Finished, m.clone(), GroupEnd::Finished(m))
+        } else {
+            let m = "every item ended".to_string();
+            (RunState::Finished, m.clone(), GroupEnd::Finished(m))
+        };
+        self.ledger.set_group_state(&self.id, state, Some(&message), used).await?;
+        let s = super::view::status(&self.ledger, &self.id, false).await?;
+        tracing::info!(
+            kind = "group_rate", run = %self.id, iterations = s.iterations, per_minute = s.per_minute, gpus = self.gpus.len(),
+            "{}", super::view::rate_line(&s)
+        );
+        tracing::info!(kind = "run_end", run = %self.id, state = %state, detail = %message, "group {} {state}: {message}", self.id);
+        Ok(end)
+    }
+}

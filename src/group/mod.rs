@@ -1,0 +1,37 @@
+//! Several GPUs of one host (`start --gpus all|0,2`): a *group*. The coordinator splits the
+//! workload into work items, one per shape class (`strategy::open::classify`), queues them
+//! in the ledger, and keeps one daemon per GPU busy: each idle GPU takes the next queued
+//! item and optimizes its shapes as an ordinary run (`optimizerd start --gpu N --shapes ..`,
+//! a child process that sees only that GPU), with a share of the group's remaining budget.
+//! A class that converges early frees its GPU for the next item, and later items get the
+//! time it left. Everything a run has (its worker's crash isolation, SDPA measured on its
+//! own GPU, the closing comparison, resume) is the run's; the group adds the queue, the
+//! GPUs, the budget and one id for `watch`, `status`, `stop` and `resume`.
+//!
+//! Depends on `spec/`, `daemon/` (locks, logging, shutdown), `storage/` (the ledger's
+//! `run_groups` and `work_items`) and `strategy/` (shape classes); only `cli` uses it.
+
+mod coordinator;
+mod gpus;
+mod share;
+mod view;
+
+pub use coordinator::{resume, start, GroupEnd, GroupOptions};
+pub use gpus::{list_devices, parse_gpus, select, visible_id, GpuError, GpuSelection};
+pub use share::budget_share;
+pub use view::{rate_line, status, status_text, GroupStatus, ItemView};
+
+use crate::spec::config::Config;
+
+/// Whether `id` names a group in the ledger of `config` (false when there is no ledger).
+pub async fn is_group(config: &Config, id: &str) -> bool {
+    let path = config.resolve(&config.run.runs_dir).join("optimizer.db");
+    match crate::storage::ledger::Ledger::open_read_only(&path).await {
+        Ok(l) => {
+            let yes = l.is_group(id).await;
+            l.close().await;
+            yes
+        }
+        Err(_) => false,
+    }
+}
