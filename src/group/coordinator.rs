@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
 use super::gpus::{self, GpuSelection};
-use super::share::budget_share;
+use super::share::{budget_share, DEFAULT_OVERHEAD};
 use crate::daemon::lock::{self, GpuLock};
 use crate::daemon::shutdown::Shutdown;
 use crate::spec::config::Config;
@@ -55,6 +55,11 @@ pub enum GroupEnd {
 
 struct Daemon {
     item: ItemRow,
+    /// When it started and the budget it was given: its overhead is the difference.
+    since: Instant,
+    share: Duration,
+    /// A resumed run keeps its own budget: its overhead is not measured.
+    resumed: bool,
     proc: tokio::process::Child,
     /// The relay of its stderr; yields its last line (why it exited, if it failed).
     relay: tokio::task::JoinHandle<String>,
@@ -70,6 +75,8 @@ struct Coordinator {
     started: Instant,
     shutdown: Shutdown,
     daemons: BTreeMap<u32, Daemon>,
+    /// Wall time beyond their budget of the runs that ended (setup and closing).
+    overheads: Vec<Duration>,
     _lock: GpuLock,
 }
 
@@ -119,7 +126,7 @@ pub async fn start(config: &Config, id: &str, budget: Duration, selection: &GpuS
             items,
         })
         .await?;
-    let c = Coordinator { id: id.to_string(), ledger, gpus, opts, budget, used_before: Duration::ZERO, started: Instant::now(), shutdown, daemons: BTreeMap::new(), _lock: lock };
+    let c = Coordinator { id: id.to_string(), ledger, gpus, opts, budget, used_before: Duration::ZERO, started: Instant::now(), shutdown, daemons: BTreeMap::new(), overheads: Vec::new(), _lock: lock };
     c.announce().await?;
     c.drive().await
 }
@@ -157,6 +164,7 @@ pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, s
         started: Instant::now(),
         shutdown,
         daemons: BTreeMap::new(),
+        overheads: Vec::new(),
         _lock: lock,
     };
     tracing::info!(kind = "resumed", run = %id, "group {id} resumed with {} of budget left; {requeued} item(s) taken again", fmt(c.left()));
@@ -175,6 +183,11 @@ impl Coordinator {
 
     fn left(&self) -> Duration {
         self.budget.saturating_sub(self.used())
+    }
+
+    /// The overhead to leave per run: the largest seen, or the default before any.
+    fn overhead(&self) -> Duration {
+        self.overheads.iter().max().copied().unwrap_or(DEFAULT_OVERHEAD)
     }
 
     /// The `device` line (`start` waits for it before detaching) and the queue.
@@ -238,7 +251,7 @@ impl Coordinator {
             if queued == 0 {
                 return Ok(false);
             }
-            let Some(share) = budget_share(self.left(), self.gpus.len(), queued, self.daemons.len()) else {
+            let Some(share) = budget_share(self.left(), self.gpus.len(), queued, self.daemons.len(), self.overhead()) else {
                 return Ok(true);
             };
             let Some(item) = self.ledger.claim_item(&self.id, slot.index, share.as_secs_f64()).await? else {
@@ -322,7 +335,7 @@ impl Coordinator {
             kind = "item_start", run = %self.id, seq = item.seq, gpu = slot.index, class = %item.class, item_run = %item.run_id, budget_s = share.as_secs_f64(),
             "[gpu {}] item {} {} ({} shape(s)) {how}{}", slot.index, item.seq, item.class, item.shapes.len(), if resuming { format!(" {}", item.run_id) } else { String::new() }
         );
-        Ok(Daemon { item: item.clone(), proc, relay })
+        Ok(Daemon { item: item.clone(), since: Instant::now(), share, resumed: resuming, proc, relay })
     }
 
     /// Settle the daemons that exited: their items done, stopped, failed, or queued again.
@@ -357,6 +370,9 @@ impl Coordinator {
                 Some(s) => cut_off(format!("its daemon exited ({status}) with its run {s}")),
                 None => cut_off(format!("its daemon exited ({status}) before recording its run: {last}")),
             };
+            if state == ItemState::Done && !d.resumed {
+                self.overheads.push(d.since.elapsed().saturating_sub(d.share));
+            }
             let level_warn = matches!(state, ItemState::Failed | ItemState::Queued);
             let line = format!("[gpu {gpu}] item {} {} {state}: {message}", d.item.seq, d.item.class);
             if level_warn {

@@ -10,7 +10,8 @@ pub struct ItemView {
     pub item: ItemRow,
     /// Its run, once one was recorded.
     pub run: Option<RunRow>,
-    /// The best kernel's speedup over SDPA default (as measured at the run's start), over its shapes.
+    /// The largest speedup of a best kernel over the run's first correct kernel (`baseline`),
+    /// as `runs` shows it; the comparison with SDPA is the run's (`status RUN`).
     pub best_speedup: Option<f64>,
 }
 
@@ -73,11 +74,11 @@ pub fn status_text(s: &GroupStatus) -> String {
         crate::pipeline::record::fmt_dur(std::time::Duration::from_secs_f64(g.budget_s.max(0.0))),
         rate_line(s),
     );
-    out.push_str(&format!("{:>4}  {:<24} {:>4}  {:<8} {:>6} {:>6}  {:<9} {}\n", "item", "class", "gpu", "state", "iters", "best", "budget", "run"));
+    out.push_str(&format!("{:>4}  {:<24} {:>4}  {:<8} {:>6} {:>8}  {:<9} {}\n", "item", "class", "gpu", "state", "iters", "gain", "budget", "run"));
     for v in &s.items {
         let it = &v.item;
         out.push_str(&format!(
-            "{:>4}  {:<24} {:>4}  {:<8} {:>6} {:>6}  {:<9} {}\n",
+            "{:>4}  {:<24} {:>4}  {:<8} {:>6} {:>8}  {:<9} {}\n",
             it.seq,
             it.class,
             it.gpu.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
@@ -88,6 +89,6 @@ pub fn status_text(s: &GroupStatus) -> String {
             it.run_id,
         ));
     }
-    out.push_str(&format!("\nEach item is a run of its own: `optimizerd status RUN` shows its kernels, `optimizerd export RUN` exports them.\n"));
+    out.push_str("\ngain: the best kernel's speedup over the run's first correct kernel. Each item is a run of its own:\n`optimizerd status RUN` shows its kernels against SDPA on its GPU, `optimizerd export RUN` exports them.\n");
     out
 }
