@@ -27,3 +27,16 @@ install() {
 
 install "$root/.deps/cuda" --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88
 install "$root/.deps/py" torch==2.11.0 transformers==5.17.0
+
+# PostgreSQL, for the tests of a fleet's shared database (tests/fleet.rs start their own
+# server in a temporary folder): Debian's package. Under CI=true a missing server is an
+# error, never a skipped test.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "setup: installing PostgreSQL (Debian's postgresql package) for tests/fleet.rs" >&2
+  sudo=""
+  [[ $(id -u) == 0 ]] || sudo="sudo -n"
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null; }; then
+    echo "setup: cannot install PostgreSQL; install Debian's postgresql package (apt-get install postgresql) and run this again" >&2
+    exit 1
+  fi
+fi

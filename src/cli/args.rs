@@ -88,6 +88,11 @@ pub struct DaemonArgs {
     /// The `--gpus` group that started this daemon (recorded with the run).
     #[arg(long, hide = true, value_name = "GROUP", value_parser = parse_run_id)]
     pub group: Option<String>,
+    /// A fleet's PostgreSQL database (postgres://USER:PASSWORD@HOST:PORT/DB) holding the
+    /// group's queue and memory across runs, shared by every machine that starts the same
+    /// group id with it (`--gpus` only; default: `fleet.ledger` of the configuration).
+    #[arg(long, value_name = "URL")]
+    pub ledger: Option<String>,
 }
 
 impl DaemonArgs {
@@ -111,6 +116,9 @@ impl DaemonArgs {
         }
         if let Some(g) = &self.group {
             argv.extend(["--group".into(), g.into()]);
+        }
+        if let Some(l) = &self.ledger {
+            argv.extend(["--ledger".into(), l.into()]);
         }
         argv
     }
@@ -411,6 +419,7 @@ mod tests {
                 worker_script: Some("w.json".into()),
                 gpu: Some(1),
                 group: Some("g1".into()),
+                ledger: None,
             },
             run_id: None,
         };

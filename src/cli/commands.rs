@@ -254,9 +254,10 @@ pub async fn run_report(args: ReportArgs, config_path: Option<&Path>, out: &mut 
 pub async fn status(args: RunArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
     let (config, ledger) = read_ledger(config_path).await?;
     if let Some(id) = args.run.as_deref() {
-        if ledger.is_group(id).await {
+        if ledger.is_group(id).await || crate::group::in_fleet(config.fleet.ledger.as_deref(), id).await {
             let live = lock::holder_of(&runs_dir(&config), id).is_some();
-            let s = crate::group::status(&ledger, id, live).await?;
+            let queue = crate::group::queue_of(&ledger, config.fleet.ledger.as_deref(), id).await?;
+            let s = crate::group::status(&queue, &ledger, id, live).await?;
             if args.json {
                 out.json(&s)?;
             } else {

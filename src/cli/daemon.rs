@@ -47,6 +47,10 @@ pub async fn start(args: StartArgs, config_path: Option<&Path>, out: &mut Out) -
             return Err(refuse(exit::USAGE, format!("--shapes: {k} is not a shape of the workload in {}; its shapes are: {}", config.source.display(), known.join(", "))));
         }
     }
+    let fleet_url = args.daemon.ledger.clone().or_else(|| config.fleet.ledger.clone());
+    if args.gpus.is_none() && args.daemon.ledger.is_some() {
+        return Err(refuse(exit::USAGE, "--ledger shares a group's queue between machines: use it with --gpus (e.g. --gpus all --ledger postgres://...)"));
+    }
     if let Some(gpus) = &args.gpus {
         if args.shapes.is_some() {
             return Err(refuse(exit::USAGE, "--shapes and --gpus go separately: a group splits the whole workload by shape class; list the shapes in the workload instead"));
@@ -60,9 +64,10 @@ pub async fn start(args: StartArgs, config_path: Option<&Path>, out: &mut Out) -
             fresh: args.fresh,
             seed: args.daemon.seed,
             worker_script: args.daemon.worker_script.clone(),
+            fleet: fleet_url.is_some(),
         };
         let (budget, gpus, cfg, id) = (args.budget, gpus.clone(), config.clone(), run_id.clone());
-        return group_foreground(&config, &run_id, |sd| async move { group::start(&cfg, &id, budget, &gpus, opts, sd).await }).await;
+        return group_foreground(&config, &run_id, fleet_url.clone(), |sd| async move { group::start(&cfg, &id, budget, &gpus, opts, fleet_url.as_deref(), sd).await }).await;
     }
     if !args.daemon.foreground {
         return detach(args.child_argv(&run_id, config_path), &config, &run_id, out).await;
@@ -87,7 +92,8 @@ pub async fn resume(args: ResumeArgs, config_path: Option<&Path>, out: &mut Out)
     let runs = runs_dir(&config);
     let ledger = Ledger::open_read_only(&ledger_path(&config)).await?;
     if let Some(id) = args.run.as_deref() {
-        if ledger.is_group(id).await {
+        let fleet_url = args.daemon.ledger.clone().or_else(|| config.fleet.ledger.clone());
+        if ledger.is_group(id).await || group::in_fleet(fleet_url.as_deref(), id).await {
             ledger.close().await;
             return resume_group(args, config, config_path, out).await;
         }
@@ -141,11 +147,12 @@ async fn resume_group(args: ResumeArgs, config: Config, config_path: Option<&Pat
         return detach(args.child_argv(&id, config_path), &config, &id, out).await;
     }
     let (script, cfg, gid) = (args.daemon.worker_script.clone(), config.clone(), id.clone());
-    group_foreground(&config, &id, |sd| async move { group::resume(&cfg, &gid, script, sd).await }).await
+    let fleet_url = args.daemon.ledger.clone().or_else(|| config.fleet.ledger.clone());
+    group_foreground(&config, &id, fleet_url.clone(), |sd| async move { group::resume(&cfg, &gid, script, fleet_url.as_deref(), sd).await }).await
 }
 
 /// A group's coordinator in this process: its log, signals, the group, then its status.
-async fn group_foreground<F, Fut>(config: &Config, id: &str, drive: F) -> anyhow::Result<u8>
+async fn group_foreground<F, Fut>(config: &Config, id: &str, fleet_url: Option<String>, drive: F) -> anyhow::Result<u8>
 where
     F: FnOnce(crate::daemon::shutdown::Shutdown) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<group::GroupEnd>>,
@@ -163,7 +170,8 @@ where
     ended?;
     let ledger = Ledger::open_read_only(&ledger_path(config)).await?;
     let live = lock::holder_of(&runs_dir(config), id).is_some();
-    let s = group::status(&ledger, id, live).await?;
+    let queue = group::queue_of(&ledger, fleet_url.as_deref(), id).await?;
+    let s = group::status(&queue, &ledger, id, live).await?;
     super::note(&format!("\n{}", group::status_text(&s)));
     Ok(exit::SUCCESS)
 }

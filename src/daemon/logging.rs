@@ -8,7 +8,6 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 /// Prints only the event's message (plus WARN/ERROR level): the stderr view for humans.
@@ -56,6 +55,13 @@ pub fn init(json_log: Option<&Path>) -> anyhow::Result<()> {
         }
         None => None,
     };
-    tracing_subscriber::registry().with(stderr).with(json).try_init()?;
+    // Records of the `log` crate (sqlx's, reqwest's) reach tracing through a LogTracer
+    // that passes warnings and errors only. Why not the default bridge: with per-layer
+    // filters, a `log` "is this level enabled?" query that tracing answers "no" makes the
+    // next tracing event on that thread vanish (tokio-rs/tracing#2519); sqlx's PostgreSQL
+    // driver asks it for every server notice, and the line after a fleet database call was
+    // lost. Below warnings, `log`'s own max level now answers without asking tracing.
+    tracing_log::LogTracer::init_with_filter(log::LevelFilter::Warn)?;
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(stderr).with(json))?;
     Ok(())
 }

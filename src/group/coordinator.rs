@@ -19,6 +19,8 @@ use tokio::io::AsyncBufReadExt;
 
 use super::gpus::{self, GpuSelection};
 use super::share::{budget_share, DEFAULT_OVERHEAD};
+use super::store::{self, Queue};
+use crate::storage::fleet::Fleet;
 use crate::daemon::lock::{self, GpuLock};
 use crate::daemon::shutdown::Shutdown;
 use crate::spec::config::Config;
@@ -44,6 +46,9 @@ pub struct GroupOptions {
     pub seed: Option<u64>,
     /// Test double: the scripted worker every run drives.
     pub worker_script: Option<PathBuf>,
+    /// The queue is in a fleet's database (`--ledger`; its URL is not kept: resume needs it again).
+    #[serde(default)]
+    pub fleet: bool,
 }
 
 /// How a group ended, for the exit code.
@@ -67,7 +72,14 @@ struct Daemon {
 
 struct Coordinator {
     id: String,
+    /// This machine's ledger: the runs.
     ledger: Ledger,
+    /// The group and its queue (this ledger, or a fleet's database).
+    queue: Queue,
+    /// This machine's name, and this coordinator's (`machine:pid`) for leases.
+    machine: String,
+    holder: String,
+    lease: Duration,
     gpus: Vec<GpuSlot>,
     opts: GroupOptions,
     budget: Duration,
@@ -100,8 +112,33 @@ fn describe_gpus(gpus: &[GpuSlot]) -> String {
     format!("{} GPU(s) {} ({first})", gpus.len(), ids.join(", "))
 }
 
-/// Start group `id` on the GPUs `selection` names, and drive it to its end.
-pub async fn start(config: &Config, id: &str, budget: Duration, selection: &GpuSelection, opts: GroupOptions, shutdown: Shutdown) -> anyhow::Result<GroupEnd> {
+/// Where the group's queue is: the local ledger, or the fleet database at `url`.
+async fn open_queue(ledger: &Ledger, url: Option<&str>) -> anyhow::Result<Queue> {
+    Ok(match url {
+        Some(u) => Queue::Fleet(Fleet::connect(u).await?),
+        None => Queue::Local(ledger.clone()),
+    })
+}
+
+/// When the fleet's group started, as time already used (a machine joining late).
+fn used_since(started_at: &str) -> Duration {
+    chrono::DateTime::parse_from_rfc3339(started_at)
+        .ok()
+        .and_then(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).to_std().ok())
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Start group `id` on the GPUs `selection` names (in a fleet: create it, or join it when
+/// another machine did), and drive it to its end.
+pub async fn start(
+    config: &Config,
+    id: &str,
+    budget: Duration,
+    selection: &GpuSelection,
+    opts: GroupOptions,
+    fleet_url: Option<&str>,
+    shutdown: Shutdown,
+) -> anyhow::Result<GroupEnd> {
     let runs = runs_dir(config);
     std::fs::create_dir_all(&runs).with_context(|| format!("cannot create runs folder {}", runs.display()))?;
     let devices = gpus::list_devices(opts.worker_script.as_deref(), config.worker.hello_timeout).await?;
@@ -115,31 +152,55 @@ pub async fn start(config: &Config, id: &str, budget: Duration, selection: &GpuS
         .map(|c| NewItem { run_id: format!("{id}-{}", c.name), shapes: c.shapes.iter().map(|s| s.key()).collect(), class: c.name })
         .collect();
     let ledger = Ledger::open(&runs.join("optimizer.db")).await?;
-    ledger
-        .create_group(&NewGroup {
-            id: id.to_string(),
-            budget_s: budget.as_secs_f64(),
-            gpus: gpus.clone(),
-            config_source: config.source.display().to_string(),
-            plan_path: opts.plan_path.display().to_string(),
-            options_json: serde_json::to_string(&opts)?,
-            items,
-        })
-        .await?;
-    let c = Coordinator { id: id.to_string(), ledger, gpus, opts, budget, used_before: Duration::ZERO, started: Instant::now(), shutdown, daemons: BTreeMap::new(), overheads: Vec::new(), _lock: lock };
+    let queue = open_queue(&ledger, fleet_url).await?;
+    let new = NewGroup {
+        id: id.to_string(),
+        budget_s: budget.as_secs_f64(),
+        gpus: gpus.clone(),
+        config_source: config.source.display().to_string(),
+        plan_path: opts.plan_path.display().to_string(),
+        options_json: serde_json::to_string(&GroupOptions { fleet: fleet_url.is_some(), ..opts.clone() })?,
+        items,
+    };
+    let (g, created) = queue.create_or_join(&new).await?;
+    let (budget, used_before) = if created {
+        (budget, Duration::ZERO)
+    } else {
+        // Joining a fleet's group: its GPU model, workload and budget are the group's.
+        if let (Some(theirs), Some(ours)) = (g.gpus.first(), gpus.first()) {
+            if theirs.device.name != ours.device.name || theirs.device.cc() != ours.device.cc() {
+                anyhow::bail!(
+                    "group {id} in {} runs on {} (sm_{}); this machine's GPUs are {} (sm_{}): results are kept per GPU model, so start a group of its own here",
+                    queue.describe(), theirs.device.name, theirs.device.cc(), ours.device.name, ours.device.cc()
+                );
+            }
+        }
+        let ours: Vec<String> = new.items.iter().map(|i| i.class.clone()).collect();
+        let theirs: Vec<String> = queue.items(id).await?.into_iter().map(|i| i.class).collect();
+        if ours != theirs {
+            anyhow::bail!("group {id} in {} has the shape classes {}; this machine's workload makes {}: join with the same workload", queue.describe(), theirs.join(", "), ours.join(", "));
+        }
+        if matches!(g.state, RunState::Finished | RunState::Failed) {
+            anyhow::bail!("group {id} in {} {}: {}; nothing to join", queue.describe(), g.state, g.message.unwrap_or_default());
+        }
+        tracing::info!(kind = "joined", run = %id, "joined group {id} in {} (started {} by another machine)", queue.describe(), g.started_at);
+        (Duration::from_secs_f64(g.budget_s), used_since(&g.started_at).max(Duration::from_secs_f64(g.used_s)))
+    };
+    let c = Coordinator::new(config, id, ledger, queue, gpus, opts, budget, used_before, shutdown, lock);
     c.announce().await?;
     c.drive().await
 }
 
 /// Continue group `id`: its queue as recorded, items cut off taken again (their runs resumed).
-pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, shutdown: Shutdown) -> anyhow::Result<GroupEnd> {
+pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, fleet_url: Option<&str>, shutdown: Shutdown) -> anyhow::Result<GroupEnd> {
     let runs = runs_dir(config);
     let ledger = Ledger::open(&runs.join("optimizer.db")).await?;
-    let g = ledger.group(id).await?;
+    let queue = open_queue(&ledger, fleet_url).await?;
+    let g = queue.group(id).await?;
     if matches!(g.state, RunState::Finished | RunState::Failed) {
         anyhow::bail!("group {id} {}: {}; nothing to resume (`optimizerd status {id}` shows it)", g.state, g.message.unwrap_or_default());
     }
-    let mut opts: GroupOptions = serde_json::from_str(&g.options_json).with_context(|| format!("the ledger's options of group {id} are unreadable"))?;
+    let mut opts: GroupOptions = serde_json::from_str(&g.options_json).with_context(|| format!("the options of group {id} in {} are unreadable", queue.describe()))?;
     if worker_script.is_some() {
         opts.worker_script = worker_script;
     }
@@ -152,21 +213,11 @@ pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, s
     }
     check_free(config, &gpus)?;
     let lock = GpuLock::acquire_at(&lock::group_lock_path(&runs, id), id)?;
-    let requeued = ledger.requeue_items(id).await?;
-    ledger.set_group_state(id, RunState::Running, None, g.used_s).await?;
-    let c = Coordinator {
-        id: id.to_string(),
-        ledger,
-        gpus,
-        opts,
-        budget: Duration::from_secs_f64(g.budget_s),
-        used_before: Duration::from_secs_f64(g.used_s),
-        started: Instant::now(),
-        shutdown,
-        daemons: BTreeMap::new(),
-        overheads: Vec::new(),
-        _lock: lock,
-    };
+    let machine = store::machine_name(config.fleet.machine.as_deref());
+    let requeued = queue.requeue_items(id, &machine).await?;
+    queue.set_group_state(id, RunState::Running, None, g.used_s).await?;
+    let used_before = if queue.is_fleet() { used_since(&g.started_at).max(Duration::from_secs_f64(g.used_s)) } else { Duration::from_secs_f64(g.used_s) };
+    let c = Coordinator::new(config, id, ledger, queue, gpus, opts, Duration::from_secs_f64(g.budget_s), used_before, shutdown, lock);
     tracing::info!(kind = "resumed", run = %id, "group {id} resumed with {} of budget left; {requeued} item(s) taken again", fmt(c.left()));
     c.announce().await?;
     c.drive().await
@@ -177,6 +228,45 @@ fn fmt(d: Duration) -> String {
 }
 
 impl Coordinator {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        config: &Config,
+        id: &str,
+        ledger: Ledger,
+        queue: Queue,
+        gpus: Vec<GpuSlot>,
+        opts: GroupOptions,
+        budget: Duration,
+        used_before: Duration,
+        shutdown: Shutdown,
+        lock: GpuLock,
+    ) -> Coordinator {
+        let machine = store::machine_name(config.fleet.machine.as_deref());
+        Coordinator {
+            id: id.to_string(),
+            ledger,
+            queue,
+            holder: format!("{machine}:{}", std::process::id()),
+            machine,
+            lease: config.fleet.lease,
+            gpus,
+            opts,
+            budget,
+            used_before,
+            started: Instant::now(),
+            shutdown,
+            daemons: BTreeMap::new(),
+            overheads: Vec::new(),
+            _lock: lock,
+        }
+    }
+
+    /// The end of a lease taken or renewed now.
+    fn lease_until(&self) -> String {
+        let t = chrono::Utc::now() + chrono::Duration::from_std(self.lease).unwrap_or(chrono::Duration::seconds(60));
+        t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    }
+
     fn used(&self) -> Duration {
         self.used_before + self.started.elapsed()
     }
@@ -192,14 +282,10 @@ impl Coordinator {
 
     /// The `device` line (`start` waits for it before detaching) and the queue.
     async fn announce(&self) -> anyhow::Result<()> {
-        let items = self.ledger.items(&self.id).await?;
-        let first = self.gpus.first().map(|g| &g.device);
-        tracing::info!(
-            kind = "device", run = %self.id, gpu = first.map(|d| d.name.as_str()).unwrap_or("?"), gpus = self.gpus.len(),
-            sms = first.map(|d| d.sm_count).unwrap_or(0),
-            "group {}: {}, {} item(s) (one per shape class) in {} of budget",
-            self.id, describe_gpus(&self.gpus), items.len(), fmt(self.left())
-        );
+        let items = self.queue.items(&self.id).await?;
+        let name = self.gpus.first().map(|g| g.device.name.clone()).unwrap_or_default();
+        let line = format!("group {}: {}, {} item(s) (one per shape class) in {} of budget", self.id, describe_gpus(&self.gpus), items.len(), fmt(self.left()));
+        tracing::info!(kind = "device", run = %self.id, gpu = %name, gpu_count = self.gpus.len() as u64, "{line}");
         for it in &items {
             tracing::info!(kind = "item", run = %self.id, seq = it.seq, class = %it.class, state = %it.state, "  item {} {} ({}): {}", it.seq, it.class, it.state, it.shapes.join(", "));
         }
@@ -227,13 +313,18 @@ impl Coordinator {
                 out_of_budget = self.fill().await?;
             }
             if self.daemons.is_empty() {
-                let queued = self.ledger.items(&self.id).await?.iter().filter(|i| i.state == ItemState::Queued).count();
-                if signalled > 0 || queued == 0 || out_of_budget {
+                let items = self.queue.items(&self.id).await?;
+                let queued = items.iter().filter(|i| i.state == ItemState::Queued).count();
+                // In a fleet, an item another machine runs may come back (that machine dies
+                // and its lease passes): stay for it while there is budget.
+                let elsewhere = items.iter().filter(|i| i.state == ItemState::Running).count();
+                if signalled > 0 || queued + elsewhere == 0 || out_of_budget || self.left().is_zero() {
                     return self.finish(signalled > 0, queued).await;
                 }
             }
             if persisted.elapsed() >= PERSIST_EVERY {
-                self.ledger.set_group_used(&self.id, self.used().as_secs_f64()).await?;
+                self.queue.set_group_used(&self.id, self.used().as_secs_f64()).await?;
+                self.queue.renew_leases(&self.id, &self.holder, &self.lease_until()).await?;
                 persisted = Instant::now();
             }
             tokio::time::sleep(TICK).await;
@@ -247,14 +338,20 @@ impl Coordinator {
             if self.daemons.contains_key(&slot.index) {
                 continue;
             }
-            let queued = self.ledger.items(&self.id).await?.iter().filter(|i| i.state == ItemState::Queued).count();
+            let items = self.queue.items(&self.id).await?;
+            let now = crate::storage::ledger::now();
+            // Queued, or held under a lease that has passed (its machine died).
+            let queued = items
+                .iter()
+                .filter(|i| i.state == ItemState::Queued || (i.state == ItemState::Running && i.lease_until.as_deref().is_some_and(|l| l < now.as_str())))
+                .count();
             if queued == 0 {
                 return Ok(false);
             }
             let Some(share) = budget_share(self.left(), self.gpus.len(), queued, self.daemons.len(), self.overhead()) else {
                 return Ok(true);
             };
-            let Some(item) = self.ledger.claim_item(&self.id, slot.index, share.as_secs_f64()).await? else {
+            let Some(item) = self.queue.claim_item(&self.id, slot.index, share.as_secs_f64(), &self.holder, &self.lease_until()).await? else {
                 return Ok(false);
             };
             match self.spawn(&slot, &item, share).await {
@@ -264,7 +361,7 @@ impl Coordinator {
                 Err(e) => {
                     let why = crate::error_text::join(e.chain());
                     tracing::error!(kind = "item_end", run = %self.id, seq = item.seq, gpu = slot.index, "[gpu {}] item {} {}: cannot start its daemon: {why}", slot.index, item.seq, item.class);
-                    self.ledger.set_item_state(&self.id, item.seq, ItemState::Failed, &format!("cannot start its daemon: {why}")).await?;
+                    self.queue.set_item_state(&self.id, item.seq, ItemState::Failed, &format!("cannot start its daemon: {why}")).await?;
                 }
             }
         }
@@ -278,6 +375,14 @@ impl Coordinator {
             Err(LedgerError::NoSuchRun(_)) => false,
             Err(e) => return Err(e.into()),
         };
+        if self.queue.is_fleet() {
+            // What the fleet's other machines measured: this run's memory across runs.
+            let rows = self.queue.memory_of_others(&self.machine).await?;
+            let n = crate::storage::memory::Memory::import(&self.ledger, &rows).await?;
+            if n > 0 {
+                tracing::info!(kind = "memory", run = %self.id, "{n} measurement(s) of other machines' runs kept for memory across runs");
+            }
+        }
         let mut argv: Vec<String> = Vec::new();
         if let Some(c) = &self.opts.config_path {
             argv.extend(["--config".into(), c.display().to_string()]);
@@ -380,26 +485,37 @@ impl Coordinator {
             } else {
                 tracing::info!(kind = "item_end", run = %self.id, seq = d.item.seq, gpu, state = %state, "{line}");
             }
-            self.ledger.set_item_state(&self.id, d.item.seq, state, &message).await?;
+            self.queue.set_item_state(&self.id, d.item.seq, state, &message).await?;
+            if state == ItemState::Done && self.queue.is_fleet() {
+                let rows = crate::storage::memory::Memory::rows_of_run(&self.ledger, &d.item.run_id, &self.machine).await?;
+                let n = self.queue.publish_memory(&rows).await?;
+                tracing::info!(kind = "memory", run = %self.id, "[gpu {gpu}] shared {n} measurement(s) of run {} with the fleet", d.item.run_id);
+            }
         }
         Ok(())
     }
 
     async fn finish(self, stopped: bool, queued: usize) -> anyhow::Result<GroupEnd> {
         let used = self.used().as_secs_f64();
+        let elsewhere = self.queue.items(&self.id).await?.iter().filter(|i| i.state == ItemState::Running).count();
         let (state, message, end) = if stopped {
             (RunState::Stopped, format!("stopped by request; resume with `optimizerd resume {}`", self.id), GroupEnd::Stopped)
         } else if queued > 0 {
             let m = format!("budget spent; {queued} item(s) never started");
             (RunState::Finished, m.clone(), GroupEnd::Finished(m))
+        } else if elsewhere > 0 {
+            // A fleet: other machines still run items; the last one to end closes the group.
+            let m = format!("this machine's part ended; {elsewhere} item(s) still run on other machines");
+            tracing::info!(kind = "run_end", run = %self.id, state = "running", detail = %m, "group {} on {}: {m}", self.id, self.machine);
+            return Ok(GroupEnd::Finished(m));
         } else {
             let m = "every item ended".to_string();
             (RunState::Finished, m.clone(), GroupEnd::Finished(m))
         };
-        self.ledger.set_group_state(&self.id, state, Some(&message), used).await?;
-        let s = super::view::status(&self.ledger, &self.id, false).await?;
+        self.queue.set_group_state(&self.id, state, Some(&message), used).await?;
+        let s = super::view::status(&self.queue, &self.ledger, &self.id, false).await?;
         tracing::info!(
-            kind = "group_rate", run = %self.id, iterations = s.iterations, per_minute = s.per_minute, gpus = self.gpus.len(),
+            kind = "group_rate", run = %self.id, iterations = s.iterations, per_minute = s.per_minute, gpu_count = self.gpus.len() as u64,
             "{}", super::view::rate_line(&s)
         );
         tracing::info!(kind = "run_end", run = %self.id, state = %state, detail = %message, "group {} {state}: {message}", self.id);

@@ -14,11 +14,13 @@
 mod coordinator;
 mod gpus;
 mod share;
+mod store;
 mod view;
 
 pub use coordinator::{resume, start, GroupEnd, GroupOptions};
 pub use gpus::{list_devices, parse_gpus, select, visible_id, GpuError, GpuSelection};
 pub use share::budget_share;
+pub use store::{machine_name, Queue};
 pub use view::{rate_line, status, status_text, GroupStatus, ItemView};
 
 use crate::spec::config::Config;
@@ -33,5 +35,27 @@ pub async fn is_group(config: &Config, id: &str) -> bool {
             yes
         }
         Err(_) => false,
+    }
+}
+
+/// Whether the fleet database at `url` (if any) holds group `id`.
+pub async fn in_fleet(url: Option<&str>, id: &str) -> bool {
+    match url {
+        Some(u) => match crate::storage::fleet::Fleet::connect(u).await {
+            Ok(f) => f.group(id).await.is_ok(),
+            Err(_) => false,
+        },
+        None => false,
+    }
+}
+
+/// Where group `id` is: this machine's ledger, else the fleet database at `url`.
+pub async fn queue_of(ledger: &crate::storage::ledger::Ledger, url: Option<&str>, id: &str) -> anyhow::Result<Queue> {
+    if ledger.is_group(id).await {
+        return Ok(Queue::Local(ledger.clone()));
+    }
+    match url {
+        Some(u) => Ok(Queue::Fleet(crate::storage::fleet::Fleet::connect(u).await?)),
+        None => Err(crate::storage::ledger::LedgerError::NoSuchRun(id.to_string()).into()),
     }
 }

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::store::Queue;
 use crate::storage::ledger::{GroupRow, ItemRow, Ledger, LedgerError, RunRow};
 
 #[derive(Debug, Clone, Serialize)]
@@ -27,15 +28,17 @@ pub struct GroupStatus {
     pub per_minute: Option<f64>,
 }
 
-pub async fn status(ledger: &Ledger, id: &str, live: bool) -> Result<GroupStatus, LedgerError> {
-    let group = ledger.group(id).await?;
+/// Group `id` from `queue`, its items' runs from this machine's `ledger` (a fleet's items
+/// that ran on other machines have no run here).
+pub async fn status(queue: &Queue, ledger: &Ledger, id: &str, live: bool) -> anyhow::Result<GroupStatus> {
+    let group = queue.group(id).await?;
     let mut items = Vec::new();
     let mut iterations = 0;
-    for item in ledger.items(id).await? {
+    for item in queue.items(id).await? {
         let run = match ledger.run(Some(&item.run_id)).await {
             Ok(r) => Some(r),
             Err(LedgerError::NoSuchRun(_)) => None,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         let best_speedup = match &run {
             Some(r) => {

@@ -52,6 +52,30 @@ pub struct Config {
     /// The agent (a language model proposing kernel edits); off unless `base_url` is set.
     #[serde(default)]
     pub agent: crate::spec::agent::AgentSection,
+    /// Several machines sharing one group (`start --gpus ... --ledger postgres://...`).
+    #[serde(default)]
+    pub fleet: FleetSection,
+}
+
+/// `[fleet]`: a PostgreSQL database that several machines' groups share (the queue of
+/// shape classes, memory across runs). Without it a group's queue is in the local ledger.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetSection {
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB` (`--ledger` overrides it).
+    pub ledger: Option<String>,
+    /// How long a machine's hold on a work item lasts without renewal: a machine that dies
+    /// releases its items this long after its last renewal (renewed every 5 s).
+    #[serde(deserialize_with = "duration")]
+    pub lease: Duration,
+    /// This machine's name in the fleet (default: the host name).
+    pub machine: Option<String>,
+}
+
+impl Default for FleetSection {
+    fn default() -> Self {
+        Self { ledger: None, lease: Duration::from_secs(60), machine: None }
+    }
 }
 
 /// The PyTorch SDPA baseline measured in every run.
@@ -419,6 +443,14 @@ impl Config {
             if !(v.is_finite() && v > 0.0) {
                 return Err(self.invalid(k, format!("is {v}; must be a number > 0 (e.g. 0.02)")));
             }
+        }
+        if let Some(url) = &self.fleet.ledger {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(self.invalid("fleet.ledger", "must be a PostgreSQL URL, postgres://USER:PASSWORD@HOST:PORT/DB (without it a group's queue is in the local ledger)"));
+            }
+        }
+        if self.fleet.lease < Duration::from_secs(10) || self.fleet.lease > Duration::from_secs(24 * 3600) {
+            return Err(self.invalid("fleet.lease", "must be from 10s to 24h (a machine that dies releases its items this long after its last renewal)"));
         }
         Ok(())
     }

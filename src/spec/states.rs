@@ -181,6 +181,8 @@ pub enum ItemState {
 }
 
 impl ItemState {
+    pub const ALL: [ItemState; 5] = [ItemState::Queued, ItemState::Running, ItemState::Done, ItemState::Stopped, ItemState::Failed];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ItemState::Queued => "queued",
@@ -189,6 +191,14 @@ impl ItemState {
             ItemState::Stopped => "stopped",
             ItemState::Failed => "failed",
         }
+    }
+}
+
+impl FromStr for ItemState {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ItemState::ALL.into_iter().find(|v| v.as_str() == s).ok_or_else(|| UnknownState::new("work item state", s, ItemState::ALL.iter().map(|v| v.as_str())))
     }
 }
 

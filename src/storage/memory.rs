@@ -96,14 +96,24 @@ impl Memory {
     /// as when it started, so its replay is deterministic.
     pub async fn load(ledger: &Ledger, device: &DeviceInfo, run_id: &str, before: &str) -> Result<Memory, LedgerError> {
         let rows: Vec<MemoryRow> = sqlx::query_as(
-            "SELECT i.run_id, i.seq, i.template, i.params_json, i.source_hash, s.shape, s.shape_json, s.median_us, r.device_json
-             FROM iteration_shapes s
-             JOIN iterations i ON i.run_id = s.run_id AND i.seq = s.seq
-             JOIN runs r ON r.id = i.run_id
-             WHERE i.run_id != ? AND r.started_at < ? AND r.device_json IS NOT NULL
-               AND i.source_hash IS NOT NULL AND s.check_passed = 1 AND s.median_us IS NOT NULL
-             ORDER BY r.started_at, i.seq",
+            // This ledger's runs, then what other machines of a fleet measured (imported by
+            // the group's coordinator into `fleet_memory`; a run this ledger holds is read
+            // from its own rows).
+            "SELECT run_id, seq, template, params_json, source_hash, shape, shape_json, median_us, device_json FROM (
+               SELECT i.run_id, i.seq, i.template, i.params_json, i.source_hash, s.shape, s.shape_json, s.median_us, r.device_json, r.started_at AS at
+               FROM iteration_shapes s
+               JOIN iterations i ON i.run_id = s.run_id AND i.seq = s.seq
+               JOIN runs r ON r.id = i.run_id
+               WHERE i.run_id != ? AND r.started_at < ? AND r.device_json IS NOT NULL
+                 AND i.source_hash IS NOT NULL AND s.check_passed = 1 AND s.median_us IS NOT NULL
+               UNION ALL
+               SELECT f.run_id, f.seq, f.template, f.params_json, f.source_hash, f.shape, f.shape_json, f.median_us, f.device_json, f.started_at AS at
+               FROM fleet_memory f
+               WHERE f.run_id != ? AND f.started_at < ? AND f.run_id NOT IN (SELECT id FROM runs)
+             ) ORDER BY at, run_id, seq",
         )
+        .bind(run_id)
+        .bind(before)
         .bind(run_id)
         .bind(before)
         .fetch_all(ledger.pool())
@@ -123,6 +133,51 @@ impl Memory {
             m.remember(rem, shape, serde_json::from_str::<Shape>(&shape_json).ok());
         }
         Ok(m)
+    }
+
+    /// What run `run_id` measured, as a fleet shares it: the rows [`Memory::load`] reads.
+    pub async fn rows_of_run(ledger: &Ledger, run_id: &str, machine: &str) -> Result<Vec<crate::storage::fleet::MemoryRow>, LedgerError> {
+        sqlx::query_as(
+            "SELECT i.run_id, i.seq, s.shape, i.template, i.params_json, i.source_hash, s.shape_json, s.median_us, r.device_json, r.started_at, ? AS machine
+             FROM iteration_shapes s
+             JOIN iterations i ON i.run_id = s.run_id AND i.seq = s.seq
+             JOIN runs r ON r.id = i.run_id
+             WHERE i.run_id = ? AND r.device_json IS NOT NULL
+               AND i.source_hash IS NOT NULL AND s.check_passed = 1 AND s.median_us IS NOT NULL
+             ORDER BY i.seq",
+        )
+        .bind(machine)
+        .bind(run_id)
+        .fetch_all(ledger.pool())
+        .await
+        .map_err(|source| LedgerError::Query { what: "read a run's measurements for the fleet", source })
+    }
+
+    /// Keep what other machines of a fleet measured, for [`Memory::load`]. Returns how many rows were new.
+    pub async fn import(ledger: &Ledger, rows: &[crate::storage::fleet::MemoryRow]) -> Result<u64, LedgerError> {
+        let mut n = 0;
+        for m in rows {
+            n += sqlx::query(
+                "INSERT OR IGNORE INTO fleet_memory (run_id, seq, shape, template, params_json, source_hash, shape_json, median_us, device_json, started_at, machine)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&m.run_id)
+            .bind(m.seq)
+            .bind(&m.shape)
+            .bind(&m.template)
+            .bind(&m.params_json)
+            .bind(&m.source_hash)
+            .bind(&m.shape_json)
+            .bind(m.median_us)
+            .bind(&m.device_json)
+            .bind(&m.started_at)
+            .bind(&m.machine)
+            .execute(ledger.pool())
+            .await
+            .map_err(|source| LedgerError::Query { what: "keep the fleet's memory", source })?
+            .rows_affected();
+        }
+        Ok(n)
     }
 
     /// Add one measurement (in the order the runs made them).

@@ -6,6 +6,7 @@
 //! ledger, never the reverse). Depends on [`crate::spec`] and [`crate::failpoint`] alone.
 
 pub mod agent_log;
+pub mod fleet;
 pub mod ledger;
 pub mod memory;
 pub mod sdpa;

@@ -5,6 +5,7 @@
 
 pub mod chat_server;
 pub mod cli;
+pub mod postgres;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -128,6 +128,10 @@ pub struct ItemRow {
     pub claimed_at: Option<String>,
     pub finished_at: Option<String>,
     pub message: Option<String>,
+    /// Who runs it (`host:pid` of its coordinator), while it runs.
+    pub holder: Option<String>,
+    /// Until when its holder's lease runs; past it, any coordinator may take the item.
+    pub lease_until: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -144,6 +148,8 @@ struct ItemSql {
     claimed_at: Option<String>,
     finished_at: Option<String>,
     message: Option<String>,
+    holder: Option<String>,
+    lease_until: Option<String>,
 }
 
 impl ItemSql {
@@ -164,11 +170,13 @@ impl ItemSql {
             claimed_at: self.claimed_at,
             finished_at: self.finished_at,
             message: self.message,
+            holder: self.holder,
+            lease_until: self.lease_until,
         })
     }
 }
 
-const ITEM_COLUMNS: &str = "group_id, seq, class, shapes_json, state, gpu, run_id, budget_s, attempts, claimed_at, finished_at, message";
+pub(crate) const ITEM_COLUMNS: &str = "group_id, seq, class, shapes_json, state, gpu, run_id, budget_s, attempts, claimed_at, finished_at, message, holder, lease_until";
 
 impl Ledger {
     /// Record a new group and its queue in one transaction.
@@ -252,31 +260,52 @@ impl Ledger {
         rows.into_iter().map(ItemSql::decode).collect()
     }
 
-    /// Take the oldest queued item of `group` for GPU `gpu` with a budget share of
-    /// `budget_s`, atomically: one statement, so no two takers get the same item.
-    pub async fn claim_item(&self, group: &str, gpu: u32, budget_s: f64) -> Result<Option<ItemRow>> {
+    /// Take the oldest queued item of `group` (or one whose holder's lease passed) for GPU
+    /// `gpu` with a budget share of `budget_s`, as `holder` until `lease_until`, atomically:
+    /// one statement, so no two takers get the same item.
+    pub async fn claim_item(&self, group: &str, gpu: u32, budget_s: f64, holder: &str, lease_until: &str) -> Result<Option<ItemRow>> {
+        let at = now();
         let row: Option<ItemSql> = sqlx::query_as(&format!(
-            "UPDATE work_items SET state = ?, gpu = ?, budget_s = ?, attempts = attempts + 1, claimed_at = ?, finished_at = NULL, message = NULL
-             WHERE group_id = ? AND seq = (SELECT seq FROM work_items WHERE group_id = ? AND state = ? ORDER BY seq LIMIT 1)
+            "UPDATE work_items SET state = ?, gpu = ?, budget_s = ?, attempts = attempts + 1, claimed_at = ?, finished_at = NULL, message = NULL,
+                    holder = ?, lease_until = ?
+             WHERE group_id = ? AND seq = (SELECT seq FROM work_items WHERE group_id = ? AND (state = ? OR (state = ? AND lease_until < ?)) ORDER BY seq LIMIT 1)
              RETURNING {ITEM_COLUMNS}"
         ))
         .bind(ItemState::Running)
         .bind(gpu as i64)
         .bind(budget_s)
-        .bind(now())
+        .bind(&at)
+        .bind(holder)
+        .bind(lease_until)
         .bind(group)
         .bind(group)
         .bind(ItemState::Queued)
+        .bind(ItemState::Running)
+        .bind(&at)
         .fetch_optional(&self.pool)
         .await
         .map_err(self.q("claim work item"))?;
         row.map(ItemSql::decode).transpose()
     }
 
-    /// An item's end (or its return to the queue: `Queued`).
+    /// Extend the leases of the items `holder` runs.
+    pub async fn renew_leases(&self, group: &str, holder: &str, lease_until: &str) -> Result<()> {
+        sqlx::query("UPDATE work_items SET lease_until = ? WHERE group_id = ? AND holder = ? AND state = ?")
+            .bind(lease_until)
+            .bind(group)
+            .bind(holder)
+            .bind(ItemState::Running)
+            .execute(&self.pool)
+            .await
+            .map_err(self.q("renew work item leases"))?;
+        Ok(())
+    }
+
+    /// An item's end (or its return to the queue: `Queued`): its lease ends; its holder
+    /// stays, to say where it ran.
     pub async fn set_item_state(&self, group: &str, seq: i64, state: ItemState, message: &str) -> Result<()> {
         let finished = (!matches!(state, ItemState::Queued | ItemState::Running)).then(now);
-        sqlx::query("UPDATE work_items SET state = ?, message = ?, finished_at = ? WHERE group_id = ? AND seq = ?")
+        sqlx::query("UPDATE work_items SET state = ?, message = ?, finished_at = ?, lease_until = NULL WHERE group_id = ? AND seq = ?")
             .bind(state)
             .bind(message)
             .bind(finished)

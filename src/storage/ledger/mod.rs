@@ -21,6 +21,7 @@ pub mod time_to_best;
 
 pub use events::{Event, EventKind, EventRow, StageHistory};
 pub use groups::{GpuSlot, GroupRow, ItemRow, NewGroup, NewItem};
+pub(crate) use groups::ITEM_COLUMNS;
 pub use iterations::{BestRow, IterationRecord, ShapeRecord, UnreadableIteration};
 pub use open::Health;
 pub use results::{kv_rate, kv_tbps, ClosingRow, NewSdpa, SdpaRow};
