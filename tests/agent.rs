@@ -487,11 +487,11 @@ async fn kill_minus_nine_mid_request_then_resume_asks_again_and_finishes() {
     let o = cli(&p, &["start", "--budget", "10m", "--run-id", "k1", "--seed", "3"], &[]);
     assert!(o.status.success(), "{}", text(&o));
     wait_until("the first agent request", Duration::from_secs(60), || server.request_count() == 1).await;
-    let (_, pid) = optimizerd::daemon::lock::holder(&runs_dir(&p)).expect("daemon holds the lock");
+    let (_, pid) = optimizerd::daemon::lock::holder(&runs_dir(&p), 0).expect("daemon holds the lock");
     // SAFETY: kill(2) on the daemon this test started.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let runs = runs_dir(&p);
-    wait_until("the lock to be released", Duration::from_secs(10), || optimizerd::daemon::lock::holder(&runs).is_none()).await;
+    wait_until("the lock to be released", Duration::from_secs(10), || optimizerd::daemon::lock::holder(&runs, 0).is_none()).await;
     let o = cli(&p, &["resume", "k1", "--foreground"], &[]);
     assert!(o.status.success(), "resume: {}", text(&o));
     assert_eq!(server.request_count(), 2, "the unanswered request is asked again, once");
@@ -517,7 +517,7 @@ async fn kill_minus_nine_after_the_reply_is_stored_never_pays_for_it_twice() {
     assert!(o.status.success(), "{}", text(&o));
     let runs = runs_dir(&p);
     wait_until("the daemon to die at the failpoint", Duration::from_secs(60), || {
-        server.request_count() == 1 && optimizerd::daemon::lock::holder(&runs).is_none()
+        server.request_count() == 1 && optimizerd::daemon::lock::holder(&runs, 0).is_none()
     })
     .await;
     assert!(agent_iterations(&p, "k2").await.is_empty(), "died before evaluating");

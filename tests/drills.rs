@@ -96,7 +96,7 @@ fn runs_dir(p: &Project) -> PathBuf {
 }
 
 fn daemon_pid(p: &Project, run_id: &str) -> Option<u32> {
-    optimizerd::daemon::lock::holder(&runs_dir(p)).filter(|h| h.0 == run_id).map(|h| h.1)
+    optimizerd::daemon::lock::holder(&runs_dir(p), 0).filter(|h| h.0 == run_id).map(|h| h.1)
 }
 
 fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -213,9 +213,9 @@ async fn kill_drill(label: String, delay: Option<Duration>, failpoint: Option<St
             }
         }
         // The failpoint aborts the daemon itself.
-        None => wait_until(&format!("{label}: daemon to die at the failpoint"), Duration::from_secs(30), || optimizerd::daemon::lock::holder(&runs).is_none()),
+        None => wait_until(&format!("{label}: daemon to die at the failpoint"), Duration::from_secs(30), || optimizerd::daemon::lock::holder(&runs, 0).is_none()),
     }
-    wait_until(&format!("{label}: lock release"), Duration::from_secs(10), || optimizerd::daemon::lock::holder(&runs).is_none());
+    wait_until(&format!("{label}: lock release"), Duration::from_secs(10), || optimizerd::daemon::lock::holder(&runs, 0).is_none());
     let before = iterations(&p, run_id).await;
     let o = cli(&p, &["resume", run_id, "--foreground"], &[]);
     assert!(o.status.success(), "{label}: resume failed: {}", text(&o));
@@ -446,7 +446,7 @@ async fn a_worker_crash_and_a_worker_hang_leave_everything_consistent() {
     rules.insert(0, json!({ "source_contains": ["#define MAX_SPLITS 32\n"], "behaviour": { "hang": { "step": "time" } } }));
     std::fs::write(&path, serde_json::to_string(&script).unwrap()).unwrap();
     start_detached(&p, "faults", "10m", &[]);
-    wait_until("the run to end", Duration::from_secs(60), || optimizerd::daemon::lock::holder(&runs_dir(&p)).is_none());
+    wait_until("the run to end", Duration::from_secs(60), || optimizerd::daemon::lock::holder(&runs_dir(&p), 0).is_none());
     let its = iterations(&p, "faults").await;
     assert_eq!(its.iter().filter(|i| i.verdict.as_str() == "crashed").count(), 2, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
     assert_eq!(its.iter().filter(|i| i.verdict.as_str() == "timeout").count(), 2);

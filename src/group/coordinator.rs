@@ -223,6 +223,32 @@ pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, f
     c.drive().await
 }
 
+/// The CPUs daemon `position` of `n` may use: this process's CPUs in `n` contiguous shares
+/// (None with one GPU, or when the CPUs cannot be read or are fewer than the GPUs).
+fn cpu_share(position: usize, n: usize) -> Option<libc::cpu_set_t> {
+    if n <= 1 {
+        return None;
+    }
+    // SAFETY: sched_getaffinity fills a cpu_set_t we own; CPU_* only read and write it.
+    unsafe {
+        let mut mine: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut mine) != 0 {
+            return None;
+        }
+        let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &mine)).collect();
+        if allowed.len() < n {
+            return None;
+        }
+        let per = allowed.len() / n;
+        let take = if position + 1 == n { &allowed[position * per..] } else { &allowed[position * per..(position + 1) * per] };
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in take {
+            libc::CPU_SET(c, &mut set);
+        }
+        Some(set)
+    }
+}
+
 fn fmt(d: Duration) -> String {
     crate::pipeline::record::fmt_dur(d)
 }
@@ -412,11 +438,21 @@ impl Coordinator {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped());
-        // SAFETY: setsid and prctl are async-signal-safe and touch only the child itself.
+        // The host's CPUs split between the GPUs: the check's fp32 reference and NVRTC use
+        // every CPU a process may run on, and daemons sharing all of them slowed each other
+        // (2 x H200, 2026-11-26: a latency class made 52 candidates in 40 s beside a
+        // compute class, 74 in 20 s alone).
+        let position = self.gpus.iter().position(|g| g.index == slot.index).unwrap_or(0);
+        let cpus = cpu_share(position, self.gpus.len());
+        // SAFETY: setsid, prctl and sched_setaffinity are async-signal-safe and touch only
+        // the child itself; `cpus` is a plain bit set copied into the closure.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::setsid();
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if let Some(set) = &cpus {
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set);
+                }
                 Ok(())
             });
         }
@@ -520,5 +556,30 @@ impl Coordinator {
         );
         tracing::info!(kind = "run_end", run = %self.id, state = %state, detail = %message, "group {} {state}: {message}", self.id);
         Ok(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpus(set: &libc::cpu_set_t) -> Vec<usize> {
+        // SAFETY: CPU_ISSET only reads the set.
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, set) }).collect()
+    }
+
+    #[test]
+    fn each_gpus_daemon_gets_its_own_share_of_the_cpus() {
+        assert!(cpu_share(0, 1).is_none());
+        let all = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        if all < 2 {
+            assert!(cpu_share(0, 2).is_none());
+            return;
+        }
+        let (a, b) = (cpus(&cpu_share(0, 2).unwrap()), cpus(&cpu_share(1, 2).unwrap()));
+        assert!(!a.is_empty() && !b.is_empty());
+        assert!(a.iter().all(|c| !b.contains(c)), "{a:?} and {b:?} overlap");
+        assert_eq!(a.len() + b.len(), all);
+        assert!(cpu_share(0, all + 1).is_none());
     }
 }
