@@ -81,6 +81,8 @@ async fn a_group_splits_the_workload_by_class_over_two_gpus_without_duplicates()
     assert!(s["iterations"].as_i64().unwrap() >= 3 && s["per_minute"].as_f64().unwrap() > 0.0, "{s}");
     let text = run_in(p.path(), &["--config", "agent.toml", "status", "g1"]).stdout;
     assert!(text.contains("per minute") && text.contains("latency-d128-causal"), "{text}");
+    let runs = run_in(p.path(), &["--config", "agent.toml", "runs"]).stdout;
+    assert!(runs.contains("g1-latency-d64") && runs.contains("groups (") && runs.contains("  g1  finished  GPUs 0,1"), "{runs}");
     // A GPU's lock is free again; a second group may start.
     assert!(optimizerd::daemon::lock::holders(&p.path().join("runs")).is_empty());
 }

@@ -52,6 +52,17 @@ pub async fn runs(args: RunsArgs, config_path: Option<&Path>, out: &mut Out) -> 
         out.json(&v)?;
     } else {
         out.text(&report::runs_text(&lines))?;
+        // `--gpus` groups: one line each (their runs are listed above).
+        let groups = ledger.groups().await.unwrap_or_default();
+        if !groups.is_empty() {
+            out.line("\ngroups (`optimizerd status GROUP`):")?;
+            for g in groups {
+                let live = holder.iter().any(|h| h.0 == g.id);
+                let state = if g.state.is_live() && !live { "interrupted (coordinator gone)".to_string() } else { g.state.to_string() };
+                let ids: Vec<String> = g.gpus.iter().map(|x| x.index.to_string()).collect();
+                out.line(&format!("  {}  {state}  GPUs {}  started {}", g.id, ids.join(","), g.started_at))?;
+            }
+        }
     }
     Ok(exit::SUCCESS)
 }

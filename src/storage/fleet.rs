@@ -67,6 +67,29 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// The columns of `fleet_memory`, in the order [`bind_memory!`] binds them.
+pub const MEMORY_COLUMNS: &str = "run_id, seq, shape, template, params_json, source_hash, shape_json, median_us, device_json, started_at, machine";
+
+/// Bind one [`MemoryRow`] to an INSERT of [`MEMORY_COLUMNS`] (either backend).
+macro_rules! bind_memory {
+    ($query:expr, $m:expr) => {{
+        let m = $m;
+        $query
+            .bind(&m.run_id)
+            .bind(m.seq)
+            .bind(&m.shape)
+            .bind(&m.template)
+            .bind(&m.params_json)
+            .bind(&m.source_hash)
+            .bind(&m.shape_json)
+            .bind(m.median_us)
+            .bind(&m.device_json)
+            .bind(&m.started_at)
+            .bind(&m.machine)
+    }};
+}
+pub(crate) use bind_memory;
+
 /// One remembered measurement as the fleet shares it (a row `storage::memory` reads).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct MemoryRow {
@@ -317,21 +340,8 @@ impl Fleet {
         let mut n = 0;
         let mut tx = self.pool.begin().await.map_err(q("begin memory"))?;
         for m in rows {
-            n += sqlx::query(
-                "INSERT INTO fleet_memory (run_id, seq, shape, template, params_json, source_hash, shape_json, median_us, device_json, started_at, machine)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
-            )
-            .bind(&m.run_id)
-            .bind(m.seq)
-            .bind(&m.shape)
-            .bind(&m.template)
-            .bind(&m.params_json)
-            .bind(&m.source_hash)
-            .bind(&m.shape_json)
-            .bind(m.median_us)
-            .bind(&m.device_json)
-            .bind(&m.started_at)
-            .bind(&m.machine)
+            let sql = format!("INSERT INTO fleet_memory ({MEMORY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING");
+            n += bind_memory!(sqlx::query(&sql), m)
             .execute(&mut *tx)
             .await
             .map_err(q("publish memory"))?

@@ -157,21 +157,8 @@ impl Memory {
     pub async fn import(ledger: &Ledger, rows: &[crate::storage::fleet::MemoryRow]) -> Result<u64, LedgerError> {
         let mut n = 0;
         for m in rows {
-            n += sqlx::query(
-                "INSERT OR IGNORE INTO fleet_memory (run_id, seq, shape, template, params_json, source_hash, shape_json, median_us, device_json, started_at, machine)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(&m.run_id)
-            .bind(m.seq)
-            .bind(&m.shape)
-            .bind(&m.template)
-            .bind(&m.params_json)
-            .bind(&m.source_hash)
-            .bind(&m.shape_json)
-            .bind(m.median_us)
-            .bind(&m.device_json)
-            .bind(&m.started_at)
-            .bind(&m.machine)
+            let sql = format!("INSERT OR IGNORE INTO fleet_memory ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", crate::storage::fleet::MEMORY_COLUMNS);
+            n += crate::storage::fleet::bind_memory!(sqlx::query(&sql), m)
             .execute(ledger.pool())
             .await
             .map_err(|source| LedgerError::Query { what: "keep the fleet's memory", source })?
