@@ -81,6 +81,13 @@ async fn two_machines_share_a_group_and_its_memory_without_duplicates() {
     assert!(!shared_a.is_empty() && !shared_b.is_empty());
     assert!(shared_a.iter().all(|m| m.machine == "a" && runs_a.contains(&m.run_id)));
 
+    // Each machine's own tools know the group: its queue read from the fleet database.
+    let status = common::cli::run_in(a.path(), &["--config", "agent.toml", "status", "fleet1"]);
+    assert!(status.stdout.contains("group fleet1 (finished") && status.stdout.contains("latency-d128-causal"), "{}", status.text());
+    let watch = common::cli::run_in(b.path(), &["--config", "agent.toml", "watch", "fleet1"]);
+    assert_eq!(watch.code, Some(0), "{}", watch.text());
+    assert!(common::cli::run_in(b.path(), &["--config", "agent.toml", "runs"]).stdout.contains("  fleet1  finished"));
+
     // A second group on machine b alone: the classes machine a optimized start from what a
     // measured (memory across runs, through the fleet), re-checked and re-timed on b.
     let from_a: Vec<String> = items.iter().filter(|i| i.holder.as_deref().is_some_and(|h| h.starts_with("a:"))).map(|i| i.class.clone()).collect();

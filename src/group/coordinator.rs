@@ -25,7 +25,7 @@ use crate::daemon::lock::{self, GpuLock};
 use crate::daemon::shutdown::Shutdown;
 use crate::spec::config::Config;
 use crate::spec::states::{ItemState, RunState};
-use crate::storage::ledger::{GpuSlot, ItemRow, Ledger, LedgerError, NewGroup, NewItem};
+use crate::storage::ledger::{GpuSlot, GroupRow, ItemRow, Ledger, LedgerError, NewGroup, NewItem};
 use crate::strategy::open::classify;
 
 /// Times an item may be taken before the group gives up on it (its daemon died each time).
@@ -163,6 +163,9 @@ pub async fn start(
         items,
     };
     let (g, created) = queue.create_or_join(&new).await?;
+    if queue.is_fleet() {
+        ledger.mirror_group(&GroupRow { state: RunState::Running, pid: None, message: None, finished_at: None, ..g.clone() }).await?;
+    }
     let (budget, used_before) = if created {
         (budget, Duration::ZERO)
     } else {
@@ -195,7 +198,7 @@ pub async fn start(
 pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, fleet_url: Option<&str>, shutdown: Shutdown) -> anyhow::Result<GroupEnd> {
     let runs = runs_dir(config);
     let ledger = Ledger::open(&runs.join("optimizer.db")).await?;
-    let queue = open_queue(&ledger, fleet_url).await?;
+    let queue = super::queue_of(&ledger, fleet_url, id).await?;
     let g = queue.group(id).await?;
     if matches!(g.state, RunState::Finished | RunState::Failed) {
         anyhow::bail!("group {id} {}: {}; nothing to resume (`optimizerd status {id}` shows it)", g.state, g.message.unwrap_or_default());
@@ -216,6 +219,9 @@ pub async fn resume(config: &Config, id: &str, worker_script: Option<PathBuf>, f
     let machine = store::machine_name(config.fleet.machine.as_deref());
     let requeued = queue.requeue_items(id, &machine).await?;
     queue.set_group_state(id, RunState::Running, None, g.used_s).await?;
+    if queue.is_fleet() {
+        ledger.mirror_group(&GroupRow { state: RunState::Running, message: None, finished_at: None, ..g.clone() }).await?;
+    }
     let used_before = if queue.is_fleet() { used_since(&g.started_at).max(Duration::from_secs_f64(g.used_s)) } else { Duration::from_secs_f64(g.used_s) };
     let c = Coordinator::new(config, id, ledger, queue, gpus, opts, Duration::from_secs_f64(g.budget_s), used_before, shutdown, lock);
     tracing::info!(kind = "resumed", run = %id, "group {id} resumed with {} of budget left; {requeued} item(s) taken again", fmt(c.left()));
@@ -542,13 +548,17 @@ impl Coordinator {
         } else if elsewhere > 0 {
             // A fleet: other machines still run items; the last one to end closes the group.
             let m = format!("this machine's part ended; {elsewhere} item(s) still run on other machines");
-            tracing::info!(kind = "run_end", run = %self.id, state = "running", detail = %m, "group {} on {}: {m}", self.id, self.machine);
+            self.ledger.set_group_state(&self.id, RunState::Finished, Some(&m), used).await?;
+            tracing::info!(kind = "run_end", run = %self.id, state = "finished", detail = %m, "group {} on {}: {m}", self.id, self.machine);
             return Ok(GroupEnd::Finished(m));
         } else {
             let m = "every item ended".to_string();
             (RunState::Finished, m.clone(), GroupEnd::Finished(m))
         };
         self.queue.set_group_state(&self.id, state, Some(&message), used).await?;
+        if self.queue.is_fleet() {
+            self.ledger.set_group_state(&self.id, state, Some(&message), used).await?;
+        }
         let s = super::view::status(&self.queue, &self.ledger, &self.id, false).await?;
         tracing::info!(
             kind = "group_rate", run = %self.id, iterations = s.iterations, per_minute = s.per_minute, gpu_count = self.gpus.len() as u64,

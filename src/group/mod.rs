@@ -49,13 +49,19 @@ pub async fn in_fleet(url: Option<&str>, id: &str) -> bool {
     }
 }
 
-/// Where group `id` is: this machine's ledger, else the fleet database at `url`.
+/// Where group `id`'s queue is: this machine's ledger, or (a fleet group, which this ledger
+/// only mirrors, or one it does not know) the fleet database at `url`.
 pub async fn queue_of(ledger: &crate::storage::ledger::Ledger, url: Option<&str>, id: &str) -> anyhow::Result<Queue> {
-    if ledger.is_group(id).await {
+    let local = ledger.group(id).await.ok();
+    let fleet = local.as_ref().is_none_or(|g| serde_json::from_str::<GroupOptions>(&g.options_json).is_ok_and(|o| o.fleet));
+    if !fleet {
         return Ok(Queue::Local(ledger.clone()));
     }
     match url {
         Some(u) => Ok(Queue::Fleet(crate::storage::fleet::Fleet::connect(u).await?)),
+        None if local.is_some() => anyhow::bail!(
+            "group {id} is a fleet's: its queue is in a PostgreSQL database; pass --ledger postgres://... or set `ledger` under [fleet] in the configuration"
+        ),
         None => Err(crate::storage::ledger::LedgerError::NoSuchRun(id.to_string()).into()),
     }
 }

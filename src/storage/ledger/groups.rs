@@ -215,6 +215,32 @@ impl Ledger {
         Ok(())
     }
 
+    /// Keep a fleet group's row here too (its queue stays in the fleet's database), so that
+    /// this machine's `watch`, `runs` and `status` know the group: replaced on every join.
+    pub async fn mirror_group(&self, g: &GroupRow) -> Result<()> {
+        let gpus = serde_json::to_string(&g.gpus).map_err(|e| LedgerError::Unreadable { id: g.id.clone(), why: e.to_string() })?;
+        sqlx::query(
+            "INSERT OR REPLACE INTO run_groups (id, state, started_at, finished_at, budget_s, used_s, gpus_json, config_source, plan_path, options_json, pid, message)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&g.id)
+        .bind(g.state)
+        .bind(&g.started_at)
+        .bind(&g.finished_at)
+        .bind(g.budget_s)
+        .bind(g.used_s)
+        .bind(gpus)
+        .bind(&g.config_source)
+        .bind(&g.plan_path)
+        .bind(&g.options_json)
+        .bind(std::process::id() as i64)
+        .bind(&g.message)
+        .execute(&self.pool)
+        .await
+        .map_err(self.q("keep a fleet group"))?;
+        Ok(())
+    }
+
     pub async fn group(&self, id: &str) -> Result<GroupRow> {
         let row: Option<GroupSql> = sqlx::query_as("SELECT * FROM run_groups WHERE id = ?")
             .bind(id)
