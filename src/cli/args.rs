@@ -151,8 +151,9 @@ pub struct StartArgs {
     pub shapes: Option<Vec<String>>,
     #[command(flatten)]
     pub daemon: DaemonArgs,
-    /// Run id to use (default: made from the clock).
-    #[arg(long, hide = true, value_parser = parse_run_id)]
+    /// Run id to use, or with --gpus the group's (default: made from the clock). The machines
+    /// of a fleet start the same group id.
+    #[arg(long, value_name = "ID", value_parser = parse_run_id)]
     pub run_id: Option<String>,
 }
 

@@ -98,7 +98,9 @@ pub struct Cli {
 enum Command {
     /// Start an optimization run (detaches once it has found the GPU, unless --foreground).
     #[command(after_help = "Examples:\n  optimizerd start --budget 5m\n  optimizerd start --budget 1h30m --plan strategies/fault-drill.toml\n  \
-optimizerd start --budget 20m --fresh --foreground      # systemd, containers, CI")]
+optimizerd start --budget 20m --fresh --foreground      # systemd, containers, CI\n  \
+optimizerd start --budget 90m --gpus all                # every GPU of this host, one shape class per GPU\n  \
+optimizerd start --budget 2h --gpus all --run-id llama-fleet --ledger postgres://optd:PW@db:5432/optd   # on each machine of a fleet")]
     Start(StartArgs),
     /// Continue a stopped, interrupted or killed run where it stopped (failed or finished runs cannot be).
     #[command(after_help = "Examples:\n  optimizerd resume                       # the most recent run that can be resumed\n  \

@@ -77,13 +77,14 @@ pub fn status_text(s: &GroupStatus) -> String {
         crate::pipeline::record::fmt_dur(std::time::Duration::from_secs_f64(g.budget_s.max(0.0))),
         rate_line(s),
     );
-    out.push_str(&format!("{:>4}  {:<24} {:>4}  {:<8} {:>6} {:>8}  {:<9} {}\n", "item", "class", "gpu", "state", "iters", "gain", "budget", "run"));
+    out.push_str(&format!("{:>4}  {:<24} {:<12} {:>4}  {:<8} {:>6} {:>8}  {:<9} {}\n", "item", "class", "machine", "gpu", "state", "iters", "gain", "budget", "run"));
     for v in &s.items {
         let it = &v.item;
         out.push_str(&format!(
-            "{:>4}  {:<24} {:>4}  {:<8} {:>6} {:>8}  {:<9} {}\n",
+            "{:>4}  {:<24} {:<12} {:>4}  {:<8} {:>6} {:>8}  {:<9} {}\n",
             it.seq,
             it.class,
+            it.holder.as_deref().and_then(|h| h.rsplit_once(':')).map(|(m, _)| m).unwrap_or("-"),
             it.gpu.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
             it.state.as_str(),
             v.run.as_ref().map(|r| r.iterations.to_string()).unwrap_or_else(|| "-".into()),
