@@ -112,6 +112,32 @@ fn describe_gpus(gpus: &[GpuSlot]) -> String {
     format!("{} GPU(s) {} ({first})", gpus.len(), ids.join(", "))
 }
 
+/// The group's queue: one item per shape class; while there are fewer items than GPUs, the
+/// item with the most shapes is split in two (its shapes in workload order), so that no GPU
+/// idles from the start. Each item's run id is the group's id and its class (and part).
+fn work_items(group: &str, classes: &[crate::strategy::open::ShapeClass], gpus: usize) -> Vec<NewItem> {
+    let mut parts: Vec<(String, Vec<String>)> = classes.iter().map(|c| (c.name.clone(), c.shapes.iter().map(|s| s.key()).collect())).collect();
+    while parts.len() < gpus {
+        let Some((i, _)) = parts.iter().enumerate().filter(|(_, p)| p.1.len() > 1).max_by_key(|(i, p)| (p.1.len(), std::cmp::Reverse(*i))) else { break };
+        let (class, shapes) = parts[i].clone();
+        let (a, b) = shapes.split_at(shapes.len().div_ceil(2));
+        parts[i] = (class.clone(), a.to_vec());
+        parts.insert(i + 1, (class, b.to_vec()));
+    }
+    let mut out = Vec::new();
+    for (i, (class, shapes)) in parts.iter().enumerate() {
+        let split = parts.iter().filter(|p| &p.0 == class).count();
+        let run_id = if split > 1 {
+            let k = parts[..=i].iter().filter(|p| &p.0 == class).count();
+            format!("{group}-{class}-{k}of{split}")
+        } else {
+            format!("{group}-{class}")
+        };
+        out.push(NewItem { class: class.clone(), shapes: shapes.clone(), run_id });
+    }
+    out
+}
+
 /// Where the group's queue is: the local ledger, or the fleet database at `url`.
 async fn open_queue(ledger: &Ledger, url: Option<&str>) -> anyhow::Result<Queue> {
     Ok(match url {
@@ -147,10 +173,7 @@ pub async fn start(
     let lock = GpuLock::acquire_at(&lock::group_lock_path(&runs, id), id)?;
     let shapes = config.shapes();
     let sms = gpus.first().map(|g| g.device.sm_count).unwrap_or(1);
-    let items: Vec<NewItem> = classify(&shapes, sms)
-        .into_iter()
-        .map(|c| NewItem { run_id: format!("{id}-{}", c.name), shapes: c.shapes.iter().map(|s| s.key()).collect(), class: c.name })
-        .collect();
+    let items = work_items(id, &classify(&shapes, sms), gpus.len());
     let ledger = Ledger::open(&runs.join("optimizer.db")).await?;
     let queue = open_queue(&ledger, fleet_url).await?;
     let new = NewGroup {
@@ -178,10 +201,12 @@ pub async fn start(
                 );
             }
         }
-        let ours: Vec<String> = new.items.iter().map(|i| i.class.clone()).collect();
-        let theirs: Vec<String> = queue.items(id).await?.into_iter().map(|i| i.class).collect();
+        let mut ours: Vec<String> = new.items.iter().flat_map(|i| i.shapes.clone()).collect();
+        let mut theirs: Vec<String> = queue.items(id).await?.into_iter().flat_map(|i| i.shapes).collect();
+        ours.sort();
+        theirs.sort();
         if ours != theirs {
-            anyhow::bail!("group {id} in {} has the shape classes {}; this machine's workload makes {}: join with the same workload", queue.describe(), theirs.join(", "), ours.join(", "));
+            anyhow::bail!("group {id} in {} optimizes the shapes {}; this machine's workload has {}: join with the same workload", queue.describe(), theirs.join(", "), ours.join(", "));
         }
         if matches!(g.state, RunState::Finished | RunState::Failed) {
             anyhow::bail!("group {id} in {} {}: {}; nothing to join", queue.describe(), g.state, g.message.unwrap_or_default());
@@ -576,6 +601,33 @@ mod tests {
     fn cpus(set: &libc::cpu_set_t) -> Vec<usize> {
         // SAFETY: CPU_ISSET only reads the set.
         (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, set) }).collect()
+    }
+
+    #[test]
+    fn classes_are_split_while_gpus_would_idle() {
+        let shapes: Vec<crate::spec::protocol::Shape> = ["b1h1s32d64", "b1h1s64d64", "b1h1s128d64", "b2h16s8192d128-causal"]
+            .iter()
+            .map(|k| {
+                let causal = k.ends_with("-causal");
+                let dims: Vec<u32> = k.trim_end_matches("-causal").split(|c: char| c.is_alphabetic()).filter(|x| !x.is_empty()).map(|x| x.parse().unwrap()).collect();
+                let mut s = crate::test_fixtures::llama_decode();
+                (s.b, s.hq, s.hkv, s.sq, s.sk, s.d, s.causal) = (dims[0], dims[1], dims[1], dims[2], dims[2], dims[3], causal);
+                s.dtype = crate::spec::protocol::DType::Fp16;
+                s
+            })
+            .collect();
+        let classes = classify(&shapes, 132);
+        assert_eq!(classes.len(), 2);
+        let items = |gpus| work_items("g", &classes, gpus);
+        let names = |v: Vec<NewItem>| v.iter().map(|i| format!("{}:{}", i.run_id, i.shapes.len())).collect::<Vec<_>>();
+        assert_eq!(names(items(1)), ["g-latency-d64:3", "g-compute-d128-causal:1"]);
+        assert_eq!(names(items(2)), ["g-latency-d64:3", "g-compute-d128-causal:1"]);
+        assert_eq!(names(items(3)), ["g-latency-d64-1of2:2", "g-latency-d64-2of2:1", "g-compute-d128-causal:1"]);
+        // No more than one item per shape, however many GPUs.
+        assert_eq!(items(8).len(), 4);
+        let mut all: Vec<String> = items(8).into_iter().flat_map(|i| i.shapes).collect();
+        all.sort();
+        assert_eq!(all, ["b1h1s128d64", "b1h1s32d64", "b1h1s64d64", "b2h16s8192d128-causal"]);
     }
 
     #[test]
