@@ -7,6 +7,9 @@
 # Then a short table: candidates, wall time, candidates per minute, each item's GPU and
 # best speedup. Logs and `status --json` of both under $OUT.
 # Usage: BIN=target/release/optimizerd BUDGET=40s bash scripts/gpus_device.sh
+#   WORKLOAD=bench: the benchmark workload's ten shapes (scripts/benchmark-agent.toml, fp16)
+#   PARTS="multi" or PARTS="one": one part per device call (a call lasts 10 minutes at most);
+#   the work folder /tmp/gpus-work is kept between calls on the same warm machine.
 set -uo pipefail
 BIN="$(realpath "${BIN:-target/release/optimizerd}")"
 BUDGET="${BUDGET:-40s}"
@@ -15,9 +18,19 @@ KILL_AFTER="${KILL_AFTER:-25}"
 OUT="${OUT:-/tmp/gpus-out}"
 ROOT="$(pwd)"
 W=/tmp/gpus-work
-rm -rf "$W"; mkdir -p "$W" "$OUT"
+PARTS="${PARTS:-multi one}"
+WORKLOAD="${WORKLOAD:-two}"
+mkdir -p "$W" "$OUT"
 nvidia-smi -L | tee "$OUT/gpus.txt"
-for name in multi one; do
+if [[ "$WORKLOAD" == bench ]]; then
+  DTYPE=fp16
+  SHAPES="$(python3 -c "import tomllib; print(', '.join('{ ' + ', '.join(f'{k} = {str(v).lower() if isinstance(v, bool) else v}' for k, v in s.items()) + ' }' for s in tomllib.load(open('scripts/benchmark-agent.toml', 'rb'))['workload']['shapes']))")"
+else
+  DTYPE=bf16
+  SHAPES="{ b = 1, h = 1, s = 512, d = 64 }, { b = 4, h = 16, s = 4096, d = 64, causal = true }"
+fi
+for name in $PARTS; do
+  rm -rf "$W/runs-$name"
   cat > "$W/$name.toml" <<EOF
 [run]
 runs_dir = "$W/runs-$name"
@@ -25,8 +38,8 @@ plan = "$ROOT/strategies/default.toml"
 templates_dir = "$ROOT/kernel-templates"
 
 [workload]
-dtype = "bf16"
-shapes = [ { b = 1, h = 1, s = 512, d = 64 }, { b = 4, h = 16, s = 4096, d = 64, causal = true } ]
+dtype = "$DTYPE"
+shapes = [ $SHAPES ]
 
 [timing]
 rounds = 4
@@ -36,6 +49,7 @@ sustained_ms = 0
 EOF
 done
 
+if [[ " $PARTS " == *" multi "* ]]; then
 echo "== 1. --gpus all, $BUDGET (the worker of GPU 1 is killed after ${KILL_AFTER}s)"
 t0=$(date +%s.%N)
 "$BIN" --config "$W/multi.toml" start --gpus all --budget "$BUDGET" --run-id multi --foreground > "$OUT/multi.log" 2>&1 &
@@ -52,7 +66,9 @@ t1=$(date +%s.%N)
 "$BIN" --config "$W/multi.toml" status multi --json > "$OUT/multi.json"
 "$BIN" --config "$W/multi.toml" status multi > "$OUT/multi-status.txt"
 echo "wall $(python3 -c "print(round($t1-$t0,1))") s" >> "$OUT/multi-status.txt"
+fi
 
+if [[ " $PARTS " == *" one "* ]]; then
 echo "== 2. --gpus 0, $BUDGET_ONE"
 t0=$(date +%s.%N)
 "$BIN" --config "$W/one.toml" start --gpus 0 --budget "$BUDGET_ONE" --run-id one --foreground > "$OUT/one.log" 2>&1
@@ -61,9 +77,10 @@ t1=$(date +%s.%N)
 "$BIN" --config "$W/one.toml" status one --json > "$OUT/one.json"
 "$BIN" --config "$W/one.toml" status one > "$OUT/one-status.txt"
 echo "wall $(python3 -c "print(round($t1-$t0,1))") s" >> "$OUT/one-status.txt"
+fi
 
-grep -h "crashed\|worker died\|restart" "$OUT/multi.log" | head -5
-cat "$OUT/multi-status.txt" "$OUT/one-status.txt"
+grep -h "crashed\|worker died\|restart" "$OUT/multi.log" 2>/dev/null | head -5
+cat "$OUT"/*-status.txt 2>/dev/null
 python3 - "$OUT" <<'EOF'
 import json, sys
 out = sys.argv[1]
