@@ -16,6 +16,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Row;
 
 use super::ledger::{now, GroupRow, ItemRow, NewGroup};
+use super::queue_sql::{self as sql, numbered};
 use crate::spec::states::{ItemState, RunState};
 
 /// The fleet tables' DDL, shared with the SQLite ledger.
@@ -188,10 +189,7 @@ impl Fleet {
     /// returns the group as recorded and whether this call created it.
     pub async fn create_or_join(&self, g: &NewGroup) -> Result<(GroupRow, bool)> {
         let mut tx = self.pool.begin().await.map_err(q("begin group"))?;
-        let created = sqlx::query(
-            "INSERT INTO run_groups (id, state, started_at, budget_s, gpus_json, config_source, plan_path, options_json, pid)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
-        )
+        let created = sqlx::query(&numbered(sql::INSERT_GROUP))
         .bind(&g.id)
         .bind(RunState::Running.as_str())
         .bind(now())
@@ -208,7 +206,7 @@ impl Fleet {
             == 1;
         if created {
             for (i, item) in g.items.iter().enumerate() {
-                sqlx::query("INSERT INTO work_items (group_id, seq, class, shapes_json, state, run_id) VALUES ($1, $2, $3, $4, $5, $6)")
+                sqlx::query(&numbered(sql::INSERT_ITEM))
                     .bind(&g.id)
                     .bind(i as i64 + 1)
                     .bind(&item.class)
@@ -230,7 +228,7 @@ impl Fleet {
     }
 
     pub async fn items(&self, group: &str) -> Result<Vec<ItemRow>> {
-        let rows = sqlx::query(&format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE group_id = $1 ORDER BY seq"))
+        let rows = sqlx::query(&numbered(&sql::select_items(ITEM_COLUMNS)))
             .bind(group)
             .fetch_all(&self.pool)
             .await
@@ -243,15 +241,7 @@ impl Fleet {
     /// row another machine is taking is skipped, not waited for, and never taken twice.
     pub async fn claim_item(&self, group: &str, gpu: u32, budget_s: f64, holder: &str, lease_until: &str) -> Result<Option<ItemRow>> {
         let at = now();
-        let row = sqlx::query(&format!(
-            "UPDATE work_items SET state = $1, gpu = $2, budget_s = $3, attempts = attempts + 1, claimed_at = $4, finished_at = NULL,
-                    message = NULL, holder = $5, lease_until = $6
-             WHERE group_id = $7 AND seq = (
-                 SELECT seq FROM work_items
-                 WHERE group_id = $7 AND (state = $8 OR (state = $1 AND lease_until < $4))
-                 ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED)
-             RETURNING {ITEM_COLUMNS}"
-        ))
+        let row = sqlx::query(&numbered(&sql::claim(ITEM_COLUMNS, "FOR UPDATE SKIP LOCKED")))
         .bind(ItemState::Running.as_str())
         .bind(gpu as i64)
         .bind(budget_s)
@@ -259,7 +249,10 @@ impl Fleet {
         .bind(holder)
         .bind(lease_until)
         .bind(group)
+        .bind(group)
         .bind(ItemState::Queued.as_str())
+        .bind(ItemState::Running.as_str())
+        .bind(&at)
         .fetch_optional(&self.pool)
         .await
         .map_err(q("claim work item"))?;
@@ -267,7 +260,7 @@ impl Fleet {
     }
 
     pub async fn renew_leases(&self, group: &str, holder: &str, lease_until: &str) -> Result<()> {
-        sqlx::query("UPDATE work_items SET lease_until = $1 WHERE group_id = $2 AND holder = $3 AND state = $4")
+        sqlx::query(&numbered(sql::RENEW_LEASES))
             .bind(lease_until)
             .bind(group)
             .bind(holder)
@@ -280,7 +273,7 @@ impl Fleet {
 
     pub async fn set_item_state(&self, group: &str, seq: i64, state: ItemState, message: &str) -> Result<()> {
         let finished = (!matches!(state, ItemState::Queued | ItemState::Running)).then(now);
-        sqlx::query("UPDATE work_items SET state = $1, message = $2, finished_at = $3, lease_until = NULL WHERE group_id = $4 AND seq = $5")
+        sqlx::query(&numbered(sql::SET_ITEM_STATE))
             .bind(state.as_str())
             .bind(message)
             .bind(finished)

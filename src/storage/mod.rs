@@ -9,5 +9,6 @@ pub mod agent_log;
 pub mod fleet;
 pub mod ledger;
 pub mod memory;
+pub mod queue_sql;
 pub mod sdpa;
 pub mod workspace;

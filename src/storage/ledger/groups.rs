@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{now, Ledger, LedgerError, Result};
+use crate::storage::queue_sql as sql;
 use crate::spec::protocol::DeviceInfo;
 use crate::spec::states::{ItemState, RunState};
 
@@ -183,10 +184,7 @@ impl Ledger {
     pub async fn create_group(&self, g: &NewGroup) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(self.q("begin group"))?;
         let gpus = serde_json::to_string(&g.gpus).map_err(|e| LedgerError::Unreadable { id: g.id.clone(), why: e.to_string() })?;
-        sqlx::query(
-            "INSERT INTO run_groups (id, state, started_at, budget_s, gpus_json, config_source, plan_path, options_json, pid)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
+        let created = sqlx::query(sql::INSERT_GROUP)
         .bind(&g.id)
         .bind(RunState::Running)
         .bind(now())
@@ -198,9 +196,13 @@ impl Ledger {
         .bind(std::process::id() as i64)
         .execute(&mut *tx)
         .await
-        .map_err(self.q("create group"))?;
+        .map_err(self.q("create group"))?
+        .rows_affected();
+        if created == 0 {
+            return Err(LedgerError::Unreadable { id: g.id.clone(), why: "a group of this id exists already; resume it (`optimizerd resume ID`) or start one with another --run-id".into() });
+        }
         for (i, item) in g.items.iter().enumerate() {
-            sqlx::query("INSERT INTO work_items (group_id, seq, class, shapes_json, state, run_id) VALUES (?, ?, ?, ?, ?, ?)")
+            sqlx::query(sql::INSERT_ITEM)
                 .bind(&g.id)
                 .bind(i as i64 + 1)
                 .bind(&item.class)
@@ -278,7 +280,7 @@ impl Ledger {
 
     /// A group's items in queue order.
     pub async fn items(&self, group: &str) -> Result<Vec<ItemRow>> {
-        let rows: Vec<ItemSql> = sqlx::query_as(&format!("SELECT {ITEM_COLUMNS} FROM work_items WHERE group_id = ? ORDER BY seq"))
+        let rows: Vec<ItemSql> = sqlx::query_as(&sql::select_items(ITEM_COLUMNS))
             .bind(group)
             .fetch_all(&self.pool)
             .await
@@ -291,12 +293,7 @@ impl Ledger {
     /// one statement, so no two takers get the same item.
     pub async fn claim_item(&self, group: &str, gpu: u32, budget_s: f64, holder: &str, lease_until: &str) -> Result<Option<ItemRow>> {
         let at = now();
-        let row: Option<ItemSql> = sqlx::query_as(&format!(
-            "UPDATE work_items SET state = ?, gpu = ?, budget_s = ?, attempts = attempts + 1, claimed_at = ?, finished_at = NULL, message = NULL,
-                    holder = ?, lease_until = ?
-             WHERE group_id = ? AND seq = (SELECT seq FROM work_items WHERE group_id = ? AND (state = ? OR (state = ? AND lease_until < ?)) ORDER BY seq LIMIT 1)
-             RETURNING {ITEM_COLUMNS}"
-        ))
+        let row: Option<ItemSql> = sqlx::query_as(&sql::claim(ITEM_COLUMNS, ""))
         .bind(ItemState::Running)
         .bind(gpu as i64)
         .bind(budget_s)
@@ -316,7 +313,7 @@ impl Ledger {
 
     /// Extend the leases of the items `holder` runs.
     pub async fn renew_leases(&self, group: &str, holder: &str, lease_until: &str) -> Result<()> {
-        sqlx::query("UPDATE work_items SET lease_until = ? WHERE group_id = ? AND holder = ? AND state = ?")
+        sqlx::query(sql::RENEW_LEASES)
             .bind(lease_until)
             .bind(group)
             .bind(holder)
@@ -331,7 +328,7 @@ impl Ledger {
     /// stays, to say where it ran.
     pub async fn set_item_state(&self, group: &str, seq: i64, state: ItemState, message: &str) -> Result<()> {
         let finished = (!matches!(state, ItemState::Queued | ItemState::Running)).then(now);
-        sqlx::query("UPDATE work_items SET state = ?, message = ?, finished_at = ?, lease_until = NULL WHERE group_id = ? AND seq = ?")
+        sqlx::query(sql::SET_ITEM_STATE)
             .bind(state)
             .bind(message)
             .bind(finished)
