@@ -83,8 +83,11 @@ async fn a_group_splits_the_workload_by_class_over_two_gpus_without_duplicates()
     assert!(text.contains("per minute") && text.contains("latency-d128-causal"), "{text}");
     let runs = run_in(p.path(), &["--config", "agent.toml", "runs"]).stdout;
     assert!(runs.contains("g1-latency-d64") && runs.contains("groups (") && runs.contains("  g1  finished  GPUs 0,1"), "{runs}");
-    // A GPU's lock is free again; a second group may start.
+    // A GPU's lock is free again; a second group may start, but not under the same id.
     assert!(optimizerd::daemon::lock::holders(&p.path().join("runs")).is_empty());
+    let again = run_in(p.path(), &start_args("g1", "2m"));
+    assert_ne!(again.code, Some(0));
+    assert!(again.text().contains("a group `g1` exists already; continue it with `optimizerd resume g1`"), "{}", again.text());
 }
 
 #[tokio::test]

@@ -199,7 +199,7 @@ impl Ledger {
         .map_err(self.q("create group"))?
         .rows_affected();
         if created == 0 {
-            return Err(LedgerError::Unreadable { id: g.id.clone(), why: "a group of this id exists already; resume it (`optimizerd resume ID`) or start one with another --run-id".into() });
+            return Err(LedgerError::GroupExists(g.id.clone()));
         }
         for (i, item) in g.items.iter().enumerate() {
             sqlx::query(sql::INSERT_ITEM)

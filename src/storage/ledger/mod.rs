@@ -89,6 +89,8 @@ pub enum LedgerError {
     Encode(#[source] serde_json::Error),
     #[error("no run `{0}` in the ledger; `optimizerd runs` lists them")]
     NoSuchRun(String),
+    #[error("a group `{0}` exists already; continue it with `optimizerd resume {0}`, or start another with a new --run-id")]
+    GroupExists(String),
     #[error("the ledger has no runs yet; start one with `optimizerd start --budget 5m`")]
     NoRuns,
     #[error("run {id} cannot be read from the ledger ({why}); name another run (`optimizerd runs` lists them) or remove this one with `optimizerd forget {id}`")]
