@@ -211,10 +211,18 @@ class Strides(ctypes.Structure):
     _fields_ = [(f"{t}_{x}", ctypes.c_int64) for t in "qkvo" for x in "bhs"]
 
 
-def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_view=False):
-    """Run the kernel on `shape` (tensors laid out in its layout, rows `pad` elements longer)
-    and compare with SDPA in fp32. Returns (max_abs, unwritten, written outside O's view,
-    eager us, launches, where the maps came from)."""
+class Prepared:
+    """A kernel made ready to launch on one shape: `go()` launches it on the current stream
+    (so a CUDA graph can capture it); q, k, v are the logical inputs, o the output's view in
+    `of`, its storage (NaN-poisoned before the first launch)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def prepare(abi, module, kernel, entry, shape, device, driver, pad=0, exported_view=False):
+    """Fresh randn inputs for `shape` (laid out in its layout, rows `pad` elements longer), the
+    kernel's launches and arguments, nothing launched yet."""
     dtype = torch.bfloat16 if kernel["dtype"] == "bf16" else torch.float16
     b, hq, hkv, sq, sk, d = (shape[x] for x in ("b", "hq", "hkv", "sq", "sk", "d"))
     causal = shape["causal"]
@@ -283,6 +291,17 @@ def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_v
             for fn, l in fns:
                 driver.launch(fn, l, stream, ctypes.addressof(kernel_params))
 
+    return Prepared(go=go, q=q, k=k, v=v, o=o, of=of, launches=launches, maps_from=maps_from,
+                    keep=(values if abi.format == 2 or maps else None, qf, kf, vf, o_part, lse, counter))
+
+
+def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_view=False):
+    """Run the kernel on `shape` (tensors laid out in its layout, rows `pad` elements longer)
+    and compare with SDPA in fp32. Returns (max_abs, unwritten, written outside O's view,
+    eager us, launches, where the maps came from)."""
+    p = prepare(abi, module, kernel, entry, shape, device, driver, pad, exported_view)
+    go, q, k, v, o, of = p.go, p.q, p.k, p.v, p.o, p.of
+    hq, hkv, sq, sk, causal = (shape[x] for x in ("hq", "hkv", "sq", "sk", "causal"))
     go()
     torch.cuda.synchronize()
     kr = k.float().repeat_interleave(hq // hkv, dim=1)
@@ -306,7 +325,7 @@ def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_v
         end.synchronize()
         times.append(start.elapsed_time(end) * 100.0)  # us per call, Python launch overhead included
     times.sort()
-    return float(err.max()), unwritten, written_outside, times[len(times) // 2], len(launches), maps_from
+    return float(err.max()), unwritten, written_outside, times[len(times) // 2], len(p.launches), p.maps_from
 
 
 class NotRunnableHere(Exception):

@@ -7,6 +7,8 @@ that make many splits (both combines), then per shape the best points of decode-
 decode-cluster, cold and hot.
 
     python3 scripts/decode_cold.py OUT.json
+
+Importable: scripts/decode_overhead.py uses its cold timers.
 """
 import sys, json, time, statistics
 from pathlib import Path
@@ -74,37 +76,42 @@ def sdpa_cold_us(shape, reps=24, samples=15):
     return C.time_torch_graph_us(gpu, rotating, reps, samples)
 
 
-t0 = time.time()
-records = DS.check_points(gpu, split, [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=f) for f in (0, 1)] + \
-          [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)])
-n, fails = len(records), sum(not r["ok"] for r in records)
-print(f"check: {n - fails} of {n} passed ({time.time() - t0:.0f} s)", flush=True)
+def main():
+    t0 = time.time()
+    records = DS.check_points(gpu, split, [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=f) for f in (0, 1)] + \
+              [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)])
+    n, fails = len(records), sum(not r["ok"] for r in records)
+    print(f"check: {n - fails} of {n} passed ({time.time() - t0:.0f} s)", flush=True)
 
-split_points = [dict(BLOCK_N=b, NUM_WARPS=w, STAGES=3, SPLIT_WAVES=sw, MIN_SPLIT_TILES=2, FUSED_COMBINE=f)
-                for b in (16, 32) for w in (4, 8) for sw in (1, 2, 4) for f in (0, 1)]
-cluster_points = [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=1),
-                  dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=2, COMBINE=1),
-                  dict(BLOCK_N=16, NUM_WARPS=4, STAGES=2, CLUSTER=4, COMBINE=0)]
-shapes = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False),
-          gqa(8, 32, 8, 1, 1024, 128, False)]
-res = []
-for shape in shapes:
-    sd = sdpa_cold_us(shape)
-    rows = []
-    for tpl, pts in ((split, split_points), (cluster, cluster_points)):
-        for kn in pts:
-            try:
-                cold = time_cold_us(tpl, kn, shape)
-                hot = gpu.time_us(tpl, kn, shape, reps=10, samples=15)
-            except C.DoesNotFit:
-                continue
-            rows.append((cold, hot, tpl.name, combo_label(kn)))
-    rows.sort()
-    kv_mb = 2 * shape.b * shape.hkv * shape.sk * shape.d * 2 / 1e6
-    print(f"{C.shape_key(shape)} KV {kv_mb:.1f} MB, {sets_for(shape)} input sets; SDPA default cold {sd:.2f} us", flush=True)
-    for name in ("decode-split", "decode-cluster"):
-        for cold, hot, _, lab in [r for r in rows if r[2] == name][:3]:
-            print(f"   {name:<15} cold {cold:7.2f} ({sd / cold:4.2f}x SDPA)  hot {hot:7.2f}  {lab}", flush=True)
-    res.append(dict(shape=C.shape_key(shape), sdpa_cold=sd, rows=rows))
-Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
-print(f"done in {time.time() - t0:.0f} s")
+    split_points = [dict(BLOCK_N=b, NUM_WARPS=w, STAGES=3, SPLIT_WAVES=sw, MIN_SPLIT_TILES=2, FUSED_COMBINE=f)
+                    for b in (16, 32) for w in (4, 8) for sw in (1, 2, 4) for f in (0, 1)]
+    cluster_points = [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=1),
+                      dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=2, COMBINE=1),
+                      dict(BLOCK_N=16, NUM_WARPS=4, STAGES=2, CLUSTER=4, COMBINE=0)]
+    shapes = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False),
+              gqa(8, 32, 8, 1, 1024, 128, False)]
+    res = []
+    for shape in shapes:
+        sd = sdpa_cold_us(shape)
+        rows = []
+        for tpl, pts in ((split, split_points), (cluster, cluster_points)):
+            for kn in pts:
+                try:
+                    cold = time_cold_us(tpl, kn, shape)
+                    hot = gpu.time_us(tpl, kn, shape, reps=10, samples=15)
+                except C.DoesNotFit:
+                    continue
+                rows.append((cold, hot, tpl.name, combo_label(kn)))
+        rows.sort()
+        kv_mb = 2 * shape.b * shape.hkv * shape.sk * shape.d * 2 / 1e6
+        print(f"{C.shape_key(shape)} KV {kv_mb:.1f} MB, {sets_for(shape)} input sets; SDPA default cold {sd:.2f} us", flush=True)
+        for name in ("decode-split", "decode-cluster"):
+            for cold, hot, _, lab in [r for r in rows if r[2] == name][:3]:
+                print(f"   {name:<15} cold {cold:7.2f} ({sd / cold:4.2f}x SDPA)  hot {hot:7.2f}  {lab}", flush=True)
+        res.append(dict(shape=C.shape_key(shape), sdpa_cold=sd, rows=rows))
+    Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
+    print(f"done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
