@@ -66,12 +66,14 @@ fn a_zero_or_out_of_range_value_is_rejected_with_its_key() {
     assert!(err.contains("timing.sustained_ms") && err.contains("0 (off)"), "{err}");
     let err = parse("[timing]\nrerank_top = 0\n").unwrap_err();
     assert!(err.contains("timing.rerank_top") && err.contains("1 (no re-rank)"), "{err}");
+    let err = parse("[timing]\nrerank_min_gain = -0.01\n").unwrap_err();
+    assert!(err.contains("timing.rerank_min_gain") && err.contains("0 <= rerank_min_gain < 1"), "{err}");
 }
 
 #[test]
 fn sustained_timing_is_on_for_the_closing_only() {
     let c = parse("").unwrap();
-    assert_eq!((c.timing.sustained_ms, c.timing.rerank_top), (200.0, 3));
+    assert_eq!((c.timing.sustained_ms, c.timing.rerank_top, c.timing.rerank_min_gain), (200.0, 3, 0.01));
     assert_eq!(c.timing_spec().sustained_ms, 0.0, "candidates are timed in bursts");
     assert_eq!(c.sustained_spec().sustained_ms, 200.0);
     assert_eq!(parse("[timing]\nsustained_ms = 0\n").unwrap().sustained_spec().sustained_ms, 0.0);

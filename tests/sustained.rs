@@ -149,7 +149,7 @@ async fn a_kernel_faster_under_sustained_timing_becomes_the_best_with_its_reason
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_best_stays_when_it_is_still_fastest_or_the_gap_is_within_noise() {
-    // 1.0: MAX_SPLITS 8 stays fastest (40 vs 50 us). 1.26: 50.4 vs 50 us, 0.8% < min_gain 2%.
+    // 1.0: MAX_SPLITS 8 stays fastest (40 vs 50 us). 1.26: 50.4 vs 50 us, 0.8% < rerank_min_gain 1%.
     for (factor, label) in [(1.0, "fastest"), (1.26, "within noise")] {
         let p = project(factor);
         fake_sdpa(&p, false);
@@ -169,6 +169,35 @@ async fn the_best_stays_when_it_is_still_fastest_or_the_gap_is_within_noise() {
         assert!((closing[0].ours_sustained_us().unwrap() - expect_ours).abs() < 1e-9, "{label}: {:?}", closing[0]);
         let msg = &events.iter().find(|e| e.kind.as_str() == "closing").unwrap().message;
         assert!(msg.ends_with("; FA4 not measured: flash_attn.cute does not import (ModuleNotFoundError: No module named flash_attn)"), "{msg}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_re_rank_takes_a_gain_over_its_own_floor_that_the_search_would_not() {
+    // 1.26875: MAX_SPLITS 8 runs 50.75 us sustained, MAX_SPLITS 1 50 us: 1.5% faster, over
+    // rerank_min_gain (default 1%) and under the search's min_gain (2%).
+    for (run, floor) in [("low", None), ("high", Some("rerank_min_gain = 0.02"))] {
+        let p = project(1.26875);
+        fake_sdpa(&p, false);
+        if let Some(line) = floor {
+            timing(&p, line);
+        }
+        assert_eq!(p.run(run, Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()), "{run}");
+        let its = iterations(&p, run).await;
+        let reranked: Vec<&IterationRecord> = its.iter().filter(|i| i.stage == "sustained-rerank").collect();
+        let ledger = Ledger::open(&p.db()).await.unwrap();
+        let best: Vec<i64> = ledger.best(run).await.unwrap().iter().map(|b| b.seq).collect();
+        if floor.is_none() {
+            assert_eq!(reranked.iter().map(|i| i.shapes[0].shape.as_str()).collect::<Vec<_>>(), SHAPES, "{run}");
+            assert!(reranked.iter().all(|i| i.reason.contains("(1.015x, needed > 1.010x;")), "{}", reranked[0].reason);
+            assert_eq!(best, [4, 5], "{run}");
+        } else {
+            assert!(reranked.is_empty(), "{run}: {:?}", reranked.iter().map(|i| &i.reason).collect::<Vec<_>>());
+            let events = ledger.events(run).await.unwrap();
+            let rerank = &events.iter().find(|e| e.kind.as_str() == "rerank").expect("the re-rank's event").message;
+            assert!(rerank.contains("b1h1s128d64 kept #3") && rerank.contains("1.015x, needed > 1.020x"), "{rerank}");
+            assert_eq!(best, [3, 3], "{run}");
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 //! inside a model step attention runs back to back for hundreds of milliseconds, 12-18%
 //! slower, and a kernel that wins a short burst need not win there. So each shape's top
 //! `timing.rerank_top` distinct correct kernels (the best and the next by their recorded
-//! time) are timed together in one sustained timing; one faster than the best beyond the
-//! decision's noise margin becomes the best through the path every win takes (an iteration
+//! time) are timed together in one sustained timing; one faster than the best by more than
+//! max(`timing.rerank_min_gain`, the noise) becomes the best through the path every win takes (an iteration
 //! of stage [`RERANK_STAGE`], incumbents, ledger, git), recorded before the comparison goes on.
 
 use std::collections::BTreeMap;
@@ -117,7 +117,7 @@ impl Engine {
                     .filter_map(|c| Some((c, timing::sustained_of(case, &c.id)?, timing::stats_of(case, &c.id)?)))
                     .min_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us));
                 let Some((c, c_s, c_b)) = best else { continue };
-                let d = decide::decide_shape(&c_s, &inc_s, self.cfg.timing.min_gain);
+                let d = decide::decide_shape(&c_s, &inc_s, self.cfg.timing.rerank_min_gain);
                 if !d.wins {
                     notes.push(format!(
                         "{key} kept #{} ({:.2} us sustained; next #{} {:.2} us, recorded {:.2} us burst; {:.3}x, needed > {:.3}x)",

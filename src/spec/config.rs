@@ -201,6 +201,11 @@ pub struct TimingSection {
     /// How many distinct correct kernels per shape (the best and the next by their recorded
     /// time) the closing re-ranks under sustained timing; 1: figures only, no re-rank.
     pub rerank_top: u32,
+    /// The re-rank's floor: a contender replaces the best when faster by more than
+    /// max(this, the noise). Lower than `min_gain` because nothing churns: the kernels are
+    /// all correct, timed together in one paired timing, and the choice is the run's last;
+    /// with `min_gain` a kernel 1.5% faster was left behind (issue 20's 4m run).
+    pub rerank_min_gain: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -291,6 +296,7 @@ impl Default for TimingSection {
             method: TimingMethod::Graph,
             sustained_ms: 200.0,
             rerank_top: 3,
+            rerank_min_gain: 0.01,
         }
     }
 }
@@ -421,6 +427,9 @@ impl Config {
         if !(0.0..1.0).contains(&t.min_gain) {
             return Err(self.invalid("timing.min_gain", format!("is {}; allowed: 0 <= min_gain < 1 (0.02 = 2%)", t.min_gain)));
         }
+        if !(0.0..1.0).contains(&t.rerank_min_gain) {
+            return Err(self.invalid("timing.rerank_min_gain", format!("is {}; allowed: 0 <= rerank_min_gain < 1 (0.01 = 1%)", t.rerank_min_gain)));
+        }
         if !(0.0..=10.0).contains(&t.early_reject) {
             return Err(self.invalid("timing.early_reject", format!("is {}; allowed: 0 (off) to 10 (0.25 = rejected when 25% slower in the brief timing)", t.early_reject)));
         }
@@ -490,7 +499,7 @@ impl Config {
                         "launches_per_sample": t.launches_per_sample, "l2_multiple": t.l2_multiple,
                         "max_input_sets": t.max_input_sets, "sample_target_us": t.sample_target_us, "max_entry_ms": t.max_entry_ms,
                         "min_gain": t.min_gain, "early_reject": t.early_reject, "method": t.method,
-                        "sustained_ms": t.sustained_ms, "rerank_top": t.rerank_top },
+                        "sustained_ms": t.sustained_ms, "rerank_top": t.rerank_top, "rerank_min_gain": t.rerank_min_gain },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
                         "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
