@@ -7,8 +7,9 @@ Each DIR is an `optimizerd export --out DIR`. For every shape key exported by al
 (or those of --shapes), each DIR's kernel for it is loaded as examples/run_exported.py loads it
 (from the manifest alone), checked against SDPA in fp32 on fresh randn inputs, and timed in the
 same process on the same GPU: a CUDA graph of --launches calls per kernel, replayed in
-alternating order for --rounds rounds (median per call), then each replayed back to back for at
-least --sustained-ms (the clocks a model step runs at). Ratios are to the first DIR. Two runs'
+alternating order for --rounds rounds (median per call), then each replayed back to back for
+--sustained-ms in six pieces, the kernels taking turns without a gap (the clocks a model step runs
+at, the same for all; the median piece). Ratios are to the first DIR. Two runs'
 in-run timings of one shape were made at different times, often on different GPUs; this
 puts their kernels under the same conditions. Inputs are not rotated: a shape whose Q, K, V
 and O fit twice in L2 is flagged, since its times then include warm-L2 reads.
@@ -22,6 +23,8 @@ import sys
 
 import cupy as cp
 import torch
+
+CHUNKS = 6  # pieces of each kernel's back-to-back time, interleaved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location("run_exported", os.path.join(HERE, "..", "examples", "run_exported.py"))
@@ -105,11 +108,16 @@ def main():
             order = range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared)))
             for i in order:
                 burst[i].append(replay_us(prepared[i][5], args.launches))
-        sustained = []
-        for i, (_, _, _, _, _, g) in enumerate(prepared):
-            once = statistics.median(burst[i]) * args.launches / 1000.0  # ms per replay
-            times = max(1, int(args.sustained_ms / max(once, 1e-3)))
-            sustained.append(replay_us(g, args.launches, times))
+        # Back to back: each kernel replayed for sustained_ms in CHUNKS pieces, the kernels
+        # taking turns with no gap between them, so all run at the same (lowered) clocks;
+        # timed one after the other instead, identical kernels differed by 3-5%.
+        reps = [max(1, int(args.sustained_ms / CHUNKS / max(statistics.median(b) * args.launches / 1000.0, 1e-3))) for b in burst]
+        chunks = [[] for _ in prepared]
+        for r in range(CHUNKS):
+            order = range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared)))
+            for i in order:
+                chunks[i].append(replay_us(prepared[i][5], args.launches, reps[i]))
+        sustained = [statistics.median(c) for c in chunks]
         for i, (d, f, ok, max_abs, _, _) in enumerate(prepared):
             med = statistics.median(burst[i])
             rows.append((key, d, f, ok, max_abs, med, statistics.median(burst[0]) / med if i else 1.0,
