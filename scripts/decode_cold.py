@@ -8,7 +8,15 @@ decode-cluster, cold and hot.
 
     python3 scripts/decode_cold.py OUT.json
 
-Importable: scripts/decode_overhead.py uses its cold timers.
+--full: instead, every knob combination of decode-split and decode-cluster (pushed combine) on
+the issue-17 decode shapes that miss their bars (B 1 and MQA B 8 at SK 4096, B 8 x HKV 8 at
+SK 4096), cold, against SDPA cold: is a bar within the templates' reach, so that a longer
+search would meet it, or does it need a kernel change? The modules can be built here first
+(no GPU: python3 scripts/decode_cold.py --build-cubins DIR) and loaded there with --cubin-dir DIR.
+
+    python3 scripts/decode_cold.py OUT.json --full [--cubin-dir DIR]
+
+Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
 import sys, json, time, statistics
 from pathlib import Path
@@ -19,9 +27,80 @@ from nvrtc_compile_check import combo_label, load_templates
 gqa = C.gqa
 tpls = {t.rel: t for t in load_templates()}
 split, cluster = tpls["decode.cu"], tpls["decode_cluster.cu"]
-gpu = C.Gpu()
-cp, torch = gpu.cp, gpu.torch
+gpu = cp = torch = None  # init(): the GPU is opened on first use, so --build-cubins needs none
 L2_BYTES = 50e6
+FULL_SHAPES = [gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, False)]
+
+
+def init(cubin_dir=None):
+    global gpu, cp, torch
+    if gpu is None:
+        gpu = C.Gpu()
+        cp, torch = gpu.cp, gpu.torch
+    if cubin_dir:
+        gpu.cubin_dir = Path(cubin_dir)
+    return gpu
+
+
+def full_points():
+    """(template, knobs) of --full: every combination of decode-split, and of decode-cluster
+    with the pushed combine (the pulled one lost at every measured point)."""
+    return [(split, kn) for kn in split.knob_combos()] + [(cluster, kn) for kn in cluster.knob_combos() if kn["COMBINE"] == 1]
+
+
+def build_cubins(out_dir):
+    """No GPU: compile --full's timed fp16 modules into out_dir with NVRTC from .deps."""
+    import concurrent.futures as cf
+    import os
+    from nvrtc_compile_check import Job, _init_worker, arch_targets, default_cuda_include, default_nvrtc_lib
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    todo, seen = {}, set()
+    for tpl, kn in full_points():
+        # Gpu.module loads one module per combination of the knobs the code uses (launch-only
+        # knobs such as SPLIT_WAVES change no build): the first such combination's source.
+        used = tuple((k, kn[k]) for k in C.code_knobs(tpl))
+        if (tpl.rel, used) in seen:
+            continue
+        seen.add((tpl.rel, used))
+        src = C.build_source(tpl, kn, False)
+        arch = arch_targets(tpl, ["sm_90"])[0]
+        name = C.cubin_name(src, False, arch)
+        if not (out / name).exists():
+            todo[name] = Job(tpl.rel, kn, False, arch, False, src, tpl.kernel_names())
+    t0, bad = time.time(), 0
+    with cf.ProcessPoolExecutor(os.cpu_count(), initializer=_init_worker, initargs=(default_nvrtc_lib(), default_cuda_include())) as pool:
+        for name, (ok, reason, cubin) in zip(list(todo), pool.map(C._cubin_job, list(todo.values()))):
+            if ok:
+                (out / name).write_bytes(cubin)
+            else:
+                bad += 1
+                print(f"FAIL {name}: {reason[:300]}", flush=True)
+    print(f"{len(todo) - bad} modules built into {out} ({bad} failed) in {time.time() - t0:.0f} s")
+    return 1 if bad else 0
+
+
+def full_sweep(out_json):
+    t0 = time.time()
+    res = []
+    for shape in FULL_SHAPES:
+        sd = sdpa_cold_us(shape)
+        rows = []
+        for tpl, kn in full_points():
+            try:
+                rows.append((time_cold_us(tpl, kn, shape), tpl.name, combo_label(kn)))
+            except C.DoesNotFit:
+                continue
+        rows.sort()
+        kv = 2 * shape.b * shape.hkv * shape.sk * shape.d * 2
+        print(f"{C.shape_key(shape)} KV {kv / 1e6:.1f} MB, {sets_for(shape)} input sets, {len(rows)} points; "
+              f"SDPA default cold {sd:.2f} us", flush=True)
+        for name in ("decode-split", "decode-cluster"):
+            for us, _, lab in [r for r in rows if r[1] == name][:4]:
+                print(f"   {name:<15} cold {us:7.2f} us  {sd / us:4.2f}x SDPA  {kv / us / 1e6:5.2f} TB/s  {lab}", flush=True)
+        res.append(dict(shape=C.shape_key(shape), sdpa_cold=sd, rows=rows))
+    Path(out_json).write_text(json.dumps(res, indent=1))
+    print(f"done in {time.time() - t0:.0f} s")
 
 
 def sets_for(shape):
@@ -77,6 +156,7 @@ def sdpa_cold_us(shape, reps=24, samples=15):
 
 
 def main():
+    init()
     t0 = time.time()
     records = DS.check_points(gpu, split, [dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=f) for f in (0, 1)] + \
               [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)])
@@ -114,4 +194,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if "--build-cubins" in sys.argv:
+        sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1]))
+    if "--full" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1])
+    else:
+        main()

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, "scripts")
 import decode_cold as DC  # noqa: E402  (its cold timers; importing runs nothing)
 
-C, gpu, gqa = DC.C, DC.gpu, DC.gqa
+C, gpu, gqa = DC.C, DC.init(), DC.gqa
 cp = gpu.cp
 
 READ_SRC = r"""
