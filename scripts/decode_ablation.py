@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Where inside a decode kernel the time goes (issue 17): the same kernel with parts cut out.
+
+    python3 scripts/decode_ablation.py OUT.json
+
+scripts/decode_overhead.py found the decode templates 3-4 us per call above a plain streaming read
+of the same bytes. This times each template's best point for the missing bars with parts of its
+source removed (patched into the rendered source here; the templates are untouched), cold as the
+benchmark times decode, so the differences say what each part costs:
+  full        the kernel as the daemon builds it;
+  no_combine  decode-split FUSED_COMBINE: the partial O rows and LSEs are still stored, but the
+              fence, the split semaphore and the last CTA's combine are skipped;
+  no_tail     everything after decode_split_tile returns (decode-split: the partial stores too;
+              decode-cluster: the push to rank 0 and its combine);
+  no_math     the key loop keeps its loads, waits and barriers but skips S = Q K^T, the softmax and
+              O += P V (the merge and what follows still run, on zeros);
+  loads_only  no_math and no_tail: the Q and K/V copies, their waits and the merge's barriers.
+The outputs of every variant but `full` are wrong by construction: timing only, nothing checked.
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, "scripts")
+import decode_cold as DC  # noqa: E402
+
+C, gqa = DC.C, DC.gqa
+gpu = DC.init()
+
+LOOP_BODY = "        if (kv0 >= seq_k) continue;  // warp-uniform: the ragged tail of the last tile\n"
+SPLIT_TAIL = "t_begin, t_end);\n\n    // Sum the warps' copies of each valid row"
+SPLIT_COMBINE = "    if (!dec_arrive_last(sem, n_splits)) return;\n"
+CLUSTER_TAIL = "softmax_scale, causal, strides, t_begin, t_end);\n\n    float* xo"
+
+PATCHES = {
+    "full": [],
+    "no_combine": [(SPLIT_COMBINE, "    return;\n")],
+    "no_tail": [(SPLIT_TAIL, "t_begin, t_end);\n    return;\n\n    // Sum the warps' copies of each valid row"),
+                (CLUSTER_TAIL, "softmax_scale, causal, strides, t_begin, t_end);\n    return;\n\n    float* xo")],
+    "no_math": [(LOOP_BODY, "        continue;\n")],
+}
+PATCHES["loads_only"] = PATCHES["no_math"] + PATCHES["no_tail"]
+
+variant = {"name": "full"}
+_build = C.build_source
+
+
+def build_source(tpl, knobs, bf16, mbar_fault=False):
+    src = _build(tpl, knobs, bf16, mbar_fault)
+    for old, new in PATCHES[variant["name"]]:
+        if old in src:
+            src = src.replace(old, new)
+    return src
+
+
+C.build_source = build_source
+
+POINTS = [
+    (DC.split, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=2, FUSED_COMBINE=1)),
+    (DC.split, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, SPLIT_WAVES=1, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=1)),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=1)),
+]
+SHAPES = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(1, 32, 8, 1, 16384, 128, False),
+          gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, False)]
+
+
+def main():
+    t0 = time.time()
+    rows = []
+    for name in PATCHES:
+        variant["name"] = name
+        gpu.modules.clear()  # modules are cached by knobs: rebuild with this variant's patches
+        for tpl, kn in POINTS:
+            label = f"{tpl.name} {DC.combo_label(kn)}"
+            times = {}
+            for shape in SHAPES:
+                try:
+                    times[C.shape_key(shape)] = DC.time_cold_us(tpl, kn, shape)
+                except C.DoesNotFit:
+                    times[C.shape_key(shape)] = None
+            rows.append(dict(variant=name, point=label, us=times))
+            print(f"{name:<11} {label:<95} " + " ".join(f"{t:7.2f}" if t else "      -" for t in times.values()), flush=True)
+    print("\nshapes: " + ", ".join(C.shape_key(s) for s in SHAPES))
+    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, shapes=[C.shape_key(s) for s in SHAPES], rows=rows), indent=1))
+    print(f"done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
