@@ -14,8 +14,14 @@ benchmark times decode, so the differences say what each part costs:
               decode-cluster: the push to rank 0 and its combine);
   no_math     the key loop keeps its loads, waits and barriers but skips S = Q K^T, the softmax and
               O += P V (the merge and what follows still run, on zeros);
-  loads_only  no_math and no_tail: the Q and K/V copies, their waits and the merge's barriers.
-The outputs of every variant but `full` are wrong by construction: timing only, nothing checked.
+  loads_only  no_math and no_tail: the Q and K/V copies, their waits and the merge's barriers;
+  no_fence    decode-split FUSED_COMBINE without the per-thread __threadfence() before the split
+              semaphore: the CTA barrier, then thread 0's atom.acq_rel.gpu, whose release orders
+              the other threads' partial stores too (they happen before it through the barrier:
+              the PTX memory model's causality order is transitive), as CUTLASS's semaphores do.
+The outputs of every variant but `full` and `no_fence` are wrong by construction: timing only.
+`no_fence` is a candidate change, so it is also checked (decode_sweep's DECODE_CHECK shapes, fp16
+and bf16, at the fused points) before it is timed.
 """
 import json
 import sys
@@ -41,6 +47,8 @@ PATCHES = {
     "no_math": [(LOOP_BODY, "        continue;\n")],
 }
 PATCHES["loads_only"] = PATCHES["no_math"] + PATCHES["no_tail"]
+FENCE = "    __threadfence();\n    __syncthreads();\n    int last = 0;\n"
+PATCHES["no_fence"] = [(FENCE, "    __syncthreads();\n    int last = 0;\n")]
 
 variant = {"name": "full"}
 _build = C.build_source
@@ -69,9 +77,19 @@ SHAPES = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False)
 def main():
     t0 = time.time()
     rows = []
+    checks = []
     for name in PATCHES:
         variant["name"] = name
         gpu.modules.clear()  # modules are cached by knobs: rebuild with this variant's patches
+        if name == "no_fence":
+            import decode_sweep as DS
+            fused = [kn for tpl, kn in POINTS if tpl is DC.split and kn["FUSED_COMBINE"] == 1]
+            fused.append(dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=1))
+            for rep in range(3):  # a missing fence shows as a race: run the checks a few times
+                checks += DS.check_points(gpu, DC.split, fused)
+                gpu.modules.clear()
+            bad = [r for r in checks if not r["ok"]]
+            print(f"no_fence check: {len(checks) - len(bad)} of {len(checks)} passed", flush=True)
         for tpl, kn in POINTS:
             label = f"{tpl.name} {DC.combo_label(kn)}"
             times = {}
@@ -83,7 +101,7 @@ def main():
             rows.append(dict(variant=name, point=label, us=times))
             print(f"{name:<11} {label:<95} " + " ".join(f"{t:7.2f}" if t else "      -" for t in times.values()), flush=True)
     print("\nshapes: " + ", ".join(C.shape_key(s) for s in SHAPES))
-    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, shapes=[C.shape_key(s) for s in SHAPES], rows=rows), indent=1))
+    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, shapes=[C.shape_key(s) for s in SHAPES], rows=rows, checks=checks), indent=1))
     print(f"done in {time.time() - t0:.0f} s")
 
 

@@ -3,7 +3,8 @@
 //! inside a model step attention runs back to back for hundreds of milliseconds, 12-18%
 //! slower, and a kernel that wins a short burst need not win there. So each shape's top
 //! `timing.rerank_top` distinct correct kernels (the best and the next by their recorded
-//! time) are timed together in one sustained timing; one faster than the best by more than
+//! time, corrected for clock drift between iterations through the incumbent timed beside
+//! each) are timed together in one sustained timing; one faster than the best by more than
 //! max(`timing.rerank_min_gain`, the noise) becomes the best through the path every win takes (an iteration
 //! of stage [`RERANK_STAGE`], incumbents, ledger, git), recorded before the comparison goes on.
 
@@ -246,11 +247,41 @@ impl Engine {
     }
 }
 
-/// The next `n` distinct correct kernels for shape `key` by their recorded median, other than
-/// the best (iteration `best_seq`, and any iteration with its source): (seq, its row).
-/// Correct: checked correct and timed in full on this shape, by an iteration whose verdict
-/// says it ran to the end (accepted, rejected, baseline); flagged or cheating ones never.
+/// Each iteration's median on shape `key` corrected for drift between iterations, by seq: a
+/// kernel's median measures the clocks of its own timing as much as the kernel (the same
+/// kernel measured 161.9 and 170.9 us on one shape in one run), but the incumbent it was
+/// timed against, interleaved, drifted with it. So each median is expressed in the frame of
+/// the shape's first kernel: median x (the incumbent's corrected time / the incumbent's median
+/// in that same timing), the incumbent's corrected time being the one it got when it won.
+/// A row timed with no incumbent (the first kernel) or against one whose win is not in the
+/// ledger keeps its raw median.
+fn drift_corrected(its: &[IterationRecord], key: &str) -> BTreeMap<i64, f64> {
+    let mut frame: Option<f64> = None; // the current incumbent's corrected time
+    let mut out = BTreeMap::new();
+    let mut order: Vec<&IterationRecord> = its.iter().collect();
+    order.sort_by_key(|i| i.seq);
+    for it in order {
+        let Some(row) = it.shapes.iter().find(|s| s.shape == key) else { continue };
+        let Some(median) = row.median_us.filter(|m| m.is_finite() && *m > 0.0) else { continue };
+        let corrected = match (frame, row.incumbent_us.filter(|m| m.is_finite() && *m > 0.0)) {
+            (Some(f), Some(inc)) => f * median / inc,
+            _ => median,
+        };
+        out.insert(it.seq, corrected);
+        if row.won {
+            frame = Some(corrected);
+        }
+    }
+    out
+}
+
+/// The next `n` distinct correct kernels for shape `key` by their drift-corrected median
+/// ([`drift_corrected`]), other than the best (iteration `best_seq`, and any iteration with
+/// its source): (seq, its row). Correct: checked correct and timed in full on this shape, by
+/// an iteration whose verdict says it ran to the end (accepted, rejected, baseline); flagged
+/// or cheating ones never.
 fn ranked(its: &[IterationRecord], key: &str, best_seq: i64, n: usize) -> Vec<(i64, ShapeRecord)> {
+    let corrected = drift_corrected(its, key);
     let best_hash = its.iter().find(|i| i.seq == best_seq).and_then(|i| i.source_hash.clone());
     let mut rows: Vec<(i64, Option<String>, ShapeRecord)> = its
         .iter()
@@ -263,7 +294,8 @@ fn ranked(its: &[IterationRecord], key: &str, best_seq: i64, n: usize) -> Vec<(i
             Some((i.seq, i.source_hash.clone(), row.clone()))
         })
         .collect();
-    rows.sort_by(|a, b| a.2.median_us.unwrap_or(f64::INFINITY).total_cmp(&b.2.median_us.unwrap_or(f64::INFINITY)).then(a.0.cmp(&b.0)));
+    let time = |seq: i64, row: &ShapeRecord| corrected.get(&seq).copied().or(row.median_us).unwrap_or(f64::INFINITY);
+    rows.sort_by(|a, b| time(a.0, &a.2).total_cmp(&time(b.0, &b.2)).then(a.0.cmp(&b.0)));
     let mut seen: Vec<Option<String>> = Vec::new();
     let mut out = Vec::new();
     for (seq, hash, row) in rows {
@@ -311,6 +343,45 @@ mod tests {
         ];
         let got: Vec<i64> = ranked(&its, "s", 2, 2).into_iter().map(|(s, _)| s).collect();
         assert_eq!(got, vec![4, 1], "3 and 4 are one kernel (its faster record ranks it); 5, 6, 7, 8 are not contenders");
+    }
+
+    /// Rows of shape "s": (seq, verdict, hash, median, the incumbent's median in the same timing, won).
+    fn timed(rows: &[(i64, Verdict, &str, f64, Option<f64>, bool)]) -> Vec<IterationRecord> {
+        rows.iter()
+            .map(|&(seq, verdict, hash, us, inc, won)| {
+                let mut i = it(seq, verdict, hash, &[("s", us, true)]);
+                i.shapes[0].incumbent_us = inc;
+                i.shapes[0].won = won;
+                i
+            })
+            .collect()
+    }
+
+    #[test]
+    fn contenders_are_ranked_by_their_time_against_the_incumbent_beside_them() {
+        // Issue 20's 4m run, S 577: #46 measured 167.59 us while the incumbent (#11, 161.86 us
+        // when it won) measured 170.94 us beside it: a slow stretch of clocks, and in fact the
+        // fastest kernel. #14 and #52 were timed at the incumbent's usual clocks.
+        let its = timed(&[
+            (1, Verdict::Baseline, "a", 617.0, None, true),
+            (11, Verdict::Accepted, "b", 161.86, Some(616.96), true),
+            (14, Verdict::Rejected, "c", 163.58, Some(163.33), false),
+            (46, Verdict::Accepted, "d", 167.59, Some(170.94), false),
+            (52, Verdict::Rejected, "e", 164.88, Some(163.55), false),
+        ]);
+        let c = drift_corrected(&its, "s");
+        assert!((c[&11] - 617.0 * 161.86 / 616.96).abs() < 1e-9, "{c:?}");
+        assert!((c[&46] - c[&11] * 167.59 / 170.94).abs() < 1e-9, "{c:?}");
+        let got: Vec<i64> = ranked(&its, "s", 11, 2).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(got, vec![46, 14], "by raw medians it would be 14, 52");
+        // A win moves the frame: a later row is measured against the new incumbent's time.
+        let its = timed(&[
+            (1, Verdict::Baseline, "a", 100.0, None, true),
+            (2, Verdict::Accepted, "b", 50.0, Some(100.0), true),
+            (3, Verdict::Rejected, "c", 60.0, Some(55.0), false),
+        ]);
+        let c = drift_corrected(&its, "s");
+        assert!((c[&3] - 50.0 * 60.0 / 55.0).abs() < 1e-9, "{c:?}");
         assert!(ranked(&its, "s", 2, 0).is_empty(), "rerank_top = 1: nothing");
         assert!(ranked(&its, "missing", 2, 2).is_empty());
     }
