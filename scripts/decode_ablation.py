@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Where inside a decode kernel the time goes (issue 17): the same kernel with parts cut out.
 
-    python3 scripts/decode_ablation.py OUT.json
+    python3 scripts/decode_ablation.py OUT.json [--against DIR] [--only VARIANT,..]
+
+--against DIR: also time the same points built from the templates in DIR (e.g. an earlier
+commit's kernel-templates, `git archive`d), unpatched, as variant `against`, and check both
+versions' fused points first: an A/B of a template change on one GPU in one process.
 
 scripts/decode_overhead.py found the decode templates 3-4 us per call above a plain streaming read
 of the same bytes. This times each template's best point for the missing bars with parts of its
@@ -73,11 +77,41 @@ SHAPES = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False)
           gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, False)]
 
 
+def time_points(name, points, rows):
+    for tpl, kn in points:
+        label = f"{tpl.name} {DC.combo_label(kn)}"
+        times = {}
+        for shape in SHAPES:
+            try:
+                times[C.shape_key(shape)] = DC.time_cold_us(tpl, kn, shape)
+            except C.DoesNotFit:
+                times[C.shape_key(shape)] = None
+        rows.append(dict(variant=name, point=label, us=times))
+        print(f"{name:<11} {label:<95} " + " ".join(f"{t:7.2f}" if t else "      -" for t in times.values()), flush=True)
+
+
 def main():
     t0 = time.time()
     rows = []
     checks = []
-    for name in PATCHES:
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else list(PATCHES)
+    if "--against" in sys.argv:
+        import decode_sweep as DS
+        from nvrtc_compile_check import load_templates
+        other = {t.rel: t for t in load_templates(Path(sys.argv[sys.argv.index("--against") + 1]))}
+        against = [(other[tpl.rel], kn) for tpl, kn in POINTS]
+        variant["name"] = "full"
+        fused = [kn for tpl, kn in POINTS if tpl is DC.split and kn["FUSED_COMBINE"] == 1]
+        fused.append(dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=1))
+        unfused = [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)]
+        for tpl in (DC.split, other["decode.cu"]):
+            checks += DS.check_points(gpu, tpl, fused + unfused)
+        bad = [r for r in checks if not r["ok"]]
+        print(f"check (this tree and --against): {len(checks) - len(bad)} of {len(checks)} passed", flush=True)
+        time_points("against", against, rows)
+        time_points("full", POINTS, rows)
+        gpu.modules.clear()
+    for name in only:
         variant["name"] = name
         gpu.modules.clear()  # modules are cached by knobs: rebuild with this variant's patches
         if name == "no_fence":
@@ -89,16 +123,7 @@ def main():
                 gpu.modules.clear()
             bad = [r for r in checks if not r["ok"]]
             print(f"no_fence check: {len(checks) - len(bad)} of {len(checks)} passed", flush=True)
-        for tpl, kn in POINTS:
-            label = f"{tpl.name} {DC.combo_label(kn)}"
-            times = {}
-            for shape in SHAPES:
-                try:
-                    times[C.shape_key(shape)] = DC.time_cold_us(tpl, kn, shape)
-                except C.DoesNotFit:
-                    times[C.shape_key(shape)] = None
-            rows.append(dict(variant=name, point=label, us=times))
-            print(f"{name:<11} {label:<95} " + " ".join(f"{t:7.2f}" if t else "      -" for t in times.values()), flush=True)
+        time_points(name, POINTS, rows)
     print("\nshapes: " + ", ".join(C.shape_key(s) for s in SHAPES))
     Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, shapes=[C.shape_key(s) for s in SHAPES], rows=rows, checks=checks), indent=1))
     print(f"done in {time.time() - t0:.0f} s")
