@@ -83,6 +83,14 @@ async fn a_group_splits_the_workload_by_class_over_two_gpus_without_duplicates()
     assert!(text.contains("per minute") && text.contains("latency-d128-causal"), "{text}");
     let runs = run_in(p.path(), &["--config", "agent.toml", "runs"]).stdout;
     assert!(runs.contains("g1-latency-d64") && runs.contains("groups (") && runs.contains("  g1  finished  GPUs 0,1"), "{runs}");
+    // report GROUP: every item's run reported, and an index naming their GPUs.
+    let report = run_in(p.path(), &["--config", "agent.toml", "report", "g1"]);
+    assert_eq!(report.code, Some(0), "{}", report.text());
+    let index = std::fs::read_to_string(p.path().join("runs/g1/report/index.md")).unwrap();
+    for it in &items {
+        assert!(index.contains(&format!("| {} | {} | {} | done | {} |", it.seq, it.class, it.gpu.unwrap(), it.run_id)), "{index}");
+        assert!(p.path().join("runs/g1/report").join(&it.run_id).join("report.html").exists());
+    }
     // A GPU's lock is free again; a second group may start, but not under the same id.
     assert!(optimizerd::daemon::lock::holders(&p.path().join("runs")).is_empty());
     let again = run_in(p.path(), &start_args("g1", "2m"));

@@ -274,10 +274,11 @@ pub struct HistoryArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
-    /// Run id (default: the most recent run).
+    /// Run id (default: the most recent run), or a `--gpus` group's id: every item's run, and
+    /// an index.
     #[arg(value_parser = parse_run_id)]
     pub run: Option<String>,
-    /// Folder to write into (created if needed; default: runs/<run>/report).
+    /// Folder to write into (created if needed; default: runs/<run or group>/report).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print what was written (paths, notes) as JSON.

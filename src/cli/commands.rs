@@ -237,6 +237,11 @@ pub async fn history(args: HistoryArgs, config_path: Option<&Path>, out: &mut Ou
 
 pub async fn run_report(args: ReportArgs, config_path: Option<&Path>, out: &mut Out) -> anyhow::Result<u8> {
     let (config, ledger) = read_ledger(config_path).await?;
+    if let Some(id) = args.run.as_deref() {
+        if ledger.is_group(id).await {
+            return group_report(&config, &ledger, id, &args, out).await;
+        }
+    }
     let run = ledger.run(args.run.as_deref()).await?;
     let dir = args.out.clone().unwrap_or_else(|| runs_dir(&config).join(&run.id).join("report"));
     let state = live_state(&run, &lock::holders(&runs_dir(&config)));
@@ -259,6 +264,51 @@ pub async fn run_report(args: ReportArgs, config_path: Option<&Path>, out: &mut 
         out.line(&format!("  figure:   {}", f.display()))?;
     }
     out.line(&format!("  as PNG:   bash scripts/report_png.sh {} {}", w.html.display(), dir.join("report.png").display()))?;
+    Ok(exit::SUCCESS)
+}
+
+/// `report GROUP`: each item's run reported into `<out>/<run>/` (every run is measured on its
+/// own GPU against SDPA there, so there is no one figure across them), and `<out>/index.md`
+/// listing the items, their GPUs and links to the runs' pages.
+async fn group_report(config: &Config, ledger: &Ledger, id: &str, args: &ReportArgs, out: &mut Out) -> anyhow::Result<u8> {
+    let dir = args.out.clone().unwrap_or_else(|| runs_dir(config).join(id).join("report"));
+    let holders = lock::holders(&runs_dir(config));
+    let mut written = Vec::new();
+    let mut index = format!(
+        "# Group {id}\n\nOne run per work item, each on its own GPU against SDPA on that GPU.\n\n\
+         | item | class | GPU | state | run | iterations | report |\n|---|---|---|---|---|---|---|\n"
+    );
+    for item in ledger.items(id).await? {
+        let gpu = item.gpu.map_or("-".to_string(), |g| g.to_string());
+        let Ok(run) = ledger.run(Some(&item.run_id)).await else {
+            index.push_str(&format!("| {} | {} | {gpu} | {} | never started | - | - |\n", item.seq, item.class, item.state.as_str()));
+            continue;
+        };
+        let w = crate::ops::run_report::write(ledger, &run.id, &dir.join(&run.id), Some(live_state(&run, &holders))).await?;
+        index.push_str(&format!(
+            "| {} | {} | {gpu} | {} | {} | {} | [{}/report.html]({}/report.html) |\n",
+            item.seq,
+            item.class,
+            item.state.as_str(),
+            run.id,
+            w.iterations,
+            run.id,
+            run.id
+        ));
+        written.push(w);
+    }
+    let index_path = dir.join("index.md");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}; choose another folder with --out", dir.display()))?;
+    std::fs::write(&index_path, index).with_context(|| format!("cannot write {}; choose another folder with --out", index_path.display()))?;
+    if args.json {
+        out.json(&serde_json::json!({ "group": id, "index": index_path, "reports": written }))?;
+        return Ok(exit::SUCCESS);
+    }
+    out.line(&format!("report of group {id}: {} run(s)", written.len()))?;
+    out.line(&format!("  index:    {}", index_path.display()))?;
+    for w in &written {
+        out.line(&format!("  {}: {} ({} iterations)", w.run, w.html.display(), w.iterations))?;
+    }
     Ok(exit::SUCCESS)
 }
 
