@@ -108,24 +108,17 @@ def sets_for(shape):
     return max(2, min(24, int(3 * L2_BYTES // kv) + 1))
 
 
-def time_cold_us(tpl, kn, shape, reps=24, samples=15):
-    mod = gpu.module(tpl, kn, False, count=False)
-    splits, launches, _ = C.plan(tpl, kn, shape, gpu.dev)
-    n = sets_for(shape)
-    bufs = [gpu.buffers(shape, splits, "fp16", fill=0.0, need_ref=False) for _ in range(n)]
-    args = [gpu.launch_args(shape, splits, launches, *b[:6]) for b in bufs]
-    kernels = [gpu.prepare(mod, l) for l in launches]
-    torch.cuda.synchronize()
+def graph_us(launch_i, reps=24, samples=15):
+    """Median us per call of a CUDA graph of `reps` calls launch_i(0) .. launch_i(reps - 1)
+    (each launching on the current CuPy stream), after one uncaptured pass and 3 replays."""
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        for a in args:
-            for kern in kernels:
-                gpu.launch(kern, a)
+        for i in range(reps):
+            launch_i(i)
         stream.synchronize()
         stream.begin_capture()
         for i in range(reps):
-            for kern in kernels:
-                gpu.launch(kern, args[i % n])
+            launch_i(i)
         graph = stream.end_capture()
         graph.upload(stream)
         for _ in range(3):
@@ -139,6 +132,21 @@ def time_cold_us(tpl, kn, shape, reps=24, samples=15):
             end.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
     return statistics.median(times)
+
+
+def time_cold_us(tpl, kn, shape, reps=24, samples=15):
+    mod = gpu.module(tpl, kn, False, count=False)
+    splits, launches, _ = C.plan(tpl, kn, shape, gpu.dev)
+    n = sets_for(shape)
+    bufs = [gpu.buffers(shape, splits, "fp16", fill=0.0, need_ref=False) for _ in range(n)]
+    args = [gpu.launch_args(shape, splits, launches, *b[:6]) for b in bufs]
+    kernels = [gpu.prepare(mod, l) for l in launches]
+    torch.cuda.synchronize()
+
+    def launch(i):
+        for kern in kernels:
+            gpu.launch(kern, args[i % n])
+    return graph_us(launch, reps, samples)
 
 
 def sdpa_cold_us(shape, reps=24, samples=15):

@@ -18,7 +18,6 @@ cost and the read floor's is what the kernel itself adds per call (prologue, mer
 tail); the gap in bandwidth is how far its loads are from streaming.
 """
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -56,31 +55,6 @@ read_floor, empty_kernel = mod.get_function("read_floor"), mod.get_function("emp
 SMS = gpu.dev["SMS"]
 
 
-def graph_us(launch_i, reps=24, samples=15):
-    """Median us per call of a CUDA graph of `reps` calls launch_i(i) (i = 0 .. reps-1)."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for i in range(reps):
-            launch_i(i)
-        stream.synchronize()
-        stream.begin_capture()
-        for i in range(reps):
-            launch_i(i)
-        graph = stream.end_capture()
-        graph.upload(stream)
-        for _ in range(3):
-            graph.launch(stream)
-        times = []
-        for _ in range(samples):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
-    return statistics.median(times)
-
-
 def floor_us(shape):
     n_sets = DC.sets_for(shape)
     words = shape.b * shape.hkv * shape.sk * shape.d * 2 // 16  # int4 words of K (and of V)
@@ -88,12 +62,12 @@ def floor_us(shape):
              cp.random.standard_normal(words * 8, dtype=cp.float32).astype(cp.float16)) for _ in range(n_sets)]
     out = cp.zeros(1, dtype=cp.int32)
     grid = (min(8 * SMS, max(1, words // 256)),)
-    return graph_us(lambda i: read_floor(grid, (256,), (sets[i % n_sets][0], sets[i % n_sets][1], cp.uint64(words), out)))
+    return DC.graph_us(lambda i: read_floor(grid, (256,), (sets[i % n_sets][0], sets[i % n_sets][1], cp.uint64(words), out)))
 
 
 def empty_us():
     out = cp.zeros(1, dtype=cp.int32)
-    return graph_us(lambda i: empty_kernel((1,), (32,), (out,)))
+    return DC.graph_us(lambda i: empty_kernel((1,), (32,), (out,)))
 
 
 SPLIT = [dict(BLOCK_N=b, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=sw, MIN_SPLIT_TILES=2, FUSED_COMBINE=f)
