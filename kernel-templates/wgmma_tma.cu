@@ -86,6 +86,41 @@
  *                     (grid min(tiles, SMs) x 1; 0: one CTA per tile)
  *          LAZY_RESCALE  the softmax max moves only when it grows by   1, 0
  *                     more than 2^8; warps skip the O rescale otherwise
+ *          TAIL_SPLIT a work tile with at most 64 query rows (the      1, 0
+ *                     ragged tail of SQ, or SQ <= 64) splits its key
+ *                     tiles across the consumers instead of leaving all
+ *                     but consumer 0 idle; merged through shared memory
+ *
+ * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
+ *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
+ *          three things, measured on the H100 (docs/HOPPER.md, "Ragged tails";
+ *          docs/device-runs/2026-11-26-h100-ragged-tail.txt):
+ *          1. the persistent schedule (common/tile_scheduler.cuh) gave every
+ *             light tail tile to the same quarter of the CTAs (132 = 33 x 4):
+ *             the tail tiles doing no work at all still took 168 us. Non-causal
+ *             persistent rounds are now rotated: 167 -> 157 us;
+ *          2. TAIL_SPLIT = 1: a work tile with at most 64 query rows (the
+ *             ragged tail of SQ, or SQ <= 64) would leave all but consumer 0
+ *             idle while it walks every key tile alone. Instead every consumer
+ *             takes those 64 rows (Q slot 0) and key tiles t = c, c + CONSUMERS,
+ *             ... (the producer is unchanged; each consumer still waits for and
+ *             releases every tile, in order, without ping-pong turns: turns in
+ *             key order chained each consumer's tile behind the previous one's
+ *             and the split bought nothing), and at the end the consumers
+ *             exchange their rows' max and sum, scale their O to the common max
+ *             and add them up in consumer 0 through the Q slots (free once every
+ *             consumer's last Q K^T is done): CONSUMERS x 64 D 2 bytes >= one
+ *             consumer's fp32 O (64 D 4 bytes), the max/sum exchange
+ *             (CONSUMERS x 2 KiB) first. A thread holds the same rows and columns
+ *             in every consumer, so the merge is element-wise. Named barrier
+ *             CONSUMERS + 1 (ping-pong uses 1 .. CONSUMERS), over the consumers'
+ *             128 CONSUMERS threads; the Q slots go back to the producer after
+ *             the merge. 153 -> 149 us (with 3.);
+ *          3. q_empty is arrived on right after a warpgroup's last Q K^T, not
+ *             after its epilogue: the next work tile's Q (and then its K/V)
+ *             loads under the last P V and the stores: 157 -> 153 us.
+ *          S 577 now 149 us (cuDNN 151), S 512 101 (110), S 640 150 (170); the
+ *          large benchmark shapes unchanged (1.000x, geometric mean of 4).
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -103,6 +138,7 @@ PINGPONG = [1, 0]
 OVERLAP = [1, 0]
 PERSISTENT = [1, 0]
 LAZY_RESCALE = [1, 0]
+TAIL_SPLIT = [1, 0]
 
 [derived]
 block_m = "64 * CONSUMERS"
@@ -157,6 +193,9 @@ swizzle = 128
 #endif
 #ifndef LAZY_RESCALE
 #error "LAZY_RESCALE must be defined"
+#endif
+#ifndef TAIL_SPLIT
+#error "TAIL_SPLIT must be defined"
 #endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
@@ -280,6 +319,59 @@ struct Consumer {
         }
     }
 };
+
+// A split work tile's end (TAIL_SPLIT): consumer c's (m, l, O) for the shared 64 rows
+// merged into consumer 0's. buf: the Q slots, generic address, CONSUMERS x 64 D 2
+// bytes, free once every consumer is past its last Q K^T (the first barrier). A thread
+// (tw: its index in the warpgroup) holds the same rows and columns in every consumer.
+template <int D>
+__device__ __forceinline__ void merge_split_tile(Consumer<D>& cs, int c, int tw, unsigned char* buf, float sl2) {
+    constexpr int BAR = CONSUMERS + 1;
+    constexpr int N = 128 * CONSUMERS;
+    float* f = reinterpret_cast<float*>(buf);
+    static_assert(CONSUMERS * 64 * D * 2 >= 64 * D * 4, "the Q slots must hold one consumer's fp32 O");
+    named_bar_sync(BAR, N);  // every consumer done with Q (and its tiles)
+    f[(4 * c + 0) * 128 + tw] = cs.sm.m[0];
+    f[(4 * c + 1) * 128 + tw] = cs.sm.m[1];
+    f[(4 * c + 2) * 128 + tw] = cs.sm.l[0];
+    f[(4 * c + 3) * 128 + tw] = cs.sm.l[1];
+    named_bar_sync(BAR, N);
+    float own[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = OPTD_NEG_INF;
+#pragma unroll
+        for (int k = 0; k < CONSUMERS; ++k) mx = fmaxf(mx, f[(4 * k + h) * 128 + tw]);
+        float l = 0.f;
+#pragma unroll
+        for (int k = 0; k < CONSUMERS; ++k) {
+            const float mk = f[(4 * k + h) * 128 + tw];
+            // A consumer that saw no unmasked key of the row (max -inf) adds nothing.
+            const float fk = mk == OPTD_NEG_INF ? 0.f : fast_exp2((mk - mx) * sl2);
+            l += f[(4 * k + 2 + h) * 128 + tw] * fk;
+            if (k == c) own[h] = fk;
+        }
+        cs.sm.l[h] = l;
+    }
+    m16n8_scale_rows<1, D / 8>(cs.o_at(), own);
+    named_bar_sync(BAR, N);  // the max/sum reads done before O overwrites them
+#pragma unroll 1
+    for (int src = 1; src < CONSUMERS; ++src) {
+        if (c == src) {
+#pragma unroll
+            for (int j = 0; j < D / 2; ++j) f[j * 128 + tw] = cs.o[j];
+        }
+        named_bar_sync(BAR, N);
+        if (c == 0) {
+#pragma unroll
+            for (int j = 0; j < D / 2; ++j) cs.o[j] += f[j * 128 + tw];
+        }
+        named_bar_sync(BAR, N);
+    }
+    // The producer's TMA writes the next work tile's Q here once the consumers arrive
+    // on q_empty: order these generic accesses before it.
+    fence_proxy_async_smem();
+}
 
 // Ping-pong turns: consumer c waits on barrier 1 + c; after issuing its GEMMs
 // it lets consumer c + 1 (round robin) go. 256 = the waiting warpgroup's 128
@@ -408,12 +500,14 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             const int bh = wt.bh;
             const int m0 = wt.m_block * WT_BLOCK_M;
             const int n_tiles = tiles_of(wt.m_block);
-            const int row0 = m0 + 64 * c;                  // the warpgroup's first row
+            // A tile of at most 64 rows: every consumer takes them, a share of the keys each.
+            const bool split = TAIL_SPLIT && seq_q - m0 <= 64;
+            const int row0 = split ? m0 : m0 + 64 * c;     // the warpgroup's first row
             const int row_g = row0 + 16 * w + (lane >> 2);  // this thread's rows: row_g, row_g + 8
             // Key tiles this warpgroup computes: those up to its last row (causal);
             // none when all its rows are past SQ. The rest it only waits for and releases.
             const int n_wg = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + 64) + BLOCK_N - 1, 0) / BLOCK_N;
-            const unsigned q_tile = s_q + c * Q_WG_BYTES;
+            const unsigned q_tile = s_q + (split ? 0 : c) * Q_WG_BYTES;
             const float sl2 = softmax_scale * OPTD_LOG2E;
 
             Consumer<D> cs;
@@ -423,7 +517,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // Every wgmma is issued and waited for in one straight-line stretch:
             // ptxas serializes wgmma whose wait it cannot pair up across branches
             // (C7514/C7517/C7518). Hence separate loops for the tiles this
-            // warpgroup computes (0 .. n_wg - 1) and the ones it only releases.
+            // warpgroup computes and the ones it only releases (skip_tile).
             // Key tile t of this work tile is K/V ring entry it0 + t.
             auto k_full = [&](int t) { return smem_addr(&bars.k_full[(it0 + t) % STAGES]); };
             auto v_full = [&](int t) { return smem_addr(&bars.v_full[(it0 + t) % STAGES]); };
@@ -434,8 +528,37 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             auto parity = [&](int t) { return (unsigned)(((it0 + t) / STAGES) & 1); };
             auto k_tile = [&](int t) { return s_k + ((it0 + t) % STAGES) * KV_BYTES; };
             auto v_tile = [&](int t) { return s_v + ((it0 + t) % STAGES) * KV_BYTES; };
-
-            if (OVERLAP && n_wg > 0) {
+            const bool split_tile = TAIL_SPLIT && split;
+            // Ping-pong turns, one per key tile, except in a split tile: there every
+            // consumer computes different key tiles, and turns taken in key order
+            // would chain consumer c's tile t behind consumer c - 1's whole tile
+            // t - 1 (measured: no faster than one consumer walking them all).
+            // split_tile is the same for every consumer, so the turns stay in step.
+            auto turn_in = [&]() {
+                if (!split_tile) turn_wait(c);
+            };
+            auto turn_out = [&]() {
+                if (!split_tile) turn_pass(c);
+            };
+            // A tile this warpgroup does not compute: waited for and released, its
+            // ping-pong turn kept in step.
+            auto skip_tile = [&](int t) {
+                mbar_wait(k_full(t), parity(t));
+                mbar_wait(v_full(t), parity(t));
+                turn_in();
+                turn_out();
+                release(bars.k_empty, t);
+                release(bars.v_empty, t);
+            };
+            // Q is no longer read: the producer may load the next work tile's Q and
+            // go on to its K/V while this one's last P V and epilogue run. Once per
+            // work tile per warp, right after the warpgroup's last Q K^T (a split
+            // tile: after the merge, which uses the Q slots).
+            auto q_done = [&]() {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(smem_addr(&bars.q_empty));
+            };
+            if (OVERLAP && !split_tile && n_wg > 0) {
                 // Tile 0: S only.
                 mbar_wait(k_full(0), parity(0) ^ OPTD_FAULT_MBAR_PHASE);
                 turn_wait(c);
@@ -464,17 +587,31 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     release(bars.v_empty, t - 1);
                     cs.rescale_and_pack(corr);
                 }
+                q_done();
                 mbar_wait(v_full(n_wg - 1), parity(n_wg - 1));
                 cs.issue_pv(v_tile(n_wg - 1));
                 wgmma_wait<0>();
                 reg_fence(cs.o);
                 release(bars.v_empty, n_wg - 1);
-            } else if (!OVERLAP) {
-                for (int t = 0; t < n_wg; ++t) {
+            }
+            // Without OVERLAP (and in a split tile): the tiles this warpgroup computes,
+            // one GEMM pair each, waited for before the next. A split tile's consumer c
+            // takes tiles c, c + CONSUMERS, ... and waits for and releases the others
+            // in key order (a pipelined schedule would deadlock there: tile t's V would
+            // be released only after waiting for K of t + CONSUMERS, which the producer
+            // loads after V of t + CONSUMERS - 1). `next`: the first tile not yet
+            // released. (A single loop over every tile with a computed/released branch
+            // cost the 160-register consumers of D 128 a spill and serialized wgmma,
+            // C7512, even for unsplit tiles.)
+            int next = 0;
+            if (!OVERLAP || split_tile) {
+                const int step = split_tile ? CONSUMERS : 1;
+                for (int t = split_tile ? c : 0; t < n_wg; t += step) {
+                    for (; next < t; ++next) skip_tile(next);
                     mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
-                    turn_wait(c);
+                    turn_in();
                     cs.issue_qk(q_tile, k_tile(t));
-                    turn_pass(c);
+                    turn_out();
                     wgmma_wait<0>();
                     reg_fence(cs.s);
                     release(bars.k_empty, t);
@@ -486,22 +623,21 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     wgmma_wait<0>();
                     reg_fence(cs.o);
                     release(bars.v_empty, t);
+                    next = t + 1;
                 }
+                if (!split_tile) q_done();
+            } else {
+                next = n_wg;
+                if (n_wg == 0) q_done();
             }
-            // Tiles above this warpgroup's rows (causal) or with all its rows past
-            // SQ: wait for them (a slot is reused only after every consumer is
-            // done) and release them; keep the ping-pong turns in step.
-            for (int t = n_wg; t < n_tiles; ++t) {
-                mbar_wait(k_full(t), parity(t));
-                mbar_wait(v_full(t), parity(t));
-                turn_wait(c);
-                turn_pass(c);
-                release(bars.k_empty, t);
-                release(bars.v_empty, t);
+            // Tiles above this warpgroup's rows (causal), with all its rows past SQ, or
+            // a split tile's last ones of other consumers: wait for them (a slot is
+            // reused only after every consumer is done) and release them.
+            for (; next < n_tiles; ++next) skip_tile(next);
+            if (split_tile) {
+                merge_split_tile<D>(cs, c, tid & 127, wt_smem + (base - smem_addr(wt_smem)) + L::Q, sl2);
+                q_done();
             }
-            // Q is no longer read: the producer may load the next work tile's.
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_addr(&bars.q_empty));
             it0 += n_tiles;
 
             // ---- epilogue: O / l, rows < SQ, through O's strides ----------------
@@ -513,7 +649,8 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 const int row = row_g + 8 * h;
                 const float l = quad_sum(cs.sm.l[h]);
                 const float inv = l > 0.f ? 1.f / l : 0.f;
-                if (row < seq_q) {
+                // Split tile: consumer 0 holds the merged rows.
+                if (row < seq_q && !(split_tile && c != 0)) {
                     elem_t* orow = oh + (long long)row * strides.o_s;
 #pragma unroll
                     for (int j = 0; j < D / 8; ++j)

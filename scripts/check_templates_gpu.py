@@ -93,7 +93,8 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               templates of DIR (an earlier kernel-templates/, e.g. from
               `git archive`), the two versions alternating within each round.
               With --build-cubins (and --no-check: only these) their timed
-              builds are precompiled too.
+              builds are precompiled too. --points ragged times RAGGED_POINTS
+              instead (ragged S: last query tiles of a few rows).
 
 The Hopper template on the GPU machine, e.g. (.dev is git-ignored: carry .dev/ctg there):
   here:  python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --template wgmma_tma.cu \\
@@ -262,6 +263,24 @@ BEST_POINTS = [
     ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=1), mhas([(2, 16, 8192, 128, False)])),
     ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=0), mhas([(2, 16, 8192, 128, True)])),
 ]
+# --time-best --points ragged: ragged S, where the last query tile holds a few rows
+# (wgmma_tma.cu's TAIL_SPLIT and the persistent non-causal rotation of
+# common/tile_scheduler.cuh): the unseen workload's S 577 kernel (run 20261126, 20m, it43)
+# around S 577 and at (16,16,577,64), the tail split or not; D 128 causal with a 40-row tail
+# (3 consumers) and a one-row tail (2 consumers, the LLM workload's (4,32,1024,128) kernel).
+_S577 = dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1)
+RAGGED_POINTS = [
+    ("wgmma_tma.cu", dict(_S577, TAIL_SPLIT=ts),
+     mhas([(32, 16, s, 64, False) for s in (512, 576, 577, 640, 704)] + [(16, 16, 577, 64, False)]))
+    for ts in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=0, TAIL_SPLIT=ts),
+     mhas([(4, 32, 1000, 128, True)])) for ts in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=2, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, TAIL_SPLIT=ts),
+     mhas([(4, 32, 1025, 128, True)])) for ts in (1, 0)
+]
+POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -961,7 +980,7 @@ def fault_builds(tpl: Template) -> list[tuple[dict, bool]]:
 
 
 def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int, pairs=None, check: bool = True,
-                 time_best: bool = False, against: list[Template] | None = None) -> int:
+                 time_best: bool = False, against: list[Template] | None = None, points: str = "best") -> int:
     """Compile (CPU, NVRTC from .deps) every module a GPU run of these templates loads: check
     and timed builds of every (code-distinct) combination of the real templates (not with
     check=False: --no-check), the --faults builds, and with time_best the timed builds of
@@ -992,7 +1011,7 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
             print(f"  {tpl.rel}: arch-specific, built for {target} (not --arch {arch})")
     if time_best:
         old = {t.rel: t for t in against or []}
-        for tpl, knobs, _ in best_points(templates):
+        for tpl, knobs, _ in best_points(templates, points):
             for t in (tpl, old.get(tpl.rel)):
                 if t is not None:
                     src = build_source(t, knobs, False)
@@ -1160,12 +1179,12 @@ def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: 
     return table
 
 
-def best_points(templates: list[Template]) -> list[tuple[Template, dict, tuple]]:
-    """BEST_POINTS resolved against `templates` (knobs checked against each spec): one
-    (template, knobs, shape) per timed row."""
+def best_points(templates: list[Template], points: str = "best") -> list[tuple[Template, dict, tuple]]:
+    """POINT_SETS[points] (BEST_POINTS or RAGGED_POINTS) resolved against `templates` (knobs
+    checked against each spec): one (template, knobs, shape) per timed row."""
     by_rel = {t.rel: t for t in templates}
     rows = []
-    for rel, knobs, shapes in BEST_POINTS:
+    for rel, knobs, shapes in POINT_SETS[points]:
         tpl = by_rel.get(rel)
         if tpl is None:
             raise SystemExit(f"--time-best: {rel} is not among the selected templates")
@@ -1201,14 +1220,15 @@ def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
     return statistics.median(times)
 
 
-def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | None, rounds: int) -> list[str]:
+def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | None, rounds: int,
+              points: str = "best") -> list[str]:
     """Times BEST_POINTS (fp16) and SDPA default on the same shapes, `rounds` rounds; with
     `against` (the same templates from another folder, e.g. an earlier commit) each point is
     also timed in that version, the two alternating first within a round, so both are measured
     at the same clocks. A graph holds enough launches for about 2 ms (at least 3, at most 50);
     each measurement is the median of 20 replays; a row gives the median over rounds and the
     rounds' spread (max / min - 1). Returns the table's lines."""
-    rows = best_points(templates)
+    rows = best_points(templates, points)
     old = {t.rel: t for t in against or []}
     versions = ["new", "old"] if against else ["new"]
     lines = [f"best kernels (fp16, {rounds} rounds, graph of back-to-back launches, median of 20 replays per "
@@ -1485,6 +1505,8 @@ def main() -> int:
                     help="with --time-best: also time each point with the templates in DIR (another version of "
                          "kernel-templates/), interleaved with the current ones")
     ap.add_argument("--rounds", type=int, default=5, help="--time-best rounds (default 5)")
+    ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
+                    help="--time-best: the daemon's best kernels (best) or ragged-S tails (ragged)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",
@@ -1504,7 +1526,8 @@ def main() -> int:
         return dry_run(templates)
     if args.build_cubins:
         return build_cubins(templates, Path(args.build_cubins), args.arch, args.jobs, args.pairs,
-                            check=not args.no_check, time_best=args.time_best, against=against)
+                            check=not args.no_check, time_best=args.time_best, against=against,
+                            points=args.points)
     check_shapes = CHECK_SHAPES + (EXTRA_CHECK_SHAPES if args.more_shapes else [])
 
     t_start = time.perf_counter()
@@ -1621,7 +1644,7 @@ def main() -> int:
     sdpa_table = sdpa_compare(gpu, templates) if args.sdpa else []
     if args.time_best:
         print()
-        sdpa_table += time_best(gpu, templates, against, args.rounds)
+        sdpa_table += time_best(gpu, templates, against, args.rounds, args.points)
 
     # Last: a killed hung kernel should not disturb anything, but it runs after the timing anyway.
     fault_failures = 0

@@ -14,6 +14,8 @@
  *                             128-byte swizzle that the TMA writes
  *   reg_alloc/reg_dealloc     setmaxnreg (sm_90a)
  *   named_bar_sync/arrive     bar.sync / bar.arrive with an id and a count
+ *   fence_proxy_async_smem()  orders this thread's shared-memory accesses
+ *                             before later TMA (async proxy) writes there
  *
  * Tensor-map geometry (the daemon's convention, TensorMap::geometry in
  * src/spec/protocol.rs): a tensor of B x heads x rows x D 2-byte elements with
@@ -85,6 +87,9 @@ __device__ __forceinline__ void tma_load_5d(unsigned dst, const optd_tensor_map*
 // --- wgmma ordering ----------------------------------------------------------
 // Before the first wgmma of a batch: registers written by ordinary
 // instructions (accumulators, A fragments) become visible to it.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Wait until at most N committed groups are pending.

@@ -31,9 +31,18 @@
  *   (head wk / n_mb, so the CTAs running at once share a head's K/V in L2, and
  *   the query heads of one K/V head follow each other;
  *   causal: within a head the heaviest query tile first); rounds of gridDim.x
- *   consecutive tiles, CTA j taking entry j of even rounds and gridDim.x - 1 - j
- *   of odd ones (a snake: a CTA with a heavy tile in one round gets a light one
- *   in the next).
+ *   consecutive tiles.
+ *   Causal: CTA j takes entry j of even rounds and gridDim.x - 1 - j of odd
+ *   ones (a snake: a CTA with a heavy tile in one round gets a light one in
+ *   the next).
+ *   Not causal: CTA j takes entry (j + r * shift) % gridDim.x of round r, shift
+ *   chosen so that its query tile index m = wk % n_mb advances by one per round
+ *   (shift = 1 - gridDim.x mod n_mb). Only a ragged last query tile is lighter
+ *   than the others, and with gridDim.x a multiple of n_mb a fixed entry (or
+ *   the snake) hands every such tile to the same few CTAs while the rest take
+ *   only full ones: (32,16,577,64) with 192-row tiles (n_mb 4, 132 CTAs) took
+ *   165 us, and as long with the tail tiles doing no work at all, against 131
+ *   at S 576 (docs/HOPPER.md, ragged tails).
  * The measurements behind both orders are in wgmma_tma.cu and docs/HOPPER.md.
  ******************************************************************************/
 #ifndef OPTD_TILE_SCHEDULER_CUH
@@ -87,9 +96,15 @@ struct TileScheduler {
     }
 
   private:
-    // Persistent: the work tile of round r for this CTA (a snake over the rounds).
+    // Persistent: the work tile of round r for this CTA (causal: a snake over the
+    // rounds; otherwise rotated by `shift` per round).
     __device__ __forceinline__ int work_index(int r) const {
-        return r * (int)gridDim.x + ((r & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
+        const int g = (int)gridDim.x, j = (int)blockIdx.x;
+        if (causal) return r * g + ((r & 1) ? g - 1 - j : j);
+        // Recomputed per round rather than kept: one register more cost the 24-register
+        // producer of 2 consumers a spill.
+        const int shift = (1 + n_mb - g % n_mb) % n_mb;
+        return r * g + (r * shift + j) % g;
     }
 };
 
