@@ -105,7 +105,16 @@ impl Engine {
                 sm_count: self.device.sm_count,
                 flops: inc.plan.shape.flops(),
                 median_us: inc.median_us,
-                local_bytes: loaded.map(|l| l.kernels.iter().map(|k| k.local_bytes).max().unwrap_or(0)),
+                // The functions this shape launches: a module holds one per head dim, and
+                // another's spills say nothing about this shape's kernel.
+                local_bytes: loaded.map(|l| {
+                    l.kernels
+                        .iter()
+                        .filter(|k| inc.plan.launches.iter().any(|launch| launch.kernel == k.kernel))
+                        .map(|k| k.local_bytes)
+                        .max()
+                        .unwrap_or(0)
+                }),
                 warps_per_sm,
                 demonstrated_tflops: demonstrated,
             };

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::ops::run_report::decimate;
 use crate::ops::run_report::peak;
-use crate::spec::protocol::{DeviceInfo, Shape};
+use crate::spec::protocol::{DeviceInfo, KernelResources, OccupancyResult, Shape};
 use crate::spec::states::{ShownState, Verdict};
 use crate::storage::ledger::{EventKind, IterationRecord, Ledger, LedgerError, RunRow, SdpaRow};
 
@@ -297,9 +297,9 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> R
                 sdpa_default_us: sdpa_default.get(s.key.as_str()).copied(),
                 tflops: (s.large && !s.shape.is_decode()).then(|| s.shape.flops() / (b.median_us * 1e-6) / 1e12),
                 kv_tbps: s.shape.is_decode().then(|| crate::storage::ledger::kv_tbps(&s.shape, b.median_us)),
-                registers: it.and_then(|i| i.registers),
-                spill_bytes: it.and_then(|i| i.local_bytes),
-                smem_bytes: it.and_then(smem_bytes),
+                registers: it.and_then(|i| shape_resources(i, s.shape.d).map_or(i.registers, |r| Some(r.registers))),
+                spill_bytes: it.and_then(|i| shape_resources(i, s.shape.d).map_or(i.local_bytes, |r| Some(r.spill_bytes))),
+                smem_bytes: it.and_then(|i| shape_resources(i, s.shape.d).map_or_else(|| smem_bytes(i), |r| Some(r.smem_bytes))),
                 ctas: row.and_then(|r| r.ctas),
                 waves: row.and_then(|r| r.waves),
                 arch: it.and_then(|i| i.arch.clone()),
@@ -479,6 +479,43 @@ pub fn knobs(params_json: &str) -> String {
 }
 
 /// Static plus dynamic shared memory of the first kernel (the one `registers` describes).
+/// The resources of the kernels a shape of head dim `d` launches, from the iteration's
+/// resources_json. A module holds one function per head dim (`optd_<role>_d64`,
+/// `optd_<role>_d128`), and the iteration-wide figures are the first function's registers
+/// and every function's largest spill: a D 64 shape was shown the D 128 function's spill and
+/// shared memory (224 bytes, 177 KiB for a kernel with none and 91 KiB). Largest over the
+/// shape's launches (registers, local bytes, static + dynamic shared memory); None when the
+/// record names no such function (older ledgers: the iteration-wide figures are shown).
+struct ShapeResources {
+    registers: i64,
+    spill_bytes: i64,
+    smem_bytes: i64,
+}
+
+fn shape_resources(it: &IterationRecord, d: u32) -> Option<ShapeResources> {
+    #[derive(serde::Deserialize)]
+    struct Resources {
+        kernels: Vec<KernelResources>,
+        #[serde(default)]
+        occupancy: Vec<OccupancyResult>,
+    }
+    let r: Resources = serde_json::from_str(it.resources_json.as_deref()?).ok()?;
+    let suffix = format!("_d{d}");
+    let mine: Vec<_> = r.kernels.iter().filter(|k| k.kernel.ends_with(&suffix)).collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let smem = |k: &KernelResources| {
+        let dynamic = r.occupancy.iter().filter(|o| o.kernel == k.kernel).map(|o| o.dyn_smem).max().unwrap_or(0);
+        i64::from(k.static_smem) + i64::from(dynamic)
+    };
+    Some(ShapeResources {
+        registers: mine.iter().map(|k| i64::from(k.registers)).max().unwrap_or(0),
+        spill_bytes: mine.iter().map(|k| i64::from(k.local_bytes)).max().unwrap_or(0),
+        smem_bytes: mine.iter().map(|k| smem(k)).max().unwrap_or(0),
+    })
+}
+
 fn smem_bytes(it: &IterationRecord) -> Option<i64> {
     let stat = it.static_smem?;
     let dynamic = it
@@ -571,4 +608,50 @@ fn environment(
     env.push(("TFLOPS".into(), "4*B*HQ*D per visible (query, key) pair / time (S*S, about half for causal)".into()));
     env.push(("TB/s".into(), format!("decode shapes (SQ <= {}): bytes of K and V read (2*B*HKV*SK*D*2) / time", crate::spec::protocol::DECODE_MAX_SQ)));
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The resources_json of a wgmma-tma candidate as the worker records it (H100, the S 577
+    /// kernel of the unseen run): both head dims' functions in one module.
+    fn wgmma_record() -> IterationRecord {
+        IterationRecord {
+            registers: Some(128),
+            local_bytes: Some(224),
+            static_smem: Some(80),
+            resources_json: Some(
+                serde_json::json!({
+                    "kernels": [
+                        {"kernel": "optd_fwd_d64", "registers": 128, "static_smem": 80, "local_bytes": 0, "max_threads": 512},
+                        {"kernel": "optd_fwd_d128", "registers": 128, "static_smem": 80, "local_bytes": 224, "max_threads": 512},
+                    ],
+                    "occupancy": [
+                        {"kernel": "optd_fwd_d64", "block_threads": 512, "dyn_smem": 91136, "blocks_per_sm": 1},
+                        {"kernel": "optd_fwd_d128", "block_threads": 512, "dyn_smem": 181248, "blocks_per_sm": 1},
+                    ],
+                })
+                .to_string(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_shape_is_shown_the_resources_of_its_own_head_dims_function() {
+        let it = wgmma_record();
+        let d64 = shape_resources(&it, 64).expect("the module has optd_fwd_d64");
+        assert_eq!((d64.registers, d64.spill_bytes, d64.smem_bytes), (128, 0, 80 + 91136));
+        let d128 = shape_resources(&it, 128).expect("the module has optd_fwd_d128");
+        assert_eq!((d128.registers, d128.spill_bytes, d128.smem_bytes), (128, 224, 80 + 181248));
+    }
+
+    #[test]
+    fn a_record_without_the_shapes_function_falls_back_to_the_iteration_figures() {
+        let it = wgmma_record();
+        assert!(shape_resources(&it, 256).is_none());
+        let older = IterationRecord { resources_json: None, ..wgmma_record() };
+        assert!(shape_resources(&older, 64).is_none());
+    }
 }
