@@ -280,7 +280,23 @@ RAGGED_POINTS = [
     ("wgmma_tma.cu", dict(_WT, CONSUMERS=2, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, TAIL_SPLIT=ts),
      mhas([(4, 32, 1025, 128, True)])) for ts in (1, 0)
 ]
-POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS}
+# --time-best --points medium: issue 19's medium shapes (S 577-2048, D 64 and 128, causal and
+# not), each at the wgmma-tma points the daemon's runs picked for such shapes; the summary
+# compares the fastest with cuDNN and FA4.
+_MEDIUM_KNOBS = [
+    dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1),  # unseen S 577, benchmark (4,16,4096,64)
+    dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=1),  # benchmark (2,16,8192,128)
+    dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PERSISTENT=0),  # LLM / unseen D 128 causal
+    dict(_WT, BLOCK_N=192, STAGES=2, OVERLAP=0, PERSISTENT=0),  # LLM (4,16,2048,64) causal
+    dict(_WT, CONSUMERS=2, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1),  # LLM (4,32,1024,128) causal
+    dict(_WT, CONSUMERS=2, BLOCK_N=192, STAGES=2, OVERLAP=1, PERSISTENT=1),  # LLM chunked prefill
+]
+MEDIUM_SHAPES = mhas([
+    (16, 16, 577, 64, False), (32, 16, 577, 64, False), (8, 16, 1024, 64, False), (8, 16, 1024, 64, True),
+    (8, 16, 2048, 64, False), (4, 32, 1024, 128, True), (4, 32, 2048, 128, True), (8, 16, 1536, 128, False),
+])
+MEDIUM_POINTS = [("wgmma_tma.cu", kn, MEDIUM_SHAPES) for kn in _MEDIUM_KNOBS]
+POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -1231,6 +1247,8 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
     rows = best_points(templates, points)
     old = {t.rel: t for t in against or []}
     versions = ["new", "old"] if against else ["new"]
+    fa4_func, fa4_note = load_fa4()
+    print(f"FA4: {fa4_note}", flush=True)
     lines = [f"best kernels (fp16, {rounds} rounds, graph of back-to-back launches, median of 20 replays per "
              f"round), {gpu.name}"]
     if against:
@@ -1238,35 +1256,96 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
     head = f"{'shape':22} {'template':12} {'new us':>9} {'spread':>6}"
     if against:
         head += f" {'old us':>9} {'spread':>6} {'new/old':>7}"
-    head += f" {'sdpa us':>9} {'TFLOPS':>7}  knobs"
+    head += f" {'sdpa us':>9} {'fa4 us':>9} {'TFLOPS':>7}  knobs"
+    lines.insert(1, f"sdpa = SDPA default, fa4 = {fa4_note}")
     lines.append(head)
     ratios = []
+    per_shape: dict[str, dict[str, float]] = {}
     for tpl, knobs, shape in rows:
         q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
         variants = {"new": tpl, "old": old.get(tpl.rel)}
         if against and variants["old"] is None:
             raise SystemExit(f"--time-against: {tpl.rel} is missing there")
-        probe = gpu.time_us(tpl, knobs, shape, reps=3, samples=3)
+        try:
+            probe = gpu.time_us(tpl, knobs, shape, reps=3, samples=3)
+        except DoesNotFit as e:  # e.g. BLOCK_N 192 with 3 consumers at D 128: as the gate does
+            lines.append(f"{shape_key(shape):22} {Path(tpl.rel).stem:12} does not fit ({e}): {combo_label(knobs)}")
+            continue
         reps = max(3, min(50, round(2000.0 / max(probe, 1e-3))))
-        times: dict[str, list[float]] = {name: [] for name in versions + ["sdpa"]}
+        times: dict[str, list[float]] = {name: [] for name in versions + ["sdpa"] + (["fa4"] if fa4_func else [])}
+        fa4_call = fa4_fn(gpu, fa4_func, shape, q, k, v) if fa4_func else None
         for r in range(rounds):
             for name in (versions if r % 2 == 0 else versions[::-1]):
                 times[name].append(gpu.time_us(variants[name], knobs, shape, reps=reps, samples=20))
             times["sdpa"].append(time_torch_graph_us(
                 gpu, sdpa_fn(gpu, shape, q, k, v), reps, 20))
+            if fa4_call:
+                times["fa4"].append(time_torch_graph_us(gpu, fa4_call, reps, 20))
         med = {name: statistics.median(ts) for name, ts in times.items()}
         spread = {name: max(ts) / min(ts) - 1 for name, ts in times.items()}
         line = f"{shape_key(shape):22} {Path(tpl.rel).stem:12} {med['new']:9.2f} {spread['new']:6.1%}"
         if against:
             ratios.append(med["new"] / med["old"])
             line += f" {med['old']:9.2f} {spread['old']:6.1%} {ratios[-1]:7.3f}"
-        line += f" {med['sdpa']:9.2f} {attn_flops(shape) / med['new'] / 1e6:7.1f}  {combo_label(knobs)}"
+        fa4_us = med.get("fa4", float("nan"))
+        line += f" {med['sdpa']:9.2f} {fa4_us:9.2f} {attn_flops(shape) / med['new'] / 1e6:7.1f}  {combo_label(knobs)}"
         lines.append(line)
         print(line, flush=True)
+        entry = per_shape.setdefault(shape_key(shape), {"ours": float("inf"), "sdpa": [], "fa4": []})
+        if med["new"] < entry["ours"]:
+            entry["ours"], entry["knobs"] = med["new"], combo_label(knobs)
+        entry["sdpa"].append(med["sdpa"])
+        if fa4_call:
+            entry["fa4"].append(fa4_us)
     if ratios:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         lines.append(f"new/old: geometric mean {geo:.3f}, range {min(ratios):.3f} .. {max(ratios):.3f}")
+    if any(len(e["sdpa"]) > 1 for e in per_shape.values()):
+        # Several points per shape: the fastest against SDPA and FA4 (their medians over the rows).
+        lines.append("")
+        lines.append(f"{'shape':22} {'ours us':>9} {'sdpa us':>9} {'fa4 us':>9} {'vs sdpa':>7} {'vs fa4':>7} "
+                     f"{'vs best':>7}  fastest point")
+        for key, e in per_shape.items():
+            sd = statistics.median(e["sdpa"])
+            fa = statistics.median(e["fa4"]) if e["fa4"] else float("nan")
+            best = min(sd, fa) if e["fa4"] else sd
+            vs_fa4 = f"{fa / e['ours']:6.2f}x" if e["fa4"] else f"{'-':>7}"
+            lines.append(f"{key:22} {e['ours']:9.2f} {sd:9.2f} {fa:9.2f} {sd / e['ours']:6.2f}x "
+                         f"{vs_fa4} {best / e['ours']:6.2f}x  {e['knobs']}")
     return lines
+
+
+def load_fa4():
+    """(flash_attn_func, what was loaded) when FlashAttention-4 imports, else (None, why not)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # noqa: BLE001 - absent or broken: not measured, said so
+        return None, f"not measured: flash_attn.cute does not import ({type(e).__name__})"
+    try:
+        from importlib.metadata import version
+        ver = version("flash-attn-4")
+    except Exception:  # noqa: BLE001
+        ver = "unknown version"
+    return flash_attn_func, f"FlashAttention-4 {ver} (flash_attn.cute, [B,S,H,D] copies)"
+
+
+def fa4_fn(gpu: "Gpu", fa4_func, shape: Shape, q, k, v):
+    """FA4 on the shape's inputs as [B,S,H,D] contiguous copies (its layout), warmed up (the
+    first call JIT-compiles), ready for time_torch_graph_us; None when it refuses the shape."""
+    bshd = [t.transpose(1, 2).contiguous() if t.dim() == 4 else t for t in (q, k, v)]
+    causal = shape.causal and shape.sq > 1
+
+    def call():
+        return fa4_func(*bshd, causal=causal)
+
+    try:
+        for _ in range(3):
+            call()
+        gpu.torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - a shape FA4 does not run: no column
+        print(f"  FA4 refused {shape_key(shape)}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return None
+    return call
 
 
 # ---------------------------------------------------------------------------
