@@ -296,7 +296,20 @@ MEDIUM_SHAPES = mhas([
     (8, 16, 2048, 64, False), (4, 32, 1024, 128, True), (4, 32, 2048, 128, True), (8, 16, 1536, 128, False),
 ])
 MEDIUM_POINTS = [("wgmma_tma.cu", kn, MEDIUM_SHAPES) for kn in _MEDIUM_KNOBS]
-POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS}
+# --time-best --points pingpong: ncu showed our best (4,16,4096,64) kernel stalled on barriers
+# 5.6x as often per issued instruction as FA4's (docs/HOPPER.md): PINGPONG and PERSISTENT on and
+# off at the large non-causal points and a medium causal one.
+PINGPONG_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PINGPONG=pp, PERSISTENT=pe), mhas([(4, 16, 4096, 64, False)]))
+    for pp in (1, 0) for pe in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=0, PINGPONG=pp, PERSISTENT=pe), mhas([(2, 16, 8192, 128, False)]))
+    for pp in (1, 0) for pe in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=2, BLOCK_N=128, STAGES=2, OVERLAP=1, PINGPONG=pp, PERSISTENT=1),
+     mhas([(8, 16, 1024, 64, True)])) for pp in (1, 0)
+]
+POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
