@@ -244,6 +244,19 @@ struct WtSmem {
     static_assert(Q_WG % 1024 == 0 && KV % 1024 == 0, "tiles must stay 1024-byte aligned (swizzle atoms)");
 };
 
+// A position in the K/V ring: its slot and the parity of the slot's current fill
+// (the mbarrier phase to wait for), advanced once per key tile.
+struct RingPos {
+    int slot = 0;
+    unsigned phase = 0;
+    __device__ __forceinline__ void next() {
+        if (++slot == STAGES) {
+            slot = 0;
+            phase ^= 1u;
+        }
+    }
+};
+
 // ---------------------------------------------------------------------------
 // Consumer: one warpgroup, 64 query rows.
 // ---------------------------------------------------------------------------
@@ -492,7 +505,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         const int lane = tid & 31;
         const int w = (tid / 32) & 3;
         if (PINGPONG && c == CONSUMERS - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
-        int it0 = 0;  // K/V ring position of the work tile's first key tile
+        RingPos ring;  // K/V ring position of the work tile's first key tile
         for (int r = 0, n = 0; r < sched.rounds(); ++r) {
             if (!sched.has(r)) continue;
             const WorkTile wt = sched.tile(r);
@@ -518,16 +531,20 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // ptxas serializes wgmma whose wait it cannot pair up across branches
             // (C7514/C7517/C7518). Hence separate loops for the tiles this
             // warpgroup computes and the ones it only releases (skip_tile).
-            // Key tile t of this work tile is K/V ring entry it0 + t.
-            auto k_full = [&](int t) { return smem_addr(&bars.k_full[(it0 + t) % STAGES]); };
-            auto v_full = [&](int t) { return smem_addr(&bars.v_full[(it0 + t) % STAGES]); };
-            auto release = [&](unsigned long long* bar_array, int t) {
+            // Ring positions are RingPos cursors advanced once per key tile, in key
+            // order (ring: this work tile's first), as FA4 advances an (index, phase)
+            // pair, instead of recomputing (it0 + t) % STAGES and its phase at every
+            // access (ncu had counted 1.8x FA4's uniform-datapath instructions). Timed
+            // against the recomputing version: neutral (best points 0.999, medium set
+            // 0.991, inside the rounds' spreads; docs/HOPPER.md).
+            auto k_full = [&](const RingPos& p) { return smem_addr(&bars.k_full[p.slot]); };
+            auto v_full = [&](const RingPos& p) { return smem_addr(&bars.v_full[p.slot]); };
+            auto release = [&](unsigned long long* bar_array, const RingPos& p) {
                 __syncwarp();
-                if (lane == 0) mbar_arrive(smem_addr(&bar_array[(it0 + t) % STAGES]));
+                if (lane == 0) mbar_arrive(smem_addr(&bar_array[p.slot]));
             };
-            auto parity = [&](int t) { return (unsigned)(((it0 + t) / STAGES) & 1); };
-            auto k_tile = [&](int t) { return s_k + ((it0 + t) % STAGES) * KV_BYTES; };
-            auto v_tile = [&](int t) { return s_v + ((it0 + t) % STAGES) * KV_BYTES; };
+            auto k_tile = [&](const RingPos& p) { return s_k + p.slot * KV_BYTES; };
+            auto v_tile = [&](const RingPos& p) { return s_v + p.slot * KV_BYTES; };
             const bool split_tile = TAIL_SPLIT && split;
             // Ping-pong turns, one per key tile, except in a split tile: there every
             // consumer computes different key tiles, and turns taken in key order
@@ -541,14 +558,15 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 if (!split_tile) turn_pass(c);
             };
             // A tile this warpgroup does not compute: waited for and released, its
-            // ping-pong turn kept in step.
-            auto skip_tile = [&](int t) {
-                mbar_wait(k_full(t), parity(t));
-                mbar_wait(v_full(t), parity(t));
+            // ping-pong turn kept in step; p moves on to the next tile.
+            auto skip_tile = [&](RingPos& p) {
+                mbar_wait(k_full(p), p.phase);
+                mbar_wait(v_full(p), p.phase);
                 turn_in();
                 turn_out();
-                release(bars.k_empty, t);
-                release(bars.v_empty, t);
+                release(bars.k_empty, p);
+                release(bars.v_empty, p);
+                p.next();
             };
             // Q is no longer read: the producer may load the next work tile's Q and
             // go on to its K/V while this one's last P V and epilogue run. Once per
@@ -558,87 +576,93 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 __syncwarp();
                 if (lane == 0) mbar_arrive(smem_addr(&bars.q_empty));
             };
+            // `cur`: the first key tile not yet released; `next` its index.
+            RingPos cur = ring;
+            int next = 0;
             if (OVERLAP && !split_tile && n_wg > 0) {
+                RingPos kp = cur;  // K of tile t; cur follows V of tile t - 1
                 // Tile 0: S only.
-                mbar_wait(k_full(0), parity(0) ^ OPTD_FAULT_MBAR_PHASE);
+                mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
                 turn_wait(c);
-                cs.issue_qk(q_tile, k_tile(0));
+                cs.issue_qk(q_tile, k_tile(kp));
                 turn_pass(c);
                 wgmma_wait<0>();
                 reg_fence(cs.s);
-                release(bars.k_empty, 0);
+                release(bars.k_empty, kp);
+                kp.next();
                 float corr[2];
                 cs.softmax(0, row_g, mask, sl2, corr);
                 cs.rescale_and_pack(corr);
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
                 for (int t = 1; t < n_wg; ++t) {
-                    mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
-                    mbar_wait(v_full(t - 1), parity(t - 1));
+                    mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
+                    mbar_wait(v_full(cur), cur.phase);
                     turn_wait(c);
-                    cs.issue_qk(q_tile, k_tile(t));
-                    cs.issue_pv(v_tile(t - 1));
+                    cs.issue_qk(q_tile, k_tile(kp));
+                    cs.issue_pv(v_tile(cur));
                     turn_pass(c);
                     wgmma_wait<1>();
                     reg_fence(cs.s);
-                    release(bars.k_empty, t);
+                    release(bars.k_empty, kp);
+                    kp.next();
                     cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr);
                     wgmma_wait<0>();
                     reg_fence(cs.o);
-                    release(bars.v_empty, t - 1);
+                    release(bars.v_empty, cur);
+                    cur.next();
                     cs.rescale_and_pack(corr);
                 }
                 q_done();
-                mbar_wait(v_full(n_wg - 1), parity(n_wg - 1));
-                cs.issue_pv(v_tile(n_wg - 1));
+                mbar_wait(v_full(cur), cur.phase);
+                cs.issue_pv(v_tile(cur));
                 wgmma_wait<0>();
                 reg_fence(cs.o);
-                release(bars.v_empty, n_wg - 1);
-            }
-            // Without OVERLAP (and in a split tile): the tiles this warpgroup computes,
-            // one GEMM pair each, waited for before the next. A split tile's consumer c
-            // takes tiles c, c + CONSUMERS, ... and waits for and releases the others
-            // in key order (a pipelined schedule would deadlock there: tile t's V would
-            // be released only after waiting for K of t + CONSUMERS, which the producer
-            // loads after V of t + CONSUMERS - 1). `next`: the first tile not yet
-            // released. (A single loop over every tile with a computed/released branch
-            // cost the 160-register consumers of D 128 a spill and serialized wgmma,
-            // C7512, even for unsplit tiles.)
-            int next = 0;
-            if (!OVERLAP || split_tile) {
+                release(bars.v_empty, cur);
+                cur.next();
+                next = n_wg;
+            } else if (!OVERLAP || split_tile) {
+                // Without OVERLAP (and in a split tile): the tiles this warpgroup computes,
+                // one GEMM pair each, waited for before the next. A split tile's consumer c
+                // takes tiles c, c + CONSUMERS, ... and waits for and releases the others
+                // in key order (a pipelined schedule would deadlock there: tile t's V would
+                // be released only after waiting for K of t + CONSUMERS, which the producer
+                // loads after V of t + CONSUMERS - 1). (A single loop over every tile with a
+                // computed/released branch cost the 160-register consumers of D 128 a spill
+                // and serialized wgmma, C7512, even for unsplit tiles.)
                 const int step = split_tile ? CONSUMERS : 1;
                 for (int t = split_tile ? c : 0; t < n_wg; t += step) {
-                    for (; next < t; ++next) skip_tile(next);
-                    mbar_wait(k_full(t), parity(t) ^ OPTD_FAULT_MBAR_PHASE);
+                    for (; next < t; ++next) skip_tile(cur);
+                    mbar_wait(k_full(cur), cur.phase ^ OPTD_FAULT_MBAR_PHASE);
                     turn_in();
-                    cs.issue_qk(q_tile, k_tile(t));
+                    cs.issue_qk(q_tile, k_tile(cur));
                     turn_out();
                     wgmma_wait<0>();
                     reg_fence(cs.s);
-                    release(bars.k_empty, t);
+                    release(bars.k_empty, cur);
                     float corr[2];
                     cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr);
                     cs.rescale_and_pack(corr);
-                    mbar_wait(v_full(t), parity(t));
-                    cs.issue_pv(v_tile(t));
+                    mbar_wait(v_full(cur), cur.phase);
+                    cs.issue_pv(v_tile(cur));
                     wgmma_wait<0>();
                     reg_fence(cs.o);
-                    release(bars.v_empty, t);
+                    release(bars.v_empty, cur);
+                    cur.next();
                     next = t + 1;
                 }
                 if (!split_tile) q_done();
             } else {
-                next = n_wg;
-                if (n_wg == 0) q_done();
+                q_done();  // OVERLAP, no rows of this warpgroup: Q never read
             }
             // Tiles above this warpgroup's rows (causal), with all its rows past SQ, or
             // a split tile's last ones of other consumers: wait for them (a slot is
             // reused only after every consumer is done) and release them.
-            for (; next < n_tiles; ++next) skip_tile(next);
+            for (; next < n_tiles; ++next) skip_tile(cur);
             if (split_tile) {
                 merge_split_tile<D>(cs, c, tid & 127, wt_smem + (base - smem_addr(wt_smem)) + L::Q, sl2);
                 q_done();
             }
-            it0 += n_tiles;
+            ring = cur;
 
             // ---- epilogue: O / l, rows < SQ, through O's strides ----------------
             const int tq = lane & 3;
