@@ -213,3 +213,25 @@ fn a_stage_named_like_the_runs_own_iterations_is_rejected() {
         assert!(err.contains(&format!("the stage name `{name}` is reserved")) && err.contains("rename the stage"), "{err}");
     }
 }
+
+/// An exhaustive stage takes its space in order and stops at max_candidates: a knob added to a
+/// template that the stage's `space` does not pin enters the product with every value and
+/// silently cuts the stage's coverage (wgmma-tma's TAIL_SPLIT doubled the Hopper stage to 32
+/// points with max_candidates 16, and an 8-minute LLM run never reached BLOCK_N 192).
+#[test]
+fn every_exhaustive_stage_of_the_shipped_plans_covers_its_whole_space() {
+    for plan in ["default.toml", "fault-drill.toml"] {
+        let path = common::repo_root().join("strategies").join(plan);
+        let p = Plan::load(&path, &templates_dir()).unwrap_or_else(|e| panic!("{plan}: {e}"));
+        for stage in p.stages.iter().filter(|s| s.spec.search == optimizerd::strategy::search::SearchKind::Exhaustive) {
+            let points: usize = stage.space.iter().map(|(_, values)| values.len()).product();
+            assert!(
+                points <= stage.spec.max_candidates as usize,
+                "{plan}: stage `{}` searches {points} points but stops at max_candidates = {}: pin the knobs it does not mean to search in its `space` ({:?})",
+                stage.spec.name,
+                stage.spec.max_candidates,
+                stage.space
+            );
+        }
+    }
+}
