@@ -539,3 +539,27 @@ async fn doctor_says_hopper_templates_are_skipped_on_an_sm_89_gpu() {
     let report = doctor::doctor(&options(dir.path(), &dir.path().join("no-such-script.json"))).await;
     assert_eq!(status_of(&report, "arch"), Status::Skip);
 }
+
+/// A plan whose exhaustive stage has more points than it tries (a knob its `space` leaves open):
+/// doctor warns, naming the plan file, the stage, the unpinned knob and the fix.
+#[tokio::test]
+async fn doctor_warns_of_an_exhaustive_stage_that_stops_before_its_space_ends() {
+    let dir = hopper_project((9, 0));
+    let plan = "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\n\n\
+                [[stage]]\nname = \"hopper\"\ntemplate = \"wgmma_tma.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 16\n\
+                space = { BLOCK_N = [128, 192], STAGES = [2], CONSUMERS = [3, 2], PINGPONG = [1], OVERLAP = [1, 0], PERSISTENT = [1, 0], LAZY_RESCALE = [1] }\n";
+    std::fs::write(dir.path().join("plan.toml"), plan).unwrap();
+    let report = doctor::doctor(&options(dir.path(), &dir.path().join("script.json"))).await;
+    let text = report.text();
+    let check = report.check("plan").unwrap();
+    assert_eq!(check.status, Status::Warn, "{text}");
+    assert!(check.detail.contains("plan.toml") && check.detail.contains("stage `hopper`"), "{text}");
+    assert!(check.detail.contains("32 points") && check.detail.contains("first 16") && check.detail.contains("unpinned: TAIL_SPLIT"), "{text}");
+    assert!(check.fix.as_deref().unwrap_or("").contains("max_candidates"), "{text}");
+    assert!(!report.failed(), "{text}");
+
+    // Pinned: the plan is fine again.
+    std::fs::write(dir.path().join("plan.toml"), plan.replace("LAZY_RESCALE = [1] }", "LAZY_RESCALE = [1], TAIL_SPLIT = [1] }")).unwrap();
+    let report = doctor::doctor(&options(dir.path(), &dir.path().join("script.json"))).await;
+    assert_eq!(status_of(&report, "plan"), Status::Ok, "{}", report.text());
+}

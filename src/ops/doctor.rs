@@ -345,6 +345,25 @@ fn plan_check(config: &Config) -> Check {
             let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
             let embedded = |p: &Path| if p.is_dir() { "" } else { " (embedded copy)" };
             let plan_dir = plan_path.parent().unwrap_or(Path::new("."));
+            let truncated: Vec<String> = plan
+                .stages
+                .iter()
+                .filter_map(|s| {
+                    let (points, max, unpinned) = s.truncated()?;
+                    let unpinned = if unpinned.is_empty() { String::new() } else { format!(", unpinned: {}", unpinned.join(", ")) };
+                    Some(format!("stage `{}` (exhaustive) has {points} points and tries the first {max}{unpinned}", s.spec.name))
+                })
+                .collect();
+            if !truncated.is_empty() {
+                return Check::warn(
+                    "plan",
+                    format!("{}: {}", shown(&plan_path), truncated.join("; ")),
+                    format!(
+                        "in {}, pin in the stage's `space` the knobs it does not mean to search (e.g. `TAIL_SPLIT = [1]`), or raise its `max_candidates`",
+                        shown(&plan_path)
+                    ),
+                );
+            }
             Check::ok(
                 "plan",
                 format!(

@@ -100,6 +100,27 @@ pub struct Stage {
     pub start: Params,
 }
 
+impl Stage {
+    /// An exhaustive stage whose space holds more points than `max_candidates`: (points,
+    /// max_candidates, the knobs its `space` leaves unpinned with several values). Its search
+    /// takes the points in order, the last knob varying fastest, and stops there: the rest are
+    /// never tried. A knob added to a template enters every such stage with all its values (the
+    /// wgmma-tma Hopper stage went from 16 points to 32 that way, and lost BLOCK_N 192).
+    pub fn truncated(&self) -> Option<(usize, u32, Vec<&str>)> {
+        if self.spec.search != SearchKind::Exhaustive {
+            return None;
+        }
+        let points: usize = self.space.iter().map(|(_, values)| values.len()).product();
+        let unpinned = self
+            .space
+            .iter()
+            .filter(|(k, values)| values.len() > 1 && !self.spec.space.contains_key(k))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        (points > self.spec.max_candidates as usize).then_some((points, self.spec.max_candidates, unpinned))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub path: PathBuf,
