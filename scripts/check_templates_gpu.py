@@ -94,7 +94,12 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               `git archive`), the two versions alternating within each round.
               With --build-cubins (and --no-check: only these) their timed
               builds are precompiled too. --points ragged times RAGGED_POINTS
-              instead (ragged S: last query tiles of a few rows).
+              instead (ragged S: last query tiles of a few rows), --points
+              medium issue 19's medium shapes at six wgmma-tma points (the
+              fastest per shape summarised), --points pingpong PINGPONG and
+              PERSISTENT on and off. Where flash_attn.cute imports
+              (FlashAttention-4), it is timed on every shape too, the same
+              way, in an `fa4 us` column.
 
 The Hopper template on the GPU machine, e.g. (.dev is git-ignored: carry .dev/ctg there):
   here:  python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --template wgmma_tma.cu \\
@@ -1251,12 +1256,14 @@ def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
 
 def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | None, rounds: int,
               points: str = "best") -> list[str]:
-    """Times BEST_POINTS (fp16) and SDPA default on the same shapes, `rounds` rounds; with
-    `against` (the same templates from another folder, e.g. an earlier commit) each point is
-    also timed in that version, the two alternating first within a round, so both are measured
-    at the same clocks. A graph holds enough launches for about 2 ms (at least 3, at most 50);
-    each measurement is the median of 20 replays; a row gives the median over rounds and the
-    rounds' spread (max / min - 1). Returns the table's lines."""
+    """Times POINT_SETS[points] (fp16), SDPA default and, where it imports, FA4 on the same
+    shapes, `rounds` rounds; with `against` (the same templates from another folder, e.g. an
+    earlier commit) each point is also timed in that version, the two alternating first within
+    a round, so both are measured at the same clocks. A graph holds enough launches for about
+    2 ms (at least 3, at most 50); each measurement is the median of 20 replays; a row gives the
+    median over rounds and the rounds' spread (max / min - 1). A point over the device's shared
+    memory is listed as not fitting. Where a shape has several points, a summary gives the
+    fastest against SDPA, FA4 and the faster of the two. Returns the table's lines."""
     rows = best_points(templates, points)
     old = {t.rel: t for t in against or []}
     versions = ["new", "old"] if against else ["new"]
