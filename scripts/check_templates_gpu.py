@@ -1336,17 +1336,13 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
 
 
 def load_fa4():
-    """(flash_attn_func, what was loaded) when FlashAttention-4 imports, else (None, why not)."""
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception as e:  # noqa: BLE001 - absent or broken: not measured, said so
-        return None, f"not measured: flash_attn.cute does not import ({type(e).__name__})"
-    try:
-        from importlib.metadata import version
-        ver = version("flash-attn-4")
-    except Exception:  # noqa: BLE001
-        ver = "unknown version"
-    return flash_attn_func, f"FlashAttention-4 {ver} (flash_attn.cute, [B,S,H,D] copies)"
+    """(flash_attn_func, what was loaded) when FlashAttention-4 imports, else (None, why not):
+    sdpa_baseline.load_fa4, the daemon's baseline's own loader."""
+    from sdpa_baseline import load_fa4 as baseline_load_fa4
+    func, version, why = baseline_load_fa4()
+    if func is None:
+        return None, f"not measured: {why}"
+    return func, f"FlashAttention-4 {version} (flash_attn.cute, [B,S,H,D] copies)"
 
 
 def fa4_fn(gpu: "Gpu", fa4_func, shape: Shape, q, k, v):

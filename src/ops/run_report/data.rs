@@ -286,6 +286,7 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> R
             let b = best_rows.iter().find(|b| b.shape == s.key)?;
             let it = its.iter().find(|i| i.seq == b.seq);
             let row = it.and_then(|i| i.shapes.iter().find(|r| r.shape == s.key));
+            let own = it.and_then(|i| shape_resources(i, s.shape.d));
             Some(BestKernel {
                 shape: s.key.clone(),
                 seq: b.seq,
@@ -297,9 +298,9 @@ pub async fn load(ledger: &Ledger, run_id: &str, state: Option<ShownState>) -> R
                 sdpa_default_us: sdpa_default.get(s.key.as_str()).copied(),
                 tflops: (s.large && !s.shape.is_decode()).then(|| s.shape.flops() / (b.median_us * 1e-6) / 1e12),
                 kv_tbps: s.shape.is_decode().then(|| crate::storage::ledger::kv_tbps(&s.shape, b.median_us)),
-                registers: it.and_then(|i| shape_resources(i, s.shape.d).map_or(i.registers, |r| Some(r.registers))),
-                spill_bytes: it.and_then(|i| shape_resources(i, s.shape.d).map_or(i.local_bytes, |r| Some(r.spill_bytes))),
-                smem_bytes: it.and_then(|i| shape_resources(i, s.shape.d).map_or_else(|| smem_bytes(i), |r| Some(r.smem_bytes))),
+                registers: own.as_ref().map_or(it.and_then(|i| i.registers), |r| Some(r.registers)),
+                spill_bytes: own.as_ref().map_or(it.and_then(|i| i.local_bytes), |r| Some(r.spill_bytes)),
+                smem_bytes: own.as_ref().map_or_else(|| it.and_then(smem_bytes), |r| Some(r.smem_bytes)),
                 ctas: row.and_then(|r| r.ctas),
                 waves: row.and_then(|r| r.waves),
                 arch: it.and_then(|i| i.arch.clone()),
