@@ -11,6 +11,18 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python3 -m pip --version >/dev/null 2>&1 || { echo "setup: python3 with pip is needed to fetch the pinned wheels" >&2; exit 1; }
 
+# need_free DIR GB: fail before a long download, not halfway through it, when DIR's file
+# system has less than GB gigabytes free (torch's wheels unpack to about 5 GB).
+need_free() {
+  local dir="$1" gb="$2" avail_kb
+  avail_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+  if (( avail_kb < gb * 1024 * 1024 )); then
+    echo "setup: $dir needs about $gb GB free to install into, but its file system has $((avail_kb / 1024)) MB;" \
+      "free space there (old clones, cargo's target/ folders) and run this again" >&2
+    exit 1
+  fi
+}
+
 # install DEST PIP_ARGS...: (re)install into DEST unless its stamp already says these pins.
 install() {
   local dest="$1"; shift
@@ -20,13 +32,15 @@ install() {
   fi
   rm -rf "$dest"
   mkdir -p "$dest"
+  need_free "$dest" "$need_gb"
   echo "setup: installing $want into $dest" >&2
-  python3 -m pip install --quiet --disable-pip-version-check --target "$dest" "$@"
+  # No pip cache: it would hold a second, compressed copy of every wheel (GBs for torch).
+  python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir --target "$dest" "$@"
   echo "$want" > "$stamp"
 }
 
-install "$root/.deps/cuda" --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88
-install "$root/.deps/py" torch==2.11.0 transformers==5.17.0
+need_gb=1 install "$root/.deps/cuda" --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88
+need_gb=6 install "$root/.deps/py" torch==2.11.0 transformers==5.17.0
 
 # PostgreSQL, for the tests of a fleet's shared database (tests/fleet.rs start their own
 # server in a temporary folder): Debian's package. Under CI=true a missing server is an
