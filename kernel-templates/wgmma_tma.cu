@@ -321,6 +321,29 @@ struct Consumer {
 
     __device__ __forceinline__ void rescale_and_pack(const float (&corr)[2]) {
         if (rescale) m16n8_scale_rows<1, D / 8>(o_at(), corr);
+        pack();
+    }
+
+    // OVERLAP: wait for the previous tile's O += P V (issued before this tile's
+    // softmax) and rescale O. The wait is in both arms of the rescale branch on
+    // purpose. Written once after the softmax, ptxas hoisted the wait to the top of
+    // the straight-line block it shared with the softmax, above the exponentials:
+    // the softmax ran after the P V instead of under it, in every OVERLAP point
+    // (SASS of 12 points: 0 of 66 MUFU.EX2 between wait_group 1 and wait_group 0).
+    // A block boundary after the softmax keeps it there: 66 of 66, the same
+    // instructions and registers (scripts/sass_loop_stats.py prints the count).
+    __device__ __forceinline__ void wait_pv_and_rescale(const float (&corr)[2]) {
+        if (rescale) {
+            wgmma_wait<0>();
+            reg_fence(o);
+            m16n8_scale_rows<1, D / 8>(o_at(), corr);
+        } else {
+            wgmma_wait<0>();
+            reg_fence(o);
+        }
+    }
+
+    __device__ __forceinline__ void pack() {
         // P's A fragment of k-step kk: n8 blocks 2 kk (a0: row g, a1: row g + 8)
         // and 2 kk + 1 (a2, a3), exactly the mma.sync m16n8k16 A layout.
 #pragma unroll
@@ -606,11 +629,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     release(bars.k_empty, kp);
                     kp.next();
                     cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr);
-                    wgmma_wait<0>();
-                    reg_fence(cs.o);
+                    cs.wait_pv_and_rescale(corr);
                     release(bars.v_empty, cur);
                     cur.next();
-                    cs.rescale_and_pack(corr);
+                    cs.pack();
                 }
                 q_done();
                 mbar_wait(v_full(cur), cur.phase);

@@ -97,7 +97,8 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               instead (ragged S: last query tiles of a few rows), --points
               medium issue 19's medium shapes at six wgmma-tma points (the
               fastest per shape summarised), --points pingpong PINGPONG and
-              PERSISTENT on and off. Where flash_attn.cute imports
+              PERSISTENT on and off, --points overlap OVERLAP on and off at
+              FA4's points and the daemon's. Where flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
 
@@ -314,7 +315,24 @@ PINGPONG_POINTS = [
     ("wgmma_tma.cu", dict(_WT, CONSUMERS=2, BLOCK_N=128, STAGES=2, OVERLAP=1, PINGPONG=pp, PERSISTENT=1),
      mhas([(8, 16, 1024, 64, True)])) for pp in (1, 0)
 ]
-POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS}
+# --time-best --points overlap: OVERLAP 1 against 0 after the softmax was kept under the previous
+# tile's P V (ptxas had hoisted wgmma.wait_group 0 above the exponentials in every OVERLAP point,
+# docs/HOPPER.md "The softmax under the P V"): the large shapes at FA4's points (D 64: 3 consumers,
+# D 128: 2, BLOCK_N 128, not persistent) and the daemon's, and two medium shapes. With
+# --time-against DIR (the templates before the change) each point runs both ways.
+OVERLAP_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=bn, STAGES=2, OVERLAP=ov, PERSISTENT=pe), shapes)
+    for c, bn, pe, shapes in (
+        (3, 128, 1, mhas([(4, 16, 4096, 64, False), (16, 16, 577, 64, False)])),
+        (3, 128, 0, mhas([(4, 16, 4096, 64, False), (4, 16, 4096, 64, True)])),
+        (2, 128, 0, mhas([(2, 16, 8192, 128, False), (2, 16, 8192, 128, True), (4, 32, 1024, 128, True)])),
+        (2, 128, 1, mhas([(2, 16, 8192, 128, False), (8, 16, 1536, 128, False)])),
+        (2, 192, 1, mhas([(2, 16, 8192, 128, False)])),
+    )
+    for ov in (1, 0)
+]
+POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
+              "overlap": OVERLAP_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -1601,7 +1619,8 @@ def main() -> int:
                          "kernel-templates/), interleaved with the current ones")
     ap.add_argument("--rounds", type=int, default=5, help="--time-best rounds (default 5)")
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
-                    help="--time-best: the daemon's best kernels (best) or ragged-S tails (ragged)")
+                    help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
+                         "medium shapes (medium), PINGPONG (pingpong) or OVERLAP (overlap) on and off")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",

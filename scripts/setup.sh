@@ -2,6 +2,7 @@
 # Installs what optimizerd needs besides Rust into .deps/ (ignored by git):
 #  - .deps/cuda: NVRTC and the CUDA headers from NVIDIA's pip wheels, pinned to CUDA
 #    13.0.x so that the PTX/cubin they produce loads on a 580-series driver;
+#  - .deps/nvdisasm: NVIDIA's disassembler (scripts/sass_loop_stats.py);
 #  - .deps/py: torch and transformers, the versions the GPU machine has, for the tests of
 #    the Python package `optimizerd export --python` writes (python/tests) and of
 #    scripts/model_bench.py (python/bench_tests). torch's Linux wheels bring the CUDA
@@ -40,6 +41,9 @@ install() {
 }
 
 need_gb=1 install "$root/.deps/cuda" --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88
+# nvdisasm, for scripts/sass_loop_stats.py and its test (python/kernel_tests): the SASS of
+# a kernel's hot loop. No 13.0 build is on PyPI; 13.5 reads NVRTC 13.0's sm_90a cubins.
+need_gb=1 install "$root/.deps/nvdisasm" --no-deps nvidia-cuda-nvdisasm==13.5.37
 need_gb=6 install "$root/.deps/py" torch==2.11.0 transformers==5.17.0
 
 # PostgreSQL, for the tests of a fleet's shared database (tests/fleet.rs start their own

@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 cargo test --locked "$@"
 if [[ $# -eq 0 ]]; then  # a filtered cargo run (arguments given) skips the Python suites
-  for suite in python/tests python/bench_tests; do
+  for suite in python/tests python/bench_tests python/kernel_tests; do
     if [[ -d "$suite" ]]; then
       PYTHONPATH="$PWD/.deps/py" python3 -m unittest discover -s "$suite" -v
     fi

@@ -1,0 +1,154 @@
+"""The SASS of the Hopper template's hot loop, checked on the CPU (NVRTC + nvdisasm).
+
+wgmma_tma.cu's OVERLAP issues tile t's Q K^T and tile t - 1's P V, waits for the first
+(wgmma.wait_group 1), runs tile t's softmax, then waits for the P V (wait_group 0). Until
+2026-11-26 ptxas hoisted that second wait above the exponentials in every OVERLAP point,
+so the softmax ran after the P V instead of under it; no test on a GPU showed it (the
+kernels were correct, only slower than they were meant to be). These tests read the
+loop's SASS: every exponential of the tile sits between the two waits, and the old
+straight-line code, rebuilt from a copy of the templates, puts none there (so the check
+can fail).
+
+Needs .deps/ from scripts/setup.sh (NVRTC and nvdisasm); no GPU.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import nvrtc_compile_check as ncc  # noqa: E402
+import sass_loop_stats as sls  # noqa: E402
+
+# A function in nvdisasm's layout: an outer loop (.L_x_1) holding the tensor-core work, a
+# spin wait nested in it (.L_x_2), two exponentials between wait_group 1 and wait_group 0
+# and one after, and a tail outside every loop.
+SYNTHETIC = """
+//--------------------- .text.optd_fwd_d64 --------------------------
+.text.optd_fwd_d64:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   UIADD3 UR4, UR4, 0x1, URZ ;
+.L_x_2:
+        /*0020*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8], R3 ;
+        /*0030*/              @!P0 BRA `(.L_x_2) ;
+        /*0040*/                   HGMMA.64x128x16.F32 R24, gdesc[UR20], R24, gsb0 ;
+        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0060*/                   FMNMX R3, R24, R25, !PT ;
+        /*0070*/                   MUFU.EX2 R24, R24 ;
+        /*0080*/                   MUFU.EX2 R25, R25 ;
+        /*0090*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*00a0*/                   MUFU.EX2 R26, R26 ;
+        /*00b0*/                   ISETP.NE.AND P1, PT, R2, RZ, PT ;
+        /*00c0*/               @P1 BRA `(.L_x_1) ;
+        /*00d0*/                   STG.E [R4.64], R24 ;
+        /*00e0*/                   EXIT ;
+"""
+
+
+def have_tools() -> str | None:
+    """Why the compile tests cannot run here, or None."""
+    lib = Path(ncc.default_nvrtc_lib())
+    if not lib.is_file():
+        return f"no NVRTC at {lib} (run scripts/setup.sh)"
+    try:
+        sls.nvdisasm_path()
+    except sls.SassError as e:
+        return str(e)
+    return None
+
+
+class ParseTest(unittest.TestCase):
+    def test_hot_loop_counts_its_own_body_and_sets_nested_loops_apart(self):
+        funcs = sls.parse_sass(SYNTHETIC)
+        self.assertEqual(list(funcs), ["optd_fwd_d64"])
+        insns, labels = funcs["optd_fwd_d64"]
+        self.assertEqual(len(insns), 15)
+        loops = sls.hot_loops(insns, labels)
+        self.assertEqual(len(loops), 1)
+        lp = loops[0]
+        self.assertEqual((lp.start, max(lp.ends)), (0x10, 0xC0))
+        # 12 instructions from 0x10 to 0xc0, of which the spin wait's 2 are a nested loop.
+        self.assertEqual(lp.nested, [2])
+        self.assertEqual(lp.total, 10)
+        self.assertEqual(lp.counts["mufu"], 3)
+        self.assertEqual(lp.counts["tensor"], 3)  # HGMMA and both waits
+        self.assertEqual(lp.counts["uniform"], 1)
+        self.assertEqual(lp.counts["mbarrier"], 0)  # only in the nested spin loop
+        self.assertEqual(lp.ex2_under_pv, 2)
+
+    def test_guarded_branches_fall_through_and_plain_ones_do_not(self):
+        insns, labels = sls.parse_sass(SYNTHETIC)["optd_fwd_d64"]
+        by_addr = {i.addr: i for i in insns}
+        self.assertTrue(by_addr[0x30].guarded)
+        self.assertTrue(by_addr[0xC0].guarded)
+        self.assertFalse(by_addr[0xE0].guarded)
+        self.assertEqual(by_addr[0x30].op, "BRA")
+
+    def test_a_loop_without_tensor_work_is_not_hot(self):
+        text = SYNTHETIC.replace("HGMMA.64x128x16.F32 R24, gdesc[UR20], R24, gsb0", "FADD R24, R24, R25")
+        text = text.replace("WARPGROUP.DEPBAR.LE gsb0, 0x1", "NOP").replace("WARPGROUP.DEPBAR.LE gsb0, 0x0", "NOP")
+        insns, labels = sls.parse_sass(text)["optd_fwd_d64"]
+        self.assertEqual(sls.hot_loops(insns, labels), [])
+
+
+# (knobs, head dim): the OVERLAP points the daemon's runs and FA4 pick (D 64: 3 consumers,
+# BLOCK_N 128; D 128: 2 consumers, BLOCK_N 128 or 192).
+POINTS = [
+    (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1), 64),
+    (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1), 128),
+    (dict(CONSUMERS=2, BLOCK_N=192, OVERLAP=1), 128),
+]
+
+# The code before the fix: the wait for the P V straight after the softmax.
+OLD_WAIT = """wgmma_wait<0>();
+                    reg_fence(cs.o);
+                    if (cs.rescale) m16n8_scale_rows<1, D / 8>(cs.o_at(), corr);"""
+
+
+# Outside CI a machine without .deps/ skips these; under CI=true they fail instead.
+@unittest.skipIf(have_tools() is not None and os.environ.get("CI") != "true", have_tools() or "")
+class OverlapSassTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        why = have_tools()
+        if why:  # under CI=true a missing tool fails, never skips
+            raise AssertionError(why)
+        cls.nvrtc = ncc.Nvrtc(ncc.default_nvrtc_lib())
+
+    def overlap_loop(self, root: Path, knobs: dict, d: int) -> dict:
+        out = sls.analyse(root, "wgmma_tma.cu", ",".join(f"{k}={v}" for k, v in knobs.items()), d, False, self.nvrtc)
+        kernel = out["kernels"][f"optd_fwd_d{d}"]
+        loops = [lp for lp in kernel["hot_loops"] if lp["ex2_under_pv"] is not None]
+        self.assertEqual(len(loops), 1, f"{knobs} d{d}: expected one loop waiting for wait_group 1, got {kernel['hot_loops']}")
+        return loops[0]
+
+    def test_the_softmax_runs_under_the_previous_tiles_pv(self):
+        for knobs, d in POINTS:
+            with self.subTest(knobs=knobs, d=d):
+                lp = self.overlap_loop(ncc.TEMPLATES_DIR, knobs, d)
+                per_thread = knobs["BLOCK_N"] // 2  # S values per thread: one exponential each
+                self.assertGreaterEqual(lp["ex2_under_pv"], per_thread, lp)
+
+    def test_the_straight_line_wait_puts_no_exponential_there(self):
+        knobs, d = POINTS[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "kernel-templates"
+            shutil.copytree(ncc.TEMPLATES_DIR, root)
+            path = root / "wgmma_tma.cu"
+            text = path.read_text()
+            call = "cs.wait_pv_and_rescale(corr);"
+            self.assertEqual(text.count(call), 1, "the OVERLAP loop's call moved: update this test")
+            path.write_text(text.replace(call, OLD_WAIT))
+            lp = self.overlap_loop(root, knobs, d)
+        self.assertEqual(lp["ex2_under_pv"], 0, lp)
+
+
+if __name__ == "__main__":
+    unittest.main()
