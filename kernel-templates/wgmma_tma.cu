@@ -43,7 +43,11 @@
  *             the softmax of tile t runs while the tensor cores do the PV of
  *             tile t - 1 (P_{t-1} must stay untouched in its registers until
  *             that wgmma completes: tile t's probabilities wait in the fp32 S
- *             registers, packed only after wgmma.wait_group 0).
+ *             registers, packed only after wgmma.wait_group 0). That wait
+ *             sits in both arms of the O-rescale branch: written straight after
+ *             the softmax, ptxas lifted it above the exponentials and the softmax
+ *             ran after the P V (docs/HOPPER.md, "The softmax under the P V";
+ *             python/kernel_tests/test_sass_overlap.py reads the SASS).
  *   PINGPONG = 1: the consumer warpgroups take turns issuing their GEMMs
  *             (named barriers 1..CONSUMERS, round robin), so one warpgroup's
  *             softmax overlaps another's GEMMs.
