@@ -29,9 +29,16 @@
  *     4. O += P V: P rounded to f16x2 / bf16x2 in registers is wgmma's
  *        register A operand (BLOCK_N / 16 wgmma m64nDk16), V read from shared
  *        memory as the MN-major ("transposed") B operand.
- *   epilogue  O / l stored from registers through O's strides, rows < SQ
- *             only (4-byte stores: a quad writes 16 contiguous bytes per n8
- *             block).
+ *   epilogue  O / l, rows < SQ only. EPI_TMA = 0: stored from registers
+ *             through O's strides (4-byte stores: a quad writes 16 contiguous
+ *             bytes per n8 block). EPI_TMA = 1 (FA3 / FA4's epilogue, but per
+ *             warpgroup, not one barrier over the CTA): each warpgroup writes its
+ *             64 x D rows into its own O buffer in the TMA's 128-byte-swizzled
+ *             layout, fences (async proxy), syncs its 128 threads (named barrier
+ *             CONSUMERS + 2 + c) and one thread issues a TMA store of the box (the
+ *             o map: rows past SQ are not written); the buffer is rewritten only
+ *             after that store has read it (cp.async.bulk.wait_group.read), and
+ *             the CTA ends after the last store has completed.
  *
  * Heads: work tile bh = b * HQ + h; query head h reads K/V head h / (HQ / HKV)
  * (grouped-query attention). The query heads of one K/V head are adjacent in
@@ -56,7 +63,9 @@
  * panels of 64 columns, as the TMA writes them):
  *   Q     CONSUMERS x [D / 64][64 rows][128 B]
  *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
- *   dynamic bytes = 1024 (alignment) + 2 D (64 CONSUMERS + 2 STAGES BLOCK_N)
+ *   O     EPI_TMA x CONSUMERS x [D / 64][64 rows][128 B]
+ *   dynamic bytes = 1024 (alignment) + 2 D (64 CONSUMERS + 2 STAGES BLOCK_N
+ *                   + EPI_TMA 64 CONSUMERS)
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
  *   mbarriers static (8 (1 + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
@@ -76,10 +85,11 @@
  *          consumers 240 or 160 (the launch allocation, 168 or 128 each, moved
  *          from the producer to the consumers). A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
  *          + BLOCK_N / 4 (P) values: D 128, BLOCK_N 128: 160.
- * Tensor maps: q (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle,
+ * Tensor maps: q and o (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle,
  *          rank 5 over the tensors' real strides (the daemon's convention:
  *          dims {64, rows, D / 64, heads, B}, a box at (0, row, 0, head, b));
- *          rows past SQ (Q) or SK (K, V) are zero-filled by the TMA, per head.
+ *          rows past SQ (Q) or SK (K, V) are zero-filled by the TMA, per head;
+ *          a store (O, EPI_TMA) skips rows past SQ.
  *
  * Knobs:   BLOCK_N    keys per K/V tile (wgmma N of S = Q K^T)   192, 128, 176
  *          STAGES     K/V slots in the TMA ring                 2, 3
@@ -94,6 +104,9 @@
  *                     ragged tail of SQ, or SQ <= 64) splits its key
  *                     tiles across the consumers instead of leaving all
  *                     but consumer 0 idle; merged through shared memory
+ *          EPI_TMA    O through shared memory and a TMA store per   0, 1
+ *                     warpgroup (FA4: 25% fewer L2 write sectors than
+ *                     4-byte stores from registers, ncu at (4,16,4096,64))
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
@@ -143,6 +156,7 @@ OVERLAP = [1, 0]
 PERSISTENT = [1, 0]
 LAZY_RESCALE = [1, 0]
 TAIL_SPLIT = [1, 0]
+EPI_TMA = [0, 1]
 
 [derived]
 block_m = "64 * CONSUMERS"
@@ -153,7 +167,7 @@ splits = "1"
 kernel = "fwd"
 grid = ["min(m_blocks * B * HQ, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
-smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N)"
+smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
 [[tensor_map]]
 tensor = "q"
@@ -168,6 +182,11 @@ swizzle = 128
 [[tensor_map]]
 tensor = "v"
 box_rows = "BLOCK_N"
+swizzle = 128
+
+[[tensor_map]]
+tensor = "o"
+box_rows = "64"
 swizzle = 128
 */
 
@@ -200,6 +219,9 @@ swizzle = 128
 #endif
 #ifndef TAIL_SPLIT
 #error "TAIL_SPLIT must be defined"
+#endif
+#ifndef EPI_TMA
+#error "EPI_TMA must be defined"
 #endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
@@ -243,7 +265,8 @@ struct WtSmem {
     static constexpr int Q = 0;                 // CONSUMERS x Q_WG
     static constexpr int K = Q + CONSUMERS * Q_WG;  // STAGES x KV
     static constexpr int V = K + STAGES * KV;       // STAGES x KV
-    static constexpr int END = V + STAGES * KV;
+    static constexpr int O = V + STAGES * KV;       // EPI_TMA: CONSUMERS x Q_WG
+    static constexpr int END = O + EPI_TMA * CONSUMERS * Q_WG;
     static constexpr int BYTES = 1024 + END;
     static_assert(Q_WG % 1024 == 0 && KV % 1024 == 0, "tiles must stay 1024-byte aligned (swizzle atoms)");
 };
@@ -425,7 +448,7 @@ __device__ __forceinline__ void turn_pass(int c) {
 
 template <int D>
 __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* tm_q, const optd_tensor_map* tm_k,
-                                              const optd_tensor_map* tm_v) {
+                                              const optd_tensor_map* tm_v, const optd_tensor_map* tm_o) {
     static_assert(D % 64 == 0, "D must be a multiple of 64 (128-byte swizzle panels)");
     using L = WtSmem<D>;
     OPTD_CHECK_SMEM(FWD, D, L::BYTES);
@@ -437,6 +460,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     (void)q;
     (void)k;
     (void)v;
+    (void)tm_o;  // EPI_TMA = 0: O stored from registers
 
     extern __shared__ unsigned char wt_smem[];
     __shared__ WtBarriers bars;
@@ -444,6 +468,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     const unsigned s_q = base + L::Q;
     const unsigned s_k = base + L::K;
     const unsigned s_v = base + L::V;
+    const unsigned s_o = base + L::O;  // EPI_TMA only
 
     const int tid = threadIdx.x;
     // Broadcast from lane 0: ptxas then knows the warpgroup index (and all that
@@ -491,6 +516,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             tma_prefetch_map(tm_q);
             tma_prefetch_map(tm_k);
             tma_prefetch_map(tm_v);
+            if (EPI_TMA) tma_prefetch_map(tm_o);
             int it = 0;  // K/V tiles loaded so far: ring slot it % STAGES
             for (int r = 0, n = 0; r < sched.rounds(); ++r) {
                 if (!sched.has(r)) continue;
@@ -690,25 +716,65 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             }
             ring = cur;
 
-            // ---- epilogue: O / l, rows < SQ, through O's strides ----------------
+            // ---- epilogue: O / l, rows < SQ -----------------------------------
             const int tq = lane & 3;
             const int b = bh / heads_q;
-            elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, bh - b * heads_q) + 2 * tq;
+            // Split tile: consumer 0 holds the merged rows, the others store nothing.
+            const bool stores = !(split_tile && c != 0);
+            if (EPI_TMA) {
+                // Through this warpgroup's O buffer and one TMA store of its 64 x D box
+                // (rows past SQ are not written: the map's bounds). tw 0 issues the
+                // stores; its previous one must have read the buffer before it is
+                // written again. The 16-byte chunk q of row r of a 64-column panel sits
+                // at chunk q ^ (r % 8) (the map's 128-byte swizzle): for one n8 block
+                // the quad's four 4-byte stores and the warp's eight rows land in 32
+                // different banks.
+                const int tw = tid & 127;
+                const unsigned buf = s_o + c * Q_WG_BYTES;
+                constexpr int EPI_BAR = CONSUMERS + 2;  // + c: ping-pong 1..C, merge C + 1
+                if (tw == 0) bulk_wait_read<0>();
+                named_bar_sync(EPI_BAR + c, 128);
+                if (stores) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row_g + 8 * h;
-                const float l = quad_sum(cs.sm.l[h]);
-                const float inv = l > 0.f ? 1.f / l : 0.f;
-                // Split tile: consumer 0 holds the merged rows.
-                if (row < seq_q && !(split_tile && c != 0)) {
-                    elem_t* orow = oh + (long long)row * strides.o_s;
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = 16 * w + (lane >> 2) + 8 * h;  // row in the warpgroup's 64
+                        const float l = quad_sum(cs.sm.l[h]);
+                        const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-                    for (int j = 0; j < D / 8; ++j)
-                        *reinterpret_cast<unsigned*>(orow + 8 * j) =
-                            pack2(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
+                        for (int j = 0; j < D / 8; ++j) {
+                            const unsigned at = buf + (j / 8) * 64 * 128 + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * tq;
+                            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
+                                         "r"(pack2(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv))
+                                         : "memory");
+                        }
+                    }
+                }
+                fence_proxy_async_smem();
+                named_bar_sync(EPI_BAR + c, 128);
+                if (tw == 0 && stores && row0 < seq_q) {
+                    tma_store_5d(tm_o, buf, 0, row0, 0, bh - b * heads_q, b);
+                    bulk_commit();
+                }
+            } else {
+                // From registers through O's strides.
+                elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, bh - b * heads_q) + 2 * tq;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row_g + 8 * h;
+                    const float l = quad_sum(cs.sm.l[h]);
+                    const float inv = l > 0.f ? 1.f / l : 0.f;
+                    if (row < seq_q && stores) {
+                        elem_t* orow = oh + (long long)row * strides.o_s;
+#pragma unroll
+                        for (int j = 0; j < D / 8; ++j)
+                            *reinterpret_cast<unsigned*>(orow + 8 * j) =
+                                pack2(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv);
+                    }
                 }
             }
         }  // work tiles
+        // EPI_TMA: the last TMA store has written O before the CTA counts as done.
+        if (EPI_TMA && (tid & 127) == 0) bulk_wait<0>();
         if (PINGPONG && c == 0) named_bar_sync(1, 256);  // the last consumer's final pass
     }
     __syncthreads();  // every warpgroup done: the CTA counts as complete only now
@@ -717,8 +783,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
 #define WT_KERNEL(DIM)                                                                                         \
     extern "C" __global__ void __launch_bounds__(WT_THREADS, 1)                                                \
         optd_fwd_d##DIM(OPTD_ARGS, const __grid_constant__ optd_tensor_map tm_q,                               \
-                        const __grid_constant__ optd_tensor_map tm_k, const __grid_constant__ optd_tensor_map tm_v) { \
-        wgmma_tma_fwd<DIM>(OPTD_ARG_NAMES, &tm_q, &tm_k, &tm_v);                                               \
+                        const __grid_constant__ optd_tensor_map tm_k, const __grid_constant__ optd_tensor_map tm_v, \
+                        const __grid_constant__ optd_tensor_map tm_o) {                                        \
+        wgmma_tma_fwd<DIM>(OPTD_ARG_NAMES, &tm_q, &tm_k, &tm_v, &tm_o);                                        \
         OPTD_CTA_DONE();                                                                                       \
     }
 WT_KERNEL(64)

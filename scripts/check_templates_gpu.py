@@ -98,7 +98,8 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               medium issue 19's medium shapes at six wgmma-tma points (the
               fastest per shape summarised), --points pingpong PINGPONG and
               PERSISTENT on and off, --points overlap OVERLAP on and off at
-              FA4's points and the daemon's. Where flash_attn.cute imports
+              FA4's points and the daemon's, --points epilogue EPI_TMA on and
+              off. Where flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
 
@@ -331,8 +332,19 @@ OVERLAP_POINTS = [
     )
     for ov in (1, 0)
 ]
+# --time-best --points epilogue: EPI_TMA 1 (O through shared memory and a TMA store per
+# warpgroup) against 0 (4-byte stores from registers) at the benchmark's best points and two
+# medium shapes, where the epilogue is a larger share (fewer key tiles per work tile).
+EPILOGUE_POINTS = [
+    (tpl, dict(knobs, EPI_TMA=e), shapes)
+    for tpl, knobs, shapes in BEST_POINTS if tpl == "wgmma_tma.cu"
+    for e in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=e),
+     mhas([(16, 16, 577, 64, False), (8, 16, 1024, 64, False)])) for e in (1, 0)
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
-              "overlap": OVERLAP_POINTS}
+              "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -1620,7 +1632,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="--time-best rounds (default 5)")
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
                     help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
-                         "medium shapes (medium), PINGPONG (pingpong) or OVERLAP (overlap) on and off")
+                         "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) on and off")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",

@@ -9,6 +9,8 @@
  *                             expect_tx, parity wait)
  *   tma_load_5d()             cp.async.bulk.tensor.5d: one box global -> shared,
  *                             completing on an mbarrier (transaction bytes)
+ *   tma_store_5d(), bulk_*    one box shared -> global in a bulk group; commit,
+ *                             wait for its reads of shared memory or its end
  *   wgmma_fence/commit/wait   wgmma ordering (sm_90a)
  *   smem_desc_*()             wgmma shared-memory matrix descriptors for the
  *                             128-byte swizzle that the TMA writes
@@ -84,12 +86,38 @@ __device__ __forceinline__ void tma_load_5d(unsigned dst, const optd_tensor_map*
         : "memory");
 }
 
-// --- wgmma ordering ----------------------------------------------------------
-// Before the first wgmma of a batch: registers written by ordinary
-// instructions (accumulators, A fragments) become visible to it.
+// Shared `src` -> the box at (c0, .., c4) of the map's tensor (a TMA store: elements
+// past the tensor's bounds are not written), in this thread's current bulk group.
+__device__ __forceinline__ void tma_store_5d(const optd_tensor_map* map, unsigned src, int c0, int c1, int c2,
+                                             int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group"
+        " [%0, {%2, %3, %4, %5, %6}], [%1];\n" ::"l"(reinterpret_cast<unsigned long long>(map)),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's bulk groups still read their shared source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Until at most N of this thread's bulk groups are incomplete (writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// This thread's shared-memory accesses (generic proxy) ordered before later TMA
+// (async proxy) accesses of the same bytes: a TMA load overwriting what it read,
+// a TMA store reading what it wrote.
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+
+// --- wgmma ordering ----------------------------------------------------------
+// Before the first wgmma of a batch: registers written by ordinary
+// instructions (accumulators, A fragments) become visible to it.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Wait until at most N committed groups are pending.
