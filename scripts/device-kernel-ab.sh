@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On the GPU machine: check the Hopper template's variants and time a change against the
+# templates before it, from cubins built on the CPU machine (no compiler work here).
+#
+# Built here first (the CPU machine; .dev is git-ignored, carry both folders):
+#   git archive <commit before the change> kernel-templates | tar -x -C .dev/old
+#   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --template wgmma_tma.cu \
+#       --template tensor_map_probe.cu --pairs wgmma_tma.cu --time-best --points overlap \
+#       --time-against .dev/old/kernel-templates
+#   for p in epilogue best medium; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
+#       --no-check --template wgmma_tma.cu --time-best --points $p; done
+# Then, one device call per step (each under the tool's 10-minute limit):
+#   bash scripts/device-kernel-ab.sh check      every pair of knob values, more shapes, planted faults
+#   bash scripts/device-kernel-ab.sh overlap    --points overlap, new against .dev/old
+#   bash scripts/device-kernel-ab.sh epilogue   --points epilogue (EPI_TMA 1 against 0)
+#   bash scripts/device-kernel-ab.sh best       --points best, then medium (FA4 where it imports)
+# Logs go to $OUT; each step ends with its table. FA4: PYTHONPATH as in
+# ../shared/notes/fa4-on-device.md (the wheels travel in two calls).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-/tmp/optimizerd-out}"
+mkdir -p "$out"
+step="${1:?usage: device-kernel-ab.sh check|overlap|epilogue|best}"
+ctg=(--cubin-dir .dev/ctg)
+[[ -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
+run() {  # run NAME ARGS...: the checker's output to $OUT/NAME.log, its last lines here
+  local name="$1"; shift
+  echo "+ python3 scripts/check_templates_gpu.py $*"
+  python3 scripts/check_templates_gpu.py "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 40 "$out/$name.log"
+  echo "+ exit status $rc ($name)"
+  return $rc
+}
+case "$step" in
+  check)
+    run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
+      --more-shapes --faults ;;
+  overlap)
+    [[ -d .dev/old/kernel-templates ]] || { echo "device-kernel-ab: no .dev/old/kernel-templates (carry it)" >&2; exit 2; }
+    run overlap "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points overlap \
+      --time-against .dev/old/kernel-templates --rounds 5 ;;
+  epilogue)
+    run epilogue "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points epilogue --rounds 5 ;;
+  best)
+    run best "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points best --rounds 5
+    run medium "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points medium --rounds 3 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, epilogue, best)" >&2; exit 2 ;;
+esac
