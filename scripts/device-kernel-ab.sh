@@ -8,7 +8,7 @@
 #       --template tensor_map_probe.cu --pairs wgmma_tma.cu --time-best --points overlap \
 #       --time-against .dev/old/kernel-templates
 #   for p in epilogue best medium; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
-#       --no-check --template wgmma_tma.cu --time-best --points $p; done
+#       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
 # Then, one device call per step (each under the tool's 10-minute limit):
 #   bash scripts/device-kernel-ab.sh check      every pair of knob values, more shapes, planted faults
 #   bash scripts/device-kernel-ab.sh overlap    --points overlap, new against .dev/old
@@ -44,7 +44,7 @@ case "$step" in
   epilogue)
     run epilogue "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points epilogue --rounds 5 ;;
   best)
-    run best "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points best --rounds 5
+    run best "${ctg[@]}" --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points best --rounds 5
     run medium "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points medium --rounds 3 ;;
   *) echo "device-kernel-ab: unknown step $step (check, overlap, epilogue, best)" >&2; exit 2 ;;
 esac
