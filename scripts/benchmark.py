@@ -20,6 +20,9 @@ Workloads (--workload; --config names any other file):
             workload, so the other layout is a second, small run).
   unseen    scripts/benchmark-unseen.toml: bf16 prefill shapes the project was never
             tuned on (D 128 causal, D 64 non-causal, a ragged S of 577).
+  medium    scripts/benchmark-medium.toml: issue 19's medium set, bf16, S 577-2048,
+            D 64 and 128, causal and not (dtype is per workload: the default
+            benchmark's large fp16 shapes are a separate run).
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -55,6 +58,7 @@ WORKLOADS = {
     "llm": "scripts/benchmark-llm.toml",
     "llm-bshd": "scripts/benchmark-llm-bshd.toml",
     "unseen": "scripts/benchmark-unseen.toml",
+    "medium": "scripts/benchmark-medium.toml",
 }
 
 DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode

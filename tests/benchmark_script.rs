@@ -193,10 +193,26 @@ fn the_llm_workloads_load_with_the_shapes_the_benchmark_promises() {
     assert_eq!(llm.shapes().iter().filter(|s| s.is_decode()).count(), 7);
     let bshd = Config::load_file(&common::repo_root().join("scripts/benchmark-llm-bshd.toml")).unwrap_or_else(|e| panic!("{e}"));
     assert!(bshd.shapes().iter().all(|s| s.key().ends_with("-bf16-bshd")), "{:?}", bshd.shapes());
+    // Issue 19's medium set: bf16, S 577-2048, both head dims, causal and not.
+    let medium = Config::load_file(&common::repo_root().join("scripts/benchmark-medium.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<String> = medium.shapes().iter().map(|s| s.key()).collect();
+    assert_eq!(
+        keys,
+        [
+            "b16h16s577d64-bf16",
+            "b32h16s577d64-bf16",
+            "b8h16s1024d64-bf16",
+            "b8h16s1024d64-causal-bf16",
+            "b8h16s2048d64-bf16",
+            "b4h32s1024d128-causal-bf16",
+            "b4h32s2048d128-causal-bf16",
+            "b8h16s1536d128-bf16",
+        ]
+    );
     // Each --workload names a file that exists.
     let o = Command::new("python3").current_dir(common::repo_root()).args(["scripts/benchmark.py", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&o.stdout);
-    for w in ["llm ", "llm-bshd ", "default "] {
+    for w in ["llm ", "llm-bshd ", "default ", "unseen ", "medium "] {
         assert!(help.contains(w), "--help lists {w}: {help}");
     }
 }
