@@ -335,9 +335,12 @@ struct Consumer {
     }
 
     // Mask (when the tile needs it) and turn S into probabilities in place;
-    // returns the O correction factors of rows g, g + 8 in corr.
-    __device__ __forceinline__ void softmax(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2]) {
-        if (mask.partial(kv0, BLOCK_N, row_g)) m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3));
+    // returns the O correction factors of rows g, g + 8 in corr. masked = false:
+    // the caller knows no key of the tile is masked for any row of this warpgroup,
+    // and the loop calling it carries no mask code (see the loops' peel).
+    __device__ __forceinline__ void softmax(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2],
+                                            bool masked = true) {
+        if (masked && mask.partial(kv0, BLOCK_N, row_g)) m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3));
         float mx[2], bias[2];
         m16n8_row_max<1, NT>(s_at(), sm.m, mx);
         const bool moved = sm.rescale(mx, sl2, bias, corr);
@@ -647,7 +650,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 cs.softmax(0, row_g, mask, sl2, corr);
                 cs.rescale_and_pack(corr);
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
-                for (int t = 1; t < n_wg; ++t) {
+                auto step = [&](int t, bool masked) {
                     mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
                     mbar_wait(v_full(cur), cur.phase);
                     turn_wait(c);
@@ -658,12 +661,25 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     reg_fence(cs.s);
                     release(bars.k_empty, kp);
                     kp.next();
-                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr);
+                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked);
                     cs.wait_pv_and_rescale(corr);
                     release(bars.v_empty, cur);
                     cur.next();
                     cs.pack();
-                }
+                };
+                // The loop peeled: tiles no row of this warpgroup masks (every key < SK,
+                // and causal: at or below the diagonal of its first row, row0) run in a
+                // loop without the mask code, the rest (the ragged last tile, the causal
+                // diagonal) in a second one. One loop with the mask check inside held
+                // ~230 instructions of per-key compares and selects in the steady state's
+                // text and a branch between the Q K^T wait and the row max; the plain
+                // loop has 442 instructions against 692 (D 64, BLOCK_N 128, 3 consumers;
+                // 620 against 877 at D 128 without OVERLAP), the same registers and the
+                // softmax still under the P V (scripts/sass_loop_stats.py). FA4 splits
+                // its loop the same way.
+                const int n_plain = max(1, min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N));
+                for (int t = 1; t < n_plain; ++t) step(t, false);
+                for (int t = n_plain; t < n_wg; ++t) step(t, true);
                 q_done();
                 mbar_wait(v_full(cur), cur.phase);
                 cs.issue_pv(v_tile(cur));
@@ -682,7 +698,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // computed/released branch cost the 160-register consumers of D 128 a spill
                 // and serialized wgmma, C7512, even for unsplit tiles.)
                 const int step = split_tile ? CONSUMERS : 1;
-                for (int t = split_tile ? c : 0; t < n_wg; t += step) {
+                auto tile = [&](int t, bool masked) {
                     for (; next < t; ++next) skip_tile(cur);
                     mbar_wait(k_full(cur), cur.phase ^ OPTD_FAULT_MBAR_PHASE);
                     turn_in();
@@ -692,7 +708,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     reg_fence(cs.s);
                     release(bars.k_empty, cur);
                     float corr[2];
-                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr);
+                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked);
                     cs.rescale_and_pack(corr);
                     mbar_wait(v_full(cur), cur.phase);
                     cs.issue_pv(v_tile(cur));
@@ -701,7 +717,12 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     release(bars.v_empty, cur);
                     cur.next();
                     next = t + 1;
-                }
+                };
+                // Peeled as the OVERLAP loop above: unmasked tiles first, without mask code.
+                const int n_plain = min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N);
+                int t = split_tile ? c : 0;
+                for (; t < n_plain; t += step) tile(t, false);
+                for (; t < n_wg; t += step) tile(t, true);
                 if (!split_tile) q_done();
             } else {
                 q_done();  // OVERLAP, no rows of this warpgroup: Q never read

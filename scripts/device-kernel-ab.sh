@@ -2,16 +2,20 @@
 # On the GPU machine: check the Hopper template's variants and time a change against the
 # templates before it, from cubins built on the CPU machine (no compiler work here).
 #
-# Built here first (the CPU machine; .dev is git-ignored, carry both folders):
-#   git archive <commit before the change> kernel-templates | tar -x -C .dev/old
+# Built here first (the CPU machine; .dev is git-ignored: carry .dev/ctg, .dev/old, .dev/mid):
+#   git archive 995a61b kernel-templates | tar -x -C .dev/old   (before the overlap fix)
+#   git archive 81dc508 kernel-templates | tar -x -C .dev/mid   (the overlap fix, before the peel)
 #   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --template wgmma_tma.cu \
 #       --template tensor_map_probe.cu --pairs wgmma_tma.cu --time-best --points overlap \
 #       --time-against .dev/old/kernel-templates
+#   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --no-check --template wgmma_tma.cu \
+#       --template mma_fa2.cu --time-best --points best --time-against .dev/mid/kernel-templates
 #   for p in epilogue best medium; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
 #       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
 # Then, one device call per step (each under the tool's 10-minute limit):
 #   bash scripts/device-kernel-ab.sh check      every pair of knob values, more shapes, planted faults
 #   bash scripts/device-kernel-ab.sh overlap    --points overlap, new against .dev/old
+#   bash scripts/device-kernel-ab.sh peel       --points best, new against .dev/mid (the loop peel alone)
 #   bash scripts/device-kernel-ab.sh epilogue   --points epilogue (EPI_TMA 1 against 0)
 #   bash scripts/device-kernel-ab.sh best       --points best, then medium (FA4 where it imports)
 # Logs go to $OUT; each step ends with its table. FA4: PYTHONPATH as in
@@ -20,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$out"
-step="${1:?usage: device-kernel-ab.sh check|overlap|epilogue|best}"
+step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best}"
 ctg=(--cubin-dir .dev/ctg)
 [[ -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
@@ -41,10 +45,14 @@ case "$step" in
     [[ -d .dev/old/kernel-templates ]] || { echo "device-kernel-ab: no .dev/old/kernel-templates (carry it)" >&2; exit 2; }
     run overlap "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points overlap \
       --time-against .dev/old/kernel-templates --rounds 5 ;;
+  peel)
+    [[ -d .dev/mid/kernel-templates ]] || { echo "device-kernel-ab: no .dev/mid/kernel-templates (carry it)" >&2; exit 2; }
+    run peel "${ctg[@]}" --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points best \
+      --time-against .dev/mid/kernel-templates --rounds 5 ;;
   epilogue)
     run epilogue "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points epilogue --rounds 5 ;;
   best)
     run best "${ctg[@]}" --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points best --rounds 5
     run medium "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points medium --rounds 3 ;;
-  *) echo "device-kernel-ab: unknown step $step (check, overlap, epilogue, best)" >&2; exit 2 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best)" >&2; exit 2 ;;
 esac
