@@ -7,7 +7,9 @@ SASS instructions of each loop that issues tensor-core instructions (HGMMA, HMMA
 holds no other such loop: the steady state of an attention kernel, one key tile per
 iteration. Counts are per class (uniform datapath, MUFU, FMNMX, FADD/FMUL/FFMA, packing,
 shuffles, barriers and mbarrier operations, integer and predicate work, local-memory
-spill traffic), static: one pass through the loop's text, branches not weighed.
+spill traffic), static: one pass through the loop's text, branches not weighed (a block
+the loop skips at run time, e.g. a mask applied only on the last tile, counts in full).
+Loops nested in a hot loop (mbarrier spin waits, skipped tiles) are counted apart.
 
 What it is for: an A/B of a template change before any device time. ncu's
 instruction counts on the H100 (docs/HOPPER.md, "ncu: FlashAttention-4 and our kernel")
@@ -251,7 +253,10 @@ def parse_knobs(tpl: ncc.Template, given: str | None) -> dict[str, int]:
         key, _, val = item.partition("=")
         if key not in knobs:
             raise SassError(f"sass_loop_stats: {tpl.rel} has no knob {key!r} (knobs: {', '.join(knobs)})")
-        knobs[key] = int(val)
+        try:
+            knobs[key] = int(val)
+        except ValueError:
+            raise SassError(f"sass_loop_stats: --knobs {item!r}: the value must be an integer, e.g. {key}=128") from None
     return knobs
 
 
@@ -292,7 +297,7 @@ def print_table(runs: list[dict]) -> None:
     for r in runs:
         print(f"# {r['root']}: {r['template']} d{r['d']} {r['dtype']} {r['arch']} {ncc.combo_label(r['knobs'])}")
     base = runs[0]
-    for k, kd in base["kernels"].items():
+    for k in base["kernels"]:
         others = [r["kernels"].get(k) for r in runs]
         print(f"\n{k}")
         for r, kk in zip(runs, others):
