@@ -24,9 +24,10 @@ need_free() {
   fi
 }
 
-# install DEST PIP_ARGS...: (re)install into DEST unless its stamp already says these pins.
+# install GB DEST PIP_ARGS...: (re)install into DEST, which needs about GB gigabytes free,
+# unless its stamp already says these pins.
 install() {
-  local dest="$1"; shift
+  local need_gb="$1" dest="$2"; shift 2
   local stamp="$dest/.pins" want="$*"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     return 0
@@ -40,11 +41,11 @@ install() {
   echo "$want" > "$stamp"
 }
 
-need_gb=1 install "$root/.deps/cuda" --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88
+install 1 "$root/.deps/cuda" --no-deps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88
 # nvdisasm, for scripts/sass_loop_stats.py and its test (python/kernel_tests): the SASS of
 # a kernel's hot loop. No 13.0 build is on PyPI; 13.5 reads NVRTC 13.0's sm_90a cubins.
-need_gb=1 install "$root/.deps/nvdisasm" --no-deps nvidia-cuda-nvdisasm==13.5.37
-need_gb=6 install "$root/.deps/py" torch==2.11.0 transformers==5.17.0
+install 1 "$root/.deps/nvdisasm" --no-deps nvidia-cuda-nvdisasm==13.5.37
+install 6 "$root/.deps/py" torch==2.11.0 transformers==5.17.0
 
 # PostgreSQL, for the tests of a fleet's shared database (tests/fleet.rs start their own
 # server in a temporary folder): Debian's package. Under CI=true a missing server is an
