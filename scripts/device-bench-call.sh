@@ -6,7 +6,8 @@
 # there (the daemon survives between calls while the machine stays warm: issue the next call at
 # once, it goes back after 30 s idle); later calls attach and wait again. Every call leaves the
 # status, history, ledger, the BENCHMARKS.md the script writes and the clocks in $OUT.
-# BUDGET (default 20m) and WAIT (seconds to wait, default 530) come from the environment.
+# BUDGET (default 20m), WORKLOAD (benchmark.py --workload, default `default`) and WAIT (seconds to
+# wait, default 530) come from the environment.
 set -u
 export PYTHONUNBUFFERED=1
 W="${BENCH_DIR:-/tmp/bench}"  # BENCH_DIR: another folder for another run on the same machine
@@ -15,7 +16,7 @@ mkdir -p "$W" "$out"
 [ -d "$W/repo" ] || { cp -r "$PWD" "$W/repo.tmp" && mv "$W/repo.tmp" "$W/repo"; }
 cd "$W/repo"
 chmod +x target/release/optimizerd
-python3 scripts/benchmark.py --bin target/release/optimizerd --budget "${BUDGET:-20m}" --detach --work "$W/w" \
+python3 scripts/benchmark.py --bin target/release/optimizerd --budget "${BUDGET:-20m}" --workload "${WORKLOAD:-default}" --detach --work "$W/w" \
   --max-wait "${WAIT:-530}" 2>&1 | tee -a "$out/bench.log"
 rc=${PIPESTATUS[0]}
 CFG=$W/w/agent.toml
