@@ -5,6 +5,9 @@
 # precompiled cubins (CUBINS=.dev/ctg, from check_templates_gpu.py --build-cubins ... --points best).
 #
 #   OUT=/tmp/ncu bash scripts/ncu_vs_fa4.sh      # one log per (kernel, shape) under $OUT, a table last
+#   bash scripts/ncu_vs_fa4.sh "2,16,8192,128|BLOCK_N=128,...,CONSUMERS=2,..." "..."   # these cases instead
+# A case is "shape|knobs" (shape as profile_one.py takes it: B,H,S,D[,causal] or B,HQ,HKV,SQ,SK,D[,causal]);
+# several cases may share a shape (FA4 is profiled once per shape, each of our points beside it).
 #
 # One launch each (--profile-from-start off: scripts/profile_one.py warms up, then opens the profiled
 # range), --clock-control none (the clocks the timings run at), fp16.
@@ -26,12 +29,16 @@ CASES=(
   "2,16,8192,128|BLOCK_N=128,STAGES=2,CONSUMERS=3,PINGPONG=1,OVERLAP=0,PERSISTENT=1,LAZY_RESCALE=1"
   "8,16,1024,64,causal|BLOCK_N=128,STAGES=2,CONSUMERS=2,PINGPONG=1,OVERLAP=1,PERSISTENT=1,LAZY_RESCALE=1"
 )
+(( $# > 0 )) && CASES=("$@")
 for case in "${CASES[@]}"; do
   shape="${case%%|*}"; knobs="${case##*|}"; tag="${shape//,/_}"
-  ncu --clock-control none --profile-from-start off --launch-count 1 --metrics "$M" \
+  # Our point's file name: the knobs' values in order (BLOCK_N=128,CONSUMERS=2 -> 128-2).
+  ktag=$(tr ',' '\n' <<< "$knobs" | sed 's/.*=//' | paste -sd-)
+  [[ -f "$OUT/fa4_$tag.txt" ]] || ncu --clock-control none --profile-from-start off --launch-count 1 --metrics "$M" \
     python3 scripts/profile_one.py fa4 - "$shape" > "$OUT/fa4_$tag.txt" 2>&1
   ncu --clock-control none --profile-from-start off --launch-count 1 --metrics "$M" \
-    python3 scripts/profile_one.py wgmma_tma.cu "$knobs" "$shape" ${CUBINS:+--cubin-dir "$CUBINS"} > "$OUT/ours_$tag.txt" 2>&1
+    python3 scripts/profile_one.py wgmma_tma.cu "$knobs" "$shape" ${CUBINS:+--cubin-dir "$CUBINS"} > "$OUT/ours_${tag}__$ktag.txt" 2>&1
+  echo "${tag}__$ktag: $knobs" >> "$OUT/cases.txt"
 done
 # Table: every metric, FA4 and ours side by side per shape.
 python3 - "$OUT" <<'PY'
@@ -39,15 +46,17 @@ import re, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 def metrics(path):
     d = {}
+    if not path.exists():
+        return d
     for line in path.read_text(errors="replace").splitlines():
         m = re.match(r"\s+([a-z][\w.]+)\s+(\S+)\s+([\d.,]+)\s*$", line)
         if m:
             d[m.group(1)] = (m.group(2), m.group(3))
     return d
-for fa in sorted(out.glob("fa4_*.txt")):
-    tag = fa.name[4:-4]
-    a, b = metrics(fa), metrics(out / f"ours_{tag}.txt")
-    print(f"\n== {tag}   (FA4 | ours)")
+for ours in sorted(out.glob("ours_*.txt")):
+    tag, _, knobs = ours.name[5:-4].partition("__")
+    a, b = metrics(out / f"fa4_{tag}.txt"), metrics(ours)
+    print(f"\n== {tag}, our point {knobs}   (FA4 | ours)")
     for k in sorted(set(a) | set(b)):
         print(f"  {k:95} {a.get(k, ('', '-'))[1]:>16} | {b.get(k, ('', '-'))[1]:>16}  {(a.get(k) or b.get(k))[0]}")
 PY
