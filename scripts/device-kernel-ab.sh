@@ -12,21 +12,29 @@
 #       --template mma_fa2.cu --time-best --points best --time-against .dev/mid/kernel-templates
 #   for p in epilogue best medium; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
 #       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
+# The mbarrier-sleep experiment (not in the templates yet: HOPPER.md, "ncu after the four changes"):
+#   git archive HEAD kernel-templates | tar -x -C .dev/sleep, then in .dev/sleep/kernel-templates/common/hopper.cuh
+#   give mbar_wait's try_wait a suspend-time hint: `... b64 done, [%0], %1, %2;` with operand "n"(0x989680)
+#   (ptxas then emits NANOSLEEP.SYNCS in the retry path), and
+#   for p in epilogue medium; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg-sleep --no-check \
+#       --template wgmma_tma.cu --time-best --points $p --time-against .dev/sleep/kernel-templates; done
 # Then, one device call per step (each under the tool's 10-minute limit):
 #   bash scripts/device-kernel-ab.sh check      every pair of knob values, more shapes, planted faults
 #   bash scripts/device-kernel-ab.sh overlap    --points overlap, new against .dev/old
 #   bash scripts/device-kernel-ab.sh peel       --points best, new against .dev/mid (the loop peel alone)
 #   bash scripts/device-kernel-ab.sh epilogue   --points epilogue (EPI_TMA 1 against 0)
 #   bash scripts/device-kernel-ab.sh best       --points best, then medium (FA4 where it imports)
+#   bash scripts/device-kernel-ab.sh sleep      --points epilogue and medium, new against .dev/sleep (carry
+#                                               .dev/ctg-sleep and .dev/sleep): does sleeping in mbarrier waits pay
 # Logs go to $OUT; each step ends with its table. FA4: PYTHONPATH as in
 # ../shared/notes/fa4-on-device.md (the wheels travel in two calls).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$out"
-step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best}"
+step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|sleep}"
 ctg=(--cubin-dir .dev/ctg)
-[[ -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
+[[ "$step" == sleep || -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
 run() {  # run NAME ARGS...: the checker's output to $OUT/NAME.log, its last lines here
   local name="$1"; shift
@@ -54,5 +62,11 @@ case "$step" in
   best)
     run best "${ctg[@]}" --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points best --rounds 5
     run medium "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points medium --rounds 3 ;;
-  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best)" >&2; exit 2 ;;
+  sleep)
+    [[ -d .dev/ctg-sleep && -d .dev/sleep/kernel-templates ]] || { echo "device-kernel-ab: carry .dev/ctg-sleep and .dev/sleep (built per the header)" >&2; exit 2; }
+    run sleep-epilogue --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points epilogue \
+      --time-against .dev/sleep/kernel-templates --rounds 5
+    run sleep-medium --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points medium \
+      --time-against .dev/sleep/kernel-templates --rounds 3 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, sleep)" >&2; exit 2 ;;
 esac
