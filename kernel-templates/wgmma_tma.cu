@@ -43,7 +43,9 @@
  * Heads: work tile bh = b * HQ + h; query head h reads K/V head h / (HQ / HKV)
  * (grouped-query attention). The query heads of one K/V head are adjacent in
  * bh, and every schedule below walks heads in bh order, so CTAs running at
- * once share that head's K/V in L2.
+ * once share that head's K/V in L2. PACK_GQA (packed, P = G): bh = b * HKV +
+ * K/V head, and a work tile holds 64 CONSUMERS / P query positions of each of
+ * the P heads; unpacked P = 1.
  *
  *   OVERLAP = 1 (FA3's intra-warpgroup pipelining): iteration t issues
  *             S_t = Q K_t^T and then O += P_{t-1} V_{t-1} before waiting, so
@@ -69,7 +71,8 @@
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
  *   mbarriers static (8 (1 + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
- * CTAs:    cdiv(SQ, 64 CONSUMERS) x (B * HQ) x 1, 128 (CONSUMERS + 1) threads
+ * CTAs:    cdiv(SQ, 64 CONSUMERS / P) x (B * HQ / P) x 1, 128 (CONSUMERS + 1)
+ *          threads, P = the spec's `pack` (PACK_GQA; else 1)
  *          (PERSISTENT: min(that product, SMs) x 1);
  *          the producer and the consumers walk the same work tiles through
  *          common/tile_scheduler.cuh;
@@ -107,6 +110,17 @@
  *          EPI_TMA    O through shared memory and a TMA store per   0, 1
  *                     warpgroup (FA4: 25% fewer L2 write sectors than
  *                     4-byte stores from registers, ncu at (4,16,4096,64))
+ *          PACK_GQA   D 64 with G = HQ / HKV in {2, 4, 8} (else no    0, 1
+ *                     effect): the G query heads of one K/V head share
+ *                     a work tile, each consumer's 64 rows = G heads x
+ *                     64 / G query positions (FA3 / FA4's pack_gqa), so
+ *                     a causal tile's diagonal spans 64 CONSUMERS / G
+ *                     positions instead of 64 CONSUMERS: computed over
+ *                     useful (query, key) pairs 1.09 instead of 1.18 at
+ *                     S 2048, G 4. Q and O move as G boxes of 64 / G rows
+ *                     per consumer (one 64-column panel: D 64 only; at
+ *                     D 128 a box's two panels would interleave per head).
+ *                     No TAIL_SPLIT in packed tiles. Not yet timed.
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
@@ -157,21 +171,23 @@ PERSISTENT = [1, 0]
 LAZY_RESCALE = [1, 0]
 TAIL_SPLIT = [1, 0]
 EPI_TMA = [0, 1]
+PACK_GQA = [0, 1]
 
 [derived]
+pack = "G if PACK_GQA and D == 64 and G >= 2 and 8 % G == 0 else 1"
 block_m = "64 * CONSUMERS"
-m_blocks = "cdiv(SQ, block_m)"
+m_blocks = "cdiv(SQ, block_m // pack)"
 splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["min(m_blocks * B * HQ, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ", "1"]
+grid = ["min(m_blocks * B * HQ // pack, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
 smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
 [[tensor_map]]
 tensor = "q"
-box_rows = "64"
+box_rows = "64 // pack"
 swizzle = 128
 
 [[tensor_map]]
@@ -186,7 +202,7 @@ swizzle = 128
 
 [[tensor_map]]
 tensor = "o"
-box_rows = "64"
+box_rows = "64 // pack"
 swizzle = 128
 */
 
@@ -223,6 +239,9 @@ swizzle = 128
 #ifndef EPI_TMA
 #error "EPI_TMA must be defined"
 #endif
+#ifndef PACK_GQA
+#error "PACK_GQA must be defined"
+#endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
 #endif
@@ -243,6 +262,12 @@ swizzle = 128
 
 #define WT_THREADS (128 * (CONSUMERS + 1))
 #define WT_BLOCK_M (64 * CONSUMERS)
+// PACK_GQA: query heads per work tile for G = HQ / HKV (the spec's `pack`): G where
+// 64 / G rows per head are whole 8-row swizzle atoms of one panel, else 1.
+template <int D>
+__device__ __forceinline__ int wt_pack(int g) {
+    return (PACK_GQA && D == 64 && g >= 2 && 8 % g == 0) ? g : 1;
+}
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
 #define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
 // Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
@@ -338,9 +363,12 @@ struct Consumer {
     // returns the O correction factors of rows g, g + 8 in corr. masked = false:
     // the caller knows no key of the tile is masked for any row of this warpgroup,
     // and the loop calling it carries no mask code (see the loops' peel).
+    // row_step: the query position of the thread's second row (g + 8) minus its first's (8;
+    // PACK_GQA with 8 positions per head: 0, the rows are two heads at one position).
     __device__ __forceinline__ void softmax(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2],
-                                            bool masked = true) {
-        if (masked && mask.partial(kv0, BLOCK_N, row_g)) m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3));
+                                            bool masked = true, int row_step = 8) {
+        if (masked && mask.partial(kv0, BLOCK_N, row_g))
+            m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3), row_step);
         float mx[2], bias[2];
         m16n8_row_max<1, NT>(s_at(), sm.m, mx);
         const bool moved = sm.rescale(mx, sl2, bias, corr);
@@ -478,7 +506,13 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // derives from it) is warp-uniform; a wgmma under a branch it thinks
     // divergent is serialized (C7518).
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int n_mb = (seq_q + WT_BLOCK_M - 1) / WT_BLOCK_M;
+    // PACK_GQA: P query heads share a work tile (1 unpacked), R query positions of each
+    // per consumer, TP per work tile; the scheduler's heads are b * heads_t + (query head,
+    // or K/V head when packed).
+    const int P = wt_pack<D>(heads_q / heads_kv);
+    const int R = 64 / P, TP = CONSUMERS * R;
+    const int heads_t = heads_q / P;
+    const int n_mb = (seq_q + TP - 1) / TP;
     // The work tiles of this CTA, in the same order for the producer and every
     // consumer (common/tile_scheduler.cuh). Persistent: rounds in a snake
     // order (a plain grid stride gave some CTAs only the heaviest causal tiles
@@ -489,13 +523,13 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // tile, causal: longest first across groups of heads whose K/V fit
     // WT_LPT_GROUP_BYTES (K/V counted per K/V head: the heads_q / heads_kv
     // query heads of one K/V head share it).
-    const TileScheduler<PERSISTENT != 0> sched(n_mb, batch * heads_q, heads_q / heads_kv, causal != 0,
+    const TileScheduler<PERSISTENT != 0> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
                                                2ll * seq_k * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
     // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
     const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     // Key tiles any row of query tile m_block sees (causal: up to its last row).
     auto tiles_of = [&](int m_block) {
-        return max(mask.keys_before((m_block + 1) * WT_BLOCK_M) + BLOCK_N - 1, 0) / BLOCK_N;
+        return max(mask.keys_before((m_block + 1) * TP) + BLOCK_N - 1, 0) / BLOCK_N;
     };
 
     if (tid == 0) {
@@ -526,16 +560,17 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 const WorkTile w = sched.tile(r);
                 const int i = n++;  // work tiles this CTA has taken: Q slot phase
                 const int m_block = w.m_block;
-                const int m0 = m_block * WT_BLOCK_M;
-                const int b = w.bh / heads_q, hq = w.bh - b * heads_q;
-                const int kvh = optd_kv_head(hq, heads_q, heads_kv);
+                const int m0 = m_block * TP;
+                const int b = w.bh / heads_t, ht = w.bh - b * heads_t;
+                const int kvh = P > 1 ? ht : optd_kv_head(ht, heads_q, heads_kv);
                 // Q: the previous work tile's consumers must be done with it.
                 const unsigned qf = smem_addr(&bars.q_full);
                 mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
                 mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
 #pragma unroll
-                for (int c = 0; c < CONSUMERS; ++c)
-                    tma_load_5d(s_q + c * Q_WG_BYTES, tm_q, qf, 0, m0 + 64 * c, 0, hq, b);
+                for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R
+                    for (int j = 0; j < P; ++j)
+                        tma_load_5d(s_q + c * Q_WG_BYTES + j * R * 128, tm_q, qf, 0, m0 + R * c, 0, ht * P + j, b);
                 const int n_tiles = tiles_of(m_block);
                 // Not unrolled: one thread issuing TMA has time to spare, and
                 // ptxas unrolled this loop 4x into the producer's 24 or 32
@@ -567,15 +602,20 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             const WorkTile wt = sched.tile(r);
             const int i = n++;
             const int bh = wt.bh;
-            const int m0 = wt.m_block * WT_BLOCK_M;
+            const int m0 = wt.m_block * TP;
             const int n_tiles = tiles_of(wt.m_block);
-            // A tile of at most 64 rows: every consumer takes them, a share of the keys each.
-            const bool split = TAIL_SPLIT && seq_q - m0 <= 64;
-            const int row0 = split ? m0 : m0 + 64 * c;     // the warpgroup's first row
-            const int row_g = row0 + 16 * w + (lane >> 2);  // this thread's rows: row_g, row_g + 8
+            // A tile of at most 64 rows: every consumer takes them, a share of the keys each
+            // (not in packed tiles).
+            const bool split = TAIL_SPLIT && P == 1 && seq_q - m0 <= 64;
+            const int row0 = split ? m0 : m0 + R * c;  // the warpgroup's first query position
+            // This thread's rows r_g and r_g + 8 of the warpgroup's 64 are query positions
+            // row_g and row_g + row_step (packed: row r is position r % R of head r / R).
+            const int r_g = 16 * w + (lane >> 2);
+            const int row_g = row0 + r_g % R;
+            const int row_step = R >= 16 ? 8 : 0;
             // Key tiles this warpgroup computes: those up to its last row (causal);
             // none when all its rows are past SQ. The rest it only waits for and releases.
-            const int n_wg = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + 64) + BLOCK_N - 1, 0) / BLOCK_N;
+            const int n_wg = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + R) + BLOCK_N - 1, 0) / BLOCK_N;
             const unsigned q_tile = s_q + (split ? 0 : c) * Q_WG_BYTES;
             const float sl2 = softmax_scale * OPTD_LOG2E;
 
@@ -647,7 +687,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 release(bars.k_empty, kp);
                 kp.next();
                 float corr[2];
-                cs.softmax(0, row_g, mask, sl2, corr);
+                cs.softmax(0, row_g, mask, sl2, corr, true, row_step);
                 cs.rescale_and_pack(corr);
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
                 auto step = [&](int t, bool masked) {
@@ -661,7 +701,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     reg_fence(cs.s);
                     release(bars.k_empty, kp);
                     kp.next();
-                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked);
+                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
                     cs.wait_pv_and_rescale(corr);
                     release(bars.v_empty, cur);
                     cur.next();
@@ -708,7 +748,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     reg_fence(cs.s);
                     release(bars.k_empty, cur);
                     float corr[2];
-                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked);
+                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
                     cs.rescale_and_pack(corr);
                     mbar_wait(v_full(cur), cur.phase);
                     cs.issue_pv(v_tile(cur));
@@ -739,7 +779,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
 
             // ---- epilogue: O / l, rows < SQ -----------------------------------
             const int tq = lane & 3;
-            const int b = bh / heads_q;
+            const int b = bh / heads_t, ht = bh - b * heads_t;
             // Split tile: consumer 0 holds the merged rows, the others store nothing.
             const bool stores = !(split_tile && c != 0);
             if (EPI_TMA) {
@@ -773,19 +813,20 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 fence_proxy_async_smem();
                 named_bar_sync(EPI_BAR + c, 128);
                 if (tw == 0 && stores && row0 < seq_q) {
-                    tma_store_5d(tm_o, buf, 0, row0, 0, bh - b * heads_q, b);
+                    for (int j = 0; j < P; ++j)  // packed: head ht P + j's R rows
+                        tma_store_5d(tm_o, buf + j * R * 128, 0, row0, 0, ht * P + j, b);
                     bulk_commit();
                 }
             } else {
                 // From registers through O's strides.
-                elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, bh - b * heads_q) + 2 * tq;
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = row_g + 8 * h;
+                    const int row = row_g + row_step * h;         // query position
+                    const int head = ht * P + (r_g + 8 * h) / R;  // packed: the row's head
                     const float l = quad_sum(cs.sm.l[h]);
                     const float inv = l > 0.f ? 1.f / l : 0.f;
                     if (row < seq_q && stores) {
-                        elem_t* orow = oh + (long long)row * strides.o_s;
+                        elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, head) + 2 * tq + (long long)row * strides.o_s;
 #pragma unroll
                         for (int j = 0; j < D / 8; ++j)
                             *reinterpret_cast<unsigned*>(orow + 8 * j) =

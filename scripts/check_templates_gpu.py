@@ -343,8 +343,17 @@ EPILOGUE_POINTS = [
     ("wgmma_tma.cu", dict(_WT, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=e),
      mhas([(16, 16, 577, 64, False), (8, 16, 1024, 64, False)])) for e in (1, 0)
 ]
+# --time-best --points gqa: PACK_GQA 1 against 0 (the G query heads of a K/V head in one work
+# tile, D 64 only) on grouped-query D 64 prefill, causal (where the packed tile's shorter
+# diagonal saves work) and not, G 4 and 8, at the points the LLM run picked for such shapes.
+GQA_SHAPES = [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True),
+              gqa(2, 32, 4, 1024, 1024, 64, True), gqa(4, 16, 4, 2048, 2048, 64, False)]
+GQA_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, PACK_GQA=pk), GQA_SHAPES)
+    for c in (3, 2) for pk in (1, 0)
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
-              "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS}
+              "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -1632,7 +1641,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="--time-best rounds (default 5)")
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
                     help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
-                         "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) on and off")
+                         "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) or PACK_GQA (gqa) on and off")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",

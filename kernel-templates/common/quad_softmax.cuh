@@ -10,10 +10,11 @@
  * the thread's row h = 2 mt + (e >> 1) is an OnlineSoftmax<2 kMT, ...> row, and
  * the 4 lanes of a quad (same g) share every row.
  *
- *   m16n8_mask<kMT, kNT, kRowLimit>(at, mask, row, kv0, col)
+ *   m16n8_mask<kMT, kNT, kRowLimit>(at, mask, row, kv0, col[, row_step])
  *                                               -inf where mask hides the key;
  *                                               row: the thread's first row (g),
- *                                               kv0 + col its first key (2 t)
+ *                                               kv0 + col its first key (2 t);
+ *                                               row + row_step (8) its second
  *   m16n8_row_max<kMT, kNT>(at, m, mx)            mx[h] = max(m[h], row h) over
  *                                               the quad
  *   m16n8_exp2<kMT, kNT>(at, sm, scale_log2, bias) scores -> probabilities,
@@ -52,13 +53,15 @@ __device__ __forceinline__ float quad_sum(float x) {
 // the causal diagonal (row + offset) computed once (mma_fa2 with one m-tile:
 // with the limit form, or the offset added per element, ptxas scheduled its
 // kernels differently and the H100's small-shape winners ran ~1% slower:
-// docs/HOPPER.md, kernel library).
+// docs/HOPPER.md, kernel library). row_step: how far the query position of a thread's
+// second row (g + 8) is from its first; 8 unless the rows interleave query heads
+// (wgmma_tma.cu's PACK_GQA with 8 positions per head: 0).
 template <int kMT, int kNT, bool kRowLimit, class At>
-__device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, int kv0, int col) {
+__device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, int kv0, int col, int row_step = 8) {
     if constexpr (kRowLimit) {
 #pragma unroll
         for (int h = 0; h < 2 * kMT; ++h) {
-            const int lim = mask.limit(row + 16 * (h >> 1) + 8 * (h & 1)) - kv0 - col;
+            const int lim = mask.limit(row + 16 * (h >> 1) + row_step * (h & 1)) - kv0 - col;
 #pragma unroll
             for (int j = 0; j < kNT; ++j) {
 #pragma unroll
@@ -75,7 +78,7 @@ __device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = kv0 + j * 8 + col + (e & 1);
-                    const int r = rowd + 16 * mt + 8 * (e >> 1);
+                    const int r = rowd + 16 * mt + row_step * (e >> 1);
                     if (key >= mask.key_end || (mask.causal && key > r)) at(mt, j, e) = OPTD_NEG_INF;
                 }
             }
