@@ -261,7 +261,6 @@ swizzle = 128
 #endif
 
 #define WT_THREADS (128 * (CONSUMERS + 1))
-#define WT_BLOCK_M (64 * CONSUMERS)
 // PACK_GQA: query heads per work tile for G = HQ / HKV (the spec's `pack`): G where
 // 64 / G rows per head are whole 8-row swizzle atoms of one panel, else 1.
 template <int D>
