@@ -316,3 +316,33 @@ fn shipped_tensor_maps_are_encodable_for_every_knob_combination() {
     }
     assert!(with_maps >= 1, "the probe template at least declares a tensor map");
 }
+
+/// wgmma_tma.cu's PACK_GQA: the query heads of a K/V head share a work tile only at D 64 with
+/// G = HQ / HKV in {2, 4, 8} (whole 8-row boxes of one panel); there the Q and O boxes shrink to
+/// 64 / G rows and the grid walks B x HKV heads over SQ / (64 CONSUMERS / G) tiles. Everywhere
+/// else the knob changes nothing: the plan equals PACK_GQA 0's.
+#[test]
+fn pack_gqa_packs_a_kv_heads_query_heads_only_where_its_boxes_fit() {
+    let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
+    let dev = common::h100();
+    let knobs = |pack: i64| with(&t, &[("PACK_GQA", pack), ("CONSUMERS", 3), ("PERSISTENT", 0), ("BLOCK_N", 128)]);
+    let gqa = |hq: u32, hkv: u32, s: u32, d: u32| Shape { b: 4, hq, hkv, sq: s, sk: s, d, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
+    let rows = |plan: &ShapePlan, name: TensorName| plan.tensor_maps.iter().find(|m| m.tensor == name).unwrap().box_rows;
+
+    for (hq, hkv, box_rows) in [(16, 4, 16), (32, 4, 8), (16, 8, 32)] {
+        let sh = gqa(hq, hkv, 2048, 64);
+        let plan = t.plan(&knobs(1), &sh, &dev).unwrap();
+        let g = hq / hkv;
+        assert_eq!((rows(&plan, TensorName::Q), rows(&plan, TensorName::O)), (box_rows, box_rows), "{}", sh.key());
+        assert_eq!(rows(&plan, TensorName::K), 128, "{}", sh.key());
+        // 192 / G query positions per work tile, B x HKV packed heads
+        assert_eq!(plan.launches[0].grid, [2048u32.div_ceil(192 / g), 4 * hkv, 1], "{}", sh.key());
+    }
+    // G 1 or 32 (64 / G not whole 8-row atoms), and D 128 (two panels per box): unchanged
+    for sh in [gqa(16, 16, 2048, 64), gqa(32, 1, 2048, 64), gqa(32, 8, 2048, 128)] {
+        let (packed, plain) = (t.plan(&knobs(1), &sh, &dev).unwrap(), t.plan(&knobs(0), &sh, &dev).unwrap());
+        assert_eq!(packed, plain, "{}", sh.key());
+        assert_eq!(rows(&plain, TensorName::Q), 64, "{}", sh.key());
+        assert_eq!(plain.launches[0].grid, [2048u32.div_ceil(192), 4 * sh.hq, 1], "{}", sh.key());
+    }
+}
