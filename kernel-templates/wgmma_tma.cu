@@ -71,6 +71,13 @@
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
  *   mbarriers static (8 (1 + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
+ * Scratch: STREAM_K only (else n_splits 1, untouched): o_partial holds 2 pieces
+ *          per CTA, (4 + D / 2) x 128 floats per consumer each (a thread's m, l
+ *          and O, thread-major), so the spec's splits is the fewest whole
+ *          B*HQ*SQ*D blocks of floats that hold 2 SMS CONSUMERS 128 (4 + D / 2);
+ *          lse_partial's semaphore words (from n_splits*B*HQ*SQ) count the
+ *          pieces in per (tail tile, consumer), reset by the last. The kernel
+ *          checks the room and runs whole tiles where it is short.
  * CTAs:    cdiv(SQ, 64 CONSUMERS / P) x (B * HQ / P) x 1, 128 (CONSUMERS + 1)
  *          threads, P = the spec's `pack` (PACK_GQA; else 1)
  *          (PERSISTENT: min(that product, SMs) x 1);
@@ -121,6 +128,25 @@
  *                     per consumer (one 64-column panel: D 64 only; at
  *                     D 128 a box's two panels would interleave per head).
  *                     No TAIL_SPLIT in packed tiles. Not yet timed.
+ *          PEEL       the key-tile loops peeled: tiles no row of the    1, 0
+ *                     warpgroup masks run in a copy without mask code
+ *                     (1), or every tile checks at run time whether it
+ *                     needs the mask (0: one loop body, about 250 fewer
+ *                     instructions of consumer text at D 64; for short
+ *                     causal rows, where every work tile runs both
+ *                     copies, ncu saw "no instruction" stalls triple
+ *                     with the peel). Timed neutral on the benchmark's
+ *                     large shapes (0.999); 0 not yet timed.
+ *          STREAM_K   persistent, not causal (else no effect): the    0, 1
+ *                     last round's work tiles (tiles mod grid of them)
+ *                     are cut into key-range pieces spread evenly over
+ *                     every CTA (common/tile_scheduler.cuh), each piece's
+ *                     (m, l, O) goes to o_partial and the last piece of
+ *                     a tile to finish merges them and stores O
+ *                     (stream_k_merge). Whole tiles leave the last round
+ *                     to a few SMs: (2,16,8192,128) at 192-row tiles is
+ *                     1376 tiles on 132 SMs, 10.4 rounds of work in 11
+ *                     rounds of time. Not yet timed.
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
@@ -172,12 +198,16 @@ LAZY_RESCALE = [1, 0]
 TAIL_SPLIT = [1, 0]
 EPI_TMA = [0, 1]
 PACK_GQA = [0, 1]
+PEEL = [1, 0]
+STREAM_K = [0, 1]
 
 [derived]
 pack = "G if PACK_GQA and D == 64 and G >= 2 and 8 % G == 0 else 1"
 block_m = "64 * CONSUMERS"
 m_blocks = "cdiv(SQ, block_m // pack)"
-splits = "1"
+# STREAM_K: scratch for 2 pieces per CTA, (4 + D / 2) x 128 floats per consumer each.
+sk_floats = "2 * SMS * CONSUMERS * 128 * (4 + D // 2)"
+splits = "max(1, cdiv(sk_floats, B * HQ * SQ * D)) if STREAM_K and PERSISTENT and not CAUSAL else 1"
 
 [[launch]]
 kernel = "fwd"
@@ -241,6 +271,12 @@ swizzle = 128
 #endif
 #ifndef PACK_GQA
 #error "PACK_GQA must be defined"
+#endif
+#ifndef PEEL
+#error "PEEL must be defined"
+#endif
+#ifndef STREAM_K
+#error "STREAM_K must be defined"
 #endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
@@ -445,6 +481,7 @@ __device__ __forceinline__ void merge_split_tile(Consumer<D>& cs, int c, int tw,
             if (k == c) own[h] = fk;
         }
         cs.sm.l[h] = l;
+        cs.sm.m[h] = mx;  // (m, l, O) stay one consistent state: STREAM_K merges it again
     }
     m16n8_scale_rows<1, D / 8>(cs.o_at(), own);
     named_bar_sync(BAR, N);  // the max/sum reads done before O overwrites them
@@ -466,6 +503,66 @@ __device__ __forceinline__ void merge_split_tile(Consumer<D>& cs, int c, int tw,
     fence_proxy_async_smem();
 }
 
+// STREAM_K: the end of a stream-K piece (consumer c's rows of tail tile `piece`, some of
+// its key tiles). Every piece stores its threads' (m, l, O), unnormalized as the online
+// softmax holds them, at its slot, thread-major: a thread holds the same rows and columns
+// in every CTA, so no layout changes hands (merge_split_tile's idea, through global
+// memory). Then it counts itself in on the (tail tile, consumer) semaphore; the piece that
+// brings the count to last - first + 1 resets it and merges the others into its registers
+// (merge_split_tile's arithmetic), and only it stores O. Returns whether this warpgroup
+// stores. Ordering as decode.cu's dec_arrive_last (checked on the H100): the warpgroup's
+// named barrier orders its stores before tw 0's atom.acq_rel.gpu, whose release is
+// cumulative; tw 0's acquire and the second barrier order the merge's loads after every
+// arrival, and the loads go through L2 (ld.global.cg), never a stale L1 line.
+template <int D, int kFloats, class Sched>
+__device__ __forceinline__ bool stream_k_merge(Consumer<D>& cs, const Sched& sched, int piece, int slot, int first,
+                                               int last, int c, int tw, float* part, unsigned* sem, int* flag,
+                                               float sl2) {
+    constexpr int BAR = CONSUMERS + 2;  // + c: the epilogue's per-warpgroup barrier, free until then
+    auto at = [&](int sl) { return part + (long long)(sl * CONSUMERS + c) * kFloats * 128 + tw; };
+    float* mine = at(slot);
+    mine[0] = cs.sm.m[0];
+    mine[128] = cs.sm.m[1];
+    mine[256] = cs.sm.l[0];
+    mine[384] = cs.sm.l[1];
+#pragma unroll
+    for (int j = 0; j < D / 2; ++j) mine[(4 + j) * 128] = cs.o[j];
+    named_bar_sync(BAR + c, 128);
+    if (tw == 0) {
+        unsigned prev;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(sem) : "memory");
+        const int is_last = prev == (unsigned)(last - first);
+        // Nobody else touches it in this launch now: every piece is in.
+        if (is_last) asm volatile("st.relaxed.gpu.global.u32 [%0], 0;\n" ::"l"(sem) : "memory");
+        *reinterpret_cast<volatile int*>(flag) = is_last;
+    }
+    named_bar_sync(BAR + c, 128);
+    if (!*reinterpret_cast<volatile int*>(flag)) return false;
+    const int self = (int)blockIdx.x;
+#pragma unroll 1
+    for (int j = first; j <= last; ++j) {
+        if (j == self) continue;
+        const float* other = at(sched.slot_of(j, piece));
+        float fs[2], fo[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float mo = __ldcg(other + 128 * h), lo = __ldcg(other + 128 * (2 + h));
+            const float mn = fmaxf(cs.sm.m[h], mo);
+            // A side that saw no key of the row (max -inf) weighs 0, not NaN.
+            fs[h] = cs.sm.m[h] == OPTD_NEG_INF ? 0.f : fast_exp2((cs.sm.m[h] - mn) * sl2);
+            fo[h] = mo == OPTD_NEG_INF ? 0.f : fast_exp2((mo - mn) * sl2);
+            cs.sm.m[h] = mn;
+            cs.sm.l[h] = cs.sm.l[h] * fs[h] + lo * fo[h];
+        }
+#pragma unroll
+        for (int j2 = 0; j2 < D / 2; ++j2) {  // o[4 n + e]: row g for e < 2, g + 8 after
+            const int h = (j2 >> 1) & 1;
+            cs.o[j2] = cs.o[j2] * fs[h] + __ldcg(other + (4 + j2) * 128) * fo[h];
+        }
+    }
+    return true;
+}
+
 // Ping-pong turns: consumer c waits on barrier 1 + c; after issuing its GEMMs
 // it lets consumer c + 1 (round robin) go. 256 = the waiting warpgroup's 128
 // threads + the arriving one's.
@@ -484,7 +581,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     OPTD_CHECK_SMEM(FWD, D, L::BYTES);
     constexpr int Q_WG_BYTES = L::Q_WG;  // one consumer's 64 rows
     constexpr int KV_BYTES = L::KV;      // one K or V tile
-    (void)n_splits;
+    (void)n_splits;  // STREAM_K only
     (void)o_partial;
     (void)lse_partial;
     (void)q;
@@ -494,6 +591,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
 
     extern __shared__ unsigned char wt_smem[];
     __shared__ WtBarriers bars;
+    __shared__ int sk_last[CONSUMERS];  // STREAM_K: whether the warpgroup's piece came in last
     const unsigned base = (smem_addr(wt_smem) + 1023u) & ~1023u;
     const unsigned s_q = base + L::Q;
     const unsigned s_k = base + L::K;
@@ -522,8 +620,19 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // tile, causal: longest first across groups of heads whose K/V fit
     // WT_LPT_GROUP_BYTES (K/V counted per K/V head: the heads_q / heads_kv
     // query heads of one K/V head share it).
-    const TileScheduler<PERSISTENT != 0> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
-                                               2ll * seq_k * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
+    TileScheduler<PERSISTENT != 0, STREAM_K != 0> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
+                                                        2ll * seq_k * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
+    // STREAM_K: the last round's work tiles in key-range pieces over every CTA (not causal;
+    // the scheduler decides, the same in every role), each piece's (m, l, O) through
+    // o_partial: 2 pieces per CTA of SK_THREAD_FLOATS x 128 floats per consumer, a
+    // semaphore per (tail tile, consumer) in lse_partial's words from n_splits rows.
+    constexpr int SK_THREAD_FLOATS = 4 + D / 2;
+    const long long rows_total = (long long)batch * heads_q * seq_q;
+    if (STREAM_K) {
+        const bool room = 2ll * gridDim.x * CONSUMERS * 128 * SK_THREAD_FLOATS <= (long long)n_splits * rows_total * D &&
+                          (long long)((n_mb * batch * heads_t) % gridDim.x) * CONSUMERS <= rows_total;
+        sched.enable_stream_k((seq_k + BLOCK_N - 1) / BLOCK_N, room);
+    }
     // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
     const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     // Key tiles any row of query tile m_block sees (causal: up to its last row).
@@ -570,13 +679,16 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R
                     for (int j = 0; j < P; ++j)
                         tma_load_5d(s_q + c * Q_WG_BYTES + j * R * 128, tm_q, qf, 0, m0 + R * c, 0, ht * P + j, b);
-                const int n_tiles = tiles_of(m_block);
+                // Key tiles [kt0, n_tiles): the whole tile's, or a stream-K piece's.
+                const bool piece = STREAM_K && w.piece >= 0;
+                const int kt0 = piece ? w.k_lo : 0;
+                const int n_tiles = piece ? w.k_hi : tiles_of(m_block);
                 // Not unrolled: one thread issuing TMA has time to spare, and
                 // ptxas unrolled this loop 4x into the producer's 24 or 32
                 // registers, spilling the K/V coordinates (b, K/V head) around
                 // every copy.
 #pragma unroll 1
-                for (int t = 0; t < n_tiles; ++t, ++it) {
+                for (int t = kt0; t < n_tiles; ++t, ++it) {
                     const int s = it % STAGES;
                     const unsigned ph = (it / STAGES) & 1;
                     mbar_wait(smem_addr(&bars.k_empty[s]), ph ^ 1);
@@ -602,7 +714,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             const int i = n++;
             const int bh = wt.bh;
             const int m0 = wt.m_block * TP;
-            const int n_tiles = tiles_of(wt.m_block);
+            // Key tiles [kt0, n_tiles) of the work tile: all of them, or a stream-K piece's.
+            const bool piece = STREAM_K && wt.piece >= 0;
+            const int kt0 = piece ? wt.k_lo : 0;
+            const int n_tiles = piece ? wt.k_hi : tiles_of(wt.m_block);
             // A tile of at most 64 rows: every consumer takes them, a share of the keys each
             // (not in packed tiles).
             const bool split = TAIL_SPLIT && P == 1 && seq_q - m0 <= 64;
@@ -614,7 +729,8 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             const int row_step = R >= 16 ? 8 : 0;
             // Key tiles this warpgroup computes: those up to its last row (causal);
             // none when all its rows are past SQ. The rest it only waits for and releases.
-            const int n_wg = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + R) + BLOCK_N - 1, 0) / BLOCK_N;
+            const int n_wg_all = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + R) + BLOCK_N - 1, 0) / BLOCK_N;
+            const int n_wg = piece ? min(n_tiles, n_wg_all) : n_wg_all;
             const unsigned q_tile = s_q + (split ? 0 : c) * Q_WG_BYTES;
             const float sl2 = softmax_scale * OPTD_LOG2E;
 
@@ -673,10 +789,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             };
             // `cur`: the first key tile not yet released; `next` its index.
             RingPos cur = ring;
-            int next = 0;
-            if (OVERLAP && !split_tile && n_wg > 0) {
+            int next = kt0;
+            if (OVERLAP && !split_tile && n_wg > kt0) {
                 RingPos kp = cur;  // K of tile t; cur follows V of tile t - 1
-                // Tile 0: S only.
+                // Tile kt0: S only.
                 mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
                 turn_wait(c);
                 cs.issue_qk(q_tile, k_tile(kp));
@@ -686,7 +802,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 release(bars.k_empty, kp);
                 kp.next();
                 float corr[2];
-                cs.softmax(0, row_g, mask, sl2, corr, true, row_step);
+                cs.softmax(kt0 * BLOCK_N, row_g, mask, sl2, corr, true, row_step);
                 cs.rescale_and_pack(corr);
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
                 auto step = [&](int t, bool masked) {
@@ -716,8 +832,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // 620 against 877 at D 128 without OVERLAP), the same registers and the
                 // softmax still under the P V (scripts/sass_loop_stats.py). FA4 splits
                 // its loop the same way.
-                const int n_plain = max(1, min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N));
-                for (int t = 1; t < n_plain; ++t) step(t, false);
+                // PEEL 0: n_plain is 1, the plain copy is dead code and every tile checks.
+                const int n_plain = PEEL ? max(kt0 + 1, min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N)) : kt0 + 1;
+                for (int t = kt0 + 1; t < n_plain; ++t) step(t, false);
                 for (int t = n_plain; t < n_wg; ++t) step(t, true);
                 q_done();
                 mbar_wait(v_full(cur), cur.phase);
@@ -758,8 +875,8 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     next = t + 1;
                 };
                 // Peeled as the OVERLAP loop above: unmasked tiles first, without mask code.
-                const int n_plain = min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N);
-                int t = split_tile ? c : 0;
+                const int n_plain = PEEL ? min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N) : 0;
+                int t = kt0 + (split_tile ? c : 0);
                 for (; t < n_plain; t += step) tile(t, false);
                 for (; t < n_wg; t += step) tile(t, true);
                 if (!split_tile) q_done();
@@ -775,12 +892,23 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 q_done();
             }
             ring = cur;
+            // Split tile: consumer 0 holds the merged rows, the others store nothing.
+            bool stores = !(split_tile && c != 0);
+            // A stream-K piece: the warpgroup's (m, l, O) out, and the last piece of the
+            // tail tile to finish merges them all and stores.
+            if (STREAM_K && piece && stores && row0 < seq_q) {
+                const int first = sched.first_piece(wt.piece), last = sched.last_piece(wt.piece);
+                if (first < last) {
+                    float* part = o_partial;
+                    unsigned* sem = reinterpret_cast<unsigned*>(lse_partial + n_splits * rows_total) + wt.piece * CONSUMERS + c;
+                    stores = stream_k_merge<D, SK_THREAD_FLOATS>(cs, sched, wt.piece, wt.slot, first, last, c, tid & 127, part,
+                                                                 sem, &sk_last[c], sl2);
+                }
+            }
 
             // ---- epilogue: O / l, rows < SQ -----------------------------------
             const int tq = lane & 3;
             const int b = bh / heads_t, ht = bh - b * heads_t;
-            // Split tile: consumer 0 holds the merged rows, the others store nothing.
-            const bool stores = !(split_tile && c != 0);
             if (EPI_TMA) {
                 // Through this warpgroup's O buffer and one TMA store of its 64 x D box
                 // (rows past SQ are not written: the map's bounds). tw 0 issues the

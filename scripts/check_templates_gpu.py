@@ -99,7 +99,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               fastest per shape summarised), --points pingpong PINGPONG and
               PERSISTENT on and off, --points overlap OVERLAP on and off at
               FA4's points and the daemon's, --points epilogue EPI_TMA on and
-              off. Where flash_attn.cute imports
+              off, --points gqa PACK_GQA on and off, --points loops PEEL on
+              and off, --points streamk STREAM_K on and off. Where
+              flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
 
@@ -217,6 +219,12 @@ CHECK_SHAPES = mhas([
     gqa(1, 32, 8, 1, 4000, 128, True, "bshd"),
     gqa(2, 8, 1, 4, 999, 128, True, padded=True),
     gqa(1, 4, 4, 16, 2048, 64, True, "bshd", padded=True),
+    # More work tiles than the H100's 132 SMs, not causal, the count not a multiple of 132:
+    # wgmma_tma's STREAM_K runs the last round in key-range pieces (ragged tail tiles, SQ < SK,
+    # a ragged last key tile, bshd on a padded view, packed GQA heads).
+    mha(3, 16, 1000, 64, False),
+    gqa(2, 32, 8, 700, 900, 128, False, "bshd", padded=True),
+    gqa(4, 32, 8, 600, 2048, 64, False),
 ]
 TIME_SHAPES = mhas([
     (1, 1, 128, 64, False), (1, 1, 256, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False),
@@ -352,8 +360,35 @@ GQA_POINTS = [
     ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, PACK_GQA=pk), GQA_SHAPES)
     for c in (3, 2) for pk in (1, 0)
 ]
+# --time-best --points loops: PEEL 0 (one key-tile loop body that checks each tile for the mask)
+# against 1 (the loops peeled into a plain and a masked copy) on short causal rows, where every
+# work tile runs both copies and ncu saw "no instruction" stalls triple (docs/HOPPER.md, "ncu
+# after the four changes"), and on a large causal shape where the plain copy dominates.
+LOOPS_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, PEEL=pe), shapes)
+    for c, shapes in (
+        (3, [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(2, 32, 4, 1024, 1024, 64, True)]
+         + mhas([(8, 16, 1024, 64, True), (4, 16, 4096, 64, True)])),
+        (2, mhas([(4, 32, 1024, 128, True), (2, 16, 8192, 128, True)])),
+    )
+    for pe in (1, 0)
+]
+# --time-best --points streamk: STREAM_K 1 (the last round's work tiles in key-range pieces over
+# every SM, merged by the last piece) against 0 on the non-causal large and medium shapes, at the
+# points the daemon's runs picked (persistent: the knob needs it).
+STREAMK_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=bn, STAGES=2, OVERLAP=ov, PERSISTENT=1, EPI_TMA=1, STREAM_K=sk), shapes)
+    for c, bn, ov, shapes in (
+        (3, 128, 0, mhas([(2, 16, 8192, 128, False), (8, 16, 1536, 128, False)])),
+        (2, 128, 1, mhas([(2, 16, 8192, 128, False), (8, 16, 1536, 128, False)])),
+        (3, 128, 1, mhas([(4, 16, 4096, 64, False), (16, 16, 577, 64, False), (32, 16, 577, 64, False),
+                          (8, 16, 1024, 64, False), (8, 16, 2048, 64, False)])),
+    )
+    for sk in (1, 0)
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
-              "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS}
+              "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS, "loops": LOOPS_POINTS,
+              "streamk": STREAMK_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -1641,7 +1676,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="--time-best rounds (default 5)")
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
                     help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
-                         "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) or PACK_GQA (gqa) on and off")
+                         "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) or PACK_GQA (gqa) "
+                              "or PEEL (loops) or STREAM_K (streamk) on and off")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",

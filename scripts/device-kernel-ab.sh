@@ -10,7 +10,7 @@
 #       --time-against .dev/old/kernel-templates
 #   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --no-check --template wgmma_tma.cu \
 #       --template mma_fa2.cu --time-best --points best --time-against .dev/mid/kernel-templates
-#   for p in epilogue best medium gqa; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
+#   for p in epilogue best medium gqa loops streamk; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
 #       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
 # The mbarrier-sleep experiment (not in the templates yet: HOPPER.md, "ncu after the four changes"):
 #   git archive HEAD kernel-templates | tar -x -C .dev/sleep, then in .dev/sleep/kernel-templates/common/hopper.cuh
@@ -24,7 +24,10 @@
 #   bash scripts/device-kernel-ab.sh peel       --points best, new against .dev/mid (the loop peel alone)
 #   bash scripts/device-kernel-ab.sh epilogue   --points epilogue (EPI_TMA 1 against 0)
 #   bash scripts/device-kernel-ab.sh best       --points best, then medium (FA4 where it imports)
-#   bash scripts/device-kernel-ab.sh gqa        PACK_GQA: the pairs check, then --points gqa (1 against 0, FA4 beside)
+#   bash scripts/device-kernel-ab.sh gqa        PACK_GQA: the pairs check, then --points gqa (1 against 0, FA4 beside),
+#                                               then --points loops (PEEL 0 against 1 on short causal rows)
+#   bash scripts/device-kernel-ab.sh streamk    --points streamk (STREAM_K 1 against 0, non-causal, FA4 beside);
+#                                               the gqa step's pairs check covers STREAM_K's correctness
 #   bash scripts/device-kernel-ab.sh sleep      --points epilogue and medium, new against .dev/sleep (carry
 #                                               .dev/ctg-sleep and .dev/sleep): does sleeping in mbarrier waits pay
 # Logs go to $OUT; each step ends with its table. FA4: PYTHONPATH as in
@@ -33,7 +36,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$out"
-step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|sleep}"
+step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|sleep}"
 ctg=(--cubin-dir .dev/ctg)
 [[ "$step" == sleep || -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
@@ -65,12 +68,15 @@ case "$step" in
     run medium "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points medium --rounds 3 ;;
   gqa)
     run check "${ctg[@]}" --template wgmma_tma.cu --pairs wgmma_tma.cu --more-shapes --faults || exit 1
-    run gqa "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points gqa --rounds 5 ;;
+    run gqa "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points gqa --rounds 5
+    run loops "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points loops --rounds 5 ;;
+  streamk)
+    run streamk "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points streamk --rounds 5 ;;
   sleep)
     [[ -d .dev/ctg-sleep && -d .dev/sleep/kernel-templates ]] || { echo "device-kernel-ab: carry .dev/ctg-sleep and .dev/sleep (built per the header)" >&2; exit 2; }
     run sleep-epilogue --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points epilogue \
       --time-against .dev/sleep/kernel-templates --rounds 5
     run sleep-medium --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points medium \
       --time-against .dev/sleep/kernel-templates --rounds 3 ;;
-  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, sleep)" >&2; exit 2 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, sleep)" >&2; exit 2 ;;
 esac

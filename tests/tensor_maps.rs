@@ -346,3 +346,31 @@ fn pack_gqa_packs_a_kv_heads_query_heads_only_where_its_boxes_fit() {
         assert_eq!(plain.launches[0].grid, [2048u32.div_ceil(192), 4 * sh.hq, 1], "{}", sh.key());
     }
 }
+
+/// wgmma_tma.cu's STREAM_K: persistent and not causal, the plan's splits size o_partial for two
+/// pieces per CTA ((4 + D / 2) x 128 floats per consumer each: the kernel's room check) and
+/// nothing else of the plan changes; causal or one CTA per tile, the plan equals STREAM_K 0's.
+#[test]
+fn stream_k_sizes_its_scratch_and_changes_nothing_else() {
+    let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
+    let dev = common::h100();
+    let knobs = |sk: i64, persistent: i64, consumers: i64| {
+        with(&t, &[("STREAM_K", sk), ("PERSISTENT", persistent), ("CONSUMERS", consumers), ("BLOCK_N", 128)])
+    };
+    let mha = |b: u32, h: u32, s: u32, d: u32, causal: bool| Shape { b, hq: h, hkv: h, sq: s, sk: s, d, causal, dtype: DType::Fp16, layout: Layout::Bhsd };
+    for (sh, consumers) in [(mha(2, 16, 8192, 128, false), 3), (mha(4, 16, 4096, 64, false), 2), (mha(1, 2, 200, 64, false), 3)] {
+        let (sk, plain) = (t.plan(&knobs(1, 1, consumers), &sh, &dev).unwrap(), t.plan(&knobs(0, 1, consumers), &sh, &dev).unwrap());
+        let rows = u64::from(sh.b) * u64::from(sh.hq) * u64::from(sh.sq);
+        let need = 2 * u64::from(dev.sm_count) * consumers as u64 * 128 * (4 + u64::from(sh.d) / 2);
+        let have = u64::from(sk.n_splits) * rows * u64::from(sh.d);
+        assert!(have >= need, "{}: {} splits hold {have} floats, the pieces need {need}", sh.key(), sk.n_splits);
+        assert!(u64::from(sk.n_splits - 1) * rows * u64::from(sh.d) < need, "{}: {} splits, more than the pieces need", sh.key(), sk.n_splits);
+        assert_eq!((sk.launches.clone(), sk.tensor_maps.clone()), (plain.launches.clone(), plain.tensor_maps.clone()), "{}", sh.key());
+        assert_eq!(plain.n_splits, 1);
+    }
+    // Large shapes need no more than O's own size of scratch.
+    assert_eq!(t.plan(&knobs(1, 1, 3), &mha(2, 16, 8192, 128, false), &dev).unwrap().n_splits, 1);
+    for (sh, persistent) in [(mha(2, 16, 8192, 128, true), 1), (mha(2, 16, 8192, 128, false), 0)] {
+        assert_eq!(t.plan(&knobs(1, persistent, 3), &sh, &dev).unwrap(), t.plan(&knobs(0, persistent, 3), &sh, &dev).unwrap(), "{}", sh.key());
+    }
+}

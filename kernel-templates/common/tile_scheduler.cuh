@@ -44,6 +44,21 @@
  *   165 us, and as long with the tail tiles doing no work at all, against 131
  *   at S 576 (docs/HOPPER.md, ragged tails).
  * The measurements behind both orders are in wgmma_tma.cu and docs/HOPPER.md.
+ *
+ * kStreamK (persistent, not causal, enable_stream_k() called): the rounds that
+ *   every CTA fills run whole tiles as above; the work tiles of the last,
+ *   partial round (R = tiles mod gridDim.x of them, the tail) are instead
+ *   spread evenly over every CTA by key tile (stream-K, as CUTLASS's
+ *   data-parallel + stream-K hybrid): the tail's I = R * n_kv key tiles in
+ *   tile-major order, CTA j taking [j I / G, (j + 1) I / G), G = gridDim.x.
+ *   Its range is shorter than one tile (R < G), so it holds the end of one
+ *   tail tile and maybe the start of the next: two more rounds, one segment
+ *   each. Every tail tile is thus computed in pieces by consecutive CTAs
+ *   (first_piece() .. last_piece()) whose partial results the last one to
+ *   finish merges (wgmma_tma.cu's STREAM_K). Why: with whole tiles the last
+ *   round runs a few tiles on a few SMs and the rest idle, e.g.
+ *   (2,16,8192,128) with 192-row tiles: 1376 tiles on 132 SMs, 10.4 rounds'
+ *   work in 11 rounds' time.
  ******************************************************************************/
 #ifndef OPTD_TILE_SCHEDULER_CUH
 #define OPTD_TILE_SCHEDULER_CUH
@@ -51,15 +66,26 @@
 struct WorkTile {
     int m_block;  // query tile
     int bh;       // b * H + h
+    // Stream-K tail only: key tiles [k_lo, k_hi) of the work tile; piece >= 0 its
+    // index in the tail, slot this CTA's piece of it (2 * blockIdx.x + segment).
+    int k_lo = 0;
+    int k_hi = 0;
+    int piece = -1;
+    int slot = 0;
 };
 
-template <bool kPersistent>
+template <bool kPersistent, bool kStreamK = false>
 struct TileScheduler {
     int n_mb;                  // query tiles per head
     int n_bh;                  // heads, B * H
     int n_rounds;              // rounds of gridDim.x work tiles (the last may be short); 1 if not persistent
     bool causal;
     int group_heads;           // query heads scheduled together (causal, not persistent)
+    // Stream-K (enable_stream_k): work tiles run whole (full rounds), key tiles per work
+    // tile, key tiles of the tail (0: no stream-K tail).
+    int n_dp = 0;
+    int n_kv = 0;
+    long long sk_iters = 0;
 
     // q_per_kv: query heads per K/V head (HQ / HKV); kv_head_bytes: K and V of
     // one K/V head; group_bytes: the K/V bytes of a causal group's heads.
@@ -71,15 +97,63 @@ struct TileScheduler {
           causal(causal_),
           group_heads((int)min((long long)n_bh_, max(1ll, group_bytes / max(1ll, kv_head_bytes)) * q_per_kv)) {}
 
+    // Stream-K tail (kStreamK, persistent, not causal; every role calls it with the same
+    // arguments): kv_tiles key tiles per work tile; room: whether the caller's scratch
+    // holds 2 gridDim.x pieces. Only where the tail is not empty and every CTA gets at
+    // least one key tile of it; otherwise the schedule stays whole tiles.
+    __device__ __forceinline__ void enable_stream_k(int kv_tiles, bool room) {
+        if constexpr (kStreamK && kPersistent) {
+            const int g = (int)gridDim.x, total = n_mb * n_bh;
+            const int tail = total % g;
+            if (causal || !room || tail == 0 || (long long)tail * kv_tiles < g) return;
+            n_kv = kv_tiles;
+            n_dp = total - tail;
+            sk_iters = (long long)tail * kv_tiles;
+            n_rounds = n_dp / g + 2;
+        }
+    }
+    // Whether the tail runs in pieces, and which CTAs compute tail tile `piece`.
+    __device__ __forceinline__ bool stream_k() const { return kStreamK && sk_iters > 0; }
+    __device__ __forceinline__ int first_piece(int piece) const { return sk_owner((long long)piece * n_kv); }
+    __device__ __forceinline__ int last_piece(int piece) const { return sk_owner((long long)(piece + 1) * n_kv - 1); }
+    // CTA j's slot in tail tile `piece`: its first segment if its range starts there.
+    __device__ __forceinline__ int slot_of(int j, int piece) const {
+        return 2 * j + (sk_begin(j) / n_kv == piece ? 0 : 1);
+    }
+
     __device__ __forceinline__ int rounds() const { return n_rounds; }
     // Whether this CTA has a work tile in round r (< rounds()).
     __device__ __forceinline__ bool has(int r) const {
-        if constexpr (kPersistent) return work_index(r) < n_mb * n_bh;
-        else return true;
+        if constexpr (kPersistent) {
+            if (stream_k() && r >= n_dp / (int)gridDim.x) {
+                const int j = (int)blockIdx.x;
+                const long long b0 = sk_begin(j), b1 = sk_begin(j + 1);
+                // Segment 0: the range's start (never empty: sk_iters >= gridDim.x);
+                // segment 1: the next tail tile, where the range crosses into it.
+                return r == n_dp / (int)gridDim.x ? b1 > b0 : b1 > (b0 / n_kv + 1) * n_kv;
+            }
+            return work_index(r) < n_mb * n_bh;
+        } else {
+            return true;
+        }
     }
     // This CTA's work tile of round r (has(r)).
     __device__ __forceinline__ WorkTile tile(int r) const {
         if constexpr (kPersistent) {
+            if (stream_k() && r >= n_dp / (int)gridDim.x) {
+                const int j = (int)blockIdx.x;
+                const int seg = r - n_dp / (int)gridDim.x;
+                const long long b0 = sk_begin(j), b1 = sk_begin(j + 1);
+                const int piece = (int)(b0 / n_kv) + seg;
+                const long long t0 = (long long)piece * n_kv;  // the tile's first key tile, tail-wide
+                const int wk = n_dp + piece;
+                WorkTile w{wk % n_mb, wk / n_mb};
+                w.k_lo = (int)(max(b0, t0) - t0);
+                w.k_hi = (int)(min(b1, t0 + n_kv) - t0);
+                w.piece = piece;
+                w.slot = 2 * j + seg;
+                return w;
+            }
             const int wk = work_index(r);
             return WorkTile{causal ? n_mb - 1 - wk % n_mb : wk % n_mb, wk / n_mb};
         } else {
@@ -96,6 +170,12 @@ struct TileScheduler {
     }
 
   private:
+    // Stream-K: the first tail key tile of CTA j's range (j = gridDim.x: the end).
+    __device__ __forceinline__ long long sk_begin(int j) const { return (long long)j * sk_iters / (int)gridDim.x; }
+    // The CTA whose range holds tail key tile x: the largest j with sk_begin(j) <= x.
+    __device__ __forceinline__ int sk_owner(long long x) const {
+        return (int)(((x + 1) * (int)gridDim.x - 1) / sk_iters);
+    }
     // Persistent: the work tile of round r for this CTA (causal: a snake over the
     // rounds; otherwise rotated by `shift` per round).
     __device__ __forceinline__ int work_index(int r) const {
