@@ -95,9 +95,10 @@
  *          consumers 240 or 160 (the launch allocation, 168 or 128 each, moved
  *          from the producer to the consumers). A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
  *          + BLOCK_N / 4 (P) values: D 128, BLOCK_N 128: 160.
- * Tensor maps: q and o (box 64 rows), k and v (box BLOCK_N rows), 128-byte swizzle,
+ * Tensor maps: q and o (box 64 rows x D; packed, 64 / P rows x one panel, a box
+ *          per panel: box_panels), k and v (box BLOCK_N rows x D), 128-byte swizzle,
  *          rank 5 over the tensors' real strides (the daemon's convention:
- *          dims {64, rows, D / 64, heads, B}, a box at (0, row, 0, head, b));
+ *          dims {64, rows, D / 64, heads, B}, a box at (0, row, panel, head, b));
  *          rows past SQ (Q) or SK (K, V) are zero-filled by the TMA, per head;
  *          a store (O, EPI_TMA) skips rows past SQ.
  *
@@ -117,17 +118,19 @@
  *          EPI_TMA    O through shared memory and a TMA store per   0, 1
  *                     warpgroup (FA4: 25% fewer L2 write sectors than
  *                     4-byte stores from registers, ncu at (4,16,4096,64))
- *          PACK_GQA   D 64 with G = HQ / HKV in {2, 4, 8} (else no    0, 1
- *                     effect): the G query heads of one K/V head share
+ *          PACK_GQA   G = HQ / HKV in {2, 4, 8} (else no effect):     0, 1
+ *                     the G query heads of one K/V head share
  *                     a work tile, each consumer's 64 rows = G heads x
  *                     64 / G query positions (FA3 / FA4's pack_gqa), so
  *                     a causal tile's diagonal spans 64 CONSUMERS / G
  *                     positions instead of 64 CONSUMERS: computed over
  *                     useful (query, key) pairs 1.09 instead of 1.18 at
  *                     S 2048, G 4. Q and O move as G boxes of 64 / G rows
- *                     per consumer (one 64-column panel: D 64 only; at
- *                     D 128 a box's two panels would interleave per head).
- *                     No TAIL_SPLIT in packed tiles. Not yet timed.
+ *                     per consumer and 64-column panel (box_panels 1: a
+ *                     box spanning D 128's two panels would interleave
+ *                     them per head, where the wgmma descriptors want
+ *                     each panel's 64 rows together). No TAIL_SPLIT in
+ *                     packed tiles. Not yet timed.
  *          PEEL       the key-tile loops peeled: tiles no row of the    1, 0
  *                     warpgroup masks run in a copy without mask code
  *                     (1), or every tile checks at run time whether it
@@ -202,7 +205,7 @@ PEEL = [1, 0]
 STREAM_K = [0, 1]
 
 [derived]
-pack = "G if PACK_GQA and D == 64 and G >= 2 and 8 % G == 0 else 1"
+pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
 block_m = "64 * CONSUMERS"
 m_blocks = "cdiv(SQ, block_m // pack)"
 # STREAM_K: scratch for 2 pieces per CTA, (4 + D / 2) x 128 floats per consumer each.
@@ -218,6 +221,7 @@ smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N + EPI_TMA * bloc
 [[tensor_map]]
 tensor = "q"
 box_rows = "64 // pack"
+box_panels = "1 if pack > 1 else D // 64"
 swizzle = 128
 
 [[tensor_map]]
@@ -233,6 +237,7 @@ swizzle = 128
 [[tensor_map]]
 tensor = "o"
 box_rows = "64 // pack"
+box_panels = "1 if pack > 1 else D // 64"
 swizzle = 128
 */
 
@@ -298,11 +303,13 @@ swizzle = 128
 
 #define WT_THREADS (128 * (CONSUMERS + 1))
 // PACK_GQA: query heads per work tile for G = HQ / HKV (the spec's `pack`): G where
-// 64 / G rows per head are whole 8-row swizzle atoms of one panel, else 1.
-template <int D>
+// 64 / G rows per head are whole 8-row swizzle atoms of a panel, else 1.
 __device__ __forceinline__ int wt_pack(int g) {
-    return (PACK_GQA && D == 64 && g >= 2 && 8 % g == 0) ? g : 1;
+    return (PACK_GQA && g >= 2 && 8 % g == 0) ? g : 1;
 }
+// Q / O boxes: unpacked, one box of 64 rows x every panel (box_panels D / 64); packed,
+// R rows x one panel each (box_panels 1), so that each panel keeps its 64 rows together.
+#define WT_BOX_PANELS(D, P) ((P) > 1 ? (D) / 64 : 1)
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
 #define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
 // Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
@@ -606,7 +613,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // PACK_GQA: P query heads share a work tile (1 unpacked), R query positions of each
     // per consumer, TP per work tile; the scheduler's heads are b * heads_t + (query head,
     // or K/V head when packed).
-    const int P = wt_pack<D>(heads_q / heads_kv);
+    const int P = wt_pack(heads_q / heads_kv);
     const int R = 64 / P, TP = CONSUMERS * R;
     const int heads_t = heads_q / P;
     const int n_mb = (seq_q + TP - 1) / TP;
@@ -676,9 +683,11 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
                 mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
 #pragma unroll
-                for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R
+                for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R of each panel
                     for (int j = 0; j < P; ++j)
-                        tma_load_5d(s_q + c * Q_WG_BYTES + j * R * 128, tm_q, qf, 0, m0 + R * c, 0, ht * P + j, b);
+                        for (int pn = 0; pn < WT_BOX_PANELS(D, P); ++pn)
+                            tma_load_5d(s_q + c * Q_WG_BYTES + pn * 64 * 128 + j * R * 128, tm_q, qf, 0, m0 + R * c, pn,
+                                        ht * P + j, b);
                 // Key tiles [kt0, n_tiles): the whole tile's, or a stream-K piece's.
                 const bool piece = STREAM_K && w.piece >= 0;
                 const int kt0 = piece ? w.k_lo : 0;
@@ -940,8 +949,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 fence_proxy_async_smem();
                 named_bar_sync(EPI_BAR + c, 128);
                 if (tw == 0 && stores && row0 < seq_q) {
-                    for (int j = 0; j < P; ++j)  // packed: head ht P + j's R rows
-                        tma_store_5d(tm_o, buf + j * R * 128, 0, row0, 0, ht * P + j, b);
+                    for (int j = 0; j < P; ++j)  // packed: head ht P + j's R rows, a box per panel
+                        for (int pn = 0; pn < WT_BOX_PANELS(D, P); ++pn)
+                            tma_store_5d(tm_o, buf + pn * 64 * 128 + j * R * 128, 0, row0, pn, ht * P + j, b);
                     bulk_commit();
                 }
             } else {

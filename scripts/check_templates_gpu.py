@@ -35,7 +35,7 @@ Hopper templates (wgmma_tma.cu):
   - `[[tensor_map]]` entries: plan() resolves each map's geometry per shape
     (tensor_map_geometry(): the daemon's convention, rank 5, dims
     {P, rows, D/P, heads, B}, byte strides {row, 2P, head, batch} from the
-    shape's strides, box {P, box_rows, D/P, 1, 1}, P = swizzle / 2);
+    shape's strides, box {P, box_rows, box_panels (default D/P), 1, 1}, P = swizzle / 2);
     Gpu.launch_args() encodes them with cuda.bindings' cuTensorMapEncodeTiled
     on the very q/k/v/o buffers of that check or timing run, and Gpu.launch()
     (the one launch function of every path: check, timing and its CUDA graph,
@@ -352,13 +352,22 @@ EPILOGUE_POINTS = [
      mhas([(16, 16, 577, 64, False), (8, 16, 1024, 64, False)])) for e in (1, 0)
 ]
 # --time-best --points gqa: PACK_GQA 1 against 0 (the G query heads of a K/V head in one work
-# tile, D 64 only) on grouped-query D 64 prefill, causal (where the packed tile's shorter
+# tile) on grouped-query D 64 prefill, causal (where the packed tile's shorter
 # diagonal saves work) and not, G 4 and 8, at the points the LLM run picked for such shapes.
 GQA_SHAPES = [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True),
               gqa(2, 32, 4, 1024, 1024, 64, True), gqa(4, 16, 4, 2048, 2048, 64, False)]
+# D 128 (Llama-3-8B's heads; packed with a Q / O box per panel): prefill, a batch of shorter
+# prompts, chunked prefill, at the two D 128 points the runs pick (3 consumers without OVERLAP,
+# whose 160 registers do not hold two tiles in flight; 2 with it).
+GQA_SHAPES_D128 = [gqa(1, 32, 8, 4096, 4096, 128, True), gqa(4, 32, 8, 1024, 1024, 128, True),
+                   gqa(1, 32, 8, 512, 4096, 128, True)]
 GQA_POINTS = [
     ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, PACK_GQA=pk), GQA_SHAPES)
     for c in (3, 2) for pk in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=ov, PERSISTENT=1, EPI_TMA=1, PACK_GQA=pk),
+     GQA_SHAPES_D128)
+    for c, ov in ((3, 0), (2, 1)) for pk in (1, 0)
 ]
 # --time-best --points loops: PEEL 0 (one key-tile loop body that checks each tile for the mask)
 # against 1 (the loops peeled into a plain and a masked copy) on short causal rows, where every
@@ -437,13 +446,14 @@ class DoesNotFit(ValueError):
 # TMA tensor maps: the daemon's fixed geometry convention (src/spec/protocol.rs,
 # TensorMap::geometry). Pure, so it is checked without a GPU.
 # ---------------------------------------------------------------------------
-def tensor_map_geometry(shape: Shape, tensor: str, box_rows: int, swizzle: int) -> dict:
+def tensor_map_geometry(shape: Shape, tensor: str, box_rows: int, swizzle: int, box_panels: int | None = None) -> dict:
     """cuTensorMapEncodeTiled's arguments for one tensor (q, k, v or o) of `shape` through
     its strides (contiguous or padded, either layout), 2-byte elements, a `swizzle`-byte
     swizzle: P = swizzle / 2 elements per panel; rank 5, dims innermost first
     {P, rows, D/P, heads, B} (rows/heads: SQ/HQ for q and o, SK/HKV for k and v), byte
-    strides of dims 1..4 {row, P*2, head, batch}, box {P, box_rows, D/P, 1, 1}, element
-    strides all 1. Raises ValueError, saying why, where the TMA cannot encode it."""
+    strides of dims 1..4 {row, P*2, head, batch}, box {P, box_rows, box_panels, 1, 1}
+    (box_panels: D/P when None), element strides all 1. Raises ValueError, saying why,
+    where the TMA cannot encode it."""
     d = shape.d
     if swizzle not in TMA_SWIZZLES:
         raise ValueError(f"swizzle = {swizzle} bytes; allowed: 32, 64, 128")
@@ -455,6 +465,9 @@ def tensor_map_geometry(shape: Shape, tensor: str, box_rows: int, swizzle: int) 
         raise ValueError(f"D / {p} = {panels} panels; a box dimension holds at most 256")
     if not 1 <= box_rows <= 256:
         raise ValueError(f"box_rows = {box_rows}; a box dimension holds 1..256")
+    box_panels = panels if box_panels is None else box_panels
+    if not 1 <= box_panels <= panels:
+        raise ValueError(f"box_panels = {box_panels}; D / {p} = {panels} panels, so 1..{panels}")
     heads, rows = shape.dims_of(tensor)
     if rows <= 0 or heads <= 0 or shape.b <= 0:
         raise ValueError(f"shape {shape} has an empty dimension")
@@ -466,7 +479,7 @@ def tensor_map_geometry(shape: Shape, tensor: str, box_rows: int, swizzle: int) 
     for st in strides:
         if st % 16 or st >= 1 << 40:
             raise ValueError(f"a stride of {st} bytes is not a multiple of 16 below 2^40")
-    return dict(swizzle=swizzle, dims=dims, strides_bytes=strides, box=(p, box_rows, panels, 1, 1),
+    return dict(swizzle=swizzle, dims=dims, strides_bytes=strides, box=(p, box_rows, box_panels, 1, 1),
                 element_strides=(1, 1, 1, 1, 1))
 
 
@@ -477,8 +490,9 @@ def resolve_tensor_maps(tpl: Template, shape, ctx: dict) -> list[dict]:
     maps = []
     for i, tm in enumerate(tpl.tensor_maps):
         rows = EVAL(str(tm["box_rows"]), ctx)
+        panels = EVAL(str(tm["box_panels"]), ctx) if "box_panels" in tm else None
         try:
-            geometry = tensor_map_geometry(shape, tm["tensor"], rows, tm["swizzle"])
+            geometry = tensor_map_geometry(shape, tm["tensor"], rows, tm["swizzle"], panels)
         except ValueError as e:
             raise DoesNotFit(f"tensor_map[{i}] ({tm['tensor']}, box_rows \"{tm['box_rows']}\" = {rows}, "
                              f"swizzle {tm['swizzle']}): {e}") from None

@@ -132,13 +132,14 @@ def parse_spec(text: str, where: str = "<template>") -> dict:
         raise ValueError(f"{where}: arch_specific = true needs min_cc (e.g. 90: the target is sm_90a)")
     for i, tm in enumerate(spec.get("tensor_map", [])):
         what = f"{where}: [[tensor_map]] #{i}"
-        unknown = set(tm) - {"tensor", "box_rows", "swizzle"}
+        unknown = set(tm) - {"tensor", "box_rows", "box_panels", "swizzle"}
         if unknown:
-            raise ValueError(f"{what}: unknown keys {sorted(unknown)} (allowed: tensor, box_rows, swizzle)")
+            raise ValueError(f"{what}: unknown keys {sorted(unknown)} (allowed: tensor, box_rows, box_panels, swizzle)")
         if tm.get("tensor") not in TENSOR_NAMES:
             raise ValueError(f"{what}: tensor = {tm.get('tensor')!r}; allowed: {', '.join(TENSOR_NAMES)}")
-        if not isinstance(tm.get("box_rows"), (int, str)) or isinstance(tm.get("box_rows"), bool):
-            raise ValueError(f"{what}: box_rows must be a formula string or an integer")
+        for key in ("box_rows", "box_panels"):
+            if (key == "box_rows" or key in tm) and (not isinstance(tm.get(key), (int, str)) or isinstance(tm.get(key), bool)):
+                raise ValueError(f"{what}: {key} must be a formula string or an integer")
         if tm.get("swizzle") not in TMA_SWIZZLES:
             raise ValueError(f"{what}: swizzle = {tm.get('swizzle')!r} bytes; allowed: 32, 64, 128")
     return spec

@@ -139,7 +139,7 @@ fn c(sh: &Shape) -> ViewStrides {
 
 #[test]
 fn geometry_at_d64_and_d128_follows_the_convention() {
-    let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle };
+    let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle, box_panels: None };
     // D 64, 128-byte swizzle: one 64-element panel.
     let sh = shape(2, 8, 512, 64);
     let g = k(128, 128).geometry(&sh, &c(&sh)).unwrap();
@@ -169,7 +169,7 @@ fn geometry_at_d64_and_d128_follows_the_convention() {
 /// puts the heads D apart and the rows H*D apart; a padded view only widens the strides.
 #[test]
 fn geometry_follows_heads_rows_and_layout_of_each_tensor() {
-    let map = |tensor| TensorMap { tensor, box_rows: 64, swizzle: 128 };
+    let map = |tensor| TensorMap { tensor, box_rows: 64, swizzle: 128, box_panels: None };
     let mut sh = Shape { b: 2, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
     let g = map(TensorName::K).geometry(&sh, &c(&sh)).unwrap();
     assert_eq!(g.dims, [64, 4096, 2, 8, 2]);
@@ -186,7 +186,7 @@ fn geometry_follows_heads_rows_and_layout_of_each_tensor() {
 
 #[test]
 fn geometry_refuses_what_the_tma_cannot_encode() {
-    let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle };
+    let k = |box_rows, swizzle| TensorMap { tensor: TensorName::K, box_rows, swizzle, box_panels: None };
     let geo = |m: TensorMap, sh: Shape| m.geometry(&sh, &c(&sh));
     let err = geo(k(64, 128), shape(1, 1, 64, 96)).unwrap_err();
     assert!(err.contains("D = 96") && err.contains("D % 64"), "{err}");
@@ -199,6 +199,15 @@ fn geometry_refuses_what_the_tma_cannot_encode() {
     assert!(err.contains("swizzle = 16"), "{err}");
     let err = geo(k(64, 32), shape(1, 1, 64, 16 * 512)).unwrap_err();
     assert!(err.contains("512 panels") && err.contains("256"), "{err}");
+    // A box of fewer panels than D holds (one panel per load): 1..=D/P.
+    let panels = |n| TensorMap { box_panels: Some(n), ..k(16, 128) };
+    let g = geo(panels(1), shape(1, 1, 64, 128)).unwrap();
+    assert_eq!((g.box_dims, g.box_bytes()), ([64, 16, 1, 1, 1], 16 * 128));
+    assert_eq!(geo(k(16, 128), shape(1, 1, 64, 128)).unwrap().box_dims, [64, 16, 2, 1, 1]);
+    for n in [0, 3] {
+        let err = geo(panels(n), shape(1, 1, 64, 128)).unwrap_err();
+        assert!(err.contains(&format!("box_panels = {n}")) && err.contains("1..=2"), "{err}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -212,9 +221,9 @@ fn plans_resolve_box_rows_per_shape_for_every_launch() {
     assert_eq!(
         plan.tensor_maps,
         vec![
-            TensorMap { tensor: TensorName::Q, box_rows: 64, swizzle: 128 },
-            TensorMap { tensor: TensorName::K, box_rows: 64, swizzle: 128 },
-            TensorMap { tensor: TensorName::V, box_rows: 32, swizzle: 64 },
+            TensorMap { tensor: TensorName::Q, box_rows: 64, swizzle: 128, box_panels: None },
+            TensorMap { tensor: TensorName::K, box_rows: 64, swizzle: 128, box_panels: None },
+            TensorMap { tensor: TensorName::V, box_rows: 32, swizzle: 64, box_panels: None },
         ]
     );
     // A formula naming no knob says which map it belongs to.
@@ -317,32 +326,40 @@ fn shipped_tensor_maps_are_encodable_for_every_knob_combination() {
     assert!(with_maps >= 1, "the probe template at least declares a tensor map");
 }
 
-/// wgmma_tma.cu's PACK_GQA: the query heads of a K/V head share a work tile only at D 64 with
-/// G = HQ / HKV in {2, 4, 8} (whole 8-row boxes of one panel); there the Q and O boxes shrink to
-/// 64 / G rows and the grid walks B x HKV heads over SQ / (64 CONSUMERS / G) tiles. Everywhere
-/// else the knob changes nothing: the plan equals PACK_GQA 0's.
+/// wgmma_tma.cu's PACK_GQA: the query heads of a K/V head share a work tile only with
+/// G = HQ / HKV in {2, 4, 8} (whole 8-row boxes of a panel); there the Q and O boxes shrink to
+/// 64 / G rows of one 64-column panel each (D 128: the kernel loads a box per panel) and the
+/// grid walks B x HKV heads over SQ / (64 CONSUMERS / G) tiles. Everywhere else the knob changes
+/// nothing: the plan equals PACK_GQA 0's.
 #[test]
 fn pack_gqa_packs_a_kv_heads_query_heads_only_where_its_boxes_fit() {
     let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
     let dev = common::h100();
     let knobs = |pack: i64| with(&t, &[("PACK_GQA", pack), ("CONSUMERS", 3), ("PERSISTENT", 0), ("BLOCK_N", 128)]);
     let gqa = |hq: u32, hkv: u32, s: u32, d: u32| Shape { b: 4, hq, hkv, sq: s, sk: s, d, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
-    let rows = |plan: &ShapePlan, name: TensorName| plan.tensor_maps.iter().find(|m| m.tensor == name).unwrap().box_rows;
+    let map = |plan: &ShapePlan, name: TensorName| *plan.tensor_maps.iter().find(|m| m.tensor == name).unwrap();
+    let rows = |plan: &ShapePlan, name: TensorName| map(plan, name).box_rows;
 
-    for (hq, hkv, box_rows) in [(16, 4, 16), (32, 4, 8), (16, 8, 32)] {
-        let sh = gqa(hq, hkv, 2048, 64);
+    for (hq, hkv, d, box_rows) in [(16, 4, 64, 16), (32, 4, 64, 8), (16, 8, 64, 32), (32, 8, 128, 16), (32, 4, 128, 8)] {
+        let sh = gqa(hq, hkv, 2048, d);
         let plan = t.plan(&knobs(1), &sh, &dev).unwrap();
         let g = hq / hkv;
         assert_eq!((rows(&plan, TensorName::Q), rows(&plan, TensorName::O)), (box_rows, box_rows), "{}", sh.key());
         assert_eq!(rows(&plan, TensorName::K), 128, "{}", sh.key());
+        // One panel per Q / O box; K and V boxes span D.
+        assert_eq!((map(&plan, TensorName::Q).box_panels, map(&plan, TensorName::O).box_panels), (Some(1), Some(1)), "{}", sh.key());
+        assert_eq!(map(&plan, TensorName::V).box_panels, None, "{}", sh.key());
+        let q = map(&plan, TensorName::Q).geometry(&sh, &ViewStrides::contiguous(&sh)).unwrap();
+        assert_eq!(q.box_dims, [64, box_rows, 1, 1, 1], "{}", sh.key());
         // 192 / G query positions per work tile, B x HKV packed heads
         assert_eq!(plan.launches[0].grid, [2048u32.div_ceil(192 / g), 4 * hkv, 1], "{}", sh.key());
     }
-    // G 1 or 32 (64 / G not whole 8-row atoms), and D 128 (two panels per box): unchanged
-    for sh in [gqa(16, 16, 2048, 64), gqa(32, 1, 2048, 64), gqa(32, 8, 2048, 128)] {
+    // G 1 or 32 (64 / G not whole 8-row atoms): unchanged
+    for sh in [gqa(16, 16, 2048, 64), gqa(32, 1, 2048, 64), gqa(32, 32, 2048, 128)] {
         let (packed, plain) = (t.plan(&knobs(1), &sh, &dev).unwrap(), t.plan(&knobs(0), &sh, &dev).unwrap());
         assert_eq!(packed, plain, "{}", sh.key());
         assert_eq!(rows(&plain, TensorName::Q), 64, "{}", sh.key());
+        assert_eq!(map(&plain, TensorName::Q).box_panels, Some(sh.d / 64), "{}", sh.key());
         assert_eq!(plain.launches[0].grid, [2048u32.div_ceil(192), 4 * sh.hq, 1], "{}", sh.key());
     }
 }
@@ -373,4 +390,17 @@ fn stream_k_sizes_its_scratch_and_changes_nothing_else() {
     for (sh, persistent) in [(mha(2, 16, 8192, 128, true), 1), (mha(2, 16, 8192, 128, false), 0)] {
         assert_eq!(t.plan(&knobs(1, persistent, 3), &sh, &dev).unwrap(), t.plan(&knobs(0, persistent, 3), &sh, &dev).unwrap(), "{}", sh.key());
     }
+}
+
+/// A map's `box_panels` is optional on the wire: plans stored before it existed (no key) read
+/// as "every panel", and a map without it serializes as before.
+#[test]
+fn tensor_maps_without_box_panels_read_and_write_as_before() {
+    let old: TensorMap = serde_json::from_str(r#"{"tensor":"q","box_rows":64,"swizzle":128}"#).unwrap();
+    assert_eq!(old, TensorMap { tensor: TensorName::Q, box_rows: 64, swizzle: 128, box_panels: None });
+    assert_eq!(serde_json::to_string(&old).unwrap(), r#"{"tensor":"q","box_rows":64,"swizzle":128}"#);
+    let one = TensorMap { box_panels: Some(1), ..old };
+    assert_eq!(serde_json::from_str::<TensorMap>(&serde_json::to_string(&one).unwrap()).unwrap(), one);
+    let sh = shape(1, 1, 64, 128);
+    assert_eq!(old.geometry(&sh, &c(&sh)).unwrap().box_dims, [64, 64, 2, 1, 1]);
 }

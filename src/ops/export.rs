@@ -160,7 +160,7 @@ pub struct TensorMapEntry<T> {
     /// globalStrides of dims 1..rank-1 in bytes (dim 0 is contiguous):
     /// {row stride * 2, P*2, head stride * 2, batch stride * 2}, from the `strides` argument.
     pub strides_bytes: Vec<T>,
-    /// boxDim: {P, box_rows, D/P, 1, 1}.
+    /// boxDim: {P, box_rows, box_panels (the template's formula; D/P where it has none), 1, 1}.
     #[serde(rename = "box")]
     pub box_dims: Vec<T>,
     pub element_strides: [u32; 5],
@@ -206,7 +206,7 @@ fn map_formulas(index: usize, spec: &TensorMapSpec) -> TensorMapEntry<String> {
         // `//`: integer division, as in the launch formulas (minijinja / Jinja2).
         vec![p.to_string(), rows.into(), format!("D // {p}"), heads.into(), "B".into()],
         vec![format!("strides.{t}_s * 2"), (p * 2).to_string(), format!("strides.{t}_h * 2"), format!("strides.{t}_b * 2")],
-        vec![p.to_string(), spec.box_rows.clone(), format!("D // {p}"), "1".into(), "1".into()],
+        vec![p.to_string(), spec.box_rows.clone(), spec.box_panels.clone().unwrap_or_else(|| format!("D // {p}")), "1".into(), "1".into()],
     )
 }
 
@@ -478,5 +478,29 @@ mod tests {
         assert_eq!(source_abi(&optd), 2, "this release's kernels");
         let v1 = "#define OPTD_ARGS const elem_t* __restrict__ q, ..., int batch, int heads, int seq_len, int n_splits, ...";
         assert_eq!(source_abi(v1), 1);
+    }
+
+    /// The manifest's box formula takes the template's `box_panels` where it has one (a box
+    /// per panel), else every panel of D; for wgmma-tma's q and o that is the packed-heads rule.
+    #[test]
+    fn a_maps_box_formula_follows_its_box_panels() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-templates");
+        let t = crate::spec::template::Template::load(&dir, "wgmma_tma.cu").unwrap();
+        let boxes: Vec<(String, Vec<String>)> = t
+            .tensor_maps
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.tensor.as_str().to_string(), map_formulas(i, m).box_dims))
+            .collect();
+        let with = |rows: &str, panels: &str| vec!["64".to_string(), rows.into(), panels.into(), "1".into(), "1".into()];
+        assert_eq!(
+            boxes,
+            vec![
+                ("q".into(), with("64 // pack", "1 if pack > 1 else D // 64")),
+                ("k".into(), with("BLOCK_N", "D // 64")),
+                ("v".into(), with("BLOCK_N", "D // 64")),
+                ("o".into(), with("64 // pack", "1 if pack > 1 else D // 64")),
+            ]
+        );
     }
 }

@@ -112,7 +112,8 @@ fn check_tensor_maps(template: &Template, plan: &ShapePlan) -> Result<(), GateFa
             let spec = template.tensor_maps.get(i);
             return Err(GateFailure(format!(
                 "{}: template {}, tensor_map[{i}] ({}, box_rows \"{}\" = {}, swizzle {}): {why}; fix: choose knobs or a swizzle \
-                 for which D is a multiple of swizzle / 2 and box_rows is in 1..=256, or drop this shape",
+                 for which D is a multiple of swizzle / 2, box_rows is in 1..=256 and box_panels in 1..=D / (swizzle / 2), \
+                 or drop this shape",
                 plan.shape.key(),
                 template.name(),
                 m.tensor.as_str(),

@@ -368,14 +368,19 @@ impl TensorName {
 }
 
 /// One TMA tensor map of a plan, resolved for its shape: which tensor, how many rows a
-/// box holds, and the swizzle. Everything else follows from the shape by a fixed
-/// convention, computed in one place: [`TensorMap::geometry`].
+/// box holds, how many of D's panels, and the swizzle. Everything else follows from the
+/// shape by a fixed convention, computed in one place: [`TensorMap::geometry`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorMap {
     pub tensor: TensorName,
     pub box_rows: u32,
     /// Swizzle span in bytes: 32, 64 or 128.
     pub swizzle: u32,
+    /// Panels of D per box; None: all D/P (every plan before the key existed). A kernel
+    /// that lays a box's rows out per panel (wgmma-tma's packed query heads at D 128)
+    /// loads one panel at a time, at panel coordinate 0..D/P.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub box_panels: Option<u32>,
 }
 
 /// Arguments of `cuTensorMapEncodeTiled` (besides the address and the enums, which are
@@ -388,7 +393,7 @@ pub struct TensorMapGeometry {
     pub dims: [u64; 5],
     /// Byte strides of dims 1..4 (dim 0 is contiguous): {row, P*2, head, batch}.
     pub strides_bytes: [u64; 4],
-    /// {P, box_rows, D/P, 1, 1}.
+    /// {P, box_rows, box_panels (default D/P), 1, 1}.
     pub box_dims: [u32; 5],
     pub element_strides: [u32; 5],
 }
@@ -411,10 +416,10 @@ impl TensorMap {
     /// D/P panels and the map is rank 5, dims (innermost first) {P, rows, D/P, heads, B}
     /// (rows and heads of this tensor: SQ and HQ for Q and O, SK and HKV for K and V), byte
     /// strides of dims 1..4 {row, P*2, head, batch} from `strides`, box
-    /// {P, box_rows, D/P, 1, 1}, element strides all 1. A box is a
-    /// [D/P panels][box_rows rows][P elements] block in shared memory, each panel row W
-    /// bytes, swizzled; rows past the tensor's rows read as zeros. A kernel addresses a box
-    /// by (0, row, 0, head, batch).
+    /// {P, box_rows, box_panels, 1, 1} (box_panels: D/P unless the plan says fewer),
+    /// element strides all 1. A box is a [box_panels][box_rows rows][P elements] block in
+    /// shared memory, each panel row W bytes, swizzled; rows past the tensor's rows read as
+    /// zeros. A kernel addresses a box by (0, row, first panel, head, batch).
     ///
     /// Err: why the map cannot be encoded (the TMA's limits), in words.
     pub fn geometry(&self, shape: &Shape, strides: &ViewStrides) -> Result<TensorMapGeometry, String> {
@@ -436,6 +441,10 @@ impl TensorMap {
         if !(1..=256).contains(&self.box_rows) {
             return Err(format!("box_rows = {}; a box dimension holds 1..=256", self.box_rows));
         }
+        let box_panels = self.box_panels.unwrap_or(panels as u32);
+        if !(1..=panels).contains(&(box_panels as u64)) {
+            return Err(format!("box_panels = {box_panels}; D / {panel} = {panels} panels, so 1..={panels}"));
+        }
         let (heads, rows) = shape.dims_of(self.tensor);
         if rows == 0 || heads == 0 || shape.b == 0 {
             return Err(format!("shape {} has an empty dimension", shape.key()));
@@ -454,7 +463,7 @@ impl TensorMap {
             panel,
             dims,
             strides_bytes,
-            box_dims: [panel, self.box_rows, panels as u32, 1, 1],
+            box_dims: [panel, self.box_rows, box_panels, 1, 1],
             element_strides: [1; 5],
         })
     }

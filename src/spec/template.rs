@@ -17,14 +17,15 @@
 //!   for wgmma and setmaxnreg) instead of `sm_<cc>`. Such a cubin runs only on exactly
 //!   that compute capability, so the template is usable only when the device's cc
 //!   equals its `min_cc` ([`Meta::target_arch`]).
-//! - `[[tensor_map]]` entries (`tensor` = q|k|v|o, `box_rows` = a formula, `swizzle` =
+//! - `[[tensor_map]]` entries (`tensor` = q|k|v|o, `box_rows` = a formula, optional
+//!   `box_panels` = a formula (panels of D per box; default all), `swizzle` =
 //!   32|64|128 bytes): TMA tensor maps the worker encodes against the tensor's device
 //!   pointer and appends, in declaration order, after the 16 ABI parameters of every
 //!   launch (`const __grid_constant__ optd_tensor_map tm_x`, 128 bytes by value). The
 //!   geometry is a fixed convention over the tensor of 2-byte elements as the launch's
 //!   strides lay it out: with swizzle W and P = W/2 elements per panel, rank 5, dims
 //!   {P, rows, D/P, heads, B} (innermost first), byte strides {row, P*2, head, batch}, box
-//!   {P, box_rows, D/P, 1, 1}; see
+//!   {P, box_rows, box_panels, 1, 1}; see
 //!   [`crate::spec::protocol::TensorMap::geometry`], the one place it is computed.
 
 use std::collections::BTreeMap;
@@ -134,6 +135,13 @@ pub struct TensorMapSpec {
     pub box_rows: String,
     /// Bytes: 32, 64 or 128.
     pub swizzle: u32,
+    /// Panels of D per box: a formula; absent, all of them (D / (swizzle / 2)).
+    #[serde(default, deserialize_with = "formula_opt")]
+    pub box_panels: Option<String>,
+}
+
+fn formula_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    formula(d).map(Some)
 }
 
 /// A formula written as a string, or as a plain integer (`box_rows = 64`).
@@ -331,7 +339,15 @@ impl Template {
             let name = format!("tensor_map[{i}].box_rows");
             let rows = self.eval_int(&env, &name, &m.box_rows, &vars)?;
             let box_rows = u32::try_from(rows).map_err(|_| self.formula_err(&name, &m.box_rows, format!("gave {rows}, outside 0..2^32")))?;
-            tensor_maps.push(TensorMap { tensor: m.tensor, box_rows, swizzle: m.swizzle });
+            let box_panels = match &m.box_panels {
+                Some(f) => {
+                    let name = format!("tensor_map[{i}].box_panels");
+                    let n = self.eval_int(&env, &name, f, &vars)?;
+                    Some(u32::try_from(n).map_err(|_| self.formula_err(&name, f, format!("gave {n}, outside 0..2^32")))?)
+                }
+                None => None,
+            };
+            tensor_maps.push(TensorMap { tensor: m.tensor, box_rows, swizzle: m.swizzle, box_panels });
         }
         let splits = vars.get("splits").copied().unwrap_or(1);
         let n_splits = u32::try_from(splits)

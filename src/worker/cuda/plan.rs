@@ -85,7 +85,7 @@ mod tests {
         assert!(validate_plan(&bad).is_err());
         // Tensor maps: validated with the same geometry the daemon's gate used.
         let mut maps = ok;
-        maps.tensor_maps = vec![TensorMap { tensor: TensorName::K, box_rows: 64, swizzle: 128 }];
+        maps.tensor_maps = vec![TensorMap { tensor: TensorName::K, box_rows: 64, swizzle: 128, box_panels: None }];
         assert!(validate_plan(&maps).is_ok());
         maps.tensor_maps[0].box_rows = 300;
         let err = validate_plan(&maps).unwrap_err();
