@@ -14,9 +14,11 @@ use crate::pipeline::{record, render};
 use crate::spec::config::Config;
 use crate::spec::protocol::{DeviceInfo, Shape};
 use crate::spec::states::RunState;
+use crate::spec::template::{Params, Template};
 use crate::storage::ledger::{IterationRecord, Ledger, LedgerError, StageHistory};
 use crate::storage::workspace::Workspace;
 use crate::strategy::plan::Plan;
+use crate::strategy::search::Canonical;
 
 mod agent_stage;
 mod candidate;
@@ -182,6 +184,40 @@ impl Engine {
             return Ok(RunEnd::Finished("plan exhausted".into()));
         }
         self.open_phase().await
+    }
+
+    /// `template`'s points as the kernels they run on `shapes` ([`Template::canonical`]),
+    /// for a search over those shapes to compare and propose. An expression that fails to
+    /// evaluate (the parse checked its names, so rarely) is said once and the point kept
+    /// as drawn: the search then measures what it would have without `[inert]`.
+    fn canonical(&self, template: &Template, shapes: &[Shape]) -> Canonical {
+        if template.inert.is_empty() {
+            return Canonical::identity();
+        }
+        let (template, shapes, device) = (template.clone(), shapes.to_vec(), self.device.clone());
+        let warned = std::sync::atomic::AtomicBool::new(false);
+        // Remembered per point: the open phase's draws come back to the same points (its
+        // last resort walks the whole product every time), and each answer evaluates the
+        // derived values for every shape and every value of an inert knob.
+        let memo: std::sync::Mutex<HashMap<Params, Params>> = Default::default();
+        Canonical::new(move |params| {
+            if let Some(p) = memo.lock().ok().and_then(|m| m.get(params).cloned()) {
+                return p;
+            }
+            let p = match template.canonical(params, &shapes, &device) {
+                Ok(p) => p,
+                Err(e) => {
+                    if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!(kind = "inert", template = %template.name(), "{e}; its [inert] knobs are searched as if they mattered");
+                    }
+                    params.clone()
+                }
+            };
+            if let Ok(mut m) = memo.lock() {
+                m.insert(params.clone(), p.clone());
+            }
+            p
+        })
     }
 
     fn log_iteration(&self, rec: &IterationRecord) {

@@ -13,7 +13,7 @@ use crate::spec::template::Params;
 use crate::storage::ledger::{EventKind, IterationRecord};
 use crate::strategy::open::{class_templates, classify, Candidates, ClassSearch, OpenSearch, Proposal, ShapeClass};
 use crate::strategy::plan::{Stage, StageSpec};
-use crate::strategy::search::SearchKind;
+use crate::strategy::search::{Canonical, SearchKind};
 
 use super::candidate::{Candidate, Policy};
 use super::phase::{Next, Proposer};
@@ -141,11 +141,18 @@ impl Engine {
         let spec = self.plan.open_phase.clone();
         let stages = self.open_templates();
         let candidates: Vec<Candidates> =
-            stages.iter().map(|s| Candidates { template: s.template.name().to_string(), space: s.space.clone(), start: s.start.clone(), max_sq: s.template.meta.max_sq }).collect();
+            stages.iter().map(|s| Candidates { template: s.template.name().to_string(), space: s.space.clone(), start: s.start.clone(), max_sq: s.template.meta.max_sq, canon: Canonical::identity() }).collect();
         let classes = classify(&self.shapes, self.device.sm_count);
         let mut searches = Vec::with_capacity(classes.len());
         for class in classes {
-            let mut cs = ClassSearch::new(class.clone(), class_templates(&class, &candidates), spec.clone());
+            let mut templates = class_templates(&class, &candidates);
+            // Each template's points as the kernels they run on this class's shapes.
+            for c in &mut templates {
+                if let Some(st) = stages.iter().find(|s| s.template.name() == c.template) {
+                    c.canon = self.canonical(&st.template, &class.shapes);
+                }
+            }
+            let mut cs = ClassSearch::new(class.clone(), templates, spec.clone());
             // The closing's re-rank comes after this phase: a resume during the closing must
             // prime the searches as the run did, without it.
             for it in recorded.iter().filter(|i| !i.stage.starts_with(OPEN_PREFIX) && i.stage != super::rerank::RERANK_STAGE && i.verdict.is_final()) {

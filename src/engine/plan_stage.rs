@@ -99,7 +99,9 @@ impl Engine {
     /// shapes its template admits).
     async fn search_stage(&mut self, stage: &Stage, shapes: Vec<Shape>, recorded: &[IterationRecord], history: &StageHistory) -> anyhow::Result<Option<RunEnd>> {
         let name = &stage.spec.name;
-        let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates);
+        // Points compared, proposed and recorded as the kernels they run on the stage's shapes.
+        let canon = self.canonical(&stage.template, &shapes);
+        let mut search = Search::new(stage.spec.search, stage.space.clone(), stage.start.clone(), stage.spec.max_candidates).with_canonical(canon.clone());
         let recorded_start = history.start(name).cloned();
         let start = match recorded_start.clone() {
             Some(p) => p,
@@ -111,15 +113,18 @@ impl Engine {
             // Points earlier stages measured with this template are not proposed again,
             // and the start point's score is known: go straight to its neighbours.
             // The ledger as it is now: earlier stages of this very process count too.
-            let start_json = serde_json::to_string(&start)?;
+            // Compared as kernels: a point recorded with other values of knobs inert on these
+            // shapes (an older run, another stage's shapes) is the start point all the same.
+            let start_canonical = canon.apply(&start);
             let now = self.ledger.iterations(&self.run_id).await?;
             // Not the closing's re-rank: it comes after every stage (see open_phase).
             let earlier = now.iter().filter(|i| &i.stage != name && i.stage != super::rerank::RERANK_STAGE && i.template == stage.template.name());
             let mut start_score = None;
             for it in earlier {
-                if it.params_json == start_json {
+                let Ok(p) = serde_json::from_str::<Params>(&it.params_json) else { continue };
+                if canon.apply(&p) == start_canonical {
                     start_score = Outcome::of_record(it).score.or(start_score);
-                } else if let Ok(p) = serde_json::from_str::<Params>(&it.params_json) {
+                } else {
                     search.mark_seen(&p);
                 }
             }

@@ -7,6 +7,35 @@
 //! over the knobs, the shape (B, H, S, D, CAUSAL, ELEM_BYTES) and the device
 //! (SMS, SMEM_OPTIN, CC), with `cdiv`, `min` and `max`.
 //!
+//! Knobs that change nothing for some shapes are declared in an optional `[inert]` table,
+//! `KNOB = "<boolean expression>"`:
+//!
+//! ```toml
+//! [derived]
+//! pack = "G if PACK_GQA and D == 64 and G >= 2 and 8 % G == 0 else 1"
+//!
+//! [inert]
+//! PACK_GQA = "pack == 1"   # packs nothing on this shape, whatever PACK_GQA is
+//! ```
+//!
+//! The expression sees what the `[derived]` formulas see (knobs, shape and device
+//! variables: [`SHAPE_VAR_NAMES`]) and the derived values themselves. Where it is true for
+//! a shape, every value of the knob runs the same kernel there. [`Template::canonical`]
+//! sets each knob inert on all of a set of shapes (a stage's, an open-phase class's) to
+//! its first declared value, and the searches compare and propose points in that form
+//! (`strategy::search::Canonical`), so a stage or class measures each distinct kernel once
+//! and the ledger never shows a value that had no effect. The expression may read the knob
+//! itself, or a derived value that depends on it: it is evaluated once per allowed value
+//! of the knob (the other knobs as proposed), and the knob is inert on a shape only if it
+//! is true for all of them. So `"pack == 1"` above means "pack is 1 whatever PACK_GQA is",
+//! not "pack is 1 at this point" (true at PACK_GQA = 0 on every shape); spelling the
+//! condition out without the knob (`"not (D == 64 and G >= 2 and 8 % G == 0)"`) is the
+//! same. The parse checks that each key is a declared knob and that each expression
+//! compiles and names only those variables; one that fails to evaluate for a shape is a
+//! [`TemplateError::Formula`] from `canonical`. Declarations must be true statements about
+//! the kernel: the walk that resets knobs assumes each says exactly when its knob is
+//! irrelevant.
+//!
 //! A template made for one regime declares `max_sq = N` under `[template]` (decode.cu:
 //! 16): the gate refuses shapes with more query rows, with the reason, the plan's stage
 //! of such a template runs on the shapes it admits only (skipped, with the reason, when
@@ -61,6 +90,8 @@ struct SpecFile {
     launch: Vec<LaunchSpec>,
     #[serde(default)]
     tensor_map: Vec<TensorMapSpec>,
+    #[serde(default)]
+    inert: toml::Table,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -186,6 +217,9 @@ pub struct Template {
     pub launches: Vec<LaunchSpec>,
     /// TMA tensor maps, in kernel-parameter order (after the 16 ABI parameters).
     pub tensor_maps: Vec<TensorMapSpec>,
+    /// Knob -> expression (`[inert]`): where true for a shape, the knob changes nothing
+    /// there ([`Template::canonical`]). In declaration order.
+    pub inert: Vec<(String, String)>,
 }
 
 impl Template {
@@ -226,6 +260,20 @@ impl Template {
         if !derived.iter().any(|(n, _)| n == "splits") {
             derived.push(("splits".into(), "1".into()));
         }
+        let mut inert = Vec::new();
+        for (name, expr) in spec.inert {
+            if !knobs.iter().any(|(k, _)| *k == name) {
+                let declared: Vec<&str> = knobs.iter().map(|(k, _)| k.as_str()).collect();
+                return Err(err(format!(
+                    "[inert] names `{name}`, which is not a knob of this template (knobs: {}); an [inert] key is a knob declared under [knobs]: fix the name or remove the line",
+                    declared.join(", ")
+                )));
+            }
+            let expr = expr.as_str().ok_or_else(|| {
+                err(format!("[inert] `{name}`: expected a boolean expression string, true for the shapes where the knob changes nothing (e.g. {name} = \"D == 128\")"))
+            })?;
+            inert.push((name, expr.to_string()));
+        }
         if spec.launch.is_empty() {
             return Err(err("declares no [[launch]]".into()));
         }
@@ -260,8 +308,39 @@ impl Template {
             derived,
             launches: spec.launch,
             tensor_maps: spec.tensor_map,
+            inert,
         };
+        t.check_inert()?;
         Ok(t)
+    }
+
+    /// Each `[inert]` expression compiles and names only what a formula can see: a typo
+    /// would otherwise surface only when a search first asks for a canonical point.
+    fn check_inert(&self) -> Result<(), TemplateError> {
+        let env = formula_env();
+        for (knob, expr) in &self.inert {
+            let name = format!("inert.{knob}");
+            let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(&name, expr, e.to_string()))?;
+            let known = |v: &str| {
+                self.knobs.iter().any(|(k, _)| k == v) || self.derived.iter().any(|(d, _)| d == v) || SHAPE_VAR_NAMES.contains(&v) || FUNCTIONS.contains(&v)
+            };
+            let mut unknown: Vec<String> = compiled.undeclared_variables(false).into_iter().filter(|v| !known(v)).collect();
+            if !unknown.is_empty() {
+                unknown.sort();
+                let hint = if uses_v1_names(expr) { " (kernel ABI v2: H became HQ or HKV, S became SQ or SK)" } else { "" };
+                return Err(self.formula_err(
+                    &name,
+                    expr,
+                    format!(
+                        "uses {}, which {} a knob, a [derived] value or a shape or device variable ({}){hint}",
+                        unknown.iter().map(|u| format!("`{u}`")).collect::<Vec<_>>().join(", "),
+                        if unknown.len() == 1 { "is not" } else { "are not" },
+                        SHAPE_VAR_NAMES.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn name(&self) -> &str {
@@ -306,13 +385,8 @@ impl Template {
 
     /// Evaluate every formula for one shape on one device: the launches that will run.
     pub fn plan(&self, params: &Params, shape: &Shape, device: &DeviceInfo) -> Result<ShapePlan, TemplateError> {
-        let mut vars = shape_vars(shape, device);
-        vars.extend(params.iter().map(|(k, v)| (k.clone(), *v)));
         let env = formula_env();
-        for (name, expr) in &self.derived {
-            let v = self.eval_int(&env, name, expr, &vars)?;
-            vars.insert(name.clone(), v);
-        }
+        let vars = self.vars(&env, params, shape, device)?;
         let mut launches = Vec::new();
         for (i, l) in self.launches.iter().enumerate() {
             if let Some(when) = &l.when {
@@ -355,6 +429,83 @@ impl Template {
             .filter(|&s| s >= 1)
             .ok_or_else(|| self.formula_err("splits", "", format!("gave {splits}; must be >= 1")))?;
         Ok(ShapePlan { shape: *shape, n_splits, launches, tensor_maps })
+    }
+
+    /// What every formula of one shape sees: the shape and device variables, the knobs,
+    /// then the derived values in declaration order (each may use the ones before it).
+    fn vars(&self, env: &minijinja::Environment<'static>, params: &Params, shape: &Shape, device: &DeviceInfo) -> Result<BTreeMap<String, i64>, TemplateError> {
+        let mut vars = shape_vars(shape, device);
+        vars.extend(params.iter().map(|(k, v)| (k.clone(), *v)));
+        for (name, expr) in &self.derived {
+            let v = self.eval_int(env, name, expr, &vars)?;
+            vars.insert(name.clone(), v);
+        }
+        Ok(vars)
+    }
+
+    /// `params` with every knob that is inert on all of `shapes` (its `[inert]` expression
+    /// true on each) set to its first declared value: the one point searches propose, render
+    /// and record for all the points that run the same kernel on these shapes. Knobs inert
+    /// on only some of them keep their value (it matters on the others). Without `[inert]`,
+    /// or without shapes, `params` as given. Err: an expression (or a derived value it
+    /// reads) fails to evaluate.
+    ///
+    /// Idempotent. A knob set to its default can make another inert (an expression may
+    /// read other knobs), so the knobs are walked again until nothing changes; each step
+    /// replaces a point by one that runs the same kernel, so the result does too.
+    pub fn canonical(&self, params: &Params, shapes: &[Shape], device: &DeviceInfo) -> Result<Params, TemplateError> {
+        if self.inert.is_empty() || shapes.is_empty() {
+            return Ok(params.clone());
+        }
+        let env = formula_env();
+        let mut formulas = Compiled { derived: Vec::new(), inert: Vec::new() };
+        for (name, expr) in &self.derived {
+            let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(name, expr, e.to_string()))?;
+            formulas.derived.push((name, expr, compiled));
+        }
+        for (knob, expr) in &self.inert {
+            let name = format!("inert.{knob}");
+            let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(&name, expr, e.to_string()))?;
+            formulas.inert.push((knob, name, expr, compiled));
+        }
+        let mut out = params.clone();
+        loop {
+            let mut changed = false;
+            for (knob, name, expr, compiled) in &formulas.inert {
+                let Some(values) = self.knobs.iter().find(|(k, _)| k == knob).map(|(_, v)| v) else { continue };
+                // A knob at its default needs nothing; one the point lacks is not ours to add.
+                if out.get(*knob).is_none_or(|v| *v == values[0]) {
+                    continue;
+                }
+                // Inert on every shape whatever value the knob has (the expression may read
+                // it, or a derived value of it): "inert" must not depend on the knob itself.
+                let mut inert = true;
+                let mut p = out.clone();
+                'shapes: for shape in shapes {
+                    for v in values {
+                        p.insert(knob.to_string(), *v);
+                        let mut vars = shape_vars(shape, device);
+                        vars.extend(p.iter().map(|(k, v)| (k.clone(), *v)));
+                        for (d, dexpr, dc) in &formulas.derived {
+                            let value = self.run(d, dexpr, dc, &vars)?;
+                            vars.insert(d.to_string(), self.int_value(d, dexpr, value)?);
+                        }
+                        let holds = self.run(name, expr, compiled, &vars)?;
+                        if !self.bool_value(name, expr, holds)? {
+                            inert = false;
+                            break 'shapes;
+                        }
+                    }
+                }
+                if inert {
+                    out.insert(knob.to_string(), values[0]);
+                    changed = true;
+                }
+            }
+            if !changed {
+                return Ok(out);
+            }
+        }
     }
 
     /// The dynamic shared memory of each launch role at head dim `d`, for the renderer to
@@ -401,6 +552,11 @@ impl Template {
 
     fn eval(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<minijinja::Value, TemplateError> {
         let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(name, expr, e.to_string()))?;
+        self.run(name, expr, &compiled, vars)
+    }
+
+    /// Evaluate a compiled formula (`name` and `expr` for the error).
+    fn run(&self, name: &str, expr: &str, compiled: &minijinja::Expression<'_, '_>, vars: &BTreeMap<String, i64>) -> Result<minijinja::Value, TemplateError> {
         compiled.eval(minijinja::Value::from_serialize(vars)).map_err(|e| {
             let mut message = e.to_string();
             if uses_v1_names(expr) {
@@ -412,6 +568,10 @@ impl Template {
 
     fn eval_int(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<i64, TemplateError> {
         let v = self.eval(env, name, expr, vars)?;
+        self.int_value(name, expr, v)
+    }
+
+    fn int_value(&self, name: &str, expr: &str, v: minijinja::Value) -> Result<i64, TemplateError> {
         if v.is_undefined() {
             let hint = if uses_v1_names(expr) { " (kernel ABI v2: H became HQ or HKV, S became SQ or SK)" } else { "" };
             return Err(self.formula_err(name, expr, format!("uses an undefined name{hint}")));
@@ -427,12 +587,31 @@ impl Template {
 
     fn eval_bool(&self, env: &minijinja::Environment<'static>, name: &str, expr: &str, vars: &BTreeMap<String, i64>) -> Result<bool, TemplateError> {
         let v = self.eval(env, name, expr, vars)?;
+        self.bool_value(name, expr, v)
+    }
+
+    fn bool_value(&self, name: &str, expr: &str, v: minijinja::Value) -> Result<bool, TemplateError> {
         if v.is_undefined() {
             return Err(self.formula_err(name, expr, "uses an undefined name".into()));
         }
         Ok(v.is_true())
     }
 }
+
+/// A template's formulas compiled once for [`Template::canonical`], which evaluates them for
+/// every shape and every value of a knob (compiling is most of a formula's cost).
+struct Compiled<'e> {
+    /// (name, expression, compiled), in declaration order.
+    derived: Vec<(&'e str, &'e str, minijinja::Expression<'e, 'e>)>,
+    /// (knob, `inert.<knob>`, expression, compiled).
+    inert: Vec<(&'e str, String, &'e str, minijinja::Expression<'e, 'e>)>,
+}
+
+/// The names [`shape_vars`] defines (a unit test keeps the two in step).
+pub const SHAPE_VAR_NAMES: [&str; 13] = ["B", "HQ", "HKV", "G", "SQ", "SK", "D", "CAUSAL", "BSHD", "ELEM_BYTES", "SMS", "SMEM_OPTIN", "CC"];
+
+/// The functions [`formula_env`] adds.
+const FUNCTIONS: [&str; 3] = ["cdiv", "min", "max"];
 
 /// The names every formula may use besides knobs: the shape and the device.
 /// Since kernel ABI v2 a shape has HQ query heads over HKV KV heads (G = HQ / HKV per
@@ -489,4 +668,159 @@ fn formula_env() -> minijinja::Environment<'static> {
     env.add_function("min", |xs: Rest<i64>| xs.iter().copied().min().unwrap_or(0));
     env.add_function("max", |xs: Rest<i64>| xs.iter().copied().max().unwrap_or(0));
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::protocol::{DType, Layout};
+    use crate::test_fixtures::h100;
+
+    /// A template whose `PACK` packs a KV head's query heads at D 64 with G in {2, 4, 8}
+    /// (wgmma_tma's PACK_GQA in small), with two more knobs `SPLIT` and `ALIGN` that the
+    /// tests declare inert under various conditions; `[inert]` is `inert`.
+    fn spec(inert: &str) -> String {
+        format!(
+            r#"/* optimizerd:spec
+[template]
+name = "toy"
+
+[knobs]
+TILE = [64, 128]
+PACK = [0, 1]
+SPLIT = [0, 1]
+ALIGN = [16, 8]
+
+[derived]
+pack = "G if PACK and D == 64 and G >= 2 and 8 % G == 0 else 1"
+m_blocks = "cdiv(SQ, TILE // pack)"
+
+[inert]
+{inert}
+
+[[launch]]
+kernel = "fwd"
+grid = ["m_blocks", "B * HQ // pack", "1"]
+block = ["128", "1", "1"]
+smem = "0"
+*/
+"#
+        )
+    }
+
+    fn toy(inert: &str) -> Template {
+        Template::parse("toy.cu", spec(inert)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn shape(hq: u32, hkv: u32, d: u32) -> Shape {
+        Shape { b: 2, hq, hkv, sq: 1024, sk: 1024, d, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
+    }
+
+    fn point(tile: i64, pack: i64, split: i64, align: i64) -> Params {
+        [("TILE", tile), ("PACK", pack), ("SPLIT", split), ("ALIGN", align)].into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+
+    #[test]
+    fn shape_var_names_are_what_shape_vars_defines() {
+        let names: Vec<String> = shape_vars(&shape(8, 8, 64), &h100()).into_keys().collect();
+        let mut declared: Vec<String> = SHAPE_VAR_NAMES.iter().map(|s| s.to_string()).collect();
+        declared.sort();
+        assert_eq!(names, declared);
+    }
+
+    #[test]
+    fn an_inert_key_that_is_not_a_knob_names_the_file_the_key_and_the_fix() {
+        let err = Template::parse("toy.cu", spec("PACK_GQA = \"pack == 1\"")).unwrap_err();
+        assert!(matches!(err, TemplateError::Spec { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.starts_with("template toy.cu: [inert] names `PACK_GQA`, which is not a knob"), "{msg}");
+        assert!(msg.contains("knobs: TILE, PACK, SPLIT, ALIGN") && msg.contains("fix the name or remove the line"), "{msg}");
+
+        let msg = Template::parse("toy.cu", spec("PACK = 1")).unwrap_err().to_string();
+        assert!(msg.starts_with("template toy.cu: [inert] `PACK`: expected a boolean expression string") && msg.contains("PACK = \"D == 128\""), "{msg}");
+    }
+
+    #[test]
+    fn an_inert_formula_that_does_not_compile_or_names_an_unknown_variable_is_a_formula_error() {
+        let err = Template::parse("toy.cu", spec("PACK = \"pack ==\"")).unwrap_err();
+        assert!(matches!(&err, TemplateError::Formula { name, .. } if name == "inert.PACK"), "{err:?}");
+        assert!(err.to_string().starts_with("template toy: formula `inert.PACK` = \"pack ==\": "), "{err}");
+
+        let msg = Template::parse("toy.cu", spec("ALIGN = \"DIM == 64 or packs > 1\"")).unwrap_err().to_string();
+        assert!(msg.starts_with("template toy: formula `inert.ALIGN` = \"DIM == 64 or packs > 1\": uses `DIM`, `packs`, which are not a knob"), "{msg}");
+        assert!(msg.contains("B, HQ, HKV, G, SQ, SK, D"), "lists the shape variables: {msg}");
+        // Version-1 names get the ABI v2 hint, as the other formulas' errors do.
+        let msg = Template::parse("toy.cu", spec("ALIGN = \"H == 8\"")).unwrap_err().to_string();
+        assert!(msg.contains("uses `H`") && msg.contains("H became HQ or HKV"), "{msg}");
+        // Knobs, derived values, shape and device variables and the formula functions are known.
+        toy("ALIGN = \"D == 64 and cdiv(SQ, TILE) > min(SMS, CC) and m_blocks > 0 and not BSHD\"");
+    }
+
+    #[test]
+    fn canonical_resets_a_knob_inert_on_every_shape_and_keeps_one_that_matters_on_some() {
+        let t = toy("ALIGN = \"D == 64\"");
+        let (d64, d128) = (shape(8, 8, 64), shape(8, 8, 128));
+        let p = point(128, 0, 1, 8);
+        assert_eq!(t.canonical(&p, &[d64, d64], &h100()).unwrap(), point(128, 0, 1, 16), "ALIGN to its first value");
+        assert_eq!(t.canonical(&p, &[d64, d128], &h100()).unwrap(), p, "ALIGN matters at D 128");
+        assert_eq!(t.canonical(&p, &[d128], &h100()).unwrap(), p);
+        assert_eq!(t.canonical(&p, &[], &h100()).unwrap(), p, "no shapes: nothing to be inert on");
+        let q = t.canonical(&p, &[d64], &h100()).unwrap();
+        assert_eq!(t.canonical(&q, &[d64], &h100()).unwrap(), q, "idempotent");
+        // Without [inert], the identity.
+        let plain = Template::parse("plain.cu", spec("").replace("[inert]\n", "")).unwrap();
+        assert!(plain.inert.is_empty());
+        assert_eq!(plain.canonical(&p, &[d64], &h100()).unwrap(), p);
+    }
+
+    #[test]
+    fn an_inert_expression_over_a_value_derived_from_its_own_knob_holds_whatever_the_knob_is() {
+        // `pack == 1` is true at PACK 0 on every shape; PACK is inert where it is 1 at PACK 1 too.
+        let t = toy("PACK = \"pack == 1\"");
+        let mha = shape(8, 8, 64);
+        let gqa64 = shape(32, 8, 64);
+        let gqa128 = shape(32, 8, 128);
+        let g3 = shape(24, 8, 64);
+        let packed = point(128, 1, 0, 16);
+        let plain = point(128, 0, 0, 16);
+        for shapes in [vec![mha], vec![gqa128], vec![g3], vec![mha, gqa128, g3]] {
+            assert_eq!(t.canonical(&packed, &shapes, &h100()).unwrap(), plain, "PACK 1 packs nothing on {shapes:?}");
+        }
+        for shapes in [vec![gqa64], vec![mha, gqa64]] {
+            assert_eq!(t.canonical(&packed, &shapes, &h100()).unwrap(), packed, "PACK 1 packs G 4 at D 64 ({shapes:?})");
+        }
+        // The same as spelling the condition out without the knob.
+        let spelled = toy("PACK = \"not (D == 64 and G >= 2 and 8 % G == 0)\"");
+        for shapes in [vec![mha], vec![gqa64], vec![gqa128], vec![g3], vec![mha, gqa64]] {
+            assert_eq!(spelled.canonical(&packed, &shapes, &h100()).unwrap(), t.canonical(&packed, &shapes, &h100()).unwrap(), "{shapes:?}");
+        }
+        // An expression true for one value of its own knob only is never inert.
+        let t = toy("PACK = \"not PACK\"");
+        assert_eq!(t.canonical(&packed, &[mha], &h100()).unwrap(), packed);
+    }
+
+    #[test]
+    fn a_knob_made_inert_by_another_knob_s_default_is_reset_too() {
+        // ALIGN matters only with SPLIT on; SPLIT is inert at D 64. The walk resets SPLIT,
+        // then goes round again and finds ALIGN inert at SPLIT's default.
+        let t = toy("ALIGN = \"SPLIT == 0\"\nSPLIT = \"D == 64\"");
+        let (d64, d128) = (shape(8, 8, 64), shape(8, 8, 128));
+        assert_eq!(t.canonical(&point(64, 0, 1, 8), &[d64], &h100()).unwrap(), point(64, 0, 0, 16), "SPLIT reset, then ALIGN");
+        assert_eq!(t.canonical(&point(64, 0, 1, 8), &[d64, d128], &h100()).unwrap(), point(64, 0, 1, 8), "both matter at D 128");
+        assert_eq!(t.canonical(&point(64, 0, 0, 8), &[d128], &h100()).unwrap(), point(64, 0, 0, 16), "ALIGN inert without SPLIT");
+        // Consistent declarations give one answer whatever their order: SPLIT matters only
+        // when nothing packs, PACK only where it packs.
+        for inert in ["SPLIT = \"pack > 1\"\nPACK = \"pack == 1\"", "PACK = \"pack == 1\"\nSPLIT = \"pack > 1\""] {
+            let t = toy(inert);
+            assert_eq!(t.canonical(&point(64, 1, 1, 8), &[shape(32, 8, 64)], &h100()).unwrap(), point(64, 1, 0, 8), "{inert}: packed, SPLIT inert");
+            assert_eq!(t.canonical(&point(64, 1, 1, 8), &[d64], &h100()).unwrap(), point(64, 0, 1, 8), "{inert}: nothing packs, PACK inert");
+        }
+    }
+
+    #[test]
+    fn an_inert_expression_that_fails_to_evaluate_is_a_formula_error() {
+        let t = toy("ALIGN = \"TILE // (D - D) == 1\"");
+        let err = t.canonical(&point(64, 0, 0, 8), &[shape(8, 8, 64)], &h100()).unwrap_err();
+        assert!(matches!(&err, TemplateError::Formula { template, name, .. } if template == "toy" && name == "inert.ALIGN"), "{err:?}");
+    }
 }

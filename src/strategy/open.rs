@@ -23,6 +23,11 @@
 //! its weight; an unexplored template first), and a focus whose weight is `w` restarts
 //! after `ceil(restart_after * w)` stale candidates: a template 3x slower than the
 //! class's best gets one candidate at a time, now and then, but never none.
+//!
+//! Points are compared as kernels: each template's [`Canonical`] (the engine's, from its
+//! `[inert]` knobs on the class's shapes) maps a point to its representative before the
+//! "seen" check, so a class never measures two points that differ only in knobs that
+//! change nothing on its shapes, and primed plan points count in their canonical form.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,6 +36,7 @@ use serde::Deserialize;
 
 use crate::spec::protocol::Shape;
 use crate::spec::template::Params;
+use crate::strategy::search::Canonical;
 
 /// `[open_phase]` in a plan file.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -141,6 +147,9 @@ pub struct Candidates {
     pub start: Params,
     /// The template's regime: the most query rows it is for (`max_sq` of its spec).
     pub max_sq: Option<u32>,
+    /// Its points as the kernels they run on the class's shapes (identity until the engine
+    /// sets it for a class: [`class_templates`] hands out the same candidates to every class).
+    pub canon: Canonical,
 }
 
 /// The templates a class is searched with, in plan order: those whose regime admits
@@ -243,11 +252,22 @@ impl ClassSearch {
     /// A point measured before the phase (a plan stage): never proposed again, and its
     /// class score (if it was timed on every shape of the class) seeds the elites.
     pub fn prime(&mut self, template: &str, params: &Params, score: Option<f64>) {
+        // A plan point is measured for this class as the kernel it runs on the class's
+        // shapes: its canonical form is what is seen, and what a mutation starts from.
+        let params = &self.canonical(template, params);
         if self.seen.insert(key(template, params)) {
             self.count(template, score);
         }
         if let Some(s) = score {
             self.improve(template, params, s);
+        }
+    }
+
+    /// `params` of `template` as the kernel it runs on this class's shapes.
+    fn canonical(&self, template: &str, params: &Params) -> Params {
+        match self.templates.iter().find(|c| c.template == template) {
+            Some(c) => c.canon.apply(params),
+            None => params.clone(),
         }
     }
 
@@ -412,7 +432,7 @@ impl ClassSearch {
     /// One or two knobs of the focus template's best point (or its start), changed.
     fn mutation(&mut self) -> Option<Proposal> {
         let c = self.templates.get(self.focus)?.clone();
-        let base = self.elites.get(&c.template).map(|(_, p)| p.clone()).unwrap_or_else(|| c.start.clone());
+        let base = self.elites.get(&c.template).map(|(_, p)| p.clone()).unwrap_or_else(|| c.canon.apply(&c.start));
         if !self.seen.contains(&key(&c.template, &base)) {
             return Some(Proposal { template: c.template, params: base });
         }
@@ -429,6 +449,7 @@ impl ClassSearch {
                 let others: Vec<i64> = values.iter().copied().filter(|v| Some(*v) != current).collect();
                 p.insert(name.clone(), others[self.rng.random_range(0..others.len())]);
             }
+            let p = c.canon.apply(&p);
             if !self.seen.contains(&key(&c.template, &p)) {
                 return Some(Proposal { template: c.template, params: p });
             }
@@ -443,6 +464,7 @@ impl ClassSearch {
             let i = self.draw(&w);
             let c = &self.templates[i];
             let p: Params = c.space.iter().map(|(k, v)| (k.clone(), v[self.rng.random_range(0..v.len())])).collect();
+            let p = c.canon.apply(&p);
             if !self.seen.contains(&key(&c.template, &p)) {
                 return Some(Proposal { template: c.template.clone(), params: p });
             }
@@ -461,6 +483,7 @@ impl ClassSearch {
                     p.insert(name.clone(), values[rem % values.len()]);
                     rem /= values.len();
                 }
+                let p = c.canon.apply(&p);
                 if !self.seen.contains(&key(&c.template, &p)) {
                     return Some(Proposal { template: c.template.clone(), params: p });
                 }
@@ -523,6 +546,7 @@ mod tests {
             space: vec![("A".into(), vec![1, 2, 3, 4]), ("B".into(), vec![10, 20, 30])],
             start: [("A".to_string(), 1), ("B".to_string(), 10)].into_iter().collect(),
             max_sq: None,
+            canon: Canonical::identity(),
         }
     }
 
@@ -594,6 +618,33 @@ mod tests {
     }
 
     #[test]
+    fn a_class_measures_each_distinct_kernel_once_whatever_its_inert_knobs_were_drawn_at() {
+        // B changes nothing on this class's shapes unless A = 4: 12 points, 6 kernels.
+        let inert_b = Canonical::new(|p: &Params| {
+            let mut p = p.clone();
+            if p.get("A") != Some(&4) {
+                p.insert("B".into(), 10);
+            }
+            p
+        });
+        let t = Candidates { canon: inert_b.clone(), ..space() };
+        let spec = OpenPhaseSpec { patience: 1000, ..Default::default() };
+        let mut s = ClassSearch::new(ShapeClass { name: "c".into(), shapes: vec![] }, vec![t], spec);
+        // A plan point measured with B = 20 is the kernel of A = 1, B = 10 here.
+        let primed: Params = [("A".to_string(), 1), ("B".to_string(), 20)].into_iter().collect();
+        s.prime("t", &primed, Some(5.0));
+        let mut got = BTreeSet::new();
+        while let Some(p) = s.next() {
+            assert_eq!(inert_b.apply(&p.params), p.params, "proposed in canonical form: {p:?}");
+            assert!(got.insert(key(&p.template, &p.params)), "repeated {p:?}");
+            s.report(&p, Some(2.0), false);
+        }
+        assert_eq!(got.len(), 5, "6 kernels, the primed one skipped: {got:?}");
+        assert!(!got.contains(&key("t", &inert_b.apply(&primed))));
+        assert_eq!(s.converged(), Some(&Converged::Exhausted));
+    }
+
+    #[test]
     fn deterministic_given_outcomes() {
         let walk = || {
             let spec = OpenPhaseSpec { patience: 8, ..Default::default() };
@@ -658,7 +709,7 @@ mod tests {
     fn big(name: &str) -> Candidates {
         let space: Vec<(String, Vec<i64>)> = ["A", "B", "C", "D", "E"].iter().map(|k| (k.to_string(), (1..=6).collect())).collect();
         let start = space.iter().map(|(k, v)| (k.clone(), v[0])).collect();
-        Candidates { template: name.into(), space, start, max_sq: None }
+        Candidates { template: name.into(), space, start, max_sq: None, canon: Canonical::identity() }
     }
 
     fn search(templates: Vec<Candidates>, spec: OpenPhaseSpec) -> ClassSearch {

@@ -9,8 +9,16 @@
 //! after each candidate; lower is better (geometric-mean time), `None` means it
 //! failed. Every kind is deterministic given the scores, so a resumed run replays the
 //! recorded iterations and stands exactly where it stopped.
+//!
+//! Points are compared as the kernels they run: a [`Canonical`] (built by the engine from
+//! the template's `[inert]` knobs, the stage's shapes and the device) maps each point to
+//! its representative before the "seen" check, so two points that differ only in knobs
+//! inert on every shape are one candidate, proposed (and counted against
+//! `max_candidates`) once, in its canonical form. The search itself knows nothing of
+//! templates or shapes; without `[inert]` the canonicalizer is the identity.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -27,6 +35,43 @@ pub enum SearchKind {
     /// `evolve` over the knobs of the latest accepted agent edit of the template.
     #[serde(rename = "agent-tuning")]
     AgentTuning,
+}
+
+/// Maps a knob point to the representative of the points that run the same kernel on
+/// the shapes searched (knobs inert there at their first declared value:
+/// [`crate::spec::template::Template::canonical`]). Idempotent and deterministic, so that
+/// a resumed run replays the same proposals.
+#[derive(Clone, Default)]
+pub struct Canonical(Option<Arc<CanonicalFn>>);
+
+type CanonicalFn = dyn Fn(&Params) -> Params + Send + Sync;
+
+impl Canonical {
+    /// Every point is its own representative (no `[inert]` knobs).
+    pub fn identity() -> Self {
+        Canonical(None)
+    }
+
+    pub fn new(f: impl Fn(&Params) -> Params + Send + Sync + 'static) -> Self {
+        Canonical(Some(Arc::new(f)))
+    }
+
+    pub fn apply(&self, params: &Params) -> Params {
+        match &self.0 {
+            Some(f) => f(params),
+            None => params.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Canonical {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Canonical(inert knobs)" } else { "Canonical(identity)" })
+    }
+}
+
+fn key(params: &Params) -> String {
+    serde_json::to_string(params).unwrap_or_default()
 }
 
 #[derive(Clone)]
@@ -48,6 +93,8 @@ pub struct Search {
     /// Evolve: the best point and score so far, and the generator of mutations.
     elite: Option<(f64, Params)>,
     rng: rand::rngs::StdRng,
+    /// Points as the kernels they run; every proposal and every seen point goes through it.
+    canon: Canonical,
 }
 
 impl Search {
@@ -66,7 +113,14 @@ impl Search {
             started: false,
             elite: None,
             rng: rand::SeedableRng::seed_from_u64(0x0E70_1DE5),
+            canon: Canonical::identity(),
         }
+    }
+
+    /// Compare and propose points through `canon` (see [`Canonical`]); before the first `next`.
+    pub fn with_canonical(mut self, canon: Canonical) -> Self {
+        self.canon = canon;
+        self
     }
 
     /// The next candidate, or None when the stage is exhausted.
@@ -78,8 +132,10 @@ impl Search {
                 SearchKind::Evolve | SearchKind::AgentTuning => self.next_evolve()?,
                 SearchKind::Agent => return None,
             };
-            let key = serde_json::to_string(&candidate).unwrap_or_default();
-            if self.seen.insert(key) {
+            // Before the dedupe: an exhaustive product (or a start point) that differs from
+            // a seen point only in inert knobs is that point, and costs no candidate.
+            let candidate = self.canon.apply(&candidate);
+            if self.seen.insert(key(&candidate)) {
                 self.proposed += 1;
                 return Some(candidate);
             }
@@ -103,8 +159,12 @@ impl Search {
         let Some(score) = score else { return };
         let Some((name, _)) = self.space.get(self.knob) else { return };
         let Some(&v) = params.get(name) else { return };
-        // Only points that differ from the current point in the swept knob (or the start) count.
-        let same_elsewhere = self.point.iter().all(|(k, pv)| k == name || params.get(k) == Some(pv));
+        // Only points that differ from the current point in the swept knob (or the start)
+        // count; compared as kernels, since the swept value may make another knob inert
+        // (the proposal then has that knob at its default, the current point may not).
+        let mut swept = self.point.clone();
+        swept.insert(name.clone(), v);
+        let same_elsewhere = self.canon.apply(&swept) == self.canon.apply(params);
         if same_elsewhere && self.best.is_none_or(|(s, _)| score < s) {
             self.best = Some((score, v));
         }
@@ -138,7 +198,8 @@ impl Search {
                 self.value += 1;
                 let mut p = self.point.clone();
                 p.insert(name.clone(), v);
-                if self.seen.contains(&serde_json::to_string(&p).unwrap_or_default()) {
+                let p = self.canon.apply(&p);
+                if self.seen.contains(&key(&p)) {
                     continue;
                 }
                 return Some(p);
@@ -174,7 +235,10 @@ impl Search {
                 let others: Vec<i64> = values.iter().copied().filter(|v| Some(*v) != current).collect();
                 p.insert(name.clone(), others[self.rng.random_range(0..others.len())]);
             }
-            if !self.seen.contains(&serde_json::to_string(&p).unwrap_or_default()) {
+            // Checked in canonical form: a mutation of an inert knob alone is the base again,
+            // and must count as a draw that found nothing (not loop in `next` for ever).
+            let p = self.canon.apply(&p);
+            if !self.seen.contains(&key(&p)) {
                 return Some(p);
             }
         }
@@ -184,7 +248,8 @@ impl Search {
     /// The start point was already measured (by an earlier stage): count it as seen
     /// with its score, so the search goes straight to its neighbours.
     pub fn prime(&mut self, params: &Params, score: f64) {
-        self.seen.insert(serde_json::to_string(params).unwrap_or_default());
+        let params = &self.canon.apply(params);
+        self.seen.insert(key(params));
         match self.kind {
             SearchKind::Evolve | SearchKind::AgentTuning => {
                 self.started = true;
@@ -198,9 +263,10 @@ impl Search {
         }
     }
 
-    /// Never propose `params`: an earlier stage already measured it.
+    /// Never propose `params` (or a point that runs the same kernel): an earlier stage
+    /// already measured it.
     pub fn mark_seen(&mut self, params: &Params) {
-        self.seen.insert(serde_json::to_string(params).unwrap_or_default());
+        self.seen.insert(key(&self.canon.apply(params)));
     }
 
     /// Start somewhere else (e.g. the best point an earlier stage found), before the first `next`.
@@ -306,5 +372,92 @@ mod tests {
         }
         assert_eq!(s.point()["A"], 1);
         assert_eq!(order[..3], [(1, 10), (2, 10), (3, 10)]);
+    }
+
+    /// A, B as in `space()`, and X in {0, 1}, which matters only at A = 3 (inert elsewhere):
+    /// the canonical point has X = 0 unless A = 3.
+    fn inert_space() -> Vec<(String, Vec<i64>)> {
+        vec![("A".into(), vec![1, 2, 3]), ("B".into(), vec![10, 20]), ("X".into(), vec![0, 1])]
+    }
+
+    fn inert_x() -> Canonical {
+        Canonical::new(|p: &Params| {
+            let mut p = p.clone();
+            if p.get("A") != Some(&3) {
+                p.insert("X".into(), 0);
+            }
+            p
+        })
+    }
+
+    fn point(a: i64, b: i64, x: i64) -> Params {
+        [("A".to_string(), a), ("B".to_string(), b), ("X".to_string(), x)].into_iter().collect()
+    }
+
+    fn walk(s: &mut Search, score: impl Fn(&Params) -> Option<f64>) -> Vec<(i64, i64, i64)> {
+        let mut got = Vec::new();
+        while let Some(p) = s.next() {
+            got.push((p["A"], p["B"], p["X"]));
+            s.report(&p, score(&p));
+        }
+        got
+    }
+
+    #[test]
+    fn exhaustive_proposes_each_distinct_kernel_once_and_spends_no_candidate_on_an_inert_variant() {
+        let mut s = Search::new(SearchKind::Exhaustive, inert_space(), point(1, 10, 0), 100).with_canonical(inert_x());
+        let got = walk(&mut s, |_| Some(1.0));
+        // 12 points in the product, 8 distinct kernels: X varies at A = 3 only.
+        assert_eq!(got, vec![(1, 10, 0), (1, 20, 0), (2, 10, 0), (2, 20, 0), (3, 10, 0), (3, 10, 1), (3, 20, 0), (3, 20, 1)]);
+        // max_candidates counts distinct kernels: 4 candidates reach A = 2 (without the
+        // canonical form, the first 4 are A = 1's raw points, two of them inert variants).
+        let mut s = Search::new(SearchKind::Exhaustive, inert_space(), point(1, 10, 0), 4).with_canonical(inert_x());
+        assert_eq!(walk(&mut s, |_| Some(1.0)), vec![(1, 10, 0), (1, 20, 0), (2, 10, 0), (2, 20, 0)]);
+        // The identity leaves the product as it was.
+        let mut s = Search::new(SearchKind::Exhaustive, inert_space(), point(1, 10, 0), 4);
+        assert_eq!(walk(&mut s, |_| Some(1.0)), vec![(1, 10, 0), (1, 10, 1), (1, 20, 0), (1, 20, 1)]);
+    }
+
+    #[test]
+    fn evolve_never_proposes_an_inert_variant_of_a_measured_point() {
+        // Best at A = 2 (where X is inert), so mutations keep coming back to X.
+        let score = |p: &Params| Some(((p["A"] - 2).abs() * 10 + (p["B"] - 20).abs() / 10) as f64);
+        let mut s = Search::new(SearchKind::Evolve, inert_space(), point(1, 10, 1), 100).with_canonical(inert_x());
+        let got = walk(&mut s, score);
+        assert_eq!(got[0], (1, 10, 0), "the start point, proposed in canonical form");
+        let unique: BTreeSet<_> = got.iter().collect();
+        assert_eq!(unique.len(), got.len(), "no kernel twice: {got:?}");
+        assert!(got.iter().all(|&(a, _, x)| a == 3 || x == 0), "only canonical points: {got:?}");
+        assert!(got.len() <= 8, "at most the 8 distinct kernels: {got:?}");
+        // A space whose only mutable knob is inert everywhere is exhausted after the start
+        // point (it does not spin on mutations that are all the start point again).
+        let space = vec![("A".to_string(), vec![1]), ("B".to_string(), vec![10]), ("X".to_string(), vec![0, 1])];
+        let mut s = Search::new(SearchKind::Evolve, space, point(1, 10, 0), 100).with_canonical(inert_x());
+        assert_eq!(walk(&mut s, |_| Some(1.0)), vec![(1, 10, 0)]);
+    }
+
+    #[test]
+    fn a_primed_or_seen_point_is_seen_with_every_inert_variant() {
+        // The start measured by an earlier stage with X = 1 (an older run, say): X = 0 is it.
+        let mut s = Search::new(SearchKind::Evolve, inert_space(), point(1, 10, 1), 100).with_canonical(inert_x());
+        s.prime(&point(1, 10, 1), 5.0);
+        s.mark_seen(&point(1, 20, 1));
+        let got = walk(&mut s, |_| Some(9.0));
+        assert!(!got.contains(&(1, 10, 0)) && !got.contains(&(1, 20, 0)), "{got:?}");
+        assert!(got.iter().all(|&(a, _, x)| a == 3 || x == 0), "{got:?}");
+    }
+
+    #[test]
+    fn coordinate_skips_inert_values_and_scores_a_sweep_point_whose_canonical_form_differs() {
+        // Start at A = 3, X = 1 (X matters). Sweeping A to 1 or 2 makes X inert: those
+        // proposals have X = 0, yet they are A's sweep points and their scores count.
+        let space = vec![("A".to_string(), vec![3, 1, 2]), ("X".to_string(), vec![0, 1]), ("B".to_string(), vec![10, 20])];
+        let score = |p: &Params| Some(if p["A"] == 2 { 1.0 } else { 5.0 } + if p["B"] == 20 { 0.0 } else { 0.5 });
+        let mut s = Search::new(SearchKind::Coordinate, space, point(3, 10, 1), 100).with_canonical(inert_x());
+        let got = walk(&mut s, score);
+        // A: 3 (start), 1, 2 -> 2 is best; X is inert at A = 2 (no sweep point left); B: 20.
+        assert_eq!(got, vec![(3, 10, 1), (1, 10, 0), (2, 10, 0), (2, 20, 0)]);
+        assert_eq!(s.point()["A"], 2);
+        assert_eq!(s.point()["B"], 20);
     }
 }
