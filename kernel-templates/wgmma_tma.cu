@@ -211,6 +211,17 @@ m_blocks = "cdiv(SQ, block_m // pack)"
 # STREAM_K: scratch for 2 pieces per CTA, (4 + D / 2) x 128 floats per consumer each.
 sk_floats = "2 * SMS * CONSUMERS * 128 * (4 + D // 2)"
 splits = "max(1, cdiv(sk_floats, B * HQ * SQ * D)) if STREAM_K and PERSISTENT and not CAUSAL else 1"
+# Work tiles, and the last persistent round's (STREAM_K's tail; the kernel's own test).
+tiles = "m_blocks * B * HQ // pack"
+sk_tail = "tiles % min(tiles, SMS)"
+
+# Knobs that run the same kernel on a shape whatever their value (the searches try one).
+[inert]
+PACK_GQA = "pack == 1"
+# No work tile of at most 64 query rows: only SQ's last tile can be one (packed tiles never split).
+TAIL_SPLIT = "pack > 1 or SQ - (m_blocks - 1) * (block_m // pack) > 64"
+# Causal, one CTA per tile, no tail, or a tail of fewer key tiles than CTAs: whole tiles.
+STREAM_K = "CAUSAL or not PERSISTENT or sk_tail == 0 or sk_tail * cdiv(SK, BLOCK_N) < min(tiles, SMS)"
 
 [[launch]]
 kernel = "fwd"

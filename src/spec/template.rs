@@ -12,7 +12,7 @@
 //!
 //! ```toml
 //! [derived]
-//! pack = "G if PACK_GQA and D == 64 and G >= 2 and 8 % G == 0 else 1"
+//! pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
 //!
 //! [inert]
 //! PACK_GQA = "pack == 1"   # packs nothing on this shape, whatever PACK_GQA is
