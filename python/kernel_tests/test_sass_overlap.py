@@ -123,13 +123,13 @@ class OverlapSassTest(unittest.TestCase):
             raise AssertionError(why)
         cls.nvrtc = ncc.Nvrtc(ncc.default_nvrtc_lib())
 
-    def overlap_loops(self, root: Path, knobs: dict, d: int) -> list[dict]:
+    def overlap_loops(self, root: Path, knobs: dict, d: int, n: int = 2) -> list[dict]:
         """The OVERLAP key-tile loops (those waiting for wait_group 1): the peeled loop of
-        unmasked tiles and the one of masked tiles."""
+        unmasked tiles and the one of masked tiles (n = 1: PEEL 0's one loop)."""
         out = sls.analyse(root, "wgmma_tma.cu", ",".join(f"{k}={v}" for k, v in knobs.items()), d, False, self.nvrtc)
         kernel = out["kernels"][f"optd_fwd_d{d}"]
         loops = [lp for lp in kernel["hot_loops"] if lp["ex2_under_pv"] is not None]
-        self.assertEqual(len(loops), 2, f"{knobs} d{d}: expected two loops waiting for wait_group 1, got {kernel['hot_loops']}")
+        self.assertEqual(len(loops), n, f"{knobs} d{d}: expected {n} loops waiting for wait_group 1, got {kernel['hot_loops']}")
         return sorted(loops, key=lambda lp: lp["total"])
 
     def test_the_softmax_runs_under_the_previous_tiles_pv(self):
@@ -138,6 +138,18 @@ class OverlapSassTest(unittest.TestCase):
                 per_thread = knobs["BLOCK_N"] // 2  # S values per thread: one exponential each
                 for lp in self.overlap_loops(ncc.TEMPLATES_DIR, knobs, d):
                     self.assertGreaterEqual(lp["ex2_under_pv"], per_thread, lp)
+
+    def test_the_newer_knobs_keep_the_softmax_under_the_pv(self):
+        # PEEL 0 (one loop body), STREAM_K (key-range pieces) and PACK_GQA (at D 128 a Q / O
+        # box per panel) change the code around the key-tile loops, not the overlap in them.
+        for knobs, d, n in [
+            (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PEEL=0), 64, 1),
+            (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PERSISTENT=1, STREAM_K=1), 64, 2),
+            (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1, PACK_GQA=1), 128, 2),
+        ]:
+            with self.subTest(knobs=knobs, d=d):
+                for lp in self.overlap_loops(ncc.TEMPLATES_DIR, knobs, d, n):
+                    self.assertGreaterEqual(lp["ex2_under_pv"], knobs["BLOCK_N"] // 2, lp)
 
     def test_the_steady_loop_carries_no_mask_code(self):
         # The per-key compares and selects of the mask (two per S value) are in the
