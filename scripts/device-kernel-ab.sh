@@ -26,6 +26,9 @@
 #   bash scripts/device-kernel-ab.sh best       --points best, then medium (FA4 where it imports)
 #   bash scripts/device-kernel-ab.sh gqa        PACK_GQA: the pairs check, then --points gqa (1 against 0, FA4 beside),
 #                                               then --points loops (PEEL 0 against 1 on short causal rows)
+#   bash scripts/device-kernel-ab.sh new        all of session 6's knobs in one call: the pairs check (PEEL, STREAM_K,
+#                                               PACK_GQA at D 64 and 128), then streamk, gqa, loops (3 rounds each)
+#                                               and the sleep A/B's epilogue points when .dev/ctg-sleep and .dev/sleep come
 #   bash scripts/device-kernel-ab.sh streamk    --points streamk (STREAM_K 1 against 0, non-causal, FA4 beside);
 #                                               the gqa step's pairs check covers STREAM_K's correctness
 #   bash scripts/device-kernel-ab.sh sleep      --points epilogue and medium, new against .dev/sleep (carry
@@ -36,7 +39,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$out"
-step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|sleep}"
+step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|new|sleep}"
 ctg=(--cubin-dir .dev/ctg)
 [[ "$step" == sleep || -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
@@ -72,11 +75,23 @@ case "$step" in
     run loops "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points loops --rounds 5 ;;
   streamk)
     run streamk "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points streamk --rounds 5 ;;
+  new)
+    # Session 6's knobs in one call (carry .dev/ctg, and .dev/ctg-sleep + .dev/sleep for the last
+    # part): correctness first, then each A/B with 3 rounds to stay inside the 10-minute call.
+    run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
+      --more-shapes --faults || exit 1
+    for p in streamk gqa loops; do
+      run "$p" "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points "$p" --rounds 3
+    done
+    if [[ -d .dev/ctg-sleep && -d .dev/sleep/kernel-templates ]]; then
+      run sleep-epilogue --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points epilogue \
+        --time-against .dev/sleep/kernel-templates --rounds 3
+    fi ;;
   sleep)
     [[ -d .dev/ctg-sleep && -d .dev/sleep/kernel-templates ]] || { echo "device-kernel-ab: carry .dev/ctg-sleep and .dev/sleep (built per the header)" >&2; exit 2; }
     run sleep-epilogue --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points epilogue \
       --time-against .dev/sleep/kernel-templates --rounds 5
     run sleep-medium --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points medium \
       --time-against .dev/sleep/kernel-templates --rounds 3 ;;
-  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, sleep)" >&2; exit 2 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, new, sleep)" >&2; exit 2 ;;
 esac
