@@ -85,7 +85,7 @@
  *          common/tile_scheduler.cuh;
  *          causal, PERSISTENT = 0: CTAs start in linear-id order, and the id
  *          maps to (query tile, head) longest first across a group of heads
- *          whose K/V fit in WT_LPT_GROUP_BYTES (8 MiB, L2 reuse; K/V counted
+ *          whose K/V fit in LPT_MIB MiB (L2 reuse; K/V counted
  *          once per K/V head, a group holding whole GQA groups of query
  *          heads), so the last wave holds only light tiles. H100 (MHA), vs one
  *          head after another:
@@ -150,6 +150,11 @@
  *                     to a few SMs: (2,16,8192,128) at 192-row tiles is
  *                     1376 tiles on 132 SMs, 10.4 rounds of work in 11
  *                     rounds of time. Not yet timed.
+ *          LPT_MIB    causal, one CTA per tile: the K/V bytes (MiB)   8, 32
+ *                     of the group of heads scheduled longest first
+ *                     together (8: tiles of fewer heads share L2; FA3
+ *                     uses 32 MB, FA4 50: a longer list for the last
+ *                     wave to balance). 32 not yet timed.
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
@@ -203,6 +208,7 @@ EPI_TMA = [0, 1]
 PACK_GQA = [0, 1]
 PEEL = [1, 0]
 STREAM_K = [0, 1]
+LPT_MIB = [8, 32]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
@@ -222,6 +228,8 @@ PACK_GQA = "pack == 1"
 TAIL_SPLIT = "pack > 1 or SQ - (m_blocks - 1) * (block_m // pack) > 64"
 # Causal, one CTA per tile, no tail, or a tail of fewer key tiles than CTAs: whole tiles.
 STREAM_K = "CAUSAL or not PERSISTENT or sk_tail == 0 or sk_tail * cdiv(SK, BLOCK_N) < min(tiles, SMS)"
+# The longest-first groups order only causal grids of one CTA per tile.
+LPT_MIB = "not CAUSAL or PERSISTENT"
 
 [[launch]]
 kernel = "fwd"
@@ -294,6 +302,9 @@ swizzle = 128
 #ifndef STREAM_K
 #error "STREAM_K must be defined"
 #endif
+#ifndef LPT_MIB
+#error "LPT_MIB must be defined"
+#endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
 #endif
@@ -324,7 +335,7 @@ __device__ __forceinline__ int wt_pack(int g) {
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
 #define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
 // Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
-#define WT_LPT_GROUP_BYTES (8ll << 20)
+#define WT_LPT_GROUP_BYTES ((long long)LPT_MIB << 20)
 
 // Shared-memory barriers (static): q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
 struct WtBarriers {

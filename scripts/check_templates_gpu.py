@@ -100,7 +100,8 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               PERSISTENT on and off, --points overlap OVERLAP on and off at
               FA4's points and the daemon's, --points epilogue EPI_TMA on and
               off, --points gqa PACK_GQA on and off, --points loops PEEL on
-              and off, --points streamk STREAM_K on and off. Where
+              and off, --points streamk STREAM_K on and off, --points lpt
+              LPT_MIB 32 and 8. Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -395,9 +396,20 @@ STREAMK_POINTS = [
     )
     for sk in (1, 0)
 ]
+# --time-best --points lpt: LPT_MIB 32 against 8 (the K/V bytes of the heads whose tiles are
+# ordered longest first together; causal, one CTA per tile) on the causal large and LLM shapes.
+LPT_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=ov, PERSISTENT=0, EPI_TMA=1, LPT_MIB=mib), shapes)
+    for c, ov, shapes in (
+        (3, 1, mhas([(4, 16, 4096, 64, True), (8, 16, 1024, 64, True)]) + [gqa(4, 16, 4, 2048, 2048, 64, True)]),
+        (2, 1, mhas([(2, 16, 8192, 128, True)]) + [gqa(1, 32, 8, 4096, 4096, 128, True)]),
+        (3, 0, mhas([(2, 16, 8192, 128, True)])),
+    )
+    for mib in (32, 8)
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS, "loops": LOOPS_POINTS,
-              "streamk": STREAMK_POINTS}
+              "streamk": STREAMK_POINTS, "lpt": LPT_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -1691,7 +1703,7 @@ def main() -> int:
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
                     help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
                          "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) or PACK_GQA (gqa) "
-                              "or PEEL (loops) or STREAM_K (streamk) on and off")
+                              "or PEEL (loops) or STREAM_K (streamk) on and off, or LPT_MIB 32 and 8 (lpt)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",

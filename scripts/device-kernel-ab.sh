@@ -10,7 +10,7 @@
 #       --time-against .dev/old/kernel-templates
 #   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --no-check --template wgmma_tma.cu \
 #       --template mma_fa2.cu --time-best --points best --time-against .dev/mid/kernel-templates
-#   for p in epilogue best medium gqa loops streamk; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
+#   for p in epilogue best medium gqa loops streamk lpt; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
 #       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
 # The mbarrier-sleep experiment (not in the templates yet: HOPPER.md, "ncu after the four changes"):
 #   git archive HEAD kernel-templates | tar -x -C .dev/sleep, then in .dev/sleep/kernel-templates/common/hopper.cuh
@@ -27,7 +27,7 @@
 #   bash scripts/device-kernel-ab.sh gqa        PACK_GQA: the pairs check, then --points gqa (1 against 0, FA4 beside),
 #                                               then --points loops (PEEL 0 against 1 on short causal rows)
 #   bash scripts/device-kernel-ab.sh new        all of session 6's knobs in one call: the pairs check (PEEL, STREAM_K,
-#                                               PACK_GQA at D 64 and 128), then streamk, gqa, loops (3 rounds each)
+#                                               PACK_GQA at D 64 and 128), then streamk, gqa, loops, lpt (3 rounds each)
 #                                               and the sleep A/B's epilogue points when .dev/ctg-sleep and .dev/sleep come
 #   bash scripts/device-kernel-ab.sh streamk    --points streamk (STREAM_K 1 against 0, non-causal, FA4 beside);
 #                                               the gqa step's pairs check covers STREAM_K's correctness
@@ -80,7 +80,7 @@ case "$step" in
     # part): correctness first, then each A/B with 3 rounds to stay inside the 10-minute call.
     run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
       --more-shapes --faults || exit 1
-    for p in streamk gqa loops; do
+    for p in streamk gqa loops lpt; do
       run "$p" "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points "$p" --rounds 3
     done
     if [[ -d .dev/ctg-sleep && -d .dev/sleep/kernel-templates ]]; then

@@ -412,18 +412,23 @@ fn tensor_maps_without_box_panels_read_and_write_as_before() {
 fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
     let dev = common::h100();
-    let p = with(&t, &[("PACK_GQA", 1), ("TAIL_SPLIT", 0), ("STREAM_K", 1), ("CONSUMERS", 3), ("PERSISTENT", 1), ("BLOCK_N", 128)]);
+    let p = with(&t, &[("PACK_GQA", 1), ("TAIL_SPLIT", 0), ("STREAM_K", 1), ("LPT_MIB", 32), ("CONSUMERS", 3), ("PERSISTENT", 1), ("BLOCK_N", 128)]);
     let sh = |b: u32, hq: u32, hkv: u32, s: u32, d: u32, causal: bool| Shape { b, hq, hkv, sq: s, sk: s, d, causal, dtype: DType::Fp16, layout: Layout::Bhsd };
     let kept = |shapes: &[Shape]| {
         let c = t.canonical(&p, shapes, &dev).unwrap();
-        ["PACK_GQA", "TAIL_SPLIT", "STREAM_K"].map(|k| c[k] == p[k])
+        ["PACK_GQA", "TAIL_SPLIT", "STREAM_K", "LPT_MIB"].map(|k| c[k] == p[k])
     };
     // (2,16,8192,128): MHA, last tile 128 rows of 192, 1376 tiles on 132 SMs (a tail of 56).
-    assert_eq!(kept(&[sh(2, 16, 16, 8192, 128, false)]), [false, false, true]);
+    // LPT_MIB: persistent here, so the longest-first groups play no part in any of these.
+    assert_eq!(kept(&[sh(2, 16, 16, 8192, 128, false)]), [false, false, true, false]);
     // (4,16,4096,64) causal: last tile 64 rows (split), causal (whole tiles).
-    assert_eq!(kept(&[sh(4, 16, 16, 4096, 64, true)]), [false, true, false]);
+    assert_eq!(kept(&[sh(4, 16, 16, 4096, 64, true)]), [false, true, false, false]);
     // GQA 4 packs (then no split tiles); one tile per head fills no SM: no tail.
-    assert_eq!(kept(&[sh(1, 8, 2, 128, 64, false)]), [true, false, false]);
+    assert_eq!(kept(&[sh(1, 8, 2, 128, 64, false)]), [true, false, false, false]);
     // A class holding both: every knob matters on one of them.
-    assert_eq!(kept(&[sh(2, 16, 16, 8192, 128, false), sh(4, 16, 16, 4096, 64, true), sh(1, 8, 2, 128, 64, false)]), [true, true, true]);
+    assert_eq!(kept(&[sh(2, 16, 16, 8192, 128, false), sh(4, 16, 16, 4096, 64, true), sh(1, 8, 2, 128, 64, false)]), [true, true, true, false]);
+    // One CTA per tile, causal: the groups matter.
+    let grid = with(&t, &[("LPT_MIB", 32), ("PERSISTENT", 0)]);
+    assert_eq!(t.canonical(&grid, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap()["LPT_MIB"], 32);
+    assert_eq!(t.canonical(&grid, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["LPT_MIB"], 8);
 }
