@@ -14,7 +14,7 @@ use crate::pipeline::{record, render};
 use crate::spec::config::Config;
 use crate::spec::protocol::{DeviceInfo, Shape};
 use crate::spec::states::RunState;
-use crate::spec::template::{Params, Template};
+use crate::spec::template::Template;
 use crate::storage::ledger::{IterationRecord, Ledger, LedgerError, StageHistory};
 use crate::storage::workspace::Workspace;
 use crate::strategy::plan::Plan;
@@ -196,27 +196,18 @@ impl Engine {
         }
         let (template, shapes, device) = (template.clone(), shapes.to_vec(), self.device.clone());
         let warned = std::sync::atomic::AtomicBool::new(false);
-        // Remembered per point: the open phase's draws come back to the same points (its
-        // last resort walks the whole product every time), and each answer evaluates the
-        // derived values for every shape and every value of an inert knob.
-        let memo: std::sync::Mutex<HashMap<Params, Params>> = Default::default();
-        Canonical::new(move |params| {
-            if let Some(p) = memo.lock().ok().and_then(|m| m.get(params).cloned()) {
-                return p;
-            }
-            let p = match template.canonical(params, &shapes, &device) {
-                Ok(p) => p,
-                Err(e) => {
-                    if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        tracing::warn!(kind = "inert", template = %template.name(), "{e}; its [inert] knobs are searched as if they mattered");
-                    }
-                    params.clone()
+        // Not remembered per point: an exhaustive stage over wgmma-tma's whole space asks
+        // once for each of its thousands of points, and a memo of them all was 20 MB of
+        // daemon memory (tests/soak.rs); an answer costs a few formula evaluations per
+        // shape and value of an inert knob (well under a millisecond in a release build).
+        Canonical::new(move |params| match template.canonical(params, &shapes, &device) {
+            Ok(p) => p,
+            Err(e) => {
+                if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(kind = "inert", template = %template.name(), "{e}; its [inert] knobs are searched as if they mattered");
                 }
-            };
-            if let Ok(mut m) = memo.lock() {
-                m.insert(params.clone(), p.clone());
+                params.clone()
             }
-            p
         })
     }
 
