@@ -220,6 +220,20 @@ pub struct Template {
     /// Knob -> expression (`[inert]`): where true for a shape, the knob changes nothing
     /// there ([`Template::canonical`]). In declaration order.
     pub inert: Vec<(String, String)>,
+    /// What each `[inert]` expression reads, in the order of `inert` (worked out by the parse).
+    inert_reads: Vec<InertReads>,
+}
+
+/// What one `[inert]` expression reads, so that [`Template::canonical`], asked for every
+/// point of an exhaustive stage (thousands for wgmma-tma), evaluates only that.
+#[derive(Debug, Clone, Default)]
+struct InertReads {
+    /// The derived values it needs, directly or through each other: indices into
+    /// `derived`, in evaluation order.
+    derived: Vec<usize>,
+    /// Whether it reads its own knob (directly or through those values): then it is
+    /// evaluated for each of the knob's values; else once per shape.
+    knob: bool,
 }
 
 impl Template {
@@ -300,7 +314,7 @@ impl Template {
                 "arch_specific = true needs min_cc: the one compute capability its sm_<cc>a cubin runs on (e.g. min_cc = 90 for sm_90a)".into(),
             ));
         }
-        let t = Template {
+        let mut t = Template {
             meta: spec.template,
             file: file.to_string(),
             text,
@@ -309,22 +323,30 @@ impl Template {
             launches: spec.launch,
             tensor_maps: spec.tensor_map,
             inert,
+            inert_reads: Vec::new(),
         };
-        t.check_inert()?;
+        t.inert_reads = t.inert_reads()?;
         Ok(t)
     }
 
-    /// Each `[inert]` expression compiles and names only what a formula can see: a typo
-    /// would otherwise surface only when a search first asks for a canonical point.
-    fn check_inert(&self) -> Result<(), TemplateError> {
+    /// Each `[inert]` expression compiles and names only what a formula can see (a typo
+    /// would otherwise surface only when a search first asks for a canonical point), and
+    /// what it reads.
+    fn inert_reads(&self) -> Result<Vec<InertReads>, TemplateError> {
         let env = formula_env();
+        // The names each derived formula reads; one that does not compile (its error comes
+        // with the plan) is taken to read everything before it.
+        let derived_reads: Vec<Option<std::collections::HashSet<String>>> =
+            self.derived.iter().map(|(_, expr)| env.compile_expression(expr).ok().map(|c| c.undeclared_variables(false))).collect();
+        let mut out = Vec::with_capacity(self.inert.len());
         for (knob, expr) in &self.inert {
             let name = format!("inert.{knob}");
             let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(&name, expr, e.to_string()))?;
+            let reads = compiled.undeclared_variables(false);
             let known = |v: &str| {
                 self.knobs.iter().any(|(k, _)| k == v) || self.derived.iter().any(|(d, _)| d == v) || SHAPE_VAR_NAMES.contains(&v) || FUNCTIONS.contains(&v)
             };
-            let mut unknown: Vec<String> = compiled.undeclared_variables(false).into_iter().filter(|v| !known(v)).collect();
+            let mut unknown: Vec<String> = reads.iter().filter(|v| !known(v)).cloned().collect();
             if !unknown.is_empty() {
                 unknown.sort();
                 let hint = if uses_v1_names(expr) { " (kernel ABI v2: H became HQ or HKV, S became SQ or SK)" } else { "" };
@@ -339,8 +361,23 @@ impl Template {
                     ),
                 ));
             }
+            // The derived values it needs: a formula may read only those before it, so one
+            // walk from the last to the first closes the set.
+            let mut names = reads;
+            let mut needed = Vec::new();
+            for (i, (d, _)) in self.derived.iter().enumerate().rev() {
+                if names.contains(d) {
+                    needed.push(i);
+                    match &derived_reads[i] {
+                        Some(r) => names.extend(r.iter().cloned()),
+                        None => names.extend(self.knobs.iter().map(|(k, _)| k.clone()).chain(self.derived[..i].iter().map(|(n, _)| n.clone()))),
+                    }
+                }
+            }
+            needed.reverse();
+            out.push(InertReads { derived: needed, knob: names.contains(knob) });
         }
-        Ok(())
+        Ok(out)
     }
 
     pub fn name(&self) -> &str {
@@ -471,26 +508,33 @@ impl Template {
         let mut out = params.clone();
         loop {
             let mut changed = false;
-            for (knob, name, expr, compiled) in &formulas.inert {
+            for ((knob, name, expr, compiled), reads) in formulas.inert.iter().zip(&self.inert_reads) {
                 let Some(values) = self.knobs.iter().find(|(k, _)| k == knob).map(|(_, v)| v) else { continue };
                 // A knob at its default needs nothing; one the point lacks is not ours to add.
-                if out.get(*knob).is_none_or(|v| *v == values[0]) {
-                    continue;
-                }
+                let Some(&current) = out.get(*knob).filter(|v| **v != values[0]) else { continue };
                 // Inert on every shape whatever value the knob has (the expression may read
                 // it, or a derived value of it): "inert" must not depend on the knob itself.
+                // An expression that does not read it gives one answer for all of them.
+                let tried = if reads.knob { values.as_slice() } else { std::slice::from_ref(&current) };
                 let mut inert = true;
                 let mut p = out.clone();
                 'shapes: for shape in shapes {
-                    for v in values {
+                    for v in tried {
                         p.insert(knob.to_string(), *v);
                         let mut vars = shape_vars(shape, device);
                         vars.extend(p.iter().map(|(k, v)| (k.clone(), *v)));
-                        for (d, dexpr, dc) in &formulas.derived {
-                            let value = self.run(d, dexpr, dc, &vars)?;
-                            vars.insert(d.to_string(), self.int_value(d, dexpr, value)?);
+                        // One context for all the formulas of this point and shape, the derived
+                        // values added as they come (serializing the variables for every
+                        // formula was most of the cost).
+                        let vars = std::sync::Arc::new(Vars(std::sync::Mutex::new(vars)));
+                        let ctx = minijinja::Value::from_dyn_object(vars.clone());
+                        for &i in &reads.derived {
+                            let (d, dexpr, dc) = &formulas.derived[i];
+                            let value = self.run_in(d, dexpr, dc, &ctx)?;
+                            let value = self.int_value(d, dexpr, value)?;
+                            vars.insert(d, value);
                         }
-                        let holds = self.run(name, expr, compiled, &vars)?;
+                        let holds = self.run_in(name, expr, compiled, &ctx)?;
                         if !self.bool_value(name, expr, holds)? {
                             inert = false;
                             break 'shapes;
@@ -557,7 +601,12 @@ impl Template {
 
     /// Evaluate a compiled formula (`name` and `expr` for the error).
     fn run(&self, name: &str, expr: &str, compiled: &minijinja::Expression<'_, '_>, vars: &BTreeMap<String, i64>) -> Result<minijinja::Value, TemplateError> {
-        compiled.eval(minijinja::Value::from_serialize(vars)).map_err(|e| {
+        self.run_in(name, expr, compiled, &minijinja::Value::from_serialize(vars))
+    }
+
+    /// Evaluate a compiled formula in a context already made a value.
+    fn run_in(&self, name: &str, expr: &str, compiled: &minijinja::Expression<'_, '_>, ctx: &minijinja::Value) -> Result<minijinja::Value, TemplateError> {
+        compiled.eval(ctx).map_err(|e| {
             let mut message = e.to_string();
             if uses_v1_names(expr) {
                 message.push_str(" (kernel ABI v2 names the shape HQ, HKV, G, SQ and SK: H became HQ or HKV, S became SQ or SK)");
@@ -599,12 +648,31 @@ impl Template {
 }
 
 /// A template's formulas compiled once for [`Template::canonical`], which evaluates them for
-/// every shape and every value of a knob (compiling is most of a formula's cost).
+/// every shape (and every value of a knob whose expression reads it).
 struct Compiled<'e> {
     /// (name, expression, compiled), in declaration order.
     derived: Vec<(&'e str, &'e str, minijinja::Expression<'e, 'e>)>,
     /// (knob, `inert.<knob>`, expression, compiled).
     inert: Vec<(&'e str, String, &'e str, minijinja::Expression<'e, 'e>)>,
+}
+
+/// The variables of one evaluation context that grows as derived values are computed.
+#[derive(Debug)]
+struct Vars(std::sync::Mutex<BTreeMap<String, i64>>);
+
+impl Vars {
+    fn insert(&self, name: &str, value: i64) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(name.to_string(), value);
+        }
+    }
+}
+
+impl minijinja::value::Object for Vars {
+    fn get_value(self: &std::sync::Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        let m = self.0.lock().ok()?;
+        m.get(key.as_str()?).map(|v| minijinja::Value::from(*v))
+    }
 }
 
 /// The names [`shape_vars`] defines (a unit test keeps the two in step).
@@ -794,6 +862,16 @@ smem = "0"
         for shapes in [vec![mha], vec![gqa64], vec![gqa128], vec![g3], vec![mha, gqa64]] {
             assert_eq!(spelled.canonical(&packed, &shapes, &h100()).unwrap(), t.canonical(&packed, &shapes, &h100()).unwrap(), "{shapes:?}");
         }
+        // Through two derived values (m_blocks reads pack, which reads PACK): the same again.
+        let t2 = toy("PACK = \"m_blocks == cdiv(SQ, TILE)\"");
+        assert_eq!(t2.inert_reads[0].derived, [0, 1], "pack, then m_blocks");
+        assert!(t2.inert_reads[0].knob);
+        for shapes in [vec![mha], vec![gqa64], vec![gqa128], vec![g3], vec![mha, gqa64]] {
+            assert_eq!(t2.canonical(&packed, &shapes, &h100()).unwrap(), t.canonical(&packed, &shapes, &h100()).unwrap(), "{shapes:?}");
+        }
+        // An expression that reads neither its knob nor a derived value is evaluated alone.
+        let t3 = toy("ALIGN = \"D == 64\"");
+        assert!(t3.inert_reads[0].derived.is_empty() && !t3.inert_reads[0].knob);
         // An expression true for one value of its own knob only is never inert.
         let t = toy("PACK = \"not PACK\"");
         assert_eq!(t.canonical(&packed, &[mha], &h100()).unwrap(), packed);
