@@ -29,7 +29,7 @@
 //! of the knob (the other knobs as proposed), and the knob is inert on a shape only if it
 //! is true for all of them. So `"pack == 1"` above means "pack is 1 whatever PACK_GQA is",
 //! not "pack is 1 at this point" (true at PACK_GQA = 0 on every shape); spelling the
-//! condition out without the knob (`"not (D == 64 and G >= 2 and 8 % G == 0)"`) is the
+//! condition out without the knob (`"not (G >= 2 and 8 % G == 0)"`) is the
 //! same. The parse checks that each key is a declared knob and that each expression
 //! compiles and names only those variables; one that fails to evaluate for a shape is a
 //! [`TemplateError::Formula`] from `canonical`. Declarations must be true statements about
