@@ -375,7 +375,8 @@ async fn a_running_run_is_reported_as_far_as_the_ledger_goes() {
         if n >= 2 {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the run did not get going: {}", text(&o));
+        // Seconds when idle; a loaded CI machine (NVRTC for every daemon of the suite) has taken over a minute.
+        assert!(t0.elapsed() < Duration::from_secs(300), "the run did not get going: {}", text(&o));
         std::thread::sleep(Duration::from_millis(200));
     }
     let out = p.path().join("r");
