@@ -27,8 +27,8 @@
 #   bash scripts/device-kernel-ab.sh gqa        PACK_GQA: the pairs check, then --points gqa (1 against 0, FA4 beside),
 #                                               then --points loops (PEEL 0 against 1 on short causal rows)
 #   bash scripts/device-kernel-ab.sh new        all of session 6's knobs in one call: the pairs check (PEEL, STREAM_K,
-#                                               PACK_GQA at D 64 and 128), then streamk, gqa, loops, lpt (3 rounds each)
-#                                               and the sleep A/B's epilogue points when .dev/ctg-sleep and .dev/sleep come
+#                                               PACK_GQA at D 64 and 128, LPT_MIB), then streamk, gqa, loops, lpt
+#                                               (3 rounds each); the sleep A/B is the `sleep` step
 #   bash scripts/device-kernel-ab.sh streamk    --points streamk (STREAM_K 1 against 0, non-causal, FA4 beside);
 #                                               the gqa step's pairs check covers STREAM_K's correctness
 #   bash scripts/device-kernel-ab.sh sleep      --points epilogue and medium, new against .dev/sleep (carry
@@ -76,17 +76,13 @@ case "$step" in
   streamk)
     run streamk "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points streamk --rounds 5 ;;
   new)
-    # Session 6's knobs in one call (carry .dev/ctg, and .dev/ctg-sleep + .dev/sleep for the last
-    # part): correctness first, then each A/B with 3 rounds to stay inside the 10-minute call.
+    # Session 6's knobs in one call (carry .dev/ctg): correctness first, then each A/B with 3
+    # rounds to stay inside the 10-minute call. The mbarrier-sleep A/B is its own call (sleep).
     run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
       --more-shapes --faults || exit 1
     for p in streamk gqa loops lpt; do
       run "$p" "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points "$p" --rounds 3
-    done
-    if [[ -d .dev/ctg-sleep && -d .dev/sleep/kernel-templates ]]; then
-      run sleep-epilogue --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points epilogue \
-        --time-against .dev/sleep/kernel-templates --rounds 3
-    fi ;;
+    done ;;
   sleep)
     [[ -d .dev/ctg-sleep && -d .dev/sleep/kernel-templates ]] || { echo "device-kernel-ab: carry .dev/ctg-sleep and .dev/sleep (built per the header)" >&2; exit 2; }
     run sleep-epilogue --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points epilogue \
