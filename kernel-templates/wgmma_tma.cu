@@ -329,9 +329,10 @@ swizzle = 128
 __device__ __forceinline__ int wt_pack(int g) {
     return (PACK_GQA && g >= 2 && 8 % g == 0) ? g : 1;
 }
-// Q / O boxes: unpacked, one box of 64 rows x every panel (box_panels D / 64); packed,
-// R rows x one panel each (box_panels 1), so that each panel keeps its 64 rows together.
-#define WT_BOX_PANELS(D, P) ((P) > 1 ? (D) / 64 : 1)
+// TMA loads (and stores) of Q (O) per head and consumer: unpacked, one box of 64 rows
+// spans every panel (box_panels D / 64); packed, one box of R rows per 64-column panel
+// (box_panels 1), so that each panel keeps its 64 rows together.
+#define WT_PANEL_BOXES(D, P) ((P) > 1 ? (D) / 64 : 1)
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
 #define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
 // Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
@@ -707,7 +708,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
 #pragma unroll
                 for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R of each panel
                     for (int j = 0; j < P; ++j)
-                        for (int pn = 0; pn < WT_BOX_PANELS(D, P); ++pn)
+                        for (int pn = 0; pn < WT_PANEL_BOXES(D, P); ++pn)
                             tma_load_5d(s_q + c * Q_WG_BYTES + pn * 64 * 128 + j * R * 128, tm_q, qf, 0, m0 + R * c, pn,
                                         ht * P + j, b);
                 // Key tiles [kt0, n_tiles): the whole tile's, or a stream-K piece's.
@@ -972,7 +973,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 named_bar_sync(EPI_BAR + c, 128);
                 if (tw == 0 && stores && row0 < seq_q) {
                     for (int j = 0; j < P; ++j)  // packed: head ht P + j's R rows, a box per panel
-                        for (int pn = 0; pn < WT_BOX_PANELS(D, P); ++pn)
+                        for (int pn = 0; pn < WT_PANEL_BOXES(D, P); ++pn)
                             tma_store_5d(tm_o, buf + pn * 64 * 128 + j * R * 128, 0, row0, pn, ht * P + j, b);
                     bulk_commit();
                 }
