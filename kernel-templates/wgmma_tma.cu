@@ -150,11 +150,26 @@
  *                     to a few SMs: (2,16,8192,128) at 192-row tiles is
  *                     1376 tiles on 132 SMs, 10.4 rounds of work in 11
  *                     rounds of time. Not yet timed.
- *          LPT_MIB    causal, one CTA per tile: the K/V bytes (MiB)   8, 32
- *                     of the group of heads scheduled longest first
- *                     together (8: tiles of fewer heads share L2; FA3
- *                     uses 32 MB, FA4 50: a longer list for the last
- *                     wave to balance). 32 not yet timed.
+ *          LPT_MIB    causal, one CTA per tile (or DYNAMIC): the K/V   8, 32
+ *                     bytes (MiB) of the group of heads scheduled longest
+ *                     first together (8: tiles of fewer heads share L2;
+ *                     FA3 uses 32 MB, FA4 50: a longer list for the last
+ *                     wave to balance). 32 timed neutral on the H200
+ *                     (2026-11-26, within the rounds' spread).
+ *          DYNAMIC    persistent, causal (else no effect): CTAs take   1, 0
+ *                     work tiles longest first (LPT_MIB's groups) from a
+ *                     global counter as they finish (1), instead of
+ *                     static snake rounds of head-major tiles (0), which
+ *                     balance only when a round holds whole heads
+ *                     (modelled busiest CTA 1.29x the mean at
+ *                     (2,16,8192,128) with 192-row tiles, 1.73x for packed
+ *                     GQA (4,16/4,2048,64); dynamic 1.00-1.07x). The
+ *                     counter lives in the split semaphore words (ABI:
+ *                     zero at launch, left zero). Timed on the H200
+ *                     (2026-11-26): faster than the static rounds on 11 of
+ *                     12 causal (shape, point) pairs, 4-14% (GQA D 64
+ *                     (4,16/4,2048,64) 97.6 -> 88.7 us), and than one CTA
+ *                     per tile on all 12 (docs/HOPPER.md).
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
@@ -209,6 +224,7 @@ PACK_GQA = [0, 1]
 PEEL = [1, 0]
 STREAM_K = [0, 1]
 LPT_MIB = [8, 32]
+DYNAMIC = [1, 0]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
@@ -228,8 +244,10 @@ PACK_GQA = "pack == 1"
 TAIL_SPLIT = "pack > 1 or SQ - (m_blocks - 1) * (block_m // pack) > 64"
 # Causal, one CTA per tile, no tail, or a tail of fewer key tiles than CTAs: whole tiles.
 STREAM_K = "CAUSAL or not PERSISTENT or sk_tail == 0 or sk_tail * cdiv(SK, BLOCK_N) < min(tiles, SMS)"
-# The longest-first groups order only causal grids of one CTA per tile.
-LPT_MIB = "not CAUSAL or PERSISTENT"
+# The longest-first groups order only causal grids of one CTA per tile, or DYNAMIC's tiles.
+LPT_MIB = "not CAUSAL or (PERSISTENT and not DYNAMIC)"
+# Only persistent causal grids take tiles from the counter.
+DYNAMIC = "not CAUSAL or not PERSISTENT"
 
 [[launch]]
 kernel = "fwd"
@@ -305,6 +323,9 @@ swizzle = 128
 #ifndef LPT_MIB
 #error "LPT_MIB must be defined"
 #endif
+#ifndef DYNAMIC
+#error "DYNAMIC must be defined"
+#endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
 #endif
@@ -342,6 +363,7 @@ __device__ __forceinline__ int wt_pack(int g) {
 struct WtBarriers {
     unsigned long long q_full, q_empty;
     unsigned long long k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+    int tile;  // DYNAMIC: the work tile whose Q q_full announces (-1: none left)
 };
 
 // Dynamic shared memory: offsets from the base rounded up to 1024 bytes (the
@@ -663,6 +685,12 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                           (long long)((n_mb * batch * heads_t) % gridDim.x) * CONSUMERS <= rows_total;
         sched.enable_stream_k((seq_k + BLOCK_N - 1) / BLOCK_N, room);
     }
+    // DYNAMIC (persistent, causal): work tiles longest first from a global counter
+    // (common/tile_scheduler.cuh), kept in the first two split semaphore words
+    // (lse_partial from word n_splits * rows: zero at launch, left zero).
+    const bool dynamic = DYNAMIC && PERSISTENT && causal != 0;
+    unsigned* const dyn_words = reinterpret_cast<unsigned*>(lse_partial + n_splits * rows_total);
+    (void)dyn_words;
     // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
     const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     // Key tiles any row of query tile m_block sees (causal: up to its last row).
@@ -693,10 +721,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             tma_prefetch_map(tm_v);
             if (EPI_TMA) tma_prefetch_map(tm_o);
             int it = 0;  // K/V tiles loaded so far: ring slot it % STAGES
-            for (int r = 0, n = 0; r < sched.rounds(); ++r) {
-                if (!sched.has(r)) continue;
-                const WorkTile w = sched.tile(r);
-                const int i = n++;  // work tiles this CTA has taken: Q slot phase
+            // Work tile w (the CTA's i-th): Q, then its key tiles. Dynamic: its index idx
+            // goes to the consumers through bars.tile, under the Q barriers.
+            auto load_tile = [&](const WorkTile& w, int i, int idx) {
                 const int m_block = w.m_block;
                 const int m0 = m_block * TP;
                 const int b = w.bh / heads_t, ht = w.bh - b * heads_t;
@@ -704,6 +731,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // Q: the previous work tile's consumers must be done with it.
                 const unsigned qf = smem_addr(&bars.q_full);
                 mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
+                if (dynamic) bars.tile = idx;  // published by the arrive below (release)
                 mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
 #pragma unroll
                 for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R of each panel
@@ -730,6 +758,28 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     mbar_arrive_expect_tx(smem_addr(&bars.v_full[s]), KV_BYTES);
                     tma_load_5d(s_v + s * KV_BYTES, tm_v, smem_addr(&bars.v_full[s]), 0, t * BLOCK_N, 0, kvh, b);
                 }
+            };
+            if (dynamic) {
+                // The next tile is taken once this one's last K/V load is issued: its Q
+                // waits for the consumers' last Q K^T of this one anyway.
+                int idx = (int)blockIdx.x;
+                for (int i = 0;; ++i) {
+                    if (idx >= sched.total()) {
+                        // None left: the consumers read -1 and stop.
+                        mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
+                        bars.tile = -1;
+                        mbar_arrive(smem_addr(&bars.q_full));
+                        break;
+                    }
+                    load_tile(sched.lpt_tile(idx), i, idx);
+                    idx = sched.next_dynamic(dyn_words);
+                }
+            } else {
+                for (int r = 0, n = 0; r < sched.rounds(); ++r) {
+                    if (!sched.has(r)) continue;
+                    const int i = n++;  // work tiles this CTA has taken: Q slot phase
+                    load_tile(sched.tile(r), i, 0);
+                }
             }
         }
     } else {
@@ -740,10 +790,8 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         const int w = (tid / 32) & 3;
         if (PINGPONG && c == CONSUMERS - 1) named_bar_arrive(1, 256);  // consumer 0 goes first
         RingPos ring;  // K/V ring position of the work tile's first key tile
-        for (int r = 0, n = 0; r < sched.rounds(); ++r) {
-            if (!sched.has(r)) continue;
-            const WorkTile wt = sched.tile(r);
-            const int i = n++;
+        // Work tile wt, the CTA's i-th.
+        auto run_tile = [&](const WorkTile& wt, int i) {
             const int bh = wt.bh;
             const int m0 = wt.m_block * TP;
             // Key tiles [kt0, n_tiles) of the work tile: all of them, or a stream-K piece's.
@@ -994,7 +1042,25 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     }
                 }
             }
-        }  // work tiles
+        };  // run_tile
+        // One loop (one inlined copy of run_tile) for both schedules.
+        for (int r = 0, n = 0;; ++r) {
+            WorkTile wt;
+            if (dynamic) {
+                // The producer's choice, read once Q's barrier completes (its arrive
+                // released the write); the Q slots go back only after every consumer's
+                // last Q K^T, so the next choice cannot overwrite it before all have read it.
+                mbar_wait(smem_addr(&bars.q_full), n & 1);
+                const int idx = *reinterpret_cast<volatile int*>(&bars.tile);
+                if (idx < 0) break;
+                wt = sched.lpt_tile(idx);
+            } else {
+                if (r >= sched.rounds()) break;
+                if (!sched.has(r)) continue;
+                wt = sched.tile(r);
+            }
+            run_tile(wt, n++);
+        }
         // EPI_TMA: the last TMA store has written O before the CTA counts as done.
         if (EPI_TMA && (tid & 127) == 0) bulk_wait<0>();
         if (PINGPONG && c == 0) named_bar_sync(1, 256);  // the last consumer's final pass

@@ -226,6 +226,10 @@ CHECK_SHAPES = mhas([
     mha(3, 16, 1000, 64, False),
     gqa(2, 32, 8, 700, 900, 128, False, "bshd", padded=True),
     gqa(4, 32, 8, 600, 2048, 64, False),
+    # Causal with more work tiles than SMs, persistent: wgmma_tma's DYNAMIC takes them from a
+    # counter in the split semaphore words (left zero), packed GQA heads and SQ < SK included.
+    gqa(2, 32, 8, 1000, 1000, 64, True),
+    gqa(1, 32, 8, 700, 1500, 128, True, "bshd", padded=True),
 ]
 TIME_SHAPES = mhas([
     (1, 1, 128, 64, False), (1, 1, 256, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False),
@@ -407,9 +411,23 @@ LPT_POINTS = [
     )
     for mib in (32, 8)
 ]
+# --time-best --points dynamic: DYNAMIC 1 (persistent causal CTAs take work tiles longest first
+# from a global counter) against the static snake rounds (DYNAMIC 0) and against one CTA per tile
+# (PERSISTENT 0, the hardware's dynamic order), packed GQA heads and not, on the causal large and
+# LLM shapes; the static rounds' busiest CTA models at 1.03-1.79x the mean there.
+_DYN_D64 = mhas([(4, 16, 4096, 64, True), (8, 16, 1024, 64, True)]) + [
+    gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True), gqa(2, 32, 4, 1024, 1024, 64, True)]
+_DYN_D128 = mhas([(2, 16, 8192, 128, True), (4, 32, 1024, 128, True)]) + [
+    gqa(1, 32, 8, 4096, 4096, 128, True), gqa(4, 32, 8, 1024, 1024, 128, True)]
+DYNAMIC_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=ov, PERSISTENT=pe, EPI_TMA=1, DYNAMIC=dy,
+                          PACK_GQA=pk), shapes)
+    for c, ov, shapes in ((3, 1, _DYN_D64), (2, 1, _DYN_D128), (3, 0, _DYN_D128[:1] + _DYN_D128[2:3]))
+    for pe, dy, pk in ((1, 1, 0), (1, 0, 0), (0, 0, 0), (1, 1, 1), (0, 0, 1))
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS, "loops": LOOPS_POINTS,
-              "streamk": STREAMK_POINTS, "lpt": LPT_POINTS}
+              "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

@@ -10,7 +10,7 @@
 #       --time-against .dev/old/kernel-templates
 #   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --no-check --template wgmma_tma.cu \
 #       --template mma_fa2.cu --time-best --points best --time-against .dev/mid/kernel-templates
-#   for p in epilogue best medium gqa loops streamk lpt; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
+#   for p in epilogue best medium gqa loops streamk lpt dynamic; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
 #       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
 # The mbarrier-sleep experiment (not in the templates yet: HOPPER.md, "ncu after the four changes"):
 #   git archive HEAD kernel-templates | tar -x -C .dev/sleep, then in .dev/sleep/kernel-templates/common/hopper.cuh
@@ -31,6 +31,8 @@
 #                                               (3 rounds each); the sleep A/B is the `sleep` step
 #   bash scripts/device-kernel-ab.sh streamk    --points streamk (STREAM_K 1 against 0, non-causal, FA4 beside);
 #                                               the gqa step's pairs check covers STREAM_K's correctness
+#   bash scripts/device-kernel-ab.sh dynamic    the pairs check (DYNAMIC), then --points dynamic (persistent causal tiles
+#                                               from a counter against the static rounds and one CTA per tile)
 #   bash scripts/device-kernel-ab.sh sleep      --points epilogue and medium, new against .dev/sleep (carry
 #                                               .dev/ctg-sleep and .dev/sleep): does sleeping in mbarrier waits pay
 # Logs go to $OUT; each step ends with its table. FA4: PYTHONPATH as in
@@ -39,7 +41,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$out"
-step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|new|sleep}"
+step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|new|sleep|dynamic}"
 ctg=(--cubin-dir .dev/ctg)
 [[ "$step" == sleep || -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
@@ -89,5 +91,13 @@ case "$step" in
       --time-against .dev/sleep/kernel-templates --rounds 5
     run sleep-medium --cubin-dir .dev/ctg-sleep --no-check --template wgmma_tma.cu --time-best --points medium \
       --time-against .dev/sleep/kernel-templates --rounds 3 ;;
-  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, new, sleep)" >&2; exit 2 ;;
+  dynamic)
+    # DYNAMIC (persistent causal work tiles from a counter): the pairs check with the new knob and
+    # the many-tile causal check shapes, then --points dynamic against the static rounds and one
+    # CTA per tile, packed GQA and not; FA4 beside where installed (scripts/device_fa4.py).
+    [[ -d /tmp/fa4/site ]] && eval "$(python3 scripts/device_fa4.py env)"
+    run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
+      --more-shapes --faults || exit 1
+    run dynamic "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points dynamic --rounds 5 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, new, sleep, dynamic)" >&2; exit 2 ;;
 esac

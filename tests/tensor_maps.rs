@@ -419,16 +419,30 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
         ["PACK_GQA", "TAIL_SPLIT", "STREAM_K", "LPT_MIB"].map(|k| c[k] == p[k])
     };
     // (2,16,8192,128): MHA, last tile 128 rows of 192, 1376 tiles on 132 SMs (a tail of 56).
-    // LPT_MIB: persistent here, so the longest-first groups play no part in any of these.
+    // LPT_MIB: not causal, so the longest-first groups play no part.
     assert_eq!(kept(&[sh(2, 16, 16, 8192, 128, false)]), [false, false, true, false]);
-    // (4,16,4096,64) causal: last tile 64 rows (split), causal (whole tiles).
-    assert_eq!(kept(&[sh(4, 16, 16, 4096, 64, true)]), [false, true, false, false]);
+    // (4,16,4096,64) causal: last tile 64 rows (split), causal (whole tiles); persistent with
+    // DYNAMIC (the default) takes its tiles in LPT_MIB's groups.
+    assert_eq!(kept(&[sh(4, 16, 16, 4096, 64, true)]), [false, true, false, true]);
     // GQA 4 packs (then no split tiles); one tile per head fills no SM: no tail.
     assert_eq!(kept(&[sh(1, 8, 2, 128, 64, false)]), [true, false, false, false]);
     // A class holding both: every knob matters on one of them.
-    assert_eq!(kept(&[sh(2, 16, 16, 8192, 128, false), sh(4, 16, 16, 4096, 64, true), sh(1, 8, 2, 128, 64, false)]), [true, true, true, false]);
+    assert_eq!(kept(&[sh(2, 16, 16, 8192, 128, false), sh(4, 16, 16, 4096, 64, true), sh(1, 8, 2, 128, 64, false)]), [true, true, true, true]);
     // One CTA per tile, causal: the groups matter.
     let grid = with(&t, &[("LPT_MIB", 32), ("PERSISTENT", 0)]);
     assert_eq!(t.canonical(&grid, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap()["LPT_MIB"], 32);
     assert_eq!(t.canonical(&grid, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["LPT_MIB"], 8);
+    // DYNAMIC: persistent causal grids take tiles from the counter, longest first in LPT_MIB's
+    // groups (which then matter); one CTA per tile, or not causal, it changes nothing.
+    // (The first value, the one canonical points carry, is 1; the static rounds are DYNAMIC 0.)
+    let dynamic = with(&t, &[("DYNAMIC", 1), ("LPT_MIB", 32), ("PERSISTENT", 1)]);
+    let c = t.canonical(&dynamic, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap();
+    assert_eq!((c["DYNAMIC"], c["LPT_MIB"]), (1, 32));
+    let c = t.canonical(&dynamic, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap();
+    assert_eq!((c["DYNAMIC"], c["LPT_MIB"]), (1, 8));
+    let static_rounds = with(&t, &[("DYNAMIC", 0), ("LPT_MIB", 32), ("PERSISTENT", 1)]);
+    let c = t.canonical(&static_rounds, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap();
+    assert_eq!((c["DYNAMIC"], c["LPT_MIB"]), (0, 8));
+    let c = t.canonical(&with(&t, &[("DYNAMIC", 0), ("PERSISTENT", 0)]), &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap();
+    assert_eq!(c["DYNAMIC"], 1);
 }

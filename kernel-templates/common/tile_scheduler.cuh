@@ -45,6 +45,20 @@
  *   at S 576 (docs/HOPPER.md, ragged tails).
  * The measurements behind both orders are in wgmma_tma.cu and docs/HOPPER.md.
  *
+ * Dynamic (persistent, causal; the caller's choice, e.g. wgmma_tma.cu's
+ *   DYNAMIC): the static rounds above balance causal work only when a round
+ *   holds whole heads' worth of query tiles. When it does not, some CTAs
+ *   draw several heavy tiles: a model of the key tiles per CTA gives the
+ *   busiest 1.29x the mean at (2,16,8192,128) with 192-row tiles and 1.73x
+ *   for packed GQA (4,16/4,2048,64). Instead the work tiles are ordered as
+ *   the one-CTA-per-tile grid orders them (longest first within L2 groups of
+ *   heads, lpt_tile()), CTA j starts with tile j, and each CTA's producer
+ *   takes its next one from a global counter (next_dynamic()) as it
+ *   finishes loading the last; the same model gives 1.00-1.07x. The counter
+ *   and a count of CTAs that ran out live in two words the caller provides,
+ *   zero at launch (the ABI's split semaphores); the last CTA to run out
+ *   sets both back to zero, so the next launch finds them so.
+ *
  * kStreamK (persistent, not causal, enable_stream_k() called): the rounds that
  *   every CTA fills run whole tiles as above; the work tiles of the last,
  *   partial round (R = tiles mod gridDim.x of them, the tail) are instead
@@ -80,7 +94,7 @@ struct TileScheduler {
     int n_bh;                  // heads, B * H
     int n_rounds;              // rounds of gridDim.x work tiles (the last may be short); 1 if not persistent
     bool causal;
-    int group_heads;           // query heads scheduled together (causal, not persistent)
+    int group_heads;           // query heads scheduled together (causal: one CTA per tile, or dynamic)
     // Stream-K (enable_stream_k): work tiles run whole (full rounds), key tiles per work
     // tile, key tiles of the tail (0: no stream-K tail).
     int n_dp = 0;
@@ -137,6 +151,43 @@ struct TileScheduler {
             return true;
         }
     }
+    // Dynamic: the work tiles in all (n_mb * n_bh of them).
+    __device__ __forceinline__ int total() const { return n_mb * n_bh; }
+    // Dynamic: the index of this CTA's next work tile (>= total(): none left), from the
+    // counter words[0]; words[1] counts the CTAs that ran out, and the last of them
+    // leaves both zero. One thread per CTA calls it, once per work tile after the first
+    // (blockIdx.x), and no more once it returned >= total().
+    __device__ __forceinline__ int next_dynamic(unsigned* words) const {
+        const int g = (int)gridDim.x;
+        if (total() <= g) return total();  // every tile was a first tile: no counter
+        unsigned got;
+        asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(got) : "l"(words) : "memory");
+        const int idx = g + (int)got;
+        if (idx >= total()) {
+            // acq_rel: this CTA's counter add is ordered before its count here, and the
+            // last one's reset after every count (and so after every counter add).
+            unsigned out;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(out) : "l"(words + 1) : "memory");
+            // Every CTA has taken its last index: nobody reads the counter again in this launch.
+            if (out == (unsigned)(g - 1)) {
+                asm volatile("st.relaxed.gpu.global.u32 [%0], 0;\n" ::"l"(words) : "memory");
+                asm volatile("st.relaxed.gpu.global.u32 [%0], 0;\n" ::"l"(words + 1) : "memory");
+            }
+        }
+        return idx;
+    }
+    // Causal: the work tile at position lin of the longest-first order (heads in groups
+    // of group_heads; within a group the query tiles heaviest first, every head of the
+    // group at each step). The one-CTA-per-tile grid's order (lin = its linear id) and
+    // the dynamic one's.
+    __device__ __forceinline__ WorkTile lpt_tile(int lin) const {
+        const int g = group_heads;
+        const int g0 = lin / (g * n_mb) * g;  // the group's first head
+        const int gh = min(g, n_bh - g0);     // heads in this (maybe last, smaller) group
+        const int within = lin - g0 * n_mb;
+        return WorkTile{n_mb - 1 - within / gh, g0 + within % gh};
+    }
+
     // This CTA's work tile of round r (has(r)).
     __device__ __forceinline__ WorkTile tile(int r) const {
         if constexpr (kPersistent) {
@@ -158,14 +209,7 @@ struct TileScheduler {
             return WorkTile{causal ? n_mb - 1 - wk % n_mb : wk % n_mb, wk / n_mb};
         } else {
             if (!causal) return WorkTile{(int)blockIdx.x, (int)blockIdx.y};
-            // Heads in groups of g; within a group the linear id walks the query
-            // tiles heaviest first, every head of the group at each step.
-            const int g = group_heads;
-            const int lin = (int)(blockIdx.y * gridDim.x + blockIdx.x);
-            const int g0 = lin / (g * n_mb) * g;  // the group's first head
-            const int gh = min(g, n_bh - g0);     // heads in this (maybe last, smaller) group
-            const int within = lin - g0 * n_mb;
-            return WorkTile{n_mb - 1 - within / gh, g0 + within % gh};
+            return lpt_tile((int)(blockIdx.y * gridDim.x + blockIdx.x));
         }
     }
 
