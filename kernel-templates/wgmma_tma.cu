@@ -130,7 +130,8 @@
  *                     box spanning D 128's two panels would interleave
  *                     them per head, where the wgmma descriptors want
  *                     each panel's 64 rows together). No TAIL_SPLIT in
- *                     packed tiles. Not yet timed.
+ *                     packed tiles. Timed (H200, 2026-11-26): slower than
+ *                     unpacked at every shape, 2-8% with DYNAMIC.
  *          PEEL       the key-tile loops peeled: tiles no row of the    1, 0
  *                     warpgroup masks run in a copy without mask code
  *                     (1), or every tile checks at run time whether it
@@ -139,7 +140,8 @@
  *                     causal rows, where every work tile runs both
  *                     copies, ncu saw "no instruction" stalls triple
  *                     with the peel). Timed neutral on the benchmark's
- *                     large shapes (0.999); 0 not yet timed.
+ *                     large shapes (0.999); 0 slower at every point
+ *                     timed (H200, 0.1-4%).
  *          STREAM_K   persistent, not causal (else no effect): the    0, 1
  *                     last round's work tiles (tiles mod grid of them)
  *                     are cut into key-range pieces spread evenly over
@@ -149,7 +151,8 @@
  *                     (stream_k_merge). Whole tiles leave the last round
  *                     to a few SMs: (2,16,8192,128) at 192-row tiles is
  *                     1376 tiles on 132 SMs, 10.4 rounds of work in 11
- *                     rounds of time. Not yet timed.
+ *                     rounds of time. Timed (H200): 3-4% faster there,
+ *                     10-13% slower on small-tile medium shapes.
  *          LPT_MIB    causal, one CTA per tile (or DYNAMIC): the K/V   8, 32
  *                     bytes (MiB) of the group of heads scheduled longest
  *                     first together (8: tiles of fewer heads share L2;
