@@ -425,9 +425,18 @@ DYNAMIC_POINTS = [
     for c, ov, shapes in ((3, 1, _DYN_D64), (2, 1, _DYN_D128), (3, 0, _DYN_D128[:1] + _DYN_D128[2:3]))
     for pe, dy, pk in ((1, 1, 0), (1, 0, 0), (0, 0, 0), (1, 1, 1), (0, 0, 1))
 ]
+# --time-best --points tiles_per_cta: DYNAMIC's D 64 causal point on GQA and MHA shapes of one
+# per-head size at B 1, 2, 4 (5.3 to 21 work tiles per CTA): does our gap to FA4 on GQA prefill
+# shrink as each CTA gets more tiles (a per-CTA fixed cost), docs/HOPPER.md.
+TILES_PER_CTA_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, DYNAMIC=1),
+     [gqa(b, 32, 8, 4096, 4096, 64, True) for b in (1, 2, 4)] + [gqa(b, 32, 32, 4096, 4096, 64, True) for b in (1, 2)])
+    for c in (3, 2)
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS, "loops": LOOPS_POINTS,
-              "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS}
+              "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
+              "tiles_per_cta": TILES_PER_CTA_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
