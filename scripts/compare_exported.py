@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Time the kernels of several exports side by side on one GPU: which run's kernel is faster?
+And, with --fa4 / --sdpa, against FlashAttention-4 and SDPA in the same harness.
 
     python3 scripts/compare_exported.py DIR_A DIR_B [DIR_C ..] [--shapes KEY,..]
+    python3 scripts/compare_exported.py DIR --fa4 --sdpa      (one export against the baselines)
 
 Each DIR is an `optimizerd export --out DIR`. For every shape key exported by all of them
 (or those of --shapes), each DIR's kernel for it is loaded as examples/run_exported.py loads it
@@ -13,6 +15,15 @@ at, the same for all; the median piece). Ratios are to the first DIR. Two runs'
 in-run timings of one shape were made at different times, often on different GPUs; this
 puts their kernels under the same conditions. Inputs are not rotated: a shape whose Q, K, V
 and O fit twice in L2 is flagged, since its times then include warm-L2 reads.
+
+Baselines (issue 19's acceptance: the exported kernels re-timed with a sustained CUDA-graph
+harness against FA4 in one process): --fa4 adds FlashAttention-4 (flash_attn.cute, on [B,S,H,D]
+copies of the first export's inputs, made before timing; causal is bottom-right as the kernels'),
+--sdpa adds SDPA's default backend (enable_gqa for grouped heads, causal_lower_right where
+SQ < SK; K/V repeated where the backend refuses enable_gqa). They take their turns in the same
+alternating rounds and back-to-back pieces as the exports, and the last table gives, per shape,
+each baseline's sustained time over the first export's (above 1: the export is faster).
+--fa4 fails when flash_attn.cute does not import (it says why) rather than leaving FA4 out.
 """
 import argparse
 import importlib.util
@@ -68,6 +79,42 @@ def replay_us(g, launches, times=1):
     return start.elapsed_time(end) * 1000.0 / (launches * times)
 
 
+def baseline_graphs(sample, shape, kinds, launches):
+    """[(label, graph)] for the requested baselines on the first export's inputs (sample.q, k, v:
+    [B,H,S,D] logical tensors)."""
+    sys.path.insert(0, HERE)
+    import sdpa_baseline as sb  # noqa: E402  (the daemon's baseline rules: masks, GQA fallbacks)
+
+    q, k, v = sample.q, sample.k, sample.v
+    causal, sq, sk = shape["causal"], shape["sq"], shape["sk"]
+    mask = sb.mask_kind(dict(shape, causal=causal))
+    out = []
+    if "fa4" in kinds:
+        fa4, _, why = sb.load_fa4()
+        if fa4 is None:
+            sys.exit(f"--fa4: {why} (install it: scripts/device_fa4.py)")
+        qkv = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+        out.append(("fa4", graph_of(lambda: fa4(*qkv, causal=causal and sq > 1), launches)))
+    if "sdpa" in kinds:
+        F = torch.nn.functional
+        kw = {}
+        if mask == "is_causal":
+            kw["is_causal"] = True
+        elif mask == "lower_right":
+            from torch.nn.attention.bias import causal_lower_right
+            kw["attn_mask"] = causal_lower_right(sq, sk)
+        g = shape["hq"] // shape["hkv"]
+        try:
+            gqa_kw = dict(kw, enable_gqa=True) if g > 1 else kw
+            graph = graph_of(lambda: F.scaled_dot_product_attention(q, k, v, **gqa_kw), launches)
+        except Exception:  # the default backend refused enable_gqa: K/V repeated, as the daemon's baseline does
+            torch.cuda.synchronize()
+            kr, vr = (t.repeat_interleave(g, dim=1) for t in (k, v))
+            graph = graph_of(lambda: F.scaled_dot_product_attention(q, kr, vr, **kw), launches)
+        out.append(("sdpa-default", graph))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dirs", nargs="+")
@@ -75,9 +122,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--launches", type=int, default=20, help="calls per graph replay")
     ap.add_argument("--sustained-ms", type=float, default=300.0)
+    ap.add_argument("--fa4", action="store_true", help="also time FlashAttention-4 (flash_attn.cute) on each shape")
+    ap.add_argument("--sdpa", action="store_true", help="also time SDPA's default backend on each shape")
     args = ap.parse_args()
-    if len(args.dirs) < 2:
-        ap.error("name at least two export folders")
+    kinds = [k for k in ("fa4", "sdpa") if getattr(args, k)]
+    if len(args.dirs) < 2 and not kinds:
+        ap.error("name at least two export folders, or one with --fa4 and/or --sdpa")
     exports = [kernels_by_key(d) for d in args.dirs]
     keys = args.shapes.split(",") if args.shapes else sorted(set.intersection(*(set(e) for e in exports)))
     missing = [(k, d) for k in keys for d, e in zip(args.dirs, exports) if k not in e]
@@ -102,6 +152,9 @@ def main():
             pr = rx.prepare(abi, module, kernel, entry, shape, device, driver)
             prepared.append((d, kernel["file"], ok, max_abs, pr, graph_of(pr.go, args.launches)))
         sample = prepared[0][4]
+        shape0 = exports[0][key][0].shape(exports[0][key][2]["shape"])
+        for label, graph in baseline_graphs(sample, shape0, kinds, args.launches):
+            prepared.append((label, "-", True, 0.0, None, graph))
         footprint = sum(t.numel() * t.element_size() for t in (sample.q, sample.k, sample.v, sample.o))
         burst = [[] for _ in prepared]
         for r in range(args.rounds):
@@ -129,6 +182,18 @@ def main():
         print(f"{key:<34} {os.path.basename(os.path.normpath(d)):<28} {f:<22} {('yes' if ok else 'NO'):>8} "
               f"{med:>9.2f} {ratio:>7.3f}x {sus:>9.2f} {sratio:>7.3f}x" + ("  (fits in L2: warm reads)" if warm else ""))
     print("vs first: the first export's time / this one's (above 1: this one is faster)")
+    if kinds:
+        labels = {"fa4": "fa4", "sdpa": "sdpa-default"}
+        print(f"\n{'shape':<34} " + " ".join(f"{'vs ' + labels[k] + ' burst':>20} {'vs ' + labels[k] + ' sustained':>24}" for k in kinds))
+        for key in keys:
+            mine = {r[1]: r for r in rows if r[0] == key}
+            first = next(r for r in rows if r[0] == key)
+            cells = []
+            for k in kinds:
+                b = mine[labels[k]]
+                cells.append(f"{b[5] / first[5]:>19.3f}x {b[7] / first[7]:>23.3f}x")
+            print(f"{key:<34} " + " ".join(cells))
+        print(f"baseline's time / {os.path.basename(os.path.normpath(args.dirs[0]))}'s (above 1: the export is faster)")
     return 0 if all(r[3] for r in rows) else 1
 
 
