@@ -7,7 +7,11 @@
 # once, it goes back after 30 s idle); later calls attach and wait again. Every call leaves the
 # status, history, ledger, the BENCHMARKS.md the script writes and the clocks in $OUT.
 # BUDGET (default 20m), WORKLOAD (benchmark.py --workload, default `default`) and WAIT (seconds to
-# wait, default 530) come from the environment.
+# wait, default 530) come from the environment. EXPORT_CHECK=1: once the run has finished, the call
+# that sees it end also exports its kernels (optimizerd export --out), loads and checks every one
+# from the manifest alone (examples/run_exported.py), and re-times them against FA4 and SDPA
+# default in one process, burst and sustained (scripts/compare_exported.py --fa4 --sdpa; FA4 from
+# scripts/device_fa4.py, whose env must be in effect): issue 19's acceptance harness. Into $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 W="${BENCH_DIR:-/tmp/bench}"  # BENCH_DIR: another folder for another run on the same machine
@@ -29,4 +33,14 @@ python3 -c "import sqlite3,sys; d=sqlite3.connect(sys.argv[2]); sqlite3.connect(
   "$W/w/runs/optimizer.db" "$out/optimizer.db"
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/smi.txt" 2>&1
 head -40 "$out/status.txt"
+if [[ $rc == 0 && "${EXPORT_CHECK:-0}" == 1 ]]; then
+  rm -rf "$W/exp"
+  target/release/optimizerd export --out "$W/exp" --config "$CFG" > "$out/export.txt" 2>&1
+  echo "export rc=$? ($W/exp)"
+  cp "$W/exp/manifest.json" "$out/manifest.json" 2>/dev/null
+  python3 examples/run_exported.py "$W/exp" > "$out/run_exported.txt" 2>&1
+  echo "run_exported rc=$?"; tail -n 25 "$out/run_exported.txt"
+  python3 scripts/compare_exported.py "$W/exp" --fa4 --sdpa > "$out/compare_exported.txt" 2>&1
+  echo "compare_exported rc=$?"; tail -n 30 "$out/compare_exported.txt"
+fi
 echo "benchmark rc=$rc (75: still running, call again now)"
