@@ -132,16 +132,6 @@
  *                     each panel's 64 rows together). No TAIL_SPLIT in
  *                     packed tiles. Timed (H200, 2026-11-26): slower than
  *                     unpacked at every shape, 2-8% with DYNAMIC.
- *          PEEL       the key-tile loops peeled: tiles no row of the    1, 0
- *                     warpgroup masks run in a copy without mask code
- *                     (1), or every tile checks at run time whether it
- *                     needs the mask (0: one loop body, about 250 fewer
- *                     instructions of consumer text at D 64; for short
- *                     causal rows, where every work tile runs both
- *                     copies, ncu saw "no instruction" stalls triple
- *                     with the peel). Timed neutral on the benchmark's
- *                     large shapes (0.999); 0 slower at every point
- *                     timed (H200, 0.1-4%).
  *          STREAM_K   persistent, not causal (else no effect): the    0, 1
  *                     last round's work tiles (tiles mod grid of them)
  *                     are cut into key-range pieces spread evenly over
@@ -224,7 +214,6 @@ LAZY_RESCALE = [1, 0]
 TAIL_SPLIT = [1, 0]
 EPI_TMA = [0, 1]
 PACK_GQA = [0, 1]
-PEEL = [1, 0]
 STREAM_K = [0, 1]
 LPT_MIB = [8, 32]
 DYNAMIC = [1, 0]
@@ -316,9 +305,6 @@ swizzle = 128
 #endif
 #ifndef PACK_GQA
 #error "PACK_GQA must be defined"
-#endif
-#ifndef PEEL
-#error "PEEL must be defined"
 #endif
 #ifndef STREAM_K
 #error "STREAM_K must be defined"
@@ -914,9 +900,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // loop has 442 instructions against 692 (D 64, BLOCK_N 128, 3 consumers;
                 // 620 against 877 at D 128 without OVERLAP), the same registers and the
                 // softmax still under the P V (scripts/sass_loop_stats.py). FA4 splits
-                // its loop the same way.
-                // PEEL 0: n_plain is 1, the plain copy is dead code and every tile checks.
-                const int n_plain = PEEL ? max(kt0 + 1, min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N)) : kt0 + 1;
+                // its loop the same way. (The one-loop form, a knob PEEL 0 for a while, was
+                // slower at every point timed: 0.1-4% on the H200, 2026-11-26.)
+                const int n_plain = max(kt0 + 1, min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N));
                 for (int t = kt0 + 1; t < n_plain; ++t) step(t, false);
                 for (int t = n_plain; t < n_wg; ++t) step(t, true);
                 q_done();
@@ -958,7 +944,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     next = t + 1;
                 };
                 // Peeled as the OVERLAP loop above: unmasked tiles first, without mask code.
-                const int n_plain = PEEL ? min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N) : 0;
+                const int n_plain = min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N);
                 int t = kt0 + (split_tile ? c : 0);
                 for (; t < n_plain; t += step) tile(t, false);
                 for (; t < n_wg; t += step) tile(t, true);

@@ -99,9 +99,10 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               fastest per shape summarised), --points pingpong PINGPONG and
               PERSISTENT on and off, --points overlap OVERLAP on and off at
               FA4's points and the daemon's, --points epilogue EPI_TMA on and
-              off, --points gqa PACK_GQA on and off, --points loops PEEL on
-              and off, --points streamk STREAM_K on and off, --points lpt
-              LPT_MIB 32 and 8. Where
+              off, --points gqa PACK_GQA on and off, --points streamk
+              STREAM_K on and off, --points lpt LPT_MIB 32 and 8, --points
+              dynamic DYNAMIC on and off, --points tiles_per_cta GQA and MHA
+              D 64 causal at B 1, 2, 4. Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -374,19 +375,6 @@ GQA_POINTS = [
      GQA_SHAPES_D128)
     for c, ov in ((3, 0), (2, 1)) for pk in (1, 0)
 ]
-# --time-best --points loops: PEEL 0 (one key-tile loop body that checks each tile for the mask)
-# against 1 (the loops peeled into a plain and a masked copy) on short causal rows, where every
-# work tile runs both copies and ncu saw "no instruction" stalls triple (docs/HOPPER.md, "ncu
-# after the four changes"), and on a large causal shape where the plain copy dominates.
-LOOPS_POINTS = [
-    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, PEEL=pe), shapes)
-    for c, shapes in (
-        (3, [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(2, 32, 4, 1024, 1024, 64, True)]
-         + mhas([(8, 16, 1024, 64, True), (4, 16, 4096, 64, True)])),
-        (2, mhas([(4, 32, 1024, 128, True), (2, 16, 8192, 128, True)])),
-    )
-    for pe in (1, 0)
-]
 # --time-best --points streamk: STREAM_K 1 (the last round's work tiles in key-range pieces over
 # every SM, merged by the last piece) against 0 on the non-causal large and medium shapes, at the
 # points the daemon's runs picked (persistent: the knob needs it).
@@ -434,7 +422,7 @@ TILES_PER_CTA_POINTS = [
     for c in (3, 2)
 ]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
-              "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS, "loops": LOOPS_POINTS,
+              "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
@@ -1730,7 +1718,8 @@ def main() -> int:
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
                     help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
                          "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) or PACK_GQA (gqa) "
-                              "or PEEL (loops) or STREAM_K (streamk) on and off, or LPT_MIB 32 and 8 (lpt)")
+                              "or STREAM_K (streamk) or DYNAMIC (dynamic) on and off, LPT_MIB 32 and 8 (lpt), or "
+                              "tiles per CTA (tiles_per_cta)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--arch", default="sm_90",

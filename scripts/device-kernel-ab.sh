@@ -10,7 +10,7 @@
 #       --time-against .dev/old/kernel-templates
 #   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --no-check --template wgmma_tma.cu \
 #       --template mma_fa2.cu --time-best --points best --time-against .dev/mid/kernel-templates
-#   for p in epilogue best medium gqa loops streamk lpt dynamic; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
+#   for p in epilogue best medium gqa streamk lpt dynamic; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
 #       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
 # The mbarrier-sleep experiment (not in the templates yet: HOPPER.md, "ncu after the four changes"):
 #   git archive HEAD kernel-templates | tar -x -C .dev/sleep, then in .dev/sleep/kernel-templates/common/hopper.cuh
@@ -25,9 +25,8 @@
 #   bash scripts/device-kernel-ab.sh epilogue   --points epilogue (EPI_TMA 1 against 0)
 #   bash scripts/device-kernel-ab.sh best       --points best, then medium (FA4 where it imports)
 #   bash scripts/device-kernel-ab.sh gqa        PACK_GQA: the pairs check, then --points gqa (1 against 0, FA4 beside),
-#                                               then --points loops (PEEL 0 against 1 on short causal rows)
-#   bash scripts/device-kernel-ab.sh new        all of session 6's knobs in one call: the pairs check (PEEL, STREAM_K,
-#                                               PACK_GQA at D 64 and 128, LPT_MIB), then streamk, gqa, loops, lpt
+#   bash scripts/device-kernel-ab.sh new        all of session 6's knobs in one call: the pairs check (STREAM_K,
+#                                               PACK_GQA at D 64 and 128, LPT_MIB), then streamk, gqa, lpt
 #                                               (3 rounds each); the sleep A/B is the `sleep` step
 #   bash scripts/device-kernel-ab.sh streamk    --points streamk (STREAM_K 1 against 0, non-causal, FA4 beside);
 #                                               the gqa step's pairs check covers STREAM_K's correctness
@@ -73,8 +72,7 @@ case "$step" in
     run medium "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points medium --rounds 3 ;;
   gqa)
     run check "${ctg[@]}" --template wgmma_tma.cu --pairs wgmma_tma.cu --more-shapes --faults || exit 1
-    run gqa "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points gqa --rounds 5
-    run loops "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points loops --rounds 5 ;;
+    run gqa "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points gqa --rounds 5 ;;
   streamk)
     run streamk "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points streamk --rounds 5 ;;
   new)
@@ -82,7 +80,7 @@ case "$step" in
     # rounds to stay inside the 10-minute call. The mbarrier-sleep A/B is its own call (sleep).
     run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
       --more-shapes --faults || exit 1
-    for p in streamk gqa loops lpt; do
+    for p in streamk gqa lpt; do
       run "$p" "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points "$p" --rounds 3
     done ;;
   sleep)

@@ -125,7 +125,7 @@ class OverlapSassTest(unittest.TestCase):
 
     def overlap_loops(self, root: Path, knobs: dict, d: int, n: int = 2) -> list[dict]:
         """The OVERLAP key-tile loops (those waiting for wait_group 1): the peeled loop of
-        unmasked tiles and the one of masked tiles (n = 1: PEEL 0's one loop)."""
+        unmasked tiles and the one of masked tiles."""
         out = sls.analyse(root, "wgmma_tma.cu", ",".join(f"{k}={v}" for k, v in knobs.items()), d, False, self.nvrtc)
         kernel = out["kernels"][f"optd_fwd_d{d}"]
         loops = [lp for lp in kernel["hot_loops"] if lp["ex2_under_pv"] is not None]
@@ -140,11 +140,10 @@ class OverlapSassTest(unittest.TestCase):
                     self.assertGreaterEqual(lp["ex2_under_pv"], per_thread, lp)
 
     def test_the_newer_knobs_keep_the_softmax_under_the_pv(self):
-        # PEEL 0 (one loop body), STREAM_K (key-range pieces), PACK_GQA (at D 128 a Q / O
-        # box per panel) and DYNAMIC 0 (the static rounds; 1, the counter, is the default the
-        # other tests compile) change the code around the key-tile loops, not the overlap in them.
+        # STREAM_K (key-range pieces), PACK_GQA (at D 128 a Q / O box per panel) and DYNAMIC 0
+        # (the static rounds; 1, the counter, is the default the other tests compile) change
+        # the code around the key-tile loops, not the overlap in them.
         for knobs, d, n in [
-            (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PEEL=0), 64, 1),
             (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PERSISTENT=1, DYNAMIC=0), 64, 2),
             (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PERSISTENT=1, STREAM_K=1), 64, 2),
             (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1, PACK_GQA=1), 128, 2),
