@@ -79,39 +79,37 @@ def replay_us(g, launches, times=1):
     return start.elapsed_time(end) * 1000.0 / (launches * times)
 
 
-def baseline_graphs(sample, shape, kinds, launches):
+def baseline_graphs(sample, shape, dtype, kinds, launches):
     """[(label, graph)] for the requested baselines on the first export's inputs (sample.q, k, v:
-    [B,H,S,D] logical tensors)."""
+    [B,H,S,D] logical tensors), called as the daemon's baseline calls them (sdpa_baseline.py:
+    its masks, enable_gqa and the fallbacks when a backend refuses a form)."""
     sys.path.insert(0, HERE)
-    import sdpa_baseline as sb  # noqa: E402  (the daemon's baseline rules: masks, GQA fallbacks)
+    import sdpa_baseline as sb  # noqa: E402
 
-    q, k, v = sample.q, sample.k, sample.v
-    causal, sq, sk = shape["causal"], shape["sq"], shape["sk"]
-    mask = sb.mask_kind(dict(shape, causal=causal))
+    # One fixed input set in sdpa_baseline's Inputs (no rotation, as for the exports).
+    inputs = sb.Inputs.__new__(sb.Inputs)
+    inputs.torch, inputs.s = torch, sb.normalize(dict(shape, dtype=dtype, layout="bhsd"))
+    inputs.sets, inputs.n, inputs.i = [(sample.q, sample.k, sample.v)], 1, 0
+    inputs._repeated = inputs._fa4 = inputs._mask = None
     out = []
     if "fa4" in kinds:
         fa4, _, why = sb.load_fa4()
         if fa4 is None:
             sys.exit(f"--fa4: {why} (install it: scripts/device_fa4.py)")
-        qkv = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
-        out.append(("fa4", graph_of(lambda: fa4(*qkv, causal=causal and sq > 1), launches)))
+        qkv = inputs.fa4(0)
+        causal = inputs.s["causal"] and inputs.s["sq"] > 1  # one query row: bottom-right masks nothing
+        out.append(("fa4", graph_of(lambda: fa4(*qkv, causal=causal), launches)))
     if "sdpa" in kinds:
-        F = torch.nn.functional
-        kw = {}
-        if mask == "is_causal":
-            kw["is_causal"] = True
-        elif mask == "lower_right":
-            from torch.nn.attention.bias import causal_lower_right
-            kw["attn_mask"] = causal_lower_right(sq, sk)
-        g = shape["hq"] // shape["hkv"]
-        try:
-            gqa_kw = dict(kw, enable_gqa=True) if g > 1 else kw
-            graph = graph_of(lambda: F.scaled_dot_product_attention(q, k, v, **gqa_kw), launches)
-        except Exception:  # the default backend refused enable_gqa: K/V repeated, as the daemon's baseline does
-            torch.cuda.synchronize()
-            kr, vr = (t.repeat_interleave(g, dim=1) for t in (k, v))
-            graph = graph_of(lambda: F.scaled_dot_product_attention(q, kr, vr, **kw), launches)
-        out.append(("sdpa-default", graph))
+        refused = []
+        for kv, mask in sb.attempts(inputs.s):
+            try:
+                out.append(("sdpa-default", graph_of(sb.sdpa_call(torch, inputs, kv, mask), launches)))
+                break
+            except Exception as e:  # this form cannot run: the next, as the daemon's baseline does
+                torch.cuda.synchronize()
+                refused.append(sb.refusal(kv, mask, sb.first_line(e)))
+        else:
+            sys.exit(f"--sdpa: SDPA default refused every form: {'; '.join(refused)}")
     return out
 
 
@@ -152,8 +150,8 @@ def main():
             pr = rx.prepare(abi, module, kernel, entry, shape, device, driver)
             prepared.append((d, kernel["file"], ok, max_abs, pr, graph_of(pr.go, args.launches)))
         sample = prepared[0][4]
-        shape0 = exports[0][key][0].shape(exports[0][key][2]["shape"])
-        for label, graph in baseline_graphs(sample, shape0, kinds, args.launches):
+        abi0, kernel0, entry0 = exports[0][key]
+        for label, graph in baseline_graphs(sample, abi0.shape(entry0["shape"]), kernel0["dtype"], kinds, args.launches):
             prepared.append((label, "-", True, 0.0, None, graph))
         footprint = sum(t.numel() * t.element_size() for t in (sample.q, sample.k, sample.v, sample.o))
         burst = [[] for _ in prepared]
