@@ -163,14 +163,6 @@
  *                     12 causal (shape, point) pairs, 4-14% (GQA D 64
  *                     (4,16/4,2048,64) 97.6 -> 88.7 us), and than one CTA
  *                     per tile on all 12 (docs/HOPPER.md).
- *          EXP_POLY   of every 8 n8 blocks of S, how many take their  0, 1, 2, 3
- *                     exponentials from poly_exp2 on the FMA pipe
- *                     instead of the MUFU (common/online_softmax.cuh):
- *                     at D 64 the MUFU's 16 exponentials per clock per
- *                     SM match the tensor cores' 16 pairs, so the
- *                     exponentials, not the GEMMs, bound the tile; each
- *                     one moved costs ~8 FMA / ALU issue slots instead of
- *                     one MUFU slot (8 clocks of a quarter's MUFU per warp).
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
@@ -225,7 +217,6 @@ PACK_GQA = [0, 1]
 STREAM_K = [0, 1]
 LPT_MIB = [8, 32]
 DYNAMIC = [1, 0]
-EXP_POLY = [0, 1, 2, 3]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
@@ -323,12 +314,6 @@ swizzle = 128
 #endif
 #ifndef DYNAMIC
 #error "DYNAMIC must be defined"
-#endif
-#ifndef EXP_POLY
-#error "EXP_POLY must be defined"
-#endif
-#if EXP_POLY < 0 || EXP_POLY > 8
-#error "EXP_POLY must be in 0..8 (n8 blocks of every 8 whose exponentials skip the MUFU)"
 #endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
@@ -465,7 +450,7 @@ struct Consumer {
         const bool moved = sm.rescale(mx, sl2, bias, corr);
         // Warp-uniform: the O rescale is skipped when no row of the warp moved.
         rescale = __any_sync(0xffffffffu, moved);
-        m16n8_exp2<1, NT, EXP_POLY>(s_at(), sm, sl2, bias);
+        m16n8_exp2<1, NT>(s_at(), sm, sl2, bias);
     }
 
     __device__ __forceinline__ void rescale_and_pack(const float (&corr)[2]) {

@@ -25,23 +25,7 @@
  * in fp16 / bf16, and l and O are fp32), so most tiles leave O alone;
  * rescale() says whether any of the thread's rows moved.
  * Exp: Exp2Approx (ex2.approx.ftz, the MUFU instruction alone; 2^-inf = +0,
- * which masking relies on) or Exp2f (CUDA's exp2f, subnormals kept); prob()
- * takes another per call, e.g. Exp2Poly for part of a tile (below).
- *
- * Exp2Poly (poly_exp2): 2^x without the MUFU, on the FMA and integer pipes.
- * Why: a Hopper SM issues 16 MUFU exponentials per clock and its tensor cores
- * do 16 (query, key) pairs per clock at D 64 (4 D = 256 flops per pair against
- * 4096 flops per clock), so at D 64 the softmax's exponentials alone take as
- * long as both GEMMs: the MUFU pipe, not the tensor cores, bounds the kernel.
- * Computing a fraction of the exponentials in ~8 FMA/ALU instructions each
- * moves them to pipes with room (FlashAttention-4 does the same on Blackwell).
- * x = j + f with j = floor(x) from one FADD rounding down against 1.5 * 2^23
- * (t's low mantissa bits are j in two's complement), 2^f on [0, 1) by a degree-3
- * minimax polynomial (relative error 7.5e-5, 2^-13.7: under a sixth of an fp16
- * rounding of P, far under bf16's), and j added to the result's exponent field
- * as an integer. x is clamped at -126 so that field stays >= 0: a masked score
- * (-inf) gives ~1e-38, not +0 (fp16 P rounds it to 0; bf16 keeps a value whose
- * product with any V is below fp32's normal range, and l is not moved by it).
+ * which masking relies on) or Exp2f (CUDA's exp2f, subnormals kept).
  *
  * Registers: 2 kRows fp32 (m, l) for the whole key loop, plus 2 kRows (bias,
  * corr) per tile. Template parameters are spelled kName: the knobs are
@@ -64,23 +48,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-// 2^x, x <= 2^22, on the FMA and integer pipes (see Exp2Poly in the header).
-__device__ __forceinline__ float poly_exp2(float x) {
-    x = fmaxf(x, -126.f);
-    const float t = __fadd_rd(x, 12582912.f);  // 1.5 * 2^23 + floor(x), exact
-    const float f = x - (t - 12582912.f);      // [0, 1)
-    const float p = fmaf(fmaf(fmaf(0.0780245227f, f, 0.226067155f), f, 0.695833540f), f, 0.999925219f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 struct Exp2Approx {
     static __device__ __forceinline__ float apply(float x) { return fast_exp2(x); }
 };
 struct Exp2f {
     static __device__ __forceinline__ float apply(float x) { return exp2f(x); }
-};
-struct Exp2Poly {
-    static __device__ __forceinline__ float apply(float x) { return poly_exp2(x); }
 };
 
 template <int kRows, bool kLazy, class Exp>
@@ -127,11 +99,9 @@ struct OnlineSoftmax {
     }
 
     // The probability of score s of row h (a masked score, -inf, gives 0),
-    // added to the row's sum; bias: rescale_row()'s for the row. E: the
-    // exponential of this call (Exp unless the caller splits a tile between two).
-    template <class E = Exp>
+    // added to the row's sum; bias: rescale_row()'s for the row.
     __device__ __forceinline__ float prob(float s, int h, float scale_log2, float bias) {
-        const float p = E::apply(fmaf(s, scale_log2, bias));
+        const float p = Exp::apply(fmaf(s, scale_log2, bias));
         l[h] += p;
         return p;
     }

@@ -17,9 +17,8 @@
  *                                               row + row_step (8) its second
  *   m16n8_row_max<kMT, kNT>(at, m, mx)            mx[h] = max(m[h], row h) over
  *                                               the quad
- *   m16n8_exp2<kMT, kNT[, kPoly]>(at, sm, scale_log2, bias) scores -> probabilities,
- *                                               summed into sm.l (kPoly of 8
- *                                               n8 blocks by poly_exp2)
+ *   m16n8_exp2<kMT, kNT>(at, sm, scale_log2, bias) scores -> probabilities,
+ *                                               summed into sm.l
  *   m16n8_scale_rows<kMT, kNT>(at, f)             row h *= f[h] (O's correction,
  *                                               1 / l)
  *   pack2(a, b)        two fp32 -> one f16x2 / bf16x2 register (an A fragment half)
@@ -103,20 +102,14 @@ __device__ __forceinline__ void m16n8_row_max(At at, const float (&m)[2 * kMT], 
     for (int h = 0; h < 2 * kMT; ++h) mx[h] = quad_max(mx[h]);
 }
 
-// kPoly: of every 8 n8 blocks, the first kPoly take their exponentials from
-// poly_exp2 (FMA pipe) instead of the MUFU (online_softmax.cuh, Exp2Poly).
-template <int kMT, int kNT, int kPoly = 0, class At, class Softmax>
+template <int kMT, int kNT, class At, class Softmax>
 __device__ __forceinline__ void m16n8_exp2(At at, Softmax& sm, float scale_log2, const float (&bias)[2 * kMT]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int j = 0; j < kNT; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = 2 * mt + (e >> 1);
-                if (j % 8 < kPoly) at(mt, j, e) = sm.template prob<Exp2Poly>(at(mt, j, e), h, scale_log2, bias[h]);
-                else at(mt, j, e) = sm.prob(at(mt, j, e), h, scale_log2, bias[h]);
-            }
+            for (int e = 0; e < 4; ++e) at(mt, j, e) = sm.prob(at(mt, j, e), 2 * mt + (e >> 1), scale_log2, bias[2 * mt + (e >> 1)]);
         }
     }
 }
