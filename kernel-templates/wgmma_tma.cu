@@ -66,9 +66,8 @@
  *   Q     CONSUMERS x [D / 64][64 rows][128 B]
  *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
  *   O     EPI_TMA x CONSUMERS x [D / 64][64 rows][128 B]
- *   ones  LSUM_MMA x 1024 B of 1.0 (one 8-row swizzle atom)
  *   dynamic bytes = 1024 (alignment) + 2 D (64 CONSUMERS + 2 STAGES BLOCK_N
- *                   + EPI_TMA 64 CONSUMERS) + 1024 LSUM_MMA
+ *                   + EPI_TMA 64 CONSUMERS)
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
  *   mbarriers static (8 (1 + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
@@ -150,16 +149,6 @@
  *                     FA3 uses 32 MB, FA4 50: a longer list for the last
  *                     wave to balance). 32 timed neutral on the H200
  *                     (2026-11-26, within the rounds' spread).
- *          LSUM_MMA   the softmax's row sums on the tensor cores:    0, 1
- *                     P x a 16 x 8 tile of ones (wgmma m64n8k16, A = P
- *                     from registers, beside each P V k-step) instead of
- *                     one FADD per probability: the D 64 softmax is issue-
- *                     bound (EXP_POLY, docs/HOPPER.md: 13% more FMA-pipe
- *                     instructions, 5% slower), and the 64 FADDs of a
- *                     BLOCK_N 128 tile are 15% of the plain loop; the
- *                     tensor cores do 8 / D more P V work. The sum is of P
- *                     as rounded for the P V (fp16 / bf16), in fp32.
- *                     1024 bytes of shared memory hold the ones.
  *          DYNAMIC    persistent, causal (else no effect): CTAs take   1, 0
  *                     work tiles longest first (LPT_MIB's groups) from a
  *                     global counter as they finish (1), instead of
@@ -228,7 +217,6 @@ PACK_GQA = [0, 1]
 STREAM_K = [0, 1]
 LPT_MIB = [8, 32]
 DYNAMIC = [1, 0]
-LSUM_MMA = [0, 1]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
@@ -257,7 +245,7 @@ DYNAMIC = "not CAUSAL or not PERSISTENT"
 kernel = "fwd"
 grid = ["min(m_blocks * B * HQ // pack, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
-smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m) + 1024 * LSUM_MMA"
+smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
 [[tensor_map]]
 tensor = "q"
@@ -327,9 +315,6 @@ swizzle = 128
 #ifndef DYNAMIC
 #error "DYNAMIC must be defined"
 #endif
-#ifndef LSUM_MMA
-#error "LSUM_MMA must be defined"
-#endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
 #endif
@@ -382,8 +367,7 @@ struct WtSmem {
     static constexpr int K = Q + CONSUMERS * Q_WG;  // STAGES x KV
     static constexpr int V = K + STAGES * KV;       // STAGES x KV
     static constexpr int O = V + STAGES * KV;       // EPI_TMA: CONSUMERS x Q_WG
-    static constexpr int ONES = O + EPI_TMA * CONSUMERS * Q_WG;  // LSUM_MMA: 1024 bytes of 1.0
-    static constexpr int END = ONES + LSUM_MMA * 1024;
+    static constexpr int END = O + EPI_TMA * CONSUMERS * Q_WG;
     static constexpr int BYTES = 1024 + END;
     static_assert(Q_WG % 1024 == 0 && KV % 1024 == 0, "tiles must stay 1024-byte aligned (swizzle atoms)");
 };
@@ -411,9 +395,6 @@ struct Consumer {
     float o[D / 2];
     float s[BLOCK_N / 2];
     unsigned p[PK][4];
-    // LSUM_MMA: the row sums of P as an m64n8 accumulator of P x (a 16 x 8 tile of ones),
-    // issued with the P V: lsum[0] (= lsum[1]) row g's, lsum[2] (= lsum[3]) row g + 8's.
-    float lsum[4];
     OnlineSoftmax<2, LAZY_RESCALE != 0, Exp2Approx> sm;  // rows g and g + 8
     bool rescale;  // some row of this warp moved its max in the last softmax
 
@@ -428,8 +409,6 @@ struct Consumer {
     __device__ __forceinline__ void init() {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) lsum[i] = 0.f;
         sm.init();
     }
 
@@ -447,46 +426,13 @@ struct Consumer {
     }
 
     // O += P V (issue only). V's N (= D) spans D / 64 panels BLOCK_N * 128 bytes apart.
-    // LSUM_MMA: and lsum += P x ones, in the same commit group. ones: one 1024-byte
-    // swizzle atom of 1.0; the descriptor's K-row-group stride is 0, so K rows 8-15 read
-    // the atom again (every byte of it is 1.0: any window is the same B operand), and the
-    // tile costs 1024 bytes, not 2048 (D 128, BLOCK_N 192, 2 consumers has no more room).
-    __device__ __forceinline__ void issue_pv(unsigned v_tile, unsigned ones) {
+    __device__ __forceinline__ void issue_pv(unsigned v_tile) {
         wgmma_fence();
         const unsigned long long dv = smem_desc_mnmajor(v_tile, BLOCK_N * 128);
 #pragma unroll
         for (int kk = 0; kk < PK; ++kk)
             wgmma_rs<D>(o, p[kk], desc_advance(dv, kk * 16 * 128));
-        if (LSUM_MMA) {
-            const unsigned long long d1 = smem_desc(ones, 1024, 0);
-#pragma unroll
-            for (int kk = 0; kk < PK; ++kk) wgmma_rs<8>(lsum, p[kk], d1);
-        }
         wgmma_commit();
-    }
-
-    // O's correction factors applied to O (and to LSUM_MMA's row sums, which live beside it).
-    __device__ __forceinline__ void scale_o(const float (&corr)[2]) {
-        m16n8_scale_rows<1, D / 8>(o_at(), corr);
-        if (LSUM_MMA) {
-            reg_fence(lsum);
-            lsum[0] *= corr[0];
-            lsum[1] *= corr[0];
-            lsum[2] *= corr[1];
-            lsum[3] *= corr[1];
-        }
-    }
-
-    // After the last P V has completed: LSUM_MMA's sums become sm.l, held by the quad's
-    // first thread (the epilogue and the merges take quad sums of sm.l, and every merge is
-    // linear in l, so one lane holding the row's sum is the same state).
-    __device__ __forceinline__ void finish_sums() {
-        if (LSUM_MMA) {
-            reg_fence(lsum);
-            const bool first = (threadIdx.x & 3) == 0;
-            sm.l[0] = first ? lsum[0] : 0.f;
-            sm.l[1] = first ? lsum[2] : 0.f;
-        }
     }
 
     // Mask (when the tile needs it) and turn S into probabilities in place;
@@ -504,11 +450,11 @@ struct Consumer {
         const bool moved = sm.rescale(mx, sl2, bias, corr);
         // Warp-uniform: the O rescale is skipped when no row of the warp moved.
         rescale = __any_sync(0xffffffffu, moved);
-        m16n8_exp2<1, NT, LSUM_MMA == 0>(s_at(), sm, sl2, bias);
+        m16n8_exp2<1, NT>(s_at(), sm, sl2, bias);
     }
 
     __device__ __forceinline__ void rescale_and_pack(const float (&corr)[2]) {
-        if (rescale) scale_o(corr);
+        if (rescale) m16n8_scale_rows<1, D / 8>(o_at(), corr);
         pack();
     }
 
@@ -524,7 +470,7 @@ struct Consumer {
         if (rescale) {
             wgmma_wait<0>();
             reg_fence(o);
-            scale_o(corr);
+            m16n8_scale_rows<1, D / 8>(o_at(), corr);
         } else {
             wgmma_wait<0>();
             reg_fence(o);
@@ -692,7 +638,6 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     const unsigned s_k = base + L::K;
     const unsigned s_v = base + L::V;
     const unsigned s_o = base + L::O;  // EPI_TMA only
-    const unsigned s_ones = base + L::ONES;  // LSUM_MMA only
 
     const int tid = threadIdx.x;
     // Broadcast from lane 0: ptxas then knows the warpgroup index (and all that
@@ -753,14 +698,6 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             mbar_init(smem_addr(&bars.v_empty[s]), 4 * CONSUMERS);
         }
         mbar_fence_init();
-    }
-    if (LSUM_MMA) {
-        // The ones tile P x ones multiplies: 1024 bytes of 1.0, written once by the generic
-        // proxy and read by wgmma (the async proxy): fenced before the barrier.
-        const unsigned one2 = OPTD_BF16 ? 0x3F803F80u : 0x3C003C00u;
-        for (int i = threadIdx.x; i < 1024 / 4; i += blockDim.x)
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(s_ones + 4 * i), "r"(one2) : "memory");
-        fence_proxy_async_smem();
     }
     __syncthreads();
 
@@ -942,7 +879,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     mbar_wait(v_full(cur), cur.phase);
                     turn_wait(c);
                     cs.issue_qk(q_tile, k_tile(kp));
-                    cs.issue_pv(v_tile(cur), s_ones);
+                    cs.issue_pv(v_tile(cur));
                     turn_pass(c);
                     wgmma_wait<1>();
                     reg_fence(cs.s);
@@ -970,7 +907,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 for (int t = n_plain; t < n_wg; ++t) step(t, true);
                 q_done();
                 mbar_wait(v_full(cur), cur.phase);
-                cs.issue_pv(v_tile(cur), s_ones);
+                cs.issue_pv(v_tile(cur));
                 wgmma_wait<0>();
                 reg_fence(cs.o);
                 release(bars.v_empty, cur);
@@ -999,7 +936,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
                     cs.rescale_and_pack(corr);
                     mbar_wait(v_full(cur), cur.phase);
-                    cs.issue_pv(v_tile(cur), s_ones);
+                    cs.issue_pv(v_tile(cur));
                     wgmma_wait<0>();
                     reg_fence(cs.o);
                     release(bars.v_empty, cur);
@@ -1019,7 +956,6 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // a split tile's last ones of other consumers: wait for them (a slot is
             // reused only after every consumer is done) and release them.
             for (; next < n_tiles; ++next) skip_tile(cur);
-            cs.finish_sums();
             if (split_tile) {
                 merge_split_tile<D>(cs, c, tid & 127, wt_smem + (base - smem_addr(wt_smem)) + L::Q, sl2);
                 q_done();

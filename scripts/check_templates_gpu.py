@@ -101,8 +101,7 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               FA4's points and the daemon's, --points epilogue EPI_TMA on and
               off, --points gqa PACK_GQA on and off, --points streamk
               STREAM_K on and off, --points lpt LPT_MIB 32 and 8, --points
-              dynamic DYNAMIC on and off, --points lsum LSUM_MMA on and off,
-              --points tiles_per_cta GQA and MHA
+              dynamic DYNAMIC on and off, --points tiles_per_cta GQA and MHA
               D 64 causal at B 1, 2, 4. Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
@@ -422,29 +421,10 @@ TILES_PER_CTA_POINTS = [
      [gqa(b, 32, 8, 4096, 4096, 64, True) for b in (1, 2, 4)] + [gqa(b, 32, 32, 4096, 4096, 64, True) for b in (1, 2)])
     for c in (3, 2)
 ]
-# --time-best --points lsum: LSUM_MMA 1 (the softmax's row sums as P x ones on the tensor cores,
-# one wgmma m64n8k16 per P V k-step) against 0 (one FADD per probability): the D 64 tile is
-# issue-bound (EXP_POLY's 13% more instructions cost 5%), and the FADDs are 15% of its plain
-# loop. The D 64 shapes at the DYNAMIC / non-causal best point, the D 128 ones at the runs' points.
-_LSUM_D64 = mhas([(4, 16, 4096, 64, False), (4, 16, 4096, 64, True), (16, 16, 577, 64, False),
-                  (8, 16, 1024, 64, False), (8, 16, 1024, 64, True), (8, 16, 2048, 64, False)]) + [
-    gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True)]
-LSUM_POINTS = [
-    ("wgmma_tma.cu", dict(_WT, CONSUMERS=3, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, DYNAMIC=1,
-                          LSUM_MMA=ls), _LSUM_D64)
-    for ls in (1, 0)
-] + [
-    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=ov, PERSISTENT=1, EPI_TMA=1, DYNAMIC=1,
-                          LSUM_MMA=ls), shapes)
-    for c, ov, shapes in ((3, 0, mhas([(2, 16, 8192, 128, False), (8, 16, 1536, 128, False)])),
-                          (2, 1, mhas([(2, 16, 8192, 128, False), (2, 16, 8192, 128, True), (4, 32, 1024, 128, True),
-                                       (4, 32, 2048, 128, True)])))
-    for ls in (1, 0)
-]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
-              "tiles_per_cta": TILES_PER_CTA_POINTS, "lsum": LSUM_POINTS}
+              "tiles_per_cta": TILES_PER_CTA_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

@@ -10,7 +10,7 @@
 #       --time-against .dev/old/kernel-templates
 #   python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg --no-check --template wgmma_tma.cu \
 #       --template mma_fa2.cu --time-best --points best --time-against .dev/mid/kernel-templates
-#   for p in epilogue best medium gqa streamk lpt dynamic lsum; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
+#   for p in epilogue best medium gqa streamk lpt dynamic; do python3 scripts/check_templates_gpu.py --build-cubins .dev/ctg \
 #       --no-check --template wgmma_tma.cu --template mma_fa2.cu --time-best --points $p; done
 # The mbarrier-sleep experiment (not in the templates yet: HOPPER.md, "ncu after the four changes"):
 #   git archive HEAD kernel-templates | tar -x -C .dev/sleep, then in .dev/sleep/kernel-templates/common/hopper.cuh
@@ -32,8 +32,6 @@
 #                                               the gqa step's pairs check covers STREAM_K's correctness
 #   bash scripts/device-kernel-ab.sh dynamic    the pairs check (DYNAMIC), then --points dynamic (persistent causal tiles
 #                                               from a counter against the static rounds and one CTA per tile)
-#   bash scripts/device-kernel-ab.sh lsum       the pairs check (LSUM_MMA), then --points lsum (row sums on the
-#                                               tensor cores against FADDs; FA4 beside)
 #   bash scripts/device-kernel-ab.sh sleep      --points epilogue and medium, new against .dev/sleep (carry
 #                                               .dev/ctg-sleep and .dev/sleep): does sleeping in mbarrier waits pay
 # Logs go to $OUT; each step ends with its table. FA4: PYTHONPATH as in
@@ -42,7 +40,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$out"
-step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|new|sleep|dynamic|lsum}"
+step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|new|sleep|dynamic}"
 ctg=(--cubin-dir .dev/ctg)
 [[ "$step" == sleep || -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
@@ -99,12 +97,5 @@ case "$step" in
     run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
       --more-shapes --faults || exit 1
     run dynamic "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points dynamic --rounds 5 ;;
-  lsum)
-    # LSUM_MMA (row sums as P x ones on the tensor cores): every pair of knob values with
-    # faults first, then 1 against 0 at the D 64 and D 128 points, FA4 beside where installed.
-    [[ -d /tmp/fa4/site ]] && eval "$(python3 scripts/device_fa4.py env)"
-    run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
-      --more-shapes --faults || exit 1
-    run lsum "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points lsum --rounds 5 ;;
-  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, new, sleep, dynamic, lsum)" >&2; exit 2 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, new, sleep, dynamic)" >&2; exit 2 ;;
 esac

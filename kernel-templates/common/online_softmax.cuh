@@ -105,12 +105,6 @@ struct OnlineSoftmax {
         l[h] += p;
         return p;
     }
-
-    // prob() without the row sum, for a caller that sums P elsewhere (wgmma_tma.cu's
-    // LSUM_MMA: on the tensor cores, as P times a column of ones).
-    __device__ __forceinline__ float prob_unsummed(float s, float scale_log2, float bias) const {
-        return Exp::apply(fmaf(s, scale_log2, bias));
-    }
 };
 
 #endif  // OPTD_ONLINE_SOFTMAX_CUH

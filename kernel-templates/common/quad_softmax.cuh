@@ -17,8 +17,8 @@
  *                                               row + row_step (8) its second
  *   m16n8_row_max<kMT, kNT>(at, m, mx)            mx[h] = max(m[h], row h) over
  *                                               the quad
- *   m16n8_exp2<kMT, kNT[, kSum]>(at, sm, scale_log2, bias) scores -> probabilities,
- *                                               summed into sm.l (kSum)
+ *   m16n8_exp2<kMT, kNT>(at, sm, scale_log2, bias) scores -> probabilities,
+ *                                               summed into sm.l
  *   m16n8_scale_rows<kMT, kNT>(at, f)             row h *= f[h] (O's correction,
  *                                               1 / l)
  *   pack2(a, b)        two fp32 -> one f16x2 / bf16x2 register (an A fragment half)
@@ -102,19 +102,14 @@ __device__ __forceinline__ void m16n8_row_max(At at, const float (&m)[2 * kMT], 
     for (int h = 0; h < 2 * kMT; ++h) mx[h] = quad_max(mx[h]);
 }
 
-// kSum = false: the row sums are left to the caller (sm.l untouched).
-template <int kMT, int kNT, bool kSum = true, class At, class Softmax>
+template <int kMT, int kNT, class At, class Softmax>
 __device__ __forceinline__ void m16n8_exp2(At at, Softmax& sm, float scale_log2, const float (&bias)[2 * kMT]) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int j = 0; j < kNT; ++j) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int h = 2 * mt + (e >> 1);
-                if constexpr (kSum) at(mt, j, e) = sm.prob(at(mt, j, e), h, scale_log2, bias[h]);
-                else at(mt, j, e) = sm.prob_unsummed(at(mt, j, e), scale_log2, bias[h]);
-            }
+            for (int e = 0; e < 4; ++e) at(mt, j, e) = sm.prob(at(mt, j, e), 2 * mt + (e >> 1), scale_log2, bias[2 * mt + (e >> 1)]);
         }
     }
 }

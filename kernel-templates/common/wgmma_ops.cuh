@@ -79,15 +79,6 @@ __device__ __forceinline__ void wgmma_ss_n192(float (&d)[96], unsigned long long
         : "l"(da), "l"(db), "r"(acc));
 }
 
-__device__ __forceinline__ void wgmma_rs_n8(float (&d)[4], const unsigned (&a)[4], unsigned long long db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32" OPTD_WGMMA_TYPE " "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -126,8 +117,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], unsigned long long d
 }
 template <int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long db) {
-    if constexpr (N == 8) wgmma_rs_n8(d, a, db);
-    else if constexpr (N == 64) wgmma_rs_n64(d, a, db);
+    if constexpr (N == 64) wgmma_rs_n64(d, a, db);
     else if constexpr (N == 128) wgmma_rs_n128(d, a, db);
     else static_assert(N == 0, "wgmma_rs: no wrapper generated for this N (scripts/gen_wgmma.py)");
 }
