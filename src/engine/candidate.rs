@@ -167,9 +167,10 @@ impl Engine {
             Ok(g) => g,
             Err(g) => return self.conclude(rec, Some(commit), policy.failure(Verdict::Gated, g.0), vec![]).await,
         };
-        let plans = gated.plans;
+        let mut plans = gated.plans;
         let mut shapes = record::planned_shapes(&plans);
         record::refused(&mut shapes, &c.shapes, &gated.refused);
+        let mut any_refused = !gated.refused.is_empty();
 
         // compile (the gate has already refused a target this device cannot run)
         let arch = match stage.template.meta.target_arch(&self.device) {
@@ -184,6 +185,17 @@ impl Engine {
             Err(f) => return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await,
         };
         record::resources(&mut rec, &loaded);
+        // The gate's last word, now that the built kernels' static shared memory is known.
+        let fits = gate::check_loaded(plans, &loaded, &self.device);
+        if !fits.refused.is_empty() {
+            any_refused = true;
+            record::gated_after_compile(&mut shapes, &fits.refused);
+            if fits.plans.is_empty() {
+                let why: Vec<&str> = fits.refused.iter().map(|(_, w)| w.as_str()).collect();
+                return self.conclude(rec, Some(commit), policy.failure(Verdict::Gated, why.join("; ")), shapes).await;
+            }
+        }
+        plans = fits.plans;
         record::waves(&mut shapes, &plans, &loaded, self.device.sm_count);
         self.modules.insert(id.clone(), Module { source: rendered.source.clone(), arch, kernels, plans: plans.clone(), loaded: Some(loaded) });
 
@@ -253,7 +265,7 @@ impl Engine {
             Err(f) => return self.conclude(rec, Some(commit), f, shapes).await,
         };
         rec.score_us = decided.score_us;
-        let outcome = Outcome { score: if gated.refused.is_empty() { rec.score_us } else { None }, won: !decided.won.is_empty() };
+        let outcome = Outcome { score: if any_refused { None } else { rec.score_us }, won: !decided.won.is_empty() };
         if !decided.implausible.is_empty() {
             for s in &mut shapes {
                 s.won = false;

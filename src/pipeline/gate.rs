@@ -10,9 +10,11 @@
 //! sm_90a on another cc) and tensor maps the TMA cannot encode for a shape.
 //!
 //! The engine gates per shape ([`check_each`]): a candidate is refused only for the
-//! shapes it does not fit, and goes on with the others.
+//! shapes it does not fit, and goes on with the others. One check waits for the compile
+//! ([`check_loaded`]): the kernel's static shared memory, which only the built function
+//! knows, counts against the same per-block limit as the dynamic bytes.
 
-use crate::spec::protocol::{DeviceInfo, Shape, ShapePlan, ViewStrides};
+use crate::spec::protocol::{DeviceInfo, Loaded, Shape, ShapePlan, ViewStrides};
 use crate::spec::template::{eval_int_expr, shape_vars, Params, Template};
 
 /// Why a candidate failed the gate, in words for the ledger.
@@ -102,6 +104,35 @@ fn check_shape(template: &Template, params: &Params, shape: &Shape, device: &Dev
     Ok(plan)
 }
 
+/// After the compile: a launch fits only if its dynamic shared memory plus its kernel's static
+/// shared memory (mbarriers, `__shared__` arrays: known from the built function) stays within
+/// the device's opt-in limit. The formula-only check above passes a launch whose dynamic
+/// bytes land exactly on the limit; the driver then refuses it (CUDA_ERROR_INVALID_VALUE), a
+/// crash instead of a reason. Returns the plans that fit and, per shape that does not, why.
+pub fn check_loaded(plans: Vec<ShapePlan>, loaded: &Loaded, device: &DeviceInfo) -> PerShape {
+    let mut out = PerShape { plans: Vec::new(), refused: Vec::new() };
+    for plan in plans {
+        let over = plan.launches.iter().find_map(|l| {
+            let stat = loaded.kernels.iter().find(|k| k.kernel == l.kernel)?.static_smem;
+            let total = u64::from(l.dyn_smem) + u64::from(stat);
+            (total > u64::from(device.smem_optin)).then(|| {
+                format!(
+                    "{}: {} needs {} B of dynamic plus {stat} B of static shared memory = {total} B, device allows {} B                      per block; fix: knobs with less shared memory (fewer STAGES, a smaller BLOCK_N), or a template                      formula that counts the static bytes",
+                    plan.shape.key(),
+                    l.kernel,
+                    l.dyn_smem,
+                    device.smem_optin
+                )
+            })
+        });
+        match over {
+            Some(why) => out.refused.push((plan.shape.key(), why)),
+            None => out.plans.push(plan),
+        }
+    }
+    out
+}
+
 /// Every tensor map of the plan must be encodable by the TMA for its shape (the same
 /// geometry the worker encodes and the export describes).
 fn check_tensor_maps(template: &Template, plan: &ShapePlan) -> Result<(), GateFailure> {
@@ -124,4 +155,56 @@ fn check_tensor_maps(template: &Template, plan: &ShapePlan) -> Result<(), GateFa
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::protocol::{KernelResources, Launch};
+    use crate::test_fixtures::{h100, llama_decode};
+
+    fn plan(shape: Shape, kernel: &str, dyn_smem: u32) -> ShapePlan {
+        ShapePlan {
+            shape,
+            n_splits: 1,
+            launches: vec![Launch { kernel: kernel.into(), grid: [132, 1, 1], block: [384, 1, 1], dyn_smem }],
+            tensor_maps: vec![],
+        }
+    }
+
+    fn loaded(static_smem: u32) -> Loaded {
+        Loaded {
+            compile_ms: 1.0,
+            kernels: vec![KernelResources { kernel: "optd_fwd_d128".into(), registers: 168, static_smem, local_bytes: 0, max_threads: 384 }],
+            occupancy: vec![],
+            log: String::new(),
+        }
+    }
+
+    #[test]
+    fn static_shared_memory_counts_against_the_limit_after_the_compile() {
+        let dev = h100();
+        let small = crate::spec::protocol::Shape { sk: 1024, ..llama_decode() };
+        // Dynamic bytes exactly at the opt-in limit pass the formula check; with 104 B of
+        // mbarriers the launch cannot run, and only that shape is refused.
+        let plans = vec![plan(llama_decode(), "optd_fwd_d128", dev.smem_optin), plan(small.clone(), "optd_fwd_d128", 200_000)];
+        let out = check_loaded(plans, &loaded(104), &dev);
+        assert_eq!(out.plans.len(), 1);
+        assert_eq!(out.plans[0].shape, small);
+        assert_eq!(out.refused.len(), 1);
+        let (key, why) = &out.refused[0];
+        assert_eq!(key, &llama_decode().key());
+        assert!(why.contains("232448 B of dynamic plus 104 B of static shared memory = 232552 B"), "{why}");
+        assert!(why.contains("fix:"), "{why}");
+    }
+
+    #[test]
+    fn a_launch_within_the_limit_or_of_an_unknown_kernel_is_kept() {
+        let dev = h100();
+        let plans = vec![plan(llama_decode(), "optd_fwd_d128", dev.smem_optin - 104)];
+        assert_eq!(check_loaded(plans.clone(), &loaded(104), &dev).plans.len(), 1);
+        // No resources for the kernel (an older worker): nothing to add, the formula check stands.
+        let other = vec![plan(llama_decode(), "optd_fwd_d64", dev.smem_optin)];
+        assert!(check_loaded(other, &loaded(104), &dev).refused.is_empty());
+    }
 }

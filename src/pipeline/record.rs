@@ -35,6 +35,18 @@ pub fn refused(rows: &mut Vec<ShapeRecord>, shapes: &[Shape], refused: &[(String
     }
 }
 
+/// Shapes the gate refused only once the compile was done (static shared memory,
+/// [`crate::pipeline::gate::check_loaded`]): their planned rows become gated ones.
+pub fn gated_after_compile(rows: &mut [ShapeRecord], refused: &[(String, String)]) {
+    for (key, why) in refused {
+        if let Some(row) = rows.iter_mut().find(|r| r.shape == *key) {
+            row.gated = Some(why.clone());
+            row.ctas = None;
+            row.n_splits = None;
+        }
+    }
+}
+
 pub fn resources(rec: &mut IterationRecord, loaded: &Loaded) {
     rec.compile_ms = Some(loaded.compile_ms);
     if let Some(k) = loaded.kernels.first() {
