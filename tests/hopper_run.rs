@@ -139,3 +139,32 @@ async fn resume(p: &Project, run_id: &str, rebaseline: bool) -> anyhow::Result<R
     };
     engine::run(opts, optimizerd::daemon::shutdown::Shutdown::never()).await.map(|(_, end)| end)
 }
+
+/// The gate's post-compile check: a launch whose dynamic shared memory fits the opt-in limit by
+/// the formula, but not with the function's static shared memory added, is refused for that
+/// shape with both numbers (not launched and crashed), and the candidate goes on with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_shared_memory_over_the_limit_gates_the_shape_after_the_compile() {
+    let p = project();
+    // BOX_ROWS 64 at D 128: 1024 + 64 * 128 * 2 = 17408 B of dynamic shared memory; a device
+    // allowing 17458 B passes that, and 96 B of static mbarriers take it over.
+    p.set_device(&optimizerd::spec::protocol::DeviceInfo { smem_optin: 17458, ..common::h100() });
+    p.set_rules(json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
+        { "source_contains": ["template `test-tensor-map-probe`", "#define BOX_ROWS 64\n"], "behaviour": { "ok": { "us": 50.0 } }, "static_smem": 96 },
+        { "source_contains": ["template `test-tensor-map-probe`", "#define BOX_ROWS 16\n"], "behaviour": { "ok": { "us": 60.0 } } }
+    ]));
+    assert_eq!(p.run("s", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("s").await.unwrap();
+    let first = its.iter().find(|i| i.stage == "hopper" && i.params_json.contains("\"BOX_ROWS\":64")).expect("BOX_ROWS 64 ran");
+    assert_eq!(first.verdict.as_str(), "accepted", "{}", first.reason);
+    assert_eq!(first.static_smem, Some(96));
+    let by_key = |k: &str| first.shapes.iter().find(|s| s.shape == k).unwrap_or_else(|| panic!("{k}: {:?}", first.shapes));
+    let small = by_key("b1h1s128d64");
+    assert_eq!((small.gated.as_deref(), small.won), (None, true));
+    let big = by_key("b2h8s512d128-causal");
+    let why = big.gated.as_deref().expect("refused after the compile");
+    assert!(why.contains("17408 B of dynamic plus 96 B of static shared memory = 17504 B, device allows 17458 B"), "{why}");
+    assert_eq!((big.median_us, big.won, big.check_passed), (None, false, None));
+}

@@ -51,6 +51,10 @@ pub struct Rule {
     /// Every string must occur in the rendered source (e.g. "#define MAX_SPLITS 8").
     pub source_contains: Vec<String>,
     pub behaviour: Behaviour,
+    /// Static shared memory the loaded functions report (bytes; default 0), as a real
+    /// build's mbarriers and `__shared__` arrays would.
+    #[serde(default)]
+    pub static_smem: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -139,6 +143,10 @@ impl ScriptedBackend {
         }
     }
 
+    fn static_smem_for(&self, source: &str) -> u32 {
+        self.script.rules.iter().find(|r| r.source_contains.iter().all(|s| source.contains(s.as_str()))).map_or(0, |r| r.static_smem)
+    }
+
     fn behaviour_for(&self, source: &str) -> Behaviour {
         self.script
             .rules
@@ -206,6 +214,7 @@ impl Backend for ScriptedBackend {
                     }
                 }
                 let b = self.behaviour_for(&source);
+                let static_smem = self.static_smem_for(&source);
                 if let Some(r) = self.trip(&b, "load") {
                     return r;
                 }
@@ -217,7 +226,7 @@ impl Backend for ScriptedBackend {
                     compile_ms: 1.0,
                     kernels: kernels
                         .into_iter()
-                        .map(|k| KernelResources { kernel: k, registers: 64, static_smem: 0, local_bytes: 0, max_threads: 1024 })
+                        .map(|k| KernelResources { kernel: k, registers: 64, static_smem, local_bytes: 0, max_threads: 1024 })
                         .collect(),
                     occupancy: occupancy
                         .into_iter()
