@@ -184,10 +184,10 @@ mod tests {
     #[test]
     fn static_shared_memory_counts_against_the_limit_after_the_compile() {
         let dev = h100();
-        let small = crate::spec::protocol::Shape { sk: 1024, ..llama_decode() };
+        let small = Shape { sk: 1024, ..llama_decode() };
         // Dynamic bytes exactly at the opt-in limit pass the formula check; with 104 B of
         // mbarriers the launch cannot run, and only that shape is refused.
-        let plans = vec![plan(llama_decode(), "optd_fwd_d128", dev.smem_optin), plan(small.clone(), "optd_fwd_d128", 200_000)];
+        let plans = vec![plan(llama_decode(), "optd_fwd_d128", dev.smem_optin), plan(small, "optd_fwd_d128", 200_000)];
         let out = check_loaded(plans, &loaded(104), &dev);
         assert_eq!(out.plans.len(), 1);
         assert_eq!(out.plans[0].shape, small);
