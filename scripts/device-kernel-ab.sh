@@ -32,6 +32,11 @@
 #                                               the gqa step's pairs check covers STREAM_K's correctness
 #   bash scripts/device-kernel-ab.sh dynamic    the pairs check (DYNAMIC), then --points dynamic (persistent causal tiles
 #                                               from a counter against the static rounds and one CTA per tile)
+#   bash scripts/device-kernel-ab.sh against    the working tree's templates (an experiment branch checked out)
+#                                               against .dev/main's (git archive main kernel-templates | tar -x
+#                                               -C .dev/main): the pairs check with faults, then --points epilogue
+#                                               and tiles_per_cta both ways (cubins: the pairs, then those two sets
+#                                               with --time-against .dev/main/kernel-templates); carry .dev/ctg, .dev/main
 #   bash scripts/device-kernel-ab.sh sleep      --points epilogue and medium, new against .dev/sleep (carry
 #                                               .dev/ctg-sleep and .dev/sleep): does sleeping in mbarrier waits pay
 # Logs go to $OUT; each step ends with its table. FA4: PYTHONPATH as in
@@ -40,7 +45,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$out"
-step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|new|sleep|dynamic}"
+step="${1:?usage: device-kernel-ab.sh check|overlap|peel|epilogue|best|gqa|streamk|new|sleep|dynamic|against}"
 ctg=(--cubin-dir .dev/ctg)
 [[ "$step" == sleep || -d .dev/ctg ]] || { echo "device-kernel-ab: no .dev/ctg: build the cubins on the CPU machine and carry .dev/ctg" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader | tee "$out/gpu.txt"
@@ -97,5 +102,14 @@ case "$step" in
     run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
       --more-shapes --faults || exit 1
     run dynamic "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points dynamic --rounds 5 ;;
-  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, new, sleep, dynamic)" >&2; exit 2 ;;
+  against)
+    [[ -d .dev/main/kernel-templates ]] || { echo "device-kernel-ab: no .dev/main/kernel-templates (carry it)" >&2; exit 2; }
+    [[ -d /tmp/fa4/site ]] && eval "$(python3 scripts/device_fa4.py env)"
+    run check "${ctg[@]}" --template wgmma_tma.cu --template tensor_map_probe.cu --pairs wgmma_tma.cu \
+      --more-shapes --faults || exit 1
+    run against-epilogue "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points epilogue \
+      --time-against .dev/main/kernel-templates --rounds 5
+    run against-tiles "${ctg[@]}" --no-check --template wgmma_tma.cu --time-best --points tiles_per_cta \
+      --time-against .dev/main/kernel-templates --rounds 3 ;;
+  *) echo "device-kernel-ab: unknown step $step (check, overlap, peel, epilogue, best, gqa, streamk, new, sleep, dynamic, against)" >&2; exit 2 ;;
 esac
