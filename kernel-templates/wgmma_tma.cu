@@ -704,6 +704,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     if (wg == 0) {
         // ---- producer ------------------------------------------------------
         reg_dealloc<WT_PRODUCER_REGS>();
+        // Warps 1-3 have nothing to do: they exit (FA4's producer does the same), so the
+        // schedulers hold only warps that issue (ncu, 2026-11-27: 4.00 active warps per
+        // scheduler against FA4's 3.25). The CTA's end is a named barrier over the rest.
+        if (tid >= 32) return;
         if (tid == 0) {
             tma_prefetch_map(tm_q);
             tma_prefetch_map(tm_k);
@@ -1054,7 +1058,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         if (EPI_TMA && (tid & 127) == 0) bulk_wait<0>();
         if (PINGPONG && c == 0) named_bar_sync(1, 256);  // the last consumer's final pass
     }
-    __syncthreads();  // every warpgroup done: the CTA counts as complete only now
+    // Every remaining warp done (the producer's warp 0 and the consumers; warps 1-3 exited):
+    // the CTA counts as complete only now. Named barrier 2 CONSUMERS + 2, after ping-pong's
+    // 1..CONSUMERS, the merge's CONSUMERS + 1 and the epilogues' CONSUMERS + 2 + c.
+    named_bar_sync(2 * CONSUMERS + 2, 32 + 128 * CONSUMERS);
 }
 
 #define WT_KERNEL(DIM)                                                                                         \
