@@ -92,6 +92,10 @@
  *                         a fixed cost: prologue, merge, combine row) 1, 2, 4
  *          FUSED_COMBINE  combine in a second launch (0) or in the
  *                         last CTA of each group (1)                  0, 1
+ *          WARP_LOADS     each warp copies and waits for its own keys
+ *                         of a tile, no CTA barrier per tile (1), or
+ *                         the CTA copies the tile together (0)        0, 1
+ *                         (common/decode_split.cuh)
  *          (SPLIT_WAVES and MIN_SPLIT_TILES only enter the launch formulas.)
  * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N, rows of 2 D bytes:
  *          2 D * 16  (packed Q tile)
@@ -132,6 +136,7 @@ STAGES = [3, 2, 4]
 SPLIT_WAVES = [1, 2, 4]
 MIN_SPLIT_TILES = [1, 2, 4]
 FUSED_COMBINE = [0, 1]
+WARP_LOADS = [0, 1]
 
 [derived]
 tile_n = "NUM_WARPS * BLOCK_N"

@@ -48,6 +48,9 @@
  *          CLUSTER    splits per group = CTAs per cluster         8, 4, 2
  *          COMBINE    1 push to rank 0 (mbarrier), 0 pull (two    1, 0
  *                     cluster barriers, every CTA combines a share)
+ *          WARP_LOADS 1 each warp copies and waits for its own     0, 1
+ *                     keys, 0 the CTA copies each tile together
+ *                     (common/decode_split.cuh)
  * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N (as decode.cu):
  *          2 D * 16 + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
  *          (DecSmem<D>::BYTES), plus with COMBINE = 1 rank 0's receive area
@@ -75,6 +78,7 @@ NUM_WARPS = [4, 2, 8]
 STAGES = [3, 2, 4]
 CLUSTER = [8, 4, 2]
 COMBINE = [1, 0]
+WARP_LOADS = [0, 1]
 
 [derived]
 tile_n = "NUM_WARPS * BLOCK_N"

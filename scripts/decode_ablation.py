@@ -3,6 +3,10 @@
 
     python3 scripts/decode_ablation.py OUT.json [--against DIR] [--only VARIANT,..]
 
+--knob NAME=V: an A/B of one knob instead of the cuts: each point is checked with NAME=V (fp16
+and bf16, DECODE_CHECK shapes), then timed as given and with NAME=V, alternating, --rounds times
+(default 3), and the per-shape ratio printed last.
+
 --against DIR: also time the same points built from the templates in DIR (e.g. an earlier
 commit's kernel-templates, `git archive`d), unpatched, as variant `against`, and check both
 versions' fused points first: an A/B of a template change on one GPU in one process.
@@ -95,6 +99,8 @@ def main():
     rows = []
     checks = []
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else list(PATCHES)
+    if "--knob" in sys.argv:
+        return knob_ab(sys.argv[sys.argv.index("--knob") + 1], t0)
     if "--against" in sys.argv:
         import decode_sweep as DS
         from nvrtc_compile_check import load_templates
@@ -129,5 +135,45 @@ def main():
     print(f"done in {time.time() - t0:.0f} s")
 
 
+def knob_ab(spec, t0):
+    """--knob NAME=V (see the module's doc): check, then alternate the two versions of each point."""
+    import statistics
+    import decode_sweep as DS
+    name, _, value = spec.partition("=")
+    value = int(value)
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    variant["name"] = "full"
+    with_knob = [(tpl, {**kn, name: value}) for tpl, kn in POINTS]
+    checks = []
+    for tpl, kn in with_knob:
+        checks += DS.check_points(gpu, tpl, [kn])
+    bad = [r for r in checks if not r["ok"]]
+    print(f"check {spec}: {len(checks) - len(bad)} of {len(checks)} passed", flush=True)
+    rows = []
+    for r in range(rounds):
+        time_points("as given", POINTS, rows)
+        time_points(spec, with_knob, rows)
+    print(f"\n{spec} against the points as given, cold us, median of {rounds} rounds (ratio < 1: {spec} faster)")
+    print(f"{'point':<80} {'shape':<34} {'given':>8} {spec:>14} {'ratio':>6}")
+    ratios = []
+    for i, (tpl, kn) in enumerate(POINTS):
+        label = f"{tpl.name} {DC.combo_label(kn)}"
+        label_k = f"{tpl.name} {DC.combo_label(with_knob[i][1])}"
+        for shape in SHAPES:
+            key = C.shape_key(shape)
+            a = [x["us"][key] for x in rows if x["point"] == label and x["variant"] == "as given" and x["us"][key]]
+            b = [x["us"][key] for x in rows if x["point"] == label_k and x["variant"] == spec and x["us"][key]]
+            if a and b:
+                ma, mb = statistics.median(a), statistics.median(b)
+                ratios.append(mb / ma)
+                print(f"{label:<80} {key:<34} {ma:8.2f} {mb:14.2f} {mb / ma:6.3f}")
+    if ratios:
+        gm = statistics.geometric_mean(ratios)
+        print(f"geometric mean {gm:.3f} ({min(ratios):.3f} .. {max(ratios):.3f}), {sum(r < 1 for r in ratios)} of {len(ratios)} faster")
+    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, knob=spec, shapes=[C.shape_key(s) for s in SHAPES], rows=rows, checks=checks), indent=1))
+    print(f"done in {time.time() - t0:.0f} s")
+    return 1 if bad else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -220,6 +220,9 @@ def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path | None =
     if sum(1 for ln in tpl.text.splitlines() if ln.strip() == INCLUDE_LINE) != 1:
         raise ValueError(f"{tpl.rel}: expected exactly one line `{INCLUDE_LINE}`")
     header = "".join(f"#define {k} {v}\n" for k, v in knobs.items())
+    # A point written before a knob existed (the scripts' fixed points) takes the knob's
+    # first value, as a strategy stage's `start` does.
+    header += "".join(f"#define {k} {vals[0]}\n" for k, vals in tpl.spec.get("knobs", {}).items() if k not in knobs)
     header += f"#define OPTD_BF16 {1 if bf16 else 0}\n"
     header += smem_defines(tpl, knobs)
     return header + _inline_includes(tpl.text, root, 0)

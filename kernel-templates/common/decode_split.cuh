@@ -20,9 +20,16 @@
  *   dec_rows_valid(heads_q, heads_kv, seq_q)   packed rows of this row tile
  *   dec_out_row(...)          where packed row r's output row lives
  *
- * Expects the including template to define the knobs BLOCK_N, NUM_WARPS and
- * STAGES and to launch NUM_WARPS * 32 threads with DecSmem<D>::BYTES of
- * dynamic shared memory.
+ * WARP_LOADS = 1: warp w copies the BLOCK_N keys of every tile that it alone
+ * reads (rows w * BLOCK_N .. + BLOCK_N - 1 of the slot), so a tile's wait is
+ * its own cp.async groups and a __syncwarp, with no CTA barrier per tile: the
+ * warps drift apart, one computing while another still waits for its bytes.
+ * WARP_LOADS = 0: the CTA's threads copy the whole tile together (each a chunk
+ * column of rows tid / CH + i * KV_RSTEP) and meet at a __syncthreads per tile.
+ *
+ * Expects the including template to define the knobs BLOCK_N, NUM_WARPS,
+ * STAGES and WARP_LOADS and to launch NUM_WARPS * 32 threads with
+ * DecSmem<D>::BYTES of dynamic shared memory.
  ******************************************************************************/
 #ifndef OPTD_DECODE_SPLIT_CUH
 #define OPTD_DECODE_SPLIT_CUH
@@ -39,6 +46,12 @@
 #endif
 #ifndef STAGES
 #error "STAGES must be defined"
+#endif
+#ifndef WARP_LOADS
+#error "WARP_LOADS must be defined (0 or 1)"
+#endif
+#if WARP_LOADS != 0 && WARP_LOADS != 1
+#error "WARP_LOADS must be 0 (the CTA copies each tile) or 1 (each warp copies its own keys)"
 #endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16
 #error "BLOCK_N must be a positive multiple of 16 (two n8 tiles per ldmatrix.x4)"
@@ -143,10 +156,13 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     constexpr int NT = BLOCK_N / 8;  // n8 tiles of S per warp
     constexpr int DT = D / 8;        // n8 tiles of O
     constexpr int Q_ITERS = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
-    static_assert(DEC_THREADS % CH == 0, "a thread copies one chunk column of the K/V rows");
-    constexpr int KV_RSTEP = DEC_THREADS / CH;  // rows between a thread's copies
-    static_assert(DEC_TILE_N % KV_RSTEP == 0, "K/V tile chunks must split evenly over the threads");
-    constexpr int KV_ITERS = DEC_TILE_N / KV_RSTEP;
+    // WARP_LOADS: the copying threads are a warp's 32 lanes and its BLOCK_N rows.
+    constexpr int LD_THREADS = WARP_LOADS ? 32 : DEC_THREADS;
+    constexpr int LD_ROWS = WARP_LOADS ? BLOCK_N : DEC_TILE_N;
+    static_assert(LD_THREADS % CH == 0, "a thread copies one chunk column of the K/V rows");
+    constexpr int KV_RSTEP = LD_THREADS / CH;  // rows between a thread's copies
+    static_assert(LD_ROWS % KV_RSTEP == 0, "K/V tile chunks must split evenly over the threads");
+    constexpr int KV_ITERS = LD_ROWS / KV_RSTEP;
 
     extern __shared__ __align__(128) unsigned char dec_smem[];
     const unsigned s_q = smem_u32(dec_smem) + L::Q;
@@ -189,9 +205,11 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     }
 
     // K/V tile t -> ring slot (t - t_begin) % STAGES, keys >= SK zero-filled.
-    // Copy i of a thread is chunk tid % CH of row tid / CH + i * KV_RSTEP.
-    const int ld_row = tid / CH;
-    const int ld_ch = tid % CH;
+    // Copy i of a thread is chunk ld_ch of tile row ld_row + i * KV_RSTEP: CTA-wide,
+    // ld_row = tid / CH; WARP_LOADS, within the warp's own rows warp * BLOCK_N + ...
+    const int ld_tid = WARP_LOADS ? lane : tid;
+    const int ld_row = (WARP_LOADS ? warp * BLOCK_N : 0) + ld_tid / CH;
+    const int ld_ch = ld_tid % CH;
     const long long k_row = strides.k_s, v_row = strides.v_s;
     const elem_t* k_thr = kh + (long long)ld_row * k_row + ld_ch * 8;
     const elem_t* v_thr = vh + (long long)ld_row * v_row + ld_ch * 8;
@@ -217,7 +235,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         cp_async_commit();
     }
     cp_async_wait<STAGES - 2>();
-    __syncthreads();
+    __syncthreads();  // Q is every thread's copies (and, CTA-wide, so is tile 0)
 
     // Per-lane ldmatrix offsets; every matrix starts at a row that is a multiple
     // of 8, so for an even chunk 2c: tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5).
@@ -245,7 +263,11 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 
     for (int i = 0; i < my_tiles; ++i) {
         cp_async_wait<STAGES - 2>();  // tile i has landed (this thread's copies)
-        __syncthreads();              // ... everyone's; slot (i - 1) % STAGES is free
+        // ... the copies of every thread that wrote what this warp reads, and slot
+        // (i - 1) % STAGES is free: no reader of it is still in tile i - 1. With
+        // WARP_LOADS both hold within the warp (its rows, its lanes' copies).
+        if (WARP_LOADS) __syncwarp();
+        else __syncthreads();
         if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);
         cp_async_commit();
 
