@@ -884,6 +884,7 @@ class Gpu:
         compiled here with cupy.RawModule (NVRTC). mbar_fault: the planted-fault build."""
         arch = self.arch(tpl)
         used = code_knobs(tpl)
+        knobs = {**{k: v[0] for k, v in tpl.spec.get("knobs", {}).items()}, **knobs}  # as render() fills them
         # The path, not rel: --time-against loads a second copy of the same template.
         key = (str(tpl.path), tuple((k, knobs[k]) for k in used), bf16, count, mbar_fault)
         if key not in self.modules:
