@@ -63,13 +63,13 @@
  *
  * Shared memory (1024-byte aligned tiles, every tile a set of 128-byte-swizzled
  * panels of 64 columns, as the TMA writes them):
- *   Q     CONSUMERS x [D / 64][64 rows][128 B]
+ *   Q     Q_STAGES x CONSUMERS x [D / 64][64 rows][128 B]
  *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
  *   O     EPI_TMA x CONSUMERS x [D / 64][64 rows][128 B]
- *   dynamic bytes = 1024 (alignment) + 2 D (64 CONSUMERS + 2 STAGES BLOCK_N
- *                   + EPI_TMA 64 CONSUMERS)
+ *   dynamic bytes = 1024 (alignment) + 2 D (Q_STAGES 64 CONSUMERS
+ *                   + 2 STAGES BLOCK_N + EPI_TMA 64 CONSUMERS)
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
- *   mbarriers static (8 (1 + 4 STAGES) bytes).
+ *   mbarriers static (8 (2 Q_STAGES + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
  * Scratch: STREAM_K only (else n_splits 1, untouched): o_partial holds 2 pieces
  *          per CTA, (4 + D / 2) x 128 floats per consumer each (a thread's m, l
@@ -149,6 +149,15 @@
  *                     FA3 uses 32 MB, FA4 50: a longer list for the last
  *                     wave to balance). 32 timed neutral on the H200
  *                     (2026-11-26, within the rounds' spread).
+ *          Q_STAGES   persistent (else no effect): Q slots, one     1, 2
+ *                     work tile's rows each. 1: the next tile's Q loads
+ *                     after every consumer's last Q K^T of this one (a
+ *                     causal tile's consumers end at different key tiles;
+ *                     the first to finish waits for the last, then for
+ *                     the load: ncu 2026-11-27, 6.8% of the warp-stall
+ *                     samples of (4,16/4,2048,64) causal on that wait).
+ *                     2: it loads into the other slot as soon as the
+ *                     producer takes it, under this tile's last key tiles.
  *          DYNAMIC    persistent, causal (else no effect): CTAs take   1, 0
  *                     work tiles longest first (LPT_MIB's groups) from a
  *                     global counter as they finish (1), instead of
@@ -217,6 +226,7 @@ PACK_GQA = [0, 1]
 STREAM_K = [0, 1]
 LPT_MIB = [8, 32]
 DYNAMIC = [1, 0]
+Q_STAGES = [1, 2]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
@@ -240,12 +250,14 @@ STREAM_K = "CAUSAL or not PERSISTENT or sk_tail == 0 or sk_tail * cdiv(SK, BLOCK
 LPT_MIB = "not CAUSAL or (PERSISTENT and not DYNAMIC)"
 # Only persistent causal grids take tiles from the counter.
 DYNAMIC = "not CAUSAL or not PERSISTENT"
+# One work tile per CTA: there is no next tile's Q to load early.
+Q_STAGES = "not PERSISTENT"
 
 [[launch]]
 kernel = "fwd"
 grid = ["min(m_blocks * B * HQ // pack, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
-smem = "1024 + ELEM_BYTES * D * (block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
+smem = "1024 + ELEM_BYTES * D * (Q_STAGES * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
 [[tensor_map]]
 tensor = "q"
@@ -315,6 +327,12 @@ swizzle = 128
 #ifndef DYNAMIC
 #error "DYNAMIC must be defined"
 #endif
+#ifndef Q_STAGES
+#error "Q_STAGES must be defined"
+#endif
+#if Q_STAGES != 1 && Q_STAGES != 2
+#error "Q_STAGES must be 1 or 2 (Q slots of a work tile's rows)"
+#endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
 #endif
@@ -348,11 +366,20 @@ __device__ __forceinline__ int wt_pack(int g) {
 // Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
 #define WT_LPT_GROUP_BYTES ((long long)LPT_MIB << 20)
 
-// Shared-memory barriers (static): q_full, q_empty, then per stage k_full, v_full, k_empty, v_empty.
+// Shared-memory barriers (static): per Q slot q_full, q_empty, then per stage k_full, v_full,
+// k_empty, v_empty.
 struct WtBarriers {
-    unsigned long long q_full, q_empty;
+    unsigned long long q_full[Q_STAGES], q_empty[Q_STAGES];
     unsigned long long k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
-    int tile;  // DYNAMIC: the work tile whose Q q_full announces (-1: none left)
+    int tile[Q_STAGES];  // DYNAMIC: the work tile whose Q q_full announces (-1: none left)
+};
+
+// The CTA's i-th work tile uses Q slot i % Q_STAGES, whose barriers are in their
+// (i / Q_STAGES)-th phase.
+struct QSlot {
+    int slot;
+    unsigned phase;
+    __device__ __forceinline__ explicit QSlot(int i) : slot(i % Q_STAGES), phase((unsigned)(i / Q_STAGES) & 1u) {}
 };
 
 // Dynamic shared memory: offsets from the base rounded up to 1024 bytes (the
@@ -363,8 +390,9 @@ template <int D>
 struct WtSmem {
     static constexpr int Q_WG = 64 * D * 2;     // one consumer's 64 rows of Q
     static constexpr int KV = BLOCK_N * D * 2;  // one K or V tile
-    static constexpr int Q = 0;                 // CONSUMERS x Q_WG
-    static constexpr int K = Q + CONSUMERS * Q_WG;  // STAGES x KV
+    static constexpr int Q_SLOT = CONSUMERS * Q_WG;  // one work tile's Q
+    static constexpr int Q = 0;                      // Q_STAGES x Q_SLOT
+    static constexpr int K = Q + Q_STAGES * Q_SLOT;  // STAGES x KV
     static constexpr int V = K + STAGES * KV;       // STAGES x KV
     static constexpr int O = V + STAGES * KV;       // EPI_TMA: CONSUMERS x Q_WG
     static constexpr int END = O + EPI_TMA * CONSUMERS * Q_WG;
@@ -688,8 +716,11 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     };
 
     if (tid == 0) {
-        mbar_init(smem_addr(&bars.q_full), 1);
-        mbar_init(smem_addr(&bars.q_empty), 4 * CONSUMERS);
+#pragma unroll
+        for (int s = 0; s < Q_STAGES; ++s) {
+            mbar_init(smem_addr(&bars.q_full[s]), 1);
+            mbar_init(smem_addr(&bars.q_empty[s]), 4 * CONSUMERS);
+        }
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(smem_addr(&bars.k_full[s]), 1);
@@ -721,16 +752,19 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 const int m0 = m_block * TP;
                 const int b = w.bh / heads_t, ht = w.bh - b * heads_t;
                 const int kvh = P > 1 ? ht : optd_kv_head(ht, heads_q, heads_kv);
-                // Q: the previous work tile's consumers must be done with it.
-                const unsigned qf = smem_addr(&bars.q_full);
-                mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
-                if (dynamic) bars.tile = idx;  // published by the arrive below (release)
+                // Q: the consumers of the work tile that used this slot before must be
+                // done with it (Q_STAGES 2: the one before the previous, long done).
+                const QSlot qs(i);
+                const unsigned qf = smem_addr(&bars.q_full[qs.slot]);
+                const unsigned q_dst = s_q + qs.slot * L::Q_SLOT;
+                mbar_wait(smem_addr(&bars.q_empty[qs.slot]), qs.phase ^ 1);
+                if (dynamic) bars.tile[qs.slot] = idx;  // published by the arrive below (release)
                 mbar_arrive_expect_tx(qf, CONSUMERS * Q_WG_BYTES);
 #pragma unroll
                 for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R of each panel
                     for (int j = 0; j < P; ++j)
                         for (int pn = 0; pn < WT_PANEL_BOXES(D, P); ++pn)
-                            tma_load_5d(s_q + c * Q_WG_BYTES + pn * 64 * 128 + j * R * 128, tm_q, qf, 0, m0 + R * c, pn,
+                            tma_load_5d(q_dst + c * Q_WG_BYTES + pn * 64 * 128 + j * R * 128, tm_q, qf, 0, m0 + R * c, pn,
                                         ht * P + j, b);
                 // Key tiles [kt0, n_tiles): the whole tile's, or a stream-K piece's.
                 const bool piece = STREAM_K && w.piece >= 0;
@@ -753,15 +787,18 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 }
             };
             if (dynamic) {
-                // The next tile is taken once this one's last K/V load is issued: its Q
-                // waits for the consumers' last Q K^T of this one anyway.
+                // The next tile is taken once this one's last K/V load is issued (taken
+                // earlier, a CTA would hold it while others run out). Q_STAGES 1: its Q
+                // then waits for the consumers' last Q K^T of this one; 2: it loads at
+                // once, into the other slot, under this tile's last key tiles.
                 int idx = (int)blockIdx.x;
                 for (int i = 0;; ++i) {
                     if (idx >= sched.total()) {
                         // None left: the consumers read -1 and stop.
-                        mbar_wait(smem_addr(&bars.q_empty), (i & 1) ^ 1);
-                        bars.tile = -1;
-                        mbar_arrive(smem_addr(&bars.q_full));
+                        const QSlot qs(i);
+                        mbar_wait(smem_addr(&bars.q_empty[qs.slot]), qs.phase ^ 1);
+                        bars.tile[qs.slot] = -1;
+                        mbar_arrive(smem_addr(&bars.q_full[qs.slot]));
                         break;
                     }
                     load_tile(sched.lpt_tile(idx), i, idx);
@@ -804,12 +841,13 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // none when all its rows are past SQ. The rest it only waits for and releases.
             const int n_wg_all = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + R) + BLOCK_N - 1, 0) / BLOCK_N;
             const int n_wg = piece ? min(n_tiles, n_wg_all) : n_wg_all;
-            const unsigned q_tile = s_q + (split ? 0 : c) * Q_WG_BYTES;
+            const QSlot qs(i);
+            const unsigned q_tile = s_q + qs.slot * L::Q_SLOT + (split ? 0 : c) * Q_WG_BYTES;
             const float sl2 = softmax_scale * OPTD_LOG2E;
 
             Consumer<D> cs;
             cs.init();
-            mbar_wait(smem_addr(&bars.q_full), i & 1);
+            mbar_wait(smem_addr(&bars.q_full[qs.slot]), qs.phase);
 
             // Every wgmma is issued and waited for in one straight-line stretch:
             // ptxas serializes wgmma whose wait it cannot pair up across branches
@@ -858,7 +896,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // tile: after the merge, which uses the Q slots).
             auto q_done = [&]() {
                 __syncwarp();
-                if (lane == 0) mbar_arrive(smem_addr(&bars.q_empty));
+                if (lane == 0) mbar_arrive(smem_addr(&bars.q_empty[qs.slot]));
             };
             // `cur`: the first key tile not yet released; `next` its index.
             RingPos cur = ring;
@@ -961,7 +999,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // reused only after every consumer is done) and release them.
             for (; next < n_tiles; ++next) skip_tile(cur);
             if (split_tile) {
-                merge_split_tile<D>(cs, c, tid & 127, wt_smem + (base - smem_addr(wt_smem)) + L::Q, sl2);
+                merge_split_tile<D>(cs, c, tid & 127, wt_smem + (base - smem_addr(wt_smem)) + L::Q + qs.slot * L::Q_SLOT, sl2);
                 q_done();
             }
             ring = cur;
@@ -1041,10 +1079,12 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             WorkTile wt;
             if (dynamic) {
                 // The producer's choice, read once Q's barrier completes (its arrive
-                // released the write); the Q slots go back only after every consumer's
-                // last Q K^T, so the next choice cannot overwrite it before all have read it.
-                mbar_wait(smem_addr(&bars.q_full), n & 1);
-                const int idx = *reinterpret_cast<volatile int*>(&bars.tile);
+                // released the write); a Q slot goes back only after every consumer's
+                // last Q K^T of its tile, so a later choice for the same slot cannot
+                // overwrite it before all have read it (each slot has its own word).
+                const QSlot qs(n);
+                mbar_wait(smem_addr(&bars.q_full[qs.slot]), qs.phase);
+                const int idx = *reinterpret_cast<volatile int*>(&bars.tile[qs.slot]);
                 if (idx < 0) break;
                 wt = sched.lpt_tile(idx);
             } else {

@@ -421,7 +421,20 @@ TILES_PER_CTA_POINTS = [
      [gqa(b, 32, 8, 4096, 4096, 64, True) for b in (1, 2, 4)] + [gqa(b, 32, 32, 4096, 4096, 64, True) for b in (1, 2)])
     for c in (3, 2)
 ]
-POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
+# --time-best --points qstages: Q_STAGES 2 against 1 (the next work tile's Q loaded into a second
+# slot under this tile's last key tiles), persistent points: DYNAMIC causal at D 64 (3 consumers,
+# OVERLAP) and D 128 (2 consumers, OVERLAP), and the static non-causal D 64 point.
+_QS_D64C = [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True)] + \
+    mhas([(8, 16, 1024, 64, True), (4, 16, 4096, 64, True)])
+_QS_D128C = mhas([(2, 16, 8192, 128, True), (4, 32, 1024, 128, True), (4, 32, 2048, 128, True)]) + \
+    [gqa(1, 32, 8, 4096, 4096, 128, True)]
+_QS_D64 = mhas([(4, 16, 4096, 64, False), (8, 16, 1024, 64, False), (16, 16, 577, 64, False)])
+QSTAGES_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1, EPI_TMA=1, DYNAMIC=1,
+                          Q_STAGES=q), shapes)
+    for c, shapes in ((3, _QS_D64C), (2, _QS_D128C), (3, _QS_D64)) for q in (1, 2)
+]
+POINT_SETS = {"qstages": QSTAGES_POINTS, "best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}

@@ -445,4 +445,9 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     assert_eq!((c["DYNAMIC"], c["LPT_MIB"]), (0, 8));
     let c = t.canonical(&with(&t, &[("DYNAMIC", 0), ("PERSISTENT", 0)]), &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap();
     assert_eq!(c["DYNAMIC"], 1);
+    // Q_STAGES: a second Q slot matters only where a CTA runs several work tiles.
+    let two_q = with(&t, &[("Q_STAGES", 2), ("PERSISTENT", 1)]);
+    assert_eq!(t.canonical(&two_q, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap()["Q_STAGES"], 2);
+    let two_q_grid = with(&t, &[("Q_STAGES", 2), ("PERSISTENT", 0)]);
+    assert_eq!(t.canonical(&two_q_grid, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap()["Q_STAGES"], 1);
 }
