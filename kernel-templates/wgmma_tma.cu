@@ -63,13 +63,14 @@
  *
  * Shared memory (1024-byte aligned tiles, every tile a set of 128-byte-swizzled
  * panels of 64 columns, as the TMA writes them):
- *   Q     Q_STAGES x CONSUMERS x [D / 64][64 rows][128 B]
+ *   Q     Q slots x CONSUMERS x [D / 64][64 rows][128 B], Q slots =
+ *         Q_STAGES when PERSISTENT, else 1
  *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
  *   O     EPI_TMA x CONSUMERS x [D / 64][64 rows][128 B]
- *   dynamic bytes = 1024 (alignment) + 2 D (Q_STAGES 64 CONSUMERS
+ *   dynamic bytes = 1024 (alignment) + 2 D (Q slots x 64 CONSUMERS
  *                   + 2 STAGES BLOCK_N + EPI_TMA 64 CONSUMERS)
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
- *   mbarriers static (8 (2 Q_STAGES + 4 STAGES) bytes).
+ *   mbarriers static (8 (2 Q slots + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
  * Scratch: STREAM_K only (else n_splits 1, untouched): o_partial holds 2 pieces
  *          per CTA, (4 + D / 2) x 128 floats per consumer each (a thread's m, l
@@ -231,6 +232,8 @@ Q_STAGES = [1, 2]
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
 block_m = "64 * CONSUMERS"
+# Q slots: one work tile per CTA needs one whatever Q_STAGES says (so the knob is inert there).
+q_slots = "Q_STAGES if PERSISTENT else 1"
 m_blocks = "cdiv(SQ, block_m // pack)"
 # STREAM_K: scratch for 2 pieces per CTA, (4 + D / 2) x 128 floats per consumer each.
 sk_floats = "2 * SMS * CONSUMERS * 128 * (4 + D // 2)"
@@ -257,7 +260,7 @@ Q_STAGES = "not PERSISTENT"
 kernel = "fwd"
 grid = ["min(m_blocks * B * HQ // pack, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
-smem = "1024 + ELEM_BYTES * D * (Q_STAGES * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
+smem = "1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
 [[tensor_map]]
 tensor = "q"
@@ -333,6 +336,8 @@ swizzle = 128
 #if Q_STAGES != 1 && Q_STAGES != 2
 #error "Q_STAGES must be 1 or 2 (Q slots of a work tile's rows)"
 #endif
+// The Q slots allocated: one CTA per work tile never has a next tile's Q to load early.
+#define WT_Q_SLOTS (PERSISTENT ? Q_STAGES : 1)
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
 #endif
@@ -369,17 +374,17 @@ __device__ __forceinline__ int wt_pack(int g) {
 // Shared-memory barriers (static): per Q slot q_full, q_empty, then per stage k_full, v_full,
 // k_empty, v_empty.
 struct WtBarriers {
-    unsigned long long q_full[Q_STAGES], q_empty[Q_STAGES];
+    unsigned long long q_full[WT_Q_SLOTS], q_empty[WT_Q_SLOTS];
     unsigned long long k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
-    int tile[Q_STAGES];  // DYNAMIC: the work tile whose Q q_full announces (-1: none left)
+    int tile[WT_Q_SLOTS];  // DYNAMIC: the work tile whose Q q_full announces (-1: none left)
 };
 
-// The CTA's i-th work tile uses Q slot i % Q_STAGES, whose barriers are in their
-// (i / Q_STAGES)-th phase.
+// The CTA's i-th work tile uses Q slot i % WT_Q_SLOTS, whose barriers are in their
+// (i / WT_Q_SLOTS)-th phase.
 struct QSlot {
     int slot;
     unsigned phase;
-    __device__ __forceinline__ explicit QSlot(int i) : slot(i % Q_STAGES), phase((unsigned)(i / Q_STAGES) & 1u) {}
+    __device__ __forceinline__ explicit QSlot(int i) : slot(i % WT_Q_SLOTS), phase((unsigned)(i / WT_Q_SLOTS) & 1u) {}
 };
 
 // Dynamic shared memory: offsets from the base rounded up to 1024 bytes (the
@@ -391,8 +396,8 @@ struct WtSmem {
     static constexpr int Q_WG = 64 * D * 2;     // one consumer's 64 rows of Q
     static constexpr int KV = BLOCK_N * D * 2;  // one K or V tile
     static constexpr int Q_SLOT = CONSUMERS * Q_WG;  // one work tile's Q
-    static constexpr int Q = 0;                      // Q_STAGES x Q_SLOT
-    static constexpr int K = Q + Q_STAGES * Q_SLOT;  // STAGES x KV
+    static constexpr int Q = 0;                        // WT_Q_SLOTS x Q_SLOT
+    static constexpr int K = Q + WT_Q_SLOTS * Q_SLOT;  // STAGES x KV
     static constexpr int V = K + STAGES * KV;       // STAGES x KV
     static constexpr int O = V + STAGES * KV;       // EPI_TMA: CONSUMERS x Q_WG
     static constexpr int END = O + EPI_TMA * CONSUMERS * Q_WG;
@@ -717,7 +722,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
 
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < Q_STAGES; ++s) {
+        for (int s = 0; s < WT_Q_SLOTS; ++s) {
             mbar_init(smem_addr(&bars.q_full[s]), 1);
             mbar_init(smem_addr(&bars.q_empty[s]), 4 * CONSUMERS);
         }
