@@ -436,12 +436,18 @@ QSTAGES_POINTS = [
 ]
 # --time-best --points medium_causal: issue 19's medium shape at parity with cuDNN, (8,16,1024,64)
 # causal, over the knobs that shape the causal schedule (tile height, ping-pong, overlap, Q slots).
-MEDIUM_CAUSAL_POINTS = [
-    ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, PINGPONG=pp, OVERLAP=ov, Q_STAGES=q, BLOCK_N=128, STAGES=2, PERSISTENT=1,
-                          EPI_TMA=1, DYNAMIC=1), mhas([(8, 16, 1024, 64, True)]))
-    for c in (3, 2) for pp in (1, 0) for ov in (1, 0) for q in (1, 2)
-]
-POINT_SETS = {"medium_causal": MEDIUM_CAUSAL_POINTS, "qstages": QSTAGES_POINTS, "best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
+# --points gqa_causal: the same knobs on issue 17's D 64 GQA prefill shapes.
+def _causal_points(shapes):
+    return [
+        ("wgmma_tma.cu", dict(_WT, CONSUMERS=c, PINGPONG=pp, OVERLAP=ov, Q_STAGES=q, BLOCK_N=128, STAGES=2, PERSISTENT=1,
+                              EPI_TMA=1, DYNAMIC=1), shapes)
+        for c in (3, 2) for pp in (1, 0) for ov in (1, 0) for q in (1, 2)
+    ]
+
+
+MEDIUM_CAUSAL_POINTS = _causal_points(mhas([(8, 16, 1024, 64, True)]))
+GQA_CAUSAL_POINTS = _causal_points([gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True)])
+POINT_SETS = {"medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS, "qstages": QSTAGES_POINTS, "best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
