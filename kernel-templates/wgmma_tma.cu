@@ -7,7 +7,8 @@
  * One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows, b * HQ + h), with
  * CONSUMERS + 1 warpgroups of 128 threads:
  *   warpgroup 0 (producer) gives its registers away (setmaxnreg.dec), its
- *             warps 1-3 exit, and one thread of warp 0 issues every load: the CTA's Q tile once, then K and V
+ *             warps 1-3 exit, and one thread of warp 0 issues every load:
+ *             each work tile's Q (into Q slot i % Q_STAGES), then K and V
  *             of each key tile t into ring slot t % STAGES, each box a
  *             cp.async.bulk.tensor completing on that slot's full mbarrier
  *             (k_full / v_full), after waiting for the slot's empty mbarrier
