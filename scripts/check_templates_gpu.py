@@ -447,7 +447,15 @@ def _causal_points(shapes):
 
 MEDIUM_CAUSAL_POINTS = _causal_points(mhas([(8, 16, 1024, 64, True)]))
 GQA_CAUSAL_POINTS = _causal_points([gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True)])
-POINT_SETS = {"medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS, "qstages": QSTAGES_POINTS, "best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
+# --points causal_ring: with a second Q slot, the next tile's first K/V load is gated by the ring
+# instead: STAGES 3 and 192-key tiles on the same short causal shapes.
+CAUSAL_RING_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=3, PINGPONG=pp, OVERLAP=1, Q_STAGES=2, BLOCK_N=bn, STAGES=st, PERSISTENT=1,
+                          EPI_TMA=1, DYNAMIC=1),
+     [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True)] + mhas([(8, 16, 1024, 64, True)]))
+    for pp in (1, 0) for bn in (128, 192) for st in (2, 3)
+]
+POINT_SETS = {"medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS, "causal_ring": CAUSAL_RING_POINTS, "qstages": QSTAGES_POINTS, "best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
