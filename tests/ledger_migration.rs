@@ -12,7 +12,7 @@ mod common;
 use std::process::Command;
 
 use common::{kv_split_rules, Project, PLAN};
-use optimizerd::storage::ledger::{Event, Ledger};
+use optimizerd::storage::ledger::{Event, Ledger, LedgerError};
 use serde_json::json;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::ConnectOptions;
@@ -80,4 +80,40 @@ async fn a_ledger_of_the_previous_release_resumes_after_the_migration() {
     let Event::StageStart { start, .. } = kv_split[0] else { unreachable!() };
     assert_eq!(serde_json::to_value(start).unwrap(), json!({ "BLOCK_M": 32, "MAX_SPLITS": 1, "NUM_WARPS": 4 }));
     assert!(starts.iter().any(|e| matches!(e, Event::StageStart { stage, .. } if stage == "kv-split-deep")), "{events:#?}");
+}
+
+/// A daemon creating its ledger and a command opening the same file meanwhile (`status` in a
+/// loop, or a test waiting for the first iteration) both find migrations to apply: they must
+/// not apply the same one twice. CI once saw a coordinator exit with LEDGER 173 ms after its
+/// start while its test polled the ledger read-only (which upgrades an older file in place).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opening_a_ledger_while_it_is_created_applies_each_migration_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..40 {
+        let path = dir.path().join(format!("race{i}.db"));
+        let writers: Vec<_> = (0..3)
+            .map(|_| {
+                let p = path.clone();
+                tokio::spawn(async move { Ledger::open(&p).await.map(|_| ()) })
+            })
+            .collect();
+        // A reader polling until the file is a ledger, as `status` or a test would.
+        let reader = {
+            let p = path.clone();
+            tokio::spawn(async move {
+                for _ in 0..200 {
+                    match Ledger::open_read_only(&p).await {
+                        Ok(_) => return Ok(()),
+                        Err(LedgerError::NotFound { .. } | LedgerError::Empty { .. }) => tokio::task::yield_now().await,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            })
+        };
+        for w in writers {
+            w.await.unwrap().unwrap_or_else(|e| panic!("round {i}: a writer failed: {e}: {e:?}"));
+        }
+        reader.await.unwrap().unwrap_or_else(|e| panic!("round {i}: the reader failed: {e}"));
+    }
 }

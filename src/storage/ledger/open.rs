@@ -90,6 +90,27 @@ async fn connect_read_only(path: &Path) -> Result<(SqlitePool, Option<i64>)> {
     }
 }
 
+/// An exclusive lock on `<ledger>.migrate.lock` beside the file, held while a writer opens
+/// and migrates it (released when dropped). Its folder is the ledger's, which a writer can write (the WAL
+/// needs it too). The wait is on a blocking thread: another process's migrations take
+/// milliseconds, but the runtime's workers must not stall meanwhile.
+async fn migration_lock(path: &Path) -> Result<std::fs::File> {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".migrate.lock");
+    let lock_path = path.with_file_name(name);
+    let io_error = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+            LedgerError::ReadOnly { path: path.to_path_buf(), source: sqlx::Error::Io(e) }
+        }
+        _ => LedgerError::Open { path: path.to_path_buf(), source: sqlx::Error::Io(e) },
+    };
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io_error)?;
+    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+        .await
+        .map_err(|e| io_error(std::io::Error::other(e)))?
+        .map_err(io_error)
+}
+
 impl Ledger {
     /// Open (creating if needed) the ledger at `path` and apply pending migrations.
     pub async fn open(path: &Path) -> Result<Self> {
@@ -99,6 +120,13 @@ impl Ledger {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| LedgerError::Open { path: path.to_path_buf(), source: sqlx::Error::Io(e) })?;
         }
+        // One opener at a time per file, across processes, from creating it to its last
+        // migration: a daemon creating its ledger and a command upgrading it on open
+        // (`open_read_only`) would otherwise both apply the same migration, and the second
+        // fails ("table already exists"; seen on CI as a coordinator exiting LEDGER while its
+        // test polled the new file), and two first connections switching a new file to WAL
+        // at once get "database is locked" past the busy timeout.
+        let lock = migration_lock(path).await?;
         let opts = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -109,13 +137,14 @@ impl Ledger {
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.map_err(|e| open_error(path, e))?;
         let known = known_schema();
-        if let Some(have) = schema(&pool, path).await? {
-            if have > known {
-                pool.close().await;
-                return Err(LedgerError::Newer { path: path.to_path_buf(), have, know: known });
-            }
+        let have = schema(&pool, path).await?;
+        if let Some(have) = have.filter(|h| *h > known) {
+            pool.close().await;
+            return Err(LedgerError::Newer { path: path.to_path_buf(), have, know: known });
         }
-        MIGRATOR.run(&pool).await.map_err(|e| migrate_error(path, e))?;
+        let migrated = MIGRATOR.run(&pool).await.map_err(|e| migrate_error(path, e));
+        drop(lock);
+        migrated?;
         Ok(Ledger { pool, path: Arc::from(path) })
     }
 
