@@ -11,30 +11,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import check_templates_gpu as C  # noqa: E402
-from nvrtc_compile_check import combo_label, load_templates  # noqa: E402
+import decode_sweep as DS  # noqa: E402
+from nvrtc_compile_check import load_templates  # noqa: E402
 
 
 def main() -> int:
     name = sys.argv[1]
-    shapes_extra = C.CHECK_SHAPES + (C.EXTRA_CHECK_SHAPES if "--more" in sys.argv else [])
+    extra = C.CHECK_SHAPES + (C.EXTRA_CHECK_SHAPES if "--more" in sys.argv else [])
     gpu = C.Gpu()
     tpls = {t.rel: t for t in load_templates()}
-    n = bad = skipped = 0
+    records = []
     for rel, knobs, shapes in C.POINT_SETS[name]:
         tpl = tpls[rel]
-        full = dict(tpl.knob_combos()[0], **knobs)
-        for shape in list(shapes) + list(shapes_extra):
-            for dtype in ("fp16", "bf16"):
-                try:
-                    ok, msg = gpu.check(tpl, full, shape, dtype)
-                except C.DoesNotFit:
-                    skipped += 1
-                    continue
-                n += 1
-                if not ok:
-                    bad += 1
-                    print(f"FAIL {rel} {combo_label(knobs)} {C.shape_key(shape)} {dtype}: {msg}", flush=True)
-    print(f"{name}: {n} checks, {bad} failures, {skipped} skipped (over the device's shared memory)")
+        records += DS.check_points(gpu, tpl, [tpl.complete(knobs)], list(shapes) + list(extra))
+    bad = sum(not r["ok"] for r in records)
+    print(f"{name}: {len(records)} checks, {bad} failures (points over the device's shared memory skipped)")
     return 1 if bad else 0
 
 

@@ -455,7 +455,9 @@ CAUSAL_RING_POINTS = [
      [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True)] + mhas([(8, 16, 1024, 64, True)]))
     for pp in (1, 0) for bn in (128, 192) for st in (2, 3)
 ]
-POINT_SETS = {"medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS, "causal_ring": CAUSAL_RING_POINTS, "qstages": QSTAGES_POINTS, "best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
+POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
+              "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
+              "causal_ring": CAUSAL_RING_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
@@ -577,7 +579,7 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
     if max_sq is not None and shape.sq > max_sq:
         raise DoesNotFit(f"SQ = {shape.sq} is above the template's max_sq = {max_sq}")
     d = shape.d
-    ctx = dict(knobs, B=shape.b, HQ=shape.hq, HKV=shape.hkv, G=shape.group, SQ=shape.sq, SK=shape.sk, D=d,
+    ctx = dict(tpl.complete(knobs), B=shape.b, HQ=shape.hq, HKV=shape.hkv, G=shape.group, SQ=shape.sq, SK=shape.sk, D=d,
                CAUSAL=int(shape.causal), BSHD=int(shape.layout == "bshd"), ELEM_BYTES=ELEM_BYTES, **dev)
     for name, expr in tpl.spec["derived"].items():
         ctx[name] = EVAL(str(expr), ctx)
@@ -918,7 +920,7 @@ class Gpu:
         compiled here with cupy.RawModule (NVRTC). mbar_fault: the planted-fault build."""
         arch = self.arch(tpl)
         used = code_knobs(tpl)
-        knobs = {**{k: v[0] for k, v in tpl.spec.get("knobs", {}).items()}, **knobs}  # as render() fills them
+        knobs = tpl.complete(knobs)  # as render() builds it
         # The path, not rel: --time-against loads a second copy of the same template.
         key = (str(tpl.path), tuple((k, knobs[k]) for k in used), bf16, count, mbar_fault)
         if key not in self.modules:
@@ -1372,7 +1374,7 @@ def best_points(templates: list[Template], points: str = "best") -> list[tuple[T
         tpl = by_rel.get(rel)
         if tpl is None:
             raise SystemExit(f"--time-best: {rel} is not among the selected templates")
-        full = dict(tpl.knob_combos()[0], **knobs)
+        full = tpl.complete(knobs)
         if set(full) != set(tpl.spec["knobs"]) or any(v not in tpl.spec["knobs"][k] for k, v in full.items()):
             raise SystemExit(f"--time-best: {rel} {combo_label(knobs)} is not a point of its knob space")
         rows += [(tpl, full, shape) for shape in shapes]

@@ -97,6 +97,12 @@ class Template:
         order: map i is parameter ABI_PARAMS + i of every launch."""
         return self.spec.get("tensor_map", [])
 
+    def complete(self, knobs: dict[str, int]) -> dict[str, int]:
+        """`knobs` with every knob it leaves out at its first value, as a strategy stage's
+        `start` does: a point written before a knob existed (the scripts' fixed points)
+        still names a whole build."""
+        return {**knobs, **{k: vals[0] for k, vals in self.spec.get("knobs", {}).items() if k not in knobs}}
+
     def knob_combos(self) -> list[dict[str, int]]:
         """Every combination of knob values, in declared order (last knob fastest)."""
         knobs = self.spec.get("knobs", {})
@@ -219,10 +225,8 @@ def render(tpl: Template, knobs: dict[str, int], bf16: bool, root: Path | None =
     root = tpl.root if root is None else root
     if sum(1 for ln in tpl.text.splitlines() if ln.strip() == INCLUDE_LINE) != 1:
         raise ValueError(f"{tpl.rel}: expected exactly one line `{INCLUDE_LINE}`")
+    knobs = tpl.complete(knobs)
     header = "".join(f"#define {k} {v}\n" for k, v in knobs.items())
-    # A point written before a knob existed (the scripts' fixed points) takes the knob's
-    # first value, as a strategy stage's `start` does.
-    header += "".join(f"#define {k} {vals[0]}\n" for k, vals in tpl.spec.get("knobs", {}).items() if k not in knobs)
     header += f"#define OPTD_BF16 {1 if bf16 else 0}\n"
     header += smem_defines(tpl, knobs)
     return header + _inline_includes(tpl.text, root, 0)
