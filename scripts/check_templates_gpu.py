@@ -455,9 +455,31 @@ CAUSAL_RING_POINTS = [
      [gqa(4, 16, 4, 2048, 2048, 64, True), gqa(1, 32, 8, 4096, 4096, 64, True)] + mhas([(8, 16, 1024, 64, True)]))
     for pp in (1, 0) for bn in (128, 192) for st in (2, 3)
 ]
+# --points chunked: issue 17's chunked prefill (sq 512 against sk 4096, 32/8 heads, D 128, causal), at
+# 0.95-0.97x FA4 on 2026-11-27: 128 work tiles of 29-32 key tiles each, one per CTA, so persistence
+# and Q slots do nothing; the knobs that change a single tile's time: packing the G query heads of a
+# K/V head, ping-pong, overlap, the epilogue, 176-key tiles (with O stored without shared memory, as
+# 176 keys and the TMA-store buffer exceed 227 KiB), and one CTA per tile.
+_CHUNKED = [gqa(1, 32, 8, 512, 4096, 128, True)]
+_CH = dict(_WT, CONSUMERS=2, BLOCK_N=128, STAGES=2, PERSISTENT=1, DYNAMIC=1, Q_STAGES=1)
+CHUNKED_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=pk, PINGPONG=pp, OVERLAP=ov, EPI_TMA=ep), _CHUNKED)
+    for pk in (0, 1) for pp in (1, 0) for ov in (1, 0) for ep in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_CH, BLOCK_N=176, EPI_TMA=0, PACK_GQA=0, PINGPONG=pp, OVERLAP=1), _CHUNKED) for pp in (1, 0)
+] + [("wgmma_tma.cu", dict(_CH, PERSISTENT=0, DYNAMIC=0, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1), _CHUNKED)]
+# --points chunked_code: the same shape, the code our kernel carries that the shape never runs
+# (ncu, 2026-11-27: 5960 SASS instructions against FA4's 2328, 5.8% of warp stalls on no
+# instruction against 0.8%): the tail split's path (TAIL_SPLIT; S 512 has no ragged tail), the
+# dynamic counter (DYNAMIC) and the persistent loop (PERSISTENT), on and off.
+CHUNKED_CODE_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, TAIL_SPLIT=ts, DYNAMIC=dy), _CHUNKED)
+    for ts in (1, 0) for dy in (1, 0)
+] + [("wgmma_tma.cu", dict(_CH, PERSISTENT=0, DYNAMIC=0, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, TAIL_SPLIT=0),
+      _CHUNKED)]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
-              "causal_ring": CAUSAL_RING_POINTS,
+              "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
