@@ -102,7 +102,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               off, --points gqa PACK_GQA on and off, --points streamk
               STREAM_K on and off, --points lpt LPT_MIB 32 and 8, --points
               dynamic DYNAMIC on and off, --points tiles_per_cta GQA and MHA
-              D 64 causal at B 1, 2, 4. Where
+              D 64 causal at B 1, 2, 4, --points chunked the single-tile knobs
+              on issue 17's chunked prefill, --points chunked_code the code it
+              carries and never runs (TAIL_SPLIT, DYNAMIC, PERSISTENT). Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
