@@ -104,7 +104,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               dynamic DYNAMIC on and off, --points tiles_per_cta GQA and MHA
               D 64 causal at B 1, 2, 4, --points chunked the single-tile knobs
               on issue 17's chunked prefill, --points chunked_code the code it
-              carries and never runs (TAIL_SPLIT, DYNAMIC, PERSISTENT). Where
+              carries and never runs (TAIL_SPLIT, DYNAMIC, PERSISTENT),
+              --points chunked_sweep its point and FA4 over sk 512-16384,
+              --points chunked_loop LAZY_RESCALE and PINGPONG at sk 16384. Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -479,9 +481,30 @@ CHUNKED_CODE_POINTS = [
     for ts in (1, 0) for dy in (1, 0)
 ] + [("wgmma_tma.cu", dict(_CH, PERSISTENT=0, DYNAMIC=0, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, TAIL_SPLIT=0),
       _CHUNKED)]
+# --points chunked_sweep: the LLM run's chunked-prefill point and FA4 over sk 512-16384 at sq 512:
+# time against key tiles per CTA separates a fixed per-tile cost from a per-key-tile one.
+CHUNKED_SWEEP_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1),
+     [gqa(1, 32, 8, 512, sk, 128, True) for sk in (512, 1024, 2048, 4096, 8192, 16384)])
+]
+# --points chunked_loop: the steady-state key-tile loop alone (sq 512 against sk 16384: 128 key tiles
+# per CTA), lazy rescaling and ping-pong on and off.
+CHUNKED_LOOP_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=pp, OVERLAP=1, EPI_TMA=1, LAZY_RESCALE=lz),
+     [gqa(1, 32, 8, 512, 16384, 128, True)])
+    for lz in (1, 0) for pp in (1, 0)
+] + [
+    # 3 consumers (192-row tiles: 96 CTAs here), without and with OVERLAP, as the large D 128 shapes run
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=ov, EPI_TMA=1),
+     [gqa(1, 32, 8, 512, 16384, 128, True)]) for ov in (0, 1)
+] + [
+    # D 64 at the daemon's D 64 point (3 consumers, OVERLAP; FA4 runs 192 x 128 tiles there too)
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1),
+     [gqa(1, 32, 8, 576, 16384, 64, True)])
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
-              "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
+              "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS, "chunked_sweep": CHUNKED_SWEEP_POINTS, "chunked_loop": CHUNKED_LOOP_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
