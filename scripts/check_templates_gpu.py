@@ -106,7 +106,10 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               on issue 17's chunked prefill, --points chunked_code the code it
               carries and never runs (TAIL_SPLIT, DYNAMIC, PERSISTENT),
               --points chunked_sweep its point and FA4 over sk 512-16384,
-              --points chunked_loop LAZY_RESCALE and PINGPONG at sk 16384. Where
+              --points chunked_loop LAZY_RESCALE and PINGPONG at sk 16384,
+              --points loop_ab the OVERLAP loops and two large shapes (for
+              --time-against), --points loop_ab2 the same on the LLM run's
+              D 128 prefill shapes. Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -502,9 +505,29 @@ CHUNKED_LOOP_POINTS = [
     ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1),
      [gqa(1, 32, 8, 576, 16384, 64, True)])
 ]
+# --points loop_ab: the OVERLAP loops in the long-loop bench (sq 512 / 576 against sk 16384, one tile
+# per CTA) and two large shapes at the daemon's points, for --time-against A/B of a loop change.
+LOOP_AB_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1), [gqa(1, 32, 8, 512, 16384, 128, True)]),
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1),
+     [gqa(1, 32, 8, 576, 16384, 64, True)]),
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, DYNAMIC=0),
+     mhas([(4, 16, 4096, 64, False)])),
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=0, EPI_TMA=1, DYNAMIC=0),
+     mhas([(2, 16, 8192, 128, False)])),
+]
+# --points loop_ab2: the same A/B on the LLM run's D 128 prefill shapes at its winners' points.
+LOOP_AB2_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1),
+     [gqa(1, 32, 8, 512, 4096, 128, True), gqa(1, 32, 8, 512, 16384, 128, True)]),
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, Q_STAGES=2),
+     [gqa(4, 32, 8, 1024, 1024, 128, True)]),
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=0, EPI_TMA=1),
+     [gqa(1, 32, 8, 4096, 4096, 128, True)]),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
-              "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS, "chunked_sweep": CHUNKED_SWEEP_POINTS, "chunked_loop": CHUNKED_LOOP_POINTS,
+              "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS, "chunked_sweep": CHUNKED_SWEEP_POINTS, "chunked_loop": CHUNKED_LOOP_POINTS, "loop_ab": LOOP_AB_POINTS, "loop_ab2": LOOP_AB2_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
