@@ -1476,12 +1476,34 @@ def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
     return statistics.median(times)
 
 
+@dataclass
+class PairedRatio:
+    median: float  # median over rounds of new / old
+    p25: float
+    p75: float
+    won: int       # rounds where new was faster
+    rounds: int
+
+
+def paired_ratio(new: list[float], old: list[float]) -> PairedRatio:
+    """Each round's new / old, summarised. The two are timed back to back within a round, so a
+    clock change between rounds (boost, power, temperature: rounds spread 5-20% on the H100's
+    long loops, docs/HOPPER.md) scales both and cancels in the round's ratio; the ratio of the
+    two medians over rounds does not cancel it."""
+    if len(new) != len(old) or not new:
+        raise ValueError(f"paired_ratio: {len(new)} new and {len(old)} old rounds")
+    r = sorted(n / o for n, o in zip(new, old))
+    q = statistics.quantiles(r, n=4, method="inclusive") if len(r) > 1 else [r[0]] * 3
+    return PairedRatio(statistics.median(r), q[0], q[2], sum(n < o for n, o in zip(new, old)), len(r))
+
+
 def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | None, rounds: int,
               points: str = "best") -> list[str]:
     """Times POINT_SETS[points] (fp16), SDPA default and, where it imports, FA4 on the same
     shapes, `rounds` rounds; with `against` (the same templates from another folder, e.g. an
     earlier commit) each point is also timed in that version, the two alternating first within
-    a round, so both are measured at the same clocks. A graph holds enough launches for about
+    a round, so both are measured at the same clocks (the table adds `paired`, the median of the
+    rounds' own new/old, its quartiles and the rounds new won: paired_ratio). A graph holds enough launches for about
     2 ms (at least 3, at most 50); each measurement is the median of 20 replays; a row gives the
     median over rounds and the rounds' spread (max / min - 1). A point over the device's shared
     memory is listed as not fitting. Where a shape has several points, a summary gives the
@@ -1497,11 +1519,12 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
         lines.append(f"new = {templates[0].root}, old = {against[0].root}")
     head = f"{'shape':22} {'template':12} {'new us':>9} {'spread':>6}"
     if against:
-        head += f" {'old us':>9} {'spread':>6} {'new/old':>7}"
+        head += f" {'old us':>9} {'spread':>6} {'new/old':>7} {'paired':>7} {'p25..p75':>13} {'won':>5}"
     head += f" {'sdpa us':>9} {'fa4 us':>9} {'TFLOPS':>7}  knobs"
     lines.insert(1, f"sdpa = SDPA default, fa4 = {fa4_note}")
     lines.append(head)
     ratios = []
+    paired_medians = []
     per_shape: dict[str, dict[str, float]] = {}
     for tpl, knobs, shape in rows:
         q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
@@ -1528,7 +1551,10 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
         line = f"{shape_key(shape):22} {Path(tpl.rel).stem:12} {med['new']:9.2f} {spread['new']:6.1%}"
         if against:
             ratios.append(med["new"] / med["old"])
-            line += f" {med['old']:9.2f} {spread['old']:6.1%} {ratios[-1]:7.3f}"
+            pr = paired_ratio(times["new"], times["old"])
+            paired_medians.append(pr.median)
+            line += (f" {med['old']:9.2f} {spread['old']:6.1%} {ratios[-1]:7.3f} {pr.median:7.3f}"
+                     f" {pr.p25:6.3f}..{pr.p75:5.3f} {pr.won:>2}/{pr.rounds:<2}")
         fa4_us = med.get("fa4", float("nan"))
         line += f" {med['sdpa']:9.2f} {fa4_us:9.2f} {attn_flops(shape) / med['new'] / 1e6:7.1f}  {combo_label(knobs)}"
         lines.append(line)
@@ -1542,6 +1568,10 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
     if ratios:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         lines.append(f"new/old: geometric mean {geo:.3f}, range {min(ratios):.3f} .. {max(ratios):.3f}")
+        pgeo = math.exp(sum(math.log(x) for x in paired_medians) / len(paired_medians))
+        lines.append(f"paired: geometric mean {pgeo:.3f} of the per-point medians of each round's new/old "
+                     f"(both timed back to back in a round, so clock changes between rounds cancel); "
+                     f"p25..p75 their quartiles, won: rounds where new was faster")
     if any(len(e["sdpa"]) > 1 for e in per_shape.values()):
         # Several points per shape: the fastest against SDPA and FA4 (their medians over the rows).
         lines.append("")
