@@ -20,6 +20,15 @@ and ptxas's registers and spills beside them.
         --knobs BLOCK_N=128,STAGES=2,CONSUMERS=3,PINGPONG=1,OVERLAP=1,PERSISTENT=1,LAZY_RESCALE=1,TAIL_SPLIT=1 \\
         --d 64 [--against .dev/old/kernel-templates] [--json]
 
+    python3 scripts/sass_loop_stats.py --cubin fa4.cubin [--kernel REGEX] \
+        [--template wgmma_tma.cu --knobs ... --d 128]
+
+--cubin FILE reads a kernel compiled elsewhere, e.g. FlashAttention-4's, kept by the CuTe DSL on
+the GPU machine (CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR=DIR while scripts/profile_one.py runs fa4):
+the functions of FILE with a hot loop (--kernel: those whose name matches REGEX), and, with
+--template, our point's beside it, kernel for kernel in order (registers and spills are known only
+for ours: they come from ptxas's log).
+
 Knobs not given take the template's first value. --against DIR renders the same point from
 another kernel-templates folder (e.g. `git archive HEAD kernel-templates | tar -x -C
 .dev/old`) and prints both side by side with the difference.
@@ -260,6 +269,38 @@ def parse_knobs(tpl: ncc.Template, given: str | None) -> dict[str, int]:
     return knobs
 
 
+def disassemble(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([nvdisasm_path(), "-c", f.name], check=True, capture_output=True, text=True).stdout
+
+
+def analyse_cubin(path: Path, kernel_re: str | None) -> dict:
+    """The hot loops of the functions in a cubin compiled elsewhere (--cubin): every function
+    with a hot loop, or those whose name matches kernel_re."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SassError(f"sass_loop_stats: --cubin {path}: {e.strerror}") from None
+    try:
+        funcs = parse_sass(disassemble(data))
+    except subprocess.CalledProcessError as e:
+        raise SassError(f"sass_loop_stats: nvdisasm cannot read {path} (is it a cubin?): {e.stderr.strip()}") from None
+    pick = re.compile(kernel_re) if kernel_re else None
+    out = {"template": path.name, "root": str(path), "knobs": {}, "arch": "?", "d": "?", "dtype": "?", "kernels": {}}
+    for name, (insns, labels) in funcs.items():
+        if pick and not pick.search(name):
+            continue
+        loops = [lp.as_dict() for lp in hot_loops(insns, labels)]
+        if loops or pick:
+            out["kernels"][name] = {"resources": {}, "instructions": len(insns), "hot_loops": loops}
+    if not out["kernels"]:
+        raise SassError(f"sass_loop_stats: {path} holds no function {'matching ' + repr(kernel_re) if pick else 'with a hot loop'}"
+                        f" (functions: {', '.join(funcs) or 'none'})")
+    return out
+
+
 def analyse(root: Path, rel: str, knobs_arg: str | None, d: int, bf16: bool, nvrtc: ncc.Nvrtc) -> dict:
     tpls = {t.rel: t for t in ncc.load_templates(root)}
     names = {t.name: t for t in tpls.values()}
@@ -274,11 +315,7 @@ def analyse(root: Path, rel: str, knobs_arg: str | None, d: int, bf16: bool, nvr
         "--ptxas-options=-v"])
     if not ok:
         raise SassError(f"sass_loop_stats: {tpl.rel} ({ncc.combo_label(knobs)}) does not compile:\n{log}")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([nvdisasm_path(), "-c", f.name], check=True, capture_output=True, text=True).stdout
-    funcs = parse_sass(sass)
+    funcs = parse_sass(disassemble(cubin))
     kernels = [k for k in funcs if k.endswith(f"_d{d}")]
     res = ncc.parse_resources(log)
     out = {"template": tpl.rel, "root": str(root), "knobs": knobs, "arch": arch, "d": d,
@@ -295,21 +332,27 @@ def analyse(root: Path, rel: str, knobs_arg: str | None, d: int, bf16: bool, nvr
 
 def print_table(runs: list[dict]) -> None:
     for r in runs:
-        print(f"# {r['root']}: {r['template']} d{r['d']} {r['dtype']} {r['arch']} {ncc.combo_label(r['knobs'])}")
+        if r["knobs"]:
+            print(f"# {r['root']}: {r['template']} d{r['d']} {r['dtype']} {r['arch']} {ncc.combo_label(r['knobs'])}")
+        else:
+            print(f"# {r['root']}: a cubin compiled elsewhere")
     base = runs[0]
-    for k in base["kernels"]:
-        others = [r["kernels"].get(k) for r in runs]
-        print(f"\n{k}")
+    for i, k in enumerate(base["kernels"]):
+        # Kernels pair by name, else by position (--cubin: another kernel's names).
+        others = [r["kernels"].get(k) or (list(r["kernels"].values())[i] if i < len(r["kernels"]) else None)
+                  for r in runs]
+        names = [k] + [next((n for n, v in r["kernels"].items() if v is kk), "-") for r, kk in zip(runs[1:], others[1:])]
+        print("\n" + " | ".join(dict.fromkeys(names)))
         for r, kk in zip(runs, others):
             res = kk["resources"] if kk else {}
             print(f"  {r['root']}: {res.get('regs', '?')} registers, "
                   f"{res.get('spill_st', '?')} B spill stores, {kk['instructions'] if kk else '?'} instructions")
         n = max(len(kk["hot_loops"]) if kk else 0 for kk in others)
-        for i in range(n):
-            loops = [kk["hot_loops"][i] if kk and i < len(kk["hot_loops"]) else None for kk in others]
+        for li in range(n):
+            loops = [kk["hot_loops"][li] if kk and li < len(kk["hot_loops"]) else None for kk in others]
             keys = ["total"] + sorted({c for lp in loops if lp for c in lp
                                        if c not in ("start", "end", "total", "nested_loops", "ex2_under_pv")})
-            head = "  loop %d (%s)" % (i, ", ".join(
+            head = "  loop %d (%s)" % (li, ", ".join(
                 f"{lp['start']}-{lp['end']}, nested loops of {lp['nested_loops']} instructions apart" if lp else "-"
                 for lp in loops))
             print(head)
@@ -327,7 +370,9 @@ def print_table(runs: list[dict]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--template", required=True, help="template file (e.g. wgmma_tma.cu) or spec name")
+    ap.add_argument("--template", help="template file (e.g. wgmma_tma.cu) or spec name (with --cubin: optional)")
+    ap.add_argument("--cubin", metavar="FILE", help="a cubin compiled elsewhere (e.g. FA4's): its hot loops, beside --template's")
+    ap.add_argument("--kernel", metavar="REGEX", help="with --cubin: only functions whose name matches")
     ap.add_argument("--knobs", help="KNOB=value,... (others: the template's first value)")
     ap.add_argument("--d", type=int, default=128, choices=ncc.HEAD_DIMS, help="head dim (default 128)")
     ap.add_argument("--bf16", action="store_true", help="bf16 instead of fp16")
@@ -335,10 +380,16 @@ def main() -> int:
     ap.add_argument("--against", metavar="DIR", help="a second kernel-templates folder: print both and the difference")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args()
-    nvrtc = ncc.Nvrtc(ncc.default_nvrtc_lib())
+    if not args.template and not args.cubin:
+        ap.error("give --template (a point of ours), --cubin (a kernel compiled elsewhere), or both")
     roots = [Path(args.root)] + ([Path(args.against)] if args.against else [])
     try:
-        runs = [analyse(r, args.template, args.knobs, args.d, args.bf16, nvrtc) for r in roots]
+        runs = []
+        if args.template:
+            nvrtc = ncc.Nvrtc(ncc.default_nvrtc_lib())
+            runs = [analyse(r, args.template, args.knobs, args.d, args.bf16, nvrtc) for r in roots]
+        if args.cubin:
+            runs.append(analyse_cubin(Path(args.cubin), args.kernel))
     except SassError as e:
         print(e, file=sys.stderr)
         return 1
