@@ -527,7 +527,9 @@ LOOP_AB2_POINTS = [
 ]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
-              "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS, "chunked_sweep": CHUNKED_SWEEP_POINTS, "chunked_loop": CHUNKED_LOOP_POINTS, "loop_ab": LOOP_AB_POINTS, "loop_ab2": LOOP_AB2_POINTS,
+              "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
+              "chunked_sweep": CHUNKED_SWEEP_POINTS, "chunked_loop": CHUNKED_LOOP_POINTS, "loop_ab": LOOP_AB_POINTS,
+              "loop_ab2": LOOP_AB2_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS}
@@ -1488,8 +1490,8 @@ class PairedRatio:
 def paired_ratio(new: list[float], old: list[float]) -> PairedRatio:
     """Each round's new / old, summarised. The two are timed back to back within a round, so a
     clock change between rounds (boost, power, temperature: rounds spread 5-20% on the H100's
-    long loops, docs/HOPPER.md) scales both and cancels in the round's ratio; the ratio of the
-    two medians over rounds does not cancel it."""
+    long loops, docs/HOPPER.md) scales both and cancels in the round's ratio, while the two
+    medians over rounds may come from different rounds, at different clocks."""
     if len(new) != len(old) or not new:
         raise ValueError(f"paired_ratio: {len(new)} new and {len(old)} old rounds")
     r = sorted(n / o for n, o in zip(new, old))
@@ -1503,8 +1505,9 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
     shapes, `rounds` rounds; with `against` (the same templates from another folder, e.g. an
     earlier commit) each point is also timed in that version, the two alternating first within
     a round, so both are measured at the same clocks (the table adds `paired`, the median of the
-    rounds' own new/old, its quartiles and the rounds new won: paired_ratio). A graph holds enough launches for about
-    2 ms (at least 3, at most 50); each measurement is the median of 20 replays; a row gives the
+    rounds' own new/old, its quartiles and the rounds new won: paired_ratio). A graph holds
+    enough launches for about 2 ms (at least 3, at most 50); each measurement is the median of
+    20 replays; a row gives the
     median over rounds and the rounds' spread (max / min - 1). A point over the device's shared
     memory is listed as not fitting. Where a shape has several points, a summary gives the
     fastest against SDPA, FA4 and the faster of the two. Returns the table's lines."""
