@@ -20,7 +20,7 @@ and ptxas's registers and spills beside them.
         --knobs BLOCK_N=128,STAGES=2,CONSUMERS=3,PINGPONG=1,OVERLAP=1,PERSISTENT=1,LAZY_RESCALE=1,TAIL_SPLIT=1 \\
         --d 64 [--against .dev/old/kernel-templates] [--json]
 
-    python3 scripts/sass_loop_stats.py --cubin fa4.cubin [--kernel REGEX] \
+    python3 scripts/sass_loop_stats.py --cubin fa4.cubin [--kernel REGEX] \\
         [--template wgmma_tma.cu --knobs ... --d 128]
 
 --cubin FILE reads a kernel compiled elsewhere, e.g. FlashAttention-4's, kept by the CuTe DSL on
