@@ -53,10 +53,11 @@
  *             the softmax of tile t runs while the tensor cores do the PV of
  *             tile t - 1 (P_{t-1} must stay untouched in its registers until
  *             that wgmma completes: tile t's probabilities wait in the fp32 S
- *             registers, packed only after wgmma.wait_group 0). That wait
- *             sits in both arms of the O-rescale branch: written straight after
- *             the softmax, ptxas lifted it above the exponentials and the softmax
- *             ran after the P V (docs/HOPPER.md, "The softmax under the P V";
+ *             registers, packed only after wgmma.wait_group 0). PV_WAIT (below)
+ *             says where that wait sits: right after the row max, as FA4 does (1),
+ *             or after the whole softmax (0), in both arms of the O-rescale branch:
+ *             written straight after the softmax, ptxas lifted it above the
+ *             exponentials (docs/HOPPER.md, "The softmax under the P V";
  *             python/kernel_tests/test_sass_overlap.py reads the SASS).
  *   PINGPONG = 1: the consumer warpgroups take turns issuing their GEMMs
  *             (named barriers 1..CONSUMERS, round robin), so one warpgroup's
@@ -174,6 +175,17 @@
  *                     12 causal (shape, point) pairs, 4-14% (GQA D 64
  *                     (4,16/4,2048,64) 97.6 -> 88.7 us), and than one CTA
  *                     per tile on all 12 (docs/HOPPER.md).
+ *          PV_WAIT    OVERLAP (else no effect): where a key tile's    1, 0
+ *                     loop waits for the previous tile's P V. 1: after
+ *                     the row max (FA4's order, read in its SASS): O
+ *                     rescaled always, the multiplies and the packing of
+ *                     P interleaved with the exponentials. 0: after the
+ *                     whole softmax (every exponential under the P V),
+ *                     then the lazy O rescale and the packing in a tail
+ *                     of their own. H100, 15 paired rounds (2026-11-27,
+ *                     docs/HOPPER.md "PV_WAIT"): 1 is 1-5% faster at
+ *                     every D 64 point but one (parity), within noise
+ *                     at D 128.
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
@@ -229,6 +241,7 @@ STREAM_K = [0, 1]
 LPT_MIB = [8, 32]
 DYNAMIC = [1, 0]
 Q_STAGES = [1, 2]
+PV_WAIT = [1, 0]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
@@ -256,6 +269,8 @@ LPT_MIB = "not CAUSAL or (PERSISTENT and not DYNAMIC)"
 DYNAMIC = "not CAUSAL or not PERSISTENT"
 # One work tile per CTA: there is no next tile's Q to load early.
 Q_STAGES = "not PERSISTENT"
+# Where the OVERLAP loop waits for the previous tile's P V: no such wait without OVERLAP.
+PV_WAIT = "not OVERLAP"
 
 [[launch]]
 kernel = "fwd"
@@ -333,6 +348,12 @@ swizzle = 128
 #endif
 #ifndef Q_STAGES
 #error "Q_STAGES must be defined"
+#endif
+#ifndef PV_WAIT
+#error "PV_WAIT must be defined"
+#endif
+#if PV_WAIT != 0 && PV_WAIT != 1
+#error "PV_WAIT must be 0 or 1"
 #endif
 #if Q_STAGES != 1 && Q_STAGES != 2
 #error "Q_STAGES must be 1 or 2 (Q slots of a work tile's rows)"
@@ -477,14 +498,33 @@ struct Consumer {
     // PACK_GQA with 8 positions per head: 0, the rows are two heads at one position).
     __device__ __forceinline__ void softmax(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2],
                                             bool masked = true, int row_step = 8) {
-        if (masked && mask.partial(kv0, BLOCK_N, row_g))
-            m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3), row_step);
-        float mx[2], bias[2];
-        m16n8_row_max<1, NT>(s_at(), sm.m, mx);
-        const bool moved = sm.rescale(mx, sl2, bias, corr);
+        float bias[2];
+        const bool moved = row_max(kv0, row_g, mask, sl2, corr, bias, masked, row_step);
         // Warp-uniform: the O rescale is skipped when no row of the warp moved.
         rescale = __any_sync(0xffffffffu, moved);
         m16n8_exp2<1, NT>(s_at(), sm, sl2, bias);
+    }
+
+    // The softmax up to the exponentials: mask, row max, O's correction factors and the
+    // exponent bias (corr is 1 for a row whose max did not move); whether a row moved.
+    __device__ __forceinline__ bool row_max(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2],
+                                            float (&bias)[2], bool masked, int row_step) {
+        if (masked && mask.partial(kv0, BLOCK_N, row_g))
+            m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3), row_step);
+        float mx[2];
+        m16n8_row_max<1, NT>(s_at(), sm.m, mx);
+        return sm.rescale(mx, sl2, bias, corr);
+    }
+
+    // PV_WAIT 1 (FA4's order), after row_max and the wait for the previous tile's P V: O
+    // rescaled always (the multiplies fill issue slots the exponentials leave free, where
+    // LAZY_RESCALE's branch would put them in a tail of their own; a row whose max did not
+    // move has corr 1), then the exponentials and the packing of P, one straight-line
+    // block that ptxas interleaves.
+    __device__ __forceinline__ void finish_after_pv(const float (&corr)[2], const float (&bias)[2], float sl2) {
+        m16n8_scale_rows<1, D / 8>(o_at(), corr);
+        m16n8_exp2<1, NT>(s_at(), sm, sl2, bias);
+        pack();
     }
 
     __device__ __forceinline__ void rescale_and_pack(const float (&corr)[2]) {
@@ -933,11 +973,21 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     reg_fence(cs.s);
                     release(bars.k_empty, kp);
                     kp.next();
-                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
-                    cs.wait_pv_and_rescale(corr);
-                    release(bars.v_empty, cur);
-                    cur.next();
-                    cs.pack();
+                    if constexpr (PV_WAIT) {
+                        float bias[2];
+                        cs.row_max(t * BLOCK_N, row_g, mask, sl2, corr, bias, masked, row_step);
+                        wgmma_wait<0>();
+                        reg_fence(cs.o);
+                        release(bars.v_empty, cur);
+                        cur.next();
+                        cs.finish_after_pv(corr, bias, sl2);
+                    } else {
+                        cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
+                        cs.wait_pv_and_rescale(corr);
+                        release(bars.v_empty, cur);
+                        cur.next();
+                        cs.pack();
+                    }
                 };
                 // The loop peeled: tiles no row of this warpgroup masks (every key < SK,
                 // and causal: at or below the diagonal of its first row, row0) run in a

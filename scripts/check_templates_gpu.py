@@ -109,7 +109,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               --points chunked_loop LAZY_RESCALE and PINGPONG at sk 16384,
               --points loop_ab the OVERLAP loops and two large shapes (for
               --time-against), --points loop_ab2 the same on the LLM run's
-              D 128 prefill shapes. Where
+              D 128 prefill shapes, --points pv_wait the OVERLAP points of
+              the benchmark shapes (for --time-against a copy whose PV_WAIT
+              list starts with 0). Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -525,6 +527,21 @@ LOOP_AB2_POINTS = [
     ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=0, EPI_TMA=1),
      [gqa(1, 32, 8, 4096, 4096, 128, True)]),
 ]
+# --points pv_wait: the OVERLAP points of the daemon's large, medium, LLM and chunked shapes, for
+# PV_WAIT's A/B: --time-against a copy of kernel-templates/ whose PV_WAIT list starts with the other
+# value (points here leave PV_WAIT to each copy's first value), so each round times 1 and 0 back to back.
+_PV = dict(_WT, BLOCK_N=128, PERSISTENT=1, OVERLAP=1, PINGPONG=1, EPI_TMA=1, PACK_GQA=0, DYNAMIC=1)
+PV_WAIT_POINTS = [
+    ("wgmma_tma.cu", dict(_PV, CONSUMERS=3, STAGES=2, Q_STAGES=2),
+     mhas([(4, 16, 4096, 64, True), (4, 16, 4096, 64, False), (16, 16, 577, 64, False)])),
+    ("wgmma_tma.cu", dict(_PV, CONSUMERS=3, STAGES=3, Q_STAGES=2),
+     [gqa(4, 16, 4, 2048, 2048, 64, True)] + mhas([(8, 16, 1024, 64, True)])),
+    ("wgmma_tma.cu", dict(_PV, CONSUMERS=2, STAGES=2, Q_STAGES=1),
+     mhas([(2, 16, 8192, 128, True)]) + [gqa(1, 32, 8, 512, 4096, 128, True), gqa(1, 32, 8, 512, 16384, 128, True)]),
+    ("wgmma_tma.cu", dict(_PV, CONSUMERS=2, STAGES=2, Q_STAGES=2),
+     mhas([(4, 32, 1024, 128, True)]) + [gqa(4, 32, 8, 1024, 1024, 128, True)]),
+    ("wgmma_tma.cu", dict(_PV, CONSUMERS=3, STAGES=2, Q_STAGES=1), [gqa(1, 32, 8, 576, 16384, 64, True)]),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -532,7 +549,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "loop_ab2": LOOP_AB2_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
-              "tiles_per_cta": TILES_PER_CTA_POINTS}
+              "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -1269,12 +1286,13 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
             print(f"  {tpl.rel}: arch-specific, built for {target} (not --arch {arch})")
     if time_best:
         old = {t.rel: t for t in against or []}
-        for tpl, knobs, _ in best_points(templates, points):
-            for t in (tpl, old.get(tpl.rel)):
+        for tpl, knobs, _, own in best_points(templates, points):
+            for t, kn in ((tpl, knobs), (old.get(tpl.rel), None)):
                 if t is not None:
-                    src = build_source(t, knobs, False)
+                    kn = kn or t.complete(own)
+                    src = build_source(t, kn, False)
                     todo[cubin_name(src, False, arch_targets(t, [arch])[0])] = Job(
-                        t.rel, knobs, False, arch_targets(t, [arch])[0], False, src, t.kernel_names())
+                        t.rel, kn, False, arch_targets(t, [arch])[0], False, src, t.kernel_names())
     kept = [n for n in todo if (out_dir / n).exists()]
     for name in kept:
         del todo[name]
@@ -1437,9 +1455,11 @@ def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: 
     return table
 
 
-def best_points(templates: list[Template], points: str = "best") -> list[tuple[Template, dict, tuple]]:
+def best_points(templates: list[Template], points: str = "best") -> list[tuple[Template, dict, tuple, dict]]:
     """POINT_SETS[points] (BEST_POINTS or RAGGED_POINTS) resolved against `templates` (knobs
-    checked against each spec): one (template, knobs, shape) per timed row."""
+    checked against each spec): one (template, knobs, shape, the point's own knobs) per timed row.
+    The point's own knobs complete a --time-against copy with that copy's first values, so a copy
+    that differs only in a knob's first value times the other value of it."""
     by_rel = {t.rel: t for t in templates}
     rows = []
     for rel, knobs, shapes in POINT_SETS[points]:
@@ -1449,7 +1469,7 @@ def best_points(templates: list[Template], points: str = "best") -> list[tuple[T
         full = tpl.complete(knobs)
         if set(full) != set(tpl.spec["knobs"]) or any(v not in tpl.spec["knobs"][k] for k, v in full.items()):
             raise SystemExit(f"--time-best: {rel} {combo_label(knobs)} is not a point of its knob space")
-        rows += [(tpl, full, shape) for shape in shapes]
+        rows += [(tpl, full, shape, knobs) for shape in shapes]
     return rows
 
 
@@ -1529,11 +1549,12 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
     ratios = []
     paired_medians = []
     per_shape: dict[str, dict[str, float]] = {}
-    for tpl, knobs, shape in rows:
+    for tpl, knobs, shape, own in rows:
         q, k, v, _ = gpu.inputs(shape, "fp16", need_ref=False)
         variants = {"new": tpl, "old": old.get(tpl.rel)}
         if against and variants["old"] is None:
             raise SystemExit(f"--time-against: {tpl.rel} is missing there")
+        knobs_of = {"new": knobs, "old": variants["old"].complete(own) if against else None}
         try:
             probe = gpu.time_us(tpl, knobs, shape, reps=3, samples=3)
         except DoesNotFit as e:  # e.g. BLOCK_N 192 with 3 consumers at D 128: as the gate does
@@ -1544,7 +1565,7 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
         fa4_call = fa4_fn(gpu, fa4_func, shape, q, k, v) if fa4_func else None
         for r in range(rounds):
             for name in (versions if r % 2 == 0 else versions[::-1]):
-                times[name].append(gpu.time_us(variants[name], knobs, shape, reps=reps, samples=20))
+                times[name].append(gpu.time_us(variants[name], knobs_of[name], shape, reps=reps, samples=20))
             times["sdpa"].append(time_torch_graph_us(
                 gpu, sdpa_fn(gpu, shape, q, k, v), reps, 20))
             if fa4_call:

@@ -113,10 +113,15 @@ class Loop:
     # the softmax's exponentials issued while the previous tile's P V runs (OVERLAP).
     # None where the loop waits for no group but the last.
     ex2_under_pv: int | None = None
+    # FMUL between that `wait_group 0` and the loop's last MUFU.EX2: O's rescale multiplies
+    # interleaved with the exponentials (FA4's order, wgmma_tma's PV_WAIT 1); 0 where every
+    # exponential comes before the wait. None as above.
+    fmul_among_ex2: int | None = None
 
     def as_dict(self) -> dict:
         return {"start": f"{self.start:#x}", "end": f"{max(self.ends):#x}", "total": self.total,
-                **dict(self.counts), "nested_loops": self.nested, "ex2_under_pv": self.ex2_under_pv}
+                **dict(self.counts), "nested_loops": self.nested, "ex2_under_pv": self.ex2_under_pv,
+                "fmul_among_ex2": self.fmul_among_ex2}
 
 
 def parse_sass(text: str) -> dict[str, tuple[list[Insn], dict[str, int]]]:
@@ -225,7 +230,9 @@ def hot_loops(insns: list[Insn], labels: dict[str, int]) -> list[Loop]:
                 lp.counts[c] += 1
                 lp.total += 1
         lp.nested = sorted((sum(blocks[b][1] - blocks[b][0] + 1 for b in o.body) for o in tops), reverse=True)
-        lp.ex2_under_pv = _ex2_under_pv([insns[i].text for b in sorted(lp.body) for i in range(blocks[b][0], blocks[b][1] + 1)])
+        texts = [insns[i].text for b in sorted(lp.body) for i in range(blocks[b][0], blocks[b][1] + 1)]
+        lp.ex2_under_pv = _ex2_under_pv(texts)
+        lp.fmul_among_ex2 = _fmul_among_ex2(texts) if lp.ex2_under_pv is not None else None
         out.append(lp)
     return sorted(out, key=lambda lp: lp.start)
 
@@ -244,6 +251,14 @@ def _ex2_under_pv(texts: list[str]) -> int | None:
         elif count is not None and t.startswith("MUFU.EX2"):
             count += 1
     return None
+
+
+def _fmul_among_ex2(texts: list[str]) -> int:
+    wait0 = next((i for i, t in enumerate(texts) if t.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0")), None)
+    last_ex2 = max((i for i, t in enumerate(texts) if t.startswith("MUFU.EX2")), default=-1)
+    if wait0 is None or last_ex2 < wait0:
+        return 0
+    return sum(1 for t in texts[wait0:last_ex2] if t.split(" ", 1)[0] == "FMUL")
 
 
 def nvdisasm_path() -> str:
@@ -351,7 +366,8 @@ def print_table(runs: list[dict]) -> None:
         for li in range(n):
             loops = [kk["hot_loops"][li] if kk and li < len(kk["hot_loops"]) else None for kk in others]
             keys = ["total"] + sorted({c for lp in loops if lp for c in lp
-                                       if c not in ("start", "end", "total", "nested_loops", "ex2_under_pv")})
+                                       if c not in ("start", "end", "total", "nested_loops", "ex2_under_pv",
+                                                    "fmul_among_ex2")})
             head = "  loop %d (%s)" % (li, ", ".join(
                 f"{lp['start']}-{lp['end']}, nested loops of {lp['nested_loops']} instructions apart" if lp else "-"
                 for lp in loops))
@@ -366,6 +382,8 @@ def print_table(runs: list[dict]) -> None:
                 print(row)
             under = ["-" if not lp or lp["ex2_under_pv"] is None else str(lp["ex2_under_pv"]) for lp in loops]
             print(f"    EX2 issued under the previous tile's P V (between wait_group 1 and 0): {', '.join(under)}")
+            among = ["-" if not lp or lp.get("fmul_among_ex2") is None else str(lp["fmul_among_ex2"]) for lp in loops]
+            print(f"    FMUL among the EX2 after wait_group 0 (O's rescale interleaved): {', '.join(among)}")
 
 
 def main() -> int:

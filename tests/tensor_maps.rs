@@ -450,4 +450,10 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     assert_eq!(t.canonical(&two_q, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap()["Q_STAGES"], 2);
     let two_q_grid = with(&t, &[("Q_STAGES", 2), ("PERSISTENT", 0)]);
     assert_eq!(t.canonical(&two_q_grid, &[sh(4, 16, 16, 4096, 64, true)], &dev).unwrap()["Q_STAGES"], 1);
+    // PV_WAIT: where the OVERLAP loop waits for the previous P V; without OVERLAP there is none.
+    // (The first value, the one canonical points carry, is 1: after the row max.)
+    let late = with(&t, &[("PV_WAIT", 0), ("OVERLAP", 1)]);
+    assert_eq!(t.canonical(&late, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["PV_WAIT"], 0);
+    let no_overlap = with(&t, &[("PV_WAIT", 0), ("OVERLAP", 0)]);
+    assert_eq!(t.canonical(&no_overlap, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["PV_WAIT"], 1);
 }

@@ -7,7 +7,9 @@ here, as that run does first.
 """
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 
@@ -27,7 +29,8 @@ class PointSetsTest(unittest.TestCase):
             with self.subTest(points=name):
                 rows = ctg.best_points(self.templates, name)
                 self.assertEqual(len(rows), sum(len(shapes) for _, _, shapes in points))
-                for tpl, knobs, _ in rows:
+                for tpl, knobs, _, own in rows:
+                    self.assertLessEqual(own.items(), knobs.items(), f"{name}: the point's own knobs")
                     space = tpl.spec["knobs"]
                     self.assertEqual(set(knobs), set(space), f"{name}: {tpl.rel} knobs")
                     for knob, value in knobs.items():
@@ -48,10 +51,30 @@ class PointSetsTest(unittest.TestCase):
 
     def test_the_chunked_set_is_issue_17s_chunked_prefill_shape(self):
         rows = ctg.best_points(self.templates, "chunked")
-        shapes = {ctg.shape_key(shape) for _, _, shape in rows}
+        shapes = {ctg.shape_key(shape) for _, _, shape, _ in rows}
         self.assertEqual(len(shapes), 1)
-        (shape,) = {shape for _, _, shape in rows}
+        (shape,) = {shape for _, _, shape, _ in rows}
         self.assertEqual((shape.sq, shape.sk, shape.hq, shape.hkv, shape.causal), (512, 4096, 32, 8, True))
+
+    def test_a_copy_with_another_first_value_times_the_other_value(self):
+        # --points pv_wait --time-against a copy whose PV_WAIT list starts with 0: the points
+        # leave PV_WAIT out, so the copy completes them with 0 and the templates here with 1.
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "kernel-templates"
+            shutil.copytree(ctg.TEMPLATES_DIR, root)
+            path = root / "wgmma_tma.cu"
+            text = path.read_text()
+            self.assertIn("PV_WAIT = [1, 0]", text)
+            path.write_text(text.replace("PV_WAIT = [1, 0]", "PV_WAIT = [0, 1]"))
+            copy = {t.rel: t for t in ctg.load_templates(root)}["wgmma_tma.cu"]
+            rows = ctg.best_points(self.templates, "pv_wait")
+            self.assertTrue(rows)
+            for tpl, knobs, _, own in rows:
+                self.assertNotIn("PV_WAIT", own)
+                self.assertEqual(knobs["PV_WAIT"], 1)
+                self.assertEqual(copy.complete(own)["PV_WAIT"], 0)
+                self.assertEqual({k: v for k, v in copy.complete(own).items() if k != "PV_WAIT"},
+                                 {k: v for k, v in knobs.items() if k != "PV_WAIT"})
 
 
 if __name__ == "__main__":

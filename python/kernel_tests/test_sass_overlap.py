@@ -8,7 +8,8 @@ kernels were correct, only slower than they were meant to be). These tests read 
 loops' SASS (the loop is peeled: unmasked tiles, then masked ones): every exponential of
 the tile sits between the two waits in both, the old straight-line code, rebuilt from a
 copy of the templates, puts few there (so the check can fail), and the loop of unmasked
-tiles holds no mask code.
+tiles holds no mask code. PV_WAIT 1 (the default since 2026-11-27) asks for FA4's order
+instead: the wait right after the row max, O's rescale interleaved with the exponentials.
 
 Needs .deps/ from scripts/setup.sh (NVRTC and nvdisasm); no GPU.
 """
@@ -101,10 +102,12 @@ class ParseTest(unittest.TestCase):
 
 # (knobs, head dim): the OVERLAP points the daemon's runs and FA4 pick (D 64: 3 consumers,
 # BLOCK_N 128; D 128: 2 consumers, BLOCK_N 128 or 192).
+# PV_WAIT 0: the wait for the P V after the whole softmax (the order these tests were written
+# for); PV_WAIT 1, FA4's order, has its own test below.
 POINTS = [
-    (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1), 64),
-    (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1), 128),
-    (dict(CONSUMERS=2, BLOCK_N=192, OVERLAP=1), 128),
+    (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PV_WAIT=0), 64),
+    (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1, PV_WAIT=0), 128),
+    (dict(CONSUMERS=2, BLOCK_N=192, OVERLAP=1, PV_WAIT=0), 128),
 ]
 
 # The code before the fix: the wait for the P V straight after the softmax.
@@ -144,13 +147,30 @@ class OverlapSassTest(unittest.TestCase):
         # (the static rounds; 1, the counter, is the default the other tests compile) change
         # the code around the key-tile loops, not the overlap in them.
         for knobs, d, n in [
-            (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PERSISTENT=1, DYNAMIC=0), 64, 2),
-            (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PERSISTENT=1, STREAM_K=1), 64, 2),
-            (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1, PACK_GQA=1), 128, 2),
+            (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PERSISTENT=1, DYNAMIC=0, PV_WAIT=0), 64, 2),
+            (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PERSISTENT=1, STREAM_K=1, PV_WAIT=0), 64, 2),
+            (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1, PACK_GQA=1, PV_WAIT=0), 128, 2),
         ]:
             with self.subTest(knobs=knobs, d=d):
                 for lp in self.overlap_loops(ncc.TEMPLATES_DIR, knobs, d, n):
                     self.assertGreaterEqual(lp["ex2_under_pv"], knobs["BLOCK_N"] // 2, lp)
+
+    def test_pv_wait_1_is_fa4s_order(self):
+        # FA4's loop (its cubin, 2026-11-27): the P V waited for after the row max and 6 of 64
+        # exponentials, O's 64 rescale multiplies among the rest. PV_WAIT 1 asks for that order:
+        # few exponentials before the wait, every multiply of O's rescale (D / 2 per thread)
+        # after it and before the last exponential, in the loops of unmasked and masked tiles.
+        for knobs, d in POINTS:
+            knobs = dict(knobs, PV_WAIT=1)
+            with self.subTest(knobs=knobs, d=d):
+                per_thread = knobs["BLOCK_N"] // 2
+                for lp in self.overlap_loops(ncc.TEMPLATES_DIR, knobs, d):
+                    self.assertLess(lp["ex2_under_pv"], per_thread // 4, lp)
+                    self.assertGreaterEqual(lp["fmul_among_ex2"], d // 2, lp)
+        # PV_WAIT 0 keeps them apart: the rescale (a branch of its own) after every exponential.
+        for knobs, d in POINTS[:1]:
+            for lp in self.overlap_loops(ncc.TEMPLATES_DIR, knobs, d):
+                self.assertEqual(lp["fmul_among_ex2"], 0, lp)
 
     def test_the_steady_loop_carries_no_mask_code(self):
         # The per-key compares and selects of the mask (two per S value) are in the
