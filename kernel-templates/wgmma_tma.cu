@@ -964,9 +964,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
                 auto step = [&](int t, bool masked) {
                     mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
-                    mbar_wait(v_full(cur), cur.phase);
                     turn_wait(c);
                     cs.issue_qk(q_tile, k_tile(kp));
+                    // V of t - 1 after S_t is issued (FA4's order): the Q K^T needs only K.
+                    mbar_wait(v_full(cur), cur.phase);
                     cs.issue_pv(v_tile(cur));
                     turn_pass(c);
                     wgmma_wait<1>();

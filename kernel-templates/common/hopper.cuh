@@ -58,16 +58,24 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned byt
 }
 // Wait until the phase with parity `parity` has completed. A fresh barrier is
 // in phase 0, so waiting on parity 1 returns at once (the producer's first pass
-// over its empty slots relies on that).
+// over its empty slots relies on that). The try-wait carries a suspend-time hint
+// (OPTD_MBAR_SUSPEND_NS, 10 ms, the value of CUTLASS's ClusterBarrier::wait and of
+// FA4's SASS): ptxas then puts a NANOSLEEP.SYNCS, woken by the barrier's update, in
+// the retry path instead of re-polling, so a warp that waits long (the producer
+// for a free slot, while the consumers compute on the same sub-partitions) takes
+// fewer of their issue slots. It bounds one sleep, not the wait.
+#ifndef OPTD_MBAR_SUSPEND_NS
+#define OPTD_MBAR_SUSPEND_NS 0x989680
+#endif
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     asm volatile(
         "{\n"
         ".reg .pred done;\n"
         "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
         "@!done bra WAIT_%=;\n"
         "}\n" ::"r"(bar),
-        "r"(parity)
+        "r"(parity), "r"(OPTD_MBAR_SUSPEND_NS)
         : "memory");
 }
 

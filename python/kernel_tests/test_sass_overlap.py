@@ -172,6 +172,22 @@ class OverlapSassTest(unittest.TestCase):
             for lp in self.overlap_loops(ncc.TEMPLATES_DIR, knobs, d):
                 self.assertEqual(lp["fmul_among_ex2"], 0, lp)
 
+    def test_mbarrier_waits_sleep_between_polls(self):
+        # common/hopper.cuh's mbar_wait passes try_wait a suspend-time hint: ptxas then puts
+        # NANOSLEEP.SYNCS (woken by the barrier's update) in each wait's retry path, as in FA4's
+        # SASS, where a bare try_wait loop re-polls (ncu 2026-11-27: 3x FA4's try-wait executions).
+        knobs, _ = POINTS[1]
+        tpl = next(t for t in ncc.load_templates(ncc.TEMPLATES_DIR) if t.rel == "wgmma_tma.cu")
+        src = ncc.render(tpl, sls.parse_knobs(tpl, ",".join(f"{k}={v}" for k, v in knobs.items())), False)
+        ok, log, cubin = self.nvrtc.compile(src, "wgmma_tma.cu", [
+            "--gpu-architecture=sm_90a", "-std=c++17", f"--include-path={ncc.default_cuda_include()}"])
+        self.assertTrue(ok, log)
+        text = sls.disassemble(cubin)
+        tries = text.count("SYNCS.PHASECHK.TRANS64.TRYWAIT")
+        sleeps = text.count("NANOSLEEP.SYNCS")
+        self.assertGreater(tries, 0)
+        self.assertGreater(sleeps, 0, "no NANOSLEEP.SYNCS: mbar_wait lost its suspend-time hint")
+
     def test_the_steady_loop_carries_no_mask_code(self):
         # The per-key compares and selects of the mask (two per S value) are in the
         # loop of masked tiles only.
