@@ -1177,9 +1177,10 @@ class Gpu:
 
     # -- timing -------------------------------------------------------------
     def time_us(self, tpl: Template, knobs: dict, shape, reps: int = 20, samples: int = 50,
-                keep_output: bool = False) -> float:
+                keep_output: bool = False, sustain_ms: float = 0.0) -> float:
         """Median microseconds of one execution of the plan (all its launches).
-        keep_output: leave O in self.last_output (for a check against SDPA)."""
+        keep_output: leave O in self.last_output (for a check against SDPA). sustain_ms > 0: the
+        samples run back to back for at least that long (sustained_samples), no host sync between."""
         cp = self.cp
         mod = self.module(tpl, knobs, False, count=False)
         splits, launches, _ = plan(tpl, knobs, shape, self.dev)
@@ -1225,6 +1226,21 @@ class Gpu:
             for _ in range(3):
                 sample()
             times = []
+            if sustain_ms > 0:
+                ev = [cp.cuda.Event(), cp.cuda.Event()]
+                ev[0].record(stream)
+                sample()
+                ev[1].record(stream)
+                ev[1].synchronize()
+                n = sustained_samples(sustain_ms, cp.cuda.get_elapsed_time(ev[0], ev[1]) * 1000.0, samples)
+                ev = [cp.cuda.Event() for _ in range(n + 1)]
+                ev[0].record(stream)
+                for i in range(n):
+                    sample()
+                    ev[i + 1].record(stream)
+                ev[-1].synchronize()
+                times = [cp.cuda.get_elapsed_time(a, b) * 1000.0 / reps for a, b in zip(ev, ev[1:])]
+                return statistics.median(times)
             for _ in range(samples):
                 start, end = cp.cuda.Event(), cp.cuda.Event()
                 start.record(stream)
@@ -1473,7 +1489,16 @@ def best_points(templates: list[Template], points: str = "best") -> list[tuple[T
     return rows
 
 
-def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
+def sustained_samples(sustain_ms: float, sample_us: float, minimum: int) -> int:
+    """Samples of `sample_us` each (one graph replay) that, run back to back, last at least
+    `sustain_ms` (and at least `minimum`): the guide's sustained timing, where a short burst runs
+    at boost clocks and 200 ms back to back does not (12-18% slower on the H100, issue 19)."""
+    if sustain_ms <= 0:
+        return minimum
+    return max(minimum, math.ceil(sustain_ms * 1000.0 / max(sample_us, 1e-3)))
+
+
+def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int, sustain_ms: float = 0.0) -> float:
     """Median microseconds of one call of `fn`, timed as time_us times a kernel: a CUDA graph
     of `reps` back-to-back calls, CUDA events around each replay."""
     torch = gpu.torch
@@ -1488,6 +1513,20 @@ def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int) -> float:
         for _ in range(3):
             graph.replay()
         times = []
+        if sustain_ms > 0:  # as Gpu.time_us: back to back for sustain_ms, one sync at the end
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record(stream)
+            graph.replay()
+            ev[1].record(stream)
+            ev[1].synchronize()
+            n = sustained_samples(sustain_ms, ev[0].elapsed_time(ev[1]) * 1000.0, samples)
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+            ev[0].record(stream)
+            for i in range(n):
+                graph.replay()
+                ev[i + 1].record(stream)
+            ev[-1].synchronize()
+            return statistics.median(a.elapsed_time(b) * 1000.0 / reps for a, b in zip(ev, ev[1:]))
         for _ in range(samples):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
@@ -1520,14 +1559,15 @@ def paired_ratio(new: list[float], old: list[float]) -> PairedRatio:
 
 
 def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | None, rounds: int,
-              points: str = "best") -> list[str]:
+              points: str = "best", sustain_ms: float = 0.0) -> list[str]:
     """Times POINT_SETS[points] (fp16), SDPA default and, where it imports, FA4 on the same
     shapes, `rounds` rounds; with `against` (the same templates from another folder, e.g. an
     earlier commit) each point is also timed in that version, the two alternating first within
     a round, so both are measured at the same clocks (the table adds `paired`, the median of the
     rounds' own new/old, its quartiles and the rounds new won: paired_ratio). A graph holds
     enough launches for about 2 ms (at least 3, at most 50); each measurement is the median of
-    20 replays; a row gives the
+    20 replays (sustain_ms > 0: of the replays run back to back for at least that long, e.g. 200,
+    the guide's sustained timing); a row gives the
     median over rounds and the rounds' spread (max / min - 1). A point over the device's shared
     memory is listed as not fitting. Where a shape has several points, a summary gives the
     fastest against SDPA, FA4 and the faster of the two. Returns the table's lines."""
@@ -1536,8 +1576,9 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
     versions = ["new", "old"] if against else ["new"]
     fa4_func, fa4_note = load_fa4()
     print(f"FA4: {fa4_note}", flush=True)
-    lines = [f"best kernels (fp16, {rounds} rounds, graph of back-to-back launches, median of 20 replays per "
-             f"round), {gpu.name}"]
+    per_round = (f"median of the replays of {sustain_ms:g} ms back to back per round" if sustain_ms > 0
+                 else "median of 20 replays per round")
+    lines = [f"best kernels (fp16, {rounds} rounds, graph of back-to-back launches, {per_round}), {gpu.name}"]
     if against:
         lines.append(f"new = {templates[0].root}, old = {against[0].root}")
     head = f"{'shape':22} {'template':12} {'new us':>9} {'spread':>6}"
@@ -1565,11 +1606,12 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
         fa4_call = fa4_fn(gpu, fa4_func, shape, q, k, v) if fa4_func else None
         for r in range(rounds):
             for name in (versions if r % 2 == 0 else versions[::-1]):
-                times[name].append(gpu.time_us(variants[name], knobs_of[name], shape, reps=reps, samples=20))
+                times[name].append(gpu.time_us(variants[name], knobs_of[name], shape, reps=reps, samples=20,
+                                               sustain_ms=sustain_ms))
             times["sdpa"].append(time_torch_graph_us(
-                gpu, sdpa_fn(gpu, shape, q, k, v), reps, 20))
+                gpu, sdpa_fn(gpu, shape, q, k, v), reps, 20, sustain_ms))
             if fa4_call:
-                times["fa4"].append(time_torch_graph_us(gpu, fa4_call, reps, 20))
+                times["fa4"].append(time_torch_graph_us(gpu, fa4_call, reps, 20, sustain_ms))
         med = {name: statistics.median(ts) for name, ts in times.items()}
         spread = {name: max(ts) / min(ts) - 1 for name, ts in times.items()}
         line = f"{shape_key(shape):22} {Path(tpl.rel).stem:12} {med['new']:9.2f} {spread['new']:6.1%}"
@@ -1876,6 +1918,10 @@ def main() -> int:
                     help="with --time-best: also time each point with the templates in DIR (another version of "
                          "kernel-templates/), interleaved with the current ones")
     ap.add_argument("--rounds", type=int, default=5, help="--time-best rounds (default 5)")
+    ap.add_argument("--sustain-ms", type=float, default=0.0,
+                    help="--time-best: each measurement runs its graph replays back to back for at least this "
+                         "many ms (e.g. 200: sustained clocks, as a model step runs) instead of 20 synced "
+                         "replays (burst clocks); default 0")
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
                     help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
                          "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) or PACK_GQA (gqa) "
@@ -2018,7 +2064,7 @@ def main() -> int:
     sdpa_table = sdpa_compare(gpu, templates) if args.sdpa else []
     if args.time_best:
         print()
-        sdpa_table += time_best(gpu, templates, against, args.rounds, args.points)
+        sdpa_table += time_best(gpu, templates, against, args.rounds, args.points, args.sustain_ms)
 
     # Last: a killed hung kernel should not disturb anything, but it runs after the timing anyway.
     fault_failures = 0

@@ -1,4 +1,5 @@
-"""check_templates_gpu.paired_ratio: the A/B statistic of `--time-best --time-against`.
+"""check_templates_gpu.paired_ratio: the A/B statistic of `--time-best --time-against` (and
+sustained_samples, the replay count of `--sustain-ms`).
 
 Rounds of a long-loop timing drift with the clocks by 5-20% on the H100 (docs/HOPPER.md, the row
 max in four chains). The ratio of the two medians over rounds may take them from different
@@ -56,3 +57,21 @@ class PairedRatioTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SustainedSamplesTest(unittest.TestCase):
+    """--sustain-ms: how many back-to-back replays a sustained measurement takes."""
+
+    def test_enough_replays_to_last_the_time_asked(self):
+        # 2 ms replays for 200 ms: 100 of them; a 3 ms replay needs 67 (66 would end short).
+        self.assertEqual(ctg.sustained_samples(200.0, 2000.0, 20), 100)
+        self.assertEqual(ctg.sustained_samples(200.0, 3000.0, 20), 67)
+        self.assertGreaterEqual(67 * 3000.0, 200_000.0)
+        self.assertLess(66 * 3000.0, 200_000.0)
+
+    def test_never_fewer_than_the_minimum_and_off_at_zero(self):
+        self.assertEqual(ctg.sustained_samples(200.0, 50_000.0, 20), 20)  # 50 ms replays: the minimum rules
+        self.assertEqual(ctg.sustained_samples(0.0, 2000.0, 20), 20)      # off: the burst path's count
+
+    def test_a_zero_length_sample_does_not_divide_by_zero(self):
+        self.assertGreater(ctg.sustained_samples(1.0, 0.0, 1), 1)
