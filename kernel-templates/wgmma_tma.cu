@@ -184,8 +184,8 @@
  *                     then the lazy O rescale and the packing in a tail
  *                     of their own. H100, 15 paired rounds (2026-11-27,
  *                     docs/HOPPER.md "PV_WAIT"): 1 is 1-5% faster at
- *                     every D 64 point but one (parity), within noise
- *                     at D 128.
+ *                     every D 64 point but one (parity); mixed at D 128
+ *                     (-2% to +4%).
  *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
