@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import nvrtc_compile_check as ncc  # noqa: E402
 import sass_loop_stats as sls  # noqa: E402
 
-from test_sass_overlap import have_tools  # noqa: E402
+from test_sass_overlap import compile_wgmma_point, nvrtc_or_fail  # noqa: E402
 
 KNOBS = dict(BLOCK_N=128, STAGES=2, CONSUMERS=2, PINGPONG=1, OVERLAP=1, PERSISTENT=1, LAZY_RESCALE=1)
 
@@ -28,16 +28,8 @@ KNOBS = dict(BLOCK_N=128, STAGES=2, CONSUMERS=2, PINGPONG=1, OVERLAP=1, PERSISTE
 class CubinTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        why = have_tools()
-        if why:  # under CI=true a missing tool fails, never skips
-            raise AssertionError(why)
-        cls.nvrtc = ncc.Nvrtc(ncc.default_nvrtc_lib())
-        tpl = next(t for t in ncc.load_templates() if t.rel == "wgmma_tma.cu")
-        cls.knobs = sls.parse_knobs(tpl, ",".join(f"{k}={v}" for k, v in KNOBS.items()))
-        src = ncc.render(tpl, cls.knobs, False)
-        ok, log, cubin = cls.nvrtc.compile(src, "wgmma_tma.cu", [
-            f"--gpu-architecture={ncc.specific_arch(tpl)}", "-std=c++17", f"--include-path={ncc.default_cuda_include()}"])
-        assert ok, log
+        cls.nvrtc = nvrtc_or_fail()
+        cls.knobs, cubin = compile_wgmma_point(cls.nvrtc, KNOBS)
         cls.dir = tempfile.TemporaryDirectory()
         cls.cubin = Path(cls.dir.name) / "point.cubin"
         cls.cubin.write_bytes(cubin)

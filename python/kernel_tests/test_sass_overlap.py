@@ -66,6 +66,27 @@ def have_tools() -> str | None:
     return None
 
 
+def nvrtc_or_fail() -> ncc.Nvrtc:
+    """NVRTC for a compile test class's setUpClass; a missing tool fails it (under CI=true a
+    missing tool fails, never skips; elsewhere the classes are skipped before this runs)."""
+    why = have_tools()
+    if why:
+        raise AssertionError(why)
+    return ncc.Nvrtc(ncc.default_nvrtc_lib())
+
+
+def compile_wgmma_point(nvrtc: ncc.Nvrtc, knobs: dict) -> tuple[dict, bytes]:
+    """wgmma_tma.cu rendered at `knobs` (the rest at their first values), fp16, compiled for its
+    arch: (the whole knob set, the cubin)."""
+    tpl = next(t for t in ncc.load_templates() if t.rel == "wgmma_tma.cu")
+    full = sls.parse_knobs(tpl, ",".join(f"{k}={v}" for k, v in knobs.items()))
+    ok, log, cubin = nvrtc.compile(ncc.render(tpl, full, False), "wgmma_tma.cu", [
+        f"--gpu-architecture={ncc.specific_arch(tpl)}", "-std=c++17", f"--include-path={ncc.default_cuda_include()}"])
+    if not ok:
+        raise AssertionError(f"wgmma_tma.cu {knobs} does not compile:\n{log}")
+    return full, cubin
+
+
 class ParseTest(unittest.TestCase):
     def test_hot_loop_counts_its_own_body_and_sets_nested_loops_apart(self):
         funcs = sls.parse_sass(SYNTHETIC)
@@ -121,10 +142,7 @@ OLD_WAIT = """wgmma_wait<0>();
 class OverlapSassTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        why = have_tools()
-        if why:  # under CI=true a missing tool fails, never skips
-            raise AssertionError(why)
-        cls.nvrtc = ncc.Nvrtc(ncc.default_nvrtc_lib())
+        cls.nvrtc = nvrtc_or_fail()
 
     def overlap_loops(self, root: Path, knobs: dict, d: int, n: int = 2) -> list[dict]:
         """The OVERLAP key-tile loops (those waiting for wait_group 1): the peeled loop of
@@ -178,12 +196,7 @@ class OverlapSassTest(unittest.TestCase):
         # common/hopper.cuh's mbar_wait passes try_wait a suspend-time hint: ptxas then puts
         # NANOSLEEP.SYNCS (woken by the barrier's update) in each wait's retry path, as in FA4's
         # SASS, where a bare try_wait loop re-polls (ncu 2026-11-27: 3x FA4's try-wait executions).
-        knobs, _ = POINTS[1]
-        tpl = next(t for t in ncc.load_templates(ncc.TEMPLATES_DIR) if t.rel == "wgmma_tma.cu")
-        src = ncc.render(tpl, sls.parse_knobs(tpl, ",".join(f"{k}={v}" for k, v in knobs.items())), False)
-        ok, log, cubin = self.nvrtc.compile(src, "wgmma_tma.cu", [
-            "--gpu-architecture=sm_90a", "-std=c++17", f"--include-path={ncc.default_cuda_include()}"])
-        self.assertTrue(ok, log)
+        _, cubin = compile_wgmma_point(self.nvrtc, POINTS[1][0])
         text = sls.disassemble(cubin)
         tries = text.count("SYNCS.PHASECHK.TRANS64.TRYWAIT")
         sleeps = text.count("NANOSLEEP.SYNCS")
