@@ -111,7 +111,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               --time-against), --points loop_ab2 the same on the LLM run's
               D 128 prefill shapes, --points pv_wait the OVERLAP points of
               the benchmark shapes (for --time-against a copy whose PV_WAIT
-              list starts with 0). Where
+              list starts with 0), --points large issue 19's four large
+              shapes at their fixed points (for --time-against, e.g. two
+              compilers' cubins with --cubins-only). Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -542,6 +544,33 @@ PV_WAIT_POINTS = [
      mhas([(4, 32, 1024, 128, True)]) + [gqa(4, 32, 8, 1024, 1024, 128, True)]),
     ("wgmma_tma.cu", dict(_PV, CONSUMERS=3, STAGES=2, Q_STAGES=1), [gqa(1, 32, 8, 576, 16384, 64, True)]),
 ]
+# --points large: issue 19's four large shapes at the fixed points of the session-11 comparison with
+# FA4 (BENCHMARKS 2026-11-27 (7)), non-causal (4,16,4096,64) at both of its candidate points; for
+# --time-against A/Bs (e.g. two compilers' cubins) with FA4 and --sustain-ms beside them.
+LARGE_POINTS = [
+    ("wgmma_tma.cu", dict(_PV, CONSUMERS=3, STAGES=2, Q_STAGES=2), mhas([(4, 16, 4096, 64, True), (4, 16, 4096, 64, False)])),
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, DYNAMIC=0),
+     mhas([(4, 16, 4096, 64, False)])),
+    ("wgmma_tma.cu", dict(_PV, CONSUMERS=2, STAGES=2, Q_STAGES=1), mhas([(2, 16, 8192, 128, True)])),
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=0, EPI_TMA=1, DYNAMIC=0),
+     mhas([(2, 16, 8192, 128, False)])),
+]
+# --points large_nc: the two non-causal large shapes, where FA4 leads under sustained (power-capped)
+# timing (docs/HOPPER.md, "Sustained timing is power-capped"), at their current points and at FA4's
+# tile (128 rows with OVERLAP: 2 consumers) and FA3's D 128 non-causal tile (128 x 176).
+_NC = dict(_WT, PERSISTENT=1, PINGPONG=1, EPI_TMA=1, PACK_GQA=0, STAGES=2)
+LARGE_NC_POINTS = [
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=128, OVERLAP=0, DYNAMIC=0, Q_STAGES=1), mhas([(2, 16, 8192, 128, False)])),
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=2, BLOCK_N=128, OVERLAP=1, DYNAMIC=0, Q_STAGES=1), mhas([(2, 16, 8192, 128, False)])),
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=2, BLOCK_N=128, OVERLAP=1, DYNAMIC=1, Q_STAGES=2), mhas([(2, 16, 8192, 128, False)])),
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=2, BLOCK_N=176, OVERLAP=1, DYNAMIC=0, Q_STAGES=1, EPI_TMA=0),
+     mhas([(2, 16, 8192, 128, False)])),
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=128, OVERLAP=1, DYNAMIC=0, Q_STAGES=1), mhas([(4, 16, 4096, 64, False)])),
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=192, OVERLAP=1, DYNAMIC=0, Q_STAGES=1), mhas([(4, 16, 4096, 64, False)])),
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=2, BLOCK_N=128, OVERLAP=1, DYNAMIC=0, Q_STAGES=1), mhas([(4, 16, 4096, 64, False)])),
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=128, OVERLAP=1, DYNAMIC=0, Q_STAGES=1, STAGES=3),
+     mhas([(4, 16, 4096, 64, False)])),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -549,7 +578,8 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "loop_ab2": LOOP_AB2_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
-              "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS}
+              "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS,
+              "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -989,6 +1019,9 @@ class Gpu:
         self.last_errors = (0.0, 0.0, 1)
         self.timing_method = "graph"
         self.cubin_dir: Path | None = None
+        # --cubins-only: a cubin missing from cubin_dir, or one the driver refuses, is an error
+        # instead of an in-process compile (an A/B of two compilers must not fall back to a third).
+        self.cubins_only = False
         self.cubins_loaded = 0
         self._driver: Driver | None = None
 
@@ -1030,8 +1063,14 @@ class Gpu:
                         mod.get_function(kname)
                     self.cubins_loaded += 1
                 except Exception as e:  # noqa: BLE001 - e.g. a driver older than the cubin: compile here
+                    if self.cubins_only:
+                        raise RuntimeError(f"--cubins-only: the driver refuses {cubin} ({type(e).__name__}: {e})") from e
                     print(f"  cubin {cubin.name} not loadable ({type(e).__name__}: {e}); compiling")
                     mod = None
+            elif self.cubins_only:
+                raise RuntimeError(f"--cubins-only: {tpl.rel} ({combo_label(knobs)}, bf16={bf16}, count={count}) has no "
+                                   f"cubin {cubin.name if cubin else '(no --cubin-dir)'} in {self.cubin_dir}: build it "
+                                   f"on the CPU machine with --build-cubins")
             if mod is None:
                 try:
                     mod = self.cp.RawModule(code=source, options=opts, backend="nvrtc")
@@ -1625,12 +1664,15 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
         line += f" {med['sdpa']:9.2f} {fa4_us:9.2f} {attn_flops(shape) / med['new'] / 1e6:7.1f}  {combo_label(knobs)}"
         lines.append(line)
         print(line, flush=True)
-        entry = per_shape.setdefault(shape_key(shape), {"ours": float("inf"), "sdpa": [], "fa4": []})
+        entry = per_shape.setdefault(shape_key(shape), {"ours": float("inf"), "rows": 0})
+        entry["rows"] += 1
         if med["new"] < entry["ours"]:
-            entry["ours"], entry["knobs"] = med["new"], combo_label(knobs)
-        entry["sdpa"].append(med["sdpa"])
-        if fa4_call:
-            entry["fa4"].append(fa4_us)
+            # The fastest point against the baselines timed in its own rounds: FA4 and SDPA drift
+            # with the board's temperature over a run (5-10% between rows on one H100, 2026-11-27),
+            # so medians over other points' rows would compare different clocks.
+            entry.update(ours=med["new"], knobs=combo_label(knobs), sdpa=med["sdpa"], fa4=fa4_us,
+                         p_sdpa=paired_ratio(times["sdpa"], times["new"]).median,
+                         p_fa4=paired_ratio(times["fa4"], times["new"]).median if fa4_call else float("nan"))
     if ratios:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         lines.append(f"new/old: geometric mean {geo:.3f}, range {min(ratios):.3f} .. {max(ratios):.3f}")
@@ -1638,18 +1680,18 @@ def time_best(gpu: "Gpu", templates: list[Template], against: list[Template] | N
         lines.append(f"paired: geometric mean {pgeo:.3f} of the per-point medians of each round's new/old "
                      f"(both timed back to back in a round, so clock changes between rounds cancel); "
                      f"p25..p75 their quartiles, won: rounds where new was faster")
-    if any(len(e["sdpa"]) > 1 for e in per_shape.values()):
-        # Several points per shape: the fastest against SDPA and FA4 (their medians over the rows).
+    if any(e["rows"] > 1 for e in per_shape.values()):
+        # Several points per shape: the fastest against SDPA and FA4 as timed in its own rounds;
+        # vs = the median of the rounds' baseline / ours (paired, as above).
         lines.append("")
         lines.append(f"{'shape':22} {'ours us':>9} {'sdpa us':>9} {'fa4 us':>9} {'vs sdpa':>7} {'vs fa4':>7} "
-                     f"{'vs best':>7}  fastest point")
+                     f"{'vs best':>7}  fastest point (baselines: its own rounds)")
         for key, e in per_shape.items():
-            sd = statistics.median(e["sdpa"])
-            fa = statistics.median(e["fa4"]) if e["fa4"] else float("nan")
-            best = min(sd, fa) if e["fa4"] else sd
-            vs_fa4 = f"{fa / e['ours']:6.2f}x" if e["fa4"] else f"{'-':>7}"
-            lines.append(f"{key:22} {e['ours']:9.2f} {sd:9.2f} {fa:9.2f} {sd / e['ours']:6.2f}x "
-                         f"{vs_fa4} {best / e['ours']:6.2f}x  {e['knobs']}")
+            has_fa4 = not math.isnan(e["p_fa4"])
+            best = min(e["p_sdpa"], e["p_fa4"]) if has_fa4 else e["p_sdpa"]
+            vs_fa4 = f"{e['p_fa4']:6.3f}x" if has_fa4 else f"{'-':>7}"
+            lines.append(f"{key:22} {e['ours']:9.2f} {e['sdpa']:9.2f} {e['fa4']:9.2f} {e['p_sdpa']:6.3f}x "
+                         f"{vs_fa4} {best:6.3f}x  {e['knobs']}")
     return lines
 
 
@@ -1929,6 +1971,9 @@ def main() -> int:
                               "tiles per CTA (tiles_per_cta)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
+    ap.add_argument("--cubins-only", action="store_true",
+                    help="with --cubin-dir: every module must come from there (a missing or refused cubin is an "
+                         "error, not an in-process compile): for an A/B of two compilers' cubins")
     ap.add_argument("--arch", default="sm_90",
                     help="target of --build-cubins (default sm_90); arch_specific templates: sm_<min_cc>a always")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="--build-cubins processes")
@@ -1954,6 +1999,7 @@ def main() -> int:
     gpu = Gpu()
     if args.cubin_dir:
         gpu.cubin_dir = Path(args.cubin_dir)
+    gpu.cubins_only = args.cubins_only
     print(f"device {gpu.name}: {gpu.dev}; include {gpu.include}")
     failures = []
     n_checks = n_unfit = 0

@@ -4,7 +4,7 @@
 //! and its templates load; NVRTC and the CUDA headers are found; a worker starts and
 //! reports the GPU and driver; NVRTC can compile for the GPU's arch-specific target
 //! (`sm_90a` on Hopper, which templates with `arch_specific = true` use); NVRTC is not
-//! newer than the driver; python3 with torch is there for the optional SDPA baseline. Each check says `ok`, `warn`, `fail` (or
+//! of a newer major version than the driver (a newer minor one is fine: cubins load under CUDA's minor-version compatibility); python3 with torch is there for the optional SDPA baseline. Each check says `ok`, `warn`, `fail` (or
 //! `skip` when an earlier failure left nothing to check) with a detail, and every
 //! problem comes with its fix. The report is returned, not printed: the caller shows
 //! [`Report::text`] or the report as JSON and exits non-zero when [`Report::failed`].
@@ -533,6 +533,19 @@ fn versions_check(nvrtc: Option<(i32, i32)>, driver: Option<i32>) -> Check {
         return Check::skip("versions", format!("not checked: {missing}"));
     };
     let dv = (d / 1000, (d % 1000) / 10);
+    if n.0 == dv.0 && n.1 > dv.1 {
+        // CUDA's minor-version compatibility: a cubin from a newer NVRTC of the same major
+        // version loads on the older driver (PTX would not; the daemon only ever loads cubins).
+        // Measured: NVRTC 13.4's wgmma-tma cubins load and pass the checks on driver 580 (CUDA
+        // 13.0), docs/HOPPER.md "A newer ptxas".
+        return Check::ok(
+            "versions",
+            format!(
+                "NVRTC {}.{} on driver CUDA {}.{}: same major version, cubins load (minor-version compatibility; the daemon never JIT-compiles PTX)",
+                n.0, n.1, dv.0, dv.1
+            ),
+        );
+    }
     if n > dv {
         let fix = if dv >= (13, 0) {
             format!(
@@ -544,7 +557,7 @@ fn versions_check(nvrtc: Option<(i32, i32)>, driver: Option<i32>) -> Check {
         };
         Check::fail(
             "versions",
-            format!("NVRTC {}.{} is newer than the driver's CUDA {}.{}: PTX/cubin from a newer NVRTC won't load", n.0, n.1, dv.0, dv.1),
+            format!("NVRTC {}.{} is newer than the driver's CUDA {}.{}: cubins from a newer major version won't load", n.0, n.1, dv.0, dv.1),
             fix,
         )
     } else {
@@ -613,5 +626,21 @@ fn human_bytes(b: u64) -> String {
         format!("{gib:.1} GiB")
     } else {
         format!("{} MiB", b >> 20)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_minor_nvrtc_passes_and_a_newer_major_fails() {
+        let same_major = versions_check(Some((13, 4)), Some(13000));
+        assert_eq!(same_major.status, Status::Ok, "{}", same_major.detail);
+        assert!(same_major.detail.contains("minor-version compatibility"), "{}", same_major.detail);
+        let newer_major = versions_check(Some((13, 0)), Some(12080));
+        assert_eq!(newer_major.status, Status::Fail, "{}", newer_major.detail);
+        let older = versions_check(Some((13, 0)), Some(13020));
+        assert_eq!(older.status, Status::Ok, "{}", older.detail);
     }
 }

@@ -1,0 +1,49 @@
+"""scripts/power_probe.py's reading of nvidia-smi's samples, on the CPU."""
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import power_probe as pp  # noqa: E402
+
+
+def stamp(seconds: float) -> str:
+    t = dt.datetime(2026, 11, 27, 14, 0, 0) + dt.timedelta(seconds=seconds)
+    return t.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+
+
+class PowerProbeTest(unittest.TestCase):
+    def test_samples_parse_and_torn_or_unavailable_lines_are_skipped(self):
+        text = "\n".join([
+            f"{stamp(0.0)}, 1980, 120.50, 0x0000000000000001",
+            f"{stamp(0.05)}, 1755, [N/A], 0x0000000000000004",  # no power reading: skipped
+            f"{stamp(0.10)}, 1755, 699.1",  # torn line: skipped
+            f"{stamp(0.15)}, 1650, 700.20, 0x0000000000000004",
+        ])
+        got = pp.parse_samples(text)
+        self.assertEqual([(s[1], s[2], s[3]) for s in got], [(1980.0, 120.5, 1), (1650.0, 700.2, 4)])
+        self.assertAlmostEqual(got[1][0] - got[0][0], 0.15, places=3)
+
+    def test_window_takes_medians_over_the_last_three_quarters_and_ors_the_reasons(self):
+        base = dt.datetime(2026, 11, 27, 14, 0, 0).timestamp()
+        # 0.0-0.9 s: the first quarter of a 0..1 s run is a burst at boost clocks.
+        samples = [(base + 0.1 * i, 1980.0 if i < 2 else 1700.0 + i, 400.0 if i < 2 else 690.0 + i,
+                    0x1 if i < 2 else (0x4 if i % 2 else 0x0)) for i in range(10)]
+        mhz, w, reasons, n = pp.window(samples, base, base + 1.0)
+        self.assertEqual(n, 7)  # samples at 0.3 .. 0.9 s
+        self.assertEqual((mhz, w), (1706.0, 696.0))
+        self.assertEqual(reasons, 0x4, "the burst's idle bit is outside the window")
+
+    def test_a_run_without_samples_says_so(self):
+        mhz, w, reasons, n = pp.window([], 0.0, 1.0)
+        self.assertEqual(n, 0)
+        self.assertNotEqual(mhz, mhz)  # nan
+
+
+if __name__ == "__main__":
+    unittest.main()
