@@ -469,8 +469,14 @@ struct Consumer {
 
     // S = Q K^T (issue only).
     __device__ __forceinline__ void issue_qk(unsigned q_tile, unsigned k_tile) {
+        issue_qk_desc(smem_desc_kmajor(q_tile), smem_desc_kmajor(k_tile));
+    }
+    // The same from descriptors the caller built earlier: the OVERLAP loop builds them
+    // before its ping-pong turn, so that only the GEMMs follow the turn (FA4's loop has
+    // 5 instructions between its turn and its first HGMMA; ours had 19, a dependent
+    // chain of descriptor arithmetic, SASS 2026-11-27).
+    __device__ __forceinline__ void issue_qk_desc(unsigned long long dq, unsigned long long dk) {
         wgmma_fence();
-        const unsigned long long dq = smem_desc_kmajor(q_tile), dk = smem_desc_kmajor(k_tile);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const unsigned off_q = (kk / 4) * 64 * 128 + (kk % 4) * 32;
@@ -481,9 +487,12 @@ struct Consumer {
     }
 
     // O += P V (issue only). V's N (= D) spans D / 64 panels BLOCK_N * 128 bytes apart.
-    __device__ __forceinline__ void issue_pv(unsigned v_tile) {
+    __device__ __forceinline__ void issue_pv(unsigned v_tile) { issue_pv_desc(v_desc(v_tile)); }
+    static __device__ __forceinline__ unsigned long long v_desc(unsigned v_tile) {
+        return smem_desc_mnmajor(v_tile, BLOCK_N * 128);
+    }
+    __device__ __forceinline__ void issue_pv_desc(unsigned long long dv) {
         wgmma_fence();
-        const unsigned long long dv = smem_desc_mnmajor(v_tile, BLOCK_N * 128);
 #pragma unroll
         for (int kk = 0; kk < PK; ++kk)
             wgmma_rs<D>(o, p[kk], desc_advance(dv, kk * 16 * 128));
@@ -949,6 +958,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             int next = kt0;
             if (OVERLAP && !split_tile && n_wg > kt0) {
                 RingPos kp = cur;  // K of tile t; cur follows V of tile t - 1
+                const unsigned long long dq = smem_desc_kmajor(q_tile);
                 // Tile kt0: S only.
                 mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
                 turn_wait(c);
@@ -963,12 +973,16 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 cs.rescale_and_pack(corr);
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
                 auto step = [&](int t, bool masked) {
+                    unsigned long long dk = smem_desc_kmajor(k_tile(kp)), dv = cs.v_desc(v_tile(cur));
+                    // Materialized here: without the fence the compiler sinks the arithmetic
+                    // back after the turn (the same SASS as issue_qk(q_tile, k_tile)).
+                    asm volatile("" : "+l"(dk), "+l"(dv));
                     mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
                     turn_wait(c);
-                    cs.issue_qk(q_tile, k_tile(kp));
+                    cs.issue_qk_desc(dq, dk);
                     // V of t - 1 after S_t is issued (FA4's order): the Q K^T needs only K.
                     mbar_wait(v_full(cur), cur.phase);
-                    cs.issue_pv(v_tile(cur));
+                    cs.issue_pv_desc(dv);
                     turn_pass(c);
                     wgmma_wait<1>();
                     reg_fence(cs.s);
@@ -1024,9 +1038,11 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 const int step = split_tile ? CONSUMERS : 1;
                 auto tile = [&](int t, bool masked) {
                     for (; next < t; ++next) skip_tile(cur);
+                    unsigned long long dq = smem_desc_kmajor(q_tile), dk = smem_desc_kmajor(k_tile(cur));
+                    asm volatile("" : "+l"(dq), "+l"(dk));  // built before the turn, as in the OVERLAP loop
                     mbar_wait(k_full(cur), cur.phase ^ OPTD_FAULT_MBAR_PHASE);
                     turn_in();
-                    cs.issue_qk(q_tile, k_tile(cur));
+                    cs.issue_qk_desc(dq, dk);
                     turn_out();
                     wgmma_wait<0>();
                     reg_fence(cs.s);
