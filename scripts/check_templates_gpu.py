@@ -571,6 +571,15 @@ LARGE_NC_POINTS = [
     ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=128, OVERLAP=1, DYNAMIC=0, Q_STAGES=1, STAGES=3),
      mhas([(4, 16, 4096, 64, False)])),
 ]
+# --points persist_nc: the non-causal large shapes' points persistent (132 CTAs walking the tiles)
+# and not (one CTA per tile, launched in order as FA4's grid is): L2 traffic and energy per call.
+PERSIST_NC_POINTS = [
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=128, OVERLAP=0, DYNAMIC=0, Q_STAGES=1, PERSISTENT=p),
+     mhas([(2, 16, 8192, 128, False)])) for p in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=128, OVERLAP=1, DYNAMIC=0, Q_STAGES=1, PERSISTENT=p),
+     mhas([(4, 16, 4096, 64, False)])) for p in (1, 0)
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -579,7 +588,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS,
-              "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS}
+              "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

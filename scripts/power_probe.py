@@ -66,6 +66,37 @@ def window(samples, start: float, end: float, skip: float = 0.25):
     return statistics.median(s[1] for s in sel), statistics.median(s[2] for s in sel), reasons, len(sel)
 
 
+def report(runs, samples) -> list[str]:
+    """The table of each run (us, MHz, W, mJ per call, clock-limit reasons) and, per point and
+    shape, the medians over rounds with FA4 and SDPA beside ours. runs: (shape, who, knobs, us,
+    start, end) in host seconds; samples: parse_samples's."""
+    lines: list[str] = []
+    lines.append(f"\n{len(samples)} nvidia-smi samples; per run, its last 75%: medians")
+    lines.append(f"{'shape':28} {'who':5} {'us/call':>9} {'SM MHz':>7} {'W':>6} {'mJ/call':>8} {'reasons':>8} {'n':>3}")
+    # Keyed by (point, shape, who): a set may hold several points of one shape, each timed with
+    # its own baselines beside it.
+    per: dict[tuple[str, str, str], list[tuple[float, float, float, float]]] = {}
+    for shape, who, knobs, us, t0, t1 in runs:
+        mhz, w, reasons, n = window(samples, t0, t1)
+        mj = w * us * 1e-3
+        per.setdefault((knobs, shape, who), []).append((us, mhz, w, mj))
+        lines.append(f"{shape:28} {who:5} {us:9.2f} {mhz:7.0f} {w:6.0f} {mj:8.2f} {reasons:#8x} {n:3d}")
+    lines.append("\nmedians over rounds, per point (ratio: FA4 or SDPA us / ours us; energy: their mJ / ours)")
+    for knobs, shape in dict.fromkeys((k, s) for k, s, _ in per):
+        ours = per.get((knobs, shape, "ours"))
+        if not ours:
+            continue
+        o_us, o_mhz, o_w, o_mj = (statistics.median(x[i] for x in ours) for i in range(4))
+        line = f"{shape:28} ours {o_us:9.2f} us {o_mhz:5.0f} MHz {o_w:4.0f} W {o_mj:7.2f} mJ"
+        for who in ("fa4", "sdpa"):
+            rows = per.get((knobs, shape, who))
+            if rows:
+                us, mhz, w, mj = (statistics.median(x[i] for x in rows) for i in range(4))
+                line += f" | {who} {us:9.2f} us {mhz:5.0f} MHz {w:4.0f} W {mj:7.2f} mJ ({us / o_us:.3f}x, energy {mj / o_mj:.3f})"
+        lines.append(line + f"  [{knobs}]")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", default="large", choices=sorted(C.POINT_SETS))
@@ -121,27 +152,7 @@ def main() -> int:
         smi.terminate()
         smi.wait(timeout=5)
     samples = parse_samples(Path(log.name).read_text())
-    print(f"\n{len(samples)} nvidia-smi samples; per run, its last 75%: medians")
-    print(f"{'shape':28} {'who':5} {'us/call':>9} {'SM MHz':>7} {'W':>6} {'mJ/call':>8} {'reasons':>8} {'n':>3}")
-    per: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
-    for shape, who, knobs, us, t0, t1 in runs:
-        mhz, w, reasons, n = window(samples, t0, t1)
-        mj = w * us * 1e-3
-        per.setdefault((shape, who), []).append((us, mhz, w, mj))
-        print(f"{shape:28} {who:5} {us:9.2f} {mhz:7.0f} {w:6.0f} {mj:8.2f} {reasons:#8x} {n:3d}")
-    print("\nmedians over rounds (ratio: FA4 or SDPA us / ours us; energy: their mJ / ours)")
-    for shape in dict.fromkeys(s for s, _ in per):
-        ours = per.get((shape, "ours"))
-        if not ours:
-            continue
-        o_us, o_mhz, o_w, o_mj = (statistics.median(x[i] for x in ours) for i in range(4))
-        line = f"{shape:28} ours {o_us:9.2f} us {o_mhz:5.0f} MHz {o_w:4.0f} W {o_mj:7.2f} mJ"
-        for who in ("fa4", "sdpa"):
-            rows = per.get((shape, who))
-            if rows:
-                us, mhz, w, mj = (statistics.median(x[i] for x in rows) for i in range(4))
-                line += f" | {who} {us:9.2f} us {mhz:5.0f} MHz {w:4.0f} W {mj:7.2f} mJ ({us / o_us:.3f}x, energy {mj / o_mj:.3f})"
-        print(line)
+    print("\n".join(report(runs, samples)))
     return 0
 
 

@@ -44,6 +44,22 @@ class PowerProbeTest(unittest.TestCase):
         self.assertEqual(n, 0)
         self.assertNotEqual(mhz, mhz)  # nan
 
+    def test_the_summary_keeps_two_points_of_one_shape_apart(self):
+        # Two points of one shape, each with FA4 beside it: at 700 W, 1.2 J and 1.0 J per call.
+        samples = [(t / 10, 1500.0, 700.0, 4) for t in range(0, 81)]
+        runs = [("b2h16s8192d128", "ours", "P=1", 1714.3, 0.0, 1.9),
+                ("b2h16s8192d128", "fa4", "P=1", 1714.3, 2.0, 3.9),
+                ("b2h16s8192d128", "ours", "P=0", 1428.6, 4.0, 5.9),
+                ("b2h16s8192d128", "fa4", "P=0", 1714.3, 6.0, 7.9)]
+        lines = pp.report(runs, samples)
+        summary = [line for line in lines if line.startswith("b2h16s8192d128") and "|" in line]
+        self.assertEqual(len(summary), 2, lines)
+        self.assertIn("(1.000x, energy 1.000)", summary[0])
+        self.assertTrue(summary[0].endswith("[P=1]"), summary[0])
+        self.assertIn("ours   1428.60 us", summary[1])
+        self.assertIn("(1.200x, energy 1.200)", summary[1])
+        self.assertIn("1000.02 mJ", summary[1])
+
 
 if __name__ == "__main__":
     unittest.main()
