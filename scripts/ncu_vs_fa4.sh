@@ -22,6 +22,9 @@ M="$M,regex:sm__inst_executed_pipe_(xu|fma|alu|uniform|lsu).*sum$"
 M="$M,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,smsp__average_warps_issue_stalled_misc_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio"
 M="$M,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,l1tex__data_pipe_lsu_wavefronts_mem_local.sum"
 M="$M,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_read.sum,lts__t_sector_hit_rate.pct"
+# EXTRA_METRICS: more, comma-separated (e.g. the L2's request and coalescer counters that
+# `ncu --query-metrics` lists on the machine)
+[[ -n "${EXTRA_METRICS:-}" ]] && M="$M,$EXTRA_METRICS"
 # shape (B,H,S,D[,causal])  our knobs (the daemon's best points, check_templates_gpu.py BEST_POINTS)
 CASES=(
   "4,16,4096,64|BLOCK_N=128,STAGES=2,CONSUMERS=3,PINGPONG=1,OVERLAP=1,PERSISTENT=1,LAZY_RESCALE=1"
