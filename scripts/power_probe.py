@@ -12,7 +12,8 @@ ours / FA4 (where flash_attn.cute imports) / SDPA default, the call runs back to
 `--seconds` (a CUDA graph of back-to-back calls, replayed) while `nvidia-smi` samples the SM clock,
 the board power and the clock-limit reasons every 50 ms. Per run, over its last 75%:
 
-    us/call (median replay), SM MHz and W (medians), mJ/call = W x us/call, and the clock-limit
+    us/call (median replay), SM MHz and W (medians; the MHz are nvidia-smi's sampled clock, which
+    under a power cap need not be the effective one: not cycles per call), mJ/call = W x us/call, and the clock-limit
     reasons seen (nvidia-smi's bitmask: 0x4 software power cap, 0x8 hardware slowdown,
     0x20 software thermal, 0x40 hardware thermal, 0x80 hardware power brake; 0x1 idle)
 
