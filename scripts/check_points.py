@@ -23,14 +23,12 @@ import decode_sweep as DS  # noqa: E402
 from nvrtc_compile_check import load_templates  # noqa: E402
 
 
-def build(name: str, out_dir: Path, jobs: int) -> int:
-    """No GPU: the cubins `check` loads for the set's points (fp16 and bf16 check builds; the
-    source does not depend on the shape)."""
-    import concurrent.futures as cf
+def check_jobs(name: str, templates=None) -> dict:
+    """The check builds of point set `name` (fp16 and bf16, CTA-counting: what Gpu.check loads;
+    the source does not depend on the shape), by the cubin file name Gpu.module looks up."""
+    from nvrtc_compile_check import Job
 
-    from nvrtc_compile_check import Job, _init_worker, default_cuda_include, default_nvrtc_lib
-
-    tpls = {t.rel: t for t in load_templates()}
+    tpls = {t.rel: t for t in (templates or load_templates())}
     todo = {}
     for rel, knobs, _ in C.POINT_SETS[name]:
         tpl = tpls[rel]
@@ -39,6 +37,16 @@ def build(name: str, out_dir: Path, jobs: int) -> int:
         for bf16 in (False, True):
             src = C.build_source(tpl, kn, bf16)
             todo[C.cubin_name(src, True, arch)] = Job(rel, kn, bf16, arch, True, src, tpl.kernel_names())
+    return todo
+
+
+def build(name: str, out_dir: Path, jobs: int) -> int:
+    """No GPU: the cubins `check` loads for the set's points (check_jobs)."""
+    import concurrent.futures as cf
+
+    from nvrtc_compile_check import _init_worker, default_cuda_include, default_nvrtc_lib
+
+    todo = check_jobs(name)
     out_dir.mkdir(parents=True, exist_ok=True)
     bad = 0
     with cf.ProcessPoolExecutor(jobs, initializer=_init_worker,
