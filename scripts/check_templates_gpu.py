@@ -113,7 +113,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               the benchmark shapes (for --time-against a copy whose PV_WAIT
               list starts with 0), --points large issue 19's four large
               shapes at their fixed points (for --time-against, e.g. two
-              compilers' cubins with --cubins-only). Where
+              compilers' cubins with --cubins-only), --points large_nc
+              other points of the two non-causal ones, --points
+              persist_nc those persistent and not. Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
