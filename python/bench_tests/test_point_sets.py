@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import check_points as cpts  # noqa: E402
 import check_templates_gpu as ctg  # noqa: E402
 
 
@@ -35,6 +36,23 @@ class PointSetsTest(unittest.TestCase):
                     self.assertEqual(set(knobs), set(space), f"{name}: {tpl.rel} knobs")
                     for knob, value in knobs.items():
                         self.assertIn(value, space[knob], f"{name}: {tpl.rel} {knob}")
+
+    def test_check_points_builds_each_points_check_cubins_under_the_name_the_gpu_check_loads(self):
+        # check_points.py --build-cubins (CPU) must write what Gpu.module looks up on the GPU
+        # machine for a check build (fp16 and bf16, CTA-counting, the device's arch).
+        jobs = cpts.check_jobs("large", self.templates)
+        tpls = {t.rel: t for t in self.templates}
+        expected = set()
+        for rel, knobs, _ in ctg.POINT_SETS["large"]:
+            tpl = tpls[rel]
+            full = tpl.complete(knobs)
+            arch = ctg.device_arch(tpl, 90)  # what Gpu.arch gives on an H100
+            for bf16 in (False, True):
+                expected.add(ctg.cubin_name(ctg.build_source(tpl, full, bf16), True, arch))
+        self.assertEqual(set(jobs), expected)
+        self.assertTrue(all(j.count_ctas for j in jobs.values()), "check builds count CTAs")
+        self.assertEqual({j.bf16 for j in jobs.values()}, {False, True})
+        self.assertEqual({j.arch for j in jobs.values()}, {"sm_90a"})
 
     def test_a_value_outside_the_space_is_refused(self):
         wgmma = next(t for t in self.templates if t.rel == "wgmma_tma.cu")
