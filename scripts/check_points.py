@@ -42,22 +42,10 @@ def check_jobs(name: str, templates=None) -> dict:
 
 def build(name: str, out_dir: Path, jobs: int) -> int:
     """No GPU: the cubins `check` loads for the set's points (check_jobs)."""
-    import concurrent.futures as cf
-
-    from nvrtc_compile_check import _init_worker, default_cuda_include, default_nvrtc_lib
+    from nvrtc_compile_check import default_nvrtc_lib
 
     todo = check_jobs(name)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    bad = 0
-    with cf.ProcessPoolExecutor(jobs, initializer=_init_worker,
-                                initargs=(default_nvrtc_lib(), default_cuda_include())) as pool:
-        names = list(todo)
-        for n, (ok, reason, cubin) in zip(names, pool.map(C._cubin_job, [todo[n] for n in names])):
-            if ok:
-                (out_dir / n).write_bytes(cubin)
-            else:
-                bad += 1
-                print(f"FAIL {todo[n].template} {C.combo_label(todo[n].knobs)} bf16={todo[n].bf16}: {reason}")
+    bad = C.compile_cubins(todo, out_dir, jobs)
     print(f"{name}: built {len(todo) - bad} check cubins in {out_dir} with {default_nvrtc_lib()}, {bad} failures")
     return 1 if bad else 0
 

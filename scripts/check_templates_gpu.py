@@ -1328,8 +1328,7 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
     BEST_POINTS (and of the same points in `against`: --time-against). Arch-specific templates
     are built for sm_<min_cc>a, the others for `arch`. Cubins already in out_dir (same name:
     same source, build and target) are kept."""
-    import concurrent.futures as cf
-    from nvrtc_compile_check import Job, _init_worker, default_cuda_include, default_nvrtc_lib
+    from nvrtc_compile_check import Job
 
     out_dir.mkdir(parents=True, exist_ok=True)
     todo: dict[str, Job] = {}
@@ -1362,13 +1361,27 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
     kept = [n for n in todo if (out_dir / n).exists()]
     for name in kept:
         del todo[name]
-    lib, include = default_nvrtc_lib(), default_cuda_include()
-    bad = 0
     t0 = time.perf_counter()
-    with cf.ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(lib, include)) as pool:
+    bad = compile_cubins(todo, out_dir, jobs)
+    targets = sorted({j.arch for j in todo.values()} | {n.rsplit("-", 1)[1][:-len(".cubin")] for n in kept})
+    print(f"built {len(todo) - bad} cubins for {', '.join(targets) or arch} in {out_dir} "
+          f"({time.perf_counter() - t0:.1f} s), {len(kept)} already there, {bad} failures")
+    return 1 if bad else 0
+
+
+def compile_cubins(todo: dict, out_dir: Path, jobs: int) -> int:
+    """Compile `todo` (cubin file name -> nvrtc_compile_check.Job) with the NVRTC of
+    OPTIMIZERD_NVRTC_LIB / .deps in `jobs` processes into out_dir; prints each failure and
+    returns their count."""
+    import concurrent.futures as cf
+    from nvrtc_compile_check import _init_worker, default_cuda_include, default_nvrtc_lib
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bad = 0
+    with cf.ProcessPoolExecutor(jobs, initializer=_init_worker,
+                                initargs=(default_nvrtc_lib(), default_cuda_include())) as pool:
         names = list(todo)
-        for name, res in zip(names, pool.map(_cubin_job, [todo[n] for n in names])):
-            ok, reason, cubin = res
+        for name, (ok, reason, cubin) in zip(names, pool.map(_cubin_job, [todo[n] for n in names])):
             if ok:
                 (out_dir / name).write_bytes(cubin)
             else:
@@ -1376,10 +1389,7 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
                 j = todo[name]
                 print(f"  FAIL {j.template} {combo_label(j.knobs)} bf16={j.bf16} count={j.count_ctas} {j.arch}: "
                       f"{reason}")
-    targets = sorted({j.arch for j in todo.values()} | {n.rsplit("-", 1)[1][:-len(".cubin")] for n in kept})
-    print(f"built {len(todo) - bad} cubins for {', '.join(targets) or arch} in {out_dir} "
-          f"({time.perf_counter() - t0:.1f} s), {len(kept)} already there, {bad} failures")
-    return 1 if bad else 0
+    return bad
 
 
 def _cubin_job(job):
