@@ -28,8 +28,9 @@
  * are not touched).
  *
  * COMBINE = 1 (push) replaces steps 2-4: every CTA but rank 0 stores its
- * summed rows and LSEs into rank 0's shared memory (st.shared::cluster) and
- * arrives on rank 0's mbarrier (release, cluster scope), then exits; rank 0
+ * summed rows and LSEs into rank 0's shared memory (st.shared::cluster), and
+ * after a CTA barrier its thread 0 arrives on rank 0's mbarrier (release,
+ * cluster scope: one arrive per CTA), then it exits; rank 0
  * waits on that mbarrier (acquire), combines all CLUSTER splits and stores O.
  * The ncu profile of COMBINE = 0 at B 1, SK 1024 showed ~30% of the warps'
  * samples in the two cluster barriers: here only rank 0 waits, and only once.
@@ -233,12 +234,12 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     const int t_begin = min(n_tiles, split * tps);
     const int t_end = min(n_tiles, t_begin + tps);
 #if COMBINE == 1
-    // Rank 0's mbarrier expects one arrive per thread of the other ranks; the
-    // init is made visible cluster-wide by the fence and this (relaxed)
-    // cluster arrive, whose wait precedes the first remote store.
+    // Rank 0's mbarrier expects one arrive per other rank (its thread 0, after a
+    // CTA barrier); the init is made visible cluster-wide by the fence and this
+    // (relaxed) cluster arrive, whose wait precedes the first remote store.
     const unsigned mbar = smem_u32(dec_smem + P::MBAR);
     if (split == 0 && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"((CLUSTER - 1) * DEC_THREADS));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(CLUSTER - 1));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -281,7 +282,13 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         if ((int)threadIdx.x < rows_valid)
             dsmem_st_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_ROWS + threadIdx.x) * 4), 0),
                          lse_s[threadIdx.x]);
-        dsmem_mbar_arrive(dsmem_map(mbar, 0));
+        // One arrive per CTA: the barrier orders every thread's remote stores before
+        // thread 0's arrive, whose release (cluster scope) is cumulative over them (the
+        // argument of decode.cu's split semaphore). An arrive per thread, 7 x 128 remote
+        // arrivals on one mbarrier at CLUSTER 8, took 0.8 us per call at B 1 x SK 4096
+        // (scripts/decode_timeline.py, H100, 2026-11-27).
+        __syncthreads();
+        if (threadIdx.x == 0) dsmem_mbar_arrive(dsmem_map(mbar, 0));
         return;  // nothing reads this CTA's shared memory
     }
     cluster_mbar_wait(mbar, 0);

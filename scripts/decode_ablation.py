@@ -3,9 +3,12 @@
 
     python3 scripts/decode_ablation.py OUT.json [--against DIR] [--only VARIANT,..]
 
---knob NAME=V: an A/B of one knob instead of the cuts: each point is checked with NAME=V (fp16
-and bf16, DECODE_CHECK shapes), then timed as given and with NAME=V, alternating, --rounds times
-(default 3), and the per-shape ratio printed last.
+--knob NAME=V[,NAME2=V2..]: an A/B of a knob setting instead of the cuts: each point is checked
+with it (fp16 and bf16, DECODE_CHECK shapes), then timed as given and with it, alternating,
+--rounds times (default 3), and the per-shape ratio printed last.
+
+--sq4: also time Llama-3-8B speculative decode (SQ 4 against SK 4096, B 1 and 8, causal): G * SQ
+= 32 packed rows per KV head, like MQA's.
 
 --against DIR: also time the same points built from the templates in DIR (e.g. an earlier
 commit's kernel-templates, `git archive`d), unpatched, as variant `against`, and check both
@@ -79,6 +82,8 @@ POINTS = [
 ]
 SHAPES = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(1, 32, 8, 1, 16384, 128, False),
           gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, False)]
+if "--sq4" in sys.argv:
+    SHAPES += [gqa(1, 32, 8, 4, 4096, 128, True), gqa(8, 32, 8, 4, 4096, 128, True)]
 
 
 def time_points(name, points, rows):
@@ -139,11 +144,10 @@ def knob_ab(spec, t0):
     """--knob NAME=V (see the module's doc): check, then alternate the two versions of each point."""
     import statistics
     import decode_sweep as DS
-    name, _, value = spec.partition("=")
-    value = int(value)
+    setting = {name: int(value) for name, _, value in (kv.partition("=") for kv in spec.split(","))}
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
     variant["name"] = "full"
-    with_knob = [(tpl, {**kn, name: value}) for tpl, kn in POINTS]
+    with_knob = [(tpl, {**kn, **setting}) for tpl, kn in POINTS]
     checks = []
     for tpl, kn in with_knob:
         checks += DS.check_points(gpu, tpl, [kn])

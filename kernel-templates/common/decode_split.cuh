@@ -188,21 +188,26 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 
     const int my_tiles = max(0, t_end - t_begin);
 
-    // --- packed Q tile: row r = query head kvh * G + (prow0 + r) / SQ, row (prow0 + r) % SQ
+    // --- packed Q tile: row r = query head kvh * G + (prow0 + r) / SQ, row (prow0 + r) % SQ.
+    // Issued after the first K/V tile's copies (same commit group): the timeline of 2026-11-27
+    // (scripts/decode_timeline.py) had a CTA's prologue take 0.8 us of index math and copies
+    // before its last K/V copy left, with HBM idle meanwhile; tile 0 is the critical path.
+    auto load_q = [&]() {
 #pragma unroll
-    for (int i = 0; i < Q_ITERS; ++i) {
-        const int c = tid + i * DEC_THREADS;
-        if ((DEC_ROWS * CH) % DEC_THREADS != 0 && c >= DEC_ROWS * CH) break;
-        const int r = c / CH, ch = c % CH;
-        const bool ok = r < rows_valid;
-        const int pr = prow0 + r;
-        const elem_t* src = q;
-        if (ok) {
-            const int h = kvh * group + pr / seq_q;
-            src = q + optd_head_off(strides.q_b, strides.q_h, b, h) + (long long)(pr % seq_q) * strides.q_s + ch * 8;
+        for (int i = 0; i < Q_ITERS; ++i) {
+            const int c = tid + i * DEC_THREADS;
+            if ((DEC_ROWS * CH) % DEC_THREADS != 0 && c >= DEC_ROWS * CH) break;
+            const int r = c / CH, ch = c % CH;
+            const bool ok = r < rows_valid;
+            const int pr = prow0 + r;
+            const elem_t* src = q;
+            if (ok) {
+                const int h = kvh * group + pr / seq_q;
+                src = q + optd_head_off(strides.q_b, strides.q_h, b, h) + (long long)(pr % seq_q) * strides.q_s + ch * 8;
+            }
+            cp_async16(s_q + dec_tile_off<D>(r, ch), src, ok);
         }
-        cp_async16(s_q + dec_tile_off<D>(r, ch), src, ok);
-    }
+    };
 
     // K/V tile t -> ring slot (t - t_begin) % STAGES, keys >= SK zero-filled.
     // Copy i of a thread is chunk ld_ch of tile row ld_row + i * KV_RSTEP: CTA-wide,
@@ -213,12 +218,39 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     const long long k_row = strides.k_s, v_row = strides.v_s;
     const elem_t* k_thr = kh + (long long)ld_row * k_row + ld_ch * 8;
     const elem_t* v_thr = vh + (long long)ld_row * v_row + ld_ch * 8;
+    // Tiles are loaded in order, t_begin first: the thread's source pointers step by a
+    // tile's rows, and copy i is KV_RSTEP rows further on. A tile wholly below SK (all but
+    // the last, CTA-uniform) takes copies without bounds or source-size operands. The
+    // general form below, with its 64-bit index products and reloaded strides, took 290
+    // instructions per tile for 16 copies, half of all a warp issued at B 1 (ncu source
+    // counters, H100, 2026-11-27); the fast form about 70 (B 1 x SK 4096 at CLUSTER 8:
+    // 10.55 -> 10.06 us; the long splits of CLUSTER 2 up to 17% faster).
+    const long long k_rstep = (long long)KV_RSTEP * k_row, v_rstep = (long long)KV_RSTEP * v_row;
+    const elem_t* k_next = k_thr + (long long)t_begin * DEC_TILE_N * k_row;
+    const elem_t* v_next = v_thr + (long long)t_begin * DEC_TILE_N * v_row;
+    const long long k_tstep = (long long)DEC_TILE_N * k_row, v_tstep = (long long)DEC_TILE_N * v_row;
     auto load_kv = [&](int t) {
         const int kv0 = t * DEC_TILE_N;
-        const int rows_left = seq_k - kv0 - ld_row;  // copy i is a key < SK iff i * KV_RSTEP < this
         const unsigned slot = (unsigned)(((t - t_begin) % STAGES) * KV_BYTES);
-        const elem_t* ks = k_thr + (long long)kv0 * k_row;
-        const elem_t* vs = v_thr + (long long)kv0 * v_row;
+        const unsigned dst0 = slot + dec_tile_off<D>(ld_row, ld_ch);
+        const elem_t* ks = k_next;
+        const elem_t* vs = v_next;
+        k_next += k_tstep;
+        v_next += v_tstep;
+        if (kv0 + DEC_TILE_N <= seq_k) {
+#pragma unroll
+            for (int i = 0; i < KV_ITERS; ++i) {
+                // KV_RSTEP is a multiple of 8 rows where the swizzle repeats: a constant offset.
+                const unsigned dst = (KV_RSTEP % 8 == 0) ? dst0 + (unsigned)(i * KV_RSTEP * ROW_BYTES)
+                                                         : slot + dec_tile_off<D>(ld_row + i * KV_RSTEP, ld_ch);
+                cp_async16_full(s_k + dst, ks);
+                cp_async16_full(s_v + dst, vs);
+                ks += k_rstep;
+                vs += v_rstep;
+            }
+            return;
+        }
+        const int rows_left = seq_k - kv0 - ld_row;  // copy i is a key < SK iff i * KV_RSTEP < this
 #pragma unroll
         for (int i = 0; i < KV_ITERS; ++i) {
             const bool ok = i * KV_RSTEP < rows_left;
@@ -228,10 +260,11 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         }
     };
 
-    // Group 0 holds Q and the first tile; groups 1 .. STAGES - 2 one tile each.
+    // Group 0 holds the first tile and Q; groups 1 .. STAGES - 2 one tile each.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < my_tiles) load_kv(t_begin + s);
+        if (s == 0) load_q();
         cp_async_commit();
     }
     cp_async_wait<STAGES - 2>();
@@ -278,18 +311,32 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         const unsigned vb = s_v + sub;
 
         // S = Q K^T: ldmatrix.x4 on K gives the B fragments of n-tiles 2 j2, 2 j2 + 1.
-        float s[NT][4];
+        // Even and odd k-steps accumulate apart and are added at the end: two chains of
+        // KSTEPS / 2 dependent mma.sync instead of one of KSTEPS. With one warp per
+        // sub-partition nothing hides the chain's latency, and the last tile's math is on
+        // the call's critical path (scripts/decode_timeline.py: 0.48 us after its bytes land).
+        float s[NT][4], s2[NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int j = 0; j < NT; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
+        }
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
             for (int j2 = 0; j2 < NT / 2; ++j2) {
                 unsigned bf[4];
                 dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + (k_lane ^ (unsigned)(kk << 5)));
-                dec_mma16816(s[2 * j2], qf[kk], bf[0], bf[1]);
-                dec_mma16816(s[2 * j2 + 1], qf[kk], bf[2], bf[3]);
+                float(&a0)[4] = (kk & 1) ? s2[2 * j2] : s[2 * j2];
+                float(&a1)[4] = (kk & 1) ? s2[2 * j2 + 1] : s[2 * j2 + 1];
+                dec_mma16816(a0, qf[kk], bf[0], bf[1]);
+                dec_mma16816(a1, qf[kk], bf[2], bf[3]);
             }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
         }
 
         // Masking, only where some row loses a key: past SK, or past the first

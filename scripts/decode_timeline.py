@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Where a decode call's time goes, CTA by CTA (issue 17): timestamps from inside the kernel.
+
+    python3 scripts/decode_timeline.py OUT.json [--samples 15]
+
+scripts/decode_overhead.py found the decode templates about 4.6 us per call above
+bytes / bandwidth (a plain streaming read of the same bytes: 1.7 us), and decode_ablation.py
+cut parts out of the kernel to price them, which cannot tell a cost from a wait that moves
+elsewhere. This reads the clock instead: the rendered source of each point gets a global array
+and, in thread 0 of every CTA, a %globaltimer stamp (ns) and a clock64 stamp at
+  entry      first statement of the kernel
+  issued     the prologue's copies (Q and the first STAGES - 1 K/V tiles) issued
+  first      tile 0 landed (its cp.async wait and barrier passed)
+  last       the split's last tile landed
+  loop       the key loop done (math of the last tile included)
+  sync_a     the merge's first barrier passed (every warp out of its key loop)
+  sync_b     its second (the warps' row maxima and sums published)
+  merged     the warps' merge done (end of common/decode_split.cuh's part)
+  summed     decode-cluster: the warps' rows summed and the cluster barrier's wait passed
+             (push: about to push or, rank 0, to wait); decode-split: the partial rows stored
+  pushed     decode-cluster push: ranks > 0 after their remote stores and arrive; rank 0
+             after its mbarrier wait (all pushes in); decode-split fused: past the split
+             semaphore (the last CTA of a group only)
+  combined   rank 0 / the last CTA: the combine's stores issued
+  exit       the kernel's last statement
+The kernels are otherwise the daemon's, timed cold as the benchmark times decode (a CUDA graph
+of back-to-back calls rotating over enough input sets to exceed L2); the stamps kept are the
+graph's last call's, once per replay. Printed per point and shape: the call's time from the
+graph, then for each event the spread over CTAs (min / median / max, us after the first CTA's
+entry), medians over the replays; "outside" = call time - (last exit - first entry), what the
+launch and the kernel boundary cost beyond the CTAs' own lifetimes. The stamps cost a few
+instructions in thread 0 (timing only; the outputs are not checked here).
+"""
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, "scripts")
+import decode_cold as DC  # noqa: E402
+
+C, gqa = DC.C, DC.gqa
+EVENTS = ["entry", "issued", "first", "last", "loop", "sync_a", "sync_b", "merged", "summed", "pushed", "combined", "exit"]
+SLOTS = 16
+MAX_CTAS = 8192
+
+TL_DEF = """
+__device__ unsigned long long optd_tl[%d * 16];
+__device__ long long optd_tc[%d * 16];
+__device__ __forceinline__ void tl_mark(int ev) {
+    if (threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
+        const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        optd_tl[cta * 16 + ev] = t;
+        optd_tc[cta * 16 + ev] = clock64();
+    }
+}
+""" % (MAX_CTAS, MAX_CTAS)
+
+# (old, new) replacements in the rendered source; each must apply (checked).
+PATCHES = [
+    ("    cp_async_wait<STAGES - 2>();\n    __syncthreads();  // Q is every thread's copies",
+     "    tl_mark(1);\n    cp_async_wait<STAGES - 2>();\n    __syncthreads();  // Q is every thread's copies"),
+    ("        if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);",
+     "        if (i == 0) tl_mark(2);\n        if (i == my_tiles - 1) tl_mark(3);\n"
+     "        if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);"),
+    ("    cp_async_wait<0>();  // only empty groups", "    tl_mark(4);\n    cp_async_wait<0>();  // only empty groups"),
+    ("    __syncthreads();\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH", "    __syncthreads();\n    tl_mark(7);\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH"),
+    ("    __syncthreads();  // every warp is past its last K/V tile\n",
+     "    __syncthreads();  // every warp is past its last K/V tile\n    tl_mark(5);\n"),
+    ("    __syncthreads();\n#pragma unroll\n    for (int h = 0; h < 2; ++h) {\n        const int row = g + 8 * h;",
+     "    __syncthreads();\n    tl_mark(6);\n#pragma unroll\n    for (int h = 0; h < 2; ++h) {\n        const int row = g + 8 * h;"),
+]
+# Per template: stamps of its own tail (decode_cluster.cu's push, decode.cu's fused combine).
+TAIL_PATCHES = {
+    "decode-cluster": [
+        ('    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // rank 0\'s mbarrier is initialised\n',
+         '    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // rank 0\'s mbarrier is initialised\n    tl_mark(8);\n'),
+        ("        return;  // nothing reads this CTA's shared memory", "        tl_mark(9);\n        tl_mark(11);\n        return;  // nothing reads this CTA's shared memory"),
+        ("    cluster_mbar_wait(mbar, 0);\n", "    cluster_mbar_wait(mbar, 0);\n    tl_mark(9);\n"),
+        ("                row, c4, o, strides, heads_q, heads_kv, seq_q);\n        }\n    }\n#else",
+         "                row, c4, o, strides, heads_q, heads_kv, seq_q);\n        }\n    }\n    tl_mark(10);\n#else"),
+    ],
+    "decode-split": [
+        ("    if (!dec_arrive_last(sem, n_splits)) return;", "    tl_mark(8);\n    if (!dec_arrive_last(sem, n_splits)) return;\n    tl_mark(9);"),
+        ("        dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);\n    }\n#endif",
+         "        dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);\n    }\n    tl_mark(10);\n#endif"),
+    ],
+}
+WRAPS = ["decode_cluster_fwd<128>(OPTD_ARG_NAMES);", "decode_fwd<128>(OPTD_ARG_NAMES);"]
+
+_build = C.build_source
+
+
+def build_source(tpl, knobs, bf16, mbar_fault=False):
+    src = _build(tpl, knobs, bf16, mbar_fault)
+    for old, new in PATCHES:
+        if old not in src:
+            raise RuntimeError(f"decode_timeline: the template changed, no `{old[:60]}` to stamp")
+        src = src.replace(old, new)
+    for old, new in TAIL_PATCHES.get(tpl.name, []):
+        if old not in src:
+            raise RuntimeError(f"decode_timeline: the template changed, no `{old[:60]}` to stamp")
+        src = src.replace(old, new)
+    for w in WRAPS:
+        src = src.replace(w, f"tl_mark(0);\n    {w}\n    tl_mark(11);")
+    at = src.index("template <int D>\n__device__ __forceinline__ void decode_split_tile")
+    return src[:at] + TL_DEF + src[at:]
+
+
+C.build_source = build_source
+
+POINTS = [
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=1),
+     [gqa(1, 32, 8, 1, 4096, 128, False), gqa(1, 32, 8, 1, 1024, 128, False), gqa(8, 32, 1, 1, 4096, 128, False)]),
+    (DC.split, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=2, FUSED_COMBINE=1),
+     [gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False)]),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=1), [gqa(8, 32, 8, 1, 4096, 128, False)]),
+]
+
+
+def timeline(tpl, kn, shape, samples):
+    gpu, cp = DC.gpu, DC.cp
+    mod = gpu.module(tpl, kn, False, count=False)
+    splits, launches, _ = C.plan(tpl, kn, shape, gpu.dev)
+    grid = launches[0]["grid"]
+    ctas = grid[0] * grid[1] * grid[2]
+    if ctas > MAX_CTAS:
+        raise RuntimeError(f"{ctas} CTAs > {MAX_CTAS}")
+    n = DC.sets_for(shape)
+    bufs = [gpu.buffers(shape, splits, "fp16", fill=0.0, need_ref=False) for _ in range(n)]
+    args = [gpu.launch_args(shape, splits, launches, *b[:6]) for b in bufs]
+    kernels = [gpu.prepare(mod, l) for l in launches]
+    tl = cp.ndarray((MAX_CTAS * 16,), cp.uint64, mod.get_global("optd_tl"))
+    tc = cp.ndarray((MAX_CTAS * 16,), cp.int64, mod.get_global("optd_tc"))
+    DC.torch.cuda.synchronize()
+
+    def launch(i):
+        for kern in kernels:
+            gpu.launch(kern, args[i % n])
+    reps = 24
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for i in range(reps):
+            launch(i)
+        stream.begin_capture()
+        for i in range(reps):
+            launch(i)
+        graph = stream.end_capture()
+        graph.upload(stream)
+        for _ in range(3):
+            graph.launch(stream)
+        stream.synchronize()
+        per_call, spans, rel, cyc = [], [], {e: [] for e in EVENTS}, {e: [] for e in EVENTS}
+        for _ in range(samples):
+            tl.fill(0)
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            per_call.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
+            t = tl[: ctas * 16].get().reshape(ctas, 16).astype("int64")
+            c = tc[: ctas * 16].get().reshape(ctas, 16)
+            t0 = int(t[:, 0].min())
+            spans.append((int(t[:, 11].max()) - t0) / 1000.0)
+            for j, e in enumerate(EVENTS):
+                col = [x for x in t[:, j] if x >= t0]  # earlier: a stamp left by an earlier call
+                if col:
+                    xs = sorted((x - t0) / 1000.0 for x in col)
+                    rel[e].append((xs[0], xs[len(xs) // 2], xs[-1]))
+                # cycles since the CTA's own entry (clock64 is per SM; only differences within a CTA mean anything)
+                d = sorted(int(c[i, j] - c[i, 0]) for i in range(ctas) if t[i, j] >= t0)
+                if d:
+                    cyc[e].append((d[0], d[len(d) // 2], d[-1]))
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    call = med(per_call)
+    span = med(spans)
+    out = dict(point=f"{tpl.name} {DC.combo_label(kn)}", shape=C.shape_key(shape), ctas=ctas, call_us=call,
+               span_us=span, outside_us=call - span, events={}, cycles={})
+    for e in EVENTS:
+        if rel[e]:
+            out["events"][e] = [med([x[k] for x in rel[e]]) for k in range(3)]
+            out["cycles"][e] = [med([x[k] for x in cyc[e]]) for k in range(3)]
+    return out
+
+
+def main():
+    samples = int(sys.argv[sys.argv.index("--samples") + 1]) if "--samples" in sys.argv else 15
+    DC.init()
+    t0 = time.time()
+    res = []
+    for tpl, kn, shapes in POINTS:
+        for shape in shapes:
+            r = timeline(tpl, kn, shape, samples)
+            res.append(r)
+            print(f"\n{r['point']}  {r['shape']}  {r['ctas']} CTAs: call {r['call_us']:.2f} us, CTAs' span "
+                  f"{r['span_us']:.2f} us, outside {r['outside_us']:.2f} us", flush=True)
+            print(f"  {'event':<8} {'min us':>8} {'median':>8} {'max':>8}   cycles since the CTA's entry: min / median / max")
+            for e, (a, b, c) in r["events"].items():
+                ca, cb, cc = r["cycles"][e]
+                print(f"  {e:<8} {a:8.2f} {b:8.2f} {c:8.2f}   {ca:7d} {cb:7d} {cc:7d}")
+    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=DC.gpu.name, rows=res), indent=1))
+    print(f"\ndone in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
