@@ -249,12 +249,10 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
     const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
     constexpr int C4 = D / 4;
-    // 1. This split's rows: the warps' copies summed into warp 0's (each chunk
-    //    read and written by one thread).
-    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
-        const int row = c / C4, c4 = c % C4;
-        float4* dst = reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4);
-        float4 sum = *dst;
+    // 1. This split's rows: the warps' copies summed, each 16-byte chunk by one
+    //    thread; into warp 0's copy, except where COMBINE = 1 pushes them (below).
+    auto chunk_sum = [&](int row, int c4) {
+        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
 #pragma unroll
         for (int w = 1; w < NUM_WARPS; ++w) {
             const float4 x = *reinterpret_cast<const float4*>(xo + (w * DEC_ROWS + row) * L::XO_ROW + 4 * c4);
@@ -263,20 +261,19 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             sum.z += x.z;
             sum.w += x.w;
         }
-        *dst = sum;
-    }
+        return sum;
+    };
 #if COMBINE == 1
-    __syncthreads();  // the summed rows are read by other threads below
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0's mbarrier is initialised
     const unsigned rx = smem_u32(dec_smem + P::RX);
     const unsigned rx_lse = smem_u32(dec_smem + P::RX_LSE);
     if (split != 0) {
-        // Push this split's rows and LSEs into rank 0's slot split - 1, then arrive.
+        // Push this split's rows and LSEs into rank 0's slot split - 1 as they are summed
+        // (no local copy and no barrier between the sum and the push), then arrive.
         const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_ROWS * D * 4), 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
-            dsmem_st_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4),
-                           *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4));
+            dsmem_st_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), chunk_sum(row, c4));
         }
         const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         if ((int)threadIdx.x < rows_valid)
@@ -291,6 +288,11 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         if (threadIdx.x == 0) dsmem_mbar_arrive(dsmem_map(mbar, 0));
         return;  // nothing reads this CTA's shared memory
     }
+    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+        const int row = c / C4, c4 = c % C4;
+        *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
+    }
+    __syncthreads();  // rank 0's summed rows are read by other threads below
     cluster_mbar_wait(mbar, 0);
     {
         const float* lse_own = reinterpret_cast<const float*>(dec_smem + L::LSE);
@@ -312,6 +314,10 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         }
     }
 #else
+    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+        const int row = c / C4, c4 = c % C4;
+        *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
+    }
     cluster_sync();  // 2.
 
     // 3. The cluster combines: chunk c of the rows goes to CTA c % CLUSTER.

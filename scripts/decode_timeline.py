@@ -16,8 +16,9 @@ and, in thread 0 of every CTA, a %globaltimer stamp (ns) and a clock64 stamp at
   sync_a     the merge's first barrier passed (every warp out of its key loop)
   sync_b     its second (the warps' row maxima and sums published)
   merged     the warps' merge done (end of common/decode_split.cuh's part)
-  summed     decode-cluster: the warps' rows summed and the cluster barrier's wait passed
-             (push: about to push or, rank 0, to wait); decode-split: the partial rows stored
+  summed     decode-cluster push: the cluster barrier's wait passed (ranks > 0 then sum their
+             warps' rows straight into the remote stores, rank 0 into its own copy);
+             decode-split: the partial rows stored
   pushed     decode-cluster push: ranks > 0 after their remote stores and arrive; rank 0
              after its mbarrier wait (all pushes in); decode-split fused: past the split
              semaphore (the last CTA of a group only)
