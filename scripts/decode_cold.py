@@ -108,9 +108,10 @@ def sets_for(shape):
     return max(2, min(24, int(3 * L2_BYTES // kv) + 1))
 
 
-def graph_us(launch_i, reps=24, samples=15):
-    """Median us per call of a CUDA graph of `reps` calls launch_i(0) .. launch_i(reps - 1)
-    (each launching on the current CuPy stream), after one uncaptured pass and 3 replays."""
+def warm_graph(launch_i, reps=24):
+    """(stream, graph): a CUDA graph of `reps` calls launch_i(0) .. launch_i(reps - 1) (each
+    launching on the current CuPy stream), captured after one uncaptured pass and replayed 3
+    times on `stream`."""
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         for i in range(reps):
@@ -123,6 +124,13 @@ def graph_us(launch_i, reps=24, samples=15):
         graph.upload(stream)
         for _ in range(3):
             graph.launch(stream)
+    return stream, graph
+
+
+def graph_us(launch_i, reps=24, samples=15):
+    """Median us per call of warm_graph(launch_i, reps)'s graph, replayed `samples` times."""
+    stream, graph = warm_graph(launch_i, reps)
+    with stream:
         times = []
         for _ in range(samples):
             start, end = cp.cuda.Event(), cp.cuda.Event()

@@ -144,17 +144,8 @@ def timeline(tpl, kn, shape, samples):
         for kern in kernels:
             gpu.launch(kern, args[i % n])
     reps = 24
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream, graph = DC.warm_graph(launch, reps)
     with stream:
-        for i in range(reps):
-            launch(i)
-        stream.begin_capture()
-        for i in range(reps):
-            launch(i)
-        graph = stream.end_capture()
-        graph.upload(stream)
-        for _ in range(3):
-            graph.launch(stream)
         stream.synchronize()
         per_call, spans, rel, cyc = [], [], {e: [] for e in EVENTS}, {e: [] for e in EVENTS}
         for _ in range(samples):
