@@ -26,9 +26,10 @@
  *     keeps (STAGES - 1) * TILE_N * D * 4 bytes of K and V in flight per CTA.
  *
  * Per CTA (split z, group b * HKV + kvh, row tile):
- *   prologue  the packed Q tile (16 x D, rows >= G * SQ zero-filled) and the
- *             first STAGES - 1 K/V tiles in flight (cp.async); Q -> A
- *             fragments in registers (ldmatrix.x4), held for the whole loop.
+ *   prologue  the first STAGES - 1 K/V tiles in flight (cp.async; tile 0's
+ *             copies first, then the packed Q tile's: 16 x D, rows >= G * SQ
+ *             zero-filled); Q -> A fragments in registers (ldmatrix.x4),
+ *             held for the whole loop.
  *   per tile  wait for tile i (cp.async.wait_group STAGES - 2), __syncthreads,
  *             issue tile i + STAGES - 1 into the slot tile i - 1 used; then
  *             each warp on its BLOCK_N keys: S = Q K^T (mma.sync, K's B
