@@ -263,6 +263,12 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         }
         return sum;
     };
+    auto sum_in_place = [&]() {
+        for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+            const int row = c / C4, c4 = c % C4;
+            *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
+        }
+    };
 #if COMBINE == 1
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0's mbarrier is initialised
     const unsigned rx = smem_u32(dec_smem + P::RX);
@@ -288,10 +294,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         if (threadIdx.x == 0) dsmem_mbar_arrive(dsmem_map(mbar, 0));
         return;  // nothing reads this CTA's shared memory
     }
-    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
-        const int row = c / C4, c4 = c % C4;
-        *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
-    }
+    sum_in_place();
     __syncthreads();  // rank 0's summed rows are read by other threads below
     cluster_mbar_wait(mbar, 0);
     {
@@ -314,10 +317,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         }
     }
 #else
-    for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
-        const int row = c / C4, c4 = c % C4;
-        *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
-    }
+    sum_in_place();
     cluster_sync();  // 2.
 
     // 3. The cluster combines: chunk c of the rows goes to CTA c % CLUSTER.

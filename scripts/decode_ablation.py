@@ -141,7 +141,7 @@ def main():
 
 
 def knob_ab(spec, t0):
-    """--knob NAME=V (see the module's doc): check, then alternate the two versions of each point."""
+    """--knob NAME=V[,NAME2=V2..] (see the module's doc): check, then alternate the two versions of each point."""
     import statistics
     import decode_sweep as DS
     setting = {name: int(value) for name, _, value in (kv.partition("=") for kv in spec.split(","))}
