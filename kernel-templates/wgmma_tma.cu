@@ -83,7 +83,7 @@
  *          checks the room and runs whole tiles where it is short.
  * CTAs:    cdiv(SQ, 64 CONSUMERS / P) x (B * HQ / P) x 1, 128 (CONSUMERS + 1)
  *          threads, P = the spec's `pack` (PACK_GQA; else 1)
- *          (PERSISTENT: min(that product, SMs) x 1);
+ *          (PERSISTENT: min(that product, SMs) x 1; with STREAM_K SMs x 1);
  *          the producer and the consumers walk the same work tiles through
  *          common/tile_scheduler.cuh;
  *          causal, PERSISTENT = 0: CTAs start in linear-id order, and the id
@@ -114,6 +114,8 @@
  *                     (grid min(tiles, SMs) x 1; 0: one CTA per tile)
  *          LAZY_RESCALE  the softmax max moves only when it grows by   1, 0
  *                     more than 2^8; warps skip the O rescale otherwise
+ *                     (no effect in the OVERLAP loop with PV_WAIT, which
+ *                     rescales O every key tile: WT_LAZY)
  *          TAIL_SPLIT a work tile with at most 64 query rows (the      1, 0
  *                     ragged tail of SQ, or SQ <= 64) splits its key
  *                     tiles across the consumers instead of leaving all
@@ -135,8 +137,10 @@
  *                     each panel's 64 rows together). No TAIL_SPLIT in
  *                     packed tiles. Timed (H200, 2026-11-26): slower than
  *                     unpacked at every shape, 2-8% with DYNAMIC.
- *          STREAM_K   persistent, not causal (else no effect): the    0, 1
- *                     last round's work tiles (tiles mod grid of them)
+ *          STREAM_K   persistent (else no effect): the grid is every  0, 1
+ *                     SM, and the last round's work tiles (tiles mod grid
+ *                     of them; causal: only when that is every tile, as
+ *                     chunked prefill's 128 tiles of 29-32 key tiles)
  *                     are cut into key-range pieces spread evenly over
  *                     every CTA (common/tile_scheduler.cuh), each piece's
  *                     (m, l, O) goes to o_partial and the last piece of
@@ -249,20 +253,26 @@ block_m = "64 * CONSUMERS"
 # Q slots: one work tile per CTA needs one whatever Q_STAGES says (so the knob is inert there).
 q_slots = "Q_STAGES if PERSISTENT else 1"
 m_blocks = "cdiv(SQ, block_m // pack)"
+# Work tiles, and the last persistent round's on every SM (STREAM_K's tail).
+tiles = "m_blocks * B * HQ // pack"
+sk_tail = "tiles % SMS"
+# Whether STREAM_K may cut the tail (the kernel's own test, less its causal length check):
+# a tail of at least one key tile per SM; causal, only a grid of one partial round.
+sk_can = "1 if PERSISTENT and sk_tail > 0 and ((CAUSAL and tiles < SMS) or (not CAUSAL and sk_tail * cdiv(SK, BLOCK_N) >= SMS)) else 0"
+sk_on = "sk_can if STREAM_K else 0"
+# STREAM_K's grid is every SM, even with fewer tiles (the tail is then every tile).
+grid_x = "SMS if sk_on else min(tiles, SMS)"
 # STREAM_K: scratch for 2 pieces per CTA, (4 + D / 2) x 128 floats per consumer each.
 sk_floats = "2 * SMS * CONSUMERS * 128 * (4 + D // 2)"
-splits = "max(1, cdiv(sk_floats, B * HQ * SQ * D)) if STREAM_K and PERSISTENT and not CAUSAL else 1"
-# Work tiles, and the last persistent round's (STREAM_K's tail; the kernel's own test).
-tiles = "m_blocks * B * HQ // pack"
-sk_tail = "tiles % min(tiles, SMS)"
+splits = "max(1, cdiv(sk_floats, B * HQ * SQ * D)) if sk_on else 1"
 
 # Knobs that run the same kernel on a shape whatever their value (the searches try one).
 [inert]
 PACK_GQA = "pack == 1"
 # No work tile of at most 64 query rows: only SQ's last tile can be one (packed tiles never split).
 TAIL_SPLIT = "pack > 1 or SQ - (m_blocks - 1) * (block_m // pack) > 64"
-# Causal, one CTA per tile, no tail, or a tail of fewer key tiles than CTAs: whole tiles.
-STREAM_K = "CAUSAL or not PERSISTENT or sk_tail == 0 or sk_tail * cdiv(SK, BLOCK_N) < min(tiles, SMS)"
+# One CTA per tile, no tail, a tail of fewer key tiles than SMs, or causal rounds: whole tiles.
+STREAM_K = "not sk_can"
 # The longest-first groups order only causal grids of one CTA per tile, or DYNAMIC's tiles.
 LPT_MIB = "not CAUSAL or (PERSISTENT and not DYNAMIC)"
 # Only persistent causal grids take tiles from the counter.
@@ -271,10 +281,12 @@ DYNAMIC = "not CAUSAL or not PERSISTENT"
 Q_STAGES = "not PERSISTENT"
 # Where the OVERLAP loop waits for the previous tile's P V: no such wait without OVERLAP.
 PV_WAIT = "not OVERLAP"
+# The OVERLAP loop with PV_WAIT rescales O on every key tile: no lazy threshold there (WT_LAZY).
+LAZY_RESCALE = "OVERLAP and PV_WAIT"
 
 [[launch]]
 kernel = "fwd"
-grid = ["min(m_blocks * B * HQ // pack, SMS) if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
+grid = ["grid_x if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
 smem = "1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
@@ -355,6 +367,13 @@ swizzle = 128
 #if PV_WAIT != 0 && PV_WAIT != 1
 #error "PV_WAIT must be 0 or 1"
 #endif
+// LAZY_RESCALE's threshold where it saves work: without OVERLAP (and in split tiles) a warp
+// skips O's rescale when none of its rows moved its max. The OVERLAP loop with PV_WAIT
+// rescales O on every key tile (FA4's order), so there the threshold only adds compares and
+// selects per row: off, whatever the knob says (H100, 2026-11-27, sustained paired rounds:
+// 1-3% at the D 64 OVERLAP points, neutral at D 128; without OVERLAP the threshold is 4%
+// faster at (2,16,8192,128)). The spec declares the knob inert there.
+#define WT_LAZY (LAZY_RESCALE != 0 && !(OVERLAP && PV_WAIT))
 #if Q_STAGES != 1 && Q_STAGES != 2
 #error "Q_STAGES must be 1 or 2 (Q slots of a work tile's rows)"
 #endif
@@ -450,7 +469,7 @@ struct Consumer {
     float o[D / 2];
     float s[BLOCK_N / 2];
     unsigned p[PK][4];
-    OnlineSoftmax<2, LAZY_RESCALE != 0, Exp2Approx> sm;  // rows g and g + 8
+    OnlineSoftmax<2, WT_LAZY, Exp2Approx> sm;  // rows g and g + 8
     bool rescale;  // some row of this warp moved its max in the last softmax
 
     // S and O as m16n8 accumulators (one m-tile): value e of n8 block j.
@@ -746,8 +765,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // query heads of one K/V head share it).
     TileScheduler<PERSISTENT != 0, STREAM_K != 0> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
                                                         2ll * seq_k * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
-    // STREAM_K: the last round's work tiles in key-range pieces over every CTA (not causal;
-    // the scheduler decides, the same in every role), each piece's (m, l, O) through
+    // STREAM_K: the last round's work tiles in key-range pieces over every CTA (causal: only
+    // a grid of one partial round; the scheduler decides, the same in every role), each
+    // piece's (m, l, O) through
     // o_partial: 2 pieces per CTA of SK_THREAD_FLOATS x 128 floats per consumer, a
     // semaphore per (tail tile, consumer) in lse_partial's words from n_splits rows.
     constexpr int SK_THREAD_FLOATS = 4 + D / 2;
@@ -755,12 +775,12 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     if (STREAM_K) {
         const bool room = 2ll * gridDim.x * CONSUMERS * 128 * SK_THREAD_FLOATS <= (long long)n_splits * rows_total * D &&
                           (long long)((n_mb * batch * heads_t) % gridDim.x) * CONSUMERS <= rows_total;
-        sched.enable_stream_k((seq_k + BLOCK_N - 1) / BLOCK_N, room);
+        sched.enable_stream_k(KvTiles{TP, BLOCK_N, seq_k, optd_causal_offset(seq_q, seq_k), causal != 0}, room);
     }
     // DYNAMIC (persistent, causal): work tiles longest first from a global counter
     // (common/tile_scheduler.cuh), kept in the first two split semaphore words
     // (lse_partial from word n_splits * rows: zero at launch, left zero).
-    const bool dynamic = DYNAMIC && PERSISTENT && causal != 0;
+    const bool dynamic = DYNAMIC && PERSISTENT && causal != 0 && !sched.stream_k();
     unsigned* const dyn_words = reinterpret_cast<unsigned*>(lse_partial + n_splits * rows_total);
     (void)dyn_words;
     // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.

@@ -546,6 +546,52 @@ PV_WAIT_POINTS = [
      mhas([(4, 32, 1024, 128, True)]) + [gqa(4, 32, 8, 1024, 1024, 128, True)]),
     ("wgmma_tma.cu", dict(_PV, CONSUMERS=3, STAGES=2, Q_STAGES=1), [gqa(1, 32, 8, 576, 16384, 64, True)]),
 ]
+# --points sk_causal: STREAM_K on causal grids of one partial round (fewer work tiles than SMs):
+# chunked prefill (128 tiles of 29-32 key tiles on 132 SMs; 512 of 16384: 125-128), its D 64 loop
+# bench (96 192-row tiles), packed GQA tiles, a ragged last query tile split between the consumers
+# (TAIL_SPLIT) with a ragged SK, and a shape whose first tiles are too short for the pieces
+# (MHA S 2048: the kernel keeps whole tiles on its 132-CTA grid); STREAM_K 0 beside each.
+_SKC_SHAPES_128 = [gqa(1, 32, 8, 512, 4096, 128, True), gqa(1, 32, 8, 512, 16384, 128, True),
+                   gqa(1, 16, 4, 300, 2000, 128, True), gqa(1, 4, 4, 2048, 2048, 128, True)]
+SK_CAUSAL_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, STREAM_K=sk), _SKC_SHAPES_128)
+    for sk in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=1, PINGPONG=1, OVERLAP=1, EPI_TMA=1, STREAM_K=sk), [gqa(1, 32, 8, 512, 4096, 128, True)])
+    for sk in (1, 0)
+] + [
+    ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, STREAM_K=sk),
+     [gqa(1, 32, 8, 576, 16384, 64, True), gqa(1, 16, 4, 300, 2000, 64, True)])
+    for sk in (1, 0)
+]
+# --points sk_diag: STREAM_K's fixed cost at D 128 (two consumers): the second segment's Q in its
+# own slot (Q_STAGES 2) or behind the first's (1), against whole tiles.
+SK_DIAG_POINTS = [
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, STREAM_K=sk, Q_STAGES=qs),
+     [gqa(1, 32, 8, 512, 4096, 128, True), gqa(1, 32, 8, 512, 16384, 128, True)])
+    for sk, qs in ((1, 1), (1, 2), (0, 1))
+] + [
+    # MHA (no two CTAs read one K/V head) against GQA 4 (16 CTAs read each), at sk 2048
+    ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1, STREAM_K=sk),
+     [gqa(1, 32, 32, 512, 2048, 128, True), gqa(1, 32, 8, 512, 2048, 128, True)])
+    for sk in (1, 0)
+]
+# --points lazy_pv: LAZY_RESCALE 0 against 1 under PV_WAIT 1, where O is rescaled on every key tile
+# anyway and the lazy threshold only adds compares per row (ncu, 2026-11-27: FSETP 5.9 and PLOP3
+# 3.8 per warp and key tile against FA4's 2 and 0 on the sk 16384 bench), at the OVERLAP points of
+# the chunked, LLM and large causal shapes.
+LAZY_PV_POINTS = [
+    (rel, dict(kn, LAZY_RESCALE=lz), shapes)
+    for rel, kn, shapes in (
+        ("wgmma_tma.cu", dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1),
+         [gqa(1, 32, 8, 512, 4096, 128, True), gqa(1, 32, 8, 512, 16384, 128, True)]),
+        ("wgmma_tma.cu", dict(_PV, CONSUMERS=2, STAGES=2, Q_STAGES=2),
+         [gqa(4, 32, 8, 1024, 1024, 128, True)] + mhas([(2, 16, 8192, 128, True)])),
+        ("wgmma_tma.cu", dict(_PV, CONSUMERS=3, STAGES=2, Q_STAGES=2), mhas([(4, 16, 4096, 64, True), (4, 16, 4096, 64, False)])),
+        ("wgmma_tma.cu", dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1), [gqa(1, 32, 8, 576, 16384, 64, True)]),
+    )
+    for lz in (0, 1)
+]
 # --points large: issue 19's four large shapes at the fixed points of the session-11 comparison with
 # FA4 (BENCHMARKS 2026-11-27 (7)), non-causal (4,16,4096,64) at both of its candidate points; for
 # --time-against A/Bs (e.g. two compilers' cubins) with FA4 and --sustain-ms beside them.
@@ -582,6 +628,19 @@ PERSIST_NC_POINTS = [
     ("wgmma_tma.cu", dict(_NC, CONSUMERS=3, BLOCK_N=128, OVERLAP=1, DYNAMIC=0, Q_STAGES=1, PERSISTENT=p),
      mhas([(4, 16, 4096, 64, False)])) for p in (1, 0)
 ]
+# --points lazy_ab: the same question as a paired A/B (--time-against a copy of kernel-templates/
+# whose LAZY_RESCALE list starts with the other value; the points leave LAZY_RESCALE to each copy's
+# first value) on issue 19's four large shapes at LARGE_POINTS' points, the chunked prefill and
+# the D 64 long-key bench.
+def _no_lazy(kn):
+    return {k: v for k, v in kn.items() if k != "LAZY_RESCALE"}
+
+
+LAZY_AB_POINTS = [(rel, _no_lazy(kn), shapes) for rel, kn, shapes in LARGE_POINTS] + [
+    ("wgmma_tma.cu", _no_lazy(dict(_CH, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1)), [gqa(1, 32, 8, 512, 4096, 128, True)]),
+    ("wgmma_tma.cu", _no_lazy(dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1)),
+     [gqa(1, 32, 8, 576, 16384, 64, True)]),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -590,7 +649,9 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
               "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS,
-              "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS}
+              "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
+              "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
+              "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

@@ -364,31 +364,46 @@ fn pack_gqa_packs_a_kv_heads_query_heads_only_where_its_boxes_fit() {
     }
 }
 
-/// wgmma_tma.cu's STREAM_K: persistent and not causal, the plan's splits size o_partial for two
-/// pieces per CTA ((4 + D / 2) x 128 floats per consumer each: the kernel's room check) and
-/// nothing else of the plan changes; causal or one CTA per tile, the plan equals STREAM_K 0's.
+/// wgmma_tma.cu's STREAM_K: where the kernel may cut the last round's tiles into key-range
+/// pieces (persistent; a tail of at least one key tile per SM; causal only when every tile is
+/// in one partial round), the plan's splits size o_partial for two pieces per CTA ((4 + D / 2)
+/// x 128 floats per consumer each: the kernel's room check), the grid is every SM (also with
+/// fewer tiles than SMs) and the tensor maps stay; elsewhere the plan equals STREAM_K 0's.
 #[test]
 fn stream_k_sizes_its_scratch_and_changes_nothing_else() {
     let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
     let dev = common::h100();
+    let sms = dev.sm_count;
     let knobs = |sk: i64, persistent: i64, consumers: i64| {
         with(&t, &[("STREAM_K", sk), ("PERSISTENT", persistent), ("CONSUMERS", consumers), ("BLOCK_N", 128)])
     };
-    let mha = |b: u32, h: u32, s: u32, d: u32, causal: bool| Shape { b, hq: h, hkv: h, sq: s, sk: s, d, causal, dtype: DType::Fp16, layout: Layout::Bhsd };
-    for (sh, consumers) in [(mha(2, 16, 8192, 128, false), 3), (mha(4, 16, 4096, 64, false), 2), (mha(1, 2, 200, 64, false), 3)] {
+    let gqa = |b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: u32, causal: bool| Shape { b, hq, hkv, sq, sk, d, causal, dtype: DType::Fp16, layout: Layout::Bhsd };
+    let mha = |b: u32, h: u32, s: u32, d: u32, causal: bool| gqa(b, h, h, s, s, d, causal);
+    // (shape, consumers, work tiles): more tiles than SMs (a tail of 56 and 68), fewer (128
+    // 128-row tiles: 8 key tiles each, and chunked prefill's 29-32, causal).
+    for (sh, consumers, tiles) in [
+        (mha(2, 16, 8192, 128, false), 3, 1376),
+        (mha(4, 16, 4096, 64, false), 2, 2048),
+        (mha(1, 16, 1024, 128, false), 2, 128),
+        (gqa(1, 32, 8, 512, 4096, 128, true), 2, 128),
+    ] {
         let (sk, plain) = (t.plan(&knobs(1, 1, consumers), &sh, &dev).unwrap(), t.plan(&knobs(0, 1, consumers), &sh, &dev).unwrap());
         let rows = u64::from(sh.b) * u64::from(sh.hq) * u64::from(sh.sq);
-        let need = 2 * u64::from(dev.sm_count) * consumers as u64 * 128 * (4 + u64::from(sh.d) / 2);
+        let need = 2 * u64::from(sms) * consumers as u64 * 128 * (4 + u64::from(sh.d) / 2);
         let have = u64::from(sk.n_splits) * rows * u64::from(sh.d);
         assert!(have >= need, "{}: {} splits hold {have} floats, the pieces need {need}", sh.key(), sk.n_splits);
         assert!(u64::from(sk.n_splits - 1) * rows * u64::from(sh.d) < need, "{}: {} splits, more than the pieces need", sh.key(), sk.n_splits);
-        assert_eq!((sk.launches.clone(), sk.tensor_maps.clone()), (plain.launches.clone(), plain.tensor_maps.clone()), "{}", sh.key());
+        assert_eq!(sk.tensor_maps, plain.tensor_maps, "{}", sh.key());
+        assert_eq!(sk.launches[0].grid, [sms, 1, 1], "{}", sh.key());
+        assert_eq!(plain.launches[0].grid, [tiles.min(sms), 1, 1], "{}", sh.key());
         assert_eq!(plain.n_splits, 1);
     }
     // Large shapes need no more than O's own size of scratch.
     assert_eq!(t.plan(&knobs(1, 1, 3), &mha(2, 16, 8192, 128, false), &dev).unwrap().n_splits, 1);
-    for (sh, persistent) in [(mha(2, 16, 8192, 128, true), 1), (mha(2, 16, 8192, 128, false), 0)] {
-        assert_eq!(t.plan(&knobs(1, persistent, 3), &sh, &dev).unwrap(), t.plan(&knobs(0, persistent, 3), &sh, &dev).unwrap(), "{}", sh.key());
+    // Causal rounds (DYNAMIC balances those), one CTA per tile, a tail of fewer key tiles
+    // than SMs (2 tiles of 2 key tiles): whole tiles, STREAM_K 0's plan.
+    for (sh, persistent, consumers) in [(mha(2, 16, 8192, 128, true), 1, 3), (mha(2, 16, 8192, 128, false), 0, 3), (mha(1, 2, 200, 64, false), 1, 3)] {
+        assert_eq!(t.plan(&knobs(1, persistent, consumers), &sh, &dev).unwrap(), t.plan(&knobs(0, persistent, consumers), &sh, &dev).unwrap(), "{}", sh.key());
     }
 }
 
@@ -456,4 +471,15 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     assert_eq!(t.canonical(&late, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["PV_WAIT"], 0);
     let no_overlap = with(&t, &[("PV_WAIT", 0), ("OVERLAP", 0)]);
     assert_eq!(t.canonical(&no_overlap, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["PV_WAIT"], 1);
+    // LAZY_RESCALE: the OVERLAP loop with PV_WAIT rescales O every key tile (no threshold there,
+    // WT_LAZY); with PV_WAIT 0, or without OVERLAP, the threshold skips rescales and matters.
+    let eager = |overlap: i64, pv_wait: i64| with(&t, &[("LAZY_RESCALE", 0), ("OVERLAP", overlap), ("PV_WAIT", pv_wait)]);
+    let lazy_of = |k: &Params| t.canonical(k, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["LAZY_RESCALE"];
+    assert_eq!((lazy_of(&eager(1, 1)), lazy_of(&eager(1, 0)), lazy_of(&eager(0, 1))), (1, 0, 0));
+    // STREAM_K, causal: only a grid of one partial round (chunked prefill: 128 tiles of 29-32
+    // key tiles on 132 SMs) may run pieces; causal rounds (the large causal shape) never do.
+    let pieces = with(&t, &[("STREAM_K", 1), ("PERSISTENT", 1), ("CONSUMERS", 2), ("BLOCK_N", 128)]);
+    let chunked = Shape { b: 1, hq: 32, hkv: 8, sq: 512, sk: 4096, d: 128, causal: true, dtype: DType::Fp16, layout: Layout::Bhsd };
+    assert_eq!(t.canonical(&pieces, &[chunked], &dev).unwrap()["STREAM_K"], 1);
+    assert_eq!(t.canonical(&pieces, &[sh(2, 16, 16, 8192, 128, true)], &dev).unwrap()["STREAM_K"], 0);
 }

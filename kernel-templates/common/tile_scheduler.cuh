@@ -27,7 +27,8 @@
  *   adjacent query heads (bh = b * HQ + h) that read one K/V head, so with
  *   grouped-query attention it holds q_per_kv times more query heads for the
  *   same L2 footprint.
- * kPersistent = true: grid min(n_mb * n_bh, SMs) x 1. Work tile wk is head-major
+ * kPersistent = true: grid min(n_mb * n_bh, SMs) x 1 (stream-K: SMs x 1, the
+ *   CTAs past the last tile idle when the tail stays whole). Work tile wk is head-major
  *   (head wk / n_mb, so the CTAs running at once share a head's K/V in L2, and
  *   the query heads of one K/V head follow each other;
  *   causal: within a head the heaviest query tile first); rounds of gridDim.x
@@ -59,18 +60,24 @@
  *   zero at launch (the ABI's split semaphores); the last CTA to run out
  *   sets both back to zero, so the next launch finds them so.
  *
- * kStreamK (persistent, not causal, enable_stream_k() called): the rounds that
- *   every CTA fills run whole tiles as above; the work tiles of the last,
- *   partial round (R = tiles mod gridDim.x of them, the tail) are instead
- *   spread evenly over every CTA by key tile (stream-K, as CUTLASS's
- *   data-parallel + stream-K hybrid): the tail's I = R * n_kv key tiles in
- *   tile-major order, CTA j taking [j I / G, (j + 1) I / G), G = gridDim.x.
- *   Its range is shorter than one tile (R < G), so it holds the end of one
- *   tail tile and maybe the start of the next: two more rounds, one segment
- *   each. Every tail tile is thus computed in pieces by consecutive CTAs
- *   (first_piece() .. last_piece()) whose partial results the last one to
- *   finish merges (wgmma_tma.cu's STREAM_K). Why: with whole tiles the last
- *   round runs a few tiles on a few SMs and the rest idle, e.g.
+ * kStreamK (persistent, enable_stream_k() called): the rounds that every CTA
+ *   fills run whole tiles as above; the work tiles of the last, partial round
+ *   (R = tiles mod gridDim.x of them, the tail) are instead spread evenly over
+ *   every CTA by key tile (stream-K, as CUTLASS's data-parallel + stream-K
+ *   hybrid): the tail's I key tiles in tile-major order (tail tile p = work
+ *   tile n_dp + p, query tile fastest), CTA j taking [j I / G, (j + 1) I / G),
+ *   G = gridDim.x. Not causal: every tile has n_kv key tiles, I = R n_kv.
+ *   Causal: only when every work tile is in the tail (fewer tiles than CTAs,
+ *   e.g. chunked prefill: 128 tiles of 29-32 key tiles on 132 SMs, where whole
+ *   tiles leave the critical path at the longest tile and 4 SMs idle); tile
+ *   lengths differ (KvTiles), I is their sum, and the schedule is used only
+ *   where the shortest tile is at least ceil(I / G) - 1 long. Either way a
+ *   CTA's range is at most one tile long plus one key tile, so it holds the
+ *   end of one tail tile and maybe the start of the next: two more rounds,
+ *   one segment each. Every tail tile is thus computed in pieces by
+ *   consecutive CTAs (first_piece() .. last_piece()) whose partial results the
+ *   last one to finish merges (wgmma_tma.cu's STREAM_K). Why: with whole tiles
+ *   the last round runs a few tiles on a few SMs and the rest idle, e.g.
  *   (2,16,8192,128) with 192-row tiles: 1376 tiles on 132 SMs, 10.4 rounds'
  *   work in 11 rounds' time.
  ******************************************************************************/
@@ -88,6 +95,18 @@ struct WorkTile {
     int slot = 0;
 };
 
+// Key tiles of query tile m (stream-K's tile lengths): causal, the keys its last row
+// sees (bottom-right: row i sees keys <= i + offset), else all of them. tp: query
+// positions per tile, bn: keys per key tile.
+struct KvTiles {
+    int tp, bn, key_end, offset;
+    bool causal;
+    __device__ __forceinline__ int of(int m) const {
+        const int keys = causal ? min(key_end, (m + 1) * tp + offset) : key_end;
+        return max(keys + bn - 1, 0) / bn;
+    }
+};
+
 template <bool kPersistent, bool kStreamK = false>
 struct TileScheduler {
     int n_mb;                  // query tiles per head
@@ -98,8 +117,10 @@ struct TileScheduler {
     // Stream-K (enable_stream_k): work tiles run whole (full rounds), key tiles per work
     // tile, key tiles of the tail (0: no stream-K tail).
     int n_dp = 0;
-    int n_kv = 0;
+    int n_kv = 0;           // not causal: every tile's key tiles
     long long sk_iters = 0;
+    KvTiles kv{};           // causal: each query tile's
+    int head_iters = 0;     // causal: key tiles of one head's query tiles
 
     // q_per_kv: query heads per K/V head (HQ / HKV); kv_head_bytes: K and V of
     // one K/V head; group_bytes: the K/V bytes of a causal group's heads.
@@ -111,28 +132,45 @@ struct TileScheduler {
           causal(causal_),
           group_heads((int)min((long long)n_bh_, max(1ll, group_bytes / max(1ll, kv_head_bytes)) * q_per_kv)) {}
 
-    // Stream-K tail (kStreamK, persistent, not causal; every role calls it with the same
-    // arguments): kv_tiles key tiles per work tile; room: whether the caller's scratch
-    // holds 2 gridDim.x pieces. Only where the tail is not empty and every CTA gets at
-    // least one key tile of it; otherwise the schedule stays whole tiles.
-    __device__ __forceinline__ void enable_stream_k(int kv_tiles, bool room) {
+    // Stream-K tail (kStreamK, persistent; every role calls it with the same arguments):
+    // kv: the work tiles' key tiles; room: whether the caller's scratch holds
+    // 2 gridDim.x pieces. Only where the tail is not empty, every CTA gets at least
+    // one key tile of it and (causal) every tile is in the tail and no CTA's range
+    // spans three tiles; otherwise the schedule stays whole tiles.
+    __device__ __forceinline__ void enable_stream_k(const KvTiles& kv_, bool room) {
         if constexpr (kStreamK && kPersistent) {
             const int g = (int)gridDim.x, total = n_mb * n_bh;
             const int tail = total % g;
-            if (causal || !room || tail == 0 || (long long)tail * kv_tiles < g) return;
-            n_kv = kv_tiles;
+            if (!room || tail == 0) return;
+            long long iters;
+            if (causal) {
+                if (tail != total) return;  // whole rounds first: DYNAMIC balances those
+                int per_head = 0;
+                for (int m = 0; m < n_mb; ++m) per_head += kv_.of(m);
+                iters = (long long)per_head * n_bh;
+                // Tiles grow with m (bottom-right causal): tile 0 is the shortest.
+                if (kv_.of(0) < (iters + g - 1) / g - 1) return;
+                kv = kv_;
+                head_iters = per_head;
+            } else {
+                n_kv = kv_.of(0);
+                iters = (long long)tail * n_kv;
+            }
+            if (iters < g) return;
             n_dp = total - tail;
-            sk_iters = (long long)tail * kv_tiles;
+            sk_iters = iters;
             n_rounds = n_dp / g + 2;
         }
     }
     // Whether the tail runs in pieces, and which CTAs compute tail tile `piece`.
     __device__ __forceinline__ bool stream_k() const { return kStreamK && sk_iters > 0; }
-    __device__ __forceinline__ int first_piece(int piece) const { return sk_owner((long long)piece * n_kv); }
-    __device__ __forceinline__ int last_piece(int piece) const { return sk_owner((long long)(piece + 1) * n_kv - 1); }
+    __device__ __forceinline__ int first_piece(int piece) const { return sk_owner(piece_begin(piece)); }
+    __device__ __forceinline__ int last_piece(int piece) const {
+        return sk_owner(piece_begin(piece) + piece_len(piece) - 1);
+    }
     // CTA j's slot in tail tile `piece`: its first segment if its range starts there.
     __device__ __forceinline__ int slot_of(int j, int piece) const {
-        return 2 * j + (sk_begin(j) / n_kv == piece ? 0 : 1);
+        return 2 * j + (piece_at(sk_begin(j)) == piece ? 0 : 1);
     }
 
     __device__ __forceinline__ int rounds() const { return n_rounds; }
@@ -143,8 +181,9 @@ struct TileScheduler {
                 const int j = (int)blockIdx.x;
                 const long long b0 = sk_begin(j), b1 = sk_begin(j + 1);
                 // Segment 0: the range's start (never empty: sk_iters >= gridDim.x);
-                // segment 1: the next tail tile, where the range crosses into it.
-                return r == n_dp / (int)gridDim.x ? b1 > b0 : b1 > (b0 / n_kv + 1) * n_kv;
+                // segment 1: the next tail tile, where the range crosses into it (causal:
+                // the two rounds take them in the other order, see tile()).
+                return r == n_dp / (int)gridDim.x ? b1 > b0 : b1 > piece_begin(piece_at(b0) + 1);
             }
             return work_index(r) < n_mb * n_bh;
         } else {
@@ -193,14 +232,20 @@ struct TileScheduler {
         if constexpr (kPersistent) {
             if (stream_k() && r >= n_dp / (int)gridDim.x) {
                 const int j = (int)blockIdx.x;
-                const int seg = r - n_dp / (int)gridDim.x;
                 const long long b0 = sk_begin(j), b1 = sk_begin(j + 1);
-                const int piece = (int)(b0 / n_kv) + seg;
-                const long long t0 = (long long)piece * n_kv;  // the tile's first key tile, tail-wide
+                // Causal: the start of the next tile (its keys from 0) before the end of
+                // this one, so that at any moment the CTAs of one K/V head read nearly the
+                // same key tile, as whole tiles do, and the L2's request coalescer merges
+                // their loads (taken in range order, the 128 chunked-prefill CTAs read
+                // different key offsets and the D 128 kernel ran 44% slower).
+                int seg = r - n_dp / (int)gridDim.x;
+                if (causal && b1 > piece_begin(piece_at(b0) + 1)) seg = 1 - seg;
+                const int piece = piece_at(b0) + seg;
+                const long long t0 = piece_begin(piece);  // the tile's first key tile, tail-wide
                 const int wk = n_dp + piece;
                 WorkTile w{wk % n_mb, wk / n_mb};
                 w.k_lo = (int)(max(b0, t0) - t0);
-                w.k_hi = (int)(min(b1, t0 + n_kv) - t0);
+                w.k_hi = (int)(min(b1, t0 + piece_len(piece)) - t0);
                 w.piece = piece;
                 w.slot = 2 * j + seg;
                 return w;
@@ -216,6 +261,25 @@ struct TileScheduler {
   private:
     // Stream-K: the first tail key tile of CTA j's range (j = gridDim.x: the end).
     __device__ __forceinline__ long long sk_begin(int j) const { return (long long)j * sk_iters / (int)gridDim.x; }
+    // Stream-K: tail tile p's length and first key tile (tail-wide), and the tail tile
+    // holding key tile x. Causal tails are whole heads (n_dp = 0): tile p is query
+    // tile p % n_mb of head p / n_mb; the walk over a head's query tiles runs once per
+    // call, n_mb < gridDim.x steps.
+    __device__ __forceinline__ int piece_len(int p) const { return causal ? kv.of(p % n_mb) : n_kv; }
+    __device__ __forceinline__ long long piece_begin(int p) const {
+        if (!causal) return (long long)p * n_kv;
+        long long x = (long long)(p / n_mb) * head_iters;
+        for (int m = 0; m < p % n_mb; ++m) x += kv.of(m);
+        return x;
+    }
+    __device__ __forceinline__ int piece_at(long long x) const {
+        if (!causal) return (int)(x / n_kv);
+        const int head = (int)(x / head_iters);
+        long long r = x - (long long)head * head_iters;
+        int m = 0;
+        for (; m < n_mb - 1 && r >= kv.of(m); ++m) r -= kv.of(m);
+        return head * n_mb + m;
+    }
     // The CTA whose range holds tail key tile x: the largest j with sk_begin(j) <= x.
     __device__ __forceinline__ int sk_owner(long long x) const {
         return (int)(((x + 1) * (int)gridDim.x - 1) / sk_iters);
