@@ -149,7 +149,9 @@
  *                     to a few SMs: (2,16,8192,128) at 192-row tiles is
  *                     1376 tiles on 132 SMs, 10.4 rounds of work in 11
  *                     rounds of time. Timed (H200): 3-4% faster there,
- *                     10-13% slower on small-tile medium shapes.
+ *                     10-13% slower on small-tile medium shapes; causal
+ *                     (H100, sustained): 4% faster at (1,32/8,576 of
+ *                     16384,64), 33% slower at (1,32/8,512 of 4096,128).
  *          LPT_MIB    causal, one CTA per tile (or DYNAMIC): the K/V   8, 32
  *                     bytes (MiB) of the group of heads scheduled longest
  *                     first together (8: tiles of fewer heads share L2;

@@ -69,7 +69,8 @@
  *   G = gridDim.x. Not causal: every tile has n_kv key tiles, I = R n_kv.
  *   Causal: only when every work tile is in the tail (fewer tiles than CTAs,
  *   e.g. chunked prefill: 128 tiles of 29-32 key tiles on 132 SMs, where whole
- *   tiles leave the critical path at the longest tile and 4 SMs idle); tile
+ *   tiles leave the critical path at the longest tile and 4 SMs idle; measured
+ *   4% faster at D 64 under sustained timing, slower at D 128: HOPPER.md); tile
  *   lengths differ (KvTiles), I is their sum, and the schedule is used only
  *   where the shortest tile is at least ceil(I / G) - 1 long. Either way a
  *   CTA's range is at most one tile long plus one key tile, so it holds the
@@ -234,10 +235,10 @@ struct TileScheduler {
                 const int j = (int)blockIdx.x;
                 const long long b0 = sk_begin(j), b1 = sk_begin(j + 1);
                 // Causal: the start of the next tile (its keys from 0) before the end of
-                // this one, so that at any moment the CTAs of one K/V head read nearly the
-                // same key tile, as whole tiles do, and the L2's request coalescer merges
-                // their loads (taken in range order, the 128 chunked-prefill CTAs read
-                // different key offsets and the D 128 kernel ran 44% slower).
+                // this one, so that the CTAs of one K/V head read nearly the same key tile
+                // at once, as whole tiles do, and the L2's request coalescer merges more of
+                // their loads: 5-11% faster than range order on D 128 chunked prefill (H100,
+                // 2026-11-27), though still slower there than whole tiles (docs/HOPPER.md).
                 int seg = r - n_dp / (int)gridDim.x;
                 if (causal && b1 > piece_begin(piece_at(b0) + 1)) seg = 1 - seg;
                 const int piece = piece_at(b0) + seg;
