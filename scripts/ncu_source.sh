@@ -7,6 +7,8 @@
 # A case is "shape|knobs" as scripts/ncu_vs_fa4.sh takes it. Per case and kernel: NAME.ncu-rep, NAME_sass.csv
 # (ncu --page source --csv --print-source sass), then scripts/ncu_source_summary.py prints each
 # kernel's stall reasons, its top instructions and a per-opcode table, FA4 beside ours.
+# PACK=1: afterwards the CSVs, logs and cases.txt go into one OUT/ncu_source.tgz and the .ncu-rep
+# reports are removed (the device tool returns at most 8 files from its $OUT).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/ncu_source}"
@@ -28,3 +30,7 @@ for case in "$@"; do
   echo "$tag|$knobs" >> "$OUT/cases.txt"
 done
 python3 scripts/ncu_source_summary.py "$OUT"
+if [[ "${PACK:-0}" == 1 ]]; then
+  (cd "$OUT" && tar czf ncu_source.tgz --exclude='*.ncu-rep' --exclude=ncu_source.tgz \
+     $(ls *.csv *.log *.err cases.txt 2>/dev/null) && rm -f ./*.csv ./*.log ./*.err ./*.ncu-rep cases.txt)
+fi
