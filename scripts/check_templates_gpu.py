@@ -115,7 +115,12 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               shapes at their fixed points (for --time-against, e.g. two
               compilers' cubins with --cubins-only), --points large_nc
               other points of the two non-causal ones, --points
-              persist_nc those persistent and not. Where
+              persist_nc those persistent and not, --points sk_causal
+              STREAM_K on and off on causal grids of one partial round
+              (chunked prefill), --points sk_diag its D 128 fixed cost,
+              --points lazy_pv / lazy_ab LAZY_RESCALE under PV_WAIT (since
+              WT_LAZY both values build the same OVERLAP kernel: the record
+              of that A/B; lazy_ab's non-OVERLAP point still differs). Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -576,7 +581,8 @@ SK_DIAG_POINTS = [
      [gqa(1, 32, 32, 512, 2048, 128, True), gqa(1, 32, 8, 512, 2048, 128, True)])
     for sk in (1, 0)
 ]
-# --points lazy_pv: LAZY_RESCALE 0 against 1 under PV_WAIT 1, where O is rescaled on every key tile
+# --points lazy_pv (session 14's A/B, before WT_LAZY made the two values one kernel in the OVERLAP
+# loop): LAZY_RESCALE 0 against 1 under PV_WAIT 1, where O is rescaled on every key tile
 # anyway and the lazy threshold only adds compares per row (ncu, 2026-11-27: FSETP 5.9 and PLOP3
 # 3.8 per warp and key tile against FA4's 2 and 0 on the sk 16384 bench), at the OVERLAP points of
 # the chunked, LLM and large causal shapes.
