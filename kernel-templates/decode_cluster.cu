@@ -37,6 +37,15 @@
  * The mbarrier is initialised before a cluster arrive (relaxed) issued at the
  * start, whose wait comes just before the first remote store.
  *
+ * COMBINE = 2 (push, asynchronous): the same receive area, but the other ranks
+ * write it with st.async ... mbarrier::complete_tx::bytes, each 16-byte chunk
+ * counting its bytes on rank 0's mbarrier, which rank 0 armed at the start for
+ * every byte of every other rank (arrive.expect_tx): no CTA barrier, no release
+ * fence and no arrive on the pushing side. COMBINE = 1's one release arrive per
+ * CTA compiles to MEMBAR.ALL.CTA, MEMBAR.ALL.GPU, ERRBAR, CGAERRBAR before the
+ * remote SYNCS.ARRIVE (SASS, NVRTC 13.0), behind a __syncthreads: the push is
+ * 0.6-0.8 us of a B 1 x SK 4096 call's 2.4 us tail (scripts/decode_timeline.py).
+ *
  * Cluster size is a compile-time attribute (__cluster_dims__), so a plain
  * cuLaunchKernel launches the clusters; at most 8 CTAs (the portable limit:
  * 16 needs a host-side opt-in the daemon's launcher does not make). So
@@ -47,14 +56,14 @@
  *          NUM_WARPS  warps per CTA, splitting each tile's keys   4, 2, 8
  *          STAGES     K/V tiles in the cp.async ring              3, 2, 4
  *          CLUSTER    splits per group = CTAs per cluster         8, 4, 2
- *          COMBINE    1 push to rank 0 (mbarrier), 0 pull (two    1, 0
+ *          COMBINE    1 push to rank 0 (mbarrier), 0 pull (two    1, 0, 2
  *                     cluster barriers, every CTA combines a share)
  *          WARP_LOADS 1 each warp copies and waits for its own     0, 1
  *                     keys, 0 the CTA copies each tile together
  *                     (common/decode_split.cuh)
  * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N (as decode.cu):
  *          2 D * 16 + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
- *          (DecSmem<D>::BYTES), plus with COMBINE = 1 rank 0's receive area
+ *          (DecSmem<D>::BYTES), plus with COMBINE = 1 or 2 rank 0's receive area
  *          (CLUSTER - 1) * 16 * (D + 1) * 4 (fp32 rows and LSEs) and 16 for the
  *          mbarrier (PushSmem<D>::BYTES, checked by OPTD_CHECK_SMEM); combos
  *          over the opt-in limit are rejected by the gate.
@@ -78,7 +87,7 @@ BLOCK_N = [16, 32, 64]
 NUM_WARPS = [4, 2, 8]
 STAGES = [3, 2, 4]
 CLUSTER = [8, 4, 2]
-COMBINE = [1, 0]
+COMBINE = [1, 0, 2]
 WARP_LOADS = [0, 1]
 
 [derived]
@@ -90,7 +99,7 @@ splits = "1"
 kernel = "fwd"
 grid = ["CLUSTER", "B * HKV", "row_tiles"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + COMBINE * ((CLUSTER - 1) * 16 * (D + 1) * 4 + 16)"
+smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + min(COMBINE, 1) * ((CLUSTER - 1) * 16 * (D + 1) * 4 + 16)"
 */
 
 #include "common/optd.cuh"
@@ -105,8 +114,8 @@ smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARP
 #ifndef COMBINE
 #error "COMBINE must be defined"
 #endif
-#if COMBINE != 0 && COMBINE != 1
-#error "COMBINE must be 0 (pull) or 1 (push)"
+#if COMBINE != 0 && COMBINE != 1 && COMBINE != 2
+#error "COMBINE must be 0 (pull), 1 (push) or 2 (asynchronous push)"
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -155,6 +164,18 @@ __device__ __forceinline__ void dsmem_st_f32x4(unsigned addr, float4 x) {
 __device__ __forceinline__ void dsmem_mbar_arrive(unsigned addr) {
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
 }
+// COMBINE = 2: an asynchronous store into another CTA's shared memory (`addr` and
+// `bar` from dsmem_map) that counts its bytes on that CTA's mbarrier `bar`.
+__device__ __forceinline__ void dsmem_st_async_f32x4(unsigned addr, float4 x, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(addr),
+                 "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void dsmem_st_async_f32(unsigned addr, float x, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n" ::"r"(addr), "f"(x),
+                 "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void cluster_mbar_wait(unsigned bar, unsigned parity) {
     asm volatile(
         "{\n"
@@ -167,7 +188,7 @@ __device__ __forceinline__ void cluster_mbar_wait(unsigned bar, unsigned parity)
         : "memory");
 }
 
-// COMBINE = 1: rank 0's receive area after the split's layout: the other
+// COMBINE = 1 or 2: rank 0's receive area after the split's layout: the other
 // ranks' summed rows (fp32, DEC_ROWS x D each), their row LSEs, the mbarrier.
 template <int D>
 struct PushSmem {
@@ -216,7 +237,7 @@ __device__ __forceinline__ void dec_combine_chunk(const float (&lse)[CLUSTER], C
 template <int D>
 __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     using L = DecSmem<D>;
-#if COMBINE == 1
+#if COMBINE >= 1
     using P = PushSmem<D>;
     OPTD_CHECK_SMEM(FWD, D, P::BYTES);
 #else
@@ -233,13 +254,20 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     const int tps = (n_tiles + CLUSTER - 1) / CLUSTER;
     const int t_begin = min(n_tiles, split * tps);
     const int t_end = min(n_tiles, t_begin + tps);
-#if COMBINE == 1
-    // Rank 0's mbarrier expects one arrive per other rank (its thread 0, after a
-    // CTA barrier); the init is made visible cluster-wide by the fence and this
-    // (relaxed) cluster arrive, whose wait precedes the first remote store.
+#if COMBINE >= 1
+    // COMBINE 1: rank 0's mbarrier expects one arrive per other rank (its thread 0,
+    // after a CTA barrier). COMBINE 2: one arrive (rank 0's own, now) and every byte
+    // the other ranks will store (st.async complete_tx). The init is made visible
+    // cluster-wide by the fence and this (relaxed) cluster arrive, whose wait
+    // precedes the first remote store.
     const unsigned mbar = smem_u32(dec_smem + P::MBAR);
+    const int rows_push = dec_rows_valid(heads_q, heads_kv, seq_q);
     if (split == 0 && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(CLUSTER - 1));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(COMBINE == 2 ? 1 : CLUSTER - 1));
+        if (COMBINE == 2) {
+            const unsigned tx = (unsigned)((CLUSTER - 1) * rows_push * (D + 1) * 4);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(tx) : "memory");
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -269,10 +297,25 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
         }
     };
-#if COMBINE == 1
+#if COMBINE >= 1
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0's mbarrier is initialised
     const unsigned rx = smem_u32(dec_smem + P::RX);
     const unsigned rx_lse = smem_u32(dec_smem + P::RX_LSE);
+    if (COMBINE == 2 && split != 0) {
+        // Each chunk straight into rank 0's slot split - 1, its bytes counted on rank 0's
+        // mbarrier as they land: nothing to order, nothing to wait for here.
+        const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_ROWS * D * 4), 0);
+        const unsigned rbar = dsmem_map(mbar, 0);
+        for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+            const int row = c / C4, c4 = c % C4;
+            dsmem_st_async_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), chunk_sum(row, c4), rbar);
+        }
+        const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
+        if ((int)threadIdx.x < rows_valid)
+            dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_ROWS + threadIdx.x) * 4), 0),
+                               lse_s[threadIdx.x], rbar);
+        return;  // nothing reads this CTA's shared memory
+    }
     if (split != 0) {
         // Push this split's rows and LSEs into rank 0's slot split - 1 as they are summed
         // (no local copy and no barrier between the sum and the push), then arrive.
