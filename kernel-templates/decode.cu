@@ -173,84 +173,124 @@ smem = "0"
 #define DEC_COMBINE_UNROLL 8  // splits whose loads a combine lane has in flight
 
 // ---------------------------------------------------------------------------
-// One row of O from the n_splits partials, by one warp: row `row` of
-// rows_total = B * HQ * SQ, lane l owning dims [l * D / 32, (l + 1) * D / 32).
-// Loads go through L2 only (ld.global.cg): with FUSED_COMBINE the partials
-// were written by other CTAs of the same launch.
+// R rows of O from the n_splits partials, by one warp: rows row[0..R) of
+// rows_total = B * HQ * SQ (live[i] false: no row i, nothing loaded or stored),
+// lane l owning dims [l * D / 32, (l + 1) * D / 32). Loads go through L2 only
+// (ld.global.cg): with FUSED_COMBINE the partials were written by other CTAs of
+// the same launch. R = 2 puts two rows' loads in flight together: a batch is
+// one L2 round trip (~0.55 us right after the partials were written, H100
+// decode_timeline), and the fused combine's warps walked MQA's 16 rows four
+// each, one after another (2.3 us of a 12.5 us call).
 // ---------------------------------------------------------------------------
-template <int D>
-__device__ __forceinline__ void dec_combine_row(const float* o_partial, const float* lse_partial, int n_splits,
-                                                size_t rows_total, size_t row, elem_t* orow) {
+template <int D, int R>
+__device__ __forceinline__ void dec_combine_rows(const float* o_partial, const float* lse_partial, int n_splits,
+                                                 size_t rows_total, const size_t (&row)[R], const bool (&live_row)[R],
+                                                 elem_t* const (&orow)[R]) {
     constexpr int VEC = D / 32;  // consecutive dims per lane: 2 or 4
     static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
+    constexpr int U = DEC_COMBINE_UNROLL;  // splits per batch and row: R * U loads in flight
     const int lane = threadIdx.x & 31;
 
-    // One pass, online: each batch of DEC_COMBINE_UNROLL splits issues its LSE and O
-    // loads together, then rescales the running sum to the batch's new maximum (the
-    // online softmax's rule), so a row costs one L2 round trip per batch, not a max
-    // pass first. Every split wrote every row (O = 0, LSE = -inf where it saw no
-    // key), so the loads need no guard beyond z < n_splits. Split z's row is
-    // z * rows_total rows further on, in both arrays.
-    float acc[VEC];
+    // One pass, online: each batch of U splits issues its LSE and O loads (of
+    // every row) together, then rescales the running sum to the batch's new
+    // maximum (the online softmax's rule), so a row costs one L2 round trip per
+    // batch, not a max pass first. Every split wrote every row (O = 0, LSE = -inf
+    // where it saw no key), so the loads need no guard beyond z < n_splits. Split
+    // z's row is z * rows_total rows further on, in both arrays.
+    float acc[R][VEC], wsum[R], m[R];
+    const float* lse_z[R];
+    const float* o_z[R];
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
-    float wsum = 0.f;
-    float m = OPTD_NEG_INF;
-    const float* lse_z = lse_partial + row;
-    const float* o_z = o_partial + row * D + lane * VEC;
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[i][e] = 0.f;
+        wsum[i] = 0.f;
+        m[i] = OPTD_NEG_INF;
+        lse_z[i] = lse_partial + row[i];
+        o_z[i] = o_partial + row[i] * D + lane * VEC;
+    }
     const size_t o_step = rows_total * D;
-    for (int z0 = 0; z0 < n_splits; z0 += DEC_COMBINE_UNROLL) {
-        float l[DEC_COMBINE_UNROLL];
-        float x[DEC_COMBINE_UNROLL][VEC];
+    for (int z0 = 0; z0 < n_splits; z0 += U) {
+        float l[R][U];
+        float x[R][U][VEC];
 #pragma unroll
-        for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
-            const bool live = z0 + u < n_splits;
-            // Same address in every lane: one broadcast load. The slots past
-            // n_splits are not splits at all: LSE -inf, weight 0.
-            l[u] = live ? __ldcg(lse_z + u * rows_total) : OPTD_NEG_INF;
-            if constexpr (VEC == 4) {
-                const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z + u * o_step)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                x[u][0] = t.x;
-                x[u][1] = t.y;
-                x[u][2] = t.z;
-                x[u][3] = t.w;
-            } else {
-                const float2 t = live ? __ldcg(reinterpret_cast<const float2*>(o_z + u * o_step)) : make_float2(0.f, 0.f);
-                x[u][0] = t.x;
-                x[u][1] = t.y;
+        for (int i = 0; i < R; ++i) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const bool live = live_row[i] && z0 + u < n_splits;
+                // Same address in every lane: one broadcast load. The slots past
+                // n_splits are not splits at all: LSE -inf, weight 0.
+                l[i][u] = live ? __ldcg(lse_z[i] + u * rows_total) : OPTD_NEG_INF;
+                if constexpr (VEC == 4) {
+                    const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z[i] + u * o_step)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    x[i][u][0] = t.x;
+                    x[i][u][1] = t.y;
+                    x[i][u][2] = t.z;
+                    x[i][u][3] = t.w;
+                } else {
+                    const float2 t = live ? __ldcg(reinterpret_cast<const float2*>(o_z[i] + u * o_step)) : make_float2(0.f, 0.f);
+                    x[i][u][0] = t.x;
+                    x[i][u][1] = t.y;
+                }
             }
         }
-        float m_new = m;
 #pragma unroll
-        for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) m_new = fmaxf(m_new, l[u]);
-        if (m_new != OPTD_NEG_INF) {  // else no split so far saw a key of the row
-            const float corr = m == OPTD_NEG_INF ? 0.f : fast_exp2((m - m_new) * OPTD_LOG2E);
-            wsum *= corr;
+        for (int i = 0; i < R; ++i) {
+            float m_new = m[i];
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] *= corr;
-            // exp(-inf) = 0: a split that saw no key adds nothing.
+            for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, l[i][u]);
+            if (m_new != OPTD_NEG_INF) {  // else no split so far saw a key of the row
+                const float corr = m[i] == OPTD_NEG_INF ? 0.f : fast_exp2((m[i] - m_new) * OPTD_LOG2E);
+                wsum[i] *= corr;
 #pragma unroll
-            for (int u = 0; u < DEC_COMBINE_UNROLL; ++u) {
-                const float w = fast_exp2((l[u] - m_new) * OPTD_LOG2E);
-                wsum += w;
+                for (int e = 0; e < VEC; ++e) acc[i][e] *= corr;
+                // exp(-inf) = 0: a split that saw no key adds nothing.
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) acc[e] = fmaf(w, x[u][e], acc[e]);
+                for (int u = 0; u < U; ++u) {
+                    const float w = fast_exp2((l[i][u] - m_new) * OPTD_LOG2E);
+                    wsum[i] += w;
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[i][e] = fmaf(w, x[i][u][e], acc[i][e]);
+                }
+                m[i] = m_new;
             }
-            m = m_new;
+            lse_z[i] += U * rows_total;
+            o_z[i] += U * o_step;
         }
-        lse_z += DEC_COMBINE_UNROLL * rows_total;
-        o_z += DEC_COMBINE_UNROLL * o_step;
     }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    elem_t* out = orow + lane * VEC;
-    if constexpr (VEC == 4) {
-        uint2 packed;
-        packed.x = pack2(acc[0] * inv, acc[1] * inv);
-        packed.y = pack2(acc[2] * inv, acc[3] * inv);
-        *reinterpret_cast<uint2*>(out) = packed;
-    } else {
-        *reinterpret_cast<unsigned*>(out) = pack2(acc[0] * inv, acc[1] * inv);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        if (!live_row[i]) continue;
+        const float inv = wsum[i] > 0.f ? 1.f / wsum[i] : 0.f;
+        elem_t* out = orow[i] + lane * VEC;
+        if constexpr (VEC == 4) {
+            uint2 packed;
+            packed.x = pack2(acc[i][0] * inv, acc[i][1] * inv);
+            packed.y = pack2(acc[i][2] * inv, acc[i][3] * inv);
+            *reinterpret_cast<uint2*>(out) = packed;
+        } else {
+            *reinterpret_cast<unsigned*>(out) = pack2(acc[i][0] * inv, acc[i][1] * inv);
+        }
     }
+}
+
+// Packed rows r, r + NUM_WARPS, .. (R of them, all valid) of this CTA's row tile
+// through dec_combine_rows (FUSED_COMBINE's last CTA).
+template <int D, int R>
+__device__ __forceinline__ void dec_combine_tile_rows(const float* o_partial, const float* lse_partial, int n_splits,
+                                                      size_t rows_total, elem_t* o, const optd_strides& strides, int b,
+                                                      int heads_q, int heads_kv, int seq_q, int r) {
+    size_t row[R];
+    bool live[R];
+    elem_t* orow[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const DecRow out = dec_out_row(r + i * NUM_WARPS, heads_q, heads_kv, seq_q);
+        row[i] = ((size_t)b * heads_q + out.hq) * seq_q + out.s;
+        live[i] = true;
+        orow[i] = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
+    }
+    dec_combine_rows<D, R>(o_partial, lse_partial, n_splits, rows_total, row, live, orow);
 }
 
 // Count this CTA in on its group's split semaphore; true in the one CTA that
@@ -334,12 +374,18 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     unsigned* sem = reinterpret_cast<unsigned*>(lse_partial + (size_t)n_splits * rows_total) +
                     ((size_t)blockIdx.y * gridDim.z + blockIdx.z);
     if (!dec_arrive_last(sem, n_splits)) return;
-    // The last CTA of the group: its warps combine the group's valid rows.
-    for (int r = threadIdx.x >> 5; r < rows_valid; r += NUM_WARPS) {
-        const DecRow out = dec_out_row(r, heads_q, heads_kv, seq_q);
-        const size_t row = ((size_t)b * heads_q + out.hq) * seq_q + out.s;
-        elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
-        dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);
+    // The last CTA of the group: its warps combine the group's valid rows, two at
+    // a time (rows r and r + NUM_WARPS) where a warp has two left.
+    for (int r = threadIdx.x >> 5; r < rows_valid;) {
+        if (r + NUM_WARPS < rows_valid) {
+            dec_combine_tile_rows<D, 2>(o_partial, lse_partial, n_splits, rows_total, o, strides, b, heads_q, heads_kv,
+                                        seq_q, r);
+            r += 2 * NUM_WARPS;
+        } else {
+            dec_combine_tile_rows<D, 1>(o_partial, lse_partial, n_splits, rows_total, o, strides, b, heads_q, heads_kv,
+                                        seq_q, r);
+            r += NUM_WARPS;
+        }
     }
 #endif
 }
@@ -364,8 +410,10 @@ __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
     const int s = (int)(row % seq_q);
     const int h = (int)((row / seq_q) % heads_q);
     const int b = (int)(row / ((size_t)seq_q * heads_q));
-    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + (long long)s * strides.o_s;
-    dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);
+    const size_t rows[1] = {row};
+    const bool live[1] = {true};
+    elem_t* const orow[1] = {o + optd_head_off(strides.o_b, strides.o_h, b, h) + (long long)s * strides.o_s};
+    dec_combine_rows<D, 1>(o_partial, lse_partial, n_splits, rows_total, rows, live, orow);
 }
 
 // minBlocks = 1: the Q fragments, O accumulators and S tile stay in registers.

@@ -56,8 +56,10 @@
  *          NUM_WARPS  warps per CTA, splitting each tile's keys   4, 2, 8
  *          STAGES     K/V tiles in the cp.async ring              3, 2, 4
  *          CLUSTER    splits per group = CTAs per cluster         8, 4, 2
- *          COMBINE    1 push to rank 0 (mbarrier), 0 pull (two    1, 0, 2
- *                     cluster barriers, every CTA combines a share)
+ *          COMBINE    2 push to rank 0 by st.async (bytes     2, 1, 0
+ *                     counted on its mbarrier), 1 push by stores
+ *                     and one arrive per CTA, 0 pull (two cluster
+ *                     barriers, every CTA combines a share)
  *          WARP_LOADS 1 each warp copies and waits for its own     0, 1
  *                     keys, 0 the CTA copies each tile together
  *                     (common/decode_split.cuh)
@@ -87,7 +89,7 @@ BLOCK_N = [16, 32, 64]
 NUM_WARPS = [4, 2, 8]
 STAGES = [3, 2, 4]
 CLUSTER = [8, 4, 2]
-COMBINE = [1, 0, 2]
+COMBINE = [2, 1, 0]
 WARP_LOADS = [0, 1]
 
 [derived]

@@ -86,8 +86,7 @@ TAIL_PATCHES = {
     ],
     "decode-split": [
         ("    if (!dec_arrive_last(sem, n_splits)) return;", "    tl_mark(8);\n    if (!dec_arrive_last(sem, n_splits)) return;\n    tl_mark(9);"),
-        ("        dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);\n    }\n#endif",
-         "        dec_combine_row<D>(o_partial, lse_partial, n_splits, rows_total, row, orow);\n    }\n    tl_mark(10);\n#endif"),
+        ("            r += NUM_WARPS;\n        }\n    }\n#endif", "            r += NUM_WARPS;\n        }\n    }\n    tl_mark(10);\n#endif"),
     ],
 }
 WRAPS = ["decode_cluster_fwd<128>(OPTD_ARG_NAMES);", "decode_fwd<128>(OPTD_ARG_NAMES);"]
@@ -116,11 +115,11 @@ def install():
     C.build_source = build_source
 
 POINTS = [
-    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=1),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=2),
      [gqa(1, 32, 8, 1, 4096, 128, False), gqa(1, 32, 8, 1, 1024, 128, False), gqa(8, 32, 1, 1, 4096, 128, False)]),
     (DC.split, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=2, FUSED_COMBINE=1),
      [gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False)]),
-    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=1), [gqa(8, 32, 8, 1, 4096, 128, False)]),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=2), [gqa(8, 32, 8, 1, 4096, 128, False)]),
 ]
 
 

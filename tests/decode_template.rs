@@ -201,8 +201,9 @@ fn every_pairwise_variant_compiles_with_nvrtc() {
         compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &[("FUSED_COMBINE", fused)], &["sm_80", "sm_90"]);
     }
     // Clusters and distributed shared memory: sm_90 only (its min_cc).
-    // Both ways to combine (push to rank 0, pull through two cluster barriers).
-    for combine in [1, 0] {
+    // Every way to combine (push to rank 0: asynchronous stores or stores and an
+    // arrive; pull through two cluster barriers).
+    for combine in [2, 1, 0] {
         compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", combine)], &["sm_90"]);
     }
 }
