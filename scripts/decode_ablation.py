@@ -147,10 +147,11 @@ def knob_ab(spec, t0):
     setting = {name: int(value) for name, _, value in (kv.partition("=") for kv in spec.split(","))}
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
     variant["name"] = "full"
-    # Only where the template declares the knob: a name it does not know would be a stray
-    # macro (decode.cu's COMBINE is a launch role); the others are timed twice unchanged,
-    # a measure of the noise.
-    with_knob = [(tpl, {**kn, **{k: v for k, v in setting.items() if k in tpl.spec.get("knobs", {})}})
+    # Only where the template declares the knob and the value: a name it does not know would
+    # be a stray macro (decode.cu's COMBINE is a launch role), a value it does not list a
+    # build its spec does not describe (decode.cu's WARP_LOADS stops at 1); the others are
+    # timed twice unchanged, a measure of the noise.
+    with_knob = [(tpl, {**kn, **{k: v for k, v in setting.items() if v in tpl.spec.get("knobs", {}).get(k, [])}})
                  for tpl, kn in POINTS]
     checks = []
     for tpl, kn in with_knob:
