@@ -174,8 +174,7 @@ smem = "0"
 
 // ---------------------------------------------------------------------------
 // R rows of O from the n_splits partials, by one warp: rows row[0..R) of
-// rows_total = B * HQ * SQ (live[i] false: no row i, nothing loaded or stored),
-// lane l owning dims [l * D / 32, (l + 1) * D / 32). Loads go through L2 only
+// rows_total = B * HQ * SQ, lane l owning dims [l * D / 32, (l + 1) * D / 32). Loads go through L2 only
 // (ld.global.cg): with FUSED_COMBINE the partials were written by other CTAs of
 // the same launch. R = 2 puts two rows' loads in flight together: a batch is
 // one L2 round trip (~0.55 us right after the partials were written, H100
@@ -184,8 +183,7 @@ smem = "0"
 // ---------------------------------------------------------------------------
 template <int D, int R>
 __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const float* lse_partial, int n_splits,
-                                                 size_t rows_total, const size_t (&row)[R], const bool (&live_row)[R],
-                                                 elem_t* const (&orow)[R]) {
+                                                 size_t rows_total, const size_t (&row)[R], elem_t* const (&orow)[R]) {
     constexpr int VEC = D / 32;  // consecutive dims per lane: 2 or 4
     static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
     constexpr int U = DEC_COMBINE_UNROLL;  // splits per batch and row: R * U loads in flight
@@ -217,7 +215,7 @@ __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const f
         for (int i = 0; i < R; ++i) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const bool live = live_row[i] && z0 + u < n_splits;
+                const bool live = z0 + u < n_splits;
                 // Same address in every lane: one broadcast load. The slots past
                 // n_splits are not splits at all: LSE -inf, weight 0.
                 l[i][u] = live ? __ldcg(lse_z[i] + u * rows_total) : OPTD_NEG_INF;
@@ -260,7 +258,6 @@ __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const f
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        if (!live_row[i]) continue;
         const float inv = wsum[i] > 0.f ? 1.f / wsum[i] : 0.f;
         elem_t* out = orow[i] + lane * VEC;
         if constexpr (VEC == 4) {
@@ -281,16 +278,14 @@ __device__ __forceinline__ void dec_combine_tile_rows(const float* o_partial, co
                                                       size_t rows_total, elem_t* o, const optd_strides& strides, int b,
                                                       int heads_q, int heads_kv, int seq_q, int r) {
     size_t row[R];
-    bool live[R];
     elem_t* orow[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const DecRow out = dec_out_row(r + i * NUM_WARPS, heads_q, heads_kv, seq_q);
         row[i] = ((size_t)b * heads_q + out.hq) * seq_q + out.s;
-        live[i] = true;
         orow[i] = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
     }
-    dec_combine_rows<D, R>(o_partial, lse_partial, n_splits, rows_total, row, live, orow);
+    dec_combine_rows<D, R>(o_partial, lse_partial, n_splits, rows_total, row, orow);
 }
 
 // Count this CTA in on its group's split semaphore; true in the one CTA that
@@ -411,9 +406,8 @@ __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
     const int h = (int)((row / seq_q) % heads_q);
     const int b = (int)(row / ((size_t)seq_q * heads_q));
     const size_t rows[1] = {row};
-    const bool live[1] = {true};
     elem_t* const orow[1] = {o + optd_head_off(strides.o_b, strides.o_h, b, h) + (long long)s * strides.o_s};
-    dec_combine_rows<D, 1>(o_partial, lse_partial, n_splits, rows_total, rows, live, orow);
+    dec_combine_rows<D, 1>(o_partial, lse_partial, n_splits, rows_total, rows, orow);
 }
 
 // minBlocks = 1: the Q fragments, O accumulators and S tile stay in registers.
