@@ -13,8 +13,9 @@
  *     group. Packed row r = gi * SQ + s is query head kvh * G + gi, row s
  *     (Llama-3: G = 4, SQ = 1 -> rows 0..3 of 16; the rest are zero padding,
  *     computed and never stored). G * SQ > 16 (MQA: G = 32) takes
- *     cdiv(G * SQ, 16) row tiles, gridDim.z; their CTAs read the same K/V,
- *     the second time mostly from L2.
+ *     cdiv(G * SQ, 16) row tiles: M_TILES of them per CTA (the warps split
+ *     between the row tiles, each K/V tile read once for all of them), the
+ *     rest as gridDim.z, whose CTAs read the same K/V, mostly from L2.
  *   - flash-decoding: the KV sequence is split across gridDim.x CTAs, so that
  *     a few (b, kv head) groups still fill the SMs. Split z walks key tiles
  *     [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, n_splits),
@@ -97,20 +98,25 @@
  *                         of a tile, no CTA barrier per tile (1), or
  *                         the CTA copies the tile together (0)        0, 1
  *                         (common/decode_split.cuh)
+ *          M_TILES        m16 row tiles per CTA, the warps split      1, 2
+ *                         between them (each K/V tile read once for
+ *                         32 packed rows: MQA, G * SQ > 16; with
+ *                         G * SQ <= 16 the second tile is padding)
  *          (SPLIT_WAVES and MIN_SPLIT_TILES only enter the launch formulas.)
- * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N, rows of 2 D bytes:
- *          2 D * 16  (packed Q tile)
+ * Shared (dynamic, bytes), TILE_N = (NUM_WARPS / M_TILES) * BLOCK_N, rows of
+ *          2 D bytes:
+ *          2 D * 16 * M_TILES  (packed Q rows)
  *          + max(2 D * 2 * STAGES * TILE_N        (K and V ring),
  *                NUM_WARPS * 16 * (D + 8) * 4)    (fp32 O rows of the merge)
  *          (DecSmem<D>::BYTES, checked against the spec's smem formula by
  *          OPTD_CHECK_SMEM); e.g. D 128, 4 warps, BLOCK_N 32, 3 stages:
  *          4 KiB + 192 KiB. Combos over the device's opt-in limit (227 KiB on
  *          sm_90) are rejected by the gate.
- * CTAs:    fwd      n_splits x (B * HKV) x cdiv(G * SQ, 16), NUM_WARPS * 32
- *                   threads (B * HKV <= 65535)
+ * CTAs:    fwd      n_splits x (B * HKV) x cdiv(G * SQ, 16 * M_TILES),
+ *                   NUM_WARPS * 32 threads (B * HKV <= 65535)
  *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads, only when
  *                   n_splits > 1 and FUSED_COMBINE = 0
- * n_splits: groups = B * HKV * cdiv(G * SQ, 16) CTAs per split;
+ * n_splits: groups = B * HKV * cdiv(G * SQ, 16 * M_TILES) CTAs per split;
  *          want = min(cdiv(SPLIT_WAVES * SMS, groups),
  *                     cdiv(n_tiles, MIN_SPLIT_TILES)), at least 1; then lowered
  *          to the fewest splits with the same tiles per split, so that no split
@@ -138,10 +144,11 @@ SPLIT_WAVES = [1, 2, 4]
 MIN_SPLIT_TILES = [1, 2, 4]
 FUSED_COMBINE = [0, 1]
 WARP_LOADS = [0, 1]
+M_TILES = [1, 2]
 
 [derived]
-tile_n = "NUM_WARPS * BLOCK_N"
-row_tiles = "cdiv(G * SQ, 16)"
+tile_n = "(NUM_WARPS // M_TILES) * BLOCK_N"
+row_tiles = "cdiv(G * SQ, 16 * M_TILES)"
 groups = "B * HKV * row_tiles"
 kv_tiles = "cdiv(SK, tile_n)"
 want_splits = "max(1, min(cdiv(SPLIT_WAVES * SMS, groups), cdiv(kv_tiles, MIN_SPLIT_TILES)))"
@@ -152,7 +159,7 @@ splits = "cdiv(kv_tiles, tiles_per_split)"
 kernel = "fwd"
 grid = ["splits", "B * HKV", "row_tiles"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4)"
+smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4)"
 
 [[launch]]
 kernel = "combine"
@@ -329,7 +336,7 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     const int t_end = min(n_tiles, t_begin + tps);
     decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end);
 
-    // Sum the warps' copies of each valid row, 4 floats (16 bytes of xo) per step,
+    // Sum the key warps' copies of each valid row, 4 floats (16 bytes of xo) per step,
     // and store it: O itself (one split), or the split's partial row and LSE.
     extern __shared__ __align__(128) unsigned char dec_smem[];
     const float* xo = reinterpret_cast<const float*>(dec_smem + L::XO);
@@ -342,8 +349,8 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
         const int row = c / C4, c4 = c % C4;
         float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
 #pragma unroll
-        for (int w = 1; w < NUM_WARPS; ++w) {
-            const float4 x = *reinterpret_cast<const float4*>(xo + (w * DEC_ROWS + row) * L::XO_ROW + 4 * c4);
+        for (int kw = 1; kw < DEC_KEY_WARPS; ++kw) {
+            const float4 x = *reinterpret_cast<const float4*>(xo + (kw * DEC_CTA_ROWS + row) * L::XO_ROW + 4 * c4);
             sum.x += x.x;
             sum.y += x.y;
             sum.z += x.z;

@@ -63,13 +63,17 @@
  *          WARP_LOADS 1 each warp copies and waits for its own     0, 1
  *                     keys, 0 the CTA copies each tile together
  *                     (common/decode_split.cuh)
- * Shared (dynamic, bytes), TILE_N = NUM_WARPS * BLOCK_N (as decode.cu):
- *          2 D * 16 + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
+ *          M_TILES    m16 row tiles per CTA (as decode.cu): 2     1, 2
+ *                     puts MQA's 32 rows in one CTA, so MQA B 8
+ *                     is 8 clusters of 8, one wave (as 2 x 8
+ *                     clusters the second wave started 8 us in)
+ * Shared (dynamic, bytes), TILE_N = (NUM_WARPS / M_TILES) * BLOCK_N (as decode.cu):
+ *          2 D * 16 * M_TILES + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
  *          (DecSmem<D>::BYTES), plus with COMBINE = 1 or 2 rank 0's receive area
- *          (CLUSTER - 1) * 16 * (D + 1) * 4 (fp32 rows and LSEs) and 16 for the
+ *          (CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 (fp32 rows and LSEs) and 16 for the
  *          mbarrier (PushSmem<D>::BYTES, checked by OPTD_CHECK_SMEM); combos
  *          over the opt-in limit are rejected by the gate.
- * CTAs:    fwd  CLUSTER x (B * HKV) x cdiv(G * SQ, 16), NUM_WARPS * 32 threads,
+ * CTAs:    fwd  CLUSTER x (B * HKV) x cdiv(G * SQ, 16 * M_TILES), NUM_WARPS * 32 threads,
  *          clusters of CLUSTER x 1 x 1; one launch.
  * Registers: as decode.cu's forward (D / 4 + D / 2 + BLOCK_N / 2 per thread
  *          plus addressing); __launch_bounds__(threads, 1).
@@ -91,17 +95,18 @@ STAGES = [3, 2, 4]
 CLUSTER = [8, 4, 2]
 COMBINE = [2, 1, 0]
 WARP_LOADS = [0, 1]
+M_TILES = [1, 2]
 
 [derived]
-tile_n = "NUM_WARPS * BLOCK_N"
-row_tiles = "cdiv(G * SQ, 16)"
+tile_n = "(NUM_WARPS // M_TILES) * BLOCK_N"
+row_tiles = "cdiv(G * SQ, 16 * M_TILES)"
 splits = "1"
 
 [[launch]]
 kernel = "fwd"
 grid = ["CLUSTER", "B * HKV", "row_tiles"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "ELEM_BYTES * D * 16 + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + min(COMBINE, 1) * ((CLUSTER - 1) * 16 * (D + 1) * 4 + 16)"
+smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + min(COMBINE, 1) * ((CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 + 16)"
 */
 
 #include "common/optd.cuh"
@@ -191,12 +196,12 @@ __device__ __forceinline__ void cluster_mbar_wait(unsigned bar, unsigned parity)
 }
 
 // COMBINE = 1 or 2: rank 0's receive area after the split's layout: the other
-// ranks' summed rows (fp32, DEC_ROWS x D each), their row LSEs, the mbarrier.
+// ranks' summed rows (fp32, DEC_CTA_ROWS x D each), their row LSEs, the mbarrier.
 template <int D>
 struct PushSmem {
     static constexpr int RX = DecSmem<D>::BYTES;
-    static constexpr int RX_LSE = RX + (CLUSTER - 1) * DEC_ROWS * D * 4;
-    static constexpr int MBAR = RX_LSE + (CLUSTER - 1) * DEC_ROWS * 4;
+    static constexpr int RX_LSE = RX + (CLUSTER - 1) * DEC_CTA_ROWS * D * 4;
+    static constexpr int MBAR = RX_LSE + (CLUSTER - 1) * DEC_CTA_ROWS * 4;
     static constexpr int BYTES = MBAR + 16;
     static_assert(RX % 16 == 0 && MBAR % 8 == 0, "16-byte rows, 8-byte mbarrier");
 };
@@ -284,8 +289,8 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     auto chunk_sum = [&](int row, int c4) {
         float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
 #pragma unroll
-        for (int w = 1; w < NUM_WARPS; ++w) {
-            const float4 x = *reinterpret_cast<const float4*>(xo + (w * DEC_ROWS + row) * L::XO_ROW + 4 * c4);
+        for (int kw = 1; kw < DEC_KEY_WARPS; ++kw) {
+            const float4 x = *reinterpret_cast<const float4*>(xo + (kw * DEC_CTA_ROWS + row) * L::XO_ROW + 4 * c4);
             sum.x += x.x;
             sum.y += x.y;
             sum.z += x.z;
@@ -306,7 +311,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     if (COMBINE == 2 && split != 0) {
         // Each chunk straight into rank 0's slot split - 1, its bytes counted on rank 0's
         // mbarrier as they land: nothing to order, nothing to wait for here.
-        const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_ROWS * D * 4), 0);
+        const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_CTA_ROWS * D * 4), 0);
         const unsigned rbar = dsmem_map(mbar, 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
@@ -314,21 +319,21 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         }
         const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         if ((int)threadIdx.x < rows_valid)
-            dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_ROWS + threadIdx.x) * 4), 0),
+            dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
                                lse_s[threadIdx.x], rbar);
         return;  // nothing reads this CTA's shared memory
     }
     if (split != 0) {
         // Push this split's rows and LSEs into rank 0's slot split - 1 as they are summed
         // (no local copy and no barrier between the sum and the push), then arrive.
-        const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_ROWS * D * 4), 0);
+        const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_CTA_ROWS * D * 4), 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
             dsmem_st_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), chunk_sum(row, c4));
         }
         const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         if ((int)threadIdx.x < rows_valid)
-            dsmem_st_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_ROWS + threadIdx.x) * 4), 0),
+            dsmem_st_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
                          lse_s[threadIdx.x]);
         // One arrive per CTA: the barrier orders every thread's remote stores before
         // thread 0's arrive, whose release (cluster scope) is cumulative over them (the
@@ -351,12 +356,12 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             float lse[CLUSTER];
             lse[0] = lse_own[row];
 #pragma unroll
-            for (int z = 1; z < CLUSTER; ++z) lse[z] = rxl[(z - 1) * DEC_ROWS + row];
+            for (int z = 1; z < CLUSTER; ++z) lse[z] = rxl[(z - 1) * DEC_CTA_ROWS + row];
             dec_combine_chunk(
                 lse,
                 [&](int z) {
                     return z == 0 ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
-                                  : *reinterpret_cast<const float4*>(rxf + ((z - 1) * DEC_ROWS + row) * D + 4 * c4);
+                                  : *reinterpret_cast<const float4*>(rxf + ((z - 1) * DEC_CTA_ROWS + row) * D + 4 * c4);
                 },
                 row, c4, o, strides, heads_q, heads_kv, seq_q);
         }

@@ -239,6 +239,9 @@ CHECK_SHAPES = mhas([
     gqa(1, 32, 8, 1, 4000, 128, True, "bshd"),
     gqa(2, 8, 1, 4, 999, 128, True, padded=True),
     gqa(1, 4, 4, 16, 2048, 64, True, "bshd", padded=True),
+    # 48 packed rows (G 16 x SQ 3): decode's M_TILES 2 has a CTA with a partly padded second
+    # row tile and one whose second row tile is all padding.
+    gqa(2, 16, 1, 3, 777, 64, True, "bshd"),
     # More work tiles than the H100's 132 SMs, not causal, the count not a multiple of 132:
     # wgmma_tma's STREAM_K runs the last round in key-range pieces (ragged tail tiles, SQ < SK,
     # a ragged last key tile, bshd on a padded view, packed GQA heads).

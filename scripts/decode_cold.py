@@ -16,6 +16,13 @@ search would meet it, or does it need a kernel change? The modules can be built 
 
     python3 scripts/decode_cold.py OUT.json --full [--cubin-dir DIR]
 
+--mqa: instead, the multi-query decode shape (B 8, 32 query heads on one KV head, SK 4096), the
+one whose 32 packed rows are two m16 row tiles, over a grid of both templates with M_TILES 1 and
+2 (two CTAs reading the same K/V, or one CTA whose warps split between the row tiles), cold,
+against SDPA cold; the ten fastest points of each template. Build with --build-cubins DIR --mqa.
+
+    python3 scripts/decode_cold.py OUT.json --mqa [--cubin-dir DIR]
+
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
 import sys, json, time, statistics
@@ -48,15 +55,26 @@ def full_points():
     return [(split, kn) for kn in split.knob_combos()] + [(cluster, kn) for kn in cluster.knob_combos() if kn["COMBINE"] == 1]
 
 
-def build_cubins(out_dir):
-    """No GPU: compile --full's timed fp16 modules into out_dir with NVRTC from .deps."""
+def mqa_points():
+    """(template, knobs) of --mqa: BLOCK_N 16 (best or within 1% nearly everywhere in the
+    earlier sweeps), the knobs that move bytes in flight, the combine, and M_TILES."""
+    pts = [(split, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, SPLIT_WAVES=sw, MIN_SPLIT_TILES=1, FUSED_COMBINE=f,
+                        WARP_LOADS=wl, M_TILES=m))
+           for m in (1, 2) for w in (4, 8) for st in (3, 4) for sw in (1, 2) for f in (0, 1) for wl in (0, 1)]
+    pts += [(cluster, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=2, WARP_LOADS=wl, M_TILES=m))
+            for m in (1, 2) for w in (4, 8) for st in (3, 4) for cl in (8, 4) for wl in (0, 1)]
+    return pts
+
+
+def build_cubins(out_dir, points=None):
+    """No GPU: compile --full's (or `points`') timed fp16 modules into out_dir with NVRTC from .deps."""
     import concurrent.futures as cf
     import os
     from nvrtc_compile_check import Job, _init_worker, arch_targets, default_cuda_include, default_nvrtc_lib
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     todo, seen = {}, set()
-    for tpl, kn in full_points():
+    for tpl, kn in (points if points is not None else full_points()):
         # Gpu.module loads one module per combination of the knobs the code uses (launch-only
         # knobs such as SPLIT_WAVES change no build): the first such combination's source.
         used = tuple((k, kn[k]) for k in C.code_knobs(tpl))
@@ -80,13 +98,13 @@ def build_cubins(out_dir):
     return 1 if bad else 0
 
 
-def full_sweep(out_json):
+def full_sweep(out_json, points=None, shapes=None, top=4):
     t0 = time.time()
     res = []
-    for shape in FULL_SHAPES:
+    for shape in shapes or FULL_SHAPES:
         sd = sdpa_cold_us(shape)
         rows = []
-        for tpl, kn in full_points():
+        for tpl, kn in (points if points is not None else full_points()):
             try:
                 rows.append((time_cold_us(tpl, kn, shape), tpl.name, combo_label(kn)))
             except C.DoesNotFit:
@@ -96,7 +114,7 @@ def full_sweep(out_json):
         print(f"{C.shape_key(shape)} KV {kv / 1e6:.1f} MB, {sets_for(shape)} input sets, {len(rows)} points; "
               f"SDPA default cold {sd:.2f} us", flush=True)
         for name in ("decode-split", "decode-cluster"):
-            for us, _, lab in [r for r in rows if r[1] == name][:4]:
+            for us, _, lab in [r for r in rows if r[1] == name][:top]:
                 print(f"   {name:<15} cold {us:7.2f} us  {sd / us:4.2f}x SDPA  {kv / us / 1e6:5.2f} TB/s  {lab}", flush=True)
         res.append(dict(shape=C.shape_key(shape), sdpa_cold=sd, rows=rows))
     Path(out_json).write_text(json.dumps(res, indent=1))
@@ -211,8 +229,11 @@ def main():
 
 if __name__ == "__main__":
     if "--build-cubins" in sys.argv:
-        sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1]))
-    if "--full" in sys.argv:
+        sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], mqa_points() if "--mqa" in sys.argv else None))
+    if "--mqa" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1], mqa_points(), [gqa(8, 32, 1, 1, 4096, 128, False)], top=10)
+    elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])
     else:

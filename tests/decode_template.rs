@@ -28,7 +28,7 @@ fn gqa(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, causal: bool) -> Shape {
 }
 
 fn knobs(block_n: i64, warps: i64, stages: i64, waves: i64, min_tiles: i64) -> Params {
-    [("BLOCK_N", block_n), ("NUM_WARPS", warps), ("STAGES", stages), ("SPLIT_WAVES", waves), ("MIN_SPLIT_TILES", min_tiles), ("FUSED_COMBINE", 0)]
+    [("BLOCK_N", block_n), ("NUM_WARPS", warps), ("STAGES", stages), ("SPLIT_WAVES", waves), ("MIN_SPLIT_TILES", min_tiles), ("FUSED_COMBINE", 0), ("WARP_LOADS", 0), ("M_TILES", 1)]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
@@ -77,6 +77,15 @@ fn the_spec_splits_the_cache_to_fill_the_sms_and_packs_the_group_into_row_tiles(
     fused.insert("FUSED_COMBINE".into(), 1);
     assert_eq!(planned(&t, &fused, &gqa(8, 32, 1, 1, 4096, true)), (8, vec![fwd(8, 8, 2)]));
     assert_eq!(planned(&t, &fused, &gqa(1, 32, 8, 1, 1024, false)), (8, vec![fwd(8, 8, 1)]));
+    // M_TILES 2: MQA's 32 rows in one CTA, the 4 warps split 2 x 2 (64 keys per tile): 8
+    // groups want 17 splits of 64 tiles, 4 tiles each, 16 splits; one row block.
+    let mut two = p.clone();
+    two.insert("M_TILES".into(), 2);
+    assert_eq!(planned(&t, &two, &gqa(8, 32, 1, 1, 4096, true)), (16, vec![fwd(16, 8, 1), combine(64)]));
+    // SQ 16 x G 4 = 64 rows: two row blocks of 32.
+    assert_eq!(planned(&t, &two, &gqa(1, 32, 8, 16, 4096, true)).1[0].1[2], 2);
+    let plan2 = t.plan(&two, &gqa(8, 32, 1, 1, 4096, true), &h100()).unwrap();
+    assert_eq!(plan2.launches[0].dyn_smem, 256 * 32 + 3 * 2 * 64 * 256, "32 Q rows, a ring of 64-key tiles");
 
     // Shared memory: the Q tile plus the K/V ring (or the merge's fp32 rows), as the
     // header states; D 128, 4 warps of 32 keys, 3 stages: 4 KiB + 192 KiB.
@@ -200,12 +209,15 @@ fn every_pairwise_variant_compiles_with_nvrtc() {
     for fused in [0, 1] {
         compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &[("FUSED_COMBINE", fused)], &["sm_80", "sm_90"]);
     }
+    // Two row tiles per CTA, the key slices' warp pairs meeting at named barriers.
+    compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &[("FUSED_COMBINE", 1), ("M_TILES", 2), ("WARP_LOADS", 1)], &["sm_90"]);
     // Clusters and distributed shared memory: sm_90 only (its min_cc).
     // Every way to combine (push to rank 0: asynchronous stores or stores and an
     // arrive; pull through two cluster barriers).
     for combine in [2, 1, 0] {
         compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", combine)], &["sm_90"]);
     }
+    compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", 2), ("M_TILES", 2)], &["sm_90"]);
 }
 
 #[test]
@@ -219,6 +231,18 @@ fn the_cluster_template_is_one_launch_of_one_cluster_per_group_and_needs_sm_90()
     assert_eq!((plan.launches[0].grid, plan.launches[0].block), ([8, 8, 1], [128, 1, 1]));
     p.insert("CLUSTER".into(), 2);
     assert_eq!(t.plan(&p, &gqa(8, 32, 1, 4, 4000, true), &h100()).unwrap().launches[0].grid, [2, 8, 8], "MQA x SQ 4: 8 row tiles");
+    // M_TILES 2: MQA B 8 is 8 clusters of 8 (one wave on the H100), each CTA 32 rows; rank
+    // 0 receives 7 x 32 rows and LSEs.
+    p.insert("CLUSTER".into(), 8);
+    p.insert("M_TILES".into(), 2);
+    let plan = t.plan(&p, &gqa(8, 32, 1, 1, 4096, false), &h100()).unwrap();
+    assert_eq!(plan.launches[0].grid, [8, 8, 1]);
+    let (warps, block_n, stages) = (p["NUM_WARPS"], p["BLOCK_N"], p["STAGES"]);
+    let ring = 256 * 2 * stages * (warps / 2) * block_n;
+    let ring_or_merge = ring.max(warps * 16 * 136 * 4);
+    assert_eq!(plan.launches[0].dyn_smem as i64, 256 * 32 + ring_or_merge + 7 * 32 * 129 * 4 + 16);
+    p.insert("CLUSTER".into(), 2);
+    p.insert("M_TILES".into(), 1);
     // Refused below sm_90 (the stage is skipped there, with this reason) and on prefill shapes.
     let err = gate::check(&t, &p, &[gqa(1, 32, 8, 1, 1024, false)], &common::l4(), "1").unwrap_err();
     assert!(err.0.contains("needs compute capability 90"), "{}", err.0);
@@ -253,7 +277,7 @@ max_candidates = 1
 name = "decode"
 template = "decode.cu"
 search = "exhaustive"
-space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], WARP_LOADS = [0] }
+space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], WARP_LOADS = [0], M_TILES = [1] }
 
 [open_phase]
 enabled = false

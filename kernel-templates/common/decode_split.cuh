@@ -6,29 +6,43 @@
  * the method; this file is its per-CTA part:
  *
  *   decode_split_tile<D>(..., t_begin, t_end)
- *       the CTA (blockIdx.y = b * HKV + kv head, blockIdx.z = row tile of 16
- *       packed rows r = gi * SQ + s) walks key tiles [t_begin, t_end) of
- *       DEC_TILE_N keys: packed Q tile and a STAGES-deep cp.async K/V ring,
- *       mma.sync S = Q K^T and O += P V per warp on its BLOCK_N keys of each
- *       tile, online softmax, then the warps' merge. On return (after a
- *       barrier) shared memory holds, for each valid row r < dec_rows_valid():
- *         xo[w][r][0 .. D)  warp w's share of the split's normalized O row
- *                           (fp32, rows of DecSmem::XO_ROW floats): the row
- *                           is the sum over the NUM_WARPS warps;
+ *       the CTA (blockIdx.y = b * HKV + kv head, blockIdx.z = row block of
+ *       DEC_CTA_ROWS = 16 * M_TILES packed rows r = gi * SQ + s) walks key
+ *       tiles [t_begin, t_end) of DEC_TILE_N keys: packed Q rows and a
+ *       STAGES-deep cp.async K/V ring, mma.sync S = Q K^T and O += P V per
+ *       warp on its 16 rows and BLOCK_N keys of each tile, online softmax,
+ *       then the warps' merge. On return (after a barrier) shared memory
+ *       holds, for each valid row r < dec_rows_valid():
+ *         xo[kw][r][0 .. D) key warp kw's share of the split's normalized O
+ *                           row (fp32, rows of DecSmem::XO_ROW floats, kw
+ *                           stepping DEC_CTA_ROWS rows): the row is the sum
+ *                           over the DEC_KEY_WARPS key warps;
  *         lse_s[r]          the split's natural-log LSE of the scaled scores,
  *                           -inf (and O = 0) when it saw no key of the row.
- *   dec_rows_valid(heads_q, heads_kv, seq_q)   packed rows of this row tile
+ *   dec_rows_valid(heads_q, heads_kv, seq_q)   packed rows of this CTA
  *   dec_out_row(...)          where packed row r's output row lives
  *
- * WARP_LOADS = 1: warp w copies the BLOCK_N keys of every tile that it alone
- * reads (rows w * BLOCK_N .. + BLOCK_N - 1 of the slot), so a tile's wait is
- * its own cp.async groups and a __syncwarp, with no CTA barrier per tile: the
- * warps drift apart, one computing while another still waits for its bytes.
+ * M_TILES: the m16 row tiles of one CTA. Warp w computes row tile w % M_TILES
+ * on key slice kw = w / M_TILES (BLOCK_N keys of every tile), so a CTA tile is
+ * DEC_TILE_N = (NUM_WARPS / M_TILES) * BLOCK_N keys and each K/V byte crosses
+ * from L2 once for all 16 * M_TILES rows. Why: MQA (G = 32) and speculative
+ * decode of a wide group (G * SQ > 16) need two row tiles; as two CTAs
+ * (M_TILES = 1) both read the same K/V, twice the CTAs and L2 traffic for
+ * the same HBM bytes, and decode-cluster's 16 clusters of 8 at MQA B 8 do not
+ * fit in one wave (a second wave at 8 us: scripts/decode_timeline.py, 2026-11-27).
+ * Each warp keeps decode.cu's register budget (one m16 tile of Q and O).
+ *
+ * WARP_LOADS = 1: the M_TILES warps of key slice kw copy the BLOCK_N keys of
+ * every tile that they alone read (rows kw * BLOCK_N .. + BLOCK_N - 1 of the
+ * slot), so a tile's wait is their own cp.async groups and a __syncwarp (one
+ * warp) or a named barrier of the M_TILES warps (id 1 + kw), with no CTA
+ * barrier per tile: the warps drift apart, one computing while another still
+ * waits for its bytes.
  * WARP_LOADS = 0: the CTA's threads copy the whole tile together (each a chunk
  * column of rows tid / CH + i * KV_RSTEP) and meet at a __syncthreads per tile.
  *
  * Expects the including template to define the knobs BLOCK_N, NUM_WARPS,
- * STAGES and WARP_LOADS and to launch NUM_WARPS * 32 threads with
+ * STAGES, WARP_LOADS and M_TILES and to launch NUM_WARPS * 32 threads with
  * DecSmem<D>::BYTES of dynamic shared memory.
  ******************************************************************************/
 #ifndef OPTD_DECODE_SPLIT_CUH
@@ -53,6 +67,15 @@
 #if WARP_LOADS != 0 && WARP_LOADS != 1
 #error "WARP_LOADS must be 0 (the CTA copies each tile) or 1 (each warp copies its own keys)"
 #endif
+#ifndef M_TILES
+#error "M_TILES must be defined (1 or 2 m16 row tiles per CTA)"
+#endif
+#if M_TILES != 1 && M_TILES != 2
+#error "M_TILES must be 1 or 2"
+#endif
+#if NUM_WARPS % M_TILES != 0
+#error "NUM_WARPS must be a multiple of M_TILES (each row tile has the same key warps)"
+#endif
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16
 #error "BLOCK_N must be a positive multiple of 16 (two n8 tiles per ldmatrix.x4)"
 #endif
@@ -63,8 +86,10 @@
 #error "NUM_WARPS must be in 1..16"
 #endif
 
-#define DEC_ROWS 16                        // packed query rows per CTA: one m16 tile
-#define DEC_TILE_N (NUM_WARPS * BLOCK_N)   // keys per CTA tile
+#define DEC_ROWS 16                          // packed query rows of a warp: one m16 tile
+#define DEC_CTA_ROWS (DEC_ROWS * M_TILES)    // packed query rows of a CTA
+#define DEC_KEY_WARPS (NUM_WARPS / M_TILES)  // warps per row tile, each on its keys
+#define DEC_TILE_N (DEC_KEY_WARPS * BLOCK_N) // keys per CTA tile
 #define DEC_THREADS (NUM_WARPS * 32)
 
 // ---------------------------------------------------------------------------
@@ -104,7 +129,7 @@ __device__ __forceinline__ unsigned dec_tile_off(int row, int chunk) {
     return static_cast<unsigned>(row * (2 * D) + ((chunk ^ (row & 7)) << 4));
 }
 
-// Dynamic shared memory (bytes from the base): the packed Q tile, then the K
+// Dynamic shared memory (bytes from the base): the packed Q rows, then the K
 // and V rings; after the key loop the merge puts the warps' row maxima and
 // sums and the rows' LSE in the Q tile and their fp32 O rows (padded to D + 8
 // floats against bank conflicts of the float2 stores) over the drained ring.
@@ -112,7 +137,7 @@ __device__ __forceinline__ unsigned dec_tile_off(int row, int chunk) {
 template <int D>
 struct DecSmem {
     static constexpr int ROW_BYTES = 2 * D;
-    static constexpr int Q_BYTES = DEC_ROWS * ROW_BYTES;
+    static constexpr int Q_BYTES = DEC_CTA_ROWS * ROW_BYTES;
     static constexpr int KV_BYTES = DEC_TILE_N * ROW_BYTES;  // one K (or V) tile
     static constexpr int XO_ROW = D + 8;                     // floats per merged O row
     static constexpr int Q = 0;
@@ -123,21 +148,22 @@ struct DecSmem {
     static constexpr int XO_END = XO + NUM_WARPS * DEC_ROWS * XO_ROW * 4;
     static constexpr int BYTES = RING_END > XO_END ? RING_END : XO_END;
     static constexpr int ML = Q;                                  // [2][NUM_WARPS][16] floats
-    static constexpr int LSE = ML + 2 * NUM_WARPS * DEC_ROWS * 4;  // [16] floats
-    static_assert(LSE + DEC_ROWS * 4 <= Q_BYTES, "row maxima, sums and LSE must fit in the Q tile");
+    static constexpr int LSE = ML + 2 * NUM_WARPS * DEC_ROWS * 4;  // [DEC_CTA_ROWS] floats
+    static_assert(LSE + DEC_CTA_ROWS * 4 <= Q_BYTES, "row maxima, sums and LSE must fit in the Q tile");
 };
 
-// Packed rows of this CTA's row tile (blockIdx.z), 1 .. 16.
+// Packed rows of this CTA's row block (blockIdx.z), 1 .. DEC_CTA_ROWS.
 __device__ __forceinline__ int dec_rows_valid(int heads_q, int heads_kv, int seq_q) {
-    return min(DEC_ROWS, (heads_q / heads_kv) * seq_q - (int)blockIdx.z * DEC_ROWS);
+    return min(DEC_CTA_ROWS, (heads_q / heads_kv) * seq_q - (int)blockIdx.z * DEC_CTA_ROWS);
 }
 
-// Packed row r of this CTA: query head kvh * G + (16 z + r) / SQ, row (16 z + r) % SQ.
+// Packed row r of this CTA (R = DEC_CTA_ROWS): query head kvh * G + (R z + r) / SQ,
+// row (R z + r) % SQ.
 struct DecRow {
     int hq, s;
 };
 __device__ __forceinline__ DecRow dec_out_row(int r, int heads_q, int heads_kv, int seq_q) {
-    const int pr = (int)blockIdx.z * DEC_ROWS + r;
+    const int pr = (int)blockIdx.z * DEC_CTA_ROWS + r;
     const int kvh = (int)blockIdx.y % heads_kv;
     return DecRow{kvh * (heads_q / heads_kv) + pr / seq_q, pr % seq_q};
 }
@@ -155,9 +181,10 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     constexpr int KSTEPS = D / 16;   // k-steps of S = Q K^T
     constexpr int NT = BLOCK_N / 8;  // n8 tiles of S per warp
     constexpr int DT = D / 8;        // n8 tiles of O
-    constexpr int Q_ITERS = (DEC_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
-    // WARP_LOADS: the copying threads are a warp's 32 lanes and its BLOCK_N rows.
-    constexpr int LD_THREADS = WARP_LOADS ? 32 : DEC_THREADS;
+    constexpr int Q_ITERS = (DEC_CTA_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
+    // WARP_LOADS: the copying threads are the lanes of a key slice's M_TILES warps
+    // and its BLOCK_N rows.
+    constexpr int LD_THREADS = WARP_LOADS ? 32 * M_TILES : DEC_THREADS;
     constexpr int LD_ROWS = WARP_LOADS ? BLOCK_N : DEC_TILE_N;
     static_assert(LD_THREADS % CH == 0, "a thread copies one chunk column of the K/V rows");
     constexpr int KV_RSTEP = LD_THREADS / CH;  // rows between a thread's copies
@@ -176,19 +203,22 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     const int tq = lane & 3;   // accumulator column pair
     const int mi = lane >> 3;  // ldmatrix: which 8x8 matrix this lane addresses
     const int lr = lane & 7;   // ldmatrix: row within that matrix
+    const int wrt = warp % M_TILES;  // this warp's row tile
+    const int kw = warp / M_TILES;   // ... and key slice: keys kw * BLOCK_N .. of every tile
 
     const int b = blockIdx.y / heads_kv;
     const int kvh = blockIdx.y % heads_kv;
     const int group = heads_q / heads_kv;
-    const int rows_valid = min(DEC_ROWS, group * seq_q - (int)blockIdx.z * DEC_ROWS);  // packed rows of this tile
-    const int prow0 = blockIdx.z * DEC_ROWS;  // first packed row: r = gi * SQ + s
+    const int rows_valid = min(DEC_CTA_ROWS, group * seq_q - (int)blockIdx.z * DEC_CTA_ROWS);  // packed rows of the CTA
+    const int prow0 = blockIdx.z * DEC_CTA_ROWS;  // the CTA's first packed row: r = gi * SQ + s
+    const int wrow0 = wrt * DEC_ROWS;             // the warp's first row, of the CTA's
 
     const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, kvh);
     const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, kvh);
 
     const int my_tiles = max(0, t_end - t_begin);
 
-    // --- packed Q tile: row r = query head kvh * G + (prow0 + r) / SQ, row (prow0 + r) % SQ.
+    // --- packed Q rows: row r = query head kvh * G + (prow0 + r) / SQ, row (prow0 + r) % SQ.
     // Issued after the first K/V tile's copies (same commit group): the timeline of 2026-11-27
     // (scripts/decode_timeline.py) had a CTA's prologue take 0.8 us of index math and copies
     // before its last K/V copy left, with HBM idle meanwhile; tile 0 is the critical path.
@@ -196,7 +226,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 #pragma unroll
         for (int i = 0; i < Q_ITERS; ++i) {
             const int c = tid + i * DEC_THREADS;
-            if ((DEC_ROWS * CH) % DEC_THREADS != 0 && c >= DEC_ROWS * CH) break;
+            if ((DEC_CTA_ROWS * CH) % DEC_THREADS != 0 && c >= DEC_CTA_ROWS * CH) break;
             const int r = c / CH, ch = c % CH;
             const bool ok = r < rows_valid;
             const int pr = prow0 + r;
@@ -211,9 +241,10 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 
     // K/V tile t -> ring slot (t - t_begin) % STAGES, keys >= SK zero-filled.
     // Copy i of a thread is chunk ld_ch of tile row ld_row + i * KV_RSTEP: CTA-wide,
-    // ld_row = tid / CH; WARP_LOADS, within the warp's own rows warp * BLOCK_N + ...
-    const int ld_tid = WARP_LOADS ? lane : tid;
-    const int ld_row = (WARP_LOADS ? warp * BLOCK_N : 0) + ld_tid / CH;
+    // ld_row = tid / CH; WARP_LOADS, within the key slice's rows kw * BLOCK_N + ...
+    // (warps kw * M_TILES .. + M_TILES - 1 copy them, lanes wrt * 32 + lane).
+    const int ld_tid = WARP_LOADS ? wrt * 32 + lane : tid;
+    const int ld_row = (WARP_LOADS ? kw * BLOCK_N : 0) + ld_tid / CH;
     const int ld_ch = ld_tid % CH;
     const long long k_row = strides.k_s, v_row = strides.v_s;
     const elem_t* k_thr = kh + (long long)ld_row * k_row + ld_ch * 8;
@@ -272,7 +303,8 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 
     // Per-lane ldmatrix offsets; every matrix starts at a row that is a multiple
     // of 8, so for an even chunk 2c: tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5).
-    const unsigned q_lane = dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
+    // The warp's Q rows start at row wrow0 (a multiple of 16: the swizzle is the same).
+    const unsigned q_lane = (unsigned)(wrow0 * ROW_BYTES) + dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
     const unsigned k_lane = dec_tile_off<D>((mi >> 1) * 8 + lr, mi & 1);
     const unsigned v_lane = dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
     unsigned qf[KSTEPS][4];
@@ -292,21 +324,24 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
     int lim[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) lim[h] = mask.limit((prow0 + g + 8 * h) % seq_q);
+    for (int h = 0; h < 2; ++h) lim[h] = mask.limit((prow0 + wrow0 + g + 8 * h) % seq_q);
+    // A warp whose row tile is all padding (the CTA's last row block) skips the math.
+    const bool rows_live = M_TILES == 1 || wrow0 < rows_valid;
 
     for (int i = 0; i < my_tiles; ++i) {
         cp_async_wait<STAGES - 2>();  // tile i has landed (this thread's copies)
         // ... the copies of every thread that wrote what this warp reads, and slot
         // (i - 1) % STAGES is free: no reader of it is still in tile i - 1. With
-        // WARP_LOADS both hold within the warp (its rows, its lanes' copies).
-        if (WARP_LOADS) __syncwarp();
+        // WARP_LOADS both hold within the key slice's warps (its rows, their copies).
+        if (WARP_LOADS && M_TILES == 1) __syncwarp();
+        else if (WARP_LOADS) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kw), "n"(32 * M_TILES) : "memory");
         else __syncthreads();
         if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);
         cp_async_commit();
 
-        const int kv0 = (t_begin + i) * DEC_TILE_N + warp * BLOCK_N;  // this warp's first key
-        if (kv0 >= seq_k) continue;  // warp-uniform: the ragged tail of the last tile
-        const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + warp * BLOCK_N * ROW_BYTES);
+        const int kv0 = (t_begin + i) * DEC_TILE_N + kw * BLOCK_N;  // this warp's first key
+        if (kv0 >= seq_k || !rows_live) continue;  // warp-uniform: the ragged tail of the last tile
+        const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + kw * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
         const unsigned vb = s_v + sub;
 
@@ -380,7 +415,8 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 
     // --- merge of the warps' key ranges -------------------------------------
     // Maxima and sums in the Q tile ([2][NUM_WARPS][16] floats; Q was read into
-    // registers before the first tile), O rows over the drained ring.
+    // registers before the first tile), O rows over the drained ring. Row
+    // wrow0 + row of the CTA is the warps kw' * M_TILES + wrt's, kw' < DEC_KEY_WARPS.
     float* ml = reinterpret_cast<float*>(dec_smem + L::ML);
     float* lse_s = reinterpret_cast<float*>(dec_smem + L::LSE);
     float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
@@ -399,25 +435,27 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = g + 8 * h;
-        if (row >= rows_valid) continue;
+        if (wrow0 + row >= rows_valid) continue;
         float m = OPTD_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, ml[w * DEC_ROWS + row]);
+        for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) m = fmaxf(m, ml[(k2 * M_TILES + wrt) * DEC_ROWS + row]);
         float total = 0.f;
         if (m != OPTD_NEG_INF) {
 #pragma unroll
-            for (int w = 0; w < NUM_WARPS; ++w) {
+            for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
+                const int w = k2 * M_TILES + wrt;
                 const float mw = ml[w * DEC_ROWS + row];
                 if (mw != OPTD_NEG_INF) total += ml[(NUM_WARPS + w) * DEC_ROWS + row] * fast_exp2((mw - m) * sl2);
             }
         }
         // A row no warp saw a key for (total 0) comes out O = 0, LSE = -inf.
         const float f = (sm.m[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : fast_exp2((sm.m[h] - m) * sl2) / total;
+        // xo[kw][wrow0 + row]: warp = kw * M_TILES + wrt, so this is row warp * 16 + row.
         float* xrow = xo + (warp * DEC_ROWS + row) * L::XO_ROW + 2 * tq;
 #pragma unroll
         for (int j = 0; j < DT; ++j)
             *reinterpret_cast<float2*>(xrow + 8 * j) = make_float2(acc[j][2 * h] * f, acc[j][2 * h + 1] * f);
-        if (warp == 0 && tq == 0) lse_s[row] = total > 0.f ? (m * sl2 + __log2f(total)) * OPTD_LN2 : OPTD_NEG_INF;
+        if (kw == 0 && tq == 0) lse_s[wrow0 + row] = total > 0.f ? (m * sl2 + __log2f(total)) * OPTD_LN2 : OPTD_NEG_INF;
     }
     __syncthreads();
 }
