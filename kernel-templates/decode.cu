@@ -265,7 +265,8 @@ __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const f
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        const float inv = wsum[i] > 0.f ? 1.f / wsum[i] : 0.f;
+        // wsum >= 1 (the largest LSE weighs 1): the fast reciprocal, no IEEE slow path.
+        const float inv = wsum[i] > 0.f ? __fdividef(1.f, wsum[i]) : 0.f;
         elem_t* out = orow[i] + lane * VEC;
         if constexpr (VEC == 4) {
             uint2 packed;

@@ -46,6 +46,17 @@
  * remote SYNCS.ARRIVE (SASS, NVRTC 13.0), behind a __syncthreads: the push is
  * 0.6-0.8 us of a B 1 x SK 4096 call's 2.4 us tail (scripts/decode_timeline.py).
  *
+ * COMBINE = 3 (scatter, asynchronous): every rank owns a contiguous share of
+ * the rows' 16-byte chunks (per = cdiv(rows * D / 4, CLUSTER), rank r chunks
+ * [r * per, (r + 1) * per)) and combines only those; each rank st.async's
+ * every chunk it does not own into its owner's receive slot, and its row LSEs
+ * to every other rank, all counted in bytes on the receiver's mbarrier (armed
+ * at the start for exactly what it will receive). With COMBINE = 2 one SM
+ * receives (CLUSTER - 1) x rows x D x 4 bytes and then combines every chunk
+ * alone: at MQA B 8 (16 rows per CTA) rank 0's combine took 2 us of a 13.6 us
+ * call, at B 1 x SK 4096 (4 rows) 0.7 of 9.7 (scripts/decode_timeline.py,
+ * H200, 2026-11-27); here each SM receives and combines 1 / CLUSTER of that.
+ *
  * Cluster size is a compile-time attribute (__cluster_dims__), so a plain
  * cuLaunchKernel launches the clusters; at most 8 CTAs (the portable limit:
  * 16 needs a host-side opt-in the daemon's launcher does not make). So
@@ -56,10 +67,12 @@
  *          NUM_WARPS  warps per CTA, splitting each tile's keys   4, 2, 8
  *          STAGES     K/V tiles in the cp.async ring              3, 2, 4
  *          CLUSTER    splits per group = CTAs per cluster         8, 4, 2
- *          COMBINE    2 push to rank 0 by st.async (bytes     2, 1, 0
- *                     counted on its mbarrier), 1 push by stores
- *                     and one arrive per CTA, 0 pull (two cluster
- *                     barriers, every CTA combines a share)
+ *          COMBINE    2 push to rank 0 by st.async (bytes     2, 3, 1, 0
+ *                     counted on its mbarrier), 3 scatter by
+ *                     st.async (every rank combines its share),
+ *                     1 push by stores and one arrive per CTA,
+ *                     0 pull (two cluster barriers, every CTA
+ *                     combines a share)
  *          WARP_LOADS 1 each warp copies and waits for its own     0, 1
  *                     keys, 0 the CTA copies each tile together
  *                     (common/decode_split.cuh)
@@ -71,7 +84,10 @@
  *          2 D * 16 * M_TILES + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
  *          (DecSmem<D>::BYTES), plus with COMBINE = 1 or 2 rank 0's receive area
  *          (CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 (fp32 rows and LSEs) and 16 for the
- *          mbarrier (PushSmem<D>::BYTES, checked by OPTD_CHECK_SMEM); combos
+ *          mbarrier (PushSmem<D>::BYTES, checked by OPTD_CHECK_SMEM); with
+ *          COMBINE = 3 each rank's receive area instead: (CLUSTER - 1) x
+ *          (cdiv(16 * M_TILES * D / 4, CLUSTER) * 16 + 16 * M_TILES * 4) + 16
+ *          (ScatterSmem<D>::BYTES); combos
  *          over the opt-in limit are rejected by the gate.
  * CTAs:    fwd  CLUSTER x (B * HKV) x cdiv(G * SQ, 16 * M_TILES), NUM_WARPS * 32 threads,
  *          clusters of CLUSTER x 1 x 1; one launch.
@@ -93,7 +109,7 @@ BLOCK_N = [16, 32, 64]
 NUM_WARPS = [4, 2, 8]
 STAGES = [3, 2, 4]
 CLUSTER = [8, 4, 2]
-COMBINE = [2, 1, 0]
+COMBINE = [2, 3, 1, 0]
 WARP_LOADS = [0, 1]
 M_TILES = [1, 2]
 
@@ -106,7 +122,7 @@ splits = "1"
 kernel = "fwd"
 grid = ["CLUSTER", "B * HKV", "row_tiles"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + min(COMBINE, 1) * ((CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 + 16)"
+smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + ((CLUSTER - 1) * (cdiv(16 * M_TILES * D // 4, CLUSTER) * 16 + 16 * M_TILES * 4) + 16 if COMBINE == 3 else min(COMBINE, 1) * ((CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 + 16))"
 */
 
 #include "common/optd.cuh"
@@ -121,8 +137,8 @@ smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n
 #ifndef COMBINE
 #error "COMBINE must be defined"
 #endif
-#if COMBINE != 0 && COMBINE != 1 && COMBINE != 2
-#error "COMBINE must be 0 (pull), 1 (push) or 2 (asynchronous push)"
+#if COMBINE < 0 || COMBINE > 3
+#error "COMBINE must be 0 (pull), 1 (push), 2 (asynchronous push) or 3 (asynchronous scatter)"
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -206,14 +222,36 @@ struct PushSmem {
     static_assert(RX % 16 == 0 && MBAR % 8 == 0, "16-byte rows, 8-byte mbarrier");
 };
 
-// Chunk c4 (4 columns) of packed row `row`, combined over the CLUSTER splits
-// and stored through strides.o: O = sum_z w_z O_z / sum_z w_z with
-// w_z = exp(lse_z - max_z lse_z). A split that saw no key of the row has LSE
-// -inf, weight 0 and a zero row (never NaN). chunk_at(z) gives split z's float4.
+// COMBINE = 3: each rank's receive area after the split's layout: from each other
+// rank (slot z < r ? z : z - 1 at rank r), the chunks of r's share (at most PER
+// float4s) and all its row LSEs; the mbarrier.
+template <int D>
+struct ScatterSmem {
+    static constexpr int PER = (DEC_CTA_ROWS * (D / 4) + CLUSTER - 1) / CLUSTER;  // most chunks a rank owns
+    static constexpr int RX = DecSmem<D>::BYTES;
+    static constexpr int RX_LSE = RX + (CLUSTER - 1) * PER * 16;
+    static constexpr int MBAR = RX_LSE + (CLUSTER - 1) * DEC_CTA_ROWS * 4;
+    static constexpr int BYTES = MBAR + 16;
+    static_assert(RX % 16 == 0 && MBAR % 8 == 0, "16-byte chunks, 8-byte mbarrier");
+};
+
+// Where chunk c4 (4 columns) of packed row `row` goes in O (through strides.o).
+// The combine's callers compute it for their first chunk before they wait for the
+// other splits: two integer divisions and the 64-bit offsets, ~70 dependent
+// instructions (SASS) that one warp per scheduler pays in full, off the call's tail.
+__device__ __forceinline__ elem_t* dec_out_chunk(elem_t* o, const optd_strides& strides, int row, int c4, int heads_q,
+                                                 int heads_kv, int seq_q) {
+    const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
+    const int b = blockIdx.y / heads_kv;
+    return o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s + 4 * c4;
+}
+
+// A chunk (4 columns of a packed row), combined over the CLUSTER splits and
+// stored at dst: O = sum_z w_z O_z / sum_z w_z with w_z = exp(lse_z - max_z lse_z).
+// A split that saw no key of the row has LSE -inf, weight 0 and a zero row (never
+// NaN). chunk_at(z) gives split z's float4.
 template <typename ChunkAt>
-__device__ __forceinline__ void dec_combine_chunk(const float (&lse)[CLUSTER], ChunkAt chunk_at, int row, int c4,
-                                                  elem_t* __restrict__ o, const optd_strides& strides, int heads_q,
-                                                  int heads_kv, int seq_q) {
+__device__ __forceinline__ void dec_combine_chunk(const float (&lse)[CLUSTER], ChunkAt chunk_at, elem_t* dst) {
     float m = OPTD_NEG_INF;
 #pragma unroll
     for (int z = 0; z < CLUSTER; ++z) m = fmaxf(m, lse[z]);
@@ -231,20 +269,21 @@ __device__ __forceinline__ void dec_combine_chunk(const float (&lse)[CLUSTER], C
             acc.w = fmaf(w, x.w, acc.w);
         }
     }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
-    const int b = blockIdx.y / heads_kv;
-    elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;
+    // wsum >= 1 (the largest LSE weighs 1): the fast reciprocal, no IEEE slow path.
+    const float inv = wsum > 0.f ? __fdividef(1.f, wsum) : 0.f;
     uint2 packed;
     packed.x = pack2(acc.x * inv, acc.y * inv);
     packed.y = pack2(acc.z * inv, acc.w * inv);
-    *reinterpret_cast<uint2*>(orow + 4 * c4) = packed;
+    *reinterpret_cast<uint2*>(dst) = packed;
 }
 
 template <int D>
 __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     using L = DecSmem<D>;
-#if COMBINE >= 1
+#if COMBINE == 3
+    using S = ScatterSmem<D>;
+    OPTD_CHECK_SMEM(FWD, D, S::BYTES);
+#elif COMBINE >= 1
     using P = PushSmem<D>;
     OPTD_CHECK_SMEM(FWD, D, P::BYTES);
 #else
@@ -261,7 +300,24 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     const int tps = (n_tiles + CLUSTER - 1) / CLUSTER;
     const int t_begin = min(n_tiles, split * tps);
     const int t_end = min(n_tiles, t_begin + tps);
-#if COMBINE >= 1
+    constexpr int C4 = D / 4;
+#if COMBINE == 3
+    // Every rank's mbarrier: its own arrive (now) and every byte the others will
+    // store into it: their chunks of its share and their row LSEs.
+    const unsigned mbar = smem_u32(dec_smem + S::MBAR);
+    const int rows_sc = dec_rows_valid(heads_q, heads_kv, seq_q);
+    const int total = rows_sc * C4;
+    const int per = (total + CLUSTER - 1) / CLUSTER;
+    const int own_begin = min(total, split * per);
+    const int own_end = min(total, own_begin + per);
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar));
+        const unsigned tx = (unsigned)((CLUSTER - 1) * (rows_sc * 4 + (own_end - own_begin) * 16));
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(tx) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#elif COMBINE >= 1
     // COMBINE 1: rank 0's mbarrier expects one arrive per other rank (its thread 0,
     // after a CTA barrier). COMBINE 2: one arrive (rank 0's own, now) and every byte
     // the other ranks will store (st.async complete_tx). The init is made visible
@@ -283,7 +339,6 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
 
     float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
     const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
-    constexpr int C4 = D / 4;
     // 1. This split's rows: the warps' copies summed, each 16-byte chunk by one
     //    thread; into warp 0's copy, except where COMBINE = 1 pushes them (below).
     auto chunk_sum = [&](int row, int c4) {
@@ -304,7 +359,60 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
         }
     };
-#if COMBINE >= 1
+#if COMBINE == 3
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every rank's mbarrier is initialised
+    {
+        const unsigned rx = smem_u32(dec_smem + S::RX);
+        const unsigned rx_lse = smem_u32(dec_smem + S::RX_LSE);
+        // 1. Each chunk of this split's rows, summed over the key warps: kept in place
+        //    (key warp 0's copy) where this rank owns it, else stored into its owner's
+        //    slot for this rank, its bytes counted on the owner's mbarrier.
+        for (int c = threadIdx.x; c < total; c += DEC_THREADS) {
+            const int row = c / C4, c4 = c % C4;
+            const int owner = c / per;
+            const float4 x = chunk_sum(row, c4);
+            if (owner == split) {
+                *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = x;
+            } else {
+                const int slot = split < owner ? split : split - 1;
+                dsmem_st_async_f32x4(dsmem_map(rx + (unsigned)((slot * S::PER + c - owner * per) * 16), (unsigned)owner), x,
+                                     dsmem_map(mbar, (unsigned)owner));
+            }
+        }
+        // ... and the row LSEs to every other rank (a rank's share may hold any row).
+        const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
+        for (int i = threadIdx.x; i < (CLUSTER - 1) * rows_sc; i += DEC_THREADS) {
+            const int oi = i / rows_sc, row = i % rows_sc;
+            const int owner = oi < split ? oi : oi + 1;
+            const int slot = split < owner ? split : split - 1;
+            dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)((slot * DEC_CTA_ROWS + row) * 4), (unsigned)owner), lse_s[row],
+                               dsmem_map(mbar, (unsigned)owner));
+        }
+        __syncthreads();  // this rank's own chunks, summed in place, are read by other threads
+        const int c0 = own_begin + (int)threadIdx.x;
+        elem_t* const dst0 = c0 < own_end ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
+        cluster_mbar_wait(mbar, 0);
+        // 2. This rank's share: split z's chunk from its slot (z < split ? z : z - 1),
+        //    or from xo for z = split.
+        const float* rxf = reinterpret_cast<const float*>(dec_smem + S::RX);
+        const float* rxl = reinterpret_cast<const float*>(dec_smem + S::RX_LSE);
+        for (int c = c0; c < own_end; c += DEC_THREADS) {
+            const int row = c / C4, c4 = c % C4;
+            float lse[CLUSTER];
+#pragma unroll
+            for (int z = 0; z < CLUSTER; ++z)
+                lse[z] = z == split ? lse_s[row] : rxl[(z < split ? z : z - 1) * DEC_CTA_ROWS + row];
+            dec_combine_chunk(
+                lse,
+                [&](int z) {
+                    return z == split ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
+                                      : *reinterpret_cast<const float4*>(rxf + ((z < split ? z : z - 1) * S::PER + c - own_begin) * 4);
+                },
+                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
+        }
+        // No CTA leaves while bytes for it are in flight: its wait counted every one.
+    }
+#elif COMBINE >= 1
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0's mbarrier is initialised
     const unsigned rx = smem_u32(dec_smem + P::RX);
     const unsigned rx_lse = smem_u32(dec_smem + P::RX_LSE);
@@ -346,12 +454,14 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     }
     sum_in_place();
     __syncthreads();  // rank 0's summed rows are read by other threads below
+    const int c0 = threadIdx.x;
+    elem_t* const dst0 = c0 < rows_valid * C4 ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
     cluster_mbar_wait(mbar, 0);
     {
         const float* lse_own = reinterpret_cast<const float*>(dec_smem + L::LSE);
         const float* rxf = reinterpret_cast<const float*>(dec_smem + P::RX);
         const float* rxl = reinterpret_cast<const float*>(dec_smem + P::RX_LSE);
-        for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+        for (int c = c0; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
             float lse[CLUSTER];
             lse[0] = lse_own[row];
@@ -363,25 +473,27 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
                     return z == 0 ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
                                   : *reinterpret_cast<const float4*>(rxf + ((z - 1) * DEC_CTA_ROWS + row) * D + 4 * c4);
                 },
-                row, c4, o, strides, heads_q, heads_kv, seq_q);
+                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
         }
     }
 #else
     sum_in_place();
+    const int c0 = split + CLUSTER * (int)threadIdx.x;
+    elem_t* const dst0 = c0 < rows_valid * C4 ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
     cluster_sync();  // 2.
 
     // 3. The cluster combines: chunk c of the rows goes to CTA c % CLUSTER.
     const unsigned xo_local = smem_u32(dec_smem + L::XO);
     const unsigned lse_local = smem_u32(dec_smem + L::LSE);
-    for (int c = split + CLUSTER * (int)threadIdx.x; c < rows_valid * C4; c += CLUSTER * DEC_THREADS) {
+    for (int c = c0; c < rows_valid * C4; c += CLUSTER * DEC_THREADS) {
         const int row = c / C4, c4 = c % C4;
         float lse[CLUSTER];
 #pragma unroll
         for (int z = 0; z < CLUSTER; ++z) lse[z] = dsmem_ld_f32(dsmem_map(lse_local + 4 * row, z));
         const unsigned off = xo_local + (unsigned)((row * L::XO_ROW + 4 * c4) * 4);
         dec_combine_chunk(
-            lse, [&](int z) { return dsmem_ld_f32x4(dsmem_map(off, z)); }, row, c4, o, strides, heads_q, heads_kv,
-            seq_q);
+            lse, [&](int z) { return dsmem_ld_f32x4(dsmem_map(off, z)); },
+            c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
     }
     cluster_sync();  // 4.
 #endif

@@ -77,8 +77,12 @@ C.build_source = build_source
 POINTS = [
     (DC.split, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=2, FUSED_COMBINE=1)),
     (DC.split, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, SPLIT_WAVES=1, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)),
-    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=1)),
-    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=1)),
+    # The LLM benchmark's decode-cluster winners (COMBINE 2 since 2026-11-28), and MQA's best
+    # point of the 2026-11-28 sweep (scripts/decode_cold.py --mqa).
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=2)),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=2)),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=4, COMBINE=2, WARP_LOADS=1)),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=4, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2)),
 ]
 SHAPES = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(1, 32, 8, 1, 16384, 128, False),
           gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, False)]

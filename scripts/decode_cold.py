@@ -61,8 +61,8 @@ def mqa_points():
     pts = [(split, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, SPLIT_WAVES=sw, MIN_SPLIT_TILES=1, FUSED_COMBINE=f,
                         WARP_LOADS=wl, M_TILES=m))
            for m in (1, 2) for w in (4, 8) for st in (3, 4) for sw in (1, 2) for f in (0, 1) for wl in (0, 1)]
-    pts += [(cluster, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=2, WARP_LOADS=wl, M_TILES=m))
-            for m in (1, 2) for w in (4, 8) for st in (3, 4) for cl in (8, 4) for wl in (0, 1)]
+    pts += [(cluster, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl, M_TILES=m))
+            for cb in (2, 3) for m in (1, 2) for w in (4, 8) for st in (3, 4) for cl in (8, 4) for wl in (0, 1)]
     return pts
 
 

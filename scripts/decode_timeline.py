@@ -81,6 +81,10 @@ TAIL_PATCHES = {
          '    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // rank 0\'s mbarrier is initialised\n    tl_mark(8);\n'),
         ("        return;  // nothing reads this CTA's shared memory", "        tl_mark(9);\n        tl_mark(11);\n        return;  // nothing reads this CTA's shared memory"),
         ("    cluster_mbar_wait(mbar, 0);\n", "    cluster_mbar_wait(mbar, 0);\n    tl_mark(9);\n"),
+        # COMBINE 3 (scatter): every rank waits for its share and combines it.
+        ('    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n',
+         '    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n    tl_mark(8);\n'),
+        ("        // No CTA leaves while bytes for it are in flight", "        tl_mark(10);\n        // No CTA leaves while bytes for it are in flight"),
         ("                row, c4, o, strides, heads_q, heads_kv, seq_q);\n        }\n    }\n#else",
          "                row, c4, o, strides, heads_q, heads_kv, seq_q);\n        }\n    }\n    tl_mark(10);\n#else"),
     ],
@@ -120,6 +124,11 @@ POINTS = [
     (DC.split, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=2, FUSED_COMBINE=1),
      [gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False)]),
     (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=2), [gqa(8, 32, 8, 1, 4096, 128, False)]),
+    # MQA's best points of scripts/decode_cold.py --mqa (2026-11-28): the scatter combine
+    # with two row tiles per CTA (8 clusters of 8), and the push to rank 0 with clusters of 4.
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=4, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2),
+     [gqa(8, 32, 1, 1, 4096, 128, False)]),
+    (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=4, COMBINE=2, WARP_LOADS=1), [gqa(8, 32, 1, 1, 4096, 128, False)]),
 ]
 
 

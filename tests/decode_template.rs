@@ -214,7 +214,7 @@ fn every_pairwise_variant_compiles_with_nvrtc() {
     // Clusters and distributed shared memory: sm_90 only (its min_cc).
     // Every way to combine (push to rank 0: asynchronous stores or stores and an
     // arrive; pull through two cluster barriers).
-    for combine in [2, 1, 0] {
+    for combine in [2, 3, 1, 0] {
         compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", combine)], &["sm_90"]);
     }
     compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", 2), ("M_TILES", 2)], &["sm_90"]);
@@ -255,7 +255,7 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
     let path = common::repo_root().join("strategies/default.toml");
     let plan = optimizerd::strategy::plan::Plan::load(&path, &common::repo_root().join("kernel-templates")).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
-    assert_eq!(&names[..4], ["baseline", "decode", "decode-cluster", "kv-split"]);
+    assert_eq!(&names[..5], ["baseline", "decode", "decode-cluster", "decode-wide", "kv-split"]);
     let shapes = [gqa(1, 32, 8, 1, 1024, false), gqa(8, 32, 1, 1, 4096, true), gqa(64, 32, 8, 1, 16384, false)];
     for (stage, template) in plan.stages[1..3].iter().zip(["decode-split", "decode-cluster"]) {
         assert_eq!(stage.template.name(), template);
@@ -263,6 +263,11 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
         // Its start point fits the H100 on the issue's shapes.
         gate::check(&stage.template, &stage.start, &shapes, &h100(), &stage.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
     }
+    // The wide-group stage: decode-cluster with two row tiles per CTA, on MQA only.
+    let wide = &plan.stages[3];
+    assert_eq!((wide.template.name(), wide.spec.shapes.as_str()), ("decode-cluster", "G * SQ > 16"));
+    assert_eq!(wide.start["M_TILES"], 2);
+    gate::check(&wide.template, &wide.start, &shapes[1..2], &h100(), &wide.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
 }
 
 /// Baseline, then the decode stage over two points; no open phase.
@@ -336,4 +341,59 @@ async fn the_decode_stage_runs_on_the_decode_shapes_of_a_mixed_workload() {
     }
     let events = ledger.events("mixed").await.unwrap();
     assert!(!events.iter().any(|e| e.kind.as_str() == "stage_skipped"), "{events:?}");
+}
+
+/// Baseline, then a decode stage for the wide groups only (`shapes`).
+const PLAN_WIDE: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "wide"
+template = "decode.cu"
+search = "exhaustive"
+shapes = "G * SQ > 16"
+space = { BLOCK_N = [16], NUM_WARPS = [4], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], WARP_LOADS = [0], M_TILES = [2] }
+
+[open_phase]
+enabled = false
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_with_a_shapes_filter_runs_on_the_shapes_it_selects_and_is_skipped_without_them() {
+    let p = Project::new(PLAN_WIDE, rules(), json!({ "ok": { "us": 50.0 } }));
+    // MQA x SQ 4 has 128 packed rows per KV head; Llama-3's GQA decode 4; prefill is not decode.
+    p.set_workload(
+        "shapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
+         { b = 1, hq = 32, hkv = 8, sq = 512, sk = 2048, d = 128, causal = true }, \
+         { b = 8, hq = 32, hkv = 1, sq = 4, sk = 4000, d = 128, causal = true } ]",
+    );
+    assert_eq!(p.run("wide", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("wide").await.unwrap();
+    let wide: Vec<_> = its.iter().filter(|i| i.stage == "wide").collect();
+    assert_eq!(wide.len(), 1);
+    let keys: Vec<&str> = wide[0].shapes.iter().map(|s| s.shape.as_str()).collect();
+    assert_eq!(keys, ["b8hq32hkv1sq4sk4000d128-causal"], "only the wide group");
+
+    // Without a wide group the stage is skipped, and the event says which filter left nothing.
+    let p = Project::new(PLAN_WIDE, rules(), json!({ "ok": { "us": 50.0 } }));
+    p.set_workload("shapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true } ]");
+    assert_eq!(p.run("narrow", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    assert!(ledger.iterations("narrow").await.unwrap().iter().all(|i| i.stage == "baseline"));
+    let events = ledger.events("narrow").await.unwrap();
+    let skipped: Vec<&String> = events.iter().filter(|e| e.kind.as_str() == "stage_skipped").map(|e| &e.message).collect();
+    assert_eq!(skipped, [&"stage wide skipped (decode.cu): no workload shape in its template's regime has G * SQ > 16".to_string()]);
+}
+
+#[test]
+fn a_shapes_filter_that_names_no_shape_variable_fails_at_load_naming_the_stage() {
+    let dir = common::repo_root().join("kernel-templates");
+    let bad = PLAN_WIDE.replace("G * SQ > 16", "G * SQQ > 16");
+    let err = optimizerd::strategy::plan::Plan::parse(std::path::Path::new("plan.toml"), &bad, &dir).unwrap_err().to_string();
+    assert!(err.contains("wide") && err.contains("G * SQQ > 16") && err.contains("HQ, HKV, G, SQ"), "{err}");
 }

@@ -448,8 +448,10 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
                 if (mw != OPTD_NEG_INF) total += ml[(NUM_WARPS + w) * DEC_ROWS + row] * fast_exp2((mw - m) * sl2);
             }
         }
-        // A row no warp saw a key for (total 0) comes out O = 0, LSE = -inf.
-        const float f = (sm.m[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : fast_exp2((sm.m[h] - m) * sl2) / total;
+        // A row no warp saw a key for (total 0) comes out O = 0, LSE = -inf. Otherwise
+        // total >= 1 (the warp holding the maximum adds its row sum, itself >= 1): the fast
+        // division, without the IEEE one's range checks and slow path on the merge's chain.
+        const float f = (sm.m[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : __fdividef(fast_exp2((sm.m[h] - m) * sl2), total);
         // xo[kw][wrow0 + row]: warp = kw * M_TILES + wrt, so this is row warp * 16 + row.
         float* xrow = xo + (warp * DEC_ROWS + row) * L::XO_ROW + 2 * tq;
 #pragma unroll

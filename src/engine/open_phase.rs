@@ -128,6 +128,8 @@ impl Engine {
                 start_from_best: false,
                 when: Vec::new(),
                 min_ctas: st.spec.min_ctas.clone(),
+                // The class decides the shapes (a plan stage's filter narrowed only that stage).
+                shapes: String::new(),
                 max_candidates: 0,
             };
             out.push(Stage { spec, template: st.template.clone(), space, start });

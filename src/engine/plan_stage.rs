@@ -3,7 +3,8 @@
 //! began, so a resumed run replays from the same point), replay what the ledger holds of it,
 //! then propose its search's points to [`Engine::run_phase`].
 
-use crate::spec::protocol::Shape;
+use crate::spec::protocol::{DeviceInfo, Shape};
+use crate::spec::template::{eval_bool_expr, shape_vars};
 use crate::spec::template::Params;
 use crate::storage::ledger::{Event, EventKind, StageHistory};
 use crate::storage::ledger::IterationRecord;
@@ -47,9 +48,17 @@ impl Proposer for StageSearch {
     }
 }
 
-/// The workload shapes a stage's template is for (its `max_sq`), in workload order.
-pub(super) fn stage_shapes(stage: &Stage, shapes: &[Shape]) -> Vec<Shape> {
-    shapes.iter().filter(|s| stage.template.meta.admits(s).is_ok()).copied().collect()
+/// The workload shapes a stage is for, in workload order: those its template admits (its
+/// `max_sq`) where the stage's `shapes` expression holds. Err: the expression failed on a
+/// shape (the plan's load evaluated it once, so only a value it cannot take does this).
+pub(super) fn stage_shapes(stage: &Stage, shapes: &[Shape], device: &DeviceInfo) -> Result<Vec<Shape>, String> {
+    let mut out = Vec::new();
+    for s in shapes.iter().filter(|s| stage.template.meta.admits(s).is_ok()) {
+        if stage.spec.shapes.is_empty() || eval_bool_expr(&stage.spec.shapes, &shape_vars(s, device))? {
+            out.push(*s);
+        }
+    }
+    Ok(out)
 }
 
 impl Engine {
@@ -67,10 +76,15 @@ impl Engine {
         }
         // A template made for one regime (`max_sq`: decode) runs on the shapes it admits
         // only: gated on the others, every candidate would score nothing.
-        let shapes = stage_shapes(stage, &self.shapes);
+        let shapes = stage_shapes(stage, &self.shapes, &self.device)
+            .map_err(|e| anyhow::anyhow!("stage {}: shapes = \"{}\": {e}", stage.spec.name, stage.spec.shapes))?;
         if shapes.is_empty() {
-            let why = self.shapes.first().and_then(|s| stage.template.meta.admits(s).err()).unwrap_or_default();
-            let msg = format!("stage {} skipped ({}): no workload shape is in its template's regime ({why})", stage.spec.name, stage.spec.template);
+            let msg = if self.shapes.iter().any(|s| stage.template.meta.admits(s).is_ok()) {
+                format!("stage {} skipped ({}): no workload shape in its template's regime has {}", stage.spec.name, stage.spec.template, stage.spec.shapes)
+            } else {
+                let why = self.shapes.first().and_then(|s| stage.template.meta.admits(s).err()).unwrap_or_default();
+                format!("stage {} skipped ({}): no workload shape is in its template's regime ({why})", stage.spec.name, stage.spec.template)
+            };
             tracing::info!(kind = "stage_skipped", stage = %stage.spec.name, "{msg}");
             self.ledger.event_once(&self.run_id, EventKind::StageSkipped, &msg).await?;
             return Ok(None);

@@ -719,6 +719,20 @@ pub fn eval_int_expr(expr: &str, vars: &BTreeMap<String, i64>) -> Result<i64, St
     i64::try_from(v.clone()).map_err(|_| format!("gave {v}, not an integer"))
 }
 
+/// Evaluate one boolean expression outside a template (a stage's `shapes`): true where it
+/// gives true or a non-zero integer.
+pub fn eval_bool_expr(expr: &str, vars: &BTreeMap<String, i64>) -> Result<bool, String> {
+    let env = formula_env();
+    let v = env
+        .compile_expression(expr)
+        .and_then(|e| e.eval(minijinja::Value::from_serialize(vars)))
+        .map_err(|e| e.to_string())?;
+    if v.is_undefined() {
+        return Err("uses an undefined name".into());
+    }
+    Ok(v.is_true())
+}
+
 pub fn kernel_name(role: &str, d: u32) -> String {
     format!("optd_{role}_d{d}")
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::spec::assets;
 use crate::strategy::open::OpenPhaseSpec;
 use crate::strategy::search::SearchKind;
-use crate::spec::template::{Params, Template, TemplateError};
+use crate::spec::template::{eval_bool_expr, Params, Template, TemplateError, SHAPE_VAR_NAMES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -68,6 +68,12 @@ pub struct StageSpec {
     /// Expression: the fewest CTAs the first launch may have on each shape.
     #[serde(default = "default_min_ctas")]
     pub min_ctas: String,
+    /// Boolean expression over a shape (B, HQ, HKV, G, SQ, SK, D, CAUSAL, BSHD, SMS, ...):
+    /// the stage runs on the workload shapes where it holds, e.g. `"G * SQ > 16"` for
+    /// decode shapes whose packed rows fill two m16 tiles (MQA). Empty: every shape the
+    /// template admits. A stage with no such shape is skipped, with the reason recorded.
+    #[serde(default)]
+    pub shapes: String,
     #[serde(default = "default_max_candidates")]
     pub max_candidates: u32,
 }
@@ -188,6 +194,14 @@ impl Plan {
                     None => values[0],
                 };
                 start.insert(k.clone(), v);
+            }
+            if !spec.shapes.is_empty() {
+                // Evaluated once on placeholder values, so that a typo fails at load, naming
+                // the stage, not when the run reaches it.
+                let probe: BTreeMap<String, i64> = SHAPE_VAR_NAMES.iter().map(|n| (n.to_string(), 1)).collect();
+                eval_bool_expr(&spec.shapes, &probe).map_err(|e| {
+                    err(format!("shapes = \"{}\": {e}; write a boolean expression over the shape names {}", spec.shapes, SHAPE_VAR_NAMES.join(", ")))
+                })?;
             }
             if let Some(k) = spec.start.keys().find(|k| !space.iter().any(|(n, _)| n == *k)) {
                 return Err(err(format!("start names `{k}`, which is not a knob of {} (knobs: {})", spec.template, knob_names(&template))));
