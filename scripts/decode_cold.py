@@ -23,6 +23,12 @@ against SDPA cold; the ten fastest points of each template. Build with --build-c
 
     python3 scripts/decode_cold.py OUT.json --mqa [--cubin-dir DIR]
 
+--b8: the same for Llama-3 B 8 x SK 4096 and 4000 (134 MB, issue 17's 2.9 TB/s bar): decode-cluster's
+cluster sizes and combines with the stage counts whose shared memory lets two CTAs share an SM
+(cluster 4 or 8: 256 or 512 CTAs), printed with the effective bandwidth.
+
+    python3 scripts/decode_cold.py OUT.json --b8 [--cubin-dir DIR]
+
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
 import sys, json, time, statistics
@@ -66,6 +72,12 @@ def mqa_points():
     return pts
 
 
+def b8_points():
+    """(template, knobs) of --b8."""
+    return [(cluster, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
+            for cl in (2, 4, 8) for cb in (2, 3) for st in (2, 3, 4) for w in (4, 8) for wl in (0, 1)]
+
+
 def build_cubins(out_dir, points=None):
     """No GPU: compile --full's (or `points`') timed fp16 modules into out_dir with NVRTC from .deps."""
     import concurrent.futures as cf
@@ -75,6 +87,7 @@ def build_cubins(out_dir, points=None):
     out.mkdir(parents=True, exist_ok=True)
     todo, seen = {}, set()
     for tpl, kn in (points if points is not None else full_points()):
+        kn = tpl.complete(kn)  # a point may leave knobs at their first value, as Gpu.module does
         # Gpu.module loads one module per combination of the knobs the code uses (launch-only
         # knobs such as SPLIT_WAVES change no build): the first such combination's source.
         used = tuple((k, kn[k]) for k in C.code_knobs(tpl))
@@ -229,10 +242,14 @@ def main():
 
 if __name__ == "__main__":
     if "--build-cubins" in sys.argv:
-        sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], mqa_points() if "--mqa" in sys.argv else None))
+        pts = mqa_points() if "--mqa" in sys.argv else b8_points() if "--b8" in sys.argv else None
+        sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], pts))
     if "--mqa" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], mqa_points(), [gqa(8, 32, 1, 1, 4096, 128, False)], top=10)
+    elif "--b8" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1], b8_points(), [gqa(8, 32, 8, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4000, 128, True)], top=12)
     elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])
