@@ -24,6 +24,9 @@ and, in thread 0 of every CTA, a %globaltimer stamp (ns) and a clock64 stamp at
              semaphore (the last CTA of a group only)
   combined   rank 0 / the last CTA: the combine's stores issued
   exit       the kernel's last statement
+After the events, a balance line: how far apart the CTAs' last tiles landed, over all CTAs and
+within each group of grid.x CTAs (a decode-cluster cluster), and per SM (%smid) averaged over the
+replays: whether the late CTAs are the same SMs every time (placement) or not (contention).
 The kernels are otherwise the daemon's, timed cold as the benchmark times decode (a CUDA graph
 of back-to-back calls rotating over enough input sets to exceed L2); the stamps kept are the
 graph's last call's, once per replay. Printed per point and shape: the call's time from the
@@ -56,6 +59,11 @@ __device__ __forceinline__ void tl_mark(int ev) {
         const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
         optd_tl[cta * 16 + ev] = t;
         optd_tc[cta * 16 + ev] = clock64();
+        if (ev == 0) {  // slot 15 (no event uses it): the SM the CTA ran on
+            unsigned sm;
+            asm volatile("mov.u32 %%0, %%%%smid;" : "=r"(sm));
+            optd_tc[cta * 16 + 15] = sm;
+        }
     }
 }
 """ % (MAX_CTAS, MAX_CTAS)
@@ -85,8 +93,8 @@ TAIL_PATCHES = {
         ('    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n',
          '    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n    tl_mark(8);\n'),
         ("        // No CTA leaves while bytes for it are in flight", "        tl_mark(10);\n        // No CTA leaves while bytes for it are in flight"),
-        ("                row, c4, o, strides, heads_q, heads_kv, seq_q);\n        }\n    }\n#else",
-         "                row, c4, o, strides, heads_q, heads_kv, seq_q);\n        }\n    }\n    tl_mark(10);\n#else"),
+        ("                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));\n        }\n    }\n#else",
+         "                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));\n        }\n    }\n    tl_mark(10);\n#else"),
     ],
     "decode-split": [
         ("    if (!dec_arrive_last(sem, n_splits)) return;", "    tl_mark(8);\n    if (!dec_arrive_last(sem, n_splits)) return;\n    tl_mark(9);"),
@@ -156,6 +164,9 @@ def timeline(tpl, kn, shape, samples):
     with stream:
         stream.synchronize()
         per_call, spans, rel, cyc = [], [], {e: [] for e in EVENTS}, {e: [] for e in EVENTS}
+        # Balance: when each CTA's last K/V tile landed ("last"), the spread over all CTAs
+        # and within each group of grid.x CTAs (decode-cluster: one cluster), and per SM.
+        spread_all, spread_grp, last_by_sm = [], [], {}
         for _ in range(samples):
             tl.fill(0)
             start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -168,6 +179,14 @@ def timeline(tpl, kn, shape, samples):
             c = tc[: ctas * 16].get().reshape(ctas, 16)
             t0 = int(t[:, 0].min())
             spans.append((int(t[:, 11].max()) - t0) / 1000.0)
+            last = (t[:, 3] - t0) / 1000.0
+            if (t[:, 3] >= t0).all():
+                spread_all.append(float(last.max() - last.min()))
+                gx = grid[0]
+                grp = [float(last[i:i + gx].max() - last[i:i + gx].min()) for i in range(0, ctas, gx)]
+                spread_grp.append(statistics.median(grp))
+                for i in range(ctas):
+                    last_by_sm.setdefault(int(c[i, 15]), []).append(float(last[i] - statistics.median(last.tolist())))
             for j, e in enumerate(EVENTS):
                 col = [x for x in t[:, j] if x >= t0]  # earlier: a stamp left by an earlier call
                 if col:
@@ -186,6 +205,15 @@ def timeline(tpl, kn, shape, samples):
         if rel[e]:
             out["events"][e] = [med([x[k] for x in rel[e]]) for k in range(3)]
             out["cycles"][e] = [med([x[k] for x in cyc[e]]) for k in range(3)]
+    if spread_all:
+        # Per SM: its CTAs' "last" minus the call's median, averaged over the replays. A
+        # spread that follows the SM (the same SMs late in every replay) is placement or
+        # memory locality; one that does not is contention, which balancing work evens.
+        by_sm = sorted((statistics.mean(v), sm) for sm, v in last_by_sm.items())
+        out["balance"] = dict(spread_all_us=med(spread_all), spread_in_group_us=med(spread_grp), group=grid[0],
+                              sms=len(by_sm), sm_late_us=[(sm, round(d, 3)) for d, sm in by_sm[-5:]],
+                              sm_early_us=[(sm, round(d, 3)) for d, sm in by_sm[:5]],
+                              sm_mean_spread_us=by_sm[-1][0] - by_sm[0][0] if by_sm else 0.0)
     return out
 
 
@@ -205,6 +233,12 @@ def main():
             for e, (a, b, c) in r["events"].items():
                 ca, cb, cc = r["cycles"][e]
                 print(f"  {e:<8} {a:8.2f} {b:8.2f} {c:8.2f}   {ca:7d} {cb:7d} {cc:7d}")
+            bal = r.get("balance")
+            if bal:
+                print(f"  balance: last tile landed, spread over all CTAs {bal['spread_all_us']:.2f} us, within groups of "
+                      f"{bal['group']} {bal['spread_in_group_us']:.2f} us; per SM (mean over replays, vs the call's median): "
+                      f"spread {bal['sm_mean_spread_us']:.2f} us over {bal['sms']} SMs, latest {bal['sm_late_us']}, "
+                      f"earliest {bal['sm_early_us']}")
     Path(sys.argv[1]).write_text(json.dumps(dict(gpu=DC.gpu.name, rows=res), indent=1))
     print(f"\ndone in {time.time() - t0:.0f} s")
 
