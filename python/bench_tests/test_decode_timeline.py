@@ -27,7 +27,7 @@ class DecodeTimelineTest(unittest.TestCase):
 
     def test_every_stamp_lands_and_the_stamped_source_compiles(self):
         for tpl, knobs, _ in tl.POINTS:
-            for combine in ((1, 0) if "COMBINE" in knobs else (None,)):
+            for combine in ((2, 3, 1, 0) if "COMBINE" in knobs else (None,)):
                 kn = tpl.complete(knobs if combine is None else {**knobs, "COMBINE": combine})
                 with self.subTest(template=tpl.name, knobs=nvc.combo_label(kn)):
                     src = tl.build_source(tpl, kn, False)
