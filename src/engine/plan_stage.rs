@@ -4,8 +4,7 @@
 //! then propose its search's points to [`Engine::run_phase`].
 
 use crate::spec::protocol::{DeviceInfo, Shape};
-use crate::spec::template::{eval_bool_expr, shape_vars};
-use crate::spec::template::Params;
+use crate::spec::template::{eval_bool_expr, shape_vars, Params};
 use crate::storage::ledger::{Event, EventKind, StageHistory};
 use crate::storage::ledger::IterationRecord;
 use crate::strategy::plan::Stage;

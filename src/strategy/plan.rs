@@ -196,9 +196,26 @@ impl Plan {
                 start.insert(k.clone(), v);
             }
             if !spec.shapes.is_empty() {
-                // Evaluated once on placeholder values, so that a typo fails at load, naming
-                // the stage, not when the run reaches it.
-                let probe: BTreeMap<String, i64> = SHAPE_VAR_NAMES.iter().map(|n| (n.to_string(), 1)).collect();
+                // Evaluated once on a Llama-3-8B decode shape on an H100, so that a typo fails
+                // at load, naming the stage, not when the run reaches it.
+                let probe: BTreeMap<String, i64> = SHAPE_VAR_NAMES
+                    .iter()
+                    .map(|n| {
+                        let v = match *n {
+                            "HQ" => 32,
+                            "HKV" => 8,
+                            "G" => 4,
+                            "SK" => 4096,
+                            "D" => 128,
+                            "ELEM_BYTES" => 2,
+                            "SMS" => 132,
+                            "SMEM_OPTIN" => 232_448,
+                            "CC" => 90,
+                            _ => 1, // B, SQ, CAUSAL; BSHD 1 is as valid as 0
+                        };
+                        (n.to_string(), v)
+                    })
+                    .collect();
                 eval_bool_expr(&spec.shapes, &probe).map_err(|e| {
                     err(format!("shapes = \"{}\": {e}; write a boolean expression over the shape names {}", spec.shapes, SHAPE_VAR_NAMES.join(", ")))
                 })?;
