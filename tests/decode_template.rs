@@ -288,6 +288,11 @@ space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], M
 enabled = false
 "#;
 
+/// Llama-3's GQA decode (4 packed rows per KV head), a chunked prefill, and MQA x SQ 4 (128).
+const MIXED: &str = "shapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
+     { b = 1, hq = 32, hkv = 8, sq = 512, sk = 2048, d = 128, causal = true }, \
+     { b = 8, hq = 32, hkv = 1, sq = 4, sk = 4000, d = 128, causal = true } ]";
+
 fn rules() -> serde_json::Value {
     json!([
         { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
@@ -316,11 +321,7 @@ async fn the_decode_stage_is_skipped_with_its_reason_on_a_prefill_workload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_decode_stage_runs_on_the_decode_shapes_of_a_mixed_workload() {
     let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 50.0 } }));
-    p.set_workload(
-        "shapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
-         { b = 1, hq = 32, hkv = 8, sq = 512, sk = 2048, d = 128, causal = true }, \
-         { b = 8, hq = 32, hkv = 1, sq = 4, sk = 4000, d = 128, causal = true } ]",
-    );
+    p.set_workload(MIXED);
     assert_eq!(p.run("mixed", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let its = ledger.iterations("mixed").await.unwrap();
@@ -365,12 +366,7 @@ enabled = false
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stage_with_a_shapes_filter_runs_on_the_shapes_it_selects_and_is_skipped_without_them() {
     let p = Project::new(PLAN_WIDE, rules(), json!({ "ok": { "us": 50.0 } }));
-    // MQA x SQ 4 has 128 packed rows per KV head; Llama-3's GQA decode 4; prefill is not decode.
-    p.set_workload(
-        "shapes = [ { b = 8, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
-         { b = 1, hq = 32, hkv = 8, sq = 512, sk = 2048, d = 128, causal = true }, \
-         { b = 8, hq = 32, hkv = 1, sq = 4, sk = 4000, d = 128, causal = true } ]",
-    );
+    p.set_workload(MIXED);
     assert_eq!(p.run("wide", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
     let its = ledger.iterations("wide").await.unwrap();

@@ -709,24 +709,24 @@ fn uses_v1_names(expr: &str) -> bool {
     expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| w == "H" || w == "S")
 }
 
-/// Evaluate one integer expression outside a template (e.g. a stage's `min_ctas`).
-pub fn eval_int_expr(expr: &str, vars: &BTreeMap<String, i64>) -> Result<i64, String> {
-    let env = formula_env();
-    let v = env
+/// Evaluate one expression outside a template, in the formulas' environment.
+fn eval_expr(expr: &str, vars: &BTreeMap<String, i64>) -> Result<minijinja::Value, String> {
+    formula_env()
         .compile_expression(expr)
         .and_then(|e| e.eval(minijinja::Value::from_serialize(vars)))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+/// Evaluate one integer expression outside a template (e.g. a stage's `min_ctas`).
+pub fn eval_int_expr(expr: &str, vars: &BTreeMap<String, i64>) -> Result<i64, String> {
+    let v = eval_expr(expr, vars)?;
     i64::try_from(v.clone()).map_err(|_| format!("gave {v}, not an integer"))
 }
 
 /// Evaluate one boolean expression outside a template (a stage's `shapes`): true where it
 /// gives true or a non-zero integer.
 pub fn eval_bool_expr(expr: &str, vars: &BTreeMap<String, i64>) -> Result<bool, String> {
-    let env = formula_env();
-    let v = env
-        .compile_expression(expr)
-        .and_then(|e| e.eval(minijinja::Value::from_serialize(vars)))
-        .map_err(|e| e.to_string())?;
+    let v = eval_expr(expr, vars)?;
     if v.is_undefined() {
         return Err("uses an undefined name".into());
     }
