@@ -335,7 +335,7 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     const int tps = (n_tiles + n_splits - 1) / n_splits;
     const int t_begin = split * tps;
     const int t_end = min(n_tiles, t_begin + tps);
-    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end);
+    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end, [] {});
 
     // Sum the key warps' copies of each valid row, 4 floats (16 bytes of xo) per step,
     // and store it: O itself (one split), or the split's partial row and LSE.

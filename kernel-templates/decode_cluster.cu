@@ -310,13 +310,15 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     const int per = (total + CLUSTER - 1) / CLUSTER;
     const int own_begin = min(total, split * per);
     const int own_end = min(total, own_begin + per);
-    if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar));
-        const unsigned tx = (unsigned)((CLUSTER - 1) * (rows_sc * 4 + (own_end - own_begin) * 16));
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(tx) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    auto arm = [&] {
+        if (threadIdx.x == 0) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(mbar));
+            const unsigned tx = (unsigned)((CLUSTER - 1) * (rows_sc * 4 + (own_end - own_begin) * 16));
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(tx) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    };
 #elif COMBINE >= 1
     // COMBINE 1: rank 0's mbarrier expects one arrive per other rank (its thread 0,
     // after a CTA barrier). COMBINE 2: one arrive (rank 0's own, now) and every byte
@@ -325,17 +327,23 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     // precedes the first remote store.
     const unsigned mbar = smem_u32(dec_smem + P::MBAR);
     const int rows_push = dec_rows_valid(heads_q, heads_kv, seq_q);
-    if (split == 0 && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(COMBINE == 2 ? 1 : CLUSTER - 1));
-        if (COMBINE == 2) {
-            const unsigned tx = (unsigned)((CLUSTER - 1) * rows_push * (D + 1) * 4);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(tx) : "memory");
+    auto arm = [&] {
+        if (split == 0 && threadIdx.x == 0) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(COMBINE == 2 ? 1 : CLUSTER - 1));
+            if (COMBINE == 2) {
+                const unsigned tx = (unsigned)((CLUSTER - 1) * rows_push * (D + 1) * 4);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mbar), "r"(tx) : "memory");
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    };
+#else
+    auto arm = [] {};  // the pull combine's cluster barriers need no mbarrier
 #endif
-    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end);
+    // The mbarriers are armed once the split's first K/V tile and Q are on their way
+    // (thread 0's init and its cluster-scope fence would otherwise delay warp 0's copies).
+    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end, arm);
 
     float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
     const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);

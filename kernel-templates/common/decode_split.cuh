@@ -5,7 +5,7 @@
  * combine through distributed shared memory). Read decode.cu's header for
  * the method; this file is its per-CTA part:
  *
- *   decode_split_tile<D>(..., t_begin, t_end)
+ *   decode_split_tile<D>(..., t_begin, t_end, after_first_issue)
  *       the CTA (blockIdx.y = b * HKV + kv head, blockIdx.z = row block of
  *       DEC_CTA_ROWS = 16 * M_TILES packed rows r = gi * SQ + s) walks key
  *       tiles [t_begin, t_end) of DEC_TILE_N keys: packed Q rows and a
@@ -168,11 +168,14 @@ __device__ __forceinline__ DecRow dec_out_row(int r, int heads_q, int heads_kv, 
     return DecRow{kvh * (heads_q / heads_kv) + pr / seq_q, pr % seq_q};
 }
 
-template <int D>
+// after_first_issue(): called by every thread once the first K/V tile's and Q's copies
+// are issued (decode-cluster arms its mbarriers there: the copies leave first).
+template <int D, typename AfterFirstIssue>
 __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
                                                   const elem_t* __restrict__ v, int heads_q, int heads_kv, int seq_q,
                                                   int seq_k, float softmax_scale, int causal,
-                                                  const optd_strides& strides, int t_begin, int t_end) {
+                                                  const optd_strides& strides, int t_begin, int t_end,
+                                                  AfterFirstIssue after_first_issue) {
     static_assert(D % 64 == 0, "D must be 64 or 128 (8 or 16 chunks, the swizzle permutes 8)");
     using L = DecSmem<D>;
     constexpr int CH = D / 8;        // 16-byte chunks per row
@@ -297,6 +300,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         if (s < my_tiles) load_kv(t_begin + s);
         if (s == 0) load_q();
         cp_async_commit();
+        if (s == 0) after_first_issue();
     }
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // Q is every thread's copies (and, CTA-wide, so is tile 0)
