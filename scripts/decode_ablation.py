@@ -4,15 +4,20 @@
     python3 scripts/decode_ablation.py OUT.json [--against DIR] [--only VARIANT,..]
 
 --knob NAME=V[,NAME2=V2..]: an A/B of a knob setting instead of the cuts: each point is checked
-with it (fp16 and bf16, DECODE_CHECK shapes), then timed as given and with it, alternating,
---rounds times (default 3), and the per-shape ratio printed last.
+with it (fp16 and bf16, DECODE_CHECK shapes), then timed as given and with it, --rounds times
+(default 4), and the per-shape ratio printed last.
 
 --sq4: also time Llama-3-8B speculative decode (SQ 4 against SK 4096, B 1 and 8, causal): G * SQ
 = 32 packed rows per KV head, like MQA's.
 
---against DIR: also time the same points built from the templates in DIR (e.g. an earlier
-commit's kernel-templates, `git archive`d), unpatched, as variant `against`, and check both
-versions' fused points first: an A/B of a template change on one GPU in one process.
+--against DIR: instead of the cuts, an A/B of this tree's templates against those in DIR (e.g. an
+earlier commit's kernel-templates, `git archive`d): both versions' fused points checked first, then
+the points timed from each, --rounds times (default 4), and the per-shape ratio printed last.
+
+Both A/Bs swap which version goes first every round: whichever is timed second in a round ran
+~0.6% faster on the H100 (2026-11-28: decode-split points whose code had not changed came out
+0.994 with the old version always first), so a fixed order biases a small effect; an even
+--rounds balances it in the medians.
 
 scripts/decode_overhead.py found the decode templates 3-4 us per call above a plain streaming read
 of the same bytes. This times each template's best point for the missing bars with parts of its
@@ -34,6 +39,7 @@ The outputs of every variant but `full` and `no_fence` are wrong by construction
 and bf16, at the fused points) before it is timed.
 """
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -111,21 +117,7 @@ def main():
     if "--knob" in sys.argv:
         return knob_ab(sys.argv[sys.argv.index("--knob") + 1], t0)
     if "--against" in sys.argv:
-        import decode_sweep as DS
-        from nvrtc_compile_check import load_templates
-        other = {t.rel: t for t in load_templates(Path(sys.argv[sys.argv.index("--against") + 1]))}
-        against = [(other[tpl.rel], kn) for tpl, kn in POINTS]
-        variant["name"] = "full"
-        fused = [kn for tpl, kn in POINTS if tpl is DC.split and kn["FUSED_COMBINE"] == 1]
-        fused.append(dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=1))
-        unfused = [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)]
-        for tpl in (DC.split, other["decode.cu"]):
-            checks += DS.check_points(gpu, tpl, fused + unfused)
-        bad = [r for r in checks if not r["ok"]]
-        print(f"check (this tree and --against): {len(checks) - len(bad)} of {len(checks)} passed", flush=True)
-        time_points("against", against, rows)
-        time_points("full", POINTS, rows)
-        gpu.modules.clear()
+        return against_ab(sys.argv[sys.argv.index("--against") + 1], t0)
     for name in only:
         variant["name"] = name
         gpu.modules.clear()  # modules are cached by knobs: rebuild with this variant's patches
@@ -146,10 +138,9 @@ def main():
 
 def knob_ab(spec, t0):
     """--knob NAME=V[,NAME2=V2..] (see the module's doc): check, then alternate the two versions of each point."""
-    import statistics
     import decode_sweep as DS
     setting = {name: int(value) for name, _, value in (kv.partition("=") for kv in spec.split(","))}
-    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 4
     variant["name"] = "full"
     # Only where the template declares the knob and the value: a name it does not know would
     # be a stray macro (decode.cu's COMBINE is a launch role), a value it does not list a
@@ -162,28 +153,64 @@ def knob_ab(spec, t0):
         checks += DS.check_points(gpu, tpl, [kn])
     bad = [r for r in checks if not r["ok"]]
     print(f"check {spec}: {len(checks) - len(bad)} of {len(checks)} passed", flush=True)
+    rows = paired_rounds("as given", POINTS, spec, with_knob, rounds)
+    print_ab("as given", POINTS, spec, with_knob, rows, rounds)
+    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, knob=spec, shapes=[C.shape_key(s) for s in SHAPES], rows=rows, checks=checks), indent=1))
+    print(f"done in {time.time() - t0:.0f} s")
+    return 1 if bad else 0
+
+
+def paired_rounds(name_a, points_a, name_b, points_b, rounds):
+    """Time both versions `rounds` times, A first in even rounds and B first in odd ones (the
+    module cache is keyed by the template's path, so both trees' modules stay loaded)."""
     rows = []
     for r in range(rounds):
-        time_points("as given", POINTS, rows)
-        time_points(spec, with_knob, rows)
-    print(f"\n{spec} against the points as given, cold us, median of {rounds} rounds (ratio < 1: {spec} faster)")
-    print(f"{'point':<80} {'shape':<34} {'given':>8} {spec:>14} {'ratio':>6}")
+        order = [(name_a, points_a), (name_b, points_b)]
+        for name, points in (order if r % 2 == 0 else order[::-1]):
+            time_points(name, points, rows)
+    return rows
+
+
+def print_ab(name_a, points_a, name_b, points_b, rows, rounds):
+    """Per (point, shape): the median of each version over the rounds and B / A; the geometric mean."""
+    print(f"\n{name_b} against {name_a}, cold us, median of {rounds} rounds, each version first in half of them "
+          f"(ratio < 1: {name_b} faster)")
+    print(f"{'point':<80} {'shape':<34} {name_a[:14]:>14} {name_b[:14]:>14} {'ratio':>6}")
     ratios = []
-    for i, (tpl, kn) in enumerate(POINTS):
-        label = f"{tpl.name} {DC.combo_label(kn)}"
-        label_k = f"{tpl.name} {DC.combo_label(with_knob[i][1])}"
+    for (tpl, kn), (tpl_b, kn_b) in zip(points_a, points_b):
+        label, label_b = f"{tpl.name} {DC.combo_label(kn)}", f"{tpl_b.name} {DC.combo_label(kn_b)}"
         for shape in SHAPES:
             key = C.shape_key(shape)
-            a = [x["us"][key] for x in rows if x["point"] == label and x["variant"] == "as given" and x["us"][key]]
-            b = [x["us"][key] for x in rows if x["point"] == label_k and x["variant"] == spec and x["us"][key]]
+            a = [x["us"][key] for x in rows if x["point"] == label and x["variant"] == name_a and x["us"][key]]
+            b = [x["us"][key] for x in rows if x["point"] == label_b and x["variant"] == name_b and x["us"][key]]
             if a and b:
                 ma, mb = statistics.median(a), statistics.median(b)
                 ratios.append(mb / ma)
-                print(f"{label:<80} {key:<34} {ma:8.2f} {mb:14.2f} {mb / ma:6.3f}")
+                print(f"{label:<80} {key:<34} {ma:14.2f} {mb:14.2f} {mb / ma:6.3f}")
     if ratios:
         gm = statistics.geometric_mean(ratios)
         print(f"geometric mean {gm:.3f} ({min(ratios):.3f} .. {max(ratios):.3f}), {sum(r < 1 for r in ratios)} of {len(ratios)} faster")
-    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, knob=spec, shapes=[C.shape_key(s) for s in SHAPES], rows=rows, checks=checks), indent=1))
+
+
+def against_ab(other_dir, t0):
+    """--against DIR (see the module's doc): check both trees' fused points, then alternate them."""
+    import decode_sweep as DS
+    from nvrtc_compile_check import load_templates
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 4
+    other = {t.rel: t for t in load_templates(Path(other_dir))}
+    against = [(other[tpl.rel], kn) for tpl, kn in POINTS]
+    variant["name"] = "full"
+    fused = [kn for tpl, kn in POINTS if tpl is DC.split and kn["FUSED_COMBINE"] == 1]
+    fused.append(dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=4, MIN_SPLIT_TILES=1, FUSED_COMBINE=1))
+    unfused = [dict(BLOCK_N=32, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1, FUSED_COMBINE=0)]
+    checks = []
+    for tpl in (DC.split, other["decode.cu"]):
+        checks += DS.check_points(gpu, tpl, fused + unfused)
+    bad = [r for r in checks if not r["ok"]]
+    print(f"check (this tree and --against): {len(checks) - len(bad)} of {len(checks)} passed", flush=True)
+    rows = paired_rounds("against", against, "full", POINTS, rounds)
+    print_ab("against", against, "full", POINTS, rows, rounds)
+    Path(sys.argv[1]).write_text(json.dumps(dict(gpu=gpu.name, against=other_dir, shapes=[C.shape_key(s) for s in SHAPES], rows=rows, checks=checks), indent=1))
     print(f"done in {time.time() - t0:.0f} s")
     return 1 if bad else 0
 
