@@ -118,7 +118,8 @@ def build_source(tpl, knobs, bf16, mbar_fault=False):
         src = src.replace(old, new)
     for w in WRAPS:
         src = src.replace(w, f"tl_mark(0);\n    {w}\n    tl_mark(11);")
-    at = src.index("template <int D>\n__device__ __forceinline__ void decode_split_tile")
+    # Before the template line of decode_split_tile (whatever its parameters), so its body sees tl_mark.
+    at = src.rindex("template <", 0, src.index("__device__ __forceinline__ void decode_split_tile("))
     return src[:at] + TL_DEF + src[at:]
 
 
