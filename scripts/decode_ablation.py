@@ -50,21 +50,25 @@ import decode_cold as DC  # noqa: E402
 C, gqa = DC.C, DC.gqa
 gpu = DC.init()
 
-LOOP_BODY = "        if (kv0 >= seq_k) continue;  // warp-uniform: the ragged tail of the last tile\n"
-SPLIT_TAIL = "t_begin, t_end);\n\n    // Sum the warps' copies of each valid row"
+LOOP_BODY = "        if (kv0 >= seq_k || !rows_live) continue;  // warp-uniform: the ragged tail of the last tile\n"
+SPLIT_TAIL = "t_begin, t_end, [] {});\n\n    // Sum the key warps' copies of each valid row"
 SPLIT_COMBINE = "    if (!dec_arrive_last(sem, n_splits)) return;\n"
-CLUSTER_TAIL = "softmax_scale, causal, strides, t_begin, t_end);\n\n    float* xo"
+CLUSTER_TAIL = "t_begin, t_end, arm);\n\n    float* xo"
 
+# variant -> [(template name or None for both, old, new)]: each patch of a variant must apply to
+# the source of the template it names (a template edit that moves the text fails loudly instead
+# of timing the full kernel under a cut's name).
 PATCHES = {
     "full": [],
-    "no_combine": [(SPLIT_COMBINE, "    return;\n")],
-    "no_tail": [(SPLIT_TAIL, "t_begin, t_end);\n    return;\n\n    // Sum the warps' copies of each valid row"),
-                (CLUSTER_TAIL, "softmax_scale, causal, strides, t_begin, t_end);\n    return;\n\n    float* xo")],
-    "no_math": [(LOOP_BODY, "        continue;\n")],
+    "no_combine": [("decode-split", SPLIT_COMBINE, "    return;\n")],
+    "no_tail": [("decode-split", SPLIT_TAIL, SPLIT_TAIL.replace(";\n\n", ";\n    return;\n\n", 1)),
+                ("decode-cluster", CLUSTER_TAIL, CLUSTER_TAIL.replace(";\n\n", ";\n    return;\n\n", 1))],
+    "no_math": [(None, LOOP_BODY, "        continue;\n")],
 }
 PATCHES["loads_only"] = PATCHES["no_math"] + PATCHES["no_tail"]
-FENCE = "    __threadfence();\n    __syncthreads();\n    int last = 0;\n"
-PATCHES["no_fence"] = [(FENCE, "    __syncthreads();\n    int last = 0;\n")]
+# The fence this variant removed has been gone from decode.cu since 2026-11-26: the variant is
+# the full kernel now, kept so that older transcripts' names still mean something.
+PATCHES["no_fence"] = []
 
 variant = {"name": "full"}
 _build = C.build_source
@@ -72,9 +76,13 @@ _build = C.build_source
 
 def build_source(tpl, knobs, bf16, mbar_fault=False):
     src = _build(tpl, knobs, bf16, mbar_fault)
-    for old, new in PATCHES[variant["name"]]:
-        if old in src:
-            src = src.replace(old, new)
+    for name, old, new in PATCHES[variant["name"]]:
+        if name is not None and name != tpl.name:
+            continue
+        if old not in src:
+            raise RuntimeError(f"decode_ablation: variant {variant['name']}: no `{old.strip()[:60]}` in {tpl.name}'s source; "
+                               "the template changed, update the patch")
+        src = src.replace(old, new)
     return src
 
 
