@@ -34,12 +34,13 @@
  * waits on that mbarrier (acquire), combines all CLUSTER splits and stores O.
  * The ncu profile of COMBINE = 0 at B 1, SK 1024 showed ~30% of the warps'
  * samples in the two cluster barriers: here only rank 0 waits, and only once.
- * The mbarrier is initialised before a cluster arrive (relaxed) issued at the
- * start, whose wait comes just before the first remote store.
+ * The mbarrier is initialised, and a cluster arrive (relaxed) issued, once the
+ * split's first K/V tile and Q are on their way (decode_split_tile's
+ * after_first_issue); the arrive's wait comes just before the first remote store.
  *
  * COMBINE = 2 (push, asynchronous): the same receive area, but the other ranks
  * write it with st.async ... mbarrier::complete_tx::bytes, each 16-byte chunk
- * counting its bytes on rank 0's mbarrier, which rank 0 armed at the start for
+ * counting its bytes on rank 0's mbarrier, which rank 0 armed in the prologue for
  * every byte of every other rank (arrive.expect_tx): no CTA barrier, no release
  * fence and no arrive on the pushing side. COMBINE = 1's one release arrive per
  * CTA compiles to MEMBAR.ALL.CTA, MEMBAR.ALL.GPU, ERRBAR, CGAERRBAR before the
@@ -51,7 +52,7 @@
  * [r * per, (r + 1) * per)) and combines only those; each rank st.async's
  * every chunk it does not own into its owner's receive slot, and its row LSEs
  * to every other rank, all counted in bytes on the receiver's mbarrier (armed
- * at the start for exactly what it will receive). With COMBINE = 2 one SM
+ * in the prologue for exactly what it will receive). With COMBINE = 2 one SM
  * receives (CLUSTER - 1) x rows x D x 4 bytes and then combines every chunk
  * alone: at MQA B 8 (16 rows per CTA) rank 0's combine took 2 us of a 13.6 us
  * call, at B 1 x SK 4096 (4 rows) 0.7 of 9.7 (scripts/decode_timeline.py,
