@@ -224,8 +224,11 @@ struct PushSmem {
 };
 
 // COMBINE = 3: each rank's receive area after the split's layout: from each other
-// rank (slot z < r ? z : z - 1 at rank r), the chunks of r's share (at most PER
+// rank (slot dec_rx_slot(z, r) at rank r), the chunks of r's share (at most PER
 // float4s) and all its row LSEs; the mbarrier.
+// The slot of sender `from` in receiver `to`'s area: the other ranks in rank order.
+__device__ __forceinline__ int dec_rx_slot(int from, int to) { return from < to ? from : from - 1; }
+
 template <int D>
 struct ScatterSmem {
     static constexpr int PER = (DEC_CTA_ROWS * (D / 4) + CLUSTER - 1) / CLUSTER;  // most chunks a rank owns
@@ -383,7 +386,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             if (owner == split) {
                 *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = x;
             } else {
-                const int slot = split < owner ? split : split - 1;
+                const int slot = dec_rx_slot(split, owner);
                 dsmem_st_async_f32x4(dsmem_map(rx + (unsigned)((slot * S::PER + c - owner * per) * 16), (unsigned)owner), x,
                                      dsmem_map(mbar, (unsigned)owner));
             }
@@ -393,7 +396,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         for (int i = threadIdx.x; i < (CLUSTER - 1) * rows_sc; i += DEC_THREADS) {
             const int oi = i / rows_sc, row = i % rows_sc;
             const int owner = oi < split ? oi : oi + 1;
-            const int slot = split < owner ? split : split - 1;
+            const int slot = dec_rx_slot(split, owner);
             dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)((slot * DEC_CTA_ROWS + row) * 4), (unsigned)owner), lse_s[row],
                                dsmem_map(mbar, (unsigned)owner));
         }
@@ -401,7 +404,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         const int c0 = own_begin + (int)threadIdx.x;
         elem_t* const dst0 = c0 < own_end ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
         cluster_mbar_wait(mbar, 0);
-        // 2. This rank's share: split z's chunk from its slot (z < split ? z : z - 1),
+        // 2. This rank's share: split z's chunk from its slot dec_rx_slot(z, split),
         //    or from xo for z = split.
         const float* rxf = reinterpret_cast<const float*>(dec_smem + S::RX);
         const float* rxl = reinterpret_cast<const float*>(dec_smem + S::RX_LSE);
@@ -410,12 +413,12 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             float lse[CLUSTER];
 #pragma unroll
             for (int z = 0; z < CLUSTER; ++z)
-                lse[z] = z == split ? lse_s[row] : rxl[(z < split ? z : z - 1) * DEC_CTA_ROWS + row];
+                lse[z] = z == split ? lse_s[row] : rxl[dec_rx_slot(z, split) * DEC_CTA_ROWS + row];
             dec_combine_chunk(
                 lse,
                 [&](int z) {
                     return z == split ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
-                                      : *reinterpret_cast<const float4*>(rxf + ((z < split ? z : z - 1) * S::PER + c - own_begin) * 4);
+                                      : *reinterpret_cast<const float4*>(rxf + (dec_rx_slot(z, split) * S::PER + c - own_begin) * 4);
                 },
                 c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
         }
