@@ -23,11 +23,17 @@ against SDPA cold; the ten fastest points of each template. Build with --build-c
 
     python3 scripts/decode_cold.py OUT.json --mqa [--cubin-dir DIR]
 
---b8: the same for Llama-3 B 8 x SK 4096 and 4000 (134 MB, issue 17's 2.9 TB/s bar): decode-cluster's
+--b8: the same for Llama-3 B 8 x SK 4096 (non-causal and causal, as the LLM workload has it) and 4000 (134 MB, issue 17's 2.9 TB/s bar): decode-cluster's
 cluster sizes and combines with the stage counts whose shared memory lets two CTAs share an SM
-(cluster 4 or 8: 256 or 512 CTAs), printed with the effective bandwidth.
+(cluster 4 or 8: 256 or 512 CTAs), and clusters of 2 over every tile shape (keys per warp, warps,
+stages), printed with the effective bandwidth.
 
     python3 scripts/decode_cold.py OUT.json --b8 [--cubin-dir DIR]
+
+--b1: the same for Llama-3 B 1 x SK 4096 and 1024 (causal, as the LLM workload has them; 16.8 and 4.2 MB,
+issue 17's 1.4x bar): decode-cluster at clusters of 8 and 4 over every tile shape and both pushed combines.
+
+    python3 scripts/decode_cold.py OUT.json --b1 [--cubin-dir DIR]
 
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
@@ -69,13 +75,28 @@ def mqa_points():
            for m in (1, 2) for w in (4, 8) for st in (3, 4) for sw in (1, 2) for f in (0, 1) for wl in (0, 1)]
     pts += [(cluster, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl, M_TILES=m))
             for cb in (2, 3) for m in (1, 2) for w in (4, 8) for st in (3, 4) for cl in (8, 4) for wl in (0, 1)]
+    # Wider key slices with two row tiles: fewer key warps per row tile, so a smaller merge
+    # (4 key warps' fp32 rows per row tile at 8 warps x 16 keys).
+    pts += [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl, M_TILES=2))
+            for bn in (32, 64) for cb in (2, 3) for w in (4, 8) for st in (2, 3, 4) for cl in (8, 4) for wl in (0, 1)]
     return pts
 
 
 def b8_points():
-    """(template, knobs) of --b8."""
-    return [(cluster, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
-            for cl in (2, 4, 8) for cb in (2, 3) for st in (2, 3, 4) for w in (4, 8) for wl in (0, 1)]
+    """(template, knobs) of --b8: clusters of 2, 4 and 8 at 16 keys per warp, and the clusters of 2
+    (the best region, 2026-11-28) over every tile shape: keys per warp x warps x stages."""
+    pts = [(cluster, dict(BLOCK_N=16, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
+           for cl in (2, 4, 8) for cb in (2, 3) for st in (2, 3, 4) for w in (4, 8) for wl in (0, 1)]
+    pts += [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=2, COMBINE=cb, WARP_LOADS=wl))
+            for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4) for cb in (2, 3) for wl in (0, 1)
+            if not (bn == 16 and w in (4, 8))]
+    return pts
+
+
+def b1_points():
+    """(template, knobs) of --b1: decode-cluster over every tile shape at clusters of 8 and 4."""
+    return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
+            for cl in (8, 4) for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4) for cb in (2, 3) for wl in (0, 1)]
 
 
 def build_cubins(out_dir, points=None):
@@ -242,14 +263,18 @@ def main():
 
 if __name__ == "__main__":
     if "--build-cubins" in sys.argv:
-        pts = mqa_points() if "--mqa" in sys.argv else b8_points() if "--b8" in sys.argv else None
+        pts = (mqa_points() if "--mqa" in sys.argv else b8_points() if "--b8" in sys.argv
+               else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], pts))
     if "--mqa" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], mqa_points(), [gqa(8, 32, 1, 1, 4096, 128, False)], top=10)
     elif "--b8" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        full_sweep(sys.argv[1], b8_points(), [gqa(8, 32, 8, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4000, 128, True)], top=12)
+        full_sweep(sys.argv[1], b8_points(), [gqa(8, 32, 8, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, True), gqa(8, 32, 8, 1, 4000, 128, True)], top=12)
+    elif "--b1" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1], b1_points(), [gqa(1, 32, 8, 1, 4096, 128, True), gqa(1, 32, 8, 1, 1024, 128, True)], top=12)
     elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])
