@@ -13,7 +13,6 @@ read reached 2.89 TB/s on 134 MB only with 1056 CTAs; B 64 decode reads 1.07 GB 
 
     python3 scripts/decode_hbm_floor.py [--mb 134,17]
 """
-import statistics
 import sys
 
 cp = None  # cupy, imported by main(): the source below compiles without a GPU (python/kernel_tests)
@@ -85,33 +84,12 @@ def kernel(stages):
     return _mods[stages]
 
 
-def time_graph(launch, reps, samples=25):
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        launch(0)
-        s.synchronize()
-        s.begin_capture()
-        for r in range(reps):
-            launch(r)
-        g = s.end_capture()
-        g.upload(s)
-        for _ in range(3):
-            g.launch(s)
-        ts = []
-        for _ in range(samples):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(s)
-            g.launch(s)
-            b.record(s)
-            b.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(a, b) * 1000 / reps)
-    return statistics.median(ts)
-
-
 def main():
     global cp
     import cupy
+    import decode_cold as DC  # its CUDA-graph timer: the decode kernels' cold figures are timed the same way
     cp = cupy
+    DC.init()
     mbs = [int(x) for x in sys.argv[sys.argv.index("--mb") + 1].split(",")] if "--mb" in sys.argv else [134, 17]
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     counter = cp.zeros(1, dtype=cp.uint32)
@@ -134,8 +112,8 @@ def main():
                     for ctas in (sms - 4, sms, 2 * sms):
                         if ctas == 2 * sms and smem > 113 * 1024:
                             continue
-                        us = time_graph(lambda r: k((ctas,), (32,), (bufs[r % nbuf], cp.int64(n), cp.int32(chunk), cp.int32(dynamic), counter, sink),
-                                                    shared_mem=smem), reps=2 * nbuf)
+                        us = DC.graph_us(lambda r: k((ctas,), (32,), (bufs[r % nbuf], cp.int64(n), cp.int32(chunk), cp.int32(dynamic), counter, sink),
+                                                     shared_mem=smem), reps=2 * nbuf, samples=25)
                         assert int(counter.get()[0]) == 0, "the claim counter was not reset"
                         tbs = bytes_read / us / 1e6
                         rows.append((mb, tbs, us, "dynamic" if dynamic else "static", ctas, chunk_kb, stages))
