@@ -23,10 +23,11 @@ against SDPA cold; the ten fastest points of each template. Build with --build-c
 
     python3 scripts/decode_cold.py OUT.json --mqa [--cubin-dir DIR]
 
---b8: the same for Llama-3 B 8 x SK 4096 (non-causal and causal, as the LLM workload has it) and 4000 (134 MB, issue 17's 2.9 TB/s bar): decode-cluster's
-cluster sizes and combines with the stage counts whose shared memory lets two CTAs share an SM
-(cluster 4 or 8: 256 or 512 CTAs), and clusters of 2 over every tile shape (keys per warp, warps,
-stages), printed with the effective bandwidth.
+--b8: the same for Llama-3 B 8 x SK 4096 (non-causal, and causal as the LLM workload has it) and
+4000 (134 MB, issue 17's 2.9 TB/s bar): decode-cluster's cluster sizes and combines with the stage
+counts whose shared memory lets two CTAs share an SM (cluster 4 or 8: 256 or 512 CTAs), and
+clusters of 2 over every tile shape (keys per warp, warps, stages), printed with the effective
+bandwidth.
 
     python3 scripts/decode_cold.py OUT.json --b8 [--cubin-dir DIR]
 
