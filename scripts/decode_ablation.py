@@ -97,6 +97,8 @@ POINTS = [
     (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=2)),
     (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=4, COMBINE=2, WARP_LOADS=1)),
     (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=4, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2)),
+    # decode-wide's start since 2026-11-28 (the LLM run's MQA winner).
+    (DC.cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2)),
 ]
 SHAPES = [gqa(1, 32, 8, 1, 1024, 128, False), gqa(1, 32, 8, 1, 4096, 128, False), gqa(1, 32, 8, 1, 16384, 128, False),
           gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, False)]

@@ -36,6 +36,14 @@ issue 17's 1.4x bar): decode-cluster at clusters of 8 and 4 over every tile shap
 
     python3 scripts/decode_cold.py OUT.json --b1 [--cubin-dir DIR]
 
+--deep: rings deeper than the templates' STAGES list (5-8), for MQA B 8 and B 1 x SK 4096 (causal)
+at clusters of 8: do more bytes in flight with short tiles (16 keys per warp: a short last tile,
+whose math follows the last byte) beat 32 keys x 3 stages? (scripts/decode_timeline.py,
+2026-11-28: MQA's stream ends 0.9 us later at 16 keys x 4 stages than at 32 x 3, its last
+tile's math takes 0.54 against 0.87 us.) Build with --build-cubins DIR --deep.
+
+    python3 scripts/decode_cold.py OUT.json --deep [--cubin-dir DIR]
+
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
 import sys, json, time, statistics
@@ -98,6 +106,17 @@ def b1_points():
     """(template, knobs) of --b1: decode-cluster over every tile shape at clusters of 8 and 4."""
     return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
             for cl in (8, 4) for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4) for cb in (2, 3) for wl in (0, 1)]
+
+
+def deep_points(m_tiles):
+    """(template, knobs) of --deep for shapes of m_tiles row tiles per CTA: decode-cluster at
+    clusters of 8, 16 and 32 keys per warp, 3-8 stages (over the smem limit: not timed)."""
+    return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=8, COMBINE=cb, WARP_LOADS=wl, M_TILES=m_tiles))
+            for bn in (16, 32) for w in (4, 8) for st in (3, 4, 5, 6, 7, 8) for cb in (2, 3) for wl in (0, 1)
+            if not (m_tiles == 2 and w == 4 and bn == 16) and w // m_tiles * bn * 512 * st <= 220 * 1024]
+
+
+DEEP_SHAPES = [(gqa(8, 32, 1, 1, 4096, 128, True), 2), (gqa(1, 32, 8, 1, 4096, 128, True), 1)]
 
 
 def build_cubins(out_dir, points=None):
@@ -265,6 +284,7 @@ def main():
 if __name__ == "__main__":
     if "--build-cubins" in sys.argv:
         pts = (mqa_points() if "--mqa" in sys.argv else b8_points() if "--b8" in sys.argv
+               else [p for _, m in DEEP_SHAPES for p in deep_points(m)] if "--deep" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], pts))
     if "--mqa" in sys.argv:
@@ -276,6 +296,10 @@ if __name__ == "__main__":
     elif "--b1" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], b1_points(), [gqa(1, 32, 8, 1, 4096, 128, True), gqa(1, 32, 8, 1, 1024, 128, True)], top=12)
+    elif "--deep" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        for shape, m in DEEP_SHAPES:
+            full_sweep(sys.argv[1].replace(".json", f"_m{m}.json"), deep_points(m), [shape], top=12)
     elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])

@@ -11,7 +11,7 @@ schedule, CTAs, chunk size, stages): the median time of a CUDA graph of back-to-
 rotating buffers (cold L2) and the effective bandwidth. decode_floors.py's grid-stride `__ldg`
 read reached 2.89 TB/s on 134 MB only with 1056 CTAs; B 64 decode reads 1.07 GB at 3.07 TB/s.
 
-    python3 scripts/decode_hbm_floor.py [--mb 134,17]
+    python3 scripts/decode_hbm_floor.py [--mb 134,17] [--ctas 64,128]   (CTAs: default SMs - 4, SMs, 2 x SMs)
 """
 import sys
 
@@ -92,6 +92,7 @@ def main():
     DC.init()
     mbs = [int(x) for x in sys.argv[sys.argv.index("--mb") + 1].split(",")] if "--mb" in sys.argv else [134, 17]
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    grids = [int(x) for x in sys.argv[sys.argv.index("--ctas") + 1].split(",")] if "--ctas" in sys.argv else [sms - 4, sms, 2 * sms]
     counter = cp.zeros(1, dtype=cp.uint32)
     sink = cp.zeros(1, dtype=cp.uint32)
     rows = []
@@ -109,8 +110,8 @@ def main():
                     continue
                 k.max_dynamic_shared_size_bytes = smem
                 for dynamic in (0, 1):
-                    for ctas in (sms - 4, sms, 2 * sms):
-                        if ctas == 2 * sms and smem > 113 * 1024:
+                    for ctas in grids:
+                        if ctas > sms and smem > 113 * 1024:
                             continue
                         us = DC.graph_us(lambda r: k((ctas,), (32,), (bufs[r % nbuf], cp.int64(n), cp.int32(chunk), cp.int32(dynamic), counter, sink),
                                                      shared_mem=smem), reps=2 * nbuf, samples=25)
@@ -123,7 +124,7 @@ def main():
     print("\nbest per size and schedule:")
     for mb in mbs:
         for sched in ("static", "dynamic"):
-            for ctas in (sms - 4, sms, 2 * sms):
+            for ctas in grids:
                 sel = [r for r in rows if r[0] == mb and r[3] == sched and r[4] == ctas]
                 if sel:
                     b = max(sel)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a decode call's time goes, CTA by CTA (issue 17): timestamps from inside the kernel.
 
-    python3 scripts/decode_timeline.py OUT.json [--samples 15]
+    python3 scripts/decode_timeline.py OUT.json [--samples 15] [--last N]   (--last: only the last N points)
 
 scripts/decode_overhead.py found the decode templates about 4.6 us per call above
 bytes / bandwidth (a plain streaming read of the same bytes: 1.7 us), and decode_ablation.py
@@ -138,6 +138,9 @@ POINTS = [
     (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=4, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2),
      [gqa(8, 32, 1, 1, 4096, 128, False)]),
     (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=4, COMBINE=2, WARP_LOADS=1), [gqa(8, 32, 1, 1, 4096, 128, False)]),
+    # decode-wide's start since 2026-11-28 (32 keys per warp, 3 stages), the LLM run's MQA winner.
+    (DC.cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2),
+     [gqa(8, 32, 1, 1, 4096, 128, False)]),
 ]
 
 
@@ -224,7 +227,8 @@ def main():
     DC.init()
     t0 = time.time()
     res = []
-    for tpl, kn, shapes in POINTS:
+    last = int(sys.argv[sys.argv.index("--last") + 1]) if "--last" in sys.argv else len(POINTS)
+    for tpl, kn, shapes in POINTS[len(POINTS) - last:]:
         for shape in shapes:
             r = timeline(tpl, kn, shape, samples)
             res.append(r)
