@@ -44,6 +44,11 @@ tile's math takes 0.54 against 0.87 us.) Build with --build-cubins DIR --deep.
 
     python3 scripts/decode_cold.py OUT.json --deep [--cubin-dir DIR]
 
+--narrow: MQA B 8 on two warps per CTA, one per row tile (NUM_WARPS 2, M_TILES 2: no key warps to
+merge), against the decode-wide start. Build with --build-cubins DIR --narrow.
+
+    python3 scripts/decode_cold.py OUT.json --narrow [--cubin-dir DIR]
+
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
 import sys, json, time, statistics
@@ -117,6 +122,14 @@ def deep_points(m_tiles):
 
 
 DEEP_SHAPES = [(gqa(8, 32, 1, 1, 4096, 128, True), 2), (gqa(1, 32, 8, 1, 4096, 128, True), 1)]
+
+
+def narrow_points():
+    """(template, knobs) of --narrow: MQA's two row tiles on two warps, one key slice each (no merge
+    of key warps; each warp alone on its scheduler for the last tile's math), 32 or 64 keys per
+    tile, 3-8 stages, clusters of 8 and 4, both scatter and push combines."""
+    return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=2, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=0, M_TILES=2))
+            for bn in (32, 64) for st in (3, 4, 5, 6, 8) for cl in (8, 4) for cb in (3, 2) if bn * 512 * st <= 200 * 1024]
 
 
 def build_cubins(out_dir, points=None):
@@ -285,6 +298,7 @@ if __name__ == "__main__":
     if "--build-cubins" in sys.argv:
         pts = (mqa_points() if "--mqa" in sys.argv else b8_points() if "--b8" in sys.argv
                else [p for _, m in DEEP_SHAPES for p in deep_points(m)] if "--deep" in sys.argv
+               else narrow_points() if "--narrow" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], pts))
     if "--mqa" in sys.argv:
@@ -300,6 +314,11 @@ if __name__ == "__main__":
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         for shape, m in DEEP_SHAPES:
             full_sweep(sys.argv[1].replace(".json", f"_m{m}.json"), deep_points(m), [shape], top=12)
+    elif "--narrow" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1], narrow_points() + [(cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3,
+                                                                   WARP_LOADS=1, M_TILES=2))],
+                   [gqa(8, 32, 1, 1, 4096, 128, True)], top=12)
     elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])
