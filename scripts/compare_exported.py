@@ -24,10 +24,20 @@ SQ < SK; K/V repeated where the backend refuses enable_gqa). They take their tur
 alternating rounds and back-to-back pieces as the exports, and the last table gives, per shape,
 each baseline's sustained time over the first export's (above 1: the export is faster).
 --fa4 fails when flash_attn.cute does not import (it says why) rather than leaving FA4 out.
+
+--layer: for decode shapes (SQ <= 16), also each kernel as a model's decode step runs it, between
+its layer's two weight GEMMs: a graph of --launches layers [x W_qkv, attention, x W_o] (the
+projections of the shape's heads: hidden = HQ * D, W_qkv hidden x (HQ + 2 HKV) D, W_o hidden x
+hidden, in the kernels' dtype, enough weight sets rotating to read them from HBM), alternating
+rounds with a graph of the GEMMs alone; a kernel's cost in the layer is the median over rounds of
+its layer's time minus the GEMMs-only layer's. Back to back, a call follows a call of itself;
+here it follows a cuBLAS GEMM, and its inputs are no longer in L2 (scripts/decode_pdl.py measured
+SDPA 0.6-1.3 us slower this way and our decode kernels not: BENCHMARKS 2026-11-28 (16)).
 """
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -79,8 +89,8 @@ def replay_us(g, launches, times=1):
     return start.elapsed_time(end) * 1000.0 / (launches * times)
 
 
-def baseline_graphs(sample, shape, dtype, kinds, launches):
-    """[(label, graph)] for the requested baselines on the first export's inputs (sample.q, k, v:
+def baseline_calls(sample, shape, dtype, kinds, launches):
+    """[(label, call)] for the requested baselines on the first export's inputs (sample.q, k, v:
     [B,H,S,D] logical tensors), called as the daemon's baseline calls them (sdpa_baseline.py:
     its masks, enable_gqa and the fallbacks when a backend refuses a form)."""
     sys.path.insert(0, HERE)
@@ -98,12 +108,16 @@ def baseline_graphs(sample, shape, dtype, kinds, launches):
             sys.exit(f"--fa4: {why} (install it: scripts/device_fa4.py)")
         qkv = inputs.fa4(0)
         causal = inputs.s["causal"] and inputs.s["sq"] > 1  # one query row: bottom-right masks nothing
-        out.append(("fa4", graph_of(lambda: fa4(*qkv, causal=causal), launches)))
+        go = lambda: fa4(*qkv, causal=causal)  # noqa: E731
+        graph_of(go, launches)  # captures (and so checks) it here, as each form of SDPA below
+        out.append(("fa4", go))
     if "sdpa" in kinds:
         refused = []
         for kv, mask in sb.attempts(inputs.s):
             try:
-                out.append(("sdpa-default", graph_of(sb.sdpa_call(torch, inputs, kv, mask), launches)))
+                go = sb.sdpa_call(torch, inputs, kv, mask)
+                graph_of(go, launches)
+                out.append(("sdpa-default", go))
                 break
             except Exception as e:  # this form cannot run: the next, as the daemon's baseline does
                 torch.cuda.synchronize()
@@ -111,6 +125,43 @@ def baseline_graphs(sample, shape, dtype, kinds, launches):
         else:
             sys.exit(f"--sdpa: SDPA default refused every form: {'; '.join(refused)}")
     return out
+
+
+class Layer:
+    """A decoder layer's two weight GEMMs around an attention call (--layer): x [B * SQ, hidden]
+    @ W_qkv [hidden, (HQ + 2 HKV) D] before, @ W_o [hidden, hidden] after, hidden = HQ * D, with
+    enough weight sets (rotating call by call) that every GEMM reads its weights from HBM."""
+
+    def __init__(self, shape, dtype, l2_bytes):
+        hidden = shape["hq"] * shape["d"]
+        qkv = (shape["hq"] + 2 * shape["hkv"]) * shape["d"]
+        rows = shape["b"] * shape["sq"]
+        tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
+        per_set = (hidden * qkv + hidden * hidden) * 2
+        self.n = max(2, math.ceil(3 * l2_bytes / per_set))
+        mk = lambda *dims: [torch.randn(*dims, device="cuda", dtype=tdt) * 0.02 for _ in range(self.n)]  # noqa: E731
+        self.x, self.wq, self.wo = mk(rows, hidden), mk(hidden, qkv), mk(hidden, hidden)
+        self.yq = [torch.empty(rows, qkv, device="cuda", dtype=tdt) for _ in range(self.n)]
+        self.yo = [torch.empty(rows, hidden, device="cuda", dtype=tdt) for _ in range(self.n)]
+        self.i = 0
+
+    def around(self, attention):
+        """A call of one layer with `attention` (None: the GEMMs alone) between the GEMMs."""
+        def go():
+            j = self.i % self.n
+            self.i += 1
+            torch.mm(self.x[j], self.wq[j], out=self.yq[j])
+            if attention is not None:
+                attention()
+            torch.mm(self.x[j], self.wo[j], out=self.yo[j])
+        return go
+
+
+def layer_costs(per_round, none_key):
+    """{label: median over rounds of (layer time - GEMMs-only layer time)}: per_round maps each
+    label (and none_key) to its per-round times, taken in the same rounds."""
+    base = per_round[none_key]
+    return {k: statistics.median(a - b for a, b in zip(v, base)) for k, v in per_round.items() if k != none_key}
 
 
 def main():
@@ -122,6 +173,8 @@ def main():
     ap.add_argument("--sustained-ms", type=float, default=300.0)
     ap.add_argument("--fa4", action="store_true", help="also time FlashAttention-4 (flash_attn.cute) on each shape")
     ap.add_argument("--sdpa", action="store_true", help="also time SDPA's default backend on each shape")
+    ap.add_argument("--layer", action="store_true",
+                    help="decode shapes (SQ <= 16): also time each kernel between its layer's weight GEMMs")
     args = ap.parse_args()
     kinds = [k for k in ("fa4", "sdpa") if getattr(args, k)]
     if len(args.dirs) < 2 and not kinds:
@@ -137,7 +190,7 @@ def main():
     l2 = getattr(p, "L2_cache_size", 50 << 20)
     driver = rx.Driver()
     print(f"{p.name}, {args.rounds} rounds of {args.launches}-call graphs alternating, then >= {args.sustained_ms:.0f} ms each")
-    rows = []
+    rows, layered = [], []
     for key in keys:
         prepared = []
         for d, e in zip(args.dirs, exports):
@@ -148,11 +201,12 @@ def main():
             max_abs, unwritten, outside, _, _, _ = rx.run_one(abi, module, kernel, entry, shape, device, driver)
             ok = unwritten == 0 and outside == 0 and max_abs <= rx.ATOL.get(kernel["dtype"], 2e-2)
             pr = rx.prepare(abi, module, kernel, entry, shape, device, driver)
-            prepared.append((d, kernel["file"], ok, max_abs, pr, graph_of(pr.go, args.launches)))
+            prepared.append((d, kernel["file"], ok, max_abs, pr, graph_of(pr.go, args.launches), pr.go))
         sample = prepared[0][4]
         abi0, kernel0, entry0 = exports[0][key]
-        for label, graph in baseline_graphs(sample, abi0.shape(entry0["shape"]), kernel0["dtype"], kinds, args.launches):
-            prepared.append((label, "-", True, 0.0, None, graph))
+        shape0 = abi0.shape(entry0["shape"])
+        for label, go in baseline_calls(sample, shape0, kernel0["dtype"], kinds, args.launches):
+            prepared.append((label, "-", True, 0.0, None, graph_of(go, args.launches), go))
         footprint = sum(t.numel() * t.element_size() for t in (sample.q, sample.k, sample.v, sample.o))
         burst = [[] for _ in prepared]
         for r in range(args.rounds):
@@ -169,7 +223,19 @@ def main():
             for i in order:
                 chunks[i].append(replay_us(prepared[i][5], args.launches, reps[i]))
         sustained = [statistics.median(c) for c in chunks]
-        for i, (d, f, ok, max_abs, _, _) in enumerate(prepared):
+        if args.layer and shape0["sq"] <= 16:
+            layer = Layer(shape0, kernel0["dtype"], l2)
+            graphs = [graph_of(layer.around(p[6]), args.launches) for p in prepared] + [graph_of(layer.around(None), args.launches)]
+            per_round = {i: [] for i in range(len(graphs))}
+            for r in range(args.rounds):
+                for i in (range(len(graphs)) if r % 2 == 0 else reversed(range(len(graphs)))):
+                    per_round[i].append(replay_us(graphs[i], args.launches))
+            costs = layer_costs(per_round, len(graphs) - 1)
+            gemms = statistics.median(per_round[len(graphs) - 1])
+            for i, p in enumerate(prepared):
+                layered.append((key, p[0], costs[i], costs[0] / costs[i] if i else 1.0, gemms, layer.n))
+            del graphs, layer
+        for i, (d, f, ok, max_abs, _, _, _) in enumerate(prepared):
             med = statistics.median(burst[i])
             rows.append((key, d, f, ok, max_abs, med, statistics.median(burst[0]) / med if i else 1.0,
                          sustained[i], sustained[0] / sustained[i] if i else 1.0,
@@ -192,6 +258,17 @@ def main():
                 cells.append(f"{b[5] / first[5]:>19.3f}x {b[7] / first[7]:>23.3f}x")
             print(f"{key:<34} " + " ".join(cells))
         print(f"baseline's time / {os.path.basename(os.path.normpath(args.dirs[0]))}'s (above 1: the export is faster)")
+    if layered:
+        print("\nin a layer (--layer): each call between its layer's weight GEMMs; cost = that layer's time - the GEMMs-only "
+              "layer's, us (median over the rounds)")
+        for key in dict.fromkeys(r[0] for r in layered):
+            mine = [r for r in layered if r[0] == key]
+            first = mine[0]
+            cells = [f"{os.path.basename(os.path.normpath(label))} {cost:.2f}" + (f" ({cost / first[2]:.3f}x)" if i else "")
+                     for i, (_, label, cost, _, _, _) in enumerate(mine)]
+            print(f"{key:<34} " + "  ".join(cells) + f"  | GEMMs alone {first[4]:.2f} us, {first[5]} weight sets")
+        print(f"(Nx): that kernel's cost / {os.path.basename(os.path.normpath(args.dirs[0]))}'s (above 1: the first export is "
+              f"faster in the layer)")
     return 0 if all(r[3] for r in rows) else 1
 
 

@@ -10,7 +10,8 @@
 # wait, default 530) come from the environment. EXPORT_CHECK=1: once the run has finished, the call
 # that sees it end also exports its kernels (optimizerd export --out), loads and checks every one
 # from the manifest alone (examples/run_exported.py), and re-times them against FA4 and SDPA
-# default in one process, burst and sustained (scripts/compare_exported.py --fa4 --sdpa; FA4 from
+# default in one process, burst and sustained, and decode shapes between their layer's GEMMs
+# (scripts/compare_exported.py --fa4 --sdpa --layer; FA4 from
 # scripts/device_fa4.py, whose env must be in effect): issue 19's acceptance harness. Into $OUT.
 set -u
 export PYTHONUNBUFFERED=1
@@ -45,7 +46,7 @@ if [[ $rc == 0 && "${EXPORT_CHECK:-0}" == 1 ]]; then
   cp "$W/exp/manifest.json" "$out/manifest.json" 2>/dev/null
   python3 examples/run_exported.py "$W/exp" > "$out/run_exported.txt" 2>&1
   echo "run_exported rc=$?"; tail -n 25 "$out/run_exported.txt"
-  python3 scripts/compare_exported.py "$W/exp" --fa4 --sdpa > "$out/compare_exported.txt" 2>&1
-  echo "compare_exported rc=$?"; tail -n 30 "$out/compare_exported.txt"
+  python3 scripts/compare_exported.py "$W/exp" --fa4 --sdpa --layer > "$out/compare_exported.txt" 2>&1
+  echo "compare_exported rc=$?"; tail -n 50 "$out/compare_exported.txt"
 fi
 echo "benchmark rc=$rc (75: still running, call again now)"
