@@ -1647,7 +1647,6 @@ def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int, sustain_ms: flo
                 fn()
         for _ in range(3):
             graph.replay()
-        times = []
         if sustain_ms > 0:  # as Gpu.time_us: back to back for sustain_ms, one sync at the end
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
             ev[0].record(stream)
@@ -1662,6 +1661,15 @@ def time_torch_graph_us(gpu: "Gpu", fn, reps: int, samples: int, sustain_ms: flo
                 ev[i + 1].record(stream)
             ev[-1].synchronize()
             return statistics.median(a.elapsed_time(b) * 1000.0 / reps for a, b in zip(ev, ev[1:]))
+    return replay_graph_us(gpu, stream, graph, reps, samples)
+
+
+def replay_graph_us(gpu: "Gpu", stream, graph, reps: int, samples: int) -> float:
+    """Median microseconds per call of a torch CUDA graph of `reps` calls, replayed `samples`
+    times on `stream` with CUDA events around each replay."""
+    torch = gpu.torch
+    times = []
+    with torch.cuda.stream(stream):
         for _ in range(samples):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
