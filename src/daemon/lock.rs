@@ -7,11 +7,42 @@
 //! drops a lock when its process dies, even on `kill -9`, so a stale pid file can never
 //! block a new run, and "is this run alive?" is answered by the locks rather than by
 //! trusting a pid.
+//!
+//! One catch: a lock belongs to the open file description, and a child forked by any thread of
+//! this process shares every descriptor until it execs (close-on-exec acts only then). So right
+//! after a run of this process releases its lock, a fork elsewhere in the process (a worker being
+//! started) can hold it for that window. An acquire that finds the lock held by this very pid,
+//! while this process holds no lock on that path, waits briefly for such a child instead of
+//! refusing (seen in the test suite, where runs of different tests start workers concurrently).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The lock paths this process holds (acquired and not yet dropped).
+static HELD: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+/// How long an acquire waits out a lock held by a forked child of this process.
+const FORK_WINDOW: Duration = Duration::from_secs(3);
+
+fn held_here(path: &Path) -> bool {
+    HELD.lock().map(|h| h.as_ref().is_some_and(|set| set.contains(path))).unwrap_or(false)
+}
+
+fn set_held(path: &Path, held: bool) {
+    if let Ok(mut h) = HELD.lock() {
+        let set = h.get_or_insert_with(HashSet::new);
+        if held {
+            set.insert(path.to_path_buf());
+        } else {
+            set.remove(path);
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -28,6 +59,13 @@ pub enum LockError {
 /// Held for the daemon's lifetime; released on drop or process death.
 pub struct GpuLock {
     _file: File,
+    path: PathBuf,
+}
+
+impl Drop for GpuLock {
+    fn drop(&mut self) {
+        set_held(&self.path, false);
+    }
 }
 
 /// The lock file of GPU `gpu` (an index among the host's visible GPUs).
@@ -77,16 +115,23 @@ impl GpuLock {
     /// Take the lock file at `path` for `owner`, or say who holds it.
     pub fn acquire_at(path: &Path, owner: &str) -> Result<GpuLock, LockError> {
         let mut file = open(path)?;
-        if !try_flock(&file, libc::LOCK_EX) {
+        let start = Instant::now();
+        while !try_flock(&file, libc::LOCK_EX) {
             let (run_id, pid) = read_owner(&mut file).unwrap_or_else(|| ("<unknown>".into(), 0));
-            return Err(LockError::Held { run_id, pid, what: what_of(path) });
+            // Our pid but not our lock: a forked child of this process, about to exec.
+            let forked_child = pid == std::process::id() && !held_here(path);
+            if !forked_child || start.elapsed() >= FORK_WINDOW {
+                return Err(LockError::Held { run_id, pid, what: what_of(path) });
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
         let io = |source| LockError::Io { path: path.to_path_buf(), source };
         file.set_len(0).map_err(io)?;
         file.rewind().map_err(io)?;
         writeln!(file, "{owner} {}", std::process::id()).map_err(io)?;
         file.sync_all().map_err(io)?;
-        Ok(GpuLock { _file: file })
+        set_held(path, true);
+        Ok(GpuLock { _file: file, path: path.to_path_buf() })
     }
 }
 
@@ -154,6 +199,28 @@ mod tests {
         drop(lock);
         assert!(holder(dir.path(), 0).is_none());
         assert!(GpuLock::acquire(dir.path(), 0, "run-b").is_ok());
+    }
+
+    #[test]
+    fn a_lock_held_only_by_an_inherited_descriptor_is_waited_for() {
+        // What a forked child does between fork and exec: another open file description of
+        // the lock file holding the flock, while no GpuLock of this process holds it.
+        let dir = tempfile::tempdir().unwrap();
+        let first = GpuLock::acquire(dir.path(), 0, "run-a").unwrap();
+        let path = lock_path(dir.path(), 0);
+        let child = std::fs::File::open(&path).unwrap();
+        drop(first);
+        assert!(try_flock(&child, libc::LOCK_EX), "the stand-in child takes the lock");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(child); // the exec: close-on-exec closes it
+        });
+        let t0 = Instant::now();
+        let second = GpuLock::acquire(dir.path(), 0, "run-b").expect("waits for the inherited descriptor");
+        assert!(t0.elapsed() >= Duration::from_millis(150), "{:?}", t0.elapsed());
+        release.join().unwrap();
+        assert_eq!(holder(dir.path(), 0).map(|h| h.0), Some("run-b".into()));
+        drop(second);
     }
 
     #[test]
