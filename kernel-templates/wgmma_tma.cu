@@ -114,8 +114,9 @@
  *                     (grid min(tiles, SMs) x 1; 0: one CTA per tile)
  *          LAZY_RESCALE  the softmax max moves only when it grows by   1, 0
  *                     more than 2^8; warps skip the O rescale otherwise
- *                     (no effect in the OVERLAP loop with PV_WAIT, which
- *                     rescales O every key tile: WT_LAZY)
+ *                     (in the OVERLAP loop with PV_WAIT at D 128 too, by
+ *                     a warp-uniform branch; no effect there at D 64:
+ *                     Consumer::kLazy)
  *          TAIL_SPLIT a work tile with at most 64 query rows (the      1, 0
  *                     ragged tail of SQ, or SQ <= 64) splits its key
  *                     tiles across the consumers instead of leaving all
@@ -283,8 +284,8 @@ DYNAMIC = "not CAUSAL or not PERSISTENT"
 Q_STAGES = "not PERSISTENT"
 # Where the OVERLAP loop waits for the previous tile's P V: no such wait without OVERLAP.
 PV_WAIT = "not OVERLAP"
-# The OVERLAP loop with PV_WAIT rescales O on every key tile: no lazy threshold there (WT_LAZY).
-LAZY_RESCALE = "OVERLAP and PV_WAIT"
+# The D 64 OVERLAP loop with PV_WAIT rescales O on every key tile: no lazy threshold there.
+LAZY_RESCALE = "OVERLAP and PV_WAIT and D == 64"
 
 [[launch]]
 kernel = "fwd"
@@ -369,13 +370,17 @@ swizzle = 128
 #if PV_WAIT != 0 && PV_WAIT != 1
 #error "PV_WAIT must be 0 or 1"
 #endif
-// LAZY_RESCALE's threshold where it saves work: without OVERLAP (and in split tiles) a warp
-// skips O's rescale when none of its rows moved its max. The OVERLAP loop with PV_WAIT
-// rescales O on every key tile (FA4's order), so there the threshold only adds compares and
-// selects per row: off, whatever the knob says (H100, 2026-11-27, sustained paired rounds:
-// 1-3% at the D 64 OVERLAP points, neutral at D 128; without OVERLAP the threshold is 4%
-// faster at (2,16,8192,128)). The spec declares the knob inert there.
-#define WT_LAZY (LAZY_RESCALE != 0 && !(OVERLAP && PV_WAIT))
+// LAZY_RESCALE's threshold: a warp skips O's rescale when none of its rows moved its max
+// (Consumer::kLazy). In the OVERLAP loop with PV_WAIT (FA4's order) O was rescaled on every
+// key tile, the multiplies filling issue slots the exponentials leave free, and the threshold
+// there only added compares (H100, 2026-11-27: 1-3% slower at the D 64 OVERLAP points). Under
+// sustained load the board sits at its power cap, where an issued multiply costs energy whether
+// or not its slot was free (an FFMA thread-op ~12 pJ above idle against ~0.7 pJ per tensor-core
+// FLOP: scripts/alu_energy.py, wgmma_energy.py, 2026-11-28). So at D 128, where the rescale is
+// one multiply per score element, a warp-uniform branch now skips it on every tile where no
+// row of the warp moved (sustained, paired: 0.981 at (2,16,8192,128) causal, 0.982 on the
+// chunked prefill); at D 64 (half a multiply per element, three consumers) the same was 2.8-3.5%
+// slower, so that loop keeps rescaling every tile and the knob is inert there (the spec says so).
 #if Q_STAGES != 1 && Q_STAGES != 2
 #error "Q_STAGES must be 1 or 2 (Q slots of a work tile's rows)"
 #endif
@@ -471,7 +476,8 @@ struct Consumer {
     float o[D / 2];
     float s[BLOCK_N / 2];
     unsigned p[PK][4];
-    OnlineSoftmax<2, WT_LAZY, Exp2Approx> sm;  // rows g and g + 8
+    static constexpr bool kLazy = LAZY_RESCALE != 0 && (D >= 128 || !(OVERLAP && PV_WAIT));
+    OnlineSoftmax<2, kLazy, Exp2Approx> sm;  // rows g and g + 8
     bool rescale;  // some row of this warp moved its max in the last softmax
 
     // S and O as m16n8 accumulators (one m-tile): value e of n8 block j.
@@ -547,12 +553,12 @@ struct Consumer {
     }
 
     // PV_WAIT 1 (FA4's order), after row_max and the wait for the previous tile's P V: O
-    // rescaled always (the multiplies fill issue slots the exponentials leave free, where
-    // LAZY_RESCALE's branch would put them in a tail of their own; a row whose max did not
-    // move has corr 1), then the exponentials and the packing of P, one straight-line
-    // block that ptxas interleaves.
-    __device__ __forceinline__ void finish_after_pv(const float (&corr)[2], const float (&bias)[2], float sl2) {
-        m16n8_scale_rows<1, D / 8>(o_at(), corr);
+    // rescaled where rescale_o (warp-uniform: some row of the warp moved, or no kLazy;
+    // a row whose max did not move has corr 1), then the exponentials and the packing of P,
+    // which ptxas interleaves with the multiplies when they run.
+    __device__ __forceinline__ void finish_after_pv(const float (&corr)[2], const float (&bias)[2], float sl2,
+                                                    bool rescale_o) {
+        if (rescale_o) m16n8_scale_rows<1, D / 8>(o_at(), corr);
         m16n8_exp2<1, NT>(s_at(), sm, sl2, bias);
         pack();
     }
@@ -1012,12 +1018,14 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     kp.next();
                     if constexpr (PV_WAIT) {
                         float bias[2];
-                        cs.row_max(t * BLOCK_N, row_g, mask, sl2, corr, bias, masked, row_step);
+                        const bool moved = cs.row_max(t * BLOCK_N, row_g, mask, sl2, corr, bias, masked, row_step);
+                        // Warp-uniform: without kLazy every row moves (corr may still be 1).
+                        const bool rescale_o = !cs.kLazy || __any_sync(0xffffffffu, moved);
                         wgmma_wait<0>();
                         reg_fence(cs.o);
                         release(bars.v_empty, cur);
                         cur.next();
-                        cs.finish_after_pv(corr, bias, sl2);
+                        cs.finish_after_pv(corr, bias, sl2, rescale_o);
                     } else {
                         cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
                         cs.wait_pv_and_rescale(corr);

@@ -471,11 +471,13 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     assert_eq!(t.canonical(&late, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["PV_WAIT"], 0);
     let no_overlap = with(&t, &[("PV_WAIT", 0), ("OVERLAP", 0)]);
     assert_eq!(t.canonical(&no_overlap, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["PV_WAIT"], 1);
-    // LAZY_RESCALE: the OVERLAP loop with PV_WAIT rescales O every key tile (no threshold there,
-    // WT_LAZY); with PV_WAIT 0, or without OVERLAP, the threshold skips rescales and matters.
+    // LAZY_RESCALE: the D 64 OVERLAP loop with PV_WAIT rescales O every key tile (no threshold
+    // there, Consumer::kLazy); at D 128 that loop skips the rescale by a warp-uniform branch, and
+    // with PV_WAIT 0, or without OVERLAP, the threshold skips rescales at either D: it matters.
     let eager = |overlap: i64, pv_wait: i64| with(&t, &[("LAZY_RESCALE", 0), ("OVERLAP", overlap), ("PV_WAIT", pv_wait)]);
-    let lazy_of = |k: &Params| t.canonical(k, &[sh(4, 16, 16, 4096, 64, false)], &dev).unwrap()["LAZY_RESCALE"];
-    assert_eq!((lazy_of(&eager(1, 1)), lazy_of(&eager(1, 0)), lazy_of(&eager(0, 1))), (1, 0, 0));
+    let lazy_at = |k: &Params, d: u32| t.canonical(k, &[sh(4, 16, 16, 4096, d, false)], &dev).unwrap()["LAZY_RESCALE"];
+    assert_eq!((lazy_at(&eager(1, 1), 64), lazy_at(&eager(1, 0), 64), lazy_at(&eager(0, 1), 64)), (1, 0, 0));
+    assert_eq!(lazy_at(&eager(1, 1), 128), 0, "the D 128 loop skips rescales");
     // STREAM_K, causal: only a grid of one partial round (chunked prefill: 128 tiles of 29-32
     // key tiles on 132 SMs) may run pieces; causal rounds (the large causal shape) never do.
     let pieces = with(&t, &[("STREAM_K", 1), ("PERSISTENT", 1), ("CONSUMERS", 2), ("BLOCK_N", 128)]);
