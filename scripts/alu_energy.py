@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -104,16 +102,8 @@ def main() -> int:
         b.synchronize()
         return cp.cuda.get_elapsed_time(a, b) * 1e-3
 
-    fields = pp.FIELDS
-    if subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                      capture_output=True).returncode != 0:
-        fields = fields.replace("clocks_event_reasons", "clocks_throttle_reasons")
-    log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=log, stderr=subprocess.DEVNULL)
     runs = []
-    try:
-        time.sleep(0.5)
+    with pp.PowerSampler() as sampler:
         idle0 = time.time()
         time.sleep(2.0)
         idle1 = time.time()
@@ -130,11 +120,7 @@ def main() -> int:
                 runs.append((op, rate, t0, t1))
                 print(f"  {OPS[op]:13} {rate / 1e12:7.3f} Tops/s over {secs:.2f} s", flush=True)
                 time.sleep(1.0)
-    finally:
-        time.sleep(0.2)
-        smi.terminate()
-        smi.wait(timeout=5)
-    samples = pp.parse_samples(Path(log.name).read_text())
+    samples = sampler.samples
     _, idle_w, _, _ = pp.window(samples, idle0, idle1)
     print(f"\n{len(samples)} nvidia-smi samples; idle {idle_w:.0f} W; per run, its last 75%:")
     print(f"{'operation':13} {'Tops/s':>8} {'SM MHz':>7} {'W':>6} {'pJ/op above idle':>17} {'reasons':>8}")

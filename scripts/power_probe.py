@@ -67,6 +67,38 @@ def window(samples, start: float, end: float, skip: float = 0.25):
     return statistics.median(s[1] for s in sel), statistics.median(s[2] for s in sel), reasons, len(sel)
 
 
+class PowerSampler:
+    """nvidia-smi sampling FIELDS every 50 ms in the background while the `with` block runs (it
+    starts 0.5 s before the block's first statement and stops 0.2 s after its last); .samples:
+    parse_samples's reading of them, after the block. Drivers before 535 name the limit
+    reasons `clocks_throttle_reasons`: that spelling is taken when the first fails. `smi`: the
+    command (a test puts a stand-in there)."""
+
+    def __init__(self, smi: str = "nvidia-smi") -> None:
+        self.smi = smi
+        self.samples: list[tuple[float, float, float, int]] = []
+
+    def __enter__(self) -> "PowerSampler":
+        fields = FIELDS
+        if subprocess.run([self.smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                          capture_output=True).returncode != 0:
+            fields = FIELDS.replace("clocks_event_reasons", "clocks_throttle_reasons")
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
+        self.proc = subprocess.Popen([self.smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50"],
+                                     stdout=self.log, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        time.sleep(0.2)
+        self.proc.terminate()
+        self.proc.wait(timeout=5)
+        self.log.close()
+        self.samples = parse_samples(Path(self.log.name).read_text())
+        Path(self.log.name).unlink(missing_ok=True)
+        return False
+
+
 def report(runs, samples) -> list[str]:
     """The table of each run (us, MHz, W, mJ per call, clock-limit reasons) and, per point and
     shape, the medians over rounds with FA4 and SDPA beside ours. runs: (shape, who, knobs, us,
@@ -114,16 +146,8 @@ def main() -> int:
     fa4_func, fa4_note = C.load_fa4()
     print(f"{gpu.name}; FA4: {fa4_note}", flush=True)
 
-    fields = FIELDS
-    if subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                      capture_output=True).returncode != 0:
-        fields = FIELDS.replace("clocks_event_reasons", "clocks_throttle_reasons")  # drivers before 535
-    log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=log, stderr=subprocess.DEVNULL)
     runs = []  # (shape, who, knobs, us, start, end)
-    try:
-        time.sleep(0.5)
+    with PowerSampler() as sampler:
         for rel, knobs, shapes in C.POINT_SETS[args.points]:
             tpl = tpls[rel]
             full = tpl.complete(knobs)
@@ -148,11 +172,7 @@ def main() -> int:
                         runs.append((C.shape_key(shape), who, combo_label(full), us, t0, t1))
                         print(f"  {C.shape_key(shape):28} {who:5} {us:9.2f} us", flush=True)
                         time.sleep(0.3)  # let the sampler catch up and the board settle a little
-    finally:
-        time.sleep(0.2)
-        smi.terminate()
-        smi.wait(timeout=5)
-    samples = parse_samples(Path(log.name).read_text())
+    samples = sampler.samples
     print("\n".join(report(runs, samples)))
     return 0
 

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -144,16 +142,8 @@ def main() -> int:
     print(f"{name}, {sms} CTAs x {args.warpgroups} warpgroups, operand pattern {args.pattern}, {iters} iterations per launch "
           f"({flop_per_iter * iters / 1e9:.1f} GFLOP)", flush=True)
 
-    fields = pp.FIELDS
-    if subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                      capture_output=True).returncode != 0:
-        fields = fields.replace("clocks_event_reasons", "clocks_throttle_reasons")
-    log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=log, stderr=subprocess.DEVNULL)
     runs = []  # (variant, burst TFLOPS, sustained TFLOPS, start, end)
-    try:
-        time.sleep(0.5)
+    with pp.PowerSampler() as sampler:
         for r in range(args.rounds):
             for v in (("SS", "RS") if r % 2 == 0 else ("RS", "SS")):
                 timed(v, iters)  # warm
@@ -166,11 +156,7 @@ def main() -> int:
                 runs.append((v, burst, sustained, t0, t1))
                 print(f"  {v}: burst {burst:6.1f} TFLOPS, sustained {sustained:6.1f} TFLOPS over {secs:.2f} s", flush=True)
                 time.sleep(1.0)
-    finally:
-        time.sleep(0.2)
-        smi.terminate()
-        smi.wait(timeout=5)
-    samples = pp.parse_samples(Path(log.name).read_text())
+    samples = sampler.samples
     print(f"\n{len(samples)} nvidia-smi samples; per sustained run, its last 75%:")
     print(f"{'variant':8} {'burst TFLOPS':>12} {'sus TFLOPS':>10} {'SM MHz':>7} {'W':>6} {'pJ/FLOP':>8} {'reasons':>8}")
     per = {}

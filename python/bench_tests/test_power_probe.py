@@ -63,3 +63,34 @@ class PowerProbeTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PowerSamplerTest(unittest.TestCase):
+    """PowerSampler against a stand-in nvidia-smi (a shell script): it samples while the block
+    runs, parses what it printed, and takes the pre-535 field name when the first query fails."""
+
+    def stand_in(self, dirname: str, old_driver: bool) -> str:
+        script = Path(dirname) / "nvidia-smi"
+        # The one-shot probe fails on the new field name for an "old driver"; the sampling call
+        # (-lms) prints a line every 50 ms and records the query it was given.
+        script.write_text(f"""#!/bin/sh
+case "$*" in *clocks_event_reasons*) [ {int(old_driver)} = 1 ] && exit 1 ;; esac
+case "$*" in *-lms*) echo "$*" > {dirname}/query
+  while true; do echo "$(date '+%Y/%m/%d %H:%M:%S.%N' | cut -c1-23), 1755, 698.50, 0x0000000000000004"; sleep 0.05; done ;;
+esac
+exit 0
+""")
+        script.chmod(0o755)
+        return str(script)
+
+    def test_samples_while_the_block_runs_and_falls_back_to_the_old_field_name(self):
+        import tempfile
+        import time
+        for old in (False, True):
+            with self.subTest(old_driver=old), tempfile.TemporaryDirectory() as d:
+                with pp.PowerSampler(smi=self.stand_in(d, old)) as s:
+                    time.sleep(0.3)
+                self.assertGreaterEqual(len(s.samples), 5, s.samples)
+                self.assertEqual({(x[1], x[2], x[3]) for x in s.samples}, {(1755.0, 698.5, 4)})
+                query = (Path(d) / "query").read_text()
+                self.assertIn("clocks_throttle_reasons" if old else "clocks_event_reasons", query)
