@@ -233,7 +233,7 @@ def main():
             costs = layer_costs(per_round, len(graphs) - 1)
             gemms = statistics.median(per_round[len(graphs) - 1])
             for i, p in enumerate(prepared):
-                layered.append((key, p[0], costs[i], costs[0] / costs[i] if i else 1.0, gemms, layer.n))
+                layered.append((key, p[0], costs[i], gemms, layer.n))
             del graphs, layer
         for i, (d, f, ok, max_abs, _, _, _) in enumerate(prepared):
             med = statistics.median(burst[i])
@@ -265,8 +265,8 @@ def main():
             mine = [r for r in layered if r[0] == key]
             first = mine[0]
             cells = [f"{os.path.basename(os.path.normpath(label))} {cost:.2f}" + (f" ({cost / first[2]:.3f}x)" if i else "")
-                     for i, (_, label, cost, _, _, _) in enumerate(mine)]
-            print(f"{key:<34} " + "  ".join(cells) + f"  | GEMMs alone {first[4]:.2f} us, {first[5]} weight sets")
+                     for i, (_, label, cost, _, _) in enumerate(mine)]
+            print(f"{key:<34} " + "  ".join(cells) + f"  | GEMMs alone {first[3]:.2f} us, {first[4]} weight sets")
         print(f"(Nx): that kernel's cost / {os.path.basename(os.path.normpath(args.dirs[0]))}'s (above 1: the first export is "
               f"faster in the layer)")
     return 0 if all(r[3] for r in rows) else 1
