@@ -102,6 +102,10 @@
  *                         between them (each K/V tile read once for
  *                         32 packed rows: MQA, G * SQ > 16; with
  *                         G * SQ <= 16 the second tile is padding)
+ *          K_FIRST        a tile's K copies one cp.async group and    0, 1
+ *                         its V copies the next: Q K^T and the
+ *                         softmax wait for K only (1), or one group
+ *                         per tile (0) (common/decode_split.cuh)
  *          (SPLIT_WAVES and MIN_SPLIT_TILES only enter the launch formulas.)
  * Shared (dynamic, bytes), TILE_N = (NUM_WARPS / M_TILES) * BLOCK_N, rows of
  *          2 D bytes:
@@ -145,6 +149,7 @@ MIN_SPLIT_TILES = [1, 2, 4]
 FUSED_COMBINE = [0, 1]
 WARP_LOADS = [0, 1]
 M_TILES = [1, 2]
+K_FIRST = [0, 1]
 
 [derived]
 tile_n = "(NUM_WARPS // M_TILES) * BLOCK_N"

@@ -81,6 +81,11 @@
  *                     puts MQA's 32 rows in one CTA, so MQA B 8
  *                     is 8 clusters of 8, one wave (as 2 x 8
  *                     clusters the second wave started 8 us in)
+ *          K_FIRST    1 a tile's K copies are one cp.async group   0, 1
+ *                     and its V copies the next, so Q K^T and
+ *                     the softmax wait for K only: the last
+ *                     tile's S runs while its V still lands
+ *                     (common/decode_split.cuh)
  * Shared (dynamic, bytes), TILE_N = (NUM_WARPS / M_TILES) * BLOCK_N (as decode.cu):
  *          2 D * 16 * M_TILES + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
  *          (DecSmem<D>::BYTES), plus with COMBINE = 1 or 2 rank 0's receive area
@@ -113,6 +118,7 @@ CLUSTER = [8, 4, 2]
 COMBINE = [2, 3, 1, 0]
 WARP_LOADS = [0, 1]
 M_TILES = [1, 2]
+K_FIRST = [0, 1]
 
 [derived]
 tile_n = "(NUM_WARPS // M_TILES) * BLOCK_N"

@@ -650,6 +650,26 @@ LAZY_AB_POINTS = [(rel, _no_lazy(kn), shapes) for rel, kn, shapes in LARGE_POINT
     ("wgmma_tma.cu", _no_lazy(dict(_CH, CONSUMERS=3, PACK_GQA=0, PINGPONG=1, OVERLAP=1, EPI_TMA=1)),
      [gqa(1, 32, 8, 576, 16384, 64, True)]),
 ]
+# --points k_first: the decode templates with K_FIRST 1 (a tile's K copies one cp.async group, its V
+# the next; Q K^T and the softmax wait for K only) at the LLM workload's decode winners (run
+# 20261128-051150-92f2) and at points that exercise the other paths of the per-tile waits: WARP_LOADS
+# 0 and 1, one and two row tiles (a padded second tile: G 16 x SQ 3), 2-4 stages, 16-64 keys per warp,
+# every combine; on the decode shapes and, in check_points.py, the checker's.
+_DEC_SHAPES = [gqa(1, 32, 8, 1, 1024, 128, True), gqa(1, 32, 8, 1, 4096, 128, True), gqa(8, 32, 1, 1, 4096, 128, True),
+               gqa(8, 32, 8, 1, 4000, 128, True), gqa(2, 16, 1, 3, 777, 64, True, "bshd")]
+K_FIRST_POINTS = [
+    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=2, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=64, NUM_WARPS=2, STAGES=2, CLUSTER=4, COMBINE=1, WARP_LOADS=1, M_TILES=1, K_FIRST=1), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=0, WARP_LOADS=0, M_TILES=2, K_FIRST=1), _DEC_SHAPES),
+    ("decode.cu", dict(BLOCK_N=32, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=1, FUSED_COMBINE=1, WARP_LOADS=1, M_TILES=1,
+                       K_FIRST=1), _DEC_SHAPES),
+    ("decode.cu", dict(BLOCK_N=16, NUM_WARPS=8, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=2, FUSED_COMBINE=0, WARP_LOADS=0, M_TILES=2,
+                       K_FIRST=1), _DEC_SHAPES),
+    ("decode.cu", dict(BLOCK_N=64, NUM_WARPS=4, STAGES=4, SPLIT_WAVES=1, MIN_SPLIT_TILES=1, FUSED_COMBINE=0, WARP_LOADS=1, M_TILES=2,
+                       K_FIRST=1), _DEC_SHAPES),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -660,7 +680,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS,
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
-              "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS}
+              "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

@@ -49,6 +49,13 @@ merge), against the decode-wide start. Build with --build-cubins DIR --narrow.
 
     python3 scripts/decode_cold.py OUT.json --narrow [--cubin-dir DIR]
 
+--kfirst: K_FIRST 0 against 1 (common/decode_split.cuh: a tile's K copies one cp.async group and
+its V the next, so the last tile's Q K^T and softmax run while its V lands) at the LLM workload's
+decode winners, each on its shape, cold, in --rounds rounds that alternate which goes first; the
+paired median of 1 / 0 per shape and SDPA default cold beside. Build with --build-cubins DIR --kfirst.
+
+    python3 scripts/decode_cold.py OUT.json --kfirst [--rounds 9] [--cubin-dir DIR]
+
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
 import sys, json, time, statistics
@@ -130,6 +137,46 @@ def narrow_points():
     tile, 3-8 stages, clusters of 8 and 4, both scatter and push combines."""
     return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=2, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=0, M_TILES=2))
             for bn in (32, 64) for st in (3, 4, 5, 6, 8) for cl in (8, 4) for cb in (3, 2) if bn * 512 * st <= 200 * 1024]
+
+
+# The LLM workload's decode winners (run 20261128-051150-92f2, report's best-kernel table), causal
+# as the workload has them: (shape, decode-cluster knobs).
+KFIRST_WINNERS = [
+    (gqa(1, 32, 8, 1, 1024, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1)),
+    (gqa(1, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1)),
+    (gqa(8, 32, 1, 1, 4096, 128, True), dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2)),
+    (gqa(8, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=2, COMBINE=2, WARP_LOADS=0, M_TILES=1)),
+    (gqa(8, 32, 8, 1, 16384, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1)),
+    (gqa(64, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=4, COMBINE=2, WARP_LOADS=0, M_TILES=1)),
+    # The MQA winner's tile with each warp copying its own keys off: K_FIRST's second barrier
+    # is then the CTA's.
+    (gqa(8, 32, 1, 1, 4096, 128, True), dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=0, M_TILES=2)),
+]
+
+
+def kfirst_points():
+    return [(cluster, dict(kn, K_FIRST=kf)) for _, kn in KFIRST_WINNERS for kf in (0, 1)]
+
+
+def kfirst_ab(out_json, rounds):
+    """K_FIRST 1 / 0, paired per round (the order alternating), per winner and shape."""
+    t0 = time.time()
+    res = []
+    print(f"{gpu.name}; {rounds} rounds, cold (inputs rotated past L2), us per call", flush=True)
+    print(f"{'shape':<40} {'knobs':<62} {'SDPA':>7} {'K_FIRST 0':>9} {'1':>7} {'1 / 0':>6} {'1 won':>5}", flush=True)
+    for shape, kn in KFIRST_WINNERS:
+        sd = sdpa_cold_us(shape)
+        t = {0: [], 1: []}
+        for r in range(rounds):
+            for kf in ((0, 1) if r % 2 == 0 else (1, 0)):
+                t[kf].append(time_cold_us(cluster, dict(kn, K_FIRST=kf), shape))
+        ratios = [b / a for a, b in zip(t[0], t[1])]
+        won = sum(x < 1.0 for x in ratios)
+        m0, m1, pr = statistics.median(t[0]), statistics.median(t[1]), statistics.median(ratios)
+        print(f"{C.shape_key(shape):<40} {combo_label(kn):<62} {sd:7.2f} {m0:9.2f} {m1:7.2f} {pr:6.3f} {won:>2}/{rounds}", flush=True)
+        res.append(dict(shape=C.shape_key(shape), knobs=kn, sdpa_cold=sd, k_first_0=t[0], k_first_1=t[1], paired=pr))
+    Path(out_json).write_text(json.dumps(res, indent=1))
+    print(f"done in {time.time() - t0:.0f} s")
 
 
 def build_cubins(out_dir, points=None):
@@ -299,6 +346,7 @@ if __name__ == "__main__":
         pts = (mqa_points() if "--mqa" in sys.argv else b8_points() if "--b8" in sys.argv
                else [p for _, m in DEEP_SHAPES for p in deep_points(m)] if "--deep" in sys.argv
                else narrow_points() if "--narrow" in sys.argv
+               else kfirst_points() if "--kfirst" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], pts))
     if "--mqa" in sys.argv:
@@ -319,6 +367,9 @@ if __name__ == "__main__":
         full_sweep(sys.argv[1], narrow_points() + [(cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3,
                                                                    WARP_LOADS=1, M_TILES=2))],
                    [gqa(8, 32, 1, 1, 4096, 128, True)], top=12)
+    elif "--kfirst" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        kfirst_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9)
     elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])

@@ -11,7 +11,8 @@ and, in thread 0 of every CTA, a %globaltimer stamp (ns) and a clock64 stamp at
   entry      first statement of the kernel
   issued     the prologue's copies (Q and the first STAGES - 1 K/V tiles) issued
   first      tile 0 landed (its cp.async wait and barrier passed)
-  last       the split's last tile landed
+  last       the split's last tile landed (K_FIRST 1: its K)
+  v_last     K_FIRST 1: the last tile's V landed (printed last; slot 12)
   loop       the key loop done (math of the last tile included)
   sync_a     the merge's first barrier passed (every warp out of its key loop)
   sync_b     its second (the warps' row maxima and sums published)
@@ -45,7 +46,8 @@ sys.path.insert(0, "scripts")
 import decode_cold as DC  # noqa: E402
 
 C, gqa = DC.C, DC.gqa
-EVENTS = ["entry", "issued", "first", "last", "loop", "sync_a", "sync_b", "merged", "summed", "pushed", "combined", "exit"]
+EVENTS = ["entry", "issued", "first", "last", "loop", "sync_a", "sync_b", "merged", "summed", "pushed", "combined", "exit",
+          "v_last"]
 SLOTS = 16
 MAX_CTAS = 8192
 
@@ -70,11 +72,14 @@ __device__ __forceinline__ void tl_mark(int ev) {
 
 # (old, new) replacements in the rendered source; each must apply (checked).
 PATCHES = [
-    ("    cp_async_wait<STAGES - 2>();\n    __syncthreads();  // Q is every thread's copies",
-     "    tl_mark(1);\n    cp_async_wait<STAGES - 2>();\n    __syncthreads();  // Q is every thread's copies"),
-    ("        if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);",
+    ("    cp_async_wait<AFTER_FIRST>();\n    __syncthreads();  // Q is every thread's copies",
+     "    tl_mark(1);\n    cp_async_wait<AFTER_FIRST>();\n    __syncthreads();  // Q is every thread's copies"),
+    ("        issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);",
      "        if (i == 0) tl_mark(2);\n        if (i == my_tiles - 1) tl_mark(3);\n"
-     "        if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);"),
+     "        issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);"),
+    # K_FIRST 1: the last tile's V landed (its K is "last").
+    ("            tile_barrier();                // ... and every copier's\n",
+     "            tile_barrier();                // ... and every copier's\n            if (i == my_tiles - 1) tl_mark(12);\n"),
     ("    cp_async_wait<0>();  // only empty groups", "    tl_mark(4);\n    cp_async_wait<0>();  // only empty groups"),
     ("    __syncthreads();\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH", "    __syncthreads();\n    tl_mark(7);\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH"),
     ("    __syncthreads();  // every warp is past its last K/V tile\n",
@@ -140,6 +145,9 @@ POINTS = [
     (DC.cluster, dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=4, COMBINE=2, WARP_LOADS=1), [gqa(8, 32, 1, 1, 4096, 128, False)]),
     # decode-wide's start since 2026-11-28 (32 keys per warp, 3 stages), the LLM run's MQA winner.
     (DC.cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2),
+     [gqa(8, 32, 1, 1, 4096, 128, False)]),
+    # The same with K_FIRST 1 (2026-11-28, session 19): the last tile's S while its V lands.
+    (DC.cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1),
      [gqa(8, 32, 1, 1, 4096, 128, False)]),
 ]
 

@@ -218,6 +218,15 @@ fn every_pairwise_variant_compiles_with_nvrtc() {
         compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", combine)], &["sm_90"]);
     }
     compile_covering_set("decode_cluster.cu", &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"], &[("COMBINE", 2), ("M_TILES", 2)], &["sm_90"]);
+    // K's copies a group ahead of V's: two waits per tile, at the CTA barrier (decode.cu) and
+    // at the key slices' named barriers (decode-wide's start).
+    compile_covering_set("decode.cu", &["BLOCK_N", "NUM_WARPS", "STAGES"], &[("K_FIRST", 1)], &["sm_90"]);
+    compile_covering_set(
+        "decode_cluster.cu",
+        &["BLOCK_N", "NUM_WARPS", "STAGES", "CLUSTER"],
+        &[("COMBINE", 3), ("M_TILES", 2), ("WARP_LOADS", 1), ("K_FIRST", 1)],
+        &["sm_90"],
+    );
 }
 
 #[test]

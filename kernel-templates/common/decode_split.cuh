@@ -41,9 +41,18 @@
  * WARP_LOADS = 0: the CTA's threads copy the whole tile together (each a chunk
  * column of rows tid / CH + i * KV_RSTEP) and meet at a __syncthreads per tile.
  *
+ * K_FIRST = 1: a tile's K copies are one cp.async group and its V copies the
+ * next, so S = Q K^T and the softmax of tile i wait only for K(i), and P V
+ * waits for V(i) (a second wait and barrier per tile). Why: the call ends with
+ * the last tile's math after its last byte lands (0.87 us of MQA B 8's 3.3 us
+ * tail on the H100, scripts/decode_timeline.py --last, 2026-11-28); with K's
+ * bytes requested first, Q K^T and the softmax of that tile run while its V
+ * is still arriving, and only P V follows the last byte.
+ * K_FIRST = 0: each thread's K and V copies interleave in one group per tile.
+ *
  * Expects the including template to define the knobs BLOCK_N, NUM_WARPS,
- * STAGES, WARP_LOADS and M_TILES and to launch NUM_WARPS * 32 threads with
- * DecSmem<D>::BYTES of dynamic shared memory.
+ * STAGES, WARP_LOADS, M_TILES and K_FIRST and to launch NUM_WARPS * 32 threads
+ * with DecSmem<D>::BYTES of dynamic shared memory.
  ******************************************************************************/
 #ifndef OPTD_DECODE_SPLIT_CUH
 #define OPTD_DECODE_SPLIT_CUH
@@ -72,6 +81,12 @@
 #endif
 #if M_TILES != 1 && M_TILES != 2
 #error "M_TILES must be 1 or 2"
+#endif
+#ifndef K_FIRST
+#error "K_FIRST must be defined (0: K and V of a tile in one cp.async group, 1: K's group first)"
+#endif
+#if K_FIRST != 0 && K_FIRST != 1
+#error "K_FIRST must be 0 or 1"
 #endif
 #if NUM_WARPS % M_TILES != 0
 #error "NUM_WARPS must be a multiple of M_TILES (each row tile has the same key warps)"
@@ -263,22 +278,24 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     const elem_t* k_next = k_thr + (long long)t_begin * DEC_TILE_N * k_row;
     const elem_t* v_next = v_thr + (long long)t_begin * DEC_TILE_N * v_row;
     const long long k_tstep = (long long)DEC_TILE_N * k_row, v_tstep = (long long)DEC_TILE_N * v_row;
-    auto load_kv = [&](int t) {
+    // parts: 1 = tile t's K rows, 2 = its V rows, 3 = both, each thread's K and V
+    // copies interleaved (a literal at every call: the unused half folds away).
+    auto load_kv = [&](int t, int parts) {
         const int kv0 = t * DEC_TILE_N;
         const unsigned slot = (unsigned)(((t - t_begin) % STAGES) * KV_BYTES);
         const unsigned dst0 = slot + dec_tile_off<D>(ld_row, ld_ch);
         const elem_t* ks = k_next;
         const elem_t* vs = v_next;
-        k_next += k_tstep;
-        v_next += v_tstep;
+        if (parts & 1) k_next += k_tstep;
+        if (parts & 2) v_next += v_tstep;
         if (kv0 + DEC_TILE_N <= seq_k) {
 #pragma unroll
             for (int i = 0; i < KV_ITERS; ++i) {
                 // KV_RSTEP is a multiple of 8 rows where the swizzle repeats: a constant offset.
                 const unsigned dst = (KV_RSTEP % 8 == 0) ? dst0 + (unsigned)(i * KV_RSTEP * ROW_BYTES)
                                                          : slot + dec_tile_off<D>(ld_row + i * KV_RSTEP, ld_ch);
-                cp_async16_full(s_k + dst, ks);
-                cp_async16_full(s_v + dst, vs);
+                if (parts & 1) cp_async16_full(s_k + dst, ks);
+                if (parts & 2) cp_async16_full(s_v + dst, vs);
                 ks += k_rstep;
                 vs += v_rstep;
             }
@@ -289,21 +306,49 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         for (int i = 0; i < KV_ITERS; ++i) {
             const bool ok = i * KV_RSTEP < rows_left;
             const unsigned dst = slot + dec_tile_off<D>(ld_row + i * KV_RSTEP, ld_ch);
-            cp_async16(s_k + dst, ok ? ks + (long long)i * KV_RSTEP * k_row : kh, ok);
-            cp_async16(s_v + dst, ok ? vs + (long long)i * KV_RSTEP * v_row : vh, ok);
+            if (parts & 1) cp_async16(s_k + dst, ok ? ks + (long long)i * KV_RSTEP * k_row : kh, ok);
+            if (parts & 2) cp_async16(s_v + dst, ok ? vs + (long long)i * KV_RSTEP * v_row : vh, ok);
         }
     };
+    // Tile t's copies: one cp.async group (K_FIRST 0), or K's group then V's (K_FIRST 1).
+    // Every call commits the same number of groups, empty ones past the CTA's tiles, so
+    // the waits below count groups the same way in every iteration.
+    auto issue_tile = [&](int t, bool live) {
+        if (K_FIRST) {
+            if (live) load_kv(t, 1);
+            cp_async_commit();
+            if (live) load_kv(t, 2);
+            cp_async_commit();
+        } else {
+            if (live) load_kv(t, 3);
+            cp_async_commit();
+        }
+    };
+    // Groups committed after a tile's first (K_FIRST: its K) group, and after its last,
+    // by the time that tile is consumed: the waits of the loop below.
+    constexpr int GROUPS_PER_TILE = K_FIRST ? 2 : 1;
+    constexpr int AFTER_FIRST = GROUPS_PER_TILE * (STAGES - 1) - 1;  // before the tile's copies are issued
+    constexpr int AFTER_LAST = GROUPS_PER_TILE * (STAGES - 1);       // after it, in the same iteration
 
-    // Group 0 holds the first tile and Q; groups 1 .. STAGES - 2 one tile each.
+    // Group 0 holds the first tile (K_FIRST: its K) and Q; then a group per tile (K_FIRST:
+    // per half tile) up to tile STAGES - 2.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < my_tiles) load_kv(t_begin + s);
-        if (s == 0) load_q();
-        cp_async_commit();
-        if (s == 0) after_first_issue();
+        if (s == 0) {
+            if (s < my_tiles) load_kv(t_begin, K_FIRST ? 1 : 3);
+            load_q();
+            cp_async_commit();
+            after_first_issue();
+            if (K_FIRST) {
+                if (s < my_tiles) load_kv(t_begin, 2);
+                cp_async_commit();
+            }
+        } else {
+            issue_tile(t_begin + s, s < my_tiles);
+        }
     }
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // Q is every thread's copies (and, CTA-wide, so is tile 0)
+    cp_async_wait<AFTER_FIRST>();
+    __syncthreads();  // Q is every thread's copies (and, CTA-wide, so is tile 0, or its K)
 
     // Per-lane ldmatrix offsets; every matrix starts at a row that is a multiple
     // of 8, so for an even chunk 2c: tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5).
@@ -332,71 +377,86 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     // A warp whose row tile is all padding (the CTA's last row block) skips the math.
     const bool rows_live = M_TILES == 1 || wrow0 < rows_valid;
 
-    for (int i = 0; i < my_tiles; ++i) {
-        cp_async_wait<STAGES - 2>();  // tile i has landed (this thread's copies)
-        // ... the copies of every thread that wrote what this warp reads, and slot
-        // (i - 1) % STAGES is free: no reader of it is still in tile i - 1. With
-        // WARP_LOADS both hold within the key slice's warps (its rows, their copies).
+    // The copies of every thread that wrote what this warp reads have landed: within the
+    // key slice's warps with WARP_LOADS (its rows, their copies), else CTA-wide.
+    auto tile_barrier = [&]() {
         if (WARP_LOADS && M_TILES == 1) __syncwarp();
         else if (WARP_LOADS) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kw), "n"(32 * M_TILES) : "memory");
         else __syncthreads();
-        if (i + STAGES - 1 < my_tiles) load_kv(t_begin + i + STAGES - 1);
-        cp_async_commit();
+    };
+
+    for (int i = 0; i < my_tiles; ++i) {
+        cp_async_wait<AFTER_FIRST>();  // tile i (K_FIRST: its K) has landed (this thread's copies)
+        // ... and every copier's, and slot (i - 1) % STAGES is free: no reader of it is
+        // still in tile i - 1.
+        tile_barrier();
+        issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);
 
         const int kv0 = (t_begin + i) * DEC_TILE_N + kw * BLOCK_N;  // this warp's first key
-        if (kv0 >= seq_k || !rows_live) continue;  // warp-uniform: the ragged tail of the last tile
+        // Warp-uniform: the ragged tail of the last tile, or a row tile of padding. With
+        // K_FIRST such a warp still meets the others at V's barrier below.
+        const bool live = kv0 < seq_k && rows_live;
+        if (!K_FIRST && !live) continue;
         const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + kw * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
         const unsigned vb = s_v + sub;
 
-        // S = Q K^T: ldmatrix.x4 on K gives the B fragments of n-tiles 2 j2, 2 j2 + 1.
-        // Even and odd k-steps accumulate apart and are added at the end: two chains of
-        // KSTEPS / 2 dependent mma.sync instead of one of KSTEPS. With one warp per
-        // sub-partition nothing hides the chain's latency, and the last tile's math is on
-        // the call's critical path (scripts/decode_timeline.py: 0.48 us after its bytes land).
-        float s[NT][4], s2[NT][4];
+        float s[NT][4];
+        if (live) {
+            // S = Q K^T: ldmatrix.x4 on K gives the B fragments of n-tiles 2 j2, 2 j2 + 1.
+            // Even and odd k-steps accumulate apart and are added at the end: two chains of
+            // KSTEPS / 2 dependent mma.sync instead of one of KSTEPS. With one warp per
+            // sub-partition nothing hides the chain's latency, and the last tile's math is on
+            // the call's critical path (scripts/decode_timeline.py: 0.48 us after its bytes land).
+            float s2[NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
-        }
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-#pragma unroll
-            for (int j2 = 0; j2 < NT / 2; ++j2) {
-                unsigned bf[4];
-                dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + (k_lane ^ (unsigned)(kk << 5)));
-                float(&a0)[4] = (kk & 1) ? s2[2 * j2] : s[2 * j2];
-                float(&a1)[4] = (kk & 1) ? s2[2 * j2 + 1] : s[2 * j2 + 1];
-                dec_mma16816(a0, qf[kk], bf[0], bf[1]);
-                dec_mma16816(a1, qf[kk], bf[2], bf[3]);
+            for (int j = 0; j < NT; ++j) {
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+                s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
             }
-        }
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
+            for (int kk = 0; kk < KSTEPS; ++kk) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
-        }
-
-        // Masking, only where some row loses a key: past SK, or past the first
-        // row's diagonal (causal; the last tile of the last split).
-        if (mask.partial(kv0, BLOCK_N, 0)) {
+                for (int j2 = 0; j2 < NT / 2; ++j2) {
+                    unsigned bf[4];
+                    dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + (k_lane ^ (unsigned)(kk << 5)));
+                    float(&a0)[4] = (kk & 1) ? s2[2 * j2] : s[2 * j2];
+                    float(&a1)[4] = (kk & 1) ? s2[2 * j2 + 1] : s[2 * j2 + 1];
+                    dec_mma16816(a0, qf[kk], bf[0], bf[1]);
+                    dec_mma16816(a1, qf[kk], bf[2], bf[3]);
+                }
+            }
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (kv0 + 8 * j + 2 * tq + (e & 1) >= lim[e >> 1]) s[j][e] = OPTD_NEG_INF;
+                for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
+            }
+
+            // Masking, only where some row loses a key: past SK, or past the first
+            // row's diagonal (causal; the last tile of the last split).
+            if (mask.partial(kv0, BLOCK_N, 0)) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (kv0 + 8 * j + 2 * tq + (e & 1) >= lim[e >> 1]) s[j][e] = OPTD_NEG_INF;
+                    }
                 }
             }
-        }
 
-        // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
-        auto s_at = [&](int, int j, int e) -> float& { return s[j][e]; };
-        float mx[2], bias[2], corr[2];
-        m16n8_row_max<1, NT>(s_at, sm.m, mx);
-        sm.rescale(mx, sl2, bias, corr);
-        m16n8_scale_rows<1, DT>(acc_at, corr);
-        m16n8_exp2<1, NT>(s_at, sm, sl2, bias);
+            // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
+            auto s_at = [&](int, int j, int e) -> float& { return s[j][e]; };
+            float mx[2], bias[2], corr[2];
+            m16n8_row_max<1, NT>(s_at, sm.m, mx);
+            sm.rescale(mx, sl2, bias, corr);
+            m16n8_scale_rows<1, DT>(acc_at, corr);
+            m16n8_exp2<1, NT>(s_at, sm, sl2, bias);
+        }
+        if (K_FIRST) {
+            cp_async_wait<AFTER_LAST>();  // V(i) has landed (this thread's copies) ...
+            tile_barrier();                // ... and every copier's
+            if (!live) continue;
+        }
 
         // O += P V: P's A fragment of keys 16 kk2 .. + 15 is n-tiles 2 kk2, 2 kk2 + 1.
 #pragma unroll
