@@ -291,7 +291,7 @@ max_candidates = 1
 name = "decode"
 template = "decode.cu"
 search = "exhaustive"
-space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], WARP_LOADS = [0], M_TILES = [1] }
+space = { BLOCK_N = [16], NUM_WARPS = [4, 8], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], WARP_LOADS = [0], M_TILES = [1], K_FIRST = [0] }
 
 [open_phase]
 enabled = false
@@ -366,7 +366,7 @@ name = "wide"
 template = "decode.cu"
 search = "exhaustive"
 shapes = "G * SQ > 16"
-space = { BLOCK_N = [16], NUM_WARPS = [4], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], WARP_LOADS = [0], M_TILES = [2] }
+space = { BLOCK_N = [16], NUM_WARPS = [4], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], FUSED_COMBINE = [1], WARP_LOADS = [0], M_TILES = [2], K_FIRST = [0] }
 
 [open_phase]
 enabled = false

@@ -27,7 +27,7 @@ max_candidates = 1
 name = "decode"
 template = "decode.cu"
 search = "exhaustive"
-space = { BLOCK_N = [16], NUM_WARPS = [4], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], WARP_LOADS = [0], M_TILES = [1] }
+space = { BLOCK_N = [16], NUM_WARPS = [4], STAGES = [3], SPLIT_WAVES = [1], MIN_SPLIT_TILES = [2], WARP_LOADS = [0], M_TILES = [1], K_FIRST = [0] }
 
 [open_phase]
 enabled = false
