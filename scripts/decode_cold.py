@@ -56,6 +56,9 @@ paired median of 1 / 0 per shape and SDPA default cold beside. Build with --buil
 
     python3 scripts/decode_cold.py OUT.json --kfirst [--rounds 9] [--cubin-dir DIR]
 
+--vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep or --narrow, both when building and timing): every point
+of the sweep once per value of KNOB, e.g. --mqa --vary K_FIRST=0,1.
+
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
 """
 import sys, json, time, statistics
@@ -341,6 +344,14 @@ def main():
     print(f"done in {time.time() - t0:.0f} s")
 
 
+def vary(points):
+    """--vary KNOB=V1,V2: each point once per value of KNOB (unchanged without the option)."""
+    if "--vary" not in sys.argv:
+        return points
+    knob, _, vals = sys.argv[sys.argv.index("--vary") + 1].partition("=")
+    return [(tpl, dict(kn, **{knob: int(v)})) for tpl, kn in points for v in vals.split(",")]
+
+
 if __name__ == "__main__":
     if "--build-cubins" in sys.argv:
         pts = (mqa_points() if "--mqa" in sys.argv else b8_points() if "--b8" in sys.argv
@@ -348,23 +359,23 @@ if __name__ == "__main__":
                else narrow_points() if "--narrow" in sys.argv
                else kfirst_points() if "--kfirst" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
-        sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], pts))
+        sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], vary(pts) if pts is not None else None))
     if "--mqa" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        full_sweep(sys.argv[1], mqa_points(), [gqa(8, 32, 1, 1, 4096, 128, False)], top=10)
+        full_sweep(sys.argv[1], vary(mqa_points()), [gqa(8, 32, 1, 1, 4096, 128, False)], top=10)
     elif "--b8" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        full_sweep(sys.argv[1], b8_points(), [gqa(8, 32, 8, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, True), gqa(8, 32, 8, 1, 4000, 128, True)], top=12)
+        full_sweep(sys.argv[1], vary(b8_points()), [gqa(8, 32, 8, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, True), gqa(8, 32, 8, 1, 4000, 128, True)], top=12)
     elif "--b1" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        full_sweep(sys.argv[1], b1_points(), [gqa(1, 32, 8, 1, 4096, 128, True), gqa(1, 32, 8, 1, 1024, 128, True)], top=12)
+        full_sweep(sys.argv[1], vary(b1_points()), [gqa(1, 32, 8, 1, 4096, 128, True), gqa(1, 32, 8, 1, 1024, 128, True)], top=12)
     elif "--deep" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         for shape, m in DEEP_SHAPES:
-            full_sweep(sys.argv[1].replace(".json", f"_m{m}.json"), deep_points(m), [shape], top=12)
+            full_sweep(sys.argv[1].replace(".json", f"_m{m}.json"), vary(deep_points(m)), [shape], top=12)
     elif "--narrow" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        full_sweep(sys.argv[1], narrow_points() + [(cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3,
+        full_sweep(sys.argv[1], vary(narrow_points()) + [(cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3,
                                                                    WARP_LOADS=1, M_TILES=2))],
                    [gqa(8, 32, 1, 1, 4096, 128, True)], top=12)
     elif "--kfirst" in sys.argv:
