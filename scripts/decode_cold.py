@@ -161,23 +161,24 @@ def kfirst_points():
     return [(cluster, dict(kn, K_FIRST=kf)) for _, kn in KFIRST_WINNERS for kf in (0, 1)]
 
 
-def kfirst_ab(out_json, rounds):
-    """K_FIRST 1 / 0, paired per round (the order alternating), per winner and shape."""
+def knob_ab(out_json, rounds, knob, winners):
+    """`knob` 1 / 0 at each (shape, decode-cluster knobs) of `winners`, paired per round (the
+    order alternating), cold; SDPA default cold beside."""
     t0 = time.time()
     res = []
     print(f"{gpu.name}; {rounds} rounds, cold (inputs rotated past L2), us per call", flush=True)
-    print(f"{'shape':<40} {'knobs':<62} {'SDPA':>7} {'K_FIRST 0':>9} {'1':>7} {'1 / 0':>6} {'1 won':>5}", flush=True)
-    for shape, kn in KFIRST_WINNERS:
+    print(f"{'shape':<40} {'knobs':<62} {'SDPA':>7} {knob + ' 0':>11} {'1':>7} {'1 / 0':>6} {'1 won':>5}", flush=True)
+    for shape, kn in winners:
         sd = sdpa_cold_us(shape)
         t = {0: [], 1: []}
         for r in range(rounds):
-            for kf in ((0, 1) if r % 2 == 0 else (1, 0)):
-                t[kf].append(time_cold_us(cluster, dict(kn, K_FIRST=kf), shape))
+            for v in ((0, 1) if r % 2 == 0 else (1, 0)):
+                t[v].append(time_cold_us(cluster, dict(kn, **{knob: v}), shape))
         ratios = [b / a for a, b in zip(t[0], t[1])]
         won = sum(x < 1.0 for x in ratios)
         m0, m1, pr = statistics.median(t[0]), statistics.median(t[1]), statistics.median(ratios)
-        print(f"{C.shape_key(shape):<40} {combo_label(kn):<62} {sd:7.2f} {m0:9.2f} {m1:7.2f} {pr:6.3f} {won:>2}/{rounds}", flush=True)
-        res.append(dict(shape=C.shape_key(shape), knobs=kn, sdpa_cold=sd, k_first_0=t[0], k_first_1=t[1], paired=pr))
+        print(f"{C.shape_key(shape):<40} {combo_label(kn):<62} {sd:7.2f} {m0:11.2f} {m1:7.2f} {pr:6.3f} {won:>2}/{rounds}", flush=True)
+        res.append(dict(shape=C.shape_key(shape), knobs=kn, knob=knob, sdpa_cold=sd, at_0=t[0], at_1=t[1], paired=pr))
     Path(out_json).write_text(json.dumps(res, indent=1))
     print(f"done in {time.time() - t0:.0f} s")
 
@@ -380,7 +381,8 @@ if __name__ == "__main__":
                    [gqa(8, 32, 1, 1, 4096, 128, True)], top=12)
     elif "--kfirst" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        kfirst_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9)
+        knob_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9, "K_FIRST",
+                KFIRST_WINNERS)
     elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])
