@@ -50,7 +50,9 @@ import decode_cold as DC  # noqa: E402
 C, gqa = DC.C, DC.gqa
 gpu = DC.init()
 
-LOOP_BODY = "        if (kv0 >= seq_k || !rows_live) continue;  // warp-uniform: the ragged tail of the last tile\n"
+# no_math: every warp skips every tile's math (and, with K_FIRST, the wait for its V: the next
+# tile's wait for its K still waits for it, the groups completing in order).
+LOOP_BODY = "        if (!K_FIRST && !live) continue;\n"
 SPLIT_TAIL = "t_begin, t_end, [] {});\n\n    // Sum the key warps' copies of each valid row"
 SPLIT_COMBINE = "    if (!dec_arrive_last(sem, n_splits)) return;\n"
 CLUSTER_TAIL = "t_begin, t_end, arm);\n\n    float* xo"

@@ -56,6 +56,11 @@ paired median of 1 / 0 per shape and SDPA default cold beside. Build with --buil
 
     python3 scripts/decode_cold.py OUT.json --kfirst [--rounds 9] [--cubin-dir DIR]
 
+--against DIR: the decode winners with this checkout's templates against DIR's (an earlier
+kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`), paired, cold:
+
+    python3 scripts/decode_cold.py OUT.json --against DIR/kernel-templates [--rounds 9] [--cubin-dir DIR2]
+
 --vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep or --narrow, both when building and timing): every point
 of the sweep once per value of KNOB, e.g. --mqa --vary K_FIRST=0,1.
 
@@ -161,26 +166,55 @@ def kfirst_points():
     return [(cluster, dict(kn, K_FIRST=kf)) for _, kn in KFIRST_WINNERS for kf in (0, 1)]
 
 
-def knob_ab(out_json, rounds, knob, winners):
-    """`knob` 1 / 0 at each (shape, decode-cluster knobs) of `winners`, paired per round (the
-    order alternating), cold; SDPA default cold beside."""
+def paired_ab(out_json, rounds, rows, header):
+    """Paired A/B, cold: for each (shape, label, a, b) of `rows` (a and b: (template, knobs)), both
+    timed in each of `rounds` rounds, the order alternating; SDPA default cold beside. Prints one
+    line per row (medians, the paired median of b / a, the rounds b won) and writes them to out_json."""
     t0 = time.time()
     res = []
     print(f"{gpu.name}; {rounds} rounds, cold (inputs rotated past L2), us per call", flush=True)
-    print(f"{'shape':<40} {'knobs':<62} {'SDPA':>7} {knob + ' 0':>11} {'1':>7} {'1 / 0':>6} {'1 won':>5}", flush=True)
-    for shape, kn in winners:
+    print(f"{'shape':<40} {'knobs':<72} {'SDPA':>7} {header[0]:>11} {header[1]:>11} {'b / a':>6} {'b won':>5}", flush=True)
+    for shape, label, a, b in rows:
         sd = sdpa_cold_us(shape)
-        t = {0: [], 1: []}
+        t = ([], [])
         for r in range(rounds):
-            for v in ((0, 1) if r % 2 == 0 else (1, 0)):
-                t[v].append(time_cold_us(cluster, dict(kn, **{knob: v}), shape))
-        ratios = [b / a for a, b in zip(t[0], t[1])]
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                t[i].append(time_cold_us(*(a, b)[i], shape))
+        ratios = [y / x for x, y in zip(*t)]
         won = sum(x < 1.0 for x in ratios)
-        m0, m1, pr = statistics.median(t[0]), statistics.median(t[1]), statistics.median(ratios)
-        print(f"{C.shape_key(shape):<40} {combo_label(kn):<62} {sd:7.2f} {m0:11.2f} {m1:7.2f} {pr:6.3f} {won:>2}/{rounds}", flush=True)
-        res.append(dict(shape=C.shape_key(shape), knobs=kn, knob=knob, sdpa_cold=sd, at_0=t[0], at_1=t[1], paired=pr))
-    Path(out_json).write_text(json.dumps(res, indent=1))
+        ma, mb, pr = statistics.median(t[0]), statistics.median(t[1]), statistics.median(ratios)
+        print(f"{C.shape_key(shape):<40} {label:<72} {sd:7.2f} {ma:11.2f} {mb:11.2f} {pr:6.3f} {won:>2}/{rounds}", flush=True)
+        res.append(dict(shape=C.shape_key(shape), knobs=label, sdpa_cold=sd, a=t[0], b=t[1], paired=pr))
+    Path(out_json).write_text(json.dumps(dict(a=header[0], b=header[1], rows=res), indent=1))
     print(f"done in {time.time() - t0:.0f} s")
+
+
+def knob_ab(out_json, rounds, knob, winners):
+    """`knob` 0 (a) against 1 (b) at each (shape, decode-cluster knobs) of `winners`."""
+    rows = [(shape, combo_label(kn), (cluster, dict(kn, **{knob: 0})), (cluster, dict(kn, **{knob: 1}))) for shape, kn in winners]
+    paired_ab(out_json, rounds, rows, (f"{knob} 0", f"{knob} 1"))
+
+
+# --against DIR: the decode winners (KFIRST_WINNERS, and MQA at decode-wide's start with K_FIRST 1)
+# with this checkout's templates against those of DIR (an earlier kernel-templates/, e.g. from
+# `git archive`): a change to the templates' code timed as a paired A/B, cold.
+AGAINST_POINTS = KFIRST_WINNERS[:6] + [
+    (gqa(8, 32, 1, 1, 4096, 128, True), dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2,
+                                              K_FIRST=1)),
+]
+
+
+def against_points(old_root):
+    old_cluster = {t.rel: t for t in load_templates(Path(old_root))}["decode_cluster.cu"]
+    return [(t, kn) for _, kn in AGAINST_POINTS for t in (cluster, old_cluster)]
+
+
+def tree_ab(out_json, rounds, old_root):
+    """DIR's decode-cluster (a) against this checkout's (b) at each AGAINST_POINTS point."""
+    old_cluster = {t.rel: t for t in load_templates(Path(old_root))}["decode_cluster.cu"]
+    print(f"a = {old_root}, b = {cluster.root}", flush=True)
+    rows = [(shape, combo_label(kn), (old_cluster, kn), (cluster, kn)) for shape, kn in AGAINST_POINTS]
+    paired_ab(out_json, rounds, rows, ("old", "new"))
 
 
 def build_cubins(out_dir, points=None):
@@ -196,9 +230,9 @@ def build_cubins(out_dir, points=None):
         # Gpu.module loads one module per combination of the knobs the code uses (launch-only
         # knobs such as SPLIT_WAVES change no build): the first such combination's source.
         used = tuple((k, kn[k]) for k in C.code_knobs(tpl))
-        if (tpl.rel, used) in seen:
+        if (tpl.path, used) in seen:  # the path: --against's two kernel-templates/ folders
             continue
-        seen.add((tpl.rel, used))
+        seen.add((tpl.path, used))
         src = C.build_source(tpl, kn, False)
         arch = arch_targets(tpl, ["sm_90"])[0]
         name = C.cubin_name(src, False, arch)
@@ -346,7 +380,12 @@ def main():
 
 
 def vary(points):
-    """--vary KNOB=V1,V2: each point once per value of KNOB (unchanged without the option)."""
+    """--against DIR: the decode winners with this checkout's templates against DIR's (an earlier
+kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`), paired, cold:
+
+    python3 scripts/decode_cold.py OUT.json --against DIR/kernel-templates [--rounds 9] [--cubin-dir DIR2]
+
+--vary KNOB=V1,V2: each point once per value of KNOB (unchanged without the option)."""
     if "--vary" not in sys.argv:
         return points
     knob, _, vals = sys.argv[sys.argv.index("--vary") + 1].partition("=")
@@ -359,6 +398,7 @@ if __name__ == "__main__":
                else [p for _, m in DEEP_SHAPES for p in deep_points(m)] if "--deep" in sys.argv
                else narrow_points() if "--narrow" in sys.argv
                else kfirst_points() if "--kfirst" in sys.argv
+               else against_points(sys.argv[sys.argv.index("--against") + 1]) if "--against" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], vary(pts) if pts is not None else None))
     if "--mqa" in sys.argv:
@@ -383,6 +423,10 @@ if __name__ == "__main__":
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         knob_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9, "K_FIRST",
                 KFIRST_WINNERS)
+    elif "--against" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        tree_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9,
+                sys.argv[sys.argv.index("--against") + 1])
     elif "--full" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1])

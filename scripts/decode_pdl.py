@@ -39,7 +39,7 @@ gqa = C.gqa
 # docs/BENCHMARKS.md, 2026-11-28 (16), for why). Both are no-ops in a launch without the attribute.
 PDL_CALLS = 'asm volatile("griddepcontrol.wait;\\n" ::: "memory"); asm volatile("griddepcontrol.launch_dependents;\\n" ::: "memory");\n'
 PATCHES = [
-    ("    // Group 0 holds the first tile and Q; groups 1 .. STAGES - 2 one tile each.\n", 1),
+    ("    // Group 0 holds the first tile (K_FIRST: its K) and Q; then a group per tile (K_FIRST:\n", 1),
     ('    OPTD_CHECK_SMEM(COMBINE, D, 0);  // launched as role `combine` with smem "0"\n', None),
 ]
 _build_source = C.build_source

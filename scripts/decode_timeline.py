@@ -12,7 +12,9 @@ and, in thread 0 of every CTA, a %globaltimer stamp (ns) and a clock64 stamp at
   issued     the prologue's copies (Q and the first STAGES - 1 K/V tiles) issued
   first      tile 0 landed (its cp.async wait and barrier passed)
   last       the split's last tile landed (K_FIRST 1: its K)
-  v_last     K_FIRST 1: the last tile's V landed (printed last; slot 12)
+  v_last     K_FIRST 1: the last tile's V landed (printed after exit; slot 12)
+  xo_own     thread 0's warp has written its merge rows (before the barrier that ends the merge; slot 13)
+  sent       decode-cluster scatter (COMBINE 3): thread 0's chunks and LSEs sent (slot 14)
   loop       the key loop done (math of the last tile included)
   sync_a     the merge's first barrier passed (every warp out of its key loop)
   sync_b     its second (the warps' row maxima and sums published)
@@ -47,7 +49,16 @@ import decode_cold as DC  # noqa: E402
 
 C, gqa = DC.C, DC.gqa
 EVENTS = ["entry", "issued", "first", "last", "loop", "sync_a", "sync_b", "merged", "summed", "pushed", "combined", "exit",
-          "v_last"]
+          "v_last", "xo_own", "sent"]
+# Events that only one template's tail has (the scatter combine of decode-cluster).
+ONLY = {"sent": "decode-cluster"}
+
+
+def events_of(template_name):
+    """The slots stamped in `template_name`'s source (all of EVENTS but other templates' own)."""
+    return [i for i, e in enumerate(EVENTS) if ONLY.get(e, template_name) == template_name]
+
+
 SLOTS = 16
 MAX_CTAS = 8192
 
@@ -77,6 +88,9 @@ PATCHES = [
     ("        issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);",
      "        if (i == 0) tl_mark(2);\n        if (i == my_tiles - 1) tl_mark(3);\n"
      "        issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);"),
+    # Thread 0's own warp done writing its merge rows, before the barrier that waits for the others.
+    ("= lse[h];\n    }\n    __syncthreads();\n}\n",
+     "= lse[h];\n    }\n    tl_mark(13);\n    __syncthreads();\n}\n"),
     # K_FIRST 1: the last tile's V landed (its K is "last").
     ("            tile_barrier();                // ... and every copier's\n",
      "            tile_barrier();                // ... and every copier's\n            if (i == my_tiles - 1) tl_mark(12);\n"),
@@ -84,8 +98,7 @@ PATCHES = [
     ("    __syncthreads();\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH", "    __syncthreads();\n    tl_mark(7);\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH"),
     ("    __syncthreads();  // every warp is past its last K/V tile\n",
      "    __syncthreads();  // every warp is past its last K/V tile\n    tl_mark(5);\n"),
-    ("    __syncthreads();\n#pragma unroll\n    for (int h = 0; h < 2; ++h) {\n        const int row = g + 8 * h;",
-     "    __syncthreads();\n    tl_mark(6);\n#pragma unroll\n    for (int h = 0; h < 2; ++h) {\n        const int row = g + 8 * h;"),
+    ("    __syncthreads();\n    // Both rows' factors first", "    __syncthreads();\n    tl_mark(6);\n    // Both rows' factors first"),
 ]
 # Per template: stamps of its own tail (decode_cluster.cu's push, decode.cu's fused combine).
 TAIL_PATCHES = {
@@ -97,6 +110,8 @@ TAIL_PATCHES = {
         # COMBINE 3 (scatter): every rank waits for its share and combines it.
         ('    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n',
          '    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n    tl_mark(8);\n'),
+        ("        __syncthreads();  // this rank's own chunks, summed in place",
+         "        tl_mark(14);\n        __syncthreads();  // this rank's own chunks, summed in place"),
         ("        // No CTA leaves while bytes for it are in flight", "        tl_mark(10);\n        // No CTA leaves while bytes for it are in flight"),
         ("                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));\n        }\n    }\n#else",
          "                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));\n        }\n    }\n    tl_mark(10);\n#else"),

@@ -59,7 +59,7 @@ class DecodeAblationTest(unittest.TestCase):
         ab.variant["name"] = "no_math"
         real = ab._build
         try:
-            ab._build = lambda *a, **k: real(*a, **k).replace("|| !rows_live) continue;", "|| !rows_live)\n continue;")
+            ab._build = lambda *a, **k: real(*a, **k).replace("&& !live) continue;", "&& !live)\n continue;")
             with self.assertRaises(RuntimeError) as e:
                 ab.build_source(tpl, tpl.complete(knobs), False)
             self.assertIn("the template changed", str(e.exception))

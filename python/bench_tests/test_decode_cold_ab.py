@@ -1,0 +1,81 @@
+"""scripts/decode_cold.py's paired A/Bs on the CPU (--kfirst, --against): the timers stand in for the
+GPU, so what is checked is the bookkeeping the device runs trust: both sides timed once per round,
+the order alternating (an order effect cancels in the medians), the paired ratio b / a per round,
+the knob set to 0 and 1 on the same point, and --against's two template folders kept apart when
+their modules are built.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import decode_cold as DC  # noqa: E402
+
+
+class _NoGpu:
+    name = "cpu"
+
+
+class PairedAbTest(unittest.TestCase):
+    def setUp(self):
+        self.calls = []
+        self.saved = (DC.gpu, DC.time_cold_us, DC.sdpa_cold_us)
+        DC.gpu = _NoGpu()
+
+        def fake_time(tpl, kn, shape):
+            self.calls.append((tpl.path, dict(kn)))
+            # b is 10% faster than a at every point: K_FIRST 1, or the templates of this checkout.
+            return 9.0 if kn.get("K_FIRST") == 1 or (tpl.path == DC.cluster.path and "K_FIRST" not in kn) else 10.0
+
+        DC.time_cold_us = fake_time
+        DC.sdpa_cold_us = lambda shape: 12.0
+        self.tmp = Path(tempfile.mkdtemp())
+
+    def tearDown(self):
+        DC.gpu, DC.time_cold_us, DC.sdpa_cold_us = self.saved
+        shutil.rmtree(self.tmp)
+
+    def test_knob_ab_alternates_and_pairs_each_round(self):
+        out = self.tmp / "ab.json"
+        DC.knob_ab(out, 4, "K_FIRST", DC.KFIRST_WINNERS[:1])
+        values = [kn["K_FIRST"] for _, kn in self.calls]
+        self.assertEqual(values, [0, 1, 1, 0, 0, 1, 1, 0], "each round both, the order alternating")
+        first = {k: v for k, v in self.calls[0][1].items() if k != "K_FIRST"}
+        self.assertEqual(first, DC.KFIRST_WINNERS[0][1], "the winner's other knobs unchanged")
+        rec = json.loads(out.read_text())
+        self.assertEqual((rec["a"], rec["b"]), ("K_FIRST 0", "K_FIRST 1"))
+        row = rec["rows"][0]
+        self.assertEqual((row["a"], row["b"]), ([10.0] * 4, [9.0] * 4))
+        self.assertAlmostEqual(row["paired"], 0.9)
+        self.assertEqual(row["sdpa_cold"], 12.0)
+
+    def test_against_times_the_old_folder_as_a_and_builds_both(self):
+        old = self.tmp / "old"
+        shutil.copytree(ROOT / "kernel-templates", old / "kernel-templates")
+        pts = [p for p in DC.AGAINST_POINTS if "K_FIRST" not in p[1]][:1]
+        saved_points = DC.AGAINST_POINTS
+        DC.AGAINST_POINTS = pts
+        try:
+            DC.tree_ab(self.tmp / "t.json", 2, old / "kernel-templates")
+        finally:
+            DC.AGAINST_POINTS = saved_points
+        folders = [path.parent for path, _ in self.calls]
+        old_dir, new_dir = old / "kernel-templates", DC.cluster.path.parent
+        self.assertEqual(folders, [old_dir, new_dir, new_dir, old_dir], "old first in round 0, new first in round 1")
+        row = json.loads((self.tmp / "t.json").read_text())["rows"][0]
+        self.assertAlmostEqual(row["paired"], 0.9)
+        # --build-cubins keeps the two folders' modules apart (same file name, other source).
+        points = DC.against_points(old / "kernel-templates")
+        self.assertEqual(len(points), 2 * len(saved_points))
+        self.assertEqual({t.path.parent for t, _ in points}, {old / "kernel-templates", DC.cluster.path.parent})
+
+
+if __name__ == "__main__":
+    unittest.main()
