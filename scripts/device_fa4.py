@@ -10,8 +10,9 @@ once every piece has arrived, whatever the order of the calls:
     # the CPU machine (network): download once, pack into folders of at most --part-mb MB
     python3 scripts/device_fa4.py pack            # prints the folders, one per device call
     # the GPU machine, one call per folder (carry it); the last call completes the install
-    python3 scripts/device_fa4.py install .dev/fa4/part1
-    python3 scripts/device_fa4.py install .dev/fa4/part2
+    python3 scripts/device_fa4.py install .dev/fa4/parts/part1
+    python3 scripts/device_fa4.py install .dev/fa4/parts/part2
+    python3 scripts/device_fa4.py install .dev/fa4/parts/part3   # small: carry it with .dev/bin and start a run
     # then, in any later command on that warm machine
     eval "$(python3 scripts/device_fa4.py env)"   # PYTHONPATH for flash_attn.cute
 
