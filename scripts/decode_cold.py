@@ -380,12 +380,7 @@ def main():
 
 
 def vary(points):
-    """--against DIR: the decode winners with this checkout's templates against DIR's (an earlier
-kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`), paired, cold:
-
-    python3 scripts/decode_cold.py OUT.json --against DIR/kernel-templates [--rounds 9] [--cubin-dir DIR2]
-
---vary KNOB=V1,V2: each point once per value of KNOB (unchanged without the option)."""
+    """--vary KNOB=V1,V2: each point once per value of KNOB (unchanged without the option)."""
     if "--vary" not in sys.argv:
         return points
     knob, _, vals = sys.argv[sys.argv.index("--vary") + 1].partition("=")
