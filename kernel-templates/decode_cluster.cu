@@ -206,6 +206,19 @@ __device__ __forceinline__ void dsmem_st_async_f32(unsigned addr, float x, unsig
                  "r"(bar)
                  : "memory");
 }
+// COMBINE = 3: `bytes` (a multiple of 16, both addresses 16-byte aligned) of this CTA's shared
+// memory at `src` copied by the bulk-copy (TMA) engine into another CTA's at `dst`, counted on
+// that CTA's mbarrier `bar` (`dst` and `bar` from dsmem_map). The engine reads `src` after the
+// call returns: the writes it reads must be ordered before it by fence_proxy_async_cta() and a
+// barrier, and `src` must stay this CTA's until the copy has landed (the receiver's mbarrier
+// completes).
+__device__ __forceinline__ void dsmem_bulk_copy(unsigned dst, unsigned src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "r"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+// This thread's shared-memory writes, visible to the asynchronous proxy (the bulk copies).
+__device__ __forceinline__ void fence_proxy_async_cta() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_mbar_wait(unsigned bar, unsigned parity) {
     asm volatile(
         "{\n"
@@ -382,54 +395,76 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     {
         const unsigned rx = smem_u32(dec_smem + S::RX);
         const unsigned rx_lse = smem_u32(dec_smem + S::RX_LSE);
-        // 1. Each chunk of this split's rows, summed over the key warps: kept in place
-        //    (key warp 0's copy) where this rank owns it, else stored into its owner's
-        //    slot for this rank, its bytes counted on the owner's mbarrier.
-        //    All of a thread's chunk sums are loaded before any is sent (the st.async's memory
-        //    clobber would otherwise hold each chunk's loads behind the previous store), and the
-        //    owner c / per is a multiply: c < CLUSTER * per <= 2^12, so (c + 0.5) / per in fp32
-        //    is within 2^-20 of the true quotient, which is at least 0.5 / per from the next
-        //    integer. (As a loop with an integer division per chunk this took 0.87 us of MQA's
-        //    tail on the H200: scripts/decode_timeline.py, summed -> sent.)
+        // 1. Each chunk of this split's rows, summed over the key warps, into a staging copy
+        //    over xo (chunk c at float4 c: each rank's share is one contiguous run), then each
+        //    other rank's share in one bulk copy into its slot for this rank, its bytes counted
+        //    on its mbarrier; the row LSEs too (one more bulk copy per rank where their bytes
+        //    are a multiple of 16), instead of one 16-byte st.async per chunk (4 per thread at
+        //    MQA, 1024 remote stores per CTA): MQA at decode-wide's start 10.25 -> 10.05 us
+        //    (H200, scripts/decode_cold.py --against, 9 paired rounds, 9/9; at K_FIRST 0 the
+        //    same time). The send was not bound by its bytes (16-bit chunks, branch
+        //    decode-half-xfer: no faster) nor by the gather (the key warps reduce-scattering
+        //    into registers, branch decode-own-columns: 3.5-6% slower, the chunks then leave
+        //    uncoalesced). The staged copy needs the senders alive until it has landed: the
+        //    cluster barrier below. All of a thread's chunk sums are loaded before any is
+        //    staged (a barrier between: the staging copy overwrites the rows others still read).
         constexpr int SEND_ITERS = (DEC_CTA_ROWS * C4 + DEC_THREADS - 1) / DEC_THREADS;
-        const float inv_per = 1.f / (float)per;
         float4 xs[SEND_ITERS];
 #pragma unroll
         for (int i = 0; i < SEND_ITERS; ++i) {
-            // Past the last chunk a thread re-reads the last one (never sent): no branch
+            // Past the last chunk a thread re-reads the last one (never staged): no branch
             // between the loads.
             const int c = min((int)threadIdx.x + i * DEC_THREADS, total - 1);
             xs[i] = chunk_sum(c / C4, c % C4);
         }
+        __syncthreads();  // every key warp's rows are read: xo is the staging copy from here
+        float4* stage = reinterpret_cast<float4*>(xo);
 #pragma unroll
         for (int i = 0; i < SEND_ITERS; ++i) {
             const int c = (int)threadIdx.x + i * DEC_THREADS;
-            if (c >= total) break;
-            const int row = c / C4, c4 = c % C4;
-            const int owner = __float2int_rz(((float)c + 0.5f) * inv_per);
-            if (owner == split) {
-                *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = xs[i];
-            } else {
+            if (c < total) stage[c] = xs[i];
+        }
+        fence_proxy_async_cta();  // the staged chunks (and lse_s) are read by the bulk copies
+        __syncthreads();
+        const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
+        const bool lse_bulk = rows_sc % 4 == 0;
+        {
+            // Thread t < CLUSTER - 1 sends to the t-th other rank; the next warp its LSEs.
+            const int t = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+            if (t < CLUSTER - 1 && w < 2) {
+                const int owner = t < split ? t : t + 1;
                 const int slot = dec_rx_slot(split, owner);
-                dsmem_st_async_f32x4(dsmem_map(rx + (unsigned)((slot * S::PER + c - owner * per) * 16), (unsigned)owner), xs[i],
-                                     dsmem_map(mbar, (unsigned)owner));
+                const unsigned rbar = dsmem_map(mbar, (unsigned)owner);
+                if (w == 0) {
+                    const int b0 = min(total, owner * per), b1 = min(total, b0 + per);
+                    if (b1 > b0)
+                        dsmem_bulk_copy(dsmem_map(rx + (unsigned)(slot * S::PER * 16), (unsigned)owner),
+                                        smem_u32(stage + b0), (unsigned)((b1 - b0) * 16), rbar);
+                } else if (lse_bulk) {
+                    dsmem_bulk_copy(dsmem_map(rx_lse + (unsigned)(slot * DEC_CTA_ROWS * 4), (unsigned)owner), smem_u32(lse_s),
+                                    (unsigned)(rows_sc * 4), rbar);
+                }
             }
         }
-        // ... and the row LSEs to every other rank (a rank's share may hold any row).
-        const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
-        for (int i = threadIdx.x; i < (CLUSTER - 1) * rows_sc; i += DEC_THREADS) {
-            const int oi = i / rows_sc, row = i % rows_sc;
-            const int owner = oi < split ? oi : oi + 1;
-            const int slot = dec_rx_slot(split, owner);
-            dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)((slot * DEC_CTA_ROWS + row) * 4), (unsigned)owner), lse_s[row],
-                               dsmem_map(mbar, (unsigned)owner));
+        if (!lse_bulk) {
+            // ... else the row LSEs to every other rank one by one (a rank's share may hold any row).
+            for (int i = threadIdx.x; i < (CLUSTER - 1) * rows_sc; i += DEC_THREADS) {
+                const int oi = i / rows_sc, row = i % rows_sc;
+                const int owner = oi < split ? oi : oi + 1;
+                const int slot = dec_rx_slot(split, owner);
+                dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)((slot * DEC_CTA_ROWS + row) * 4), (unsigned)owner),
+                                   lse_s[row], dsmem_map(mbar, (unsigned)owner));
+            }
         }
-        __syncthreads();  // this rank's own chunks, summed in place, are read by other threads
         const int c0 = own_begin + (int)threadIdx.x;
         elem_t* const dst0 = c0 < own_end ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
         cluster_mbar_wait(mbar, 0);
+        // Every copy into this rank has landed, so every sender's reads of its staging copy
+        // for it are done: the cluster barrier's arrive here and its wait at the end keep each
+        // CTA (and its staging copy) alive until every rank has had all of its bytes.
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
         // 2. This rank's share: split z's chunk from its slot dec_rx_slot(z, split),
-        //    or from xo for z = split.
+        //    or from the staging copy for z = split.
         const float* rxf = reinterpret_cast<const float*>(dec_smem + S::RX);
         const float* rxl = reinterpret_cast<const float*>(dec_smem + S::RX_LSE);
         for (int c = c0; c < own_end; c += DEC_THREADS) {
@@ -441,12 +476,12 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             dec_combine_chunk(
                 lse,
                 [&](int z) {
-                    return z == split ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
+                    return z == split ? stage[c]
                                       : *reinterpret_cast<const float4*>(rxf + (dec_rx_slot(z, split) * S::PER + c - own_begin) * 4);
                 },
                 c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
         }
-        // No CTA leaves while bytes for it are in flight: its wait counted every one.
+        asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
     }
 #elif COMBINE >= 1
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0's mbarrier is initialised
@@ -454,7 +489,10 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     const unsigned rx_lse = smem_u32(dec_smem + P::RX_LSE);
     if (COMBINE == 2 && split != 0) {
         // Each chunk straight into rank 0's slot split - 1, its bytes counted on rank 0's
-        // mbarrier as they land: nothing to order, nothing to wait for here.
+        // mbarrier as they land: nothing to order, nothing to wait for here. (A staging copy
+        // sent by one bulk copy, as COMBINE 3 does, was 1.6-3% slower at the B 1 and B 64
+        // winners on the H200, 2026-11-28: few rows per CTA, and the senders then wait for
+        // rank 0 before they exit.)
         const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_CTA_ROWS * D * 4), 0);
         const unsigned rbar = dsmem_map(mbar, 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {

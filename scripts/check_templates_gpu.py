@@ -670,6 +670,22 @@ K_FIRST_POINTS = [
     ("decode.cu", dict(BLOCK_N=64, NUM_WARPS=4, STAGES=4, SPLIT_WAVES=1, MIN_SPLIT_TILES=1, FUSED_COMBINE=0, WARP_LOADS=1, M_TILES=2,
                        K_FIRST=1), _DEC_SHAPES),
 ]
+# --points bulk_send: decode-cluster's scatter and push (COMBINE 3, 2), which stage the split's
+# summed rows over xo and send each rank's share (and the row LSEs) by one bulk copy: 1, 2, 4 and 8
+# key warps, one and two row tiles, both K_FIRST, WARP_LOADS 0 and 1, clusters of 2, 4 and 8, on the
+# decode shapes (4 packed GQA rows, ragged SK, MQA's 32 rows, D 64 bshd with SQ 3: 48 rows, and in
+# check_points.py the checker's, whose row counts that are not a multiple of 4 send their LSEs by
+# st.async).
+BULK_SEND_POINTS = [
+    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=4, COMBINE=3, WARP_LOADS=1, M_TILES=1, K_FIRST=0), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=64, NUM_WARPS=2, STAGES=2, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=0), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=2, COMBINE=3, WARP_LOADS=0, M_TILES=1, K_FIRST=1), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=4, STAGES=3, CLUSTER=4, COMBINE=2, WARP_LOADS=1, M_TILES=2, K_FIRST=0), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=8, STAGES=4, CLUSTER=2, COMBINE=2, WARP_LOADS=1, M_TILES=1, K_FIRST=0), _DEC_SHAPES),
+    ("decode_cluster.cu", dict(BLOCK_N=64, NUM_WARPS=2, STAGES=2, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1), _DEC_SHAPES),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -680,7 +696,8 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS,
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
-              "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS}
+              "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
+              "bulk_send": BULK_SEND_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

@@ -14,7 +14,8 @@ and, in thread 0 of every CTA, a %globaltimer stamp (ns) and a clock64 stamp at
   last       the split's last tile landed (K_FIRST 1: its K)
   v_last     K_FIRST 1: the last tile's V landed (printed after exit; slot 12)
   xo_own     thread 0's warp has written its merge rows (before the barrier that ends the merge; slot 13)
-  sent       decode-cluster scatter (COMBINE 3): thread 0's chunks and LSEs sent (slot 14)
+  sent       decode-cluster scatter (COMBINE 3): the bulk copies of the split's staged chunks
+             and LSEs issued (slot 14)
   loop       the key loop done (math of the last tile included)
   sync_a     the merge's first barrier passed (every warp out of its key loop)
   sync_b     its second (the warps' row maxima and sums published)
@@ -110,9 +111,11 @@ TAIL_PATCHES = {
         # COMBINE 3 (scatter): every rank waits for its share and combines it.
         ('    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n',
          '    asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n    tl_mark(8);\n'),
-        ("        __syncthreads();  // this rank's own chunks, summed in place",
-         "        tl_mark(14);\n        __syncthreads();  // this rank's own chunks, summed in place"),
-        ("        // No CTA leaves while bytes for it are in flight", "        tl_mark(10);\n        // No CTA leaves while bytes for it are in flight"),
+        # COMBINE 3: the bulk copies issued (sent), the share combined before the exit barrier.
+        ("        const int c0 = own_begin + (int)threadIdx.x;\n",
+         "        tl_mark(14);\n        const int c0 = own_begin + (int)threadIdx.x;\n"),
+        ('        asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");\n    }\n#elif COMBINE >= 1',
+         '        tl_mark(10);\n        asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");\n    }\n#elif COMBINE >= 1'),
         ("                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));\n        }\n    }\n#else",
          "                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));\n        }\n    }\n    tl_mark(10);\n#else"),
     ],

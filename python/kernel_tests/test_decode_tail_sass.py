@@ -6,8 +6,9 @@ Two schedules that a later edit could silently undo (docs/BENCHMARKS.md 2026-11-
   division, MUFU.RCP, each) before it stores either row: as two branches, one per row, the two
   dependent chains ran one after the other;
 - decode_cluster.cu's scatter (COMBINE 3) loads every chunk sum of a thread (KEY_WARPS
-  LDS.128 per chunk) before its first remote store (STAS.128): the store's memory clobber held
-  each chunk's loads behind the previous chunk's store.
+  LDS.128 per chunk) before the barrier after which it stages them, and sends the staged shares by
+  bulk copies (UBLKCP), not one 16-byte remote store (STAS.128) per chunk (0.983 at MQA on the
+  H200, docs/BENCHMARKS.md 2026-11-28 (18)).
 """
 from __future__ import annotations
 
@@ -51,12 +52,14 @@ def merge_divisions_before_first_row_store(insns: list[str]) -> int:
     return sum(x.startswith("MUFU.RCP") for x in tail[:first_store])
 
 
-def chunk_loads_before_first_remote_store(insns: list[str]) -> int:
-    """LDS.128 between the cluster wait (UCGABAR_WAIT) and the scatter's first STAS.128."""
+def scatter_send(insns: list[str]) -> tuple[int, int, int]:
+    """After the cluster wait (UCGABAR_WAIT) that precedes the scatter: (LDS.128 before the next
+    barrier, STAS.128 anywhere after the wait, UBLKCP anywhere after the wait)."""
     wait = next(i for i, x in enumerate(insns) if x.startswith("UCGABAR_WAIT"))
     tail = insns[wait:]
-    first_stas = next(i for i, x in enumerate(tail) if x.startswith("STAS.128"))
-    return sum(x.startswith("LDS.128") for x in tail[:first_stas])
+    bar = next(i for i, x in enumerate(tail) if x.startswith("BAR.SYNC"))
+    return (sum(x.startswith("LDS.128") for x in tail[:bar]), sum(x.startswith("STAS.128") for x in tail),
+            sum(x.startswith("UBLKCP") for x in tail))
 
 
 class DecodeTailSassTest(unittest.TestCase):
@@ -72,10 +75,13 @@ class DecodeTailSassTest(unittest.TestCase):
             with self.subTest(template=name):
                 self.assertGreaterEqual(merge_divisions_before_first_row_store(insns), 2)
 
-    def test_the_scatter_loads_every_chunk_sum_before_its_first_remote_store(self):
+    def test_the_scatter_loads_every_chunk_sum_first_and_sends_by_bulk_copies(self):
         chunks = 32 * 32 // (WIDE["NUM_WARPS"] * 32)  # 32 rows x 32 chunks of 4 columns over the threads
         key_warps = WIDE["NUM_WARPS"] // WIDE["M_TILES"]
-        self.assertGreaterEqual(chunk_loads_before_first_remote_store(self.wide), chunks * key_warps)
+        loads, stas, bulk = scatter_send(self.wide)
+        self.assertGreaterEqual(loads, chunks * key_warps)
+        self.assertEqual(stas, 0, "no chunk leaves as a 16-byte remote store")
+        self.assertGreaterEqual(bulk, 1)
 
 
 if __name__ == "__main__":
