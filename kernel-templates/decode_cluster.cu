@@ -49,10 +49,13 @@
  *
  * COMBINE = 3 (scatter, asynchronous): every rank owns a contiguous share of
  * the rows' 16-byte chunks (per = cdiv(rows * D / 4, CLUSTER), rank r chunks
- * [r * per, (r + 1) * per)) and combines only those; each rank st.async's
- * every chunk it does not own into its owner's receive slot, and its row LSEs
- * to every other rank, all counted in bytes on the receiver's mbarrier (armed
- * in the prologue for exactly what it will receive). With COMBINE = 2 one SM
+ * [r * per, (r + 1) * per)) and combines only those; each rank stages its
+ * summed chunks in chunk order and sends every other rank's share, and its row
+ * LSEs, as bulk copies (cp.async.bulk shared::cluster) into that rank's
+ * receive slot, all counted in bytes on the receiver's mbarrier (armed in the
+ * prologue for exactly what it will receive); a cluster barrier keeps every
+ * CTA, and so its staged copy, alive until every rank has all of its bytes.
+ * With COMBINE = 2 one SM
  * receives (CLUSTER - 1) x rows x D x 4 bytes and then combines every chunk
  * alone: at MQA B 8 (16 rows per CTA) rank 0's combine took 2 us of a 13.6 us
  * call, at B 1 x SK 4096 (4 rows) 0.7 of 9.7 (scripts/decode_timeline.py,
