@@ -670,8 +670,9 @@ K_FIRST_POINTS = [
     ("decode.cu", dict(BLOCK_N=64, NUM_WARPS=4, STAGES=4, SPLIT_WAVES=1, MIN_SPLIT_TILES=1, FUSED_COMBINE=0, WARP_LOADS=1, M_TILES=2,
                        K_FIRST=1), _DEC_SHAPES),
 ]
-# --points bulk_send: decode-cluster's scatter and push (COMBINE 3, 2), which stage the split's
-# summed rows over xo and send each rank's share (and the row LSEs) by one bulk copy: 1, 2, 4 and 8
+# --points bulk_send: decode-cluster's scatter (COMBINE 3), which stages the split's summed rows over
+# xo and sends each rank's share (and the row LSEs) by one bulk copy, and the push (COMBINE 2) beside
+# it (its bulk form was measured with this set and dropped, BENCHMARKS 2026-11-28 (18)): 1, 2, 4 and 8
 # key warps, one and two row tiles, both K_FIRST, WARP_LOADS 0 and 1, clusters of 2, 4 and 8, on the
 # decode shapes (4 packed GQA rows, ragged SK, MQA's 32 rows, D 64 bshd with SQ 3: 48 rows, and in
 # check_points.py the checker's, whose row counts that are not a multiple of 4 send their LSEs by
