@@ -11,8 +11,9 @@
 # that sees it end also exports its kernels (optimizerd export --out), loads and checks every one
 # from the manifest alone (examples/run_exported.py), and re-times them against FA4 and SDPA
 # default in one process, burst and sustained, and decode shapes between their layer's GEMMs
-# (scripts/compare_exported.py --fa4 --sdpa --layer; FA4 from
-# scripts/device_fa4.py, whose env must be in effect): issue 19's acceptance harness. Into $OUT.
+# (scripts/compare_exported.py --fa4 --sdpa --layer, inputs rotated as in the daemon; then again
+# with --warm, one input set; FA4 from scripts/device_fa4.py, whose env must be in effect):
+# issue 19's acceptance harness. Into $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 W="${BENCH_DIR:-/tmp/bench}"  # BENCH_DIR: another folder for another run on the same machine
@@ -48,5 +49,9 @@ if [[ $rc == 0 && "${EXPORT_CHECK:-0}" == 1 ]]; then
   echo "run_exported rc=$?"; tail -n 25 "$out/run_exported.txt"
   python3 scripts/compare_exported.py "$W/exp" --fa4 --sdpa --layer > "$out/compare_exported.txt" 2>&1
   echo "compare_exported rc=$?"; tail -n 50 "$out/compare_exported.txt"
+  # The same without rotation (every call's inputs warm in L2), beside it: the harness's
+  # figures before 2026-11-28 were taken this way.
+  python3 scripts/compare_exported.py "$W/exp" --fa4 --sdpa --warm --rounds 15 > "$out/compare_exported_warm.txt" 2>&1
+  echo "compare_exported --warm rc=$?"; tail -n 16 "$out/compare_exported_warm.txt"
 fi
 echo "benchmark rc=$rc (75: still running, call again now)"
