@@ -10,8 +10,13 @@ Each DIR is an `optimizerd export --out DIR`. For every shape key exported by al
 (from the manifest alone), checked against SDPA in fp32 on fresh randn inputs, and timed in the
 same process on the same GPU: a CUDA graph of --launches calls per kernel, replayed in
 alternating order for --rounds rounds (median per call), then each replayed back to back for
---sustained-ms in six pieces, the kernels taking turns without a gap (the clocks a model step runs
-at, the same for all; the median piece). Ratios are to the first DIR. Two runs'
+--sustained-ms in six pieces, the kernels taking turns without a gap, in cyclic order (the clocks a
+model step runs at, the same for all; the median piece), then each alone for --own-ms per window, two windows in
+alternating order ("own": at the clocks its own power draw allows, as the daemon's closing
+comparison times each kernel, sdpa_baseline.sustained; 0 leaves it out). The two differ where the
+kernels draw different power: at chunked prefill on the H200 (2026-11-28) FA4 ran 51.6 us in
+50-ms turns beside our kernel and SDPA, but 56.9 us in the daemon's 200-ms windows of its own.
+Ratios are to the first DIR. Two runs'
 in-run timings of one shape were made at different times, often on different GPUs; this
 puts their kernels under the same conditions.
 
@@ -192,6 +197,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=31)
     ap.add_argument("--launches", type=int, default=20, help="calls per graph replay")
     ap.add_argument("--sustained-ms", type=float, default=300.0)
+    ap.add_argument("--own-ms", type=float, default=200.0,
+                    help="each kernel alone, back to back, per window (two windows; 0: not timed)")
     ap.add_argument("--fa4", action="store_true", help="also time FlashAttention-4 (flash_attn.cute) on each shape")
     ap.add_argument("--sdpa", action="store_true", help="also time SDPA's default backend on each shape")
     ap.add_argument("--warm", action="store_true",
@@ -248,10 +255,22 @@ def main():
         reps = [max(1, int(args.sustained_ms / CHUNKS / max(statistics.median(b) * args.launches / 1000.0, 1e-3))) for b in burst]
         chunks = [[] for _ in prepared]
         for r in range(CHUNKS):
-            order = range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared)))
+            # Cyclic turns (0 1 2, 1 2 0, 2 0 1, ..): no kernel runs two pieces in a row. With the
+            # alternating order of the burst rounds (0 1 2, 2 1 0, ..) the ends ran doubled (100 ms
+            # at once, at lower clocks) and the middle one never did (2026-11-28 (19)).
+            order = [(i + r) % len(prepared) for i in range(len(prepared))]
             for i in order:
                 chunks[i].append(replay_us(prepared[i][5], args.launches, reps[i]))
         sustained = [statistics.median(c) for c in chunks]
+        # Each kernel alone, at the clocks its own draw settles at (two windows, order alternating).
+        own = [float("nan")] * len(prepared)
+        if args.own_ms > 0:
+            reps_own = [max(1, int(args.own_ms / max(statistics.median(b) * args.launches / 1000.0, 1e-3))) for b in burst]
+            windows = [[] for _ in prepared]
+            for r in range(2):
+                for i in (range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared)))):
+                    windows[i].append(replay_us(prepared[i][5], args.launches, reps_own[i]))
+            own = [statistics.median(w) for w in windows]
         if args.layer and shape0["sq"] <= 16:
             layer = Layer(shape0, kernel0["dtype"], l2)
             graphs = [graph_of(layer.around(p[6]), args.launches) for p in prepared] + [graph_of(layer.around(None), args.launches)]
@@ -267,25 +286,25 @@ def main():
         for i, (d, f, ok, max_abs, _, _, _) in enumerate(prepared):
             med = statistics.median(burst[i])
             rows.append((key, d, f, ok, max_abs, med, statistics.median(burst[0]) / med if i else 1.0,
-                         sustained[i], sustained[0] / sustained[i] if i else 1.0,
+                         sustained[i], sustained[0] / sustained[i] if i else 1.0, own[i], own[0] / own[i] if i else 1.0,
                          n_sets if not args.warm else (footprint * 2 <= l2)))
     print(f"{'shape':<34} {'export':<28} {'kernel':<22} {'correct':>8} {'burst us':>9} {'vs first':>8} "
-          f"{'sus us':>9} {'vs first':>8}")
-    for key, d, f, ok, max_abs, med, ratio, sus, sratio, sets in rows:
+          f"{'sus us':>9} {'vs first':>8} {'own us':>9} {'vs first':>8}")
+    for key, d, f, ok, max_abs, med, ratio, sus, sratio, own_us, oratio, sets in rows:
         note = ("  (fits in L2: warm reads)" if sets else "") if args.warm else (f"  ({sets} input sets)" if sets > 1 else "")
         print(f"{key:<34} {os.path.basename(os.path.normpath(d)):<28} {f:<22} {('yes' if ok else 'NO'):>8} "
-              f"{med:>9.2f} {ratio:>7.3f}x {sus:>9.2f} {sratio:>7.3f}x" + note)
+              f"{med:>9.2f} {ratio:>7.3f}x {sus:>9.2f} {sratio:>7.3f}x {own_us:>9.2f} {oratio:>7.3f}x" + note)
     print("vs first: the first export's time / this one's (above 1: this one is faster)")
     if kinds:
         labels = {"fa4": "fa4", "sdpa": "sdpa-default"}
-        print(f"\n{'shape':<34} " + " ".join(f"{'vs ' + labels[k] + ' burst':>20} {'vs ' + labels[k] + ' sustained':>24}" for k in kinds))
+        print(f"\n{'shape':<34} " + " ".join(f"{'vs ' + labels[k] + ' burst':>20} {'vs ' + labels[k] + ' sustained':>24} {'own':>7}" for k in kinds))
         for key in keys:
             mine = {r[1]: r for r in rows if r[0] == key}
             first = next(r for r in rows if r[0] == key)
             cells = []
             for k in kinds:
                 b = mine[labels[k]]
-                cells.append(f"{b[5] / first[5]:>19.3f}x {b[7] / first[7]:>23.3f}x")
+                cells.append(f"{b[5] / first[5]:>19.3f}x {b[7] / first[7]:>23.3f}x {b[9] / first[9]:>6.3f}x")
             print(f"{key:<34} " + " ".join(cells))
         print(f"baseline's time / {os.path.basename(os.path.normpath(args.dirs[0]))}'s (above 1: the export is faster)")
     if layered:
