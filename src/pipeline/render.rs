@@ -120,8 +120,13 @@ mod tests {
 
     /// Every combination of the template's knob values.
     fn every_point(t: &Template) -> Vec<Params> {
-        let mut points = vec![Params::new()];
-        for (name, values) in &t.knobs {
+        product(Params::new(), t.knobs.iter())
+    }
+
+    /// `base` with every combination of the values of `knobs` written over it.
+    fn product<'a>(base: Params, knobs: impl Iterator<Item = &'a (String, Vec<i64>)>) -> Vec<Params> {
+        let mut points = vec![base];
+        for (name, values) in knobs {
             points = points
                 .into_iter()
                 .flat_map(|p| values.iter().map(move |v| {
@@ -154,18 +159,7 @@ mod tests {
                 }
             }
         }
-        let mut points = vec![t.default_params()];
-        for (name, values) in t.knobs.iter().filter(|(n, _)| seen.contains(n)) {
-            points = points
-                .into_iter()
-                .flat_map(|p| values.iter().map(move |v| {
-                    let mut q = p.clone();
-                    q.insert(name.clone(), *v);
-                    q
-                }))
-                .collect();
-        }
-        points
+        product(t.default_params(), t.knobs.iter().filter(|(n, _)| seen.contains(n)))
     }
 
     use crate::test_fixtures::h100;
