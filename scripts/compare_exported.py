@@ -12,10 +12,10 @@ same process on the same GPU: a CUDA graph of --launches calls per kernel, repla
 alternating order for --rounds rounds (median per call), then each replayed back to back for
 --sustained-ms in six pieces, the kernels taking turns without a gap, in cyclic order (the clocks a
 model step runs at, the same for all; the median piece), then each alone for --own-ms per window, two windows in
-alternating order ("own": at the clocks its own power draw allows, as the daemon's closing
+cyclic order ("own": at the clocks its own power draw allows, as the daemon's closing
 comparison times each kernel, sdpa_baseline.sustained; 0 leaves it out). The two differ where the
 kernels draw different power: at chunked prefill on the H200 (2026-11-28) FA4 ran 51.6 us in
-50-ms turns beside our kernel and SDPA, but 56.9 us in the daemon's 200-ms windows of its own.
+50-ms turns beside an exported kernel and SDPA, but 56.9 us in the daemon's 200-ms windows of its own.
 Ratios are to the first DIR. Two runs'
 in-run timings of one shape were made at different times, often on different GPUs; this
 puts their kernels under the same conditions.
@@ -25,8 +25,7 @@ min(16, 3 L2 / the bytes of one call's Q, K, V and O) fresh input sets per kerne
 calls taking them in turn, so that a shape that fits in L2 still reads its K/V cache from
 HBM, as a model's layer does. --warm keeps one set (the harness before 2026-11-28): every
 call then finds its inputs in L2, and a shape whose Q, K, V and O fit twice in L2 is flagged.
-(Chunked prefill on the H200, 2026-11-28 (18): FA4 50.78 us warm against 56.19 rotated in the
-daemon's closing comparison; ours 54.19 against 55.65.)
+(At chunked prefill on the H200 warm inputs moved FA4 by 2-3%: docs/BENCHMARKS.md 2026-11-28 (19).)
 
 Baselines (issue 19's acceptance: the exported kernels re-timed with a sustained CUDA-graph
 harness against FA4 in one process): --fa4 adds FlashAttention-4 (flash_attn.cute, on [B,S,H,D]
@@ -99,6 +98,11 @@ def replay_us(g, launches, times=1):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1000.0 / (launches * times)
+
+
+def cyclic(n, r):
+    """Turn r's order of n kernels: 0 1 2, 1 2 0, 2 0 1, .. (no kernel twice in a row)."""
+    return [(i + r) % n for i in range(n)]
 
 
 def rotating(calls):
@@ -255,11 +259,10 @@ def main():
         reps = [max(1, int(args.sustained_ms / CHUNKS / max(statistics.median(b) * args.launches / 1000.0, 1e-3))) for b in burst]
         chunks = [[] for _ in prepared]
         for r in range(CHUNKS):
-            # Cyclic turns (0 1 2, 1 2 0, 2 0 1, ..): no kernel runs two pieces in a row. With the
-            # alternating order of the burst rounds (0 1 2, 2 1 0, ..) the ends ran doubled (100 ms
-            # at once, at lower clocks) and the middle one never did (2026-11-28 (19)).
-            order = [(i + r) % len(prepared) for i in range(len(prepared))]
-            for i in order:
+            # Cyclic turns: no kernel runs two pieces in a row. With the alternating order of
+            # the burst rounds the ends ran two pieces at once (100 ms, presumably at lower
+            # clocks) and the middle one never did (2026-11-28 (19)).
+            for i in cyclic(len(prepared), r):
                 chunks[i].append(replay_us(prepared[i][5], args.launches, reps[i]))
         sustained = [statistics.median(c) for c in chunks]
         # Each kernel alone, at the clocks its own draw settles at (two windows, order alternating).
@@ -268,7 +271,7 @@ def main():
             reps_own = [max(1, int(args.own_ms / max(statistics.median(b) * args.launches / 1000.0, 1e-3))) for b in burst]
             windows = [[] for _ in prepared]
             for r in range(2):
-                for i in (range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared)))):
+                for i in cyclic(len(prepared), r):
                     windows[i].append(replay_us(prepared[i][5], args.launches, reps_own[i]))
             own = [statistics.median(w) for w in windows]
         if args.layer and shape0["sq"] <= 16:
