@@ -85,6 +85,11 @@ async fn sdpa_is_recorded_per_shape_and_cached_for_the_next_run() {
     // This script knows no FlashAttention-4: the run says it was not measured, and no FA4 columns.
     assert!(events.iter().any(|e| e.kind.as_str() == "closing" && e.message.ends_with("; FA4 not measured")), "{events:?}");
     assert!(text.contains("fa4:  FA4 not measured") && !text.contains("vs fa4"), "{text}");
+    // `export` says which shape SDPA beat in the closing comparison (6.00 against 25.00 us);
+    // the other (50.00 against 25.00) gets no note.
+    let e = optimizerd::ops::export::export_with(&ledger, "two", &p.path().join("exp"), &Default::default()).await.unwrap();
+    assert_eq!(e.notes.len(), 1, "{:?}", e.notes);
+    assert!(e.notes[0].starts_with("b1h1s128d64: SDPA's default (cudnn) took 6.00 us against the kernel's 25.00 us"), "{:?}", e.notes);
 }
 
 /// The script of a machine with FlashAttention-4: an `fa4` backend per shape (it cannot run

@@ -144,6 +144,9 @@ pub async fn export(args: ExportArgs, config_path: Option<&Path>, out: &mut Out)
     if let Some(e) = &plain {
         out.line(&format!("exported the best kernels of run {} to {} ({} kernels)", run.id, e.dir.display(), e.kernels.len()))?;
         out.line(&format!("  manifest: {}", e.manifest.display()))?;
+        for n in &e.notes {
+            out.line(&format!("  note:     {n}"))?;
+        }
         out.line(&format!("  try it:   python3 examples/run_exported.py {}", e.dir.display()))?;
     }
     if let Some(p) = &package {

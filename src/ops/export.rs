@@ -379,9 +379,9 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
         });
         sources.push(source);
     }
-    let mut notes = Vec::new();
+    let mut notes = sdpa_faster_notes(&closing, &best);
     if let Some(tc) = &opts.cubins {
-        notes = write_cubins(tc, &mut kernels, &sources, out, device.as_ref())?;
+        notes.extend(write_cubins(tc, &mut kernels, &sources, out, device.as_ref())?);
     }
     let exported = Exported {
         run: run.id.clone(),
@@ -410,6 +410,26 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
     let path = &exported.manifest;
     std::fs::write(path, serde_json::to_string_pretty(&manifest)?).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(exported)
+}
+
+/// A note per exported shape whose kernel lost to SDPA's default in the run's closing
+/// comparison (a short run can end with a shape still on an early stage's kernel): the manifest
+/// carries those figures, but a reader launching kernels from it alone should hear it here.
+fn sdpa_faster_notes(closing: &[crate::storage::ledger::ClosingRow], best: &[crate::storage::ledger::BestRow]) -> Vec<String> {
+    closing
+        .iter()
+        .filter(|c| best.iter().any(|b| b.shape == c.shape && b.seq == c.seq))
+        .filter_map(|c| {
+            let sdpa = c.sdpa_default_us.filter(|s| *s < c.ours_us())?;
+            Some(format!(
+                "{}: SDPA's default{} took {sdpa:.2} us against the kernel's {:.2} us in the run's closing comparison; \
+                 the Python package (export --python) calls SDPA for it, and so should a caller of this manifest",
+                c.shape,
+                c.sdpa_picked.as_deref().map(|b| format!(" ({b})")).unwrap_or_default(),
+                c.ours_us()
+            ))
+        })
+        .collect()
 }
 
 /// Compile each kernel to `<file>.cubin` for its `arch` and record it in its entry;
