@@ -53,15 +53,27 @@ import os
 import statistics
 import sys
 
-import cupy as cp
 import torch
 
 CHUNKS = 6  # pieces of each kernel's back-to-back time, interleaved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("run_exported", os.path.join(HERE, "..", "examples", "run_exported.py"))
-rx = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rx)
+rx = None  # examples/run_exported.py, loaded by main (load_run_exported)
+
+
+def load_run_exported():
+    """examples/run_exported.py as a module. It imports CuPy, so main loads it: the bookkeeping
+    here (turn order, input sets) then imports on a machine without a GPU, for its tests."""
+    spec = importlib.util.spec_from_file_location("run_exported", os.path.join(HERE, "..", "examples", "run_exported.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def input_sets(footprint, l2, warm):
+    """Input sets a kernel rotates over: the daemon's rule (sdpa_baseline.Inputs), enough for
+    three times L2, at most 16; one with --warm."""
+    return 1 if warm else max(1, min(16, (3 * l2) // max(footprint, 1)))
 
 
 def kernels_by_key(d):
@@ -211,6 +223,10 @@ def main():
     ap.add_argument("--layer", action="store_true",
                     help="decode shapes (SQ <= 16): also time each kernel between its layer's weight GEMMs")
     args = ap.parse_args()
+    import cupy as cp  # the GPU from here on
+
+    global rx
+    rx = load_run_exported()
     kinds = [k for k in ("fa4", "sdpa") if getattr(args, k)]
     if len(args.dirs) < 2 and not kinds:
         ap.error("name at least two export folders, or one with --fa4 and/or --sdpa")
@@ -239,8 +255,7 @@ def main():
             ok = unwritten == 0 and outside == 0 and max_abs <= rx.ATOL.get(kernel["dtype"], 2e-2)
             prs = [rx.prepare(abi, module, kernel, entry, shape, device, driver)]
             footprint = sum(t.numel() * t.element_size() for t in (prs[0].q, prs[0].k, prs[0].v, prs[0].o))
-            # The daemon's rule (sdpa_baseline.Inputs): enough sets to be three times L2.
-            n_sets = 1 if args.warm else max(1, min(16, (3 * l2) // max(footprint, 1)))
+            n_sets = input_sets(footprint, l2, args.warm)
             prs += [rx.prepare(abi, module, kernel, entry, shape, device, driver) for _ in range(n_sets - 1)]
             go = rotating([x.go for x in prs])
             prepared.append((d, kernel["file"], ok, max_abs, prs, graph_of(go, args.launches), go))
