@@ -245,7 +245,6 @@ def main():
     rows, layered = [], []
     for key in keys:
         prepared = []
-        n_sets = 1
         for d, e in zip(args.dirs, exports):
             abi, kernel, entry = e[key]
             src = open(os.path.join(d, kernel["file"])).read()
@@ -281,7 +280,7 @@ def main():
             for i in cyclic(len(prepared), r):
                 chunks[i].append(replay_us(prepared[i][5], args.launches, reps[i]))
         sustained = [statistics.median(c) for c in chunks]
-        # Each kernel alone, at the clocks its own draw settles at (two windows, order alternating).
+        # Each kernel alone, at the clocks its own draw settles at (two windows, cyclic order).
         own = [float("nan")] * len(prepared)
         if args.own_ms > 0:
             reps_own = [max(1, int(args.own_ms / max(statistics.median(b) * args.launches / 1000.0, 1e-3))) for b in burst]
