@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{kv_split_plan, Project};
 use optimizerd::engine::RunEnd;
-use optimizerd::storage::ledger::{IterationRecord, Ledger};
+use optimizerd::storage::ledger::{Event, IterationRecord, Ledger};
 use serde_json::{json, Value};
 
 /// Baseline (100 us), kv-split MAX_SPLITS 1 (50 us) and 8 (40 us, the best by burst timing):
@@ -271,6 +271,13 @@ async fn a_crash_after_the_re_rank_is_recorded_resumes_without_applying_it_twice
     assert_eq!(closing.iter().map(|c| c.seq).collect::<Vec<_>>(), [4, 5]);
     assert!(closing.iter().all(|c| c.ours_sustained_us().is_some()));
 
+    // The resumed run keeps the reserve it was started with (one decision, recorded once),
+    // and its closing, without the re-rank made before the crash, is not recorded as a
+    // whole one for later runs to learn from.
+    let (reserve, took) = closing_events(&p, "crash").await;
+    assert_eq!(reserve.iter().map(|r| r.0).collect::<Vec<_>>(), [36.0], "2 shapes x 18 s of a 10-minute budget");
+    assert!(took.is_empty(), "{took:?}");
+
     // A second resume of the finished run is refused or changes nothing: no third re-rank.
     let _ = cli(&["resume", "--foreground", "crash"], None);
     assert_eq!(iterations(&p, "crash").await.iter().filter(|i| i.stage == "sustained-rerank").count(), 2);
@@ -301,4 +308,92 @@ async fn a_crash_between_promoting_and_recording_the_re_rank_redoes_it_once() {
     assert_eq!(log.lines().filter(|l| l.starts_with("best: iteration")).filter(|l| l.contains("iteration 4")).count(), 0, "the unrecorded promotion is not on best: {log}");
     assert!(log.lines().next().unwrap().starts_with("best: iteration 6 "), "{log}");
     assert_eq!(dispatch(&p, "mid")[SHAPES[1]]["params"]["MAX_SPLITS"], json!(1));
+}
+
+/// The typed closing events of `run`: (reserve seconds, closing time (seconds, shapes)).
+async fn closing_events(p: &Project, run: &str) -> (Vec<(f64, String)>, Vec<(f64, u32, f64)>) {
+    let events = Ledger::open(&p.db()).await.unwrap().events(run).await.unwrap();
+    let mut reserve = Vec::new();
+    let mut took = Vec::new();
+    for e in events {
+        match e.data {
+            Some(Event::ClosingReserve { seconds }) => reserve.push((seconds, e.message)),
+            Some(Event::ClosingTime { seconds, shapes, sustained_ms }) => took.push((seconds, shapes, sustained_ms)),
+            _ => {}
+        }
+    }
+    (reserve, took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_keeps_what_the_last_closing_on_this_gpu_took() {
+    let p = project(1.5);
+    fake_sdpa(&p, true);
+    // A first run on this GPU: 2 shapes x the built-in 18 s, capped at a quarter of 60 s.
+    assert_eq!(p.run("one", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    let (reserve, took) = closing_events(&p, "one").await;
+    assert_eq!(reserve.len(), 1, "{reserve:?}");
+    assert_eq!(reserve[0].0, 15.0);
+    assert!(
+        reserve[0].1.starts_with("the search ends at 45s of the 1m00s budget, keeping 15s for the closing comparison (2 shape(s) x 18.0 s, no closing measured on this GPU yet")
+            && reserve[0].1.ends_with("capped at a quarter of the budget, so the closing may run past it)"),
+        "{}",
+        reserve[0].1
+    );
+    // Its closing (the re-rank and the baselines) was timed and recorded.
+    assert_eq!(took.len(), 1, "{took:?}");
+    let (seconds, shapes, sustained_ms) = took[0];
+    assert_eq!((shapes, sustained_ms), (2, 200.0));
+    assert!(seconds > 0.0 && seconds < 60.0, "{seconds}");
+
+    // The next run on the same GPU keeps what that closing took per shape, for its 2 shapes.
+    assert_eq!(p.run("two", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let (reserve, _) = closing_events(&p, "two").await;
+    assert_eq!(reserve[0].0, seconds / 2.0 * 2.0, "{reserve:?}");
+    assert!(reserve[0].1.contains("the slowest of the last 1 closing(s) on this GPU)"), "{}", reserve[0].1);
+
+    // status says what is kept.
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let s = optimizerd::ops::report::status(&ledger, Some("two")).await.unwrap();
+    assert_eq!(s.closing_reserve_s, Some(reserve[0].0));
+    assert!(optimizerd::ops::report::status_text(&s).contains("kept for the closing comparison)"), "{}", optimizerd::ops::report::status_text(&s));
+
+    // Off: nothing kept, and the line says the closing runs past the budget.
+    let cfg = p.path().join("agent.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, text.replacen("[run]\n", "[run]\nbudget_covers_closing = false\n", 1)).unwrap();
+    assert_eq!(p.run("three", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let (reserve, _) = closing_events(&p, "three").await;
+    assert_eq!(reserve[0].0, 0.0);
+    assert!(reserve[0].1.contains("the closing comparison runs past it (run.budget_covers_closing = false)"), "{}", reserve[0].1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_search_stops_the_reserve_before_the_budget() {
+    // Every kv-split candidate hangs until its 2 s timeout. Budget 8 s, 2 shapes x 18 s
+    // capped at 2 s: no candidate may start 6 s or more into the run, so at most 3 run.
+    let plan = r#"
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4] }
+
+[open_phase]
+enabled = false
+"#;
+    let p = Project::new(plan, json!([]), json!({ "hang": { "step": "check" } }));
+    fake_sdpa(&p, false);
+    assert_eq!(p.run("kept", Duration::from_secs(8)).await, RunEnd::Finished("budget spent".into()));
+    let (reserve, took) = closing_events(&p, "kept").await;
+    assert_eq!(reserve.iter().map(|r| r.0).collect::<Vec<_>>(), [2.0]);
+    assert!(took.is_empty(), "no incumbent, no closing: nothing to learn from");
+    let its = iterations(&p, "kept").await;
+    assert!((1..=3).contains(&its.len()), "{}", its.len());
+    let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap();
+    let first = at(&its[0].started_at);
+    for it in &its {
+        let into = (at(&it.started_at) - first).num_milliseconds();
+        assert!(into < 6000, "iteration {} started {into} ms into the search, past the budget less the reserve", it.seq);
+    }
 }

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use crate::pipeline::timing;
 use crate::spec::protocol::{TimeCase, TimingSpec};
-use crate::storage::ledger::{self, ClosingRow, EventKind};
+use crate::storage::ledger::{self, ClosingRow, Event, EventKind};
 use crate::storage::sdpa::Versions;
 
-use super::Engine;
+use super::{reserve, Engine};
 
 /// Salts of the closing's timing seeds (distinct inputs from every iteration's).
 const SALT_BEFORE: u64 = 0xC105_E001;
@@ -30,17 +30,31 @@ type Timings = BTreeMap<String, (f64, Option<f64>)>;
 impl Engine {
     /// Run the closing comparison; a failure is recorded as an event and the run still
     /// finishes (the comparison adds figures, it decides nothing). The sustained re-rank
-    /// before it does decide: its wins are recorded like any other.
-    pub(super) async fn closing_comparison(&mut self) -> anyhow::Result<()> {
+    /// before it does decide: its wins are recorded like any other. Ok(true) when all it
+    /// set out to do was done (its time is then what later runs keep for theirs).
+    pub(super) async fn closing_comparison(&mut self) -> anyhow::Result<bool> {
+        let mut complete = true;
+        let mut measured = false;
         if self.cfg.timing.sustained_ms > 0.0 && self.cfg.timing.rerank_top > 1 && !self.incumbents.is_empty() {
-            if let Err(why) = self.sustained_rerank().await? {
-                let msg = format!("sustained re-rank not made: {why}");
-                self.ledger.event(&self.run_id, EventKind::ClosingFailed, &msg).await?;
-                tracing::warn!(kind = "closing_failed", "{msg}");
+            // A run resumed after (part of) its re-rank does not re-rank those shapes again:
+            // its closing then takes less than a whole one, and is not recorded as one.
+            let before = self.ledger.events(&self.run_id).await?.iter().any(|e| e.kind == EventKind::Rerank)
+                || self.ledger.iterations(&self.run_id).await?.iter().any(|i| i.stage == super::rerank::RERANK_STAGE);
+            match self.sustained_rerank().await? {
+                Ok(()) => {
+                    measured = true;
+                    complete = !before;
+                }
+                Err(why) => {
+                    complete = false;
+                    let msg = format!("sustained re-rank not made: {why}");
+                    self.ledger.event(&self.run_id, EventKind::ClosingFailed, &msg).await?;
+                    tracing::warn!(kind = "closing_failed", "{msg}");
+                }
             }
         }
         if !self.cfg.baseline.sdpa || self.incumbents.is_empty() || self.ledger.sdpa(&self.run_id).await?.is_empty() {
-            return Ok(());
+            return Ok(complete && measured);
         }
         match self.closing_rows().await {
             Ok((rows, versions)) => {
@@ -56,13 +70,49 @@ impl Engine {
                 );
                 self.ledger.event(&self.run_id, EventKind::Closing, &msg).await?;
                 tracing::info!(kind = "closing", "{msg}");
+                Ok(complete)
             }
             Err(why) => {
                 let msg = format!("closing comparison not made: {why}");
                 self.ledger.event(&self.run_id, EventKind::ClosingFailed, &msg).await?;
                 tracing::warn!(kind = "closing_failed", "{msg}");
+                Ok(false)
             }
         }
+    }
+
+    /// Record how long a complete closing took, for later runs on this GPU to keep as much.
+    pub(super) async fn record_closing_time(&self, took: Duration) -> anyhow::Result<()> {
+        let shapes = self.incumbents.len() as u32;
+        let seconds = took.as_secs_f64();
+        let event = Event::ClosingTime { seconds, shapes, sustained_ms: self.cfg.timing.sustained_ms };
+        let msg = format!("closing comparison took {seconds:.1} s for {shapes} shape(s) ({:.1} s each)", seconds / f64::from(shapes.max(1)));
+        self.ledger.record_event(&self.run_id, &event, &msg).await?;
+        tracing::info!(kind = "closing_time", seconds, shapes, "{msg}");
+        Ok(())
+    }
+
+    /// What this run keeps of its budget for the closing: decided once when the run is
+    /// created and recorded; a resumed run reads it back.
+    pub(super) async fn decide_closing_reserve(&mut self, resuming: bool) -> anyhow::Result<()> {
+        if resuming {
+            let kept = self.ledger.events(&self.run_id).await?.into_iter().find_map(|e| match e.data {
+                Some(Event::ClosingReserve { seconds }) => Some(seconds),
+                _ => None,
+            });
+            self.closing_reserve = Duration::from_secs_f64(kept.unwrap_or(0.0).max(0.0));
+            return Ok(());
+        }
+        let t = &self.cfg.timing;
+        // The baselines are measured again at the closing only where they were at the start.
+        let sdpa = self.cfg.baseline.sdpa && !self.ledger.sdpa(&self.run_id).await?.is_empty();
+        let work = reserve::ClosingWork { sustained_ms: t.sustained_ms, rerank: t.rerank_top > 1, sdpa };
+        let history = self.ledger.closing_times(&self.device.name, reserve::HISTORY * 4).await?;
+        let r = reserve::plan(self.budget, self.shapes.len(), work, self.cfg.run.budget_covers_closing, &history);
+        let msg = r.describe(self.budget, self.shapes.len());
+        self.ledger.record_event(&self.run_id, &Event::ClosingReserve { seconds: r.seconds }, &msg).await?;
+        tracing::info!(kind = "closing_reserve", seconds = r.seconds, "{msg}");
+        self.closing_reserve = r.duration();
         Ok(())
     }
 

@@ -24,6 +24,7 @@ mod agent_stage;
 mod candidate;
 mod closing;
 mod rerank;
+mod reserve;
 mod gpu_wait;
 mod incumbents;
 mod open_phase;
@@ -111,6 +112,9 @@ pub struct Engine {
     /// Time spent waiting for the GPU: not charged to the budget.
     paused: Duration,
     budget: Duration,
+    /// The end of the budget kept for the closing comparison (`reserve.rs`): the search
+    /// stops this much before the budget.
+    closing_reserve: Duration,
     seed: u64,
     shutdown: Shutdown,
     /// What earlier runs measured on this kind of GPU (None: `--fresh`, or nothing there).
@@ -134,7 +138,10 @@ pub async fn run(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<(String
         Err(e) => RunEnd::Failed(crate::error_text::join(e.chain())),
     };
     if matches!(end, RunEnd::Finished(_)) {
-        engine.closing_comparison().await?;
+        let started = Instant::now();
+        if engine.closing_comparison().await? {
+            engine.record_closing_time(started.elapsed()).await?;
+        }
     }
     engine.finish(&end).await?;
     Ok((engine.run_id.clone(), end))
@@ -146,8 +153,9 @@ impl Engine {
         (self.used_before + self.started.elapsed()).saturating_sub(self.paused)
     }
 
+    /// Whether the search may go on: the budget less what the closing keeps.
     fn budget_left(&self) -> bool {
-        self.used() < self.budget
+        self.used() + self.closing_reserve < self.budget
     }
 
     /// Stop requested, or the budget spent: how the run ends now. None: go on.

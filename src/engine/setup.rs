@@ -222,6 +222,7 @@ impl Engine {
             used_before,
             paused: Duration::ZERO,
             budget,
+            closing_reserve: Duration::ZERO,
             seed,
             shutdown,
             memory,
@@ -229,6 +230,7 @@ impl Engine {
             _lock: lock,
         };
         engine.measure_sdpa().await?;
+        engine.decide_closing_reserve(resuming).await?;
         // The SDPA measurement is a fixed, cached overhead: it is not charged to the budget.
         engine.started = Instant::now();
         if resuming {

@@ -16,6 +16,9 @@ use crate::storage::ledger::time_to_best::{self, TimeToBest};
 pub struct Status {
     pub run: RunRow,
     pub budget_left_s: f64,
+    /// The end of the budget the run keeps for its closing comparison (its search stops that
+    /// much earlier); None for runs recorded before the reserve existed.
+    pub closing_reserve_s: Option<f64>,
     pub best: Vec<BestRow>,
     pub verdicts: Vec<(Verdict, i64)>,
     /// Iterations whose rows cannot be decoded (named; the others are counted normally).
@@ -77,7 +80,11 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
         }
     });
     let time_to_best = time_to_best::compute(&its);
-    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), run, best, verdicts, unreadable, workload, sdpa, closing, agent, time_to_best })
+    let closing_reserve_s = ledger.events(&run.id).await?.into_iter().find_map(|e| match e.data {
+        Some(crate::storage::ledger::Event::ClosingReserve { seconds }) => Some(seconds),
+        _ => None,
+    });
+    Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), closing_reserve_s, run, best, verdicts, unreadable, workload, sdpa, closing, agent, time_to_best })
 }
 
 /// Candidates per minute of budget used (None before a minute's worth of data).
@@ -99,9 +106,13 @@ pub fn status_text(s: &Status) -> String {
     }
     let rate = per_minute(r.iterations, r.used_s).map(|x| format!(", {x:.1} per minute of budget")).unwrap_or_default();
     let _ = writeln!(out, "iterations {}{}{rate}", r.iterations, if verdicts.is_empty() { String::new() } else { format!(" ({})", verdicts.join(", ")) });
+    let kept = match s.closing_reserve_s {
+        Some(k) if k > 0.0 => format!(" (the last {} kept for the closing comparison)", fmt_secs(k)),
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "budget     {} used of {}, {} left",
+        "budget     {} used of {}, {} left{kept}",
         fmt_secs(r.used_s),
         fmt_secs(r.budget_s),
         fmt_secs(s.budget_left_s)

@@ -102,6 +102,11 @@ pub struct RunSection {
     pub runs_dir: PathBuf,
     pub plan: PathBuf,
     pub templates_dir: PathBuf,
+    /// The budget covers the closing comparison (the sustained re-rank and the baselines
+    /// measured afresh): the search ends early by the closing's expected length, so that a
+    /// `--budget 90m` run ends about 90 minutes after it started. false: the search uses the
+    /// whole budget and the closing runs past it (the behaviour before 2026-11-29).
+    pub budget_covers_closing: bool,
 }
 
 impl Default for RunSection {
@@ -110,6 +115,7 @@ impl Default for RunSection {
             runs_dir: "runs".into(),
             plan: "strategies/default.toml".into(),
             templates_dir: "kernel-templates".into(),
+            budget_covers_closing: true,
         }
     }
 }
@@ -492,7 +498,8 @@ impl Config {
         let t = &self.timing;
         serde_json::json!({
             "source": self.source.display().to_string(),
-            "run": { "runs_dir": self.run.runs_dir, "plan": self.run.plan, "templates_dir": self.run.templates_dir },
+            "run": { "runs_dir": self.run.runs_dir, "plan": self.run.plan, "templates_dir": self.run.templates_dir,
+                     "budget_covers_closing": self.run.budget_covers_closing },
             "workload": { "dtype": self.workload.dtype, "layout": self.workload.layout, "shapes": self.shapes() },
             "check": { "atol": self.check.atol, "rtol_l2": self.check.rtol_l2 },
             "timing": { "warmup": t.warmup, "rounds": t.rounds, "samples_per_round": t.samples_per_round,

@@ -40,6 +40,11 @@ pub enum EventKind {
     /// The closing's sustained re-rank finished (what it kept or changed): a resumed run
     /// does not re-rank again.
     Rerank,
+    /// How long the closing comparison took (typed: [`Event::ClosingTime`]); later runs on
+    /// the same GPU reserve that much of their budget for theirs.
+    ClosingTime,
+    /// The part of the budget this run keeps for its closing (typed: [`Event::ClosingReserve`]).
+    ClosingReserve,
     AgentResumed,
     AgentStageEnd,
 }
@@ -65,6 +70,8 @@ impl EventKind {
             EventKind::Closing => "closing",
             EventKind::ClosingFailed => "closing_failed",
             EventKind::Rerank => "rerank",
+            EventKind::ClosingTime => "closing_time",
+            EventKind::ClosingReserve => "closing_reserve",
             EventKind::AgentResumed => "agent_resumed",
             EventKind::AgentStageEnd => "agent_stage_end",
         }
@@ -87,6 +94,12 @@ pub enum Event {
     StageNotNeeded { stage: String },
     /// The run was started `--fresh`: a resumed run ignores the memory of earlier runs too.
     MemoryOff,
+    /// The closing comparison (re-rank included) of `shapes` shapes took `seconds`, with
+    /// sustained windows of `sustained_ms` (0: burst timing only).
+    ClosingTime { seconds: f64, shapes: u32, sustained_ms: f64 },
+    /// The run ends its search `seconds` before its budget, for its closing; a resumed run
+    /// keeps the figure it was started with.
+    ClosingReserve { seconds: f64 },
 }
 
 impl Event {
@@ -95,6 +108,8 @@ impl Event {
             Event::StageStart { .. } => EventKind::StageStart,
             Event::StageNotNeeded { .. } => EventKind::StageNotNeeded,
             Event::MemoryOff => EventKind::Memory,
+            Event::ClosingTime { .. } => EventKind::ClosingTime,
+            Event::ClosingReserve { .. } => EventKind::ClosingReserve,
         }
     }
 }
@@ -190,6 +205,22 @@ impl Ledger {
             .await
             .map_err(self.q("record event"))?;
         Ok(())
+    }
+
+    /// The closing times recorded by runs on GPUs named `gpu_name`, newest first (at most
+    /// `limit`): what a new run on that GPU expects its own closing to take.
+    pub async fn closing_times(&self, gpu_name: &str, limit: u32) -> Result<Vec<Event>> {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT e.data_json FROM events e JOIN runs r ON r.id = e.run_id \
+             WHERE e.kind = ? AND r.gpu_name = ? AND e.data_json IS NOT NULL ORDER BY e.at DESC, e.rowid DESC LIMIT ?",
+        )
+        .bind(EventKind::ClosingTime)
+        .bind(gpu_name)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.q("read closing times"))?;
+        Ok(rows.into_iter().filter_map(|(j,)| serde_json::from_str(&j).ok()).collect())
     }
 
     pub async fn events(&self, run_id: &str) -> Result<Vec<EventRow>> {
