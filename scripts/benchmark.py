@@ -313,6 +313,9 @@ def main():
     else:
         fa4_note = "FA4 not measured" + (f": {versions['fa4_error']}" if versions.get("fa4_error") else " (flash_attn.cute does not import)")
     run_row = status["run"]
+    kept = status.get("closing_reserve_s")
+    kept_note = (f" (the search stopped {kept:.0f} s before the budget, kept for the closing comparison: "
+                 "run.budget_covers_closing)") if kept else ""
     out_md = os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out
     figures = report_figures(binary, config, repo, run_row["id"], os.path.dirname(os.path.abspath(out_md)))
     today = datetime.date.today().isoformat()
@@ -324,7 +327,7 @@ def main():
 
 - Command: `{shown}` (runs `optimizerd start --budget {args.budget}{how} from {ledger_note}
   with `{args.config}`); run `{run_row['id']}`, {run_row['iterations']} iterations,
-  {run_row['used_s']:.0f} s of budget used, state {run_row['state']}.
+  {run_row['used_s']:.0f} s of budget used{kept_note}, state {run_row['state']}.
 - GPU {run_row.get('gpu_name') or '-'}; driver, max SM clock: {driver}; torch {versions.get('torch', '-')},
   CUDA {versions.get('cuda', '-')}, cuDNN {versions.get('cudnn', '-')}; {fa4_note}.
 - Times are GPU time per call: candidates by CUDA-graph replay (timing.method = graph), SDPA and FA4 by
