@@ -1,9 +1,10 @@
 //! How much of the group's budget the next item's run gets.
 //!
-//! The group's budget is wall-clock time, but a run's budget counts only its search: its
-//! setup (the worker, SDPA measured on its GPU) and its closing comparison come on top.
-//! So the shares leave room for that overhead, measured on the group's runs that ended
-//! (before any has, [`DEFAULT_OVERHEAD`]).
+//! The group's budget is wall-clock time, but a run's budget does not count its setup (the
+//! worker, SDPA measured on its GPU), and its closing comparison may run past it (a short
+//! run keeps at most a quarter of its budget for the closing: engine/reserve.rs). So the
+//! shares leave room for that overhead, a run's wall time beyond its budget, measured on the
+//! group's runs that ended (before any has, [`DEFAULT_OVERHEAD`]).
 
 use std::time::Duration;
 
