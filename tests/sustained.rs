@@ -275,7 +275,7 @@ async fn a_crash_after_the_re_rank_is_recorded_resumes_without_applying_it_twice
     // and its closing, without the re-rank made before the crash, is not recorded as a
     // whole one for later runs to learn from.
     let (reserve, took) = closing_events(&p, "crash").await;
-    assert_eq!(reserve.iter().map(|r| r.0).collect::<Vec<_>>(), [36.0], "2 shapes x 18 s of a 10-minute budget");
+    assert_eq!(reserve.iter().map(|r| r.0).collect::<Vec<_>>(), [24.0], "2 shapes x 12 s of a 10-minute budget");
     assert!(took.is_empty(), "{took:?}");
 
     // A second resume of the finished run is refused or changes nothing: no third re-rank.
@@ -329,13 +329,13 @@ async fn closing_events(p: &Project, run: &str) -> (Vec<(f64, String)>, Vec<(f64
 async fn the_budget_keeps_what_the_last_closing_on_this_gpu_took() {
     let p = project(1.5);
     fake_sdpa(&p, true);
-    // A first run on this GPU: 2 shapes x the built-in 18 s, capped at a quarter of 60 s.
+    // A first run on this GPU: 2 shapes x the built-in 12 s, capped at a quarter of 60 s.
     assert_eq!(p.run("one", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
     let (reserve, took) = closing_events(&p, "one").await;
     assert_eq!(reserve.len(), 1, "{reserve:?}");
     assert_eq!(reserve[0].0, 15.0);
     assert!(
-        reserve[0].1.starts_with("the search ends at 45s of the 1m00s budget, keeping 15s for the closing comparison (2 shape(s) x 18.0 s, no closing measured on this GPU yet")
+        reserve[0].1.starts_with("the search ends at 45s of the 1m00s budget, keeping 15s for the closing comparison (2 shape(s) x 12.0 s, no closing measured on this GPU yet")
             && reserve[0].1.ends_with("capped at a quarter of the budget, so the closing may run past it)"),
         "{}",
         reserve[0].1
@@ -370,19 +370,10 @@ async fn the_budget_keeps_what_the_last_closing_on_this_gpu_took() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_search_stops_the_reserve_before_the_budget() {
-    // Every kv-split candidate hangs until its 2 s timeout. Budget 8 s, 2 shapes x 18 s
-    // capped at 2 s: no candidate may start 6 s or more into the run, so at most 3 run.
-    let plan = r#"
-[[stage]]
-name = "kv-split"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4] }
-
-[open_phase]
-enabled = false
-"#;
-    let p = Project::new(plan, json!([]), json!({ "hang": { "step": "check" } }));
+    // Every candidate (the baseline, five kv-split ones) hangs until its 2 s timeout. Budget
+    // 8 s, 2 shapes x 12 s capped at 2 s: no candidate may start 6 s or more into the run, so
+    // at most 3 run.
+    let p = Project::new(&kv_split_plan("1, 2, 4, 8, 16"), json!([]), json!({ "hang": { "step": "check" } }));
     fake_sdpa(&p, false);
     assert_eq!(p.run("kept", Duration::from_secs(8)).await, RunEnd::Finished("budget spent".into()));
     let (reserve, took) = closing_events(&p, "kept").await;
@@ -396,4 +387,28 @@ enabled = false
         let into = (at(&it.started_at) - first).num_milliseconds();
         assert!(into < 6000, "iteration {} started {into} ms into the search, past the budget less the reserve", it.seq);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_re_rank_starts_every_contenders_build_once_before_loading_any() {
+    let p = project(1.5);
+    fake_sdpa(&p, false);
+    assert_eq!(p.run("pre", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    let log = std::fs::read_to_string(p.path().join("runs/pre/worker.log")).unwrap();
+    // The worker's lines from the re-rank on: its contenders, the baseline kernel (#1) and
+    // MAX_SPLITS 1 (#2), contend for both shapes; each is loaded once per shape.
+    let lines: Vec<&str> = log.lines().filter_map(|l| l.split("scripted worker: ").nth(1)).collect();
+    let first_load = lines.iter().position(|l| l.starts_with("load rerank")).expect("the re-rank loads its contenders");
+    let loads: Vec<&str> = lines[first_load..].iter().filter(|l| l.starts_with("load rerank")).copied().collect();
+    assert_eq!(loads.len(), 4, "{loads:?}");
+    let hash = |l: &str| l.rsplit(' ').next().unwrap().to_string();
+    let mut contenders: Vec<String> = loads.iter().map(|l| hash(l)).collect();
+    contenders.sort();
+    contenders.dedup();
+    assert_eq!(contenders.len(), 2, "{loads:?}");
+    // Right before the first of those loads: one precompile per distinct contender.
+    let before: Vec<String> = lines[..first_load].iter().rev().take_while(|l| l.starts_with("precompile ")).map(|l| l.split(' ').nth(1).unwrap().to_string()).collect();
+    let mut started = before.clone();
+    started.sort();
+    assert_eq!(started, contenders, "{:?}", &lines[first_load.saturating_sub(4)..first_load]);
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::pipeline::decide::{self, Stats};
 use crate::pipeline::outcome::Verdict;
-use crate::pipeline::{record, timing};
+use crate::pipeline::{compile, record, timing};
 use crate::spec::protocol::{ShapePlan, TimeCase};
 use crate::spec::template::{Params, Template};
 use crate::storage::ledger::{EventKind, IterationRecord, ShapeRecord};
@@ -69,14 +69,23 @@ impl Engine {
         let mut contenders: BTreeMap<String, Vec<Contender>> = BTreeMap::new();
         let mut notes = Vec::new();
         let keys: Vec<String> = self.shapes.iter().map(|s| s.key()).filter(|k| self.incumbents.contains_key(k)).collect();
+        let done = |key: &str| its.iter().any(|i| i.stage == RERANK_STAGE && i.verdict.is_final() && i.shapes.iter().any(|s| s.shape == key));
+        // Each shape's contenders (iteration and row), ranked before any is loaded.
+        let plan: BTreeMap<String, Ranked> = keys
+            .iter()
+            .filter(|k| !done(k.as_str()))
+            .filter_map(|k| self.incumbents.get(k).map(|inc| (k.clone(), ranked(&its, k, inc.seq, top.saturating_sub(1)))))
+            .collect();
+        let loading_order = keys.iter().filter_map(|k| plan.get(k)).flat_map(|r| r.iter().map(|(seq, _)| *seq));
+        self.precompile_contenders(&its, loading_order).await;
         for key in keys {
-            if its.iter().any(|i| i.stage == RERANK_STAGE && i.verdict.is_final() && i.shapes.iter().any(|s| s.shape == key)) {
+            if done(&key) {
                 notes.push(format!("{key} re-ranked before the resume"));
                 continue;
             }
             let Some(inc) = self.incumbents.get(&key).cloned() else { continue };
             let mut found = Vec::new();
-            for (seq, row) in ranked(&its, &key, inc.seq, top.saturating_sub(1)) {
+            for (seq, row) in plan.get(&key).cloned().unwrap_or_default() {
                 match self.contender(&its, seq, row).await {
                     Ok(c) => found.push(c),
                     // A kernel that cannot be rebuilt now is left out; the others are still ranked.
@@ -161,10 +170,34 @@ impl Engine {
         Ok(Ok(()))
     }
 
-    /// Rebuild iteration `seq`'s kernel for one shape and load it: its source from its
-    /// commit, its plan from the spec the source carries (as a resumed run rebuilds its
-    /// incumbents), checked against what that iteration recorded.
-    async fn contender(&mut self, its: &[IterationRecord], seq: i64, row: ShapeRecord) -> Result<Contender, String> {
+    /// Start the builds of these iterations' kernels (each once) on the worker, side by
+    /// side, before any is loaded: compiled one after the other as each shape loaded its
+    /// contenders, they were most of the re-rank's time (81 s for 8 shapes on the H200,
+    /// 2026-11-29: 16 loads of ~4.6 s). A kernel that contends for several shapes is then
+    /// compiled once (the worker keeps the builds it loaded). The first
+    /// [`PRECOMPILE_SLOTS`](crate::spec::protocol::PRECOMPILE_SLOTS) in loading order are
+    /// started; a build that cannot be started costs nothing but the guess: the load compiles it.
+    async fn precompile_contenders(&mut self, its: &[IterationRecord], seqs: impl Iterator<Item = i64>) {
+        if !self.cfg.worker.lookahead {
+            return;  // no background builds asked of this worker
+        }
+        let mut started: Vec<i64> = Vec::new();
+        for seq in seqs {
+            // Past the worker's slots a guess would push out the first ones, loaded first.
+            if started.contains(&seq) || started.len() == crate::spec::protocol::PRECOMPILE_SLOTS {
+                continue;
+            }
+            started.push(seq);
+            let Ok((_, source, template)) = self.source_of(its, seq) else { continue };
+            let Ok(arch) = template.meta.target_arch(&self.device) else { continue };
+            if let Err(why) = compile::precompile(&mut self.sup, &source, &arch, self.cfg.worker.load_timeout).await {
+                tracing::debug!(kind = "rerank", "iteration {seq}'s build not started ahead: {why}");
+            }
+        }
+    }
+
+    /// Iteration `seq`'s record, its source (from its commit) and that source's template.
+    fn source_of<'a>(&self, its: &'a [IterationRecord], seq: i64) -> Result<(&'a IterationRecord, String, Template), String> {
         let it = its.iter().find(|i| i.seq == seq).ok_or("not in the ledger")?;
         let commit = it.git_commit.as_deref().ok_or("no commit")?;
         let source = self
@@ -172,9 +205,17 @@ impl Engine {
             .read_at(commit, "candidate.cu")
             .map_err(|e| crate::error_text::chain(&e))?
             .ok_or_else(|| format!("commit {commit} has no candidate.cu"))?;
+        let template = Template::parse("candidate.cu", source.clone()).map_err(|e| e.to_string())?;
+        Ok((it, source, template))
+    }
+
+    /// Rebuild iteration `seq`'s kernel for one shape and load it: its source from its
+    /// commit, its plan from the spec the source carries (as a resumed run rebuilds its
+    /// incumbents), checked against what that iteration recorded.
+    async fn contender(&mut self, its: &[IterationRecord], seq: i64, row: ShapeRecord) -> Result<Contender, String> {
+        let (it, source, template) = self.source_of(its, seq)?;
         let params: Params = serde_json::from_str(&it.params_json).map_err(|e| format!("params {}: {e}", it.params_json))?;
         let shape = self.shapes.iter().find(|s| s.key() == row.shape).copied().ok_or("shape not in the workload")?;
-        let template = Template::parse("candidate.cu", source.clone()).map_err(|e| e.to_string())?;
         let plan = template.plan(&params, &shape, &self.device).map_err(|e| e.to_string())?;
         if row.n_splits.is_some_and(|n| n != plan.n_splits as i64) {
             return Err(format!("its plan now has {} splits, {} were timed", plan.n_splits, row.n_splits.unwrap_or(0)));
@@ -280,7 +321,10 @@ fn drift_corrected(its: &[IterationRecord], key: &str) -> BTreeMap<i64, f64> {
 /// its source): (seq, its row). Correct: checked correct and timed in full on this shape, by
 /// an iteration whose verdict says it ran to the end (accepted, rejected, baseline); flagged
 /// or cheating ones never.
-fn ranked(its: &[IterationRecord], key: &str, best_seq: i64, n: usize) -> Vec<(i64, ShapeRecord)> {
+/// A shape's contenders in rank order: iteration and its row on that shape.
+type Ranked = Vec<(i64, ShapeRecord)>;
+
+fn ranked(its: &[IterationRecord], key: &str, best_seq: i64, n: usize) -> Ranked {
     let corrected = drift_corrected(its, key);
     let best_hash = its.iter().find(|i| i.seq == best_seq).and_then(|i| i.source_hash.clone());
     let mut rows: Vec<(i64, Option<String>, ShapeRecord)> = its

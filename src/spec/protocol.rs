@@ -550,6 +550,9 @@ pub fn rounds_for(spec: &TimingSpec, slowest_us: f64, per_sample: u32) -> u32 {
     (fit.min(max as f64) as u32).max(2.min(max))
 }
 
+/// How many `Precompile`d sources a worker keeps waiting for their `Load`.
+pub const PRECOMPILE_SLOTS: usize = 8;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
@@ -587,7 +590,9 @@ pub enum Request {
     },
     /// Start compiling `source` (both builds) on background threads and answer at once: a
     /// later `Load` of the same source and arch takes the result instead of compiling. The
-    /// engine sends the candidate it expects next while the current one is checked and timed.
+    /// engine sends the candidate it expects next while the current one is checked and timed,
+    /// and the closing's re-rank its contenders (at most [`PRECOMPILE_SLOTS`]; past that the
+    /// worker drops the oldest guess).
     Precompile {
         source: String,
         arch: String,

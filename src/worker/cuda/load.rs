@@ -22,8 +22,54 @@ pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
 pub(super) type Builds = (Result<Compiled, CompileFailure>, Result<Compiled, CompileFailure>, f64);
 
 /// How many precompiled sources the worker keeps waiting for a `Load` (a bounded look-ahead:
-/// older guesses are dropped, their threads finish on their own).
-const MAX_PENDING: usize = 2;
+/// older guesses are dropped, their threads finish on their own). The search guesses one
+/// source ahead; the closing's re-rank starts every contender's build at once (on the H200's
+/// 16-core host a wgmma build took 4.6 s, and one after the other they were most of the
+/// re-rank's 81 s for 8 shapes, 2026-11-29).
+const MAX_PENDING: usize = crate::spec::protocol::PRECOMPILE_SLOTS;
+
+/// How many successful builds the worker keeps after loading them.
+const MAX_CACHED: usize = 8;
+
+/// The builds of the last few sources loaded, newest last: a `Load` of a source loaded
+/// moments ago (the re-rank loads a kernel once per shape it contends for, under one id per
+/// shape) takes its cubins instead of compiling both builds again. Bounded; a source
+/// used again moves to the back.
+pub(super) struct BuildCache<T> {
+    entries: Vec<(String, T)>,
+    cap: usize,
+}
+
+impl<T: Clone> BuildCache<T> {
+    pub(super) fn new(cap: usize) -> Self {
+        BuildCache { entries: Vec::new(), cap }
+    }
+
+    pub(super) fn get(&mut self, key: &str) -> Option<T> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        let entry = self.entries.remove(i);
+        let value = entry.1.clone();
+        self.entries.push(entry);
+        Some(value)
+    }
+
+    pub(super) fn put(&mut self, key: String, value: T) {
+        self.entries.retain(|(k, _)| *k != key);
+        if self.cap == 0 {
+            return;
+        }
+        if self.entries.len() >= self.cap {
+            self.entries.remove(0);
+        }
+        self.entries.push((key, value));
+    }
+}
+
+impl Default for BuildCache<(Compiled, Compiled)> {
+    fn default() -> Self {
+        BuildCache::new(MAX_CACHED)
+    }
+}
 
 /// Compile both builds of `source` side by side.
 fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, timeout: Option<Duration>) -> Builds {
@@ -72,18 +118,25 @@ impl CudaBackend {
     ) -> Result<Response, Failure> {
         let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
         let name = format!("{}.cu", id.replace(['\0', '/'], "_"));
-        // A precompiled source: wait for its threads (usually done) instead of compiling again.
+        // A source loaded moments ago: its cubins. A precompiled one: wait for its threads
+        // (usually done) instead of compiling again.
         let key = pending_key(arch, source);
-        let ahead = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
-        let (timed, check, compile_ms) = match ahead.map(|h| h.join()) {
-            Some(Ok(builds)) => builds,
-            _ => compile_builds(&self.toolchain, source, &name, arch, timeout),
+        let (timed, check, compile_ms) = match self.built.get(&key) {
+            Some((timed, check)) => (Ok(timed), Ok(check), 0.0),
+            None => {
+                let ahead = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
+                match ahead.map(|h| h.join()) {
+                    Some(Ok(builds)) => builds,
+                    _ => compile_builds(&self.toolchain, source, &name, arch, timeout),
+                }
+            }
         };
         let timed = timed.map_err(|e| compile_failure(e, "", compile_timeout_ms))?;
         let check = check.map_err(|e| {
             compile_failure(e, "check build (-DOPTD_COUNT_CTAS=1): ", compile_timeout_ms)
         })?;
         tracing::debug!(%id, compile_ms, timed_bytes = timed.cubin.len(), "compiled");
+        self.built.put(key, (timed.clone(), check.clone()));
 
         let Compiled {
             cubin: timed_cubin,
@@ -175,5 +228,26 @@ impl CudaBackend {
             occupancy: occ,
             log,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BuildCache;
+
+    #[test]
+    fn the_build_cache_keeps_the_last_few_and_moves_a_reused_one_back() {
+        let mut c = BuildCache::new(2);
+        c.put("a".into(), 1);
+        c.put("b".into(), 2);
+        assert_eq!(c.get("a"), Some(1), "a is now the newest");
+        c.put("c".into(), 3);
+        assert_eq!((c.get("b"), c.get("a"), c.get("c")), (None, Some(1), Some(3)), "b, the oldest, went");
+        c.put("a".into(), 4);
+        assert_eq!(c.get("a"), Some(4), "a key put again holds the new value once");
+        assert_eq!(c.entries.len(), 2);
+        let mut off = BuildCache::new(0);
+        off.put("a".into(), 1);
+        assert_eq!(off.get("a"), None);
     }
 }

@@ -61,6 +61,8 @@ pub struct CudaBackend {
     candidates: HashMap<String, Candidate>,
     /// Builds started by `Precompile`, keyed by arch and source, oldest first.
     pending: Vec<(String, std::thread::JoinHandle<Builds>)>,
+    /// The builds of the last few sources loaded (`load::BuildCache`).
+    built: load::BuildCache<(crate::nvrtc::Compiled, crate::nvrtc::Compiled)>,
     /// The last `Time` request's input sets, for the next request with the same seed (an
     /// iteration's full timing after its screen): see `timing::TimingInputs`.
     timing_inputs: timing::TimingInputs,
@@ -111,6 +113,7 @@ impl CudaBackend {
             device,
             candidates: HashMap::new(),
             pending: Vec::new(),
+            built: Default::default(),
             timing_inputs: timing::TimingInputs::default(),
         })
     }
