@@ -96,10 +96,7 @@ impl Engine {
     /// created and recorded; a resumed run reads it back.
     pub(super) async fn decide_closing_reserve(&mut self, resuming: bool) -> anyhow::Result<()> {
         if resuming {
-            let kept = self.ledger.events(&self.run_id).await?.into_iter().find_map(|e| match e.data {
-                Some(Event::ClosingReserve { seconds }) => Some(seconds),
-                _ => None,
-            });
+            let kept = self.ledger.closing_reserve(&self.run_id).await?;
             self.closing_reserve = Duration::from_secs_f64(kept.unwrap_or(0.0).max(0.0));
             return Ok(());
         }

@@ -80,10 +80,7 @@ pub async fn status(ledger: &Ledger, run: Option<&str>) -> Result<Status, Ledger
         }
     });
     let time_to_best = time_to_best::compute(&its);
-    let closing_reserve_s = ledger.events(&run.id).await?.into_iter().find_map(|e| match e.data {
-        Some(crate::storage::ledger::Event::ClosingReserve { seconds }) => Some(seconds),
-        _ => None,
-    });
+    let closing_reserve_s = ledger.closing_reserve(&run.id).await?;
     Ok(Status { budget_left_s: (run.budget_s - run.used_s).max(0.0), closing_reserve_s, run, best, verdicts, unreadable, workload, sdpa, closing, agent, time_to_best })
 }
 

@@ -223,6 +223,15 @@ impl Ledger {
         Ok(rows.into_iter().filter_map(|(j,)| serde_json::from_str(&j).ok()).collect())
     }
 
+    /// The part of its budget run `run_id` keeps for its closing (`Event::ClosingReserve`);
+    /// None for a run recorded before the reserve existed.
+    pub async fn closing_reserve(&self, run_id: &str) -> Result<Option<f64>> {
+        Ok(self.events(run_id).await?.into_iter().find_map(|e| match e.data {
+            Some(Event::ClosingReserve { seconds }) => Some(seconds),
+            _ => None,
+        }))
+    }
+
     pub async fn events(&self, run_id: &str) -> Result<Vec<EventRow>> {
         let rows: Vec<RawEvent> = sqlx::query_as("SELECT at, kind, message, data_json FROM events WHERE run_id = ? ORDER BY rowid")
             .bind(run_id)
