@@ -314,7 +314,8 @@ def main():
         fa4_note = "FA4 not measured" + (f": {versions['fa4_error']}" if versions.get("fa4_error") else " (flash_attn.cute does not import)")
     run_row = status["run"]
     kept = status.get("closing_reserve_s")
-    kept_note = (f" (the search stopped {kept:.0f} s before the budget, kept for the closing comparison: "
+    # The search's end moved this far before the budget; a run that converged sooner stopped earlier.
+    kept_note = (f" (the last {kept:.0f} s of the budget kept for the closing comparison: "
                  "run.budget_covers_closing)") if kept else ""
     out_md = os.path.join(repo, args.out) if not os.path.isabs(args.out) else args.out
     figures = report_figures(binary, config, repo, run_row["id"], os.path.dirname(os.path.abspath(out_md)))
