@@ -373,7 +373,11 @@ impl Engine {
             };
             medians.push(cand.median_us);
             let inc_stats: Option<Stats> = self.incumbents.get(&key).and_then(|inc| timing::stats_of(case, &inc.id));
-            let decision: Option<ShapeDecision> = inc_stats.map(|inc| decide::decide_shape(&cand, &inc, self.cfg.timing.min_gain));
+            // Paired: the incumbent's samples were taken in step with the candidate's.
+            let decision: Option<ShapeDecision> = self
+                .incumbents
+                .get(&key)
+                .and_then(|inc| decide::decide_samples(timing::samples_of(case, id)?, timing::samples_of(case, &inc.id)?, self.cfg.timing.min_gain));
             if policy.plausibility {
                 if let Some(d) = decision.filter(|d| d.speedup > agent.suspicious_speedup) {
                     out.implausible.push(format!("{key} {:.1}x the incumbent (agent.suspicious_speedup = {})", d.speedup, agent.suspicious_speedup));

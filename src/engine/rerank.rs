@@ -127,7 +127,12 @@ impl Engine {
                     .filter_map(|c| Some((c, timing::sustained_of(case, &c.id)?, timing::stats_of(case, &c.id)?)))
                     .min_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us));
                 let Some((c, c_s, c_b)) = best else { continue };
-                let d = decide::decide_shape(&c_s, &inc_s, self.cfg.timing.rerank_min_gain);
+                // Paired window by window where there are enough windows (else their medians).
+                let gain = self.cfg.timing.rerank_min_gain;
+                let d = timing::sustained_samples_of(case, &c.id)
+                    .zip(timing::sustained_samples_of(case, &inc.id))
+                    .and_then(|(c_w, i_w)| decide::decide_samples(c_w, i_w, gain))
+                    .unwrap_or_else(|| decide::decide_shape(&c_s, &inc_s, gain));
                 if !d.wins {
                     notes.push(format!(
                         "{key} kept #{} ({:.2} us sustained; next #{} {:.2} us, recorded {:.2} us burst; {:.3}x, needed > {:.3}x)",

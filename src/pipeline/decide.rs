@@ -2,10 +2,17 @@
 //! incumbent beyond the measured noise?
 //!
 //! Samples come from one worker process, candidate and incumbent alternating in
-//! order round by round, so drift hits both. The noise estimate is the relative
-//! spread (p10..p90 over the median) of the noisier of the two; a gain must exceed
-//! both it and the configured floor (`min_gain`, ~2%: results within that flip
-//! between fresh processes).
+//! order round by round (worker/cuda/timing.rs), so sample i of one and sample i of
+//! the other were taken moments apart, in the same round. The decision is paired:
+//! the speedup is the median of the per-pair ratios incumbent_i / candidate_i, and
+//! the noise half their p10..p90 band over that median. Drift that moves both
+//! kernels alike (a GPU warming from idle into its power cap while the samples are
+//! taken) cancels in each ratio; judged from each kernel's own spread, it made the
+//! large shapes' noise 4-8% in a 20-minute run, so a 3% gain there never counted
+//! (scripts/decide_noise.py, BENCHMARKS 2026-11-29 (23)). A gain must exceed both the
+//! noise and the configured floor (`min_gain`, ~2%: results within that flip between
+//! fresh processes). Samples that cannot be paired (unequal counts, too few) are
+//! compared by their medians, each kernel's spread as the noise.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +58,34 @@ pub struct ShapeDecision {
     pub wins: bool,
 }
 
+/// The fewest pairs a paired decision is made from (the screen's brief timing has 4).
+const MIN_PAIRS: usize = 4;
+
+/// Is the candidate faster than the incumbent beyond noise, from their interleaved
+/// samples (paired where they pair, see the module's doc)? None when either has no
+/// finite sample.
+pub fn decide_samples(candidate: &[f64], incumbent: &[f64], min_gain: f64) -> Option<ShapeDecision> {
+    if let Some(ratios) = paired_ratios(candidate, incumbent) {
+        let r = Stats::from_samples(&ratios)?;
+        let threshold = min_gain.max(0.5 * r.rel_spread());
+        return Some(ShapeDecision { speedup: r.median_us, threshold, wins: r.median_us > 1.0 + threshold });
+    }
+    Some(decide_shape(&Stats::from_samples(candidate)?, &Stats::from_samples(incumbent)?, min_gain))
+}
+
+/// incumbent_i / candidate_i over the pairs where both are valid times; None when the
+/// two were not sampled in step (different counts) or fewer than MIN_PAIRS pairs remain.
+fn paired_ratios(candidate: &[f64], incumbent: &[f64]) -> Option<Vec<f64>> {
+    if candidate.len() != incumbent.len() {
+        return None;
+    }
+    let ok = |x: f64| x.is_finite() && x > 0.0;
+    let ratios: Vec<f64> = candidate.iter().zip(incumbent).filter(|(c, i)| ok(**c) && ok(**i)).map(|(c, i)| i / c).collect();
+    (ratios.len() >= MIN_PAIRS).then_some(ratios)
+}
+
+/// The unpaired decision from two kernels' summaries: the ratio of their medians against
+/// half the p10..p90 band of the noisier one.
 pub fn decide_shape(candidate: &Stats, incumbent: &Stats, min_gain: f64) -> ShapeDecision {
     let speedup = incumbent.median_us / candidate.median_us;
     // Half the p10..p90 band of the noisier kernel: a one-sided bound on how far a
@@ -113,6 +148,49 @@ mod tests {
         let inc = stats(&[10.0; 8]);
         let cand = stats(&[9.9; 8]);
         assert!(!decide_shape(&cand, &inc, 0.02).wins);
+    }
+
+    /// A GPU that slows 10% half way through the samples (warming into its power cap),
+    /// both kernels alike: each kernel's own band is wide, the pairs' is not.
+    fn drifting(us: f64, n: usize) -> Vec<f64> {
+        (0..n).map(|i| if i < n / 2 { us } else { us * 1.10 } * (1.0 + 0.002 * (i % 3) as f64)).collect()
+    }
+
+    #[test]
+    fn paired_samples_see_a_gain_through_common_drift() {
+        let inc = drifting(100.0, 20);
+        let cand = drifting(97.0, 20);
+        // Unpaired, the drift is the noise: a 3% gain is not counted.
+        let unpaired = decide_shape(&stats(&cand), &stats(&inc), 0.02);
+        assert!(!unpaired.wins, "{unpaired:?}");
+        assert!(unpaired.threshold > 0.04, "{unpaired:?}");
+        let d = decide_samples(&cand, &inc, 0.02).unwrap();
+        assert!(d.wins, "{d:?}");
+        assert!((d.speedup - 100.0 / 97.0).abs() < 1e-9, "{d:?}");
+        assert!((d.threshold - 0.02).abs() < 1e-9, "the floor decides once the drift cancels: {d:?}");
+    }
+
+    #[test]
+    fn paired_identical_kernels_do_not_win() {
+        let inc = drifting(100.0, 20);
+        let mut cand = drifting(100.0, 20);
+        cand.reverse(); // the same times, taken in the other half of the drift
+        let d = decide_samples(&cand, &inc, 0.02).unwrap();
+        assert!(!d.wins, "{d:?}");
+        // Out of step, the pairs' band is the drift again.
+        assert!(d.threshold > 0.04, "{d:?}");
+    }
+
+    #[test]
+    fn paired_ratios_skip_bad_pairs_and_need_enough_of_them() {
+        let d = decide_samples(&[5.0, f64::NAN, 5.0, 5.0, 5.0], &[10.0, 10.0, 10.0, 10.0, 10.0], 0.02).unwrap();
+        assert!((d.speedup - 2.0).abs() < 1e-9 && d.wins, "four good pairs: {d:?}");
+        // Unequal counts or too few pairs: the medians decide.
+        let d = decide_samples(&[5.0, 5.0, 5.0], &[10.0, 10.0, 10.0, 10.0], 0.02).unwrap();
+        assert!((d.speedup - 2.0).abs() < 1e-9 && d.wins, "{d:?}");
+        let d = decide_samples(&[9.0, 11.0, 10.0], &[10.0, 10.0, 10.0], 0.02).unwrap();
+        assert_eq!(d, decide_shape(&stats(&[9.0, 11.0, 10.0]), &stats(&[10.0; 3]), 0.02));
+        assert!(decide_samples(&[], &[1.0, 2.0], 0.02).is_none());
     }
 
     #[test]

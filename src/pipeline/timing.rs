@@ -23,14 +23,24 @@ pub async fn run(sup: &mut Supervisor, cases: Vec<TimeCase>, spec: TimingSpec, s
     }
 }
 
+/// Entry `id`'s burst samples in one timed case, in the order they were taken.
+pub fn samples_of<'a>(case: &'a crate::spec::protocol::TimedCase, id: &str) -> Option<&'a [f64]> {
+    case.entries.iter().find(|e| e.id == id).map(|e| e.samples_us.as_slice())
+}
+
+/// Entry `id`'s sustained windows in one timed case, in the order they were taken.
+pub fn sustained_samples_of<'a>(case: &'a crate::spec::protocol::TimedCase, id: &str) -> Option<&'a [f64]> {
+    case.entries.iter().find(|e| e.id == id).map(|e| e.sustained_us.as_slice())
+}
+
 /// Stats of entry `id` in one timed case.
 pub fn stats_of(case: &crate::spec::protocol::TimedCase, id: &str) -> Option<Stats> {
-    case.entries.iter().find(|e| e.id == id).and_then(|e| Stats::from_samples(&e.samples_us))
+    samples_of(case, id).and_then(Stats::from_samples)
 }
 
 /// Stats of entry `id`'s sustained windows in one timed case (None: not timed sustained).
 pub fn sustained_of(case: &crate::spec::protocol::TimedCase, id: &str) -> Option<Stats> {
-    case.entries.iter().find(|e| e.id == id).and_then(|e| Stats::from_samples(&e.sustained_us))
+    sustained_samples_of(case, id).and_then(Stats::from_samples)
 }
 
 pub fn entry(id: &str, plan: &crate::spec::protocol::ShapePlan) -> TimeEntry {

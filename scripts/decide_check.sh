@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The paired accept rule in a real run on the GPU (src/pipeline/decide.rs): a short daemon run
+# that times wgmma-tma kernels against each other on two large shapes, where the GPU's clock
+# drifts under its power cap while a candidate and its incumbent are sampled. It prints, per
+# candidate and shape, the paired speedup and threshold the run recorded beside half the
+# candidate's own p10..p90 band (the unpaired rule took the larger of that and the incumbent's
+# band: it is a lower bound on the threshold the rule before 2026-11-29 would have needed).
+# Run from the repository root on the device with the stripped binary carried:
+#   strip -o .dev/bin/optimizerd target/release/optimizerd && gzip -9f .dev/bin/optimizerd
+#   (device) BUDGET=150s bash scripts/decide_check.sh            (carry .dev/bin)
+set -u
+REPO=$PWD
+mkdir -p /tmp/dc && gunzip -c .dev/bin/optimizerd.gz > /tmp/dc/optimizerd && chmod +x /tmp/dc/optimizerd
+cd /tmp/dc
+cat > plan.toml <<EOF
+[[stage]]
+name = "tensor-cores-hopper"
+template = "wgmma_tma.cu"
+search = "exhaustive"
+space = { BLOCK_N = [128], STAGES = [2, 3], CONSUMERS = [3, 2], PINGPONG = [1], OVERLAP = [1, 0], PERSISTENT = [1], LAZY_RESCALE = [1], TAIL_SPLIT = [1], EPI_TMA = [1], PACK_GQA = [0], STREAM_K = [0], LPT_MIB = [8], DYNAMIC = [1], Q_STAGES = [1, 2], PV_WAIT = [1] }
+max_candidates = 16
+EOF
+cat > agent.toml <<EOF
+[run]
+runs_dir = "runs"
+plan = "plan.toml"
+templates_dir = "$REPO/kernel-templates"
+
+[workload]
+dtype = "fp16"
+shapes = [ { b = 4, h = 16, s = 4096, d = 64 }, { b = 2, h = 16, s = 8192, d = 128 } ]
+
+[timing]
+# scripts/benchmark-agent.toml's sampling; no sustained closing (the search's decisions are the point)
+rounds = 4
+samples_per_round = 5
+launches_per_sample = 5
+sustained_ms = 0.0
+EOF
+OUT=${OUT:-/tmp/dc/out}; mkdir -p "$OUT"
+timeout 400 ./optimizerd start --budget "${BUDGET:-150s}" --foreground --config agent.toml > "$OUT/decide_check_run.txt" 2>&1
+echo "rc=$?"
+python3 - <<'PY'
+import sqlite3
+c = sqlite3.connect('runs/optimizer.db')
+print("seq  verdict         shape            cand us   cand half-band  speedup (paired)  threshold  won")
+for r in c.execute("""select i.seq, i.verdict, s.shape, s.median_us, s.p10_us, s.p90_us, s.speedup_vs_incumbent, s.threshold, s.won
+                      from iteration_shapes s join iterations i on i.run_id = s.run_id and i.seq = s.seq
+                      where s.median_us is not null order by i.seq, s.shape"""):
+    seq, v, shape, m, p10, p90, sp, th, won = r
+    hb = 0.5 * (p90 - p10) / m
+    print(f"{seq:<4} {v:15} {shape:16} {m:9.2f}  {hb:8.4f}        {sp if sp is None else round(sp, 4)!s:>8}          {th if th is None else round(th, 4)!s:>7}  {won}")
+PY
