@@ -72,6 +72,18 @@ async fn a_candidate_far_slower_on_every_class_is_rejected_after_a_brief_timing(
     assert_eq!(mixed.verdict, Verdict::Accepted, "{}", mixed.reason);
     assert!(mixed.shapes.iter().all(|s| s.samples == Some(FULL_SAMPLES)), "{:?}", mixed.shapes);
 
+    // The samples behind each full timing's decision are in the ledger, in the order taken,
+    // and re-judging them reproduces what was recorded (min_gain: the default, 0.02).
+    for s in close.shapes.iter().chain(&mixed.shapes) {
+        let v: serde_json::Value = serde_json::from_str(s.timing_samples.as_deref().expect("samples recorded")).unwrap();
+        let series = |k: &str| -> Vec<f64> { v[k].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+        let (cand, inc) = (series("candidate"), series("incumbent"));
+        assert_eq!((cand.len() as i64, inc.len() as i64), (FULL_SAMPLES, FULL_SAMPLES), "{}", s.shape);
+        let d = optimizerd::pipeline::decide::decide_samples(&cand, &inc, 0.02).unwrap();
+        assert_eq!((Some(d.speedup), Some(d.threshold), d.wins), (s.speedup_vs_incumbent, s.threshold, s.won), "{}", s.shape);
+    }
+    assert!(hopeless.shapes.iter().all(|s| s.timing_samples.is_none()), "the screen's brief timing keeps only its summary");
+
     // The baseline had no incumbent to be screened against.
     let first = its.iter().find(|i| i.template == "baseline").unwrap();
     assert_eq!(first.verdict, Verdict::Baseline);

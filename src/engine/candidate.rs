@@ -393,6 +393,10 @@ impl Engine {
             };
             let baseline = self.baseline_us.get(&key).copied();
             record::timed(shapes, &key, &cand, inc_stats.as_ref(), decision.as_ref(), baseline, wins, case.input_sets);
+            if let Some(c) = timing::samples_of(case, id) {
+                let inc = self.incumbents.get(&key).and_then(|inc| timing::samples_of(case, &inc.id));
+                record::samples(shapes, &key, c, inc);
+            }
             if wins {
                 out.won.push((plan.clone(), cand.median_us));
             }

@@ -103,6 +103,17 @@ pub fn timed(
     row.input_sets = Some(input_sets as i64);
 }
 
+/// Keep the samples behind a shape's decision (the ledger's `timing_samples`), candidate's and
+/// incumbent's in the order taken, so that the accept rule can be re-judged on real runs.
+pub fn samples(shapes: &mut [ShapeRecord], key: &str, candidate: &[f64], incumbent: Option<&[f64]>) {
+    let Some(row) = shapes.iter_mut().find(|r| r.shape == key) else { return };
+    let mut v = serde_json::json!({ "candidate": candidate });
+    if let Some(inc) = incumbent {
+        v["incumbent"] = serde_json::json!(inc);
+    }
+    row.timing_samples = Some(v.to_string());
+}
+
 /// Why the verdict, in one line: which shapes it won and by how much.
 pub fn decision_reason(verdict: Verdict, shapes: &[ShapeRecord]) -> String {
     match verdict {

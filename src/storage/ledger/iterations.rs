@@ -95,6 +95,10 @@ pub struct ShapeRecord {
     pub input_sets: Option<i64>,
     /// Why the gate refused the candidate for this shape (it went on with the others).
     pub gated: Option<String>,
+    /// The timing samples behind the decision, as JSON (`{"candidate": [..], "incumbent": [..]}`,
+    /// in the order taken): in the ledger for re-judging the accept rule, not in `history --json`.
+    #[serde(skip)]
+    pub timing_samples: Option<String>,
 }
 
 /// An iteration whose row cannot be decoded (e.g. a verdict of a newer release): its
@@ -170,8 +174,8 @@ impl Ledger {
             sqlx::query(
                 "INSERT INTO iteration_shapes (run_id, seq, shape, shape_json, n_splits, ctas, waves, check_passed, max_abs,
                     rel_l2, ctas_ran, median_us, p10_us, p90_us, samples, incumbent_us, speedup_vs_incumbent,
-                    speedup_vs_baseline, threshold, tflops, won, input_sets, gated)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    speedup_vs_baseline, threshold, tflops, won, input_sets, gated, timing_samples)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             )
             .bind(&it.run_id)
             .bind(it.seq)
@@ -196,6 +200,7 @@ impl Ledger {
             .bind(s.won)
             .bind(s.input_sets)
             .bind(&s.gated)
+            .bind(&s.timing_samples)
             .execute(&mut *tx)
             .await
             .map_err(self.q("insert iteration shape"))?;
