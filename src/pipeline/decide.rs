@@ -51,7 +51,8 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ShapeDecision {
-    /// incumbent median / candidate median (> 1 means the candidate is faster).
+    /// How many times faster the candidate is (> 1: faster): the median of the paired
+    /// ratios incumbent_i / candidate_i, or the ratio of the medians where samples do not pair.
     pub speedup: f64,
     /// The gain the candidate had to beat: max(min_gain, noise).
     pub threshold: f64,
