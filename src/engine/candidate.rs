@@ -374,10 +374,9 @@ impl Engine {
             medians.push(cand.median_us);
             let inc_stats: Option<Stats> = self.incumbents.get(&key).and_then(|inc| timing::stats_of(case, &inc.id));
             // Paired: the incumbent's samples were taken in step with the candidate's.
-            let decision: Option<ShapeDecision> = self
-                .incumbents
-                .get(&key)
-                .and_then(|inc| decide::decide_samples(timing::samples_of(case, id)?, timing::samples_of(case, &inc.id)?, self.cfg.timing.min_gain));
+            let cand_samples = timing::samples_of(case, id).unwrap_or_default();
+            let inc_samples = self.incumbents.get(&key).and_then(|inc| timing::samples_of(case, &inc.id));
+            let decision: Option<ShapeDecision> = inc_samples.and_then(|inc| decide::decide_samples(cand_samples, inc, self.cfg.timing.min_gain));
             if policy.plausibility {
                 if let Some(d) = decision.filter(|d| d.speedup > agent.suspicious_speedup) {
                     out.implausible.push(format!("{key} {:.1}x the incumbent (agent.suspicious_speedup = {})", d.speedup, agent.suspicious_speedup));
@@ -393,10 +392,7 @@ impl Engine {
             };
             let baseline = self.baseline_us.get(&key).copied();
             record::timed(shapes, &key, &cand, inc_stats.as_ref(), decision.as_ref(), baseline, wins, case.input_sets);
-            if let Some(c) = timing::samples_of(case, id) {
-                let inc = self.incumbents.get(&key).and_then(|inc| timing::samples_of(case, &inc.id));
-                record::samples(shapes, &key, c, inc);
-            }
+            record::samples(shapes, &key, cand_samples, inc_samples);
             if wins {
                 out.won.push((plan.clone(), cand.median_us));
             }
