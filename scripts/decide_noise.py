@@ -23,7 +23,11 @@ noise each rule measured, the speedups' spread over trials, and how often each r
 min_gain 0.02. The GPU is kept busy throughout (trials back to back), as during a search.
 
     python3 scripts/decide_noise.py [--trials 20] [--shapes 4,16,4096,64 2,16,8192,128 1,16,512,64]
-        [--rounds 4 --samples-per-round 5 --launches-per-sample 5]   (the benchmark workload's timing)
+        [--rounds 20 --samples-per-round 1 --launches-per-sample 5]   (the benchmark workload's timing)
+
+With 5 samples per round (the benchmark's timing before 2026-11-29 (24)) a pair's samples were a
+block apart and the paired noise read 1.3-4.7% on the large shapes; one sample per round makes
+each pair adjacent and it reads 0.4-0.5%.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import statistics
 import sys
 import time
 
-ROUNDS, SAMPLES_PER_ROUND, LAUNCHES_PER_SAMPLE = 4, 10, 10
+ROUNDS, SAMPLES_PER_ROUND, LAUNCHES_PER_SAMPLE = 40, 1, 10
 SAMPLE_TARGET_US, MAX_ENTRY_MS, MIN_GAIN, WARMUP = 2000.0, 300.0, 0.02, 5
 
 
@@ -123,7 +127,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--samples-per-round", type=int, default=SAMPLES_PER_ROUND)
     ap.add_argument("--launches-per-sample", type=int, default=LAUNCHES_PER_SAMPLE,
-                    help="timing.* as the config sets them (scripts/benchmark-agent.toml: 4, 5, 5)")
+                    help="timing.* as the config sets them (scripts/benchmark-agent.toml: 20, 1, 5)")
     args = ap.parse_args()
     ROUNDS, SAMPLES_PER_ROUND, LAUNCHES_PER_SAMPLE = args.rounds, args.samples_per_round, args.launches_per_sample
     torch.manual_seed(0)

@@ -18,10 +18,9 @@ use crate::spec::protocol::{Shape, ShapePlan, Timed, TimingSpec};
 use super::decide::Stats;
 use super::timing;
 
-/// Rounds and samples per round of the brief timing: two rounds sample each kernel in
-/// both orders; two samples per round make a median of four.
-const ROUNDS: u32 = 2;
-const SAMPLES_PER_ROUND: u32 = 2;
+/// Samples per kernel of the brief timing: a median of four, taken one per round where the
+/// run's timing has four rounds (each sample next to the incumbent's, both orders twice).
+const SAMPLES: u32 = 4;
 
 /// Incumbent times this far apart within a class make its fastest shape a poor stand-in
 /// for its slowest: a latency-bound class spans S 32 to 512, where the kernel that wins at
@@ -65,9 +64,12 @@ pub fn choose(plans: &[ShapePlan], class_of: impl Fn(&Shape) -> String, incumben
     Some(out)
 }
 
-/// The brief timing: the run's timing with two rounds of two samples.
+/// The brief timing: the run's timing cut to four samples per kernel, one per round where
+/// the run has four rounds (fewer rounds take more samples each, never more than the run's).
 pub fn brief(full: &TimingSpec) -> TimingSpec {
-    TimingSpec { rounds: ROUNDS.min(full.rounds.max(1)), samples_per_round: SAMPLES_PER_ROUND.min(full.samples_per_round.max(1)), sustained_ms: 0.0, ..full.clone() }
+    let rounds = SAMPLES.min(full.rounds.max(1));
+    let samples_per_round = SAMPLES.div_ceil(rounds).min(full.samples_per_round.max(1));
+    TimingSpec { rounds, samples_per_round, sustained_ms: 0.0, ..full.clone() }
 }
 
 /// One screened shape: the candidate's and the incumbent's brief timings.
@@ -120,7 +122,7 @@ pub fn reason(screened: &[Screened], margin: f64) -> String {
         .map(|s| format!("{} {:.2} us vs the incumbent's {:.2} us ({:.2}x slower)", s.shape.key(), s.candidate.median_us, s.incumbent.median_us, s.ratio()))
         .collect();
     format!(
-        "rejected early: {}; brief timing ({ROUNDS} rounds x {SAMPLES_PER_ROUND} samples), beyond timing.early_reject = {margin} on every class screened; not checked or timed in full",
+        "rejected early: {}; brief timing ({SAMPLES} samples per kernel), beyond timing.early_reject = {margin} on every class screened; not checked or timed in full",
         parts.join("; ")
     )
 }
@@ -208,7 +210,7 @@ mod tests {
     }
 
     #[test]
-    fn brief_keeps_the_method_and_takes_two_by_two() {
+    fn brief_keeps_the_method_and_takes_four_samples_one_per_round() {
         let full = crate::spec::config::TimingSection::default();
         let cfg = TimingSpec {
             warmup: full.warmup,
@@ -224,6 +226,11 @@ mod tests {
         };
         let b = brief(&cfg);
         assert_eq!(b.sustained_ms, 0.0, "a screen is never a sustained timing");
-        assert_eq!((b.rounds, b.samples_per_round, b.graph, b.launches_per_sample), (2, 2, true, cfg.launches_per_sample));
+        assert_eq!((b.rounds, b.samples_per_round, b.graph, b.launches_per_sample), (4, 1, true, cfg.launches_per_sample));
+        // A config with few rounds of many samples keeps four samples, as many per round as needed.
+        let few = brief(&TimingSpec { rounds: 2, samples_per_round: 10, ..cfg.clone() });
+        assert_eq!((few.rounds, few.samples_per_round), (2, 2));
+        let one = brief(&TimingSpec { rounds: 1, samples_per_round: 3, ..cfg.clone() });
+        assert_eq!((one.rounds, one.samples_per_round), (1, 3), "never more samples per round than the run's");
     }
 }
