@@ -32,8 +32,8 @@ shapes = [ { b = 4, h = 16, s = 4096, d = 64 }, { b = 2, h = 16, s = 8192, d = 1
 
 [timing]
 # scripts/benchmark-agent.toml's sampling; no sustained closing (the search's decisions are the point)
-rounds = 20
-samples_per_round = 1
+rounds = 4
+samples_per_round = 5
 launches_per_sample = 5
 sustained_ms = 0.0
 EOF

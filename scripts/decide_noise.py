@@ -23,11 +23,13 @@ noise each rule measured, the speedups' spread over trials, and how often each r
 min_gain 0.02. The GPU is kept busy throughout (trials back to back), as during a search.
 
     python3 scripts/decide_noise.py [--trials 20] [--shapes 4,16,4096,64 2,16,8192,128 1,16,512,64]
-        [--rounds 20 --samples-per-round 1 --launches-per-sample 5]   (the benchmark workload's timing)
+        [--rounds 4 --samples-per-round 5 --launches-per-sample 5]   (the benchmark workload's timing)
 
-With 5 samples per round (the benchmark's timing before 2026-11-29 (24)) a pair's samples were a
-block apart and the paired noise read 1.3-4.7% on the large shapes; one sample per round makes
-each pair adjacent and it reads 0.4-0.5%.
+The plan is the worker's (src/spec/protocol.rs sample_plan): a kernel whose samples in a round
+would last longer than sample_target_us takes fewer per round and more rounds. Before 2026-11-29
+(24) it always took samples_per_round: a pair's samples were a block apart and the paired noise
+read 1.3-4.7% on the large shapes; one sample per round makes each pair adjacent and it reads
+0.4-0.5% (--fixed-rounds keeps the old plan, to compare).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import statistics
 import sys
 import time
 
-ROUNDS, SAMPLES_PER_ROUND, LAUNCHES_PER_SAMPLE = 40, 1, 10
+ROUNDS, SAMPLES_PER_ROUND, LAUNCHES_PER_SAMPLE = 4, 10, 10
 SAMPLE_TARGET_US, MAX_ENTRY_MS, MIN_GAIN, WARMUP = 2000.0, 300.0, 0.02, 5
 
 
@@ -95,21 +97,23 @@ class Entry:
         return start.elapsed_time(end) * 1000.0
 
 
-def plan(us):
+def plan(us, adapt=True):
+    """(calls per sample, samples per round, rounds), as src/spec/protocol.rs sample_plan."""
     per_sample = max(1, min(LAUNCHES_PER_SAMPLE, math.ceil(SAMPLE_TARGET_US / us)))
-    per_round = us * per_sample * SAMPLES_PER_ROUND
-    rounds = max(2, min(ROUNDS, math.floor(MAX_ENTRY_MS * 1000.0 / per_round)))
-    return per_sample, rounds
+    spr = max(1, min(SAMPLES_PER_ROUND, math.floor(SAMPLE_TARGET_US / (us * per_sample)))) if adapt else SAMPLES_PER_ROUND
+    most = -(-ROUNDS * SAMPLES_PER_ROUND // spr)
+    rounds = max(min(2, most), min(most, math.floor(MAX_ENTRY_MS * 1000.0 / (us * per_sample * spr))))
+    return per_sample, spr, rounds
 
 
-def trial(entries, rounds, start, end):
+def trial(entries, spr, rounds, start, end):
     """Samples per entry, interleaved as the worker interleaves them."""
     out = [[] for _ in entries]
     n = len(entries)
     for r in range(rounds):
         for j in range(n):
             e = j if r % 2 == 0 else n - 1 - j
-            for _ in range(SAMPLES_PER_ROUND):
+            for _ in range(spr):
                 out[e].append(entries[e].sample(start, end))
     return out
 
@@ -127,7 +131,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--samples-per-round", type=int, default=SAMPLES_PER_ROUND)
     ap.add_argument("--launches-per-sample", type=int, default=LAUNCHES_PER_SAMPLE,
-                    help="timing.* as the config sets them (scripts/benchmark-agent.toml: 20, 1, 5)")
+                    help="timing.* as the config sets them (scripts/benchmark-agent.toml: 4, 5, 5)")
+    ap.add_argument("--fixed-rounds", action="store_true",
+                    help="always samples_per_round per round (the worker's plan before 2026-11-29 (24))")
     args = ap.parse_args()
     ROUNDS, SAMPLES_PER_ROUND, LAUNCHES_PER_SAMPLE = args.rounds, args.samples_per_round, args.launches_per_sample
     torch.manual_seed(0)
@@ -143,11 +149,11 @@ def main():
         for _ in range(3):
             us = probe.sample(start, end)
         del probe
-        per_sample, rounds = plan(us)
+        per_sample, spr, rounds = plan(us, adapt=not args.fixed_rounds)
         set_bytes = 4 * b * h * s * d * 2
         sets = max(1, min(32, math.ceil(3 * l2 / set_bytes)))
         print(f"\n({b},{h},{s},{d}): {us:.1f} us per call; {per_sample} call(s) per sample, {rounds} rounds of "
-              f"{SAMPLES_PER_ROUND} samples per kernel, {sets} input set(s)")
+              f"{spr} sample(s) per kernel, {sets} input set(s)")
         inc = Entry(b, h, s, s, d, per_sample, sets)
         pairs = {"A/A": Entry(b, h, s, s, d, per_sample, sets)}
         for pct in () if args.aa_only else (3, 6):
@@ -160,9 +166,9 @@ def main():
             for _ in range(args.trials):
                 time.sleep(args.idle_s)
                 if name == "A/A":
-                    cand_s, inc_s = trial([pairs[name], inc], rounds, start, end)
+                    cand_s, inc_s = trial([pairs[name], inc], spr, rounds, start, end)
                 else:
-                    cand_s, inc_s = trial([inc, other], rounds, start, end)
+                    cand_s, inc_s = trial([inc, other], spr, rounds, start, end)
                 res["unpaired"].append(unpaired(cand_s, inc_s))
                 res["paired"].append(paired(cand_s, inc_s))
             for rule, got in res.items():

@@ -55,8 +55,8 @@ dtype = "$DTYPE"
 shapes = [ $SHAPES ]
 
 [timing]
-rounds = 20
-samples_per_round = 1
+rounds = 4
+samples_per_round = 5
 launches_per_sample = 5
 sustained_ms = 0
 EOF

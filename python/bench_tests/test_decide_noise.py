@@ -36,14 +36,14 @@ class PlanTest(unittest.TestCase):
         # src/spec/protocol.rs launches_for / rounds_for with scripts/benchmark-agent.toml's timing.
         saved = DN.ROUNDS, DN.SAMPLES_PER_ROUND, DN.LAUNCHES_PER_SAMPLE
         try:
-            DN.ROUNDS, DN.SAMPLES_PER_ROUND, DN.LAUNCHES_PER_SAMPLE = 20, 1, 5
-            self.assertEqual(DN.plan(560.0), (4, 20))    # (4,16,4096,64): 4 calls per 2-ms sample
-            self.assertEqual(DN.plan(1600.0), (2, 20))   # (2,16,8192,128)
-            self.assertEqual(DN.plan(5.0), (5, 20))      # capped at launches_per_sample
-            self.assertEqual(DN.plan(40000.0), (1, 7))   # 300 ms per kernel and shape
-            DN.ROUNDS, DN.SAMPLES_PER_ROUND = 4, 5      # the timing before 2026-11-29 (24)
-            self.assertEqual(DN.plan(1600.0), (2, 4))
-            self.assertEqual(DN.plan(40000.0), (1, 2))   # at least 2 rounds
+            DN.ROUNDS, DN.SAMPLES_PER_ROUND, DN.LAUNCHES_PER_SAMPLE = 4, 5, 5
+            self.assertEqual(DN.plan(560.0), (4, 1, 20))    # (4,16,4096,64): 4 calls per 2-ms sample, one per round
+            self.assertEqual(DN.plan(1600.0), (2, 1, 20))   # (2,16,8192,128)
+            self.assertEqual(DN.plan(5.0), (5, 5, 4))       # 25-us samples: the configured rounds
+            self.assertEqual(DN.plan(100.0), (5, 4, 5))     # 500-us samples: 4 per round, ceil(20 / 4) rounds
+            self.assertEqual(DN.plan(40000.0), (1, 1, 7))   # 300 ms per kernel and shape
+            self.assertEqual(DN.plan(1600.0, adapt=False), (2, 5, 4))   # the plan before 2026-11-29 (24)
+            self.assertEqual(DN.plan(40000.0, adapt=False), (1, 5, 2))  # at least 2 rounds
         finally:
             DN.ROUNDS, DN.SAMPLES_PER_ROUND, DN.LAUNCHES_PER_SAMPLE = saved
 

@@ -290,8 +290,8 @@ impl Default for TimingSection {
     fn default() -> Self {
         Self {
             warmup: 5,
-            rounds: 40,
-            samples_per_round: 1,
+            rounds: 4,
+            samples_per_round: 10,
             launches_per_sample: 10,
             l2_multiple: 3.0,
             max_input_sets: 32,

@@ -481,7 +481,9 @@ pub struct Tolerance {
 pub struct TimingSpec {
     /// Untimed launches per kernel before sampling.
     pub warmup: u32,
-    /// Interleaved rounds; each round samples every kernel `samples_per_round` times.
+    /// Interleaved rounds; each round samples every kernel `samples_per_round` times. Where
+    /// one kernel's samples in a round would last longer than `sample_target_us`, the case
+    /// takes fewer per round and more rounds, the same count in all ([`sample_plan`]).
     pub rounds: u32,
     pub samples_per_round: u32,
     /// Back-to-back launches between one pair of CUDA events; the sample is their mean.
@@ -538,16 +540,47 @@ pub fn launches_for(spec: &TimingSpec, slowest_us: f64) -> u32 {
     ((spec.sample_target_us / slowest_us).ceil() as u32).clamp(1, max)
 }
 
-/// Rounds for a case whose slowest entry took `slowest_us` per execution, sampled with
-/// `per_sample` executions per sample.
-pub fn rounds_for(spec: &TimingSpec, slowest_us: f64, per_sample: u32) -> u32 {
-    let max = spec.rounds.max(1);
-    let per_round_us = slowest_us * per_sample.max(1) as f64 * spec.samples_per_round.max(1) as f64;
-    if spec.max_entry_ms <= 0.0 || !per_round_us.is_finite() || per_round_us <= 0.0 {
-        return max;
-    }
-    let fit = (spec.max_entry_ms * 1000.0 / per_round_us).floor();
-    (fit.min(max as f64) as u32).max(2.min(max))
+/// How a case is sampled: executions per sample, samples of each entry per round, rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamplePlan {
+    pub per_sample: u32,
+    pub samples_per_round: u32,
+    pub rounds: u32,
+}
+
+/// The sampling of a case whose slowest entry took `slowest_us` per execution.
+///
+/// The accept rule pairs sample i of the candidate with sample i of the incumbent (the same
+/// round), and clock drift cancels in a pair only when its samples are close in time: with 5
+/// samples of 2 ms per kernel and round, pairs 10-16 ms apart kept 1.3-4.7% of noise on the
+/// H200's large shapes, one sample per round 0.4-0.5% (BENCHMARKS 2026-11-29 (24)). So an
+/// entry's samples in one round last at most about `sample_target_us` (at least one sample):
+/// long kernels take one sample per round and more rounds, the same count of samples in all.
+/// Short kernels keep `samples_per_round`: a round of them lasts well under a millisecond, and
+/// samples that follow another kernel's are the ones whose inputs it evicted from L2 (when an
+/// entry's inputs nearly fill the L2, one sample per round read an A/A pair 6% apart where 10
+/// read 1%). Rounds are then cut to `max_entry_ms` of GPU time per entry, at least 2 (one in
+/// each order), never more than the plan's.
+pub fn sample_plan(spec: &TimingSpec, slowest_us: f64) -> SamplePlan {
+    let per_sample = launches_for(spec, slowest_us);
+    let configured = spec.samples_per_round.max(1);
+    let sample_us = slowest_us * per_sample as f64;
+    let valid = sample_us.is_finite() && sample_us > 0.0;
+    let samples_per_round = if spec.sample_target_us > 0.0 && valid {
+        ((spec.sample_target_us / sample_us).floor().max(1.0) as u32).min(configured)
+    } else {
+        configured
+    };
+    // The configured count of samples, in rounds of `samples_per_round`.
+    let max = (spec.rounds.max(1) * configured).div_ceil(samples_per_round);
+    let per_round_us = sample_us * samples_per_round as f64;
+    let rounds = if spec.max_entry_ms <= 0.0 || !valid {
+        max
+    } else {
+        let fit = (spec.max_entry_ms * 1000.0 / per_round_us).floor();
+        (fit.min(max as f64) as u32).max(2.min(max))
+    };
+    SamplePlan { per_sample, samples_per_round, rounds }
 }
 
 /// How many `Precompile`d sources a worker keeps waiting for their `Load`.
@@ -784,16 +817,33 @@ mod tests {
         }
     }
 
+    fn plan(s: &TimingSpec, us: f64) -> (u32, u32, u32) {
+        let p = sample_plan(s, us);
+        (p.per_sample, p.samples_per_round, p.rounds)
+    }
+
     #[test]
-    fn long_kernels_get_fewer_rounds_but_at_least_two() {
+    fn long_kernels_take_one_sample_per_round_and_fewer_rounds_but_at_least_two() {
         let s = TimingSpec { max_entry_ms: 500.0, ..spec(10, 2000.0) };
-        assert_eq!(rounds_for(&s, 5.0, 10), 4, "5 us x 10 launches x 10 samples: 0.5 ms a round");
-        assert_eq!(rounds_for(&s, 12_000.0, 1), 4, "120 ms a round: four fit in 500 ms");
-        assert_eq!(rounds_for(&s, 16_000.0, 1), 3, "160 ms a round: three fit");
-        assert_eq!(rounds_for(&s, 58_000.0, 1), 2, "580 ms a round: still two, one in each order");
-        assert_eq!(rounds_for(&spec(10, 2000.0), 58_000.0, 1), 4, "0 disables the adaptation");
-        assert_eq!(rounds_for(&s, f64::NAN, 1), 4);
-        assert_eq!(rounds_for(&TimingSpec { rounds: 1, ..s.clone() }, 58_000.0, 1), 1, "never more than rounds");
+        assert_eq!(plan(&s, 5.0), (10, 10, 4), "5 us x 10 launches: 50 us a sample, the configured 4 rounds of 10");
+        assert_eq!(plan(&s, 560.0), (4, 1, 40), "a 2.2-ms sample: one per round, the same 40 samples");
+        assert_eq!(plan(&s, 12_000.0), (1, 1, 40), "12 ms a round: 40 fit in 500 ms");
+        assert_eq!(plan(&s, 16_000.0), (1, 1, 31), "16 ms a round: 31 fit");
+        assert_eq!(plan(&s, 300_000.0), (1, 1, 2), "300 ms a round: still two, one in each order");
+        assert_eq!(plan(&spec(10, 2000.0), 58_000.0), (1, 1, 40), "max_entry_ms 0: no cut");
+        assert_eq!(plan(&s, f64::NAN), (10, 10, 4));
+        assert_eq!(plan(&TimingSpec { rounds: 1, samples_per_round: 1, ..s.clone() }, 58_000.0), (1, 1, 1), "never more than the plan's samples");
+    }
+
+    #[test]
+    fn samples_per_round_shrink_until_a_round_lasts_about_the_sample_target() {
+        let s = spec(10, 2000.0);
+        assert_eq!(plan(&s, 50.0), (10, 4, 10), "500-us samples: 4 per round, 40 in all");
+        assert_eq!(plan(&s, 27.0), (10, 7, 6), "270-us samples: 7 per round, ceil(40 / 7) rounds");
+        assert_eq!(plan(&s, 150.0), (10, 1, 40), "1.5-ms samples: one per round");
+        assert_eq!(plan(&spec(10, 0.0), 5000.0), (10, 10, 4), "sample_target_us 0: the configured plan");
+        let one = TimingSpec { rounds: 20, samples_per_round: 1, ..s.clone() };
+        assert_eq!(plan(&one, 5.0), (10, 1, 20), "never more per round than configured");
     }
 
     #[test]

@@ -207,7 +207,8 @@ impl CudaBackend {
             || format!("{what}: creating events"),
         )?;
         // The first warm-up execution of each entry is timed: how long the slowest one
-        // runs decides how many launches a sample needs (protocol::launches_for).
+        // runs decides how many launches a sample needs and how samples form rounds
+        // (protocol::sample_plan).
         let mut slowest_us = 0f64;
         for ei in 0..case.entries.len() {
             after(start.record(stream), || format!("{what}: recording the start event"))?;
@@ -218,8 +219,7 @@ impl CudaBackend {
             })?;
             slowest_us = slowest_us.max(ms as f64 * 1000.0);
         }
-        let per_sample = crate::spec::protocol::launches_for(spec, slowest_us);
-        let rounds = crate::spec::protocol::rounds_for(spec, slowest_us, per_sample);
+        let crate::spec::protocol::SamplePlan { per_sample, samples_per_round, rounds } = crate::spec::protocol::sample_plan(spec, slowest_us);
         let warmup = spec.warmup.min(per_sample.max(2)).saturating_sub(1);
         for ei in 0..case.entries.len() {
             for _ in 0..warmup {
@@ -278,7 +278,7 @@ impl CudaBackend {
         let mut samples: Vec<Vec<f64>> = case
             .entries
             .iter()
-            .map(|_| Vec::with_capacity((rounds * spec.samples_per_round) as usize))
+            .map(|_| Vec::with_capacity((rounds * samples_per_round) as usize))
             .collect();
         let n_entries = case.entries.len();
         // Alternate the order round by round so that no entry always runs first.
@@ -286,7 +286,7 @@ impl CudaBackend {
         for round in 0..rounds {
             for j in 0..n_entries {
                 let ei = order(round, j);
-                for _ in 0..spec.samples_per_round {
+                for _ in 0..samples_per_round {
                     samples[ei].push(window(ei, 1, &mut cursor)?);
                 }
             }
