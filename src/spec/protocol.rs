@@ -572,7 +572,7 @@ pub fn sample_plan(spec: &TimingSpec, slowest_us: f64) -> SamplePlan {
         configured
     };
     // The configured count of samples, in rounds of `samples_per_round`.
-    let max = (spec.rounds.max(1) * configured).div_ceil(samples_per_round);
+    let max = spec.rounds.max(1).saturating_mul(configured).div_ceil(samples_per_round);
     let per_round_us = sample_us * samples_per_round as f64;
     let rounds = if spec.max_entry_ms <= 0.0 || !valid {
         max
