@@ -68,6 +68,11 @@ fn a_zero_or_out_of_range_value_is_rejected_with_its_key() {
     assert!(err.contains("timing.rerank_top") && err.contains("1 (no re-rank)"), "{err}");
     let err = parse("[timing]\nrerank_min_gain = -0.01\n").unwrap_err();
     assert!(err.contains("timing.rerank_min_gain") && err.contains("0 <= rerank_min_gain < 1"), "{err}");
+    let err = parse("[worker]\nlookahead_depth = 0\n").unwrap_err();
+    assert!(err.contains("worker.lookahead_depth") && err.contains("1 to 8") && err.contains("lookahead = false"), "{err}");
+    let err = parse("[worker]\nlookahead_depth = 9\n").unwrap_err();
+    assert!(err.contains("worker.lookahead_depth") && err.contains("is 9"), "{err}");
+    assert_eq!(parse("[worker]\nlookahead_depth = 8\n").unwrap().worker.lookahead_depth, 8);
 }
 
 #[test]

@@ -139,9 +139,10 @@ enabled = false
     assert_eq!((seq_of("b1h1s128d64"), seq_of("b2h8s512d128-causal")), (hopper.seq, 1));
 }
 
-/// The look-ahead compiles the candidate the search expects next while the current one is
-/// checked and timed. Guesses change nothing: with it on and off, and with a candidate that
-/// crashes the worker, the ledger holds the same candidates in the same order and verdicts.
+/// The look-ahead compiles the candidates the search expects next while the current one is
+/// checked and timed. Guesses change nothing: with it on (three ahead, the default, or one)
+/// and off, and with a candidate that crashes the worker, the ledger holds the same candidates
+/// in the same order and verdicts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
     let mut rules = rules();
@@ -155,39 +156,62 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
             its.into_iter().map(|i| (i.stage, i.template, i.params_json, i.verdict)).collect::<Vec<_>>()
         }
     };
+    let worker = |p: &Project, line: &str| {
+        // (appending a second [worker] table is refused: rewrite the one there)
+        let text = std::fs::read_to_string(p.path().join("agent.toml")).unwrap();
+        std::fs::write(p.path().join("agent.toml"), text.replace("[worker]\n", &format!("[worker]\n{line}\n"))).unwrap();
+    };
     let on = Project::new(PLAN, rules.clone(), json!({ "ok": { "us": 80.0 } }));
+    let one = Project::new(PLAN, rules.clone(), json!({ "ok": { "us": 80.0 } }));
     let off = Project::new(PLAN, rules, json!({ "ok": { "us": 80.0 } }));
-    off.append_config("\n[worker]\nlookahead = false\n");
-    // (appending a second [worker] table is refused: rewrite the one there)
-    let text = std::fs::read_to_string(off.path().join("agent.toml")).unwrap();
-    let text = text.replace("\n[worker]\nlookahead = false\n", "").replace("[worker]\n", "[worker]\nlookahead = false\n");
-    std::fs::write(off.path().join("agent.toml"), text).unwrap();
+    worker(&one, "lookahead_depth = 1");
+    worker(&off, "lookahead = false");
     assert!(!off.config().worker.lookahead && on.config().worker.lookahead);
+    assert_eq!((on.config().worker.lookahead_depth, one.config().worker.lookahead_depth), (3, 1));
 
     let end_on = on.run("on", Duration::from_secs(600)).await;
+    let end_one = one.run("one", Duration::from_secs(600)).await;
     let end_off = off.run("off", Duration::from_secs(600)).await;
     assert_eq!(end_on, end_off);
-    let (a, b) = (sequence(&on, "on").await, sequence(&off, "off").await);
-    assert_eq!(a, b);
+    assert_eq!(end_one, end_off);
+    let (a, b, c) = (sequence(&on, "on").await, sequence(&one, "one").await, sequence(&off, "off").await);
+    assert_eq!(a, c);
+    assert_eq!(b, c);
     assert!(a.iter().any(|(_, _, _, v)| v.as_str() == "crashed"), "{a:?}");
     assert!(a.iter().filter(|(s, ..)| s.starts_with("open/")).count() >= 12, "{a:?}");
 
     // The worker's log: look-ahead compiles were asked for, and most loads found theirs.
     let log = |p: &Project, run: &str| std::fs::read_to_string(p.path().join("runs").join(run).join("worker.log")).unwrap();
-    let (log_on, log_off) = (log(&on, "on"), log(&off, "off"));
-    assert!(!log_off.contains("precompile"), "lookahead = false sends none");
-    let mut precompiled = std::collections::HashSet::new();
-    let (mut loads, mut hits) = (0, 0);
-    for line in log_on.lines() {
-        if let Some(rest) = line.split("scripted worker: precompile ").nth(1) {
-            precompiled.insert(rest.split(' ').next().unwrap().to_string());
-        } else if let Some(rest) = line.split("scripted worker: load ").nth(1) {
-            loads += 1;
-            hits += usize::from(precompiled.contains(rest.split(' ').nth(1).unwrap()));
+    assert!(!log(&off, "off").contains("precompile"), "lookahead = false sends none");
+    // Per candidate (an iteration's first load; incumbents reloaded after a crash and the
+    // re-rank's loads left out), how many candidates earlier its source was first asked for
+    // ahead (0: never).
+    let leads = |log: &str| {
+        let mut first: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let mut loaded = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for line in log.lines() {
+            if let Some(rest) = line.split("scripted worker: precompile ").nth(1) {
+                first.entry(rest.split(' ').next().unwrap().to_string()).or_insert(out.len());
+            } else if let Some(rest) = line.split("scripted worker: load ").nth(1) {
+                let mut words = rest.split(' ');
+                let (id, hash) = (words.next().unwrap(), words.next().unwrap());
+                if id.starts_with("it") && loaded.insert(id.to_string()) {
+                    out.push(first.get(hash).map_or(0, |k| out.len() - k));
+                }
+            }
         }
+        out
+    };
+    let (deep, shallow) = (leads(&log(&on, "on")), leads(&log(&one, "one")));
+    for (name, l) in [("depth 3", &deep), ("depth 1", &shallow)] {
+        let hits = l.iter().filter(|&&x| x > 0).count();
+        assert!(hits * 2 > l.len(), "{name}: {hits} of {} loads were compiled ahead", l.len());
     }
-    assert!(!precompiled.is_empty(), "{log_on}");
-    assert!(hits * 2 > loads, "{hits} of {loads} loads were compiled ahead");
+    // One guess ahead is asked for while the load before it runs; three ahead, up to three loads earlier.
+    assert!(shallow.iter().all(|&x| x <= 1), "{shallow:?}");
+    assert!(deep.iter().all(|&x| x <= 3), "{deep:?}");
+    assert!(deep.iter().filter(|&&x| x >= 2).count() * 2 > deep.len(), "most loads were asked for two or three ahead: {deep:?}");
 }
 
 /// The bandit over templates: kv-split is always 3x slower than memory on both classes.

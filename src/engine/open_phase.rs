@@ -67,13 +67,18 @@ impl Proposer for OpenProposer {
         Ok(Next::Run(Box::new(c)))
     }
 
-    fn after_loss(&self, _current: &Candidate) -> Option<(Stage, Params, Vec<Shape>)> {
-        let (ci, p) = self.pending.as_ref()?;
+    fn after_loss(&self, _current: &Candidate, depth: usize) -> Vec<(Stage, Params, Vec<Shape>)> {
+        let mut out = Vec::with_capacity(depth);
+        let Some((ci, p)) = self.pending.as_ref() else { return out };
         let mut ahead = self.open.clone();
         ahead.report(*ci, p, None, false);
-        let (cj, q) = ahead.next()?;
-        let stage = self.stages.iter().find(|s| s.template.name() == q.template)?.clone();
-        Some((stage, q.params, ahead.classes[cj].class.shapes.clone()))
+        while out.len() < depth {
+            let Some((cj, q)) = ahead.next() else { break };
+            ahead.report(cj, &q, None, false);
+            let Some(stage) = self.stages.iter().find(|s| s.template.name() == q.template) else { break };
+            out.push((stage.clone(), q.params, ahead.classes[cj].class.shapes.clone()));
+        }
+        out
     }
 
     async fn report(&mut self, engine: &mut Engine, _c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {

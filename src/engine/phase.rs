@@ -30,10 +30,11 @@ pub(crate) trait Proposer {
     /// The next candidate. May read and write the ledger (the agent asks its endpoint here).
     async fn next(&mut self, engine: &mut Engine) -> anyhow::Result<Next>;
 
-    /// What `next` would offer if `current` does not win (most do not): the look-ahead
-    /// compiles it while `current` is checked and timed. None: no guess.
-    fn after_loss(&self, _current: &Candidate) -> Option<(Stage, Params, Vec<Shape>)> {
-        None
+    /// What `next` would offer, up to `depth` candidates in order, if `current` and each of
+    /// them does not win (most do not): the look-ahead compiles them while `current` is
+    /// checked and timed. Empty: no guess.
+    fn after_loss(&self, _current: &Candidate, _depth: usize) -> Vec<(Stage, Params, Vec<Shape>)> {
+        Vec::new()
     }
 
     /// Learn from `c`'s outcome.
@@ -55,8 +56,10 @@ impl Engine {
                 Next::Recorded => continue,
                 Next::Done => return Ok(None),
             };
-            if let Some((stage, params, shapes)) = proposer.after_loss(&candidate) {
-                self.lookahead(&stage, &params, &shapes).await;
+            if self.cfg.worker.lookahead && self.sup.is_running() {
+                for (stage, params, shapes) in proposer.after_loss(&candidate, self.cfg.worker.lookahead_depth as usize) {
+                    self.lookahead(&stage, &params, &shapes).await;
+                }
             }
             let outcome = self.iterate(&candidate).await?;
             if self.shutdown.now_requested() {
@@ -70,12 +73,10 @@ impl Engine {
     }
 
     /// Have the worker compile this candidate in the background, if it would be compiled at
-    /// all (not remembered, not refused by the gate on every shape). Best effort: a lost or
-    /// wrong guess changes nothing but CPU time; the ledger's order does not depend on it.
+    /// all (not remembered, not refused by the gate on every shape; the worker starts a source
+    /// once however often it is asked). Best effort: a lost or wrong guess changes nothing but
+    /// CPU time; the ledger's order does not depend on it.
     async fn lookahead(&mut self, stage: &Stage, params: &Params, shapes: &[Shape]) {
-        if !self.cfg.worker.lookahead || !self.sup.is_running() {
-            return;
-        }
         let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
         let Ok(rendered) = render::render(&stage.template, params, self.cfg.workload.dtype, &templates_dir) else { return };
         if self.remembered(&rendered.hash, shapes).is_some() || gate::check_each(&stage.template, params, shapes, &self.device, &stage.spec.min_ctas).is_err() {

@@ -35,10 +35,16 @@ impl Proposer for StageSearch {
         })
     }
 
-    fn after_loss(&self, current: &Candidate) -> Option<(Stage, Params, Vec<Shape>)> {
+    fn after_loss(&self, current: &Candidate, depth: usize) -> Vec<(Stage, Params, Vec<Shape>)> {
         let mut ahead = self.search.clone();
         ahead.report(&current.params, None);
-        ahead.next().map(|p| (self.stage.clone(), p, self.shapes.clone()))
+        let mut out = Vec::with_capacity(depth);
+        while out.len() < depth {
+            let Some(p) = ahead.next() else { break };
+            ahead.report(&p, None);
+            out.push((self.stage.clone(), p, self.shapes.clone()));
+        }
+        out
     }
 
     async fn report(&mut self, _engine: &mut Engine, c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {

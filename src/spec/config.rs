@@ -243,6 +243,10 @@ pub struct WorkerSection {
     /// timed (the worker compiles on background threads). Order and results are unchanged:
     /// a wrong guess only costs CPU time.
     pub lookahead: bool,
+    /// How many candidates ahead the look-ahead compiles (each on two threads): a Hopper
+    /// build takes ~4 s of NVRTC where a candidate's check and timing take ~1.5, so one guess
+    /// ahead left the open phase waiting on the compiler (H200, 2026-11-29).
+    pub lookahead_depth: u32,
 }
 
 /// The longest duration any key takes.
@@ -317,6 +321,7 @@ impl Default for WorkerSection {
             gpu_wait_limit: Duration::from_secs(600),
             gpu_retry_max: Duration::from_secs(30),
             lookahead: true,
+            lookahead_depth: 3,
         }
     }
 }
@@ -454,6 +459,13 @@ impl Config {
         if !(1..=16).contains(&t.rerank_top) {
             return Err(self.invalid("timing.rerank_top", format!("is {}; allowed: 1 (no re-rank) to 16", t.rerank_top)));
         }
+        let slots = crate::spec::protocol::PRECOMPILE_SLOTS as u32;
+        if !(1..=slots).contains(&self.worker.lookahead_depth) {
+            return Err(self.invalid(
+                "worker.lookahead_depth",
+                format!("is {}; allowed: 1 to {slots} (the builds a worker keeps waiting; to compile nothing ahead, set worker.lookahead = false)", self.worker.lookahead_depth),
+            ));
+        }
         for (k, v) in [("check.atol", self.check.atol), ("check.rtol_l2", self.check.rtol_l2)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(self.invalid(k, format!("is {v}; must be a number > 0 (e.g. 0.02)")));
@@ -508,7 +520,7 @@ impl Config {
                         "min_gain": t.min_gain, "early_reject": t.early_reject, "method": t.method,
                         "sustained_ms": t.sustained_ms, "rerank_top": t.rerank_top, "rerank_min_gain": t.rerank_min_gain },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
-                        "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead },
+                        "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead, "lookahead_depth": w.lookahead_depth },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
             "agent": self.agent.effective(),
         })
