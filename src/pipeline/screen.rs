@@ -4,7 +4,7 @@
 //!
 //! A compiled candidate is timed beside the incumbent on one shape of each class it is
 //! judged on (the shape whose incumbent is fastest: the cheapest to time; and the slowest
-//! too where the class spans a wide range, see [`choose`]), with two rounds of two samples. When it is slower than the incumbent there by more than
+//! too where the class spans a wide range, see [`choose`]), with four samples, one per round. When it is slower than the incumbent there by more than
 //! `timing.early_reject` (and beyond the measured noise) on every screened shape, it is
 //! rejected without the check or the full timing: a kernel that slow is never accepted,
 //! so its correctness does not matter (and it is never remembered: memory across runs

@@ -502,8 +502,8 @@ pub struct TimingSpec {
     #[serde(default)]
     pub sample_target_us: f64,
     /// Long kernels need fewer samples too: an entry's samples in one case may take at
-    /// most this much GPU time, so a case gets `rounds_for` rounds (at least 2, so every
-    /// entry is sampled in both orders; at most `rounds`). 0: always `rounds`.
+    /// most this much GPU time, so a case gets fewer rounds ([`sample_plan`]: at least 2, so
+    /// every entry is sampled in both orders). 0: no cut.
     #[serde(default)]
     pub max_entry_ms: f64,
     /// Sustained timing (the closing comparison): after the samples, each entry's graph is
