@@ -8,10 +8,14 @@
 # Run from the repository root on the device with the stripped binary carried:
 #   strip -o .dev/bin/optimizerd target/release/optimizerd && gzip -9f .dev/bin/optimizerd
 #   (device) BUDGET=150s bash scripts/decide_check.sh            (carry .dev/bin)
+# DC (default /tmp/dc) is the run's directory, LOOKAHEAD_DEPTH the engine's look-ahead compile
+# depth (worker.lookahead_depth, default 3): two calls with different DC compare depths, and the
+# last tables show where each iteration's wall time went and what rejudge.py reads in the ledger.
 set -u
 REPO=$PWD
-mkdir -p /tmp/dc && gunzip -c .dev/bin/optimizerd.gz > /tmp/dc/optimizerd && chmod +x /tmp/dc/optimizerd
-cd /tmp/dc
+DC=${DC:-/tmp/dc}
+mkdir -p "$DC" && gunzip -c .dev/bin/optimizerd.gz > "$DC/optimizerd" && chmod +x "$DC/optimizerd"
+cd "$DC"
 cat > plan.toml <<EOF
 [[stage]]
 name = "tensor-cores-hopper"
@@ -36,8 +40,11 @@ rounds = 4
 samples_per_round = 5
 launches_per_sample = 5
 sustained_ms = 0.0
+
+[worker]
+lookahead_depth = ${LOOKAHEAD_DEPTH:-3}
 EOF
-OUT=${OUT:-/tmp/dc/out}; mkdir -p "$OUT"
+OUT=${OUT:-$DC/out}; mkdir -p "$OUT"
 timeout 400 ./optimizerd start --budget "${BUDGET:-150s}" --foreground --config agent.toml > "$OUT/decide_check_run.txt" 2>&1
 echo "rc=$?"
 python3 - <<'PY'
@@ -51,3 +58,20 @@ for r in c.execute("""select i.seq, i.verdict, s.shape, s.median_us, s.p10_us, s
     hb = 0.5 * (p90 - p10) / m
     print(f"{seq:<4} {v:15} {shape:16} {m:9.2f}  {hb:8.4f}        {sp if sp is None else round(sp, 4)!s:>8}          {th if th is None else round(th, 4)!s:>7}  {won}")
 PY
+python3 - <<'PY'
+import sqlite3, datetime
+c = sqlite3.connect('runs/optimizer.db')
+t = lambda x: datetime.datetime.fromisoformat(x.replace('Z', '+00:00'))
+rows = c.execute("select seq, verdict, compile_ms, check_ms, time_ms, started_at, finished_at from iterations order by seq").fetchall()
+print("where each iteration's wall time went (s): seq verdict wall compile check time")
+for seq, v, cm, ch, tm, a, b in rows:
+    f = lambda x: '-' if x is None else f"{x / 1000:.2f}"
+    print(f"{seq:<4} {v:15} {(t(b) - t(a)).total_seconds():6.2f} {f(cm):>6} {f(ch):>6} {f(tm):>6}")
+timed = [r for r in rows if r[4] is not None]
+if timed:
+    n = len(timed)
+    mean = lambda i: sum((r[i] or 0) for r in timed) / n / 1000
+    wall = sum((t(r[6]) - t(r[5])).total_seconds() for r in timed) / n
+    print(f"timed iterations: {n}; mean wall {wall:.2f} s, compile {mean(2):.2f}, check {mean(3):.2f}, time {mean(4):.2f}")
+PY
+python3 "$REPO/scripts/rejudge.py" runs/optimizer.db --min-gain 0.01 0.015

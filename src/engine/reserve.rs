@@ -29,9 +29,11 @@ pub(crate) const START_S: f64 = 6.0;
 /// 11 shapes, before the re-rank's builds were shared), most of it each kernel's and baseline's
 /// 200-ms windows and FA4's compile per shape.
 pub(crate) const DEFAULT_SUSTAINED_S_PER_SHAPE: f64 = 12.0;
-/// The same with burst timing only (no re-rank, no sustained windows): the 2-shape closing above
-/// less [`START_S`], per shape.
-pub(crate) const DEFAULT_BURST_S_PER_SHAPE: f64 = 2.5;
+/// The same with burst timing only (no re-rank, no sustained windows). The 2-shape closing above
+/// left 2.3 s per shape beyond [`START_S`]; two more of the large shapes (0.5 and 1.5 ms
+/// kernels, FA4 not installed) took 12.5 and 16.2 s on the H200 (2026-11-29, session 25), 3.3
+/// and 5.1 s per shape: above the slowest of the three, so a first run keeps what its closing takes.
+pub(crate) const DEFAULT_BURST_S_PER_SHAPE: f64 = 5.5;
 /// The largest share of the budget kept back.
 pub(crate) const MAX_SHARE: f64 = 0.25;
 /// How many recorded closings (newest first) a run learns from.
@@ -157,10 +159,11 @@ mod tests {
         let r = plan(Duration::from_secs(20 * 60), 10, SUSTAINED, true, &[]);
         assert_eq!(r, Reserve { seconds: 126.0, per_shape_s: 12.0, basis: Basis::Default, capped: false });
         let r = plan(Duration::from_secs(20 * 60), 10, BURST, true, &[]);
-        assert_eq!((r.seconds, r.basis), (31.0, Basis::Default));
-        // The 2-shape burst closing measured on the H200 (10.6 s) is covered from the first run.
+        assert_eq!((r.seconds, r.basis), (61.0, Basis::Default));
+        // The 2-shape burst closings measured on the H200 (10.6, 12.5 and 16.2 s) are covered
+        // from the first run.
         let r = plan(Duration::from_secs(10 * 60), 2, BURST, true, &[]);
-        assert!(r.seconds >= 10.6, "{}", r.seconds);
+        assert!(r.seconds >= 16.2, "{}", r.seconds);
     }
 
     #[test]
