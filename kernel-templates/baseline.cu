@@ -107,12 +107,16 @@ __device__ __forceinline__ void baseline_fwd(OPTD_ARGS) {
     for (int i = 0; i < DPL; ++i) orow[lane + 32 * i] = from_f32(acc[i] * inv_l);
 }
 
+#if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d64(OPTD_ARGS) {
     baseline_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d128(OPTD_ARGS) {
     baseline_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif

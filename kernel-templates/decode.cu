@@ -424,22 +424,30 @@ __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
 }
 
 // minBlocks = 1: the Q fragments, O accumulators and S tile stay in registers.
+#if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
     decode_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     decode_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
     decode_combine<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
     decode_combine<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif

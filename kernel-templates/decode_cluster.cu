@@ -576,12 +576,16 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
 #endif
 }
 
+#if OPTD_BUILD_D64
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
     decode_cluster_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     decode_cluster_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif

@@ -308,22 +308,30 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
 // without the bound ABI v2's addressing took ptxas to 169-184 registers, 2 CTAs
 // per SM, 5-11% slower on b4h16s1024d64 (H100). kv-split's BLOCK_M 64 build then
 // spills 8 bytes on sm_90 and is still as fast as its ABI v1 build.
+#if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_THREADS == 128 ? 3 : 1) optd_fwd_d64(OPTD_ARGS) {
     kv_split_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     kv_split_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
     optd_split_combine<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
     optd_split_combine<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif

@@ -1215,5 +1215,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         wgmma_tma_fwd<DIM>(OPTD_ARG_NAMES, &tm_q, &tm_k, &tm_v, &tm_o);                                        \
         OPTD_CTA_DONE();                                                                                       \
     }
+#if OPTD_BUILD_D64
 WT_KERNEL(64)
+#endif
+#if OPTD_BUILD_D128
 WT_KERNEL(128)
+#endif

@@ -415,12 +415,16 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     }
 }
 
+#if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
     wmma_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     wmma_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif

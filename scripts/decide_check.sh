@@ -11,9 +11,12 @@
 # DC (default /tmp/dc) is the run's directory, LOOKAHEAD_DEPTH the engine's look-ahead compile
 # depth (worker.lookahead_depth, default 3): two calls with different DC compare depths, and the
 # last tables show where each iteration's wall time went and what rejudge.py reads in the ledger.
+# SHAPES replaces the workload's shapes (a TOML array, e.g. '[ { b = 2, h = 16, s = 8192, d = 128 } ]':
+# one head dim, whose builds leave the other's kernels out).
 set -u
 REPO=$PWD
 DC=${DC:-/tmp/dc}
+SHAPES=${SHAPES:-'[ { b = 4, h = 16, s = 4096, d = 64 }, { b = 2, h = 16, s = 8192, d = 128 } ]'}
 mkdir -p "$DC" && gunzip -c .dev/bin/optimizerd.gz > "$DC/optimizerd" && chmod +x "$DC/optimizerd"
 cd "$DC"
 cat > plan.toml <<EOF
@@ -32,7 +35,7 @@ templates_dir = "$REPO/kernel-templates"
 
 [workload]
 dtype = "fp16"
-shapes = [ { b = 4, h = 16, s = 4096, d = 64 }, { b = 2, h = 16, s = 8192, d = 128 } ]
+shapes = $SHAPES
 
 [timing]
 # scripts/benchmark-agent.toml's sampling; no sustained closing (the search's decisions are the point)

@@ -121,6 +121,57 @@ fn every_template_variant_compiles_for_every_arch() {
     eprintln!("{total} template variants compiled");
 }
 
+/// A build asked for some head dims holds their kernels and no others, in every template
+/// (`#if OPTD_BUILD_D<d>` around each kernel, the defines the worker passes for a run's
+/// head dims), and a build asked for none of them in particular holds them all.
+#[test]
+fn a_build_holds_the_kernels_of_the_head_dims_it_is_asked_for_and_no_others() {
+    use optimizerd::spec::protocol::head_dim_defines;
+    let tc = nvrtc::locate().unwrap_or_else(|e| {
+        panic!("NVRTC is required for this test (CI={:?}; run scripts/setup.sh): {e}", std::env::var("CI").ok())
+    });
+    let dir = common::repo_root().join("kernel-templates");
+    let mut jobs = Vec::new();
+    for file in template_files(&dir) {
+        let t = Template::load(&dir, &file).unwrap_or_else(|e| panic!("{e}"));
+        for asked in [vec![64], vec![128], vec![]] {
+            jobs.push((t.clone(), asked));
+        }
+    }
+    let jobs = Mutex::new(jobs);
+    let failures = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..std::thread::available_parallelism().map_or(2, |n| n.get()).min(8) {
+            s.spawn(|| loop {
+                let Some((t, asked)) = jobs.lock().unwrap().pop() else { break };
+                let src = render(&t, &t.default_params(), DType::Bf16, &dir).unwrap();
+                let arch = targets(&t).remove(0);
+                let dims = head_dim_defines(&asked);
+                let defines: Vec<(&str, String)> = dims.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+                let what = format!("{} asked for head dims {asked:?} ({arch})", t.file);
+                let c = match nvrtc::compile(&tc, &src.source, "candidate.cu", &arch, &defines) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        failures.lock().unwrap().push(format!("{what}: {e}"));
+                        continue;
+                    }
+                };
+                let holds = |k: &str| c.cubin.windows(k.len()).any(|w| w == k.as_bytes());
+                for d in [64, 128] {
+                    let wanted = asked.is_empty() || asked.contains(&d);
+                    for k in t.kernel_names(&[d]) {
+                        if holds(&k) != wanted {
+                            failures.lock().unwrap().push(format!("{what}: kernel {k} {}", if wanted { "missing" } else { "built anyway" }));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// An arch-specific template really needs its `a` target: the probe template refuses
 /// plain sm_90 (so the test above compiling it for sm_90a proves the target is used).
 #[test]

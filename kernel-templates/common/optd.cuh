@@ -12,6 +12,7 @@
  *   elem2_t, to_f32x2(), from_f32x2(), unpack8()   paired / 16-byte forms
  *   OPTD_ARGS, OPTD_ARG_NAMES      the kernel ABI (parameters / their names)
  *   OPTD_CTA_DONE()                the per-CTA completion count of check builds
+ *   OPTD_BUILD_D64, OPTD_BUILD_D128  whether this build holds that head dim's kernels
  *   OPTD_CHECK_SMEM(ROLE, D, n)    the kernel's shared-memory layout ends at the
  *                                  bytes the spec's smem formula gives its launch
  *   warp_sum(), warp_max()         butterfly reductions over a full warp
@@ -24,6 +25,18 @@
 
 #ifndef OPTD_BF16
 #error "OPTD_BF16 must be defined (0: fp16, 1: bf16) by the renderer"
+#endif
+
+// Which head dims' kernels a build contains. Every template guards its extern "C" kernels
+// of head dim d by `#if OPTD_BUILD_D<d>`; the worker passes -DOPTD_BUILD_D<d>=0 for each head
+// dim no shape of the run has, so a run on one head dim compiles about half the code
+// (the rendered source, its hash and an exported .cu stay the same: unset, every head dim
+// is built).
+#ifndef OPTD_BUILD_D64
+#define OPTD_BUILD_D64 1
+#endif
+#ifndef OPTD_BUILD_D128
+#define OPTD_BUILD_D128 1
 #endif
 
 // ---------------------------------------------------------------------------

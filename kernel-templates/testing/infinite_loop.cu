@@ -53,12 +53,16 @@ __device__ __forceinline__ void infinite_fwd(OPTD_ARGS) {
     spin_forever(cta_counter, seq_q);
 }
 
+#if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d64(OPTD_ARGS) {
     infinite_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif
 
+#if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d128(OPTD_ARGS) {
     infinite_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
+#endif

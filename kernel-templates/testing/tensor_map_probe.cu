@@ -185,5 +185,9 @@ __device__ __forceinline__ void probe_attention(OPTD_ARGS) {
         OPTD_CTA_DONE();                                                                                       \
     }
 
+#if OPTD_BUILD_D64
 PROBE_KERNEL(64)
+#endif
+#if OPTD_BUILD_D128
 PROBE_KERNEL(128)
+#endif

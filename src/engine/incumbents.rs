@@ -58,9 +58,20 @@ impl Engine {
     /// Compile+load a module, then reload nothing else: incumbents are reloaded lazily.
     pub(super) async fn load(&mut self, id: &str, source: &str, arch: &str, kernels: Vec<String>, plans: &[ShapePlan]) -> Result<Loaded, Failure> {
         self.sync_generation();
-        let l = compile::load(&mut self.sup, id, source, arch, kernels, plans, self.cfg.worker.load_timeout).await?;
+        let head_dims = self.head_dims();
+        let l = compile::load(&mut self.sup, id, source, arch, &head_dims, kernels, plans, self.cfg.worker.load_timeout).await?;
         self.loaded.push(id.to_string());
         Ok(l)
+    }
+
+    /// The head dims of the run's shapes, ascending: every build of the run holds their
+    /// kernels and no others (one list for the whole run, so a source precompiled for one
+    /// shape is the build a later load for another takes).
+    pub(super) fn head_dims(&self) -> Vec<u32> {
+        let mut dims: Vec<u32> = self.shapes.iter().map(|s| s.d).collect();
+        dims.sort_unstable();
+        dims.dedup();
+        dims
     }
 
     pub(super) fn sync_generation(&mut self) {
@@ -128,12 +139,13 @@ impl Engine {
     pub(super) async fn ensure_incumbents_loaded(&mut self) -> Result<(), Failure> {
         self.sync_generation();
         let ids: Vec<String> = dedup(self.incumbents.values().map(|i| i.id.clone()));
+        let head_dims = self.head_dims();
         for id in ids {
             if self.loaded.contains(&id) {
                 continue;
             }
             let Some(m) = self.modules.get(&id).cloned() else { continue };
-            let loaded = compile::load(&mut self.sup, &id, &m.source, &m.arch, m.kernels, &m.plans, self.cfg.worker.load_timeout)
+            let loaded = compile::load(&mut self.sup, &id, &m.source, &m.arch, &head_dims, m.kernels, &m.plans, self.cfg.worker.load_timeout)
                 .await
                 .map_err(|f| Failure::new(Verdict::Error, format!("reloading incumbent {id}: {}", f.reason)))?;
             if let Some(m) = self.modules.get_mut(&id) {

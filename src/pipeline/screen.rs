@@ -69,7 +69,7 @@ pub fn choose(plans: &[ShapePlan], class_of: impl Fn(&Shape) -> String, incumben
 pub fn brief(full: &TimingSpec) -> TimingSpec {
     let rounds = SAMPLES.min(full.rounds.max(1));
     let samples_per_round = SAMPLES.div_ceil(rounds).min(full.samples_per_round.max(1));
-    TimingSpec { rounds, samples_per_round, sustained_ms: 0.0, ..full.clone() }
+    TimingSpec { rounds, samples_per_round, sustained_ms: 0.0, ..*full }
 }
 
 /// One screened shape: the candidate's and the incumbent's brief timings.

@@ -201,14 +201,21 @@ impl Backend for ScriptedBackend {
                 eprintln!("scripted worker: precompile {} {arch}", short_hash(&source));
                 Response::Precompiling
             }
-            Request::Load { id, source, kernels, occupancy, arch, .. } => {
+            Request::Load { id, source, kernels, occupancy, arch, head_dims, .. } => {
                 eprintln!("scripted worker: load {id} {}", short_hash(&source));
+                // The real worker builds only `head_dims`' kernels: one of another head dim
+                // would not be found in its cubin.
+                if let Some(k) = kernels.iter().find(|k| !head_dims.is_empty() && !head_dims.iter().any(|d| k.ends_with(&format!("_d{d}")))) {
+                    return Response::CompileError { log: format!("kernel `{k}` not found: the builds hold head dims {head_dims:?} only") };
+                }
                 if self.script.nvrtc {
                     let tc = match crate::nvrtc::locate() {
                         Ok(tc) => tc,
                         Err(e) => return Response::BadRequest { message: format!("the script asks for NVRTC, which is missing: {e}; run scripts/setup.sh") },
                     };
-                    if let Err(e) = crate::nvrtc::compile(&tc, &source, "candidate.cu", &arch, &[]) {
+                    let dims = crate::spec::protocol::head_dim_defines(&head_dims);
+                    let defines: Vec<(&str, String)> = dims.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+                    if let Err(e) = crate::nvrtc::compile(&tc, &source, "candidate.cu", &arch, &defines) {
                         let log = if e.log().is_empty() { e.to_string() } else { e.log().to_string() };
                         return Response::CompileError { log };
                     }

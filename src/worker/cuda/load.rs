@@ -13,7 +13,7 @@ use super::error::{after, api, compile_failure, panic_message, Failure, Stage};
 use super::kernels::{Build, Candidate};
 use super::CudaBackend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
-use crate::spec::protocol::{KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response};
+use crate::spec::protocol::{head_dim_defines, KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response};
 
 /// The macro that turns on CTA counting in the check build.
 pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
@@ -71,12 +71,17 @@ impl Default for BuildCache<(Compiled, Compiled)> {
     }
 }
 
-/// Compile both builds of `source` side by side.
-fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, timeout: Option<Duration>) -> Builds {
+/// Compile both builds of `source` side by side, each with the kernels of `head_dims` only
+/// (empty: all).
+fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, head_dims: &[u32], timeout: Option<Duration>) -> Builds {
     let started = Instant::now();
+    let dims = head_dim_defines(head_dims);
+    let timed_defines: Vec<(&str, String)> = dims.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let mut check_defines = timed_defines.clone();
+    check_defines.push((COUNT_CTAS_DEFINE, "1".to_string()));
     let (timed, check) = std::thread::scope(|s| {
-        let check = s.spawn(|| nvrtc::compile_with_timeout(tc, source, name, arch, &[(COUNT_CTAS_DEFINE, "1".to_string())], timeout));
-        let timed = nvrtc::compile_with_timeout(tc, source, name, arch, &[], timeout);
+        let check = s.spawn(|| nvrtc::compile_with_timeout(tc, source, name, arch, &check_defines, timeout));
+        let timed = nvrtc::compile_with_timeout(tc, source, name, arch, &timed_defines, timeout);
         let check = check.join().unwrap_or_else(|p| {
             Err(CompileFailure::InvalidInput(format!("check-build compile thread panicked: {}", panic_message(p.as_ref()))))
         });
@@ -85,14 +90,15 @@ fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, timeout:
     (timed, check, started.elapsed().as_secs_f64() * 1e3)
 }
 
-fn pending_key(arch: &str, source: &str) -> String {
-    format!("{arch}\n{source}")
+/// What a build is keyed by: the same source built for other head dims is another build.
+fn pending_key(arch: &str, head_dims: &[u32], source: &str) -> String {
+    format!("{arch} {head_dims:?}\n{source}")
 }
 
 impl CudaBackend {
     /// Start both builds of `source` on a background thread, unless already started.
-    pub(super) fn precompile(&mut self, source: String, arch: String, compile_timeout_ms: u64) {
-        let key = pending_key(&arch, &source);
+    pub(super) fn precompile(&mut self, source: String, arch: String, head_dims: Vec<u32>, compile_timeout_ms: u64) {
+        let key = pending_key(&arch, &head_dims, &source);
         if self.pending.iter().any(|(k, _)| *k == key) {
             return;
         }
@@ -101,17 +107,19 @@ impl CudaBackend {
         }
         let tc = self.toolchain.clone();
         let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
-        let handle = std::thread::spawn(move || compile_builds(&tc, &source, "candidate.cu", &arch, timeout));
+        let handle = std::thread::spawn(move || compile_builds(&tc, &source, "candidate.cu", &arch, &head_dims, timeout));
         self.pending.push((key, handle));
     }
 
     /// Compile (or take the pending builds of) `source`, load both builds under `id`,
     /// and report the kernels' resources and the occupancy queries' answers.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn load(
         &mut self,
         id: String,
         source: &str,
         arch: &str,
+        head_dims: &[u32],
         kernels: &[String],
         occupancy: &[OccupancyQuery],
         compile_timeout_ms: u64,
@@ -120,14 +128,14 @@ impl CudaBackend {
         let name = format!("{}.cu", id.replace(['\0', '/'], "_"));
         // A source loaded moments ago: its cubins. A precompiled one: wait for its threads
         // (usually done) instead of compiling again.
-        let key = pending_key(arch, source);
+        let key = pending_key(arch, head_dims, source);
         let (timed, check, compile_ms) = match self.built.get(&key) {
             Some((timed, check)) => (Ok(timed), Ok(check), 0.0),
             None => {
                 let ahead = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
                 match ahead.map(|h| h.join()) {
                     Some(Ok(builds)) => builds,
-                    _ => compile_builds(&self.toolchain, source, &name, arch, timeout),
+                    _ => compile_builds(&self.toolchain, source, &name, arch, head_dims, timeout),
                 }
             }
         };

@@ -136,9 +136,10 @@ impl CudaBackend {
                 kernels,
                 occupancy,
                 compile_timeout_ms,
-            } => self.load(id, &source, &arch, &kernels, &occupancy, compile_timeout_ms),
-            Request::Precompile { source, arch, compile_timeout_ms } => {
-                self.precompile(source, arch, compile_timeout_ms);
+                head_dims,
+            } => self.load(id, &source, &arch, &head_dims, &kernels, &occupancy, compile_timeout_ms),
+            Request::Precompile { source, arch, compile_timeout_ms, head_dims } => {
+                self.precompile(source, arch, head_dims, compile_timeout_ms);
                 Ok(Response::Precompiling)
             }
             Request::Check {
