@@ -49,24 +49,16 @@ pub(super) fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> sys::CUdeviceptr
 }
 
 impl CudaBackend {
-    /// Upload Q, K, V (logical order, see `reference::randn_inputs`) in the element type
-    /// into buffers laid out by `view`, and allocate O the same way; `what` names the request.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn upload_set(
-        &self,
-        shape: &Shape,
-        view: ViewStrides,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        what: &str,
-    ) -> Result<TensorSet, Failure> {
+    /// Upload Q, K, V (their element type's bit patterns in logical order, see
+    /// `reference::randn_inputs` and `reference::to_bits`) into buffers laid out by `view`,
+    /// and allocate O the same way; `what` names the request.
+    pub(super) fn upload_set(&self, shape: &Shape, view: ViewStrides, [q, k, v]: [&[u16]; 3], what: &str) -> Result<TensorSet, Failure> {
         let stream = &self.stream;
         let nan = reference::nan_bits(shape.dtype);
-        let up = |x: &[f32], t: TensorName| {
-            let bits = reference::scatter(shape, &view, t, &reference::to_bits(x, shape.dtype), nan);
+        let up = |x: &[u16], t: TensorName| {
+            let bits = reference::scatter(shape, &view, t, x, nan);
             let mib = bits.len() as f64 * 2.0 / (1 << 20) as f64;
-            api(stream.clone_htod(&bits), || format!("{what}: uploading {} ({mib:.1} MiB)", t.as_str().to_uppercase()))
+            api(stream.clone_htod(bits.as_ref()), || format!("{what}: uploading {} ({mib:.1} MiB)", t.as_str().to_uppercase()))
         };
         let q = up(q, TensorName::Q)?;
         let k = up(k, TensorName::K)?;

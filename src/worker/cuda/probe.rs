@@ -90,7 +90,8 @@ impl CudaBackend {
         let nan = reference::nan_bits(shape.dtype);
         for (t, host, dev) in [(TensorName::Q, &q, &set.q), (TensorName::K, &k, &set.k), (TensorName::V, &v, &set.v)] {
             let name = t.as_str().to_uppercase();
-            let bits = reference::scatter(&shape, &set.view, t, &reference::to_bits(host, shape.dtype), nan);
+            let logical = reference::to_bits(host, shape.dtype);
+            let bits = reference::scatter(&shape, &set.view, t, &logical, nan);
             let p = dptr(dev, stream);
             // SAFETY: `p` addresses `dev.len()` == `bits.len()` u16 elements owned by `set`,
             // which outlives this call; the copy is synchronous.

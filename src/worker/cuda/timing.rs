@@ -132,14 +132,14 @@ impl CudaBackend {
             Some(kept) => kept,
             None => {
                 let (q, k, v) = reference::randn_inputs(&shape, seed);
+                let bits = [&q, &k, &v].map(|x| reference::to_bits(x, shape.dtype));
+                drop((q, k, v));
                 let mut sets = Vec::with_capacity(n_sets as usize);
                 for s in 0..n_sets {
                     sets.push(self.upload_set(
                         &shape,
                         ViewStrides::contiguous(&shape),
-                        &q,
-                        &k,
-                        &v,
+                        [&bits[0], &bits[1], &bits[2]],
                         &format!("{what}: input set {s} of {n_sets}"),
                     )?);
                 }

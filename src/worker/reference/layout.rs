@@ -4,6 +4,9 @@
 //! index reaches (a padded view's gaps) hold a fill pattern: NaN in inputs, so a kernel
 //! that reads them produces NaN; in O, a write there is caught by [`gather`].
 
+use std::borrow::Cow;
+
+use super::parallel::par_chunks;
 use crate::spec::protocol::{Shape, TensorName, ViewStrides};
 
 /// Calls `f(logical offset, buffer offset)` for the first element of every row of
@@ -33,15 +36,36 @@ fn is_logical(shape: &Shape, view: &ViewStrides, t: TensorName) -> bool {
 }
 
 /// The buffer of tensor `t` under `view`: `logical` (16-bit patterns, logical order)
-/// placed at its strided positions, every other element `fill`.
-pub fn scatter(shape: &Shape, view: &ViewStrides, t: TensorName, logical: &[u16], fill: u16) -> Vec<u16> {
+/// placed at its strided positions, every other element `fill`. A view that is the logical
+/// layout borrows `logical` (a decode shape's K is 268M elements: no copy). Batches whose
+/// rows stay inside their own `stride_b` elements, as in every view the worker builds, are
+/// filled on parallel threads.
+pub fn scatter<'a>(shape: &Shape, view: &ViewStrides, t: TensorName, logical: &'a [u16], fill: u16) -> Cow<'a, [u16]> {
     if is_logical(shape, view, t) {
-        return logical.to_vec();
+        return Cow::Borrowed(logical);
     }
     let d = shape.d as usize;
+    let st = view.of(t);
+    let (heads, rows) = shape.dims_of(t);
     let mut out = vec![fill; view.extent(shape, t) as usize];
-    for_each_row(shape, view, t, |from, to| out[to..to + d].copy_from_slice(&logical[from..from + d]));
-    out
+    let per_batch = heads as usize * rows as usize * d;
+    let batch_span = (heads as u64 - 1) * st.h + (rows as u64 - 1) * st.s + d as u64;
+    if shape.b > 1 && st.b >= batch_span {
+        par_chunks(&mut out, st.b as usize, |b, batch| {
+            let logical = &logical[b * per_batch..][..per_batch];
+            let mut from = 0usize;
+            for h in 0..heads as u64 {
+                for i in 0..rows as u64 {
+                    let to = (h * st.h + i * st.s) as usize;
+                    batch[to..to + d].copy_from_slice(&logical[from..from + d]);
+                    from += d;
+                }
+            }
+        });
+    } else {
+        for_each_row(shape, view, t, |from, to| out[to..to + d].copy_from_slice(&logical[from..from + d]));
+    }
+    Cow::Owned(out)
 }
 
 /// Tensor `t` read back from its strided buffer.
@@ -107,12 +131,35 @@ mod tests {
         }
     }
 
+    /// The batches filled on parallel threads land exactly where one row after the other
+    /// puts them, in every layout and view, batch counts that do not divide the threads
+    /// included.
+    #[test]
+    fn batches_scattered_in_parallel_match_one_row_after_the_other() {
+        for layout in Layout::ALL {
+            for b in [2, 3, 7] {
+                let shape = Shape { b, hq: 6, hkv: 3, sq: 5, sk: 9, d: 16, causal: false, dtype: DType::Fp16, layout };
+                for view in [ViewStrides::contiguous(&shape), ViewStrides::padded(&shape)] {
+                    for t in [TensorName::Q, TensorName::K, TensorName::O] {
+                        let (heads, rows) = shape.dims_of(t);
+                        let n = (shape.b * heads * rows * shape.d) as usize;
+                        let logical: Vec<u16> = (0..n).map(|i| (i % 65_521) as u16).collect();
+                        let mut want = vec![0xABCDu16; view.extent(&shape, t) as usize];
+                        let d = shape.d as usize;
+                        for_each_row(&shape, &view, t, |from, to| want[to..to + d].copy_from_slice(&logical[from..from + d]));
+                        assert_eq!(scatter(&shape, &view, t, &logical, 0xABCD).as_ref(), want.as_slice(), "{layout} b {b} {t:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn writes_outside_a_padded_view_are_counted() {
         let shape = gqa(Layout::Bshd);
         let view = ViewStrides::padded(&shape);
         let n = shape.q_elems() as usize;
-        let mut buf = scatter(&shape, &view, TensorName::O, &vec![1u16; n], 0x7E00);
+        let mut buf = scatter(&shape, &view, TensorName::O, &vec![1u16; n], 0x7E00).into_owned();
         let gap = buf.iter().position(|&x| x == 0x7E00).unwrap();
         buf[gap] = 3;
         assert_eq!(gather(&shape, &view, TensorName::O, &buf, 0x7E00).outside_written, 1);
@@ -124,7 +171,7 @@ mod tests {
         let shape = gqa(Layout::Bhsd);
         let view = ViewStrides::contiguous(&shape);
         let logical: Vec<u16> = (0..shape.kv_elems() as u16).collect();
-        assert_eq!(scatter(&shape, &view, TensorName::V, &logical, 0), logical);
+        assert!(matches!(scatter(&shape, &view, TensorName::V, &logical, 0), Cow::Borrowed(b) if b == logical.as_slice()));
         // bshd contiguous is a real permutation.
         let shape = gqa(Layout::Bshd);
         let view = ViewStrides::contiguous(&shape);
