@@ -340,12 +340,30 @@ class NotRunnableHere(Exception):
     pass
 
 
+def crt_include_dir():
+    """A CUDA include folder holding crt/mma.h, or None. <mma.h> (the WMMA API the wmma
+    template's kernels use) includes "crt/mma.h"; CuPy's own include folder may be the nvidia pip
+    package's, which has mma.h but not crt/ (CuPy for CUDA 13 from pip, 2026-11-29: "cannot open
+    source file crt/mma.h"). Looked for in CUDA_HOME, CUDA_PATH, the nvidia pip packages beside
+    torch, /usr/local/cuda."""
+    candidates = [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    nvidia = os.path.join(site, "nvidia")
+    if os.path.isdir(nvidia):
+        candidates += [os.path.join(nvidia, sub, "include") for sub in sorted(os.listdir(nvidia))]
+    candidates.append("/usr/local/cuda/include")
+    return next((c for c in candidates if os.path.isfile(os.path.join(c, "crt", "mma.h"))), None)
+
+
 def compile_options(kernel, device):
     """NVRTC options for the kernel's manifest `arch`; raises NotRunnableHere (the reason) when
     the kernel cannot run on this GPU. A plain arch (sm_90) is compiled for this GPU (CuPy picks it);
     an arch-specific one (sm_90a) only on a GPU of exactly that compute capability. CuPy appends
     its own -arch=sm_<cc>; NVRTC keeps the arch-specific sm_<cc>a over it."""
     options = ("-std=c++17",)
+    crt = crt_include_dir()
+    if crt:
+        options += (f"--include-path={crt}",)
     arch = kernel.get("arch") or ""
     if kernel.get("arch_specific") or arch.endswith("a"):
         if not (arch.startswith("sm_") and arch.endswith("a") and arch[3:-1].isdigit()):

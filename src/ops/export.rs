@@ -260,7 +260,7 @@ fn abi() -> Abi {
         gqa: "query head h reads key/value head h / (HQ / HKV)",
         softmax_scale: "softmax(Q K^T * softmax_scale) V with softmax_scale = 1/sqrt(D), passed by the caller",
         causal: "when causal != 0, key j is masked for query row i if j > i + SK - SQ (the query rows are the last SQ positions: FlashAttention >= 2.1, SDPA's bottom-right causal)",
-        compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path, for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); a kernel's `cubin`, when not null, is that build from NVRTC (--gpu-architecture=<arch> -std=c++17 -lineinfo, no defines), the binary the run timed; launches run in order on one stream",
+        compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path (a toolkit's, with crt/: the wmma template's kernels include <mma.h>, which includes crt/mma.h), for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); a kernel's `cubin`, when not null, is that build from NVRTC (--gpu-architecture=<arch> -std=c++17 -lineinfo, no defines), the binary the run timed; launches run in order on one stream",
         tensor_maps: "kernels with tensor_maps take, after the 16 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry (resolved for contiguous tensors in the shape's layout; for another view use the formulas with its strides)",
     }
 }
