@@ -277,6 +277,14 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
     assert_eq!((wide.template.name(), wide.spec.shapes.as_str()), ("decode-cluster", "G * SQ > 16"));
     assert_eq!(wide.start["M_TILES"], 2);
     gate::check(&wide.template, &wide.start, &shapes[1..2], &h100(), &wide.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    // The prefill stages leave decode shapes to the decode templates (timing a generic kernel
+    // on a decode shape's KV cache was most of a candidate's time, and it never won one).
+    for stage in plan.stages.iter().filter(|s| s.spec.search != optimizerd::strategy::search::SearchKind::Agent
+        && s.spec.search != optimizerd::strategy::search::SearchKind::AgentTuning && s.template.meta.max_sq.is_none()
+        && s.spec.name != "baseline")
+    {
+        assert_eq!(stage.spec.shapes, "SQ > 16", "stage {}", stage.spec.name);
+    }
 }
 
 /// Baseline, then the decode stage over two points; no open phase.
