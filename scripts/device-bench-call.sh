@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call of the device tool during a long benchmark (the tool limits a command to 10 minutes,
 # a machine to 30 minutes held; a 20m benchmark takes ~21 minutes of wall time: since 2026-11-29
-# the budget covers the closing comparison, run.budget_covers_closing, and the LLM workload's
-# prefill shapes want ~8 minutes of search, so give it BUDGET=10m):
+# the budget covers the closing comparison, run.budget_covers_closing; the LLM workload's plan
+# ran in ~3 minutes on the H200 once its prefill stages left the decode shapes alone, session 25,
+# where before an 8-minute run never reached the Hopper stage: BUDGET=8m leaves it an open phase):
 #   WAIT=520 bash scripts/device-bench-call.sh        (carry target/release/optimizerd, or .dev/bin: below)
 # The first call copies the repo to /tmp/bench/repo and starts `scripts/benchmark.py --detach`
 # there (the daemon survives between calls while the machine stays warm: issue the next call at
