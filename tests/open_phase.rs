@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::Project;
 use optimizerd::engine::RunEnd;
+use optimizerd::spec::states::Verdict;
 use optimizerd::storage::ledger::Ledger;
 use serde_json::json;
 
@@ -212,6 +213,33 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
     assert!(shallow.iter().all(|&x| x <= 1), "{shallow:?}");
     assert!(deep.iter().all(|&x| x <= 3), "{deep:?}");
     assert!(deep.iter().filter(|&&x| x >= 2).count() * 2 > deep.len(), "most loads were asked for two or three ahead: {deep:?}");
+}
+
+/// Every build a run asks for holds its shapes' head dims and no others: a workload of one
+/// head dim gets builds of that one (half the code compiled), a mixed one of both, and no
+/// load names a kernel its builds leave out (the scripted worker refuses that, as the GPU
+/// worker would fail to find it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_hold_the_head_dims_of_the_run_and_no_others() {
+    let rules = json!([{ "source_contains": ["template `memory`"], "behaviour": { "ok": { "us": 20.0 } } }]);
+    for (workload, want) in [
+        ("shapes = [ { b = 1, h = 1, s = 128, d = 128 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [128]"),
+        ("shapes = [ { b = 1, h = 1, s = 128, d = 64 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [64, 128]"),
+    ] {
+        let plan = SLOW_PLAN.replace("[open_phase]\npatience = 30", "[open_phase]\nenabled = false");
+        let p = Project::new(&plan, rules.clone(), json!({ "ok": { "us": 80.0 } }));
+        p.set_workload(workload);
+        p.run("dims", Duration::from_secs(60)).await;
+        let its = Ledger::open(&p.db()).await.unwrap().iterations("dims").await.unwrap();
+        assert!(its.iter().all(|i| i.verdict != Verdict::CompileError), "{its:?}");
+        assert!(its.iter().any(|i| i.verdict == Verdict::Accepted), "{its:?}");
+        let log = std::fs::read_to_string(p.path().join("runs/dims/worker.log")).unwrap();
+        let builds: Vec<&str> = log.lines().filter(|l| l.contains("scripted worker: load ") || l.contains("scripted worker: precompile ")).collect();
+        assert!(builds.len() >= 3, "{log}");
+        for line in builds {
+            assert!(line.ends_with(want), "{workload}: {line}");
+        }
+    }
 }
 
 /// The bandit over templates: kv-split is always 3x slower than memory on both classes.

@@ -196,13 +196,13 @@ impl Backend for ScriptedBackend {
                 }
                 Response::Hello(self.script.device.clone())
             }
-            Request::Precompile { source, arch, .. } => {
+            Request::Precompile { source, arch, head_dims, .. } => {
                 // Logged (the worker's stderr is the run's worker.log) so tests can see the look-ahead.
-                eprintln!("scripted worker: precompile {} {arch}", short_hash(&source));
+                eprintln!("scripted worker: precompile {} {arch} head dims {head_dims:?}", short_hash(&source));
                 Response::Precompiling
             }
             Request::Load { id, source, kernels, occupancy, arch, head_dims, .. } => {
-                eprintln!("scripted worker: load {id} {}", short_hash(&source));
+                eprintln!("scripted worker: load {id} {} head dims {head_dims:?}", short_hash(&source));
                 // The real worker builds only `head_dims`' kernels: one of another head dim
                 // would not be found in its cubin.
                 if let Some(k) = kernels.iter().find(|k| !head_dims.is_empty() && !head_dims.iter().any(|d| k.ends_with(&format!("_d{d}")))) {
