@@ -166,8 +166,10 @@ impl CudaBackend {
         for k in kernels {
             let missing = |build: &str| {
                 Failure::Compile(format!(
-                    "kernel `{k}` not found in the {build} build: the source must define it as \
-                     extern \"C\" __global__ void {k}(...) (without C++ name mangling){}{log}",
+                    "kernel `{k}` not found in the {build} build (built for head dims {}): the source must define \
+                     it as extern \"C\" __global__ void {k}(...) (without C++ name mangling), under \
+                     `#if OPTD_BUILD_D<d>` for its head dim{}{log}",
+                    if head_dims.is_empty() { "all".to_string() } else { format!("{head_dims:?}") },
                     if log.is_empty() { "" } else { "\n" }
                 ))
             };
