@@ -36,6 +36,11 @@
 //! the kernel: the walk that resets knobs assumes each says exactly when its knob is
 //! irrelevant.
 //!
+//! Each launch role's kernel is exported once per head dim as `optd_<role>_d<D>`, each of
+//! them inside `#if OPTD_BUILD_D<D>` (common/optd.cuh sets every one to 1 unless the build
+//! says otherwise): the worker builds only the run's head dims (`protocol::head_dim_defines`),
+//! so a kernel outside its guard still builds, just always.
+//!
 //! A template made for one regime declares `max_sq = N` under `[template]` (decode.cu:
 //! 16): the gate refuses shapes with more query rows, with the reason, the plan's stage
 //! of such a template runs on the shapes it admits only (skipped, with the reason, when
