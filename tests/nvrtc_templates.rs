@@ -146,8 +146,7 @@ fn a_build_holds_the_kernels_of_the_head_dims_it_is_asked_for_and_no_others() {
                 let Some((t, asked)) = jobs.lock().unwrap().pop() else { break };
                 let src = render(&t, &t.default_params(), DType::Bf16, &dir).unwrap();
                 let arch = targets(&t).remove(0);
-                let dims = head_dim_defines(&asked);
-                let defines: Vec<(&str, String)> = dims.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+                let defines = head_dim_defines(&asked);
                 let what = format!("{} asked for head dims {asked:?} ({arch})", t.file);
                 let c = match nvrtc::compile(&tc, &src.source, "candidate.cu", &arch, &defines) {
                     Ok(c) => c,

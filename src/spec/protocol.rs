@@ -591,15 +591,13 @@ pub const PRECOMPILE_SLOTS: usize = 8;
 /// `-DOPTD_BUILD_D<d>=0` (kernel-templates/common/optd.cuh). A run whose shapes share one
 /// head dim compiles about half the code per candidate (NVRTC 13.0, the Hopper template at
 /// D 128 alone: 2.8 s of 4.8). Empty `head_dims`: every head dim is built.
-pub fn head_dim_defines(head_dims: &[u32]) -> Vec<(String, String)> {
+pub fn head_dim_defines(head_dims: &[u32]) -> Vec<(&'static str, String)> {
+    // One macro per head dim of HEAD_DIMS (a test checks the two lists agree).
+    const MACROS: [(u32, &str); 2] = [(64, "OPTD_BUILD_D64"), (128, "OPTD_BUILD_D128")];
     if head_dims.is_empty() {
         return Vec::new();
     }
-    crate::spec::config::HEAD_DIMS
-        .iter()
-        .filter(|d| !head_dims.contains(d))
-        .map(|d| (format!("OPTD_BUILD_D{d}"), "0".to_string()))
-        .collect()
+    MACROS.iter().filter(|(d, _)| !head_dims.contains(d)).map(|(_, name)| (*name, "0".to_string())).collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -828,8 +826,12 @@ mod tests {
 
     #[test]
     fn a_build_for_some_head_dims_leaves_out_the_others_and_none_named_means_all() {
-        assert_eq!(head_dim_defines(&[128]), vec![("OPTD_BUILD_D64".to_string(), "0".to_string())]);
-        assert_eq!(head_dim_defines(&[64]), vec![("OPTD_BUILD_D128".to_string(), "0".to_string())]);
+        assert_eq!(head_dim_defines(&[128]), vec![("OPTD_BUILD_D64", "0".to_string())]);
+        assert_eq!(head_dim_defines(&[64]), vec![("OPTD_BUILD_D128", "0".to_string())]);
+        // A macro for every head dim the templates are written for, and no other.
+        let all: Vec<String> = head_dim_defines(&[1]).into_iter().map(|(name, _)| name.to_string()).collect();
+        let want: Vec<String> = crate::spec::config::HEAD_DIMS.iter().map(|d| format!("OPTD_BUILD_D{d}")).collect();
+        assert_eq!(all, want);
         assert!(head_dim_defines(&[64, 128]).is_empty());
         assert!(head_dim_defines(&[]).is_empty());
     }

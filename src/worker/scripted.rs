@@ -213,8 +213,7 @@ impl Backend for ScriptedBackend {
                         Ok(tc) => tc,
                         Err(e) => return Response::BadRequest { message: format!("the script asks for NVRTC, which is missing: {e}; run scripts/setup.sh") },
                     };
-                    let dims = crate::spec::protocol::head_dim_defines(&head_dims);
-                    let defines: Vec<(&str, String)> = dims.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+                    let defines = crate::spec::protocol::head_dim_defines(&head_dims);
                     if let Err(e) = crate::nvrtc::compile(&tc, &source, "candidate.cu", &arch, &defines) {
                         let log = if e.log().is_empty() { e.to_string() } else { e.log().to_string() };
                         return Response::CompileError { log };

@@ -75,8 +75,7 @@ impl Default for BuildCache<(Compiled, Compiled)> {
 /// (empty: all).
 fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, head_dims: &[u32], timeout: Option<Duration>) -> Builds {
     let started = Instant::now();
-    let dims = head_dim_defines(head_dims);
-    let timed_defines: Vec<(&str, String)> = dims.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let timed_defines = head_dim_defines(head_dims);
     let mut check_defines = timed_defines.clone();
     check_defines.push((COUNT_CTAS_DEFINE, "1".to_string()));
     let (timed, check) = std::thread::scope(|s| {
