@@ -24,6 +24,8 @@
  * (KeyMask::limit), so every row sees at least key 0 and l > 0.
  *
  * Knobs:   WARPS_PER_CTA  query rows per CTA (one warp each)
+ * Head dims: all of the project's (64, 96, 128, 256; any multiple of 32 works):
+ *          every shape has at least this kernel, the run's first candidate.
  * Shared:  none
  * CTAs:    cdiv(SQ, WARPS_PER_CTA) x (B * HQ) x 1   (B * HQ <= 65535, gridDim.y)
  * Registers: 2 * D / 32 fp32 (q and acc) plus m, l and two row pointers.
@@ -34,6 +36,7 @@
 name = "baseline"
 description = "naive, correct attention: one warp per query row, keys one at a time, online softmax"
 min_cc = 70
+head_dims = [64, 96, 128, 256]
 
 [knobs]
 WARPS_PER_CTA = [4]
@@ -114,9 +117,23 @@ extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d64(OP
 }
 #endif
 
+#if OPTD_BUILD_D96
+extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d96(OPTD_ARGS) {
+    baseline_fwd<96>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d128(OPTD_ARGS) {
     baseline_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(WARPS_PER_CTA * 32) optd_fwd_d256(OPTD_ARGS) {
+    baseline_fwd<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

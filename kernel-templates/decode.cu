@@ -138,6 +138,7 @@
 name = "decode-split"
 description = "flash-decoding: GQA group x SQ rows packed into one mma.sync m16 tile, KV sequence split across CTAs, cp.async K/V ring, warps split the keys, LSE combine"
 min_cc = 80
+head_dims = [64, 128]
 max_sq = 16
 
 [knobs]

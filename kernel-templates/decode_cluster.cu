@@ -111,6 +111,7 @@
 name = "decode-cluster"
 description = "flash-decoding in one launch: the KV splits of a GQA group are one thread-block cluster and combine through distributed shared memory (sm_90)"
 min_cc = 90
+head_dims = [64, 128]
 max_sq = 16
 
 [knobs]

@@ -75,6 +75,7 @@
 name = "kv-split"
 description = "K/V tiles in shared memory, lane-per-key scores, KV sequence split over gridDim.z with an LSE combine"
 min_cc = 80
+head_dims = [64, 128]
 
 [knobs]
 BLOCK_M = [16, 32, 64]

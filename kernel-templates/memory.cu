@@ -118,6 +118,7 @@
 name = "memory"
 description = "kv-split on the CUDA cores with its data movement tuned: 16-byte vectorized loads, cp.async K/V ring (2-3 stages), XOR-swizzled or padded K tile"
 min_cc = 80
+head_dims = [64, 128]
 
 [knobs]
 BLOCK_M = [16, 32, 64]

@@ -120,6 +120,7 @@
 name = "mma-fa2"
 description = "FlashAttention-2 forward: mma.sync m16n8k16, 16 or 32 query rows per warp, P kept in registers, cp.async K/V ring, swizzled or padded shared rows"
 min_cc = 80
+head_dims = [64, 128]
 
 [knobs]
 BLOCK_N = [64, 32]

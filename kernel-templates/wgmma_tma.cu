@@ -231,6 +231,7 @@
 name = "wgmma-tma"
 description = "FlashAttention-3-style forward for Hopper: TMA producer warp + mbarrier ring, wgmma consumer warpgroups, setmaxnreg, ping-pong and intra-warpgroup overlap"
 min_cc = 90
+head_dims = [64, 128]
 arch_specific = true
 
 [knobs]

@@ -107,6 +107,7 @@
 name = "wmma"
 description = "FlashAttention forward with nvcuda::wmma 16x16x16 (S = Q K^T and O += P V), softmax by threads over an fp32 S tile in shared memory, O fragments rescaled through per-row factor fragments"
 min_cc = 80
+head_dims = [64, 128]
 
 [knobs]
 BLOCK_M = [64, 32]

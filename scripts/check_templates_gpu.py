@@ -252,6 +252,15 @@ CHECK_SHAPES = mhas([
     # counter in the split semaphore words (left zero), packed GQA heads and SQ < SK included.
     gqa(2, 32, 8, 1000, 1000, 64, True),
     gqa(1, 32, 8, 700, 1500, 128, True, "bshd", padded=True),
+    # Head dims 96 (Phi-3-mini: 32 heads, MHA) and 256 (Gemma 2/3: GQA): prefill, chunked,
+    # decode; a template without them skips these (its spec's head_dims).
+    mha(1, 2, 100, 96, True),
+    gqa(1, 32, 32, 300, 300, 96, False, "bshd", padded=True),
+    gqa(2, 8, 8, 1, 999, 96, True),
+    gqa(1, 8, 4, 333, 333, 256, True),
+    gqa(2, 16, 8, 128, 1000, 256, True, "bshd"),
+    gqa(1, 16, 8, 1, 4000, 256, True, padded=True),
+    gqa(2, 8, 4, 4, 1024, 256, False),
 ]
 TIME_SHAPES = mhas([
     (1, 1, 128, 64, False), (1, 1, 256, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False),
@@ -816,6 +825,8 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
     max_sq = tpl.spec["template"].get("max_sq")
     if max_sq is not None and shape.sq > max_sq:
         raise DoesNotFit(f"SQ = {shape.sq} is above the template's max_sq = {max_sq}")
+    if shape.d not in tpl.head_dims:
+        raise DoesNotFit(f"D = {shape.d} is not among the template's head_dims {list(tpl.head_dims)}")
     d = shape.d
     ctx = dict(tpl.complete(knobs), B=shape.b, HQ=shape.hq, HKV=shape.hkv, G=shape.group, SQ=shape.sq, SK=shape.sk, D=d,
                CAUSAL=int(shape.causal), BSHD=int(shape.layout == "bshd"), ELEM_BYTES=ELEM_BYTES, **dev)

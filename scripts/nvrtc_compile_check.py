@@ -3,15 +3,15 @@
 
 For each template under kernel-templates/ (common/ excluded) this renders the
 source as the daemon does (src/pipeline/render.rs) -- one `#define KNOB value`
-line per knob, `#define OPTD_BF16 0|1`, `#define OPTD_SMEM_BYTES_<ROLE>_D64|_D128
-bytes` per launch role (the spec's smem formula at that head dim, see
+line per knob, `#define OPTD_BF16 0|1`, `#define OPTD_SMEM_BYTES_<ROLE>_D<d>
+bytes` per launch role and head dim the template lists (`head_dims`) (the spec's smem formula at that head dim, see
 layout_smem()), followed by the template with its local `#include "common/..."`
 lines replaced by those files' text -- for every
 combination of the knob values in the template's `optimizerd:spec` block, both
 element types, each target architecture, and with and without
 -DOPTD_COUNT_CTAS=1 (the daemon's check build). Each is compiled to a cubin,
 which must contain every exported kernel the spec launches
-(optd_<role>_d64 and optd_<role>_d128).
+(optd_<role>_d<d> for each head dim of the template's `head_dims`).
 
 Templates with `arch_specific = true` (Hopper: wgmma, setmaxnreg, TMA) are
 compiled only for their arch-specific target sm_<min_cc>a (e.g. sm_90a), whatever
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "kernel-templates"
 COMMON_INCLUDE = "common/optd.cuh"
 INCLUDE_LINE = f'#include "{COMMON_INCLUDE}"'
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 256)  # src/spec/config.rs HEAD_DIMS; each template builds those its spec lists
 DEFAULT_ARCHS = ("sm_80", "sm_89", "sm_90")
 ABI_PARAMS = 16  # q k v o o_partial lse_partial batch heads_q heads_kv seq_q seq_k n_splits softmax_scale causal strides cta_counter
 TENSOR_NAMES = ("q", "k", "v", "o")
@@ -92,6 +92,12 @@ class Template:
         return bool(self.spec["template"].get("arch_specific", False))
 
     @property
+    def head_dims(self) -> tuple[int, ...]:
+        """The head dims the template's kernels are written for (`head_dims` under
+        [template]; absent: 64 and 128, as src/spec/template.rs reads it)."""
+        return tuple(self.spec["template"].get("head_dims", (64, 128)))
+
+    @property
     def tensor_maps(self) -> list[dict]:
         """The spec's [[tensor_map]] entries (tensor, box_rows, swizzle), in kernel-parameter
         order: map i is parameter ABI_PARAMS + i of every launch."""
@@ -110,10 +116,11 @@ class Template:
         return [dict(zip(names, vals)) for vals in itertools.product(*(knobs[n] for n in names))]
 
     def kernel_names(self) -> list[str]:
-        """Exported kernels the spec launches, e.g. optd_fwd_d64, optd_fwd_d128."""
+        """Exported kernels the spec launches, e.g. optd_fwd_d64, optd_fwd_d128: one per
+        head dim the template lists."""
         out = []
         for launch in self.spec["launch"]:
-            for d in HEAD_DIMS:
+            for d in self.head_dims:
                 name = f"optd_{launch['kernel']}_d{d}"
                 if name not in out:
                     out.append(name)
@@ -212,7 +219,7 @@ def smem_defines(tpl: Template, knobs: dict[str, int]) -> str:
     """`#define OPTD_SMEM_BYTES_<ROLE>_D<d> bytes` per role and head dim, as the daemon's
     renderer writes them (a comment where the formula has no value per head dim)."""
     lines = []
-    for d in HEAD_DIMS:
+    for d in tpl.head_dims:
         for role, value in layout_smem(tpl, knobs, d):
             name = f"OPTD_SMEM_BYTES_{role.upper()}_D{d}"
             lines.append(f"#define {name} {value}\n" if isinstance(value, int) else f"// {name} not defined: {value}\n")

@@ -188,7 +188,7 @@ fn compile_covering_set(file: &str, code_knobs: &[&str], fixed: &[(&str, i64)], 
                 let defines: Vec<(&str, String)> = if count { vec![("OPTD_COUNT_CTAS", "1".into())] } else { vec![] };
                 match nvrtc::compile(&tc, &src.source, file, arch, &defines) {
                     Ok(c) => {
-                        for k in t.kernel_names(&[64, 128]) {
+                        for k in t.kernel_names(&t.meta.head_dims) {
                             if !c.cubin.windows(k.len()).any(|w| w == k.as_bytes()) {
                                 failures.lock().unwrap().push(format!("{file} {p:?} {arch}: {k} not exported"));
                             }

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use optimizerd::nvrtc;
+use optimizerd::spec::config::HEAD_DIMS;
 use optimizerd::spec::protocol::DType;
 use optimizerd::pipeline::render::render;
 use optimizerd::strategy::search::{Search, SearchKind};
@@ -105,7 +106,7 @@ fn every_template_variant_compiles_for_every_arch() {
                 match nvrtc::compile(&tc, &source, "candidate.cu", &arch, &defines) {
                     Ok(c) => {
                         assert!(c.cubin.starts_with(b"\x7fELF"), "{what}: not a cubin");
-                        for k in t.kernel_names(&[64, 128]) {
+                        for k in t.kernel_names(&t.meta.head_dims) {
                             if !c.cubin.windows(k.len()).any(|w| w == k.as_bytes()) {
                                 failures.lock().unwrap().push(format!("{what}: kernel {k} not exported"));
                             }
@@ -123,7 +124,8 @@ fn every_template_variant_compiles_for_every_arch() {
 
 /// A build asked for some head dims holds their kernels and no others, in every template
 /// (`#if OPTD_BUILD_D<d>` around each kernel, the defines the worker passes for a run's
-/// head dims), and a build asked for none of them in particular holds them all.
+/// head dims), and a build asked for none of them in particular holds them all: exactly
+/// the head dims the template's spec lists (`head_dims`).
 #[test]
 fn a_build_holds_the_kernels_of_the_head_dims_it_is_asked_for_and_no_others() {
     use optimizerd::spec::protocol::head_dim_defines;
@@ -134,7 +136,7 @@ fn a_build_holds_the_kernels_of_the_head_dims_it_is_asked_for_and_no_others() {
     let mut jobs = Vec::new();
     for file in template_files(&dir) {
         let t = Template::load(&dir, &file).unwrap_or_else(|e| panic!("{e}"));
-        for asked in [vec![64], vec![128], vec![]] {
+        for asked in t.meta.head_dims.iter().map(|&d| vec![d]).chain([vec![]]) {
             jobs.push((t.clone(), asked));
         }
     }
@@ -156,8 +158,9 @@ fn a_build_holds_the_kernels_of_the_head_dims_it_is_asked_for_and_no_others() {
                     }
                 };
                 let holds = |k: &str| c.cubin.windows(k.len()).any(|w| w == k.as_bytes());
-                for d in [64, 128] {
-                    let wanted = asked.is_empty() || asked.contains(&d);
+                // A head dim the template does not list has no kernel in any build.
+                for d in HEAD_DIMS {
+                    let wanted = t.meta.head_dims.contains(&d) && (asked.is_empty() || asked.contains(&d));
                     for k in t.kernel_names(&[d]) {
                         if holds(&k) != wanted {
                             failures.lock().unwrap().push(format!("{what}: kernel {k} {}", if wanted { "missing" } else { "built anyway" }));

@@ -2,7 +2,8 @@
  * optd.cuh: what every optimizerd kernel template shares.
  *
  * The renderer puts a block of `#define KNOB value` lines (plus OPTD_BF16, the
- * OPTD_SMEM_BYTES_<ROLE>_D64 / _D128 values below and, for check builds,
+ * OPTD_SMEM_BYTES_<ROLE>_D<d> values below, one per head dim the template's
+ * spec lists in `head_dims` and, for check builds,
  * -DOPTD_COUNT_CTAS=1) in front of a template and replaces the template's
  * `#include "common/optd.cuh"` line with this file, so nothing here may rely
  * on a real include path except the CUDA half/bfloat16 headers.
@@ -12,7 +13,7 @@
  *   elem2_t, to_f32x2(), from_f32x2(), unpack8()   paired / 16-byte forms
  *   OPTD_ARGS, OPTD_ARG_NAMES      the kernel ABI (parameters / their names)
  *   OPTD_CTA_DONE()                the per-CTA completion count of check builds
- *   OPTD_BUILD_D64, OPTD_BUILD_D128  whether this build holds that head dim's kernels
+ *   OPTD_BUILD_D64, _D96, _D128, _D256  whether this build holds that head dim's kernels
  *   OPTD_CHECK_SMEM(ROLE, D, n)    the kernel's shared-memory layout ends at the
  *                                  bytes the spec's smem formula gives its launch
  *   warp_sum(), warp_max()         butterfly reductions over a full warp
@@ -29,14 +30,21 @@
 
 // Which head dims' kernels a build contains. Every template guards its extern "C" kernels
 // of head dim d by `#if OPTD_BUILD_D<d>`; the worker passes -DOPTD_BUILD_D<d>=0 for each head
-// dim no shape of the run has, so a run on one head dim compiles about half the code
+// dim no shape of the run has, so a run on one head dim compiles only its own kernels
 // (the rendered source, its hash and an exported .cu stay the same: unset, every head dim
-// is built).
+// the template is written for is built). A template lists its head dims in its spec
+// (`head_dims`); the four macros are the project's head dims (src/spec/config.rs HEAD_DIMS).
 #ifndef OPTD_BUILD_D64
 #define OPTD_BUILD_D64 1
 #endif
+#ifndef OPTD_BUILD_D96
+#define OPTD_BUILD_D96 1
+#endif
 #ifndef OPTD_BUILD_D128
 #define OPTD_BUILD_D128 1
+#endif
+#ifndef OPTD_BUILD_D256
+#define OPTD_BUILD_D256 1
 #endif
 
 // ---------------------------------------------------------------------------

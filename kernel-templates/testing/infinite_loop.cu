@@ -18,6 +18,7 @@
 name = "test-infinite-loop"
 description = "test-only: a kernel that never terminates (must be timed out)"
 min_cc = 70
+head_dims = [64, 128]
 testing = true
 
 [knobs]

@@ -20,6 +20,7 @@
 name = "test-oob-write"
 description = "test-only: baseline attention plus one store far out of bounds (must crash with an illegal address)"
 min_cc = 70
+head_dims = [64, 128]
 testing = true
 
 [knobs]

@@ -32,6 +32,7 @@
 name = "test-tensor-map-probe"
 description = "test-only: baseline attention plus a TMA load of one K box through the tensor-map parameter, checked against global memory (sm_90a)"
 min_cc = 90
+head_dims = [64, 128]
 arch_specific = true
 testing = true
 

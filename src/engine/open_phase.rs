@@ -148,7 +148,7 @@ impl Engine {
         let spec = self.plan.open_phase.clone();
         let stages = self.open_templates();
         let candidates: Vec<Candidates> =
-            stages.iter().map(|s| Candidates { template: s.template.name().to_string(), space: s.space.clone(), start: s.start.clone(), max_sq: s.template.meta.max_sq, canon: Canonical::identity() }).collect();
+            stages.iter().map(|s| Candidates { template: s.template.name().to_string(), space: s.space.clone(), start: s.start.clone(), max_sq: s.template.meta.max_sq, head_dims: s.template.meta.head_dims.clone(), canon: Canonical::identity() }).collect();
         let classes = classify(&self.shapes, self.device.sm_count);
         let mut searches = Vec::with_capacity(classes.len());
         for class in classes {

@@ -3,8 +3,8 @@
 //! Knobs become `#define`s in front of the template text, and local `#include "..."`
 //! lines are inlined, so the committed source compiles on its own (NVRTC, nvcc, an
 //! export) and its hash identifies exactly what ran. The shared memory the gate will
-//! give each launch is defined too (`OPTD_SMEM_BYTES_<ROLE>_D64` / `_D128`, the spec's
-//! `smem` formula for these knobs at each head dim), so that a template can
+//! give each launch is defined too (`OPTD_SMEM_BYTES_<ROLE>_D<d>`, the spec's `smem`
+//! formula for these knobs at each head dim the template lists), so that a template can
 //! `static_assert` its layout against the number the launch really gets
 //! (`OPTD_CHECK_SMEM` in common/optd.cuh).
 
@@ -13,7 +13,6 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::spec::assets;
-use crate::spec::config::HEAD_DIMS;
 use crate::spec::protocol::DType;
 use crate::spec::template::{Params, Template, TemplateError};
 
@@ -46,11 +45,12 @@ pub fn render(template: &Template, params: &Params, dtype: DType, templates_dir:
     Ok(Rendered { source: out, hash })
 }
 
-/// `#define OPTD_SMEM_BYTES_<ROLE>_D<d> <bytes>` per launch role and head dim; where the
+/// `#define OPTD_SMEM_BYTES_<ROLE>_D<d> <bytes>` per launch role and head dim of the
+/// template (its `head_dims`); where the
 /// formula has no value per head dim (it reads the shape or the device), a comment saying
 /// why instead, so that a template checking that launch fails to compile on the name.
 fn smem_defines(template: &Template, params: &Params, out: &mut String) {
-    for d in HEAD_DIMS {
+    for &d in &template.meta.head_dims {
         for (role, bytes) in template.layout_smem(params, d) {
             let name = format!("OPTD_SMEM_BYTES_{}_D{d}", role.to_ascii_uppercase());
             match bytes {
@@ -199,10 +199,11 @@ mod tests {
             assert_eq!(all, reduced, "{}", t.file);
             for p in points {
                 let defines = smem_defines_of(&smem_lines(&t, &p));
-                assert_eq!(defines.len(), 2 * t.kernel_names(&[64]).len(), "{} {p:?}: {defines:?}", t.file);
+                let dims = &t.meta.head_dims;
+                assert_eq!(defines.len(), dims.len() * t.kernel_names(&[64]).len(), "{} {p:?}: {defines:?}", t.file);
                 // The gate plans per shape; none of today's formulas may depend on more than D.
                 for (s, causal, b, h) in [(1, false, 1, 1), (1000, true, 2, 3), (4097, false, 4, 16), (8192, true, 2, 16)] {
-                    for d in HEAD_DIMS {
+                    for &d in dims {
                         let shape = Shape::mha(b, h, s, d, causal, DType::Fp16);
                         for l in t.plan(&p, &shape, &dev).unwrap().launches {
                             let role = l.kernel.strip_prefix("optd_").unwrap().rsplit_once("_d").unwrap().0.to_ascii_uppercase();
@@ -225,7 +226,7 @@ mod tests {
         let p: Params = [("W".to_string(), 2)].into();
         let src = render(&t, &p, DType::Fp16, &templates_dir()).unwrap().source;
         assert!(smem_defines_of(&src).is_empty(), "{src}");
-        for d in HEAD_DIMS {
+        for d in [64, 128] {
             let line = src.lines().find(|l| l.starts_with(&format!("// OPTD_SMEM_BYTES_FWD_D{d} not defined: "))).unwrap_or_else(|| panic!("{src}"));
             assert!(line.contains("rows * W * D"), "{line}");
         }
@@ -233,6 +234,10 @@ mod tests {
         let t = Template::parse("t.cu", text.replace("rows * W * D", "W * D + 16")).unwrap();
         let src = render(&t, &p, DType::Fp16, &templates_dir()).unwrap().source;
         assert_eq!(smem_defines_of(&src), [("OPTD_SMEM_BYTES_FWD_D64".into(), 144), ("OPTD_SMEM_BYTES_FWD_D128".into(), 272)].into());
+        // One define per head dim the template lists, and none for the others.
+        let t = Template::parse("t.cu", text.replace("rows * W * D", "W * D + 16").replace("name = \"t\"\n", "name = \"t\"\nhead_dims = [96, 256]\n")).unwrap();
+        let src = render(&t, &p, DType::Fp16, &templates_dir()).unwrap().source;
+        assert_eq!(smem_defines_of(&src), [("OPTD_SMEM_BYTES_FWD_D96".into(), 208), ("OPTD_SMEM_BYTES_FWD_D256".into(), 528)].into());
     }
 
     /// A template whose layout and the gate's number disagree does not compile, and NVRTC's
@@ -250,7 +255,7 @@ mod tests {
             let src = render(t, &p, DType::Bf16, &templates_dir()).unwrap().source;
             let mut wrong = src.clone();
             let mut expect = Vec::new();
-            for d in HEAD_DIMS {
+            for &d in &t.meta.head_dims {
                 let line = format!("#define OPTD_SMEM_BYTES_FWD_D{d} ");
                 let n: u32 = src.lines().find_map(|l| l.strip_prefix(&line)).unwrap().parse().unwrap();
                 wrong = wrong.replace(&format!("{line}{n}\n"), &format!("{line}{}\n", n + 16));

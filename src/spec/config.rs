@@ -326,8 +326,10 @@ impl Default for WorkerSection {
     }
 }
 
-/// Supported head dimensions: the templates instantiate these.
-pub const HEAD_DIMS: [u32; 2] = [64, 128];
+/// Supported head dimensions: each template instantiates those of them its spec lists
+/// (`head_dims`), and baseline.cu all of them, so every shape has a correct kernel.
+/// 96: Phi-3-mini; 256: Gemma 2 and 3 (their 9B/12B/27B-class models, Gemma 3's 4B).
+pub const HEAD_DIMS: [u32; 4] = [64, 96, 128, 256];
 
 impl Config {
     /// Load `path`, or the embedded default when `path` is None and `agent.toml` is absent.

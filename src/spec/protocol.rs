@@ -589,11 +589,11 @@ pub const PRECOMPILE_SLOTS: usize = 8;
 /// The defines that leave out of a build the kernels of every head dim the templates are
 /// written for ([`crate::spec::config::HEAD_DIMS`]) but `head_dims` does not name:
 /// `-DOPTD_BUILD_D<d>=0` (kernel-templates/common/optd.cuh). A run whose shapes share one
-/// head dim compiles about half the code per candidate (NVRTC 13.0, the Hopper template at
+/// head dim compiles only its kernels per candidate (NVRTC 13.0, the Hopper template at
 /// D 128 alone: 2.8 s of 4.8). Empty `head_dims`: every head dim is built.
 pub fn head_dim_defines(head_dims: &[u32]) -> Vec<(&'static str, String)> {
     // One macro per head dim of HEAD_DIMS (a test checks the two lists agree).
-    const MACROS: [(u32, &str); 2] = [(64, "OPTD_BUILD_D64"), (128, "OPTD_BUILD_D128")];
+    const MACROS: [(u32, &str); 4] = [(64, "OPTD_BUILD_D64"), (96, "OPTD_BUILD_D96"), (128, "OPTD_BUILD_D128"), (256, "OPTD_BUILD_D256")];
     if head_dims.is_empty() {
         return Vec::new();
     }
@@ -826,13 +826,15 @@ mod tests {
 
     #[test]
     fn a_build_for_some_head_dims_leaves_out_the_others_and_none_named_means_all() {
-        assert_eq!(head_dim_defines(&[128]), vec![("OPTD_BUILD_D64", "0".to_string())]);
-        assert_eq!(head_dim_defines(&[64]), vec![("OPTD_BUILD_D128", "0".to_string())]);
+        let off = |names: &[&'static str]| names.iter().map(|n| (*n, "0".to_string())).collect::<Vec<_>>();
+        assert_eq!(head_dim_defines(&[128]), off(&["OPTD_BUILD_D64", "OPTD_BUILD_D96", "OPTD_BUILD_D256"]));
+        assert_eq!(head_dim_defines(&[64]), off(&["OPTD_BUILD_D96", "OPTD_BUILD_D128", "OPTD_BUILD_D256"]));
+        assert_eq!(head_dim_defines(&[96, 256]), off(&["OPTD_BUILD_D64", "OPTD_BUILD_D128"]));
         // A macro for every head dim the templates are written for, and no other.
         let all: Vec<String> = head_dim_defines(&[1]).into_iter().map(|(name, _)| name.to_string()).collect();
         let want: Vec<String> = crate::spec::config::HEAD_DIMS.iter().map(|d| format!("OPTD_BUILD_D{d}")).collect();
         assert_eq!(all, want);
-        assert!(head_dim_defines(&[64, 128]).is_empty());
+        assert!(head_dim_defines(&[64, 96, 128, 256]).is_empty());
         assert!(head_dim_defines(&[]).is_empty());
     }
 

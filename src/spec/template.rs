@@ -36,7 +36,8 @@
 //! the kernel: the walk that resets knobs assumes each says exactly when its knob is
 //! irrelevant.
 //!
-//! Each launch role's kernel is exported once per head dim as `optd_<role>_d<D>`, each of
+//! Each launch role's kernel is exported once per head dim the template lists (`head_dims`
+//! under `[template]`, e.g. `[64, 128]`, the default) as `optd_<role>_d<D>`, each of
 //! them inside `#if OPTD_BUILD_D<D>` (common/optd.cuh sets every one to 1 unless the build
 //! says otherwise): the worker builds only the run's head dims (`protocol::head_dim_defines`),
 //! so a kernel outside its guard still builds, just always.
@@ -68,6 +69,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::spec::assets;
+use crate::spec::config::HEAD_DIMS;
 use crate::spec::protocol::{DeviceInfo, Launch, Shape, ShapePlan, TensorMap, TensorName};
 
 /// Knob name -> chosen value. Ordered, so its JSON form is canonical.
@@ -120,11 +122,28 @@ pub struct Meta {
     /// every SQ.
     #[serde(default)]
     pub max_sq: Option<u32>,
+    /// The head dims the kernels are written for, each exported as `optd_<role>_d<D>`: a
+    /// subset of [`HEAD_DIMS`], ascending. Absent: 64 and 128, the two every template was
+    /// first written for. The gate refuses a shape of another D, with the reason, and the
+    /// plan's stages and the open phase offer the template only the shapes it admits.
+    #[serde(default = "classic_head_dims")]
+    pub head_dims: Vec<u32>,
+}
+
+fn classic_head_dims() -> Vec<u32> {
+    vec![64, 128]
 }
 
 impl Meta {
-    /// Whether the template is for `shape` (its `max_sq`); Err: why not, in words.
+    /// Whether the template is for `shape` (its `max_sq`, its `head_dims`); Err: why not,
+    /// in words.
     pub fn admits(&self, shape: &Shape) -> Result<(), String> {
+        if !self.head_dims.contains(&shape.d) {
+            return Err(format!(
+                "template {} is written for head dims {:?} (its head_dims) and this shape has D = {}; the other templates serve it",
+                self.name, self.head_dims, shape.d
+            ));
+        }
         match self.max_sq {
             Some(max) if shape.sq > max => Err(format!(
                 "template {} is for SQ <= {max} (its max_sq: decode) and this shape has SQ = {}; the other templates serve it",
@@ -313,6 +332,13 @@ impl Template {
         }
         if spec.template.max_sq == Some(0) {
             return Err(err("max_sq = 0 admits no shape; give the most query rows the template is for (e.g. max_sq = 16), or remove it".into()));
+        }
+        let hd = &spec.template.head_dims;
+        if hd.is_empty() || hd.iter().any(|d| !HEAD_DIMS.contains(d)) || hd.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(err(format!(
+                "head_dims = {hd:?}: expected a non-empty ascending list drawn from {HEAD_DIMS:?} (the head dims the project builds; \
+                 a new one is added to HEAD_DIMS in src/spec/config.rs and to common/optd.cuh's OPTD_BUILD_D<d> macros)"
+            )));
         }
         if spec.template.arch_specific && spec.template.min_cc == 0 {
             return Err(err(

@@ -147,19 +147,25 @@ pub struct Candidates {
     pub start: Params,
     /// The template's regime: the most query rows it is for (`max_sq` of its spec).
     pub max_sq: Option<u32>,
+    /// The head dims its kernels are written for (`head_dims` of its spec).
+    pub head_dims: Vec<u32>,
     /// Its points as the kernels they run on the class's shapes (identity until the engine
     /// sets it for a class: [`class_templates`] hands out the same candidates to every class).
     pub canon: Canonical,
 }
 
 /// The templates a class is searched with, in plan order: those whose regime admits
-/// every shape of the class (a decode template never gets a prefill class); and for a
+/// every shape of the class (a decode template never gets a prefill class, a template
+/// without D 256 kernels never a D 256 class); and for a
 /// decode class, only the templates made for decode when the plan has one that runs
 /// here (the prefill templates would spend 15 of 16 rows of their tiles on padding:
 /// correct, and measured by the plan's own stages, but not where the class's gains are).
 pub fn class_templates(class: &ShapeClass, all: &[Candidates]) -> Vec<Candidates> {
     let admitted: Vec<Candidates> =
-        all.iter().filter(|c| c.max_sq.is_none_or(|m| class.shapes.iter().all(|s| s.sq <= m))).cloned().collect();
+        all.iter()
+            .filter(|c| class.shapes.iter().all(|s| c.max_sq.is_none_or(|m| s.sq <= m) && c.head_dims.contains(&s.d)))
+            .cloned()
+            .collect();
     let decode = !class.shapes.is_empty() && class.shapes.iter().all(Shape::is_decode);
     if decode && admitted.iter().any(|c| c.max_sq.is_some()) {
         return admitted.into_iter().filter(|c| c.max_sq.is_some()).collect();
@@ -546,6 +552,7 @@ mod tests {
             space: vec![("A".into(), vec![1, 2, 3, 4]), ("B".into(), vec![10, 20, 30])],
             start: [("A".to_string(), 1), ("B".to_string(), 10)].into_iter().collect(),
             max_sq: None,
+            head_dims: vec![64, 128],
             canon: Canonical::identity(),
         }
     }
@@ -571,6 +578,20 @@ mod tests {
         assert_eq!(names, ["decode-d128", "compute-d128-causal", "decode-d64", "latency-d64"]);
         assert_eq!(c[0].shapes, [shapes[0], shapes[2]], "causal and not, together");
         assert_eq!(c[2].shapes, [shapes[3]], "SQ 16 is decode, SQ 17 is not");
+    }
+
+    #[test]
+    fn a_class_gets_only_the_templates_written_for_its_head_dim() {
+        let wide = Candidates { template: "baseline".into(), head_dims: vec![64, 96, 128, 256], ..space() };
+        let classic = Candidates { template: "mma-fa2".into(), ..space() };
+        let all = [classic, wide];
+        let names = |c: Vec<Candidates>| c.into_iter().map(|c| c.template).collect::<Vec<_>>();
+        let classes = classify(&[gqa(1, 2048, 2048, 256, true), gqa(1, 2048, 2048, 128, true)], 132);
+        assert_eq!(classes.len(), 2, "{classes:?}");
+        for c in &classes {
+            let want: &[&str] = if c.shapes[0].d == 256 { &["baseline"] } else { &["mma-fa2", "baseline"] };
+            assert_eq!(names(class_templates(c, &all)), want, "{}", c.name);
+        }
     }
 
     #[test]
@@ -709,7 +730,7 @@ mod tests {
     fn big(name: &str) -> Candidates {
         let space: Vec<(String, Vec<i64>)> = ["A", "B", "C", "D", "E"].iter().map(|k| (k.to_string(), (1..=6).collect())).collect();
         let start = space.iter().map(|(k, v)| (k.clone(), v[0])).collect();
-        Candidates { template: name.into(), space, start, max_sq: None, canon: Canonical::identity() }
+        Candidates { template: name.into(), space, start, max_sq: None, head_dims: vec![64, 128], canon: Canonical::identity() }
     }
 
     fn search(templates: Vec<Candidates>, spec: OpenPhaseSpec) -> ClassSearch {
