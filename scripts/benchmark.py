@@ -23,6 +23,9 @@ Workloads (--workload; --config names any other file):
   medium    scripts/benchmark-medium.toml: issue 19's medium set, bf16, S 577-2048,
             D 64 and 128, causal and not (dtype is per workload: the default
             benchmark's large fp16 shapes are a separate run).
+  gemma-phi3  scripts/benchmark-gemma-phi3.toml: head dims 256 (Gemma 2 9B-like, 16 query
+            heads over 8 KV heads: prefill, chunked prefill, decode) and 96 (Phi-3-mini-like,
+            MHA: prefill, decode), bf16.
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -59,6 +62,7 @@ WORKLOADS = {
     "llm-bshd": "scripts/benchmark-llm-bshd.toml",
     "unseen": "scripts/benchmark-unseen.toml",
     "medium": "scripts/benchmark-medium.toml",
+    "gemma-phi3": "scripts/benchmark-gemma-phi3.toml",
 }
 
 DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode

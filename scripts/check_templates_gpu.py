@@ -2101,6 +2101,8 @@ def main() -> int:
     ap.add_argument("--fault-mode", choices=("launch", "check"), default="launch", help=argparse.SUPPRESS)
     ap.add_argument("--fault-mbar-phase", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--more-shapes", action="store_true", help="also check EXTRA_CHECK_SHAPES")
+    ap.add_argument("--head-dims", metavar="D,D", type=lambda s: {int(x) for x in s.split(",")},
+                    help="check only the shapes of these head dims (e.g. 96,256: a template's new head dims)")
     ap.add_argument("--time-shapes", choices=("default", "decode", "llm"), default="default",
                     help="--time-template's shapes: TIME_SHAPES (default), DECODE_TIME_SHAPES or LLM_TIME_SHAPES; "
                          "decode and llm also time SDPA (enable_gqa, bottom-right causal) and print KV TB/s")
@@ -2147,6 +2149,8 @@ def main() -> int:
                             check=not args.no_check, time_best=args.time_best, against=against,
                             points=args.points)
     check_shapes = CHECK_SHAPES + (EXTRA_CHECK_SHAPES if args.more_shapes else [])
+    if args.head_dims:
+        check_shapes = [s for s in check_shapes if s.d in args.head_dims]
 
     t_start = time.perf_counter()
     gpu = Gpu()

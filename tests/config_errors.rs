@@ -46,8 +46,12 @@ fn a_bad_enum_value_lists_the_allowed_values() {
 
 #[test]
 fn a_bad_head_dim_names_the_shape_and_allowed_values() {
-    let err = parse("[workload]\nshapes = [ { b = 1, h = 1, s = 8, d = 96 } ]\n").unwrap_err();
-    assert!(err.contains("workload.shapes[0].d") && err.contains("[64, 128]"), "{err}");
+    let err = parse("[workload]\nshapes = [ { b = 1, h = 1, s = 8, d = 80 } ]\n").unwrap_err();
+    assert!(err.contains("workload.shapes[0].d") && err.contains("[64, 96, 128, 256]"), "{err}");
+    // Phi-3-mini's 96 and Gemma's 256 load.
+    for d in [96, 256] {
+        parse(&format!("[workload]\nshapes = [ {{ b = 1, hq = 16, hkv = 8, sq = 1, sk = 4096, d = {d} }} ]\n")).unwrap_or_else(|e| panic!("d {d}: {e}"));
+    }
 }
 
 #[test]
@@ -182,7 +186,7 @@ fn each_bad_combination_names_its_key_and_the_fix() {
         ("{ b = 1, h = 8, d = 128 }", "workload.shapes[0].s", "is missing"),
         ("{ b = 1, s = 8, d = 128 }", "workload.shapes[0].h", "is missing"),
         ("{ b = 1, hq = 8, hkv = 0, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hkv", "at least 1"),
-        ("{ b = 1, hq = 8, hkv = 8, sq = 1, sk = 64, d = 96 }", "workload.shapes[0].d", "[64, 128]"),
+        ("{ b = 1, hq = 8, hkv = 8, sq = 1, sk = 64, d = 80 }", "workload.shapes[0].d", "[64, 96, 128, 256]"),
     ];
     for (shape, key, fix) in cases {
         let err = parse(&format!("[workload]\nshapes = [ {shape} ]\n")).unwrap_err();

@@ -361,6 +361,41 @@ async fn the_decode_stage_runs_on_the_decode_shapes_of_a_mixed_workload() {
     assert!(!events.iter().any(|e| e.kind.as_str() == "stage_skipped"), "{events:?}");
 }
 
+/// A workload of several head dims: the baseline (written for all of them) serves every
+/// shape; a template's stage runs on the shapes of the head dims its spec lists
+/// (`head_dims`), and is skipped, naming them, when the workload has none of those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_runs_on_the_head_dims_its_template_is_written_for() {
+    use optimizerd::spec::config::HEAD_DIMS;
+    let head_dims = decode().meta.head_dims.clone();
+    let dims: String = HEAD_DIMS.iter().map(|d| format!("{{ b = 2, hq = 16, hkv = 8, sq = 1, sk = 1000, d = {d}, causal = true }}, ")).collect();
+    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 50.0 } }));
+    p.set_workload(&format!("shapes = [ {dims} ]"));
+    assert_eq!(p.run("dims", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("dims").await.unwrap();
+    let base = its.iter().find(|i| i.stage == "baseline").unwrap();
+    assert_eq!(base.shapes.len(), HEAD_DIMS.len(), "the baseline serves every head dim");
+    assert!(base.shapes.iter().all(|s| s.gated.is_none() && s.median_us.is_some()), "{:?}", base.shapes);
+    let want: Vec<String> = head_dims.iter().map(|d| format!("b2hq16hkv8sq1sk1000d{d}-causal")).collect();
+    for it in its.iter().filter(|i| i.stage == "decode") {
+        let keys: Vec<String> = it.shapes.iter().map(|s| s.shape.clone()).collect();
+        assert_eq!(keys, want, "iteration {}: the decode template's head dims {head_dims:?}", it.seq);
+        assert!(it.shapes.iter().all(|s| s.gated.is_none()), "{:?}", it.shapes);
+    }
+    // A workload of only head dims the decode template is not written for skips its stage.
+    let Some(other) = HEAD_DIMS.iter().find(|d| !head_dims.contains(d)) else { return };
+    let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 50.0 } }));
+    p.set_workload(&format!("shapes = [ {{ b = 2, hq = 16, hkv = 8, sq = 1, sk = 1000, d = {other} }} ]"));
+    assert_eq!(p.run("other", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    assert!(ledger.iterations("other").await.unwrap().iter().all(|i| i.stage == "baseline"));
+    let skipped: Vec<String> =
+        ledger.events("other").await.unwrap().into_iter().filter(|e| e.kind.as_str() == "stage_skipped").map(|e| e.message).collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(skipped[0].contains(&format!("written for head dims {head_dims:?}")) && skipped[0].contains(&format!("D = {other}")), "{}", skipped[0]);
+}
+
 /// Baseline, then a decode stage for the wide groups only (`shapes`).
 const PLAN_WIDE: &str = r#"
 [[stage]]

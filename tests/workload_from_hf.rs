@@ -134,9 +134,9 @@ fn configs_it_cannot_serve_are_refused_with_the_key_and_the_fix() {
     assert!(e.contains("`num_attention_heads` is \"32\"; expected a whole number"), "{e}");
     let e = refused(&base(r#""num_attention_heads": 32, "num_key_value_heads": 5"#), None);
     assert!(e.contains("`num_key_value_heads` is 5, which does not divide num_attention_heads = 32"), "{e}");
-    // Gemma-2's head dim 256: not one the templates are written for.
-    let e = refused(&base(r#""num_attention_heads": 16, "head_dim": 256"#), None);
-    assert!(e.contains("`head_dim` is 256") && e.contains("[64, 128]"), "{e}");
+    // Phi-2's head dim 80 (2560 / 32): not one the templates are written for.
+    let e = refused(&base(r#""num_attention_heads": 16, "head_dim": 80"#), None);
+    assert!(e.contains("`head_dim` is 80") && e.contains("[64, 96, 128, 256]"), "{e}");
     let e = refused(r#"{"num_attention_heads": 32, "torch_dtype": "bfloat16"}"#, None);
     assert!(e.contains("`head_dim` is missing, and so is hidden_size") && e.contains("add head_dim"), "{e}");
     let e = refused(r#"{"num_attention_heads": 12, "hidden_size": 1000, "torch_dtype": "bfloat16"}"#, None);
@@ -182,11 +182,17 @@ fn the_command_prints_or_writes_what_the_loader_reads() {
     assert!(r.stdout.contains("(2 shapes) to llama.toml") && r.stdout.contains("optimizerd --config llama.toml start"), "{}", r.stdout);
     assert_eq!(Config::load_file(&dir.path().join("llama.toml")).unwrap().shapes().len(), 2);
     // A refusal: exit status CONFIG, the file and key on stderr; nothing written.
-    std::fs::write(dir.path().join("gemma.json"), r#"{"num_attention_heads": 8, "head_dim": 256, "torch_dtype": "bfloat16"}"#).unwrap();
-    let r = run_in(dir.path(), &["workload", "--from-hf", "gemma.json", "--prefill", "4096", "--out", "g.toml"]);
+    std::fs::write(dir.path().join("phi2.json"), r#"{"num_attention_heads": 32, "head_dim": 80, "torch_dtype": "float16"}"#).unwrap();
+    let r = run_in(dir.path(), &["workload", "--from-hf", "phi2.json", "--prefill", "4096", "--out", "p.toml"]);
     assert_eq!(r.code, Some(exit::CONFIG as i32), "{}", r.text());
-    assert!(r.stderr.contains("gemma.json: `head_dim` is 256"), "{}", r.stderr);
-    assert!(!dir.path().join("g.toml").exists());
+    assert!(r.stderr.contains("phi2.json: `head_dim` is 80"), "{}", r.stderr);
+    assert!(!dir.path().join("p.toml").exists());
+    // Gemma 2 9B's attention (16 query heads sharing 8 KV heads of 256 dims) is a workload.
+    std::fs::write(dir.path().join("gemma.json"), r#"{"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "torch_dtype": "bfloat16"}"#).unwrap();
+    let r = run_in(dir.path(), &["workload", "--from-hf", "gemma.json", "--prefill", "4096", "--decode-context", "4096", "--out", "g.toml"]);
+    assert_eq!(r.code, Some(exit::SUCCESS as i32), "{}", r.text());
+    let shapes = Config::load_file(&dir.path().join("g.toml")).unwrap().shapes();
+    assert!(!shapes.is_empty() && shapes.iter().all(|s| (s.hq, s.hkv, s.d) == (16, 8, 256)), "{shapes:?}");
     // Usage: no lengths, a bad dtype, a missing file.
     let r = run_in(dir.path(), &["workload", "--from-hf", "config.json"]);
     assert_eq!(r.code, Some(exit::USAGE as i32), "{}", r.text());
