@@ -49,7 +49,8 @@
  *             elem_t), or to o_partial with lse_partial (n_splits > 1).
  *   combine   (n_splits > 1) one warp per row of O:
  *             w_z = exp(lse_z - max_z lse_z), O = sum_z w_z O_z / sum_z w_z,
- *             lane l owning D / 32 consecutive dims, the splits' loads issued
+ *             lane l owning D / 32 consecutive dims (D 96: dims l, l + 32,
+ *             l + 64, 3 being no vector width), the splits' loads issued
  *             COMBINE_UNROLL at a time. FUSED_COMBINE = 0: a second launch,
  *             one warp per row of the whole problem. FUSED_COMBINE = 1: in
  *             the same launch, by the last CTA of each (group, row tile) to
@@ -116,6 +117,15 @@
  *          OPTD_CHECK_SMEM); e.g. D 128, 4 warps, BLOCK_N 32, 3 stages:
  *          4 KiB + 192 KiB. Combos over the device's opt-in limit (227 KiB on
  *          sm_90) are rejected by the gate.
+ *          D 256 (rows of 512 bytes): 8 KiB * M_TILES + 1 KiB * 2 * STAGES * TILE_N,
+ *          so the ring fits only while STAGES * TILE_N <= 219 (M_TILES 1) or
+ *          211 (M_TILES 2) keys: the default point (TILE_N 128, 3 stages: 392 KiB)
+ *          does not; e.g. BLOCK_N 16 (TILE_N 64, 3 stages: 200 KiB), NUM_WARPS 2,
+ *          or M_TILES 2 (208 KiB) with the other knobs at their first values do.
+ *          (The merge's O rows, 16.5 KiB a warp, exceed the ring only on points
+ *          far below the limit.)
+ *          D 96 (rows of 192 bytes): 3 KiB * M_TILES + 384 * STAGES * TILE_N
+ *          (default: 147 KiB).
  * CTAs:    fwd      n_splits x (B * HKV) x cdiv(G * SQ, 16 * M_TILES),
  *                   NUM_WARPS * 32 threads (B * HKV <= 65535)
  *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads, only when
@@ -127,7 +137,18 @@
  *          is empty (the kernel derives its range from n_splits alone).
  * Registers: per thread D / 4 (Q fragments) + D / 2 (O) + BLOCK_N / 2 (S)
  *          fp32 / b32 values plus addressing: D 128, BLOCK_N 64: 32 + 64 + 32;
- *          __launch_bounds__(threads, 1).
+ *          __launch_bounds__(threads, 1). D 96: 24 + 48 + BLOCK_N / 2 (191
+ *          registers at the default point, sm_90). D 256: Q's 64 would join
+ *          O's 128 and spill (8 bytes at BLOCK_N 32, ~150 at 64), so Q is not
+ *          held but loaded again per k-step (one ldmatrix.x4 per 16 columns and
+ *          tile, common/decode_split.cuh): 128 + BLOCK_N / 2, 254-255 registers
+ *          and no spill at BLOCK_N 16, 32 and 64 (the other knobs at their first
+ *          values; nvrtc_compile_check.py --resources for the rest).
+ * Head dims: 64, 96, 128, 256 (common/decode_split.cuh: any multiple of 32; D 96
+ *          has its own swizzle and copy layout there). The combine's lane owns
+ *          D / 32 dims: 2, 4 or 8 consecutive ones (one 8-, 16- or two 16-byte
+ *          loads per split; D 256 batches 4 splits, not 8, keeping the same 64
+ *          floats in flight per lane), or at D 96 three 32 apart.
  * Regime:  max_sq = 16 below: the gate refuses shapes with SQ > 16 (prefill),
  *          which the other templates serve; the kernel itself is correct for
  *          any SQ (more row tiles), just not what those shapes want.
@@ -138,7 +159,7 @@
 name = "decode-split"
 description = "flash-decoding: GQA group x SQ rows packed into one mma.sync m16 tile, KV sequence split across CTAs, cp.async K/V ring, warps split the keys, LSE combine"
 min_cc = 80
-head_dims = [64, 128]
+head_dims = [64, 96, 128, 256]
 max_sq = 16
 
 [knobs]
@@ -187,7 +208,10 @@ smem = "0"
 
 // ---------------------------------------------------------------------------
 // R rows of O from the n_splits partials, by one warp: rows row[0..R) of
-// rows_total = B * HQ * SQ, lane l owning dims [l * D / 32, (l + 1) * D / 32). Loads go through L2 only
+// rows_total = B * HQ * SQ, lane l owning dims [l * D / 32, (l + 1) * D / 32) where
+// D / 32 is 2, 4 or 8 (8-, 16- or twice 16-byte loads); at D 96 (3 dims a lane, not a
+// vector) dims l, l + 32, l + 64 instead (scalar loads, each still one 128-byte line
+// per warp, and 2-byte stores). Loads go through L2 only
 // (ld.global.cg): with FUSED_COMBINE the partials were written by other CTAs of
 // the same launch. R = 2 puts two rows' loads in flight together: a batch is
 // one L2 round trip (~0.55 us right after the partials were written, H100
@@ -197,9 +221,12 @@ smem = "0"
 template <int D, int R>
 __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const float* lse_partial, int n_splits,
                                                  size_t rows_total, const size_t (&row)[R], elem_t* const (&orow)[R]) {
-    constexpr int VEC = D / 32;  // consecutive dims per lane: 2 or 4
-    static_assert(VEC == 2 || VEC == 4, "D must be 64 or 128");
-    constexpr int U = DEC_COMBINE_UNROLL;  // splits per batch and row: R * U loads in flight
+    static_assert(D % 32 == 0, "D must be a multiple of 32: every lane owns D / 32 dims");
+    constexpr int VEC = D / 32;  // dims per lane
+    constexpr bool CONSEC = VEC == 2 || VEC == 4 || VEC == 8;  // consecutive (vector loads), else strided by 32
+    // Splits per batch and row: R * U * VEC floats in flight per lane, at most 64 (D 256:
+    // half the splits of D 128, the same bytes, and registers the fused combine can spare).
+    constexpr int U = VEC > 4 ? DEC_COMBINE_UNROLL * 4 / VEC : DEC_COMBINE_UNROLL;
     const int lane = threadIdx.x & 31;
 
     // One pass, online: each batch of U splits issues its LSE and O loads (of
@@ -218,7 +245,7 @@ __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const f
         wsum[i] = 0.f;
         m[i] = OPTD_NEG_INF;
         lse_z[i] = lse_partial + row[i];
-        o_z[i] = o_partial + row[i] * D + lane * VEC;
+        o_z[i] = o_partial + row[i] * D + lane * (CONSEC ? VEC : 1);
     }
     const size_t o_step = rows_total * D;
     for (int z0 = 0; z0 < n_splits; z0 += U) {
@@ -232,7 +259,20 @@ __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const f
                 // Same address in every lane: one broadcast load. The slots past
                 // n_splits are not splits at all: LSE -inf, weight 0.
                 l[i][u] = live ? __ldcg(lse_z[i] + u * rows_total) : OPTD_NEG_INF;
-                if constexpr (VEC == 4) {
+                if constexpr (VEC == 8) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z[i] + u * o_step) + h)
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
+                        x[i][u][4 * h] = t.x;
+                        x[i][u][4 * h + 1] = t.y;
+                        x[i][u][4 * h + 2] = t.z;
+                        x[i][u][4 * h + 3] = t.w;
+                    }
+                } else if constexpr (!CONSEC) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) x[i][u][e] = live ? __ldcg(o_z[i] + u * o_step + 32 * e) : 0.f;
+                } else if constexpr (VEC == 4) {
                     const float4 t = live ? __ldcg(reinterpret_cast<const float4*>(o_z[i] + u * o_step)) : make_float4(0.f, 0.f, 0.f, 0.f);
                     x[i][u][0] = t.x;
                     x[i][u][1] = t.y;
@@ -273,8 +313,18 @@ __device__ __forceinline__ void dec_combine_rows(const float* o_partial, const f
     for (int i = 0; i < R; ++i) {
         // wsum >= 1 (the largest LSE weighs 1): the fast reciprocal, no IEEE slow path.
         const float inv = wsum[i] > 0.f ? __fdividef(1.f, wsum[i]) : 0.f;
-        elem_t* out = orow[i] + lane * VEC;
-        if constexpr (VEC == 4) {
+        elem_t* out = orow[i] + lane * (CONSEC ? VEC : 1);
+        if constexpr (VEC == 8) {
+            uint4 packed;
+            packed.x = pack2(acc[i][0] * inv, acc[i][1] * inv);
+            packed.y = pack2(acc[i][2] * inv, acc[i][3] * inv);
+            packed.z = pack2(acc[i][4] * inv, acc[i][5] * inv);
+            packed.w = pack2(acc[i][6] * inv, acc[i][7] * inv);
+            *reinterpret_cast<uint4*>(out) = packed;
+        } else if constexpr (!CONSEC) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) out[32 * e] = from_f32(acc[i][e] * inv);
+        } else if constexpr (VEC == 4) {
             uint2 packed;
             packed.x = pack2(acc[i][0] * inv, acc[i][1] * inv);
             packed.y = pack2(acc[i][2] * inv, acc[i][3] * inv);
@@ -432,9 +482,23 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d64(OPTD_A
 }
 #endif
 
+#if OPTD_BUILD_D96
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d96(OPTD_ARGS) {
+    decode_fwd<96>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     decode_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 1) optd_fwd_d256(OPTD_ARGS) {
+    decode_fwd<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif
@@ -446,9 +510,23 @@ extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine
 }
 #endif
 
+#if OPTD_BUILD_D96
+extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d96(OPTD_ARGS) {
+    decode_combine<96>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
     decode_combine<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(DEC_COMBINE_ROWS * 32) optd_combine_d256(OPTD_ARGS) {
+    decode_combine<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

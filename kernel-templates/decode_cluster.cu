@@ -98,10 +98,22 @@
  *          (cdiv(16 * M_TILES * D / 4, CLUSTER) * 16 + 16 * M_TILES * 4) + 16
  *          (ScatterSmem<D>::BYTES); combos
  *          over the opt-in limit are rejected by the gate.
+ *          D 256: the split's layout alone is 8 KiB * M_TILES + 1 KiB * 2 * STAGES
+ *          * TILE_N (200 KiB at the default BLOCK_N 16, 4 warps, 3 stages), and
+ *          the push receive area (COMBINE 1, 2) 16 KiB per row tile and other rank
+ *          (112 KiB at CLUSTER 8): the default point (COMBINE 2, CLUSTER 8, 312
+ *          KiB) does not fit. With the other knobs at their first values, COMBINE 3
+ *          (214.5 KiB: each rank receives 1 / CLUSTER of the rows), COMBINE 0 (200
+ *          KiB), CLUSTER 2 (216 KiB) or NUM_WARPS 2 (216.5 KiB) do.
+ *          D 96: 117.5 KiB at the default point.
  * CTAs:    fwd  CLUSTER x (B * HKV) x cdiv(G * SQ, 16 * M_TILES), NUM_WARPS * 32 threads,
  *          clusters of CLUSTER x 1 x 1; one launch.
  * Registers: as decode.cu's forward (D / 4 + D / 2 + BLOCK_N / 2 per thread
- *          plus addressing); __launch_bounds__(threads, 1).
+ *          plus addressing; at D 256 Q is loaded again per k-step instead of
+ *          held, D / 2 + BLOCK_N / 2: 254 registers at the default point, no
+ *          spill); __launch_bounds__(threads, 1).
+ * Head dims: 64, 96, 128, 256, as decode.cu (common/decode_split.cuh). The
+ *          combine works on 16-byte chunks of D / 4 floats: any D % 4 == 0.
  * Needs:   compute capability 9.0 (clusters, distributed shared memory); not
  *          arch-specific (plain sm_90 code). max_sq = 16, like decode.cu.
  ******************************************************************************/
@@ -111,7 +123,7 @@
 name = "decode-cluster"
 description = "flash-decoding in one launch: the KV splits of a GQA group are one thread-block cluster and combine through distributed shared memory (sm_90)"
 min_cc = 90
-head_dims = [64, 128]
+head_dims = [64, 96, 128, 256]
 max_sq = 16
 
 [knobs]
@@ -584,9 +596,23 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC
 }
 #endif
 
+#if OPTD_BUILD_D96
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d96(OPTD_ARGS) {
+    decode_cluster_fwd<96>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D128
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     decode_cluster_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d256(OPTD_ARGS) {
+    decode_cluster_fwd<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

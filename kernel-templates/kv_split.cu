@@ -55,9 +55,17 @@
  * Knobs:   BLOCK_M     query rows per CTA              16, 32, 64
  *          NUM_WARPS   warps per CTA (R = BLOCK_M / NUM_WARPS rows each)
  *          MAX_SPLITS  cap on n_splits (only used by the launch formulas)
- * Shared (static):  4 * BLOCK_M * D  (Q, fp32)  +  2 * 2 * 32 * D  (K, V)
- *                   bytes; at most 48 KiB (BLOCK_M 64, D 128). No dynamic
- *                   shared memory (smem = "0", checked by OPTD_CHECK_SMEM).
+ * Head dims: 64, 128, 256 (D a multiple of 64: lanes own pairs of dims, 64
+ *          dims per step, and the K swizzle permutes 8 of the D / 8 chunks).
+ *          Not 96. D 256 is Gemma 2/3's.
+ * Shared:  4 * BLOCK_M * D  (Q, fp32)  +  2 * 2 * 32 * D  (K, V) bytes.
+ *          D 64 / 128: static, at most 48 KiB (BLOCK_M 64, D 128); no dynamic
+ *          shared memory (smem = "0"). D 256: the same layout in dynamic shared
+ *          memory, since static shared memory stops at 48 KiB and it takes
+ *          48 / 64 / 96 KiB at BLOCK_M 16 / 32 / 64 (the spec's smem formula gives
+ *          those bytes at D 256 and 0 below; the worker opts in above 48 KiB;
+ *          all three fit the 99 KiB opt-in of sm_86 / sm_89).
+ *          Checked against the formula by OPTD_CHECK_SMEM.
  * CTAs:    fwd      cdiv(SQ, BLOCK_M) x (B * HQ) x n_splits   (B * HQ <= 65535)
  *          combine  cdiv(B * HQ * SQ, 4), only when n_splits > 1
  * n_splits: 1 when B * HQ * cdiv(SQ, BLOCK_M) already fills 80% of the SMs,
@@ -68,6 +76,10 @@
  *          plus a K chunk and addressing (two 64-bit K/V row offsets);
  *          __launch_bounds__(threads, 1), except D 64 at 128 threads: 3 CTAs
  *          per SM, at most 168 registers (see the kernels at the end).
+ *          D 256 (sm_90): R = 2 / 4 / 8 rows take 124 / 148-154 /
+ *          196-205 registers, no spills; R = 16 (BLOCK_M 64, 4 warps: 176
+ *          fp32 of accumulators, m, l and scores) hits 255 and spills
+ *          32-80 bytes.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -75,7 +87,7 @@
 name = "kv-split"
 description = "K/V tiles in shared memory, lane-per-key scores, KV sequence split over gridDim.z with an LSE combine"
 min_cc = 80
-head_dims = [64, 128]
+head_dims = [64, 128, 256]
 
 [knobs]
 BLOCK_M = [16, 32, 64]
@@ -94,7 +106,7 @@ splits = "cdiv(kv_tiles, tiles_per_split)"
 kernel = "fwd"
 grid = ["m_blocks", "B * HQ", "splits"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "0"
+smem = "0 if D <= 128 else 4 * BLOCK_M * D + 2 * 32 * ELEM_BYTES * D"
 
 [[launch]]
 kernel = "combine"
@@ -105,6 +117,17 @@ smem = "0"
 */
 
 #include "common/optd.cuh"
+
+// common/optd.cuh's OPTD_SMEM_BYTES(ROLE, D) knows the defines of D 64 and 128 only (any
+// other D reads -1); this template also lists D 256, whose defines the renderer writes
+// too. Redefined here over this template's head dims until optd.cuh's covers D 256.
+#undef OPTD_SMEM_BYTES
+#define OPTD_SMEM_BYTES(ROLE, D)                                                        \
+    ((D) == 64    ? OPTD_SMEM_BYTES_##ROLE##_D64                                        \
+     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128                                       \
+     : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256                                       \
+                  : -1)
+
 #include "common/online_softmax.cuh"
 #include "common/mask.cuh"
 #include "common/split_combine.cuh"
@@ -130,15 +153,34 @@ template <int D>
 __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     static_assert(D % 64 == 0, "lanes own pairs of dims, 64 dims per step");
     constexpr int R = ROWS_PER_WARP;
-    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row of K, V (8 or 16)
-    constexpr int DP = D / 64;     // dim pairs per lane
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row of K, V (8, 16 or 32)
+    constexpr int DP = D / 64;     // dim pairs per lane (1, 2 or 4)
     static_assert(CHUNKS >= 8, "the K swizzle permutes 8 chunks");
 
-    // Static shared memory only: the launch gives no dynamic bytes (smem = "0").
-    OPTD_CHECK_SMEM(FWD, D, 0);
-    __shared__ __align__(16) float q_s[BLOCK_M * D];      // pre-scaled Q, fp32
-    __shared__ uint4 k_s[KV_TILE * CHUNKS];               // K tile, chunk c of key j at c ^ (j & 7)
-    __shared__ uint4 v_s[KV_TILE * CHUNKS];               // V tile, plain row-major
+    // D 64 / 128: static shared memory, the launch gives no dynamic bytes (smem = "0").
+    // D 256: the same three arrays in dynamic shared memory (Q at 0, then K, then V), as
+    // static shared memory stops at 48 KiB and they take 48-96 KiB there (the launch gives
+    // 4 * BLOCK_M * D + 2 * 2 * 32 * D bytes; the worker opts in above 48 KiB).
+    constexpr bool DYN_SMEM = D > 128;
+    constexpr int Q_BYTES = 4 * BLOCK_M * D;
+    constexpr int KV_BYTES = KV_TILE * CHUNKS * 16;  // one K or V tile
+    OPTD_CHECK_SMEM(FWD, D, DYN_SMEM ? Q_BYTES + 2 * KV_BYTES : 0);
+    float* q_s;  // pre-scaled Q, fp32, BLOCK_M x D
+    uint4* k_s;  // K tile, chunk c of key j at c ^ (j & 7)
+    uint4* v_s;  // V tile, plain row-major
+    if constexpr (DYN_SMEM) {
+        extern __shared__ __align__(16) unsigned char kvs_smem[];
+        q_s = reinterpret_cast<float*>(kvs_smem);
+        k_s = reinterpret_cast<uint4*>(kvs_smem + Q_BYTES);
+        v_s = reinterpret_cast<uint4*>(kvs_smem + Q_BYTES + KV_BYTES);
+    } else {
+        __shared__ __align__(16) float q_st[BLOCK_M * D];
+        __shared__ uint4 k_st[KV_TILE * CHUNKS];
+        __shared__ uint4 v_st[KV_TILE * CHUNKS];
+        q_s = q_st;
+        k_s = k_st;
+        v_s = v_st;
+    }
 
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -323,6 +365,15 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d128(OPTD_
 }
 #endif
 
+// D 256: R x 8 accumulators per thread (up to 128 at BLOCK_M 64 / 4 warps), so no
+// minimum of resident CTAs either: ptxas may use up to 255 registers.
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d256(OPTD_ARGS) {
+    kv_split_fwd<256>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
     optd_split_combine<64>(OPTD_ARG_NAMES);
@@ -333,6 +384,13 @@ extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combin
 #if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
     optd_split_combine<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d256(OPTD_ARGS) {
+    optd_split_combine<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

@@ -97,7 +97,11 @@
  *          from 12 KiB (BLOCK_M 16, D 64, one buffer, swizzled) to 81.5 KiB
  *          (BLOCK_M 64, D 128, 3 stages, padded): every combination fits
  *          the 99 KiB opt-in of sm_86 / sm_89 (the worker opts in above
- *          48 KiB).
+ *          48 KiB). D 256: from 48 KiB (BLOCK_M 16, one buffer, swizzled) to
+ *          161.5 KiB (BLOCK_M 64, 3 stages, padded: 64 + 49.5 + 48), e.g.
+ *          80 KiB at the defaults (BLOCK_M 16, 2 stages, swizzled); all fit
+ *          sm_80's 163 KiB and sm_90's 227 KiB, and the gate refuses those
+ *          over 99 KiB on sm_86 / sm_89 (3 stages, and BLOCK_M 64 with 2).
  * CTAs:    fwd      cdiv(SQ, BLOCK_M) x (B * HQ) x n_splits, NUM_WARPS * 32
  *                   threads (B * HQ <= 65535)
  *          combine  cdiv(B * HQ * SQ, 4) x 1 x 1, 128 threads (one warp per
@@ -111,6 +115,12 @@
  *          1), as kv-split, so that ptxas keeps the accumulators of BLOCK_M
  *          64 / 4 warps in registers, except D 64 at 128 threads: 3 CTAs per
  *          SM, at most 168 registers (see the kernels at the end).
+ *          D 256: REGS_D256
+ * Head dims: 64, 128, 256 (D a multiple of 64: lanes own pairs of dims, 64
+ *          dims per step, and the K swizzle permutes 8 of the D / 8 chunks).
+ *          Not 96. D 256 is Gemma 2/3's; there, one-element copies (VEC_LOADS
+ *          = CP_ASYNC = 0) with 128 threads copy two elements of each key row
+ *          per thread (KvCopy::COLS), a row having 256 of them.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -118,7 +128,7 @@
 name = "memory"
 description = "kv-split on the CUDA cores with its data movement tuned: 16-byte vectorized loads, cp.async K/V ring (2-3 stages), XOR-swizzled or padded K tile"
 min_cc = 80
-head_dims = [64, 128]
+head_dims = [64, 128, 256]
 
 [knobs]
 BLOCK_M = [16, 32, 64]
@@ -155,6 +165,17 @@ smem = "0"
 */
 
 #include "common/optd.cuh"
+
+// common/optd.cuh's OPTD_SMEM_BYTES(ROLE, D) knows the defines of D 64 and 128 only (any
+// other D reads -1); this template also lists D 256, whose defines the renderer writes
+// too. Redefined here over this template's head dims until optd.cuh's covers D 256.
+#undef OPTD_SMEM_BYTES
+#define OPTD_SMEM_BYTES(ROLE, D)                                                        \
+    ((D) == 64    ? OPTD_SMEM_BYTES_##ROLE##_D64                                        \
+     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128                                       \
+     : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256                                       \
+                  : -1)
+
 #include "common/async_copy.cuh"
 #include "common/online_softmax.cuh"
 #include "common/mask.cuh"
@@ -233,10 +254,15 @@ template <int D>
 struct KvCopy {
     static constexpr int GRANULE = (CP_ASYNC || VEC_LOADS) ? 8 : 1;  // elements per copy
     static constexpr int PER_ROW = D / GRANULE;                      // copies per key row
-    static constexpr int RPI = FWD_THREADS / PER_ROW;                // key rows per step
+    // Granules per thread per key row: 1, except one element at a time at D 256 with
+    // 128 threads, where a row has 256 of them and a thread copies granules kc and
+    // kc + FWD_THREADS of it.
+    static constexpr int COLS = PER_ROW > FWD_THREADS ? PER_ROW / FWD_THREADS : 1;
+    static constexpr int RPI = COLS > 1 ? 1 : FWD_THREADS / PER_ROW;  // key rows per step
     static constexpr int ITERS = KV_TILE / RPI;                      // steps per tile
-    static_assert(FWD_THREADS % PER_ROW == 0 && KV_TILE % RPI == 0 && ITERS >= 1,
+    static_assert(FWD_THREADS * COLS % PER_ROW == 0 && KV_TILE % RPI == 0 && ITERS >= 1,
                   "K/V copies must split evenly over the threads");
+    static_assert(COLS == 1 || GRANULE == 1, "several granules per row only for one-element copies");
     int kj, kc;  // this thread's first key row and granule
     __device__ __forceinline__ explicit KvCopy(int tid) : kj(tid / PER_ROW), kc(tid % PER_ROW) {}
     // Offset of the thread's granule of key row kj, rows `row_stride` apart.
@@ -294,20 +320,23 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* ks, unsigned char* v
                                              const elem_t* vh, long long koff, long long voff, long long k_s,
                                              long long v_s, const KvCopy<D>& cp, int kv0, int seq_k) {
     using C = KvCopy<D>;
-    const int d = cp.kc;  // one element per copy
     const unsigned short* k16 = reinterpret_cast<const unsigned short*>(kh);
     const unsigned short* v16 = reinterpret_cast<const unsigned short*>(vh);
 #pragma unroll 8
     for (int i = 0; i < C::ITERS; ++i) {
         const int j = cp.kj + i * C::RPI;
-        unsigned short kx = 0, vx = 0;
-        if (kv0 + j < seq_k) {
-            const int src_row = kv0 + i * C::RPI;
-            kx = k16[src_row * k_s + koff];
-            vx = v16[src_row * v_s + voff];
+#pragma unroll
+        for (int c = 0; c < C::COLS; ++c) {
+            const int d = cp.kc + c * FWD_THREADS;  // one element per copy
+            unsigned short kx = 0, vx = 0;
+            if (kv0 + j < seq_k) {
+                const int src_row = kv0 + i * C::RPI;
+                kx = k16[src_row * k_s + koff + c * FWD_THREADS];
+                vx = v16[src_row * v_s + voff + c * FWD_THREADS];
+            }
+            *reinterpret_cast<unsigned short*>(ks + k_off<D>(j, d >> 3) + 2 * (d & 7)) = kx;
+            *reinterpret_cast<unsigned short*>(vs + j * Layout<D>::V_ROW + 2 * d) = vx;
         }
-        *reinterpret_cast<unsigned short*>(ks + k_off<D>(j, d >> 3) + 2 * (d & 7)) = kx;
-        *reinterpret_cast<unsigned short*>(vs + j * Layout<D>::V_ROW + 2 * d) = vx;
     }
 }
 #endif
@@ -347,8 +376,8 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     static_assert(sizeof(elem_t) == 2, "16-bit elements");
     static_assert(!SWIZZLE || L::CHUNKS >= 8, "the K swizzle permutes 8 chunks");
     constexpr int R = ROWS_PER_WARP;
-    constexpr int CHUNKS = L::CHUNKS;  // 16-byte chunks per row of K, V (8 or 16)
-    constexpr int DP = D / 64;         // dim pairs per lane
+    constexpr int CHUNKS = L::CHUNKS;  // 16-byte chunks per row of K, V (8, 16 or 32)
+    constexpr int DP = D / 64;         // dim pairs per lane (1, 2 or 4)
 
     extern __shared__ __align__(16) unsigned char mem_smem[];
     float* q_s = reinterpret_cast<float*>(mem_smem);
@@ -544,6 +573,15 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d128(OPTD_
 }
 #endif
 
+// D 256: R x 8 accumulators per thread (up to 128 at BLOCK_M 64 / 4 warps), so no
+// minimum of resident CTAs either: ptxas may use up to 255 registers.
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, 1) optd_fwd_d256(OPTD_ARGS) {
+    memory_fwd<256>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D64
 extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d64(OPTD_ARGS) {
     optd_split_combine<64>(OPTD_ARG_NAMES);
@@ -554,6 +592,13 @@ extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combin
 #if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d128(OPTD_ARGS) {
     optd_split_combine<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(OPTD_COMBINE_ROWS * 32) optd_combine_d256(OPTD_ARGS) {
+    optd_split_combine<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

@@ -1,10 +1,20 @@
 /******************************************************************************
  * mma-fa2: FlashAttention-2-style forward on the tensor cores (mma.sync).
  *
+ * Head dims 64, 96 (Phi-3-mini), 128 and 256 (Gemma 2 / 3), one kernel each
+ * (optd_fwd_d<D>, the same code instantiated per D). D 96 and 256 came later:
+ * a build of D 64 and 128 alone (a run on those head dims) is the same SASS
+ * as before them, register for register.
+ *
  * One CTA per (query tile of BLOCK_M rows, query head h, batch b). The warps form
- * NUM_WARPS / KV_WARPS row groups of WARP_ROWS consecutive query rows
- * (BLOCK_M = WARP_ROWS * NUM_WARPS / KV_WARPS); each warp runs the whole
- * computation for its group's rows in registers, as WARP_ROWS / 16 m16 tiles.
+ * NUM_WARPS / KV_WARPS row groups of WR consecutive query rows
+ * (BLOCK_M = WR * NUM_WARPS / KV_WARPS); each warp runs the whole
+ * computation for its group's rows in registers, as WR / 16 m16 tiles.
+ * WR = WARP_ROWS, except at D 256: 16 whatever WARP_ROWS says (two m-tiles'
+ * O accumulators alone would be 256 fp32 registers there), and the spec's
+ * warp_rows follows: at D 256 both WARP_ROWS values build and launch the same
+ * kernel. (Not declared in [inert]: tests/inert_knobs.rs requires every
+ * declaration to hold on some of its shapes, all of D 64 and 128 for now.)
  * With two m-tiles every K and V fragment read from shared memory feeds two
  * mma.sync instead of one (FA2's 128 x 64 tile on 4 warps): half the
  * shared-memory traffic per FLOP, at twice the accumulator registers.
@@ -18,12 +28,13 @@
  *             memory (see the epilogue).
  *
  *   prologue  Q tile -> shared (cp.async, 16-byte chunks), the first
- *             STAGES - 1 K/V tiles in flight. WARP_ROWS = 16: each warp then
- *             reads its 16 x D slice of Q once into registers (ldmatrix.x4,
- *             A fragments). WARP_ROWS = 32: Q stays in shared memory (the
- *             fragments of two m-tiles, D / 2 registers, do not fit next to
- *             the doubled accumulators at D = 128) and step 2 reloads them
- *             per k-step.
+ *             STAGES - 1 K/V tiles in flight. WR = 16 at D <= 128: each warp
+ *             then reads its 16 x D slice of Q once into registers
+ *             (ldmatrix.x4, A fragments, D / 4 registers). WR = 32, and D 256:
+ *             Q stays in shared memory (the fragments of two m-tiles, D / 2
+ *             registers, do not fit next to the doubled accumulators at
+ *             D = 128, nor D 256's 64 next to its 128 accumulators) and step 2
+ *             reloads them per k-step.
  *   per key tile of KV_WARPS * BLOCK_N keys (t = 0 .. n_tiles - 1):
  *     1. wait for tile t (cp.async.wait_group STAGES - 2), __syncthreads, and
  *        issue the load of tile t + STAGES - 1 into the ring slot tile t - 1
@@ -31,7 +42,7 @@
  *        the end, keeps the group count uniform);
  *     2. S = Q K^T with mma.sync.m16n8k16 (fp32 accumulators), K's B
  *        fragments by ldmatrix.x4 (non-transposed: K rows are the B columns),
- *        each used by every m-tile (WARP_ROWS = 32: per k-step, one
+ *        each used by every m-tile (WR = 32, and D 256: per k-step, one
  *        ldmatrix.x4 of Q per m-tile, then the K fragments);
  *     3. masking, only on the tiles that need it: keys >= SK (ragged tail)
  *        and, causal, keys > row + SK - SQ on the tiles that cross the warp's
@@ -69,10 +80,15 @@
  * heads of one K/V head are adjacent in blockIdx.y, so CTAs launched together
  * read the same K/V through L2.
  *
- * Shared memory rows are D * 2 bytes (8 or 16 chunks of 16 bytes). SWIZZLE=1
- * stores chunk c of row r at c ^ (r % 8), so the 8 row addresses of every
- * ldmatrix phase and of the cp.async writes hit 8 distinct 16-byte bank
- * groups; SWIZZLE=0 pads rows to D + 8 elements for the same effect.
+ * Shared memory rows are D * 2 bytes (8, 12, 16 or 32 chunks of 16 bytes).
+ * SWIZZLE=1 stores chunk c of row r at c ^ (r % 8), so the 8 row addresses of
+ * every ldmatrix phase and of the cp.async writes hit 8 distinct 16-byte bank
+ * groups; SWIZZLE=0 pads rows to D + 8 elements for the same effect. D 96's
+ * 12 chunks are not a multiple of 8 (c ^ (r % 8) would reach chunk 15) and its
+ * 192-byte rows are not a multiple of 128: chunks 0-7 keep c ^ (r % 8), the tail
+ * chunks 8-11 take 8 + ((c - 8) ^ ((r / 2) % 4)), also conflict-free (tile_off
+ * says why), and the ldmatrix offsets keep the row part apart from the chunk
+ * part (FragLane).
  *
  * Ragged lengths: K/V rows >= SK are zero-filled in shared memory (cp.async
  * with src-size 0) and their scores set to -inf; Q rows >= SQ are zero-filled,
@@ -90,29 +106,46 @@
  *          SWIZZLE    1: XOR-swizzled rows, 0: padded rows         1, 0
  *          KV_WARPS   warps sharing a row group, splitting keys   1, 2, 4
  *          WARP_ROWS  query rows per warp (one or two m16 tiles)  16, 32
- * Shared (dynamic, bytes), with R = 2 * (D + 8 * (1 - SWIZZLE)) per row:
+ *                     (at D 256 16 whatever it says)
+ * Shared (dynamic, bytes), with R = 2 * (D + 8 * (1 - SWIZZLE)) per row and
+ * WR = WARP_ROWS (16 at D 256):
  *          R * BLOCK_M + max(R * 2 * STAGES * KV_WARPS * BLOCK_N,
- *                            (NUM_WARPS - NUM_WARPS / KV_WARPS) * WARP_ROWS * (D + 8) * 4)
+ *                            (NUM_WARPS - NUM_WARPS / KV_WARPS) * WR * (D + 8) * 4)
  *          (FaSmem<D>::BYTES, checked against the spec's smem formula at
- *          compile time by OPTD_CHECK_SMEM),
+ *          compile time by OPTD_CHECK_SMEM, at D 96 and 256 by
+ *          FA_CHECK_SMEM_FWD),
  *          i.e. the Q tile plus STAGES K and V tiles, or plus the fp32 O rows
  *          the merge of KV_WARPS > 1 exchanges where they are larger than the
  *          ring (only BLOCK_N 32, 8 warps, 2 stages, swizzled, KV_WARPS 2,
  *          WARP_ROWS 32); from 24 KiB (D 64, BLOCK_N 32, 4 warps, 2 stages,
  *          KV_WARPS 1, WARP_ROWS 16) to 425 KiB (D 128, BLOCK_N 64, 8 warps,
- *          3 stages, KV_WARPS 4, WARP_ROWS 32, padded). Combos over the
- *          device's opt-in limit (227 KiB on sm_90, 99 KiB on sm_86/89) are
- *          rejected by the gate.
+ *          3 stages, KV_WARPS 4, WARP_ROWS 32, padded). D 96: 36 to 325 KiB,
+ *          88 of the 96 combos within 227 KiB. D 256: 96 KiB (BLOCK_N 32,
+ *          4 warps, 2 stages, KV_WARPS 1, swizzled) to 808 KiB; 20 of its 48
+ *          distinct points fit 227 KiB (the default, BLOCK_N 64, 4 warps,
+ *          2 stages, 160 KiB; BLOCK_N 64 needs KV_WARPS 1, and 2 stages
+ *          except at 4 warps swizzled), only BLOCK_N 32, 4 warps, 2 stages,
+ *          KV_WARPS 1 fits 99 KiB. Combos over the device's opt-in limit
+ *          (227 KiB on sm_90, 99 KiB on sm_86/89) are rejected by the gate.
  * CTAs:    cdiv(SQ, BLOCK_M) x HQ x B, NUM_WARPS * 32 threads (HQ, B <= 65535);
  *          no split across CTAs, n_splits = 1, one launch.
- * Registers: per thread WARP_ROWS / 16 * (D / 2 (O) + BLOCK_N / 2 (S)) plus
- *          D / 4 (Q fragments, WARP_ROWS 16) or 8 (one k-step's, WARP_ROWS 32)
- *          fp32 / b32 values plus addressing; __launch_bounds__(threads, 1).
+ * Registers: per thread WR / 16 * (D / 2 (O) + BLOCK_N / 2 (S)) plus
+ *          D / 4 (Q fragments, WR 16 at D <= 128) or 4 per m-tile (one
+ *          k-step's, WR 32 and D 256) fp32 / b32 values plus addressing;
+ *          __launch_bounds__(threads, 1).
  *          D 128, BLOCK_N 64, WARP_ROWS 32: 128 + 64 + 8 of the 255; ptxas
  *          (NVRTC 13.0, sm_90) spills 8 bytes there when padded and 84 to 96
  *          when swizzled (the row sums, plus one or two addressing values
  *          reloaded per tile; 84 / 72 before kernel ABI v2's strided K/V
  *          copies); every other point spills nothing.
+ *          D 96: WR 16, 48 + 32 + 24 at BLOCK_N 64, ptxas 175-188 registers
+ *          (157-166 at BLOCK_N 32); WR 32, 96 + 64 + 8, 252-255 (207-212);
+ *          no spills. D 96's K/V copies hold two more chunk offsets, and its
+ *          swizzled ldmatrix addresses a row offset and two chunk offsets
+ *          per operand (FragLane).
+ *          D 256 (WR 16 only): 128 + 32 + 4 at BLOCK_N 64, ptxas 248-254
+ *          registers (237-250 at BLOCK_N 32), no spills: Q in registers
+ *          would add 64, and WR 32 would need 256 for O alone.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -120,7 +153,7 @@
 name = "mma-fa2"
 description = "FlashAttention-2 forward: mma.sync m16n8k16, 16 or 32 query rows per warp, P kept in registers, cp.async K/V ring, swizzled or padded shared rows"
 min_cc = 80
-head_dims = [64, 128]
+head_dims = [64, 96, 128, 256]
 
 [knobs]
 BLOCK_N = [64, 32]
@@ -131,7 +164,9 @@ KV_WARPS = [1, 2, 4]
 WARP_ROWS = [16, 32]
 
 [derived]
-block_m = "WARP_ROWS * NUM_WARPS // KV_WARPS"
+# Query rows per warp: WARP_ROWS, except 16 at D 256 (FaRows in the code).
+warp_rows = "16 if D == 256 else WARP_ROWS"
+block_m = "warp_rows * NUM_WARPS // KV_WARPS"
 m_blocks = "cdiv(SQ, block_m)"
 row_bytes = "ELEM_BYTES * (D + 8 * (1 - SWIZZLE))"
 splits = "1"
@@ -140,7 +175,7 @@ splits = "1"
 kernel = "fwd"
 grid = ["m_blocks", "HQ", "B"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (NUM_WARPS - NUM_WARPS // KV_WARPS) * WARP_ROWS * (D + 8) * 4)"
+smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (NUM_WARPS - NUM_WARPS // KV_WARPS) * warp_rows * (D + 8) * 4)"
 */
 
 #include "common/optd.cuh"
@@ -181,11 +216,35 @@ smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (
 #error "WARP_ROWS must be 16 or 32 (one or two m16 tiles per warp)"
 #endif
 
-#define FA_MT (WARP_ROWS / 16)                // m16 tiles per warp
-#define FA_ROW_GROUPS (NUM_WARPS / KV_WARPS)  // WARP_ROWS-row groups per CTA
-#define FA_BLOCK_M (WARP_ROWS * FA_ROW_GROUPS)
+// The shared-memory check of head dims 96 and 256. common/optd.cuh's
+// OPTD_SMEM_BYTES(ROLE, D) reads the defines of D 64 and 128 only (-1 for the
+// others, which no layout equals), so OPTD_CHECK_SMEM serves those two and this
+// the others, through the same optd_smem_check (and its message).
+#define FA_CHECK_SMEM_FWD(D, BYTES)                                                                     \
+    static_assert(sizeof(optd_smem_check<(BYTES), (D) == 96 ? OPTD_SMEM_BYTES_FWD_D96 : (D) == 256      \
+                                                         ? OPTD_SMEM_BYTES_FWD_D256 : -1>) > 0,       \
+                  "see optd_smem_check")
+
+#define FA_ROW_GROUPS (NUM_WARPS / KV_WARPS)  // row groups per CTA (KV_WARPS warps each)
 #define FA_TILE_N (KV_WARPS * BLOCK_N)        // keys per CTA tile (all warps of a group)
 #define FA_THREADS (NUM_WARPS * 32)
+
+// Query rows per warp at head dim D: WARP_ROWS, except at D 256, where it is
+// always 16. Two m-tiles' O accumulators alone are 2 x 32 x 4 = 256 fp32 there,
+// more than the 255 registers, so WARP_ROWS 32 would spill in the inner loop;
+// instead both of its values build this same kernel there (the spec's
+// warp_rows is this rule, so the launch is the same too).
+// Enumerators: as static constexpr members, NVRTC 13.0 put them into the PTX as
+// .global variables, and with those alone (the code's PTX the same) ptxas
+// assigned the D 64 and 128 kernels' registers differently.
+template <int D>
+struct FaRows {
+    enum : int {
+        WR = D == 256 ? 16 : WARP_ROWS,  // query rows per warp
+        MT = WR / 16,                    // m16 tiles per warp
+        BLOCK_M = WR * FA_ROW_GROUPS,    // query rows per CTA
+    };
+};
 
 // ---------------------------------------------------------------------------
 // PTX wrappers (sm_80+).
@@ -216,10 +275,33 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 #endif
 }
 
+// Whether head dim D's swizzle is the split one (D 96: 12 chunks per row, not a
+// multiple of 8; see tile_off).
+template <int D>
+__host__ __device__ constexpr bool fa_split_swizzle() {
+    return SWIZZLE && (D / 8) % 8 != 0;
+}
+
 // Byte offset of 16-byte chunk `chunk` of tile row `row`.
+// SWIZZLE=1 with 8k chunks per row (D 64, 128, 256): chunk c at c ^ (row % 8).
+// The row stride is then a multiple of 128 bytes, so the 8 rows of an ldmatrix
+// phase (row % 8 = 0..7, one logical chunk) hit 8 distinct 16-byte bank groups.
+// D 96 (12 chunks, rows of 192 bytes = 1.5 x 128): c ^ (row % 8) would reach
+// chunk 15, past the row. Chunks 0-7 keep that XOR; the tail chunks 8-11 XOR
+// their index within the tail (0-3) with (row / 2) % 4. Bank group of physical
+// chunk p of row r: (12 r + p) % 8 = (4 (r % 2) + p) % 8, so over the 8 rows of
+// a phase it is c ^ (r % 8) ^ 4 (r % 2) for c < 8, and 4 (r % 2) + (c' ^ (r / 2 % 4))
+// for tail chunk 8 + c': 8 distinct groups in both (a bijection of r % 8).
+// SWIZZLE=0 pads rows to D + 8 elements: (D / 8 + 1) r + c, with D / 8 + 1 odd
+// (9, 13, 17, 33 chunks), is 8 distinct groups for every D.
 template <int D>
 __device__ __forceinline__ unsigned tile_off(int row, int chunk) {
     constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);
+    if constexpr (fa_split_swizzle<D>()) {
+        static_assert(D / 8 == 12, "the split swizzle is written for 12 chunks per row (8 + a tail of 4)");
+        const int phys = chunk < 8 ? (chunk ^ (row & 7)) : 8 + ((chunk - 8) ^ ((row >> 1) & 3));
+        return static_cast<unsigned>(row * ROW_BYTES + (phys << 4));
+    }
     return static_cast<unsigned>(row * ROW_BYTES + ((SWIZZLE ? (chunk ^ (row & 7)) : chunk) << 4));
 }
 
@@ -229,17 +311,57 @@ __device__ __forceinline__ unsigned chunk_pair(unsigned lane_off, int c) {
     return SWIZZLE ? (lane_off ^ (unsigned)(c << 5)) : lane_off + (unsigned)(c << 5);
 }
 
+// A lane's ldmatrix address within a tile: row `row` (a multiple of 8 plus the
+// lane's row in its 8x8 matrix), chunk x (0 or 1) of chunk pair c; at(c) is
+// tile_off(row, 2c + x) for the unrolled (constant) c. With 8k chunks per row,
+// and unswizzled, that is chunk_pair of one offset: the XOR (or add) touches the
+// chunk bits only, since the row stride is a multiple of 128 bytes (or the
+// offset is additive).
+template <int D, bool kSplit = fa_split_swizzle<D>()>
+struct FragLane {
+    unsigned off;
+    __device__ __forceinline__ FragLane(int row, int x) : off(tile_off<D>(row, x)) {}
+    __device__ __forceinline__ unsigned at(int c) const { return chunk_pair(off, c); }
+};
+// D 96 swizzled: a 192-byte row stride has bit 6 set in odd multiples, so the
+// chunk-pair XOR must not touch the row part: the row's byte offset, plus the
+// lane's chunk offset within chunks 0-7 (pairs 0-3: XOR 2c, as above) and within
+// the tail (pairs 4, 5: chunk 8 + ((2 (c - 4) + x) ^ s), s = (row / 2) % 4, is
+// 8 + ((x ^ s) ^ 2 (c - 4)), an XOR of (c - 4) << 5 on the tail offset).
+template <int D>
+struct FragLane<D, true> {
+    unsigned base, head, tail;
+    __device__ __forceinline__ FragLane(int row, int x)
+        : base((unsigned)(row * (2 * D))),  // SWIZZLE=1: rows of 2 D bytes
+          head((unsigned)((x ^ (row & 7)) << 4)),
+          tail((unsigned)((8 + (x ^ ((row >> 1) & 3))) << 4)) {}
+    __device__ __forceinline__ unsigned at(int c) const {
+        return base + (c < 4 ? head ^ (unsigned)(c << 5) : tail ^ (unsigned)((c - 4) << 5));
+    }
+};
+
+// Threads per K/V row in the tile copies: the most that divide both the row's
+// D / 8 chunks and the CTA's threads into rounds of a multiple of 8 rows (the
+// swizzle, a function of row % 8, is then the same in every round). D 64, 128:
+// every chunk its thread; D 256: 16 (4 warps) or 32 (8 warps); D 96: 4.
+template <int D>
+__host__ __device__ constexpr int fa_copy_threads_per_row() {
+    int t = D / 8;
+    while (t > 1 && ((D / 8) % t != 0 || FA_THREADS % t != 0 || (FA_THREADS / t) % 8 != 0)) --t;
+    return t;
+}
+
 // ---------------------------------------------------------------------------
 // Dynamic shared memory (bytes from the base): the Q tile, then the K/V ring;
 // after the key loop the merge of KV_WARPS > 1 reuses the space past Q for the
-// fp32 O rows its warps exchange, (NUM_WARPS - FA_ROW_GROUPS) x WARP_ROWS rows
-// of D + 8 floats (padded against bank conflicts of the float2 stores), and
-// the row maxima and sums in the Q tile. BYTES = the spec's smem formula.
+// fp32 O rows its warps exchange, (NUM_WARPS - FA_ROW_GROUPS) x WR rows of
+// D + 8 floats (padded against bank conflicts of the float2 stores), and the
+// row maxima and sums in the Q tile. BYTES = the spec's smem formula.
 // ---------------------------------------------------------------------------
 template <int D>
 struct FaSmem {
     static constexpr int ROW_BYTES = 2 * (SWIZZLE ? D : D + 8);  // a Q, K or V row
-    static constexpr int Q_BYTES = FA_BLOCK_M * ROW_BYTES;
+    static constexpr int Q_BYTES = FaRows<D>::BLOCK_M * ROW_BYTES;
     static constexpr int KV_BYTES = FA_TILE_N * ROW_BYTES;      // one K (or V) tile
     static constexpr int XO_ROW = D + 8;                         // floats per exchanged O row
     static constexpr int Q = 0;
@@ -247,9 +369,9 @@ struct FaSmem {
     static constexpr int V = K + STAGES * KV_BYTES;              // STAGES x KV_BYTES
     static constexpr int RING_END = V + STAGES * KV_BYTES;
     static constexpr int XO = Q_BYTES;                           // after the ring is drained
-    static constexpr int XO_END = XO + (NUM_WARPS - FA_ROW_GROUPS) * WARP_ROWS * XO_ROW * 4;
+    static constexpr int XO_END = XO + (NUM_WARPS - FA_ROW_GROUPS) * FaRows<D>::WR * XO_ROW * 4;
     static constexpr int BYTES = RING_END > XO_END ? RING_END : XO_END;
-    static_assert(2 * NUM_WARPS * WARP_ROWS * 4 <= Q_BYTES, "row maxima and sums must fit in the Q tile");
+    static_assert(2 * NUM_WARPS * FaRows<D>::WR * 4 <= Q_BYTES, "row maxima and sums must fit in the Q tile");
 };
 
 #if KV_WARPS > 1
@@ -263,43 +385,45 @@ struct FaSmem {
 // warp ks = 0 through shared memory, which adds them up. Rows no warp
 // saw a key for (m = -inf) come out 0; rows >= SQ are never stored.
 // Shared memory (FaSmem): the maxima and sums in the Q tile
-// ([2][NUM_WARPS][WARP_ROWS] floats; every warp is done with Q by the first
+// ([2][NUM_WARPS][WR] floats; every warp is done with Q by the first
 // barrier), the O rows from FaSmem::XO.
 // Thread rows: h = 2 mt + {0, 1} is row 16 mt + g + {0, 8} of the warp's rows.
 // On return inv = 1: the merged O is already normalized.
 // ---------------------------------------------------------------------------
 template <int D>
-__device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], const float (&m_r)[2 * FA_MT],
-                                               const float (&l_sum)[2 * FA_MT], float (&inv)[2 * FA_MT], float sl2,
-                                               int warp, int rg, int ks, int g, int tq) {
+__device__ __forceinline__ void kv_warps_merge(float (&acc)[FaRows<D>::MT][D / 8][4], const float (&m_r)[2 * FaRows<D>::MT],
+                                               const float (&l_sum)[2 * FaRows<D>::MT], float (&inv)[2 * FaRows<D>::MT],
+                                               float sl2, int warp, int rg, int ks, int g, int tq) {
     extern __shared__ __align__(128) unsigned char fa_smem[];
+    constexpr int MT = FaRows<D>::MT;  // m16 tiles per warp
+    constexpr int WR = FaRows<D>::WR;  // query rows per warp
     constexpr int XO_ROW = FaSmem<D>::XO_ROW;
-    float* ml = reinterpret_cast<float*>(fa_smem);  // [0]: maxima, [1]: sums; [NUM_WARPS][WARP_ROWS] each
+    float* ml = reinterpret_cast<float*>(fa_smem);  // [0]: maxima, [1]: sums; [NUM_WARPS][WR] each
     float* xo = reinterpret_cast<float*>(fa_smem + FaSmem<D>::XO);
 
     __syncthreads();  // every warp is past its last K/V tile and its Q reads
     if (tq == 0) {
 #pragma unroll
-        for (int h = 0; h < 2 * FA_MT; ++h) ml[warp * WARP_ROWS + 16 * (h >> 1) + g + 8 * (h & 1)] = m_r[h];
+        for (int h = 0; h < 2 * MT; ++h) ml[warp * WR + 16 * (h >> 1) + g + 8 * (h & 1)] = m_r[h];
 #pragma unroll
-        for (int h = 0; h < 2 * FA_MT; ++h)
-            ml[(NUM_WARPS + warp) * WARP_ROWS + 16 * (h >> 1) + g + 8 * (h & 1)] = l_sum[h];
+        for (int h = 0; h < 2 * MT; ++h)
+            ml[(NUM_WARPS + warp) * WR + 16 * (h >> 1) + g + 8 * (h & 1)] = l_sum[h];
     }
     __syncthreads();
-    float f[2 * FA_MT];
+    float f[2 * MT];
 #pragma unroll
-    for (int h = 0; h < 2 * FA_MT; ++h) {
+    for (int h = 0; h < 2 * MT; ++h) {
         const int row = 16 * (h >> 1) + g + 8 * (h & 1);
         float m = OPTD_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < KV_WARPS; ++w) m = fmaxf(m, ml[(rg * KV_WARPS + w) * WARP_ROWS + row]);
+        for (int w = 0; w < KV_WARPS; ++w) m = fmaxf(m, ml[(rg * KV_WARPS + w) * WR + row]);
         float total = 0.f;
         if (m != OPTD_NEG_INF) {
 #pragma unroll
             for (int w = 0; w < KV_WARPS; ++w) {
-                const float mw = ml[(rg * KV_WARPS + w) * WARP_ROWS + row];
+                const float mw = ml[(rg * KV_WARPS + w) * WR + row];
                 if (mw != OPTD_NEG_INF)
-                    total += ml[(NUM_WARPS + rg * KV_WARPS + w) * WARP_ROWS + row] * fast_exp2((mw - m) * sl2);
+                    total += ml[(NUM_WARPS + rg * KV_WARPS + w) * WR + row] * fast_exp2((mw - m) * sl2);
             }
         }
         const float own = (m_r[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : fast_exp2((m_r[h] - m) * sl2);
@@ -307,7 +431,7 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], co
         inv[h] = 1.f;
     }
 #pragma unroll
-    for (int mt = 0; mt < FA_MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
             acc[mt][j][0] *= f[2 * mt];
@@ -317,9 +441,9 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], co
         }
     }
     if (ks != 0) {
-        float* mine = xo + (rg * (KV_WARPS - 1) + ks - 1) * WARP_ROWS * XO_ROW;
+        float* mine = xo + (rg * (KV_WARPS - 1) + ks - 1) * WR * XO_ROW;
 #pragma unroll
-        for (int mt = 0; mt < FA_MT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
             float* rows = mine + (16 * mt + g) * XO_ROW + 2 * tq;
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) {
@@ -332,9 +456,9 @@ __device__ __forceinline__ void kv_warps_merge(float (&acc)[FA_MT][D / 8][4], co
     if (ks == 0) {
 #pragma unroll
         for (int w = 1; w < KV_WARPS; ++w) {
-            const float* other = xo + (rg * (KV_WARPS - 1) + w - 1) * WARP_ROWS * XO_ROW;
+            const float* other = xo + (rg * (KV_WARPS - 1) + w - 1) * WR * XO_ROW;
 #pragma unroll
-            for (int mt = 0; mt < FA_MT; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
                 const float* rows = other + (16 * mt + g) * XO_ROW + 2 * tq;
 #pragma unroll
                 for (int j = 0; j < D / 8; ++j) {
@@ -358,20 +482,27 @@ template <int D>
 __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     static_assert(D % 16 == 0, "D must be a multiple of 16");
     using L = FaSmem<D>;
-    OPTD_CHECK_SMEM(FWD, D, L::BYTES);
+    if constexpr (D == 64 || D == 128) {
+        OPTD_CHECK_SMEM(FWD, D, L::BYTES);
+    } else {
+        FA_CHECK_SMEM_FWD(D, L::BYTES);
+    }
     constexpr int CH = D / 8;              // 16-byte chunks per row
     constexpr int ROW_BYTES = L::ROW_BYTES;
     constexpr int KV_BYTES = L::KV_BYTES;  // one K (or V) tile
-    constexpr int KSTEPS = D / 16;         // k-steps of S = Q K^T
-    constexpr int MT = FA_MT;              // m16 tiles per warp
+    constexpr int KSTEPS = D / 16;         // k-steps of S = Q K^T (one Q, one K ldmatrix.x4 each)
+    constexpr int WR = FaRows<D>::WR;      // query rows per warp
+    constexpr int MT = FaRows<D>::MT;      // m16 tiles per warp
+    constexpr int BLOCK_M = FaRows<D>::BLOCK_M;
     constexpr int RH = 2 * MT;             // rows per thread: g, g + 8 of each m-tile
     constexpr int NT = BLOCK_N / 8;        // n8 tiles of S per warp
-    constexpr int DT = D / 8;              // n8 tiles of O per warp
-    constexpr int Q_CHUNKS = FA_BLOCK_M * CH;
+    constexpr int DT = D / 8;              // n8 tiles of O per warp (even: V's ldmatrix.x4.trans loads two)
+    // Q's A fragments held in registers for the whole key loop (KSTEPS x 4 b32):
+    // with one m-tile up to D 128. Two m-tiles, and one at D 256 (64 b32 next to
+    // 128 fp32 of O), reload them per k-step from the Q tile instead.
+    constexpr bool Q_REGS = MT == 1 && D <= 128;
+    constexpr int Q_CHUNKS = BLOCK_M * CH;
     constexpr int Q_ITERS = (Q_CHUNKS + FA_THREADS - 1) / FA_THREADS;
-    constexpr int KV_ITERS = FA_TILE_N * CH / FA_THREADS;
-    static_assert(FA_TILE_N * CH % FA_THREADS == 0 && KV_ITERS >= 1, "K/V tile chunks must split evenly over the threads");
-    static_assert(!SWIZZLE || CH >= 8, "the swizzle permutes 8 chunks");
     (void)batch;
     (void)n_splits;
     (void)o_partial;
@@ -389,13 +520,13 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const int tq = lane & 3;  // accumulator column pair
     const int mi = lane >> 3; // ldmatrix: which 8x8 matrix this lane addresses
     const int lr = lane & 7;  // ldmatrix: row within that matrix
-    const int rg = warp / KV_WARPS;  // row group: query rows rg * WARP_ROWS .. + WARP_ROWS - 1 of the tile
+    const int rg = warp / KV_WARPS;  // row group: query rows rg * WR .. + WR - 1 of the tile
     const int ks = warp % KV_WARPS;  // key sub-tile of every CTA tile this warp takes
 
     // Causal: the heaviest query tiles (last rows) first.
     const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int m0 = m_block * FA_BLOCK_M;
-    const int wrow0 = m0 + rg * WARP_ROWS;  // this warp's first query row
+    const int m0 = m_block * BLOCK_M;
+    const int wrow0 = m0 + rg * WR;  // this warp's first query row
     // Query head hq of batch b; its K/V head (GQA: heads_q / heads_kv query heads
     // share one): hq * HKV / HQ is optd_kv_head's hq / (HQ / HKV) (HQ = G HKV)
     // in one integer division instead of two dependent ones.
@@ -408,7 +539,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 
     // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
     const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
-    const int kv_end = mask.keys_before(m0 + FA_BLOCK_M);  // keys any row here sees
+    const int kv_end = mask.keys_before(m0 + BLOCK_M);  // keys any row here sees
     const int n_tiles = max(kv_end + FA_TILE_N - 1, 0) / FA_TILE_N;
 
     // --- Q tile (rows >= SQ zero-filled) --------------------------------------
@@ -421,40 +552,66 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         cp_async16(s_q + tile_off<D>(r, ch), ok ? qh + (long long)(m0 + r) * strides.q_s + ch * 8 : q, ok);
     }
 
-    // K/V tile t -> ring slot t % STAGES (keys >= SK zero-filled). Copy i of a
-    // thread is chunk tid % CH of row tid / CH + i * KV_RSTEP. KV_RSTEP is a
-    // multiple of 8, so the swizzle is the same for every i: the shared offset
-    // of copy i is the first plus an immediate. The global addresses are two
-    // pointers per thread (its K and V rows of the next tile to load), stepped
-    // by KV_RSTEP rows per copy, which ends them on the tile after: tiles are
-    // loaded once each, in order. The steps are 32-bit products of the row
-    // strides read from the constant bank, and an empty asm after each step
-    // keeps ptxas from computing all KV_ITERS addresses ahead of the copies
-    // (two registers each). WARP_ROWS 32 at D 128 is at the 255-register
-    // limit: 64-bit steps, a row times the stride per copy, or the hoisted
-    // addresses cost it 40 to 120 bytes of spills more than this form.
+    // K/V tile t -> ring slot t % STAGES (keys >= SK zero-filled). KV_TPR
+    // threads copy a row, KV_CPT chunks each: copy (i, j) of a thread is chunk
+    // tid % KV_TPR + j * KV_TPR of row tid / KV_TPR + i * KV_RSTEP. D 64 and 128:
+    // KV_TPR = CH, one chunk per row. D 256 with 4 warps: 16 threads a row, two
+    // chunks each (32 threads a row would step 4 rows). D 96: 12 threads a row
+    // do not divide 128 or 256 threads; 4 threads a row, three chunks each
+    // (chunks c, c + 4, c + 8: the 4 lanes of a row read 64 contiguous bytes per
+    // copy). KV_RSTEP is a multiple of 8, so the swizzle is the same for every i:
+    // the shared offset of copy (i, j) is the thread's offset of chunk j plus an
+    // immediate. At D 96 with 8 warps a round covers 64 rows, more than a tile
+    // of KV_WARPS x BLOCK_N = 32: the threads of rows 32-63 copy nothing.
+    // The global addresses are two pointers per thread (its K and V rows of the
+    // next tile to load), stepped by KV_STEP rows per round, which ends them on
+    // the tile after: tiles are loaded once each, in order. The steps are 32-bit
+    // products of the row strides read from the constant bank, and an empty asm
+    // after each step keeps ptxas from computing all KV_ITERS addresses ahead of
+    // the copies (two registers each). WARP_ROWS 32 at D 128 is at the
+    // 255-register limit: 64-bit steps, a row times the stride per copy, or the
+    // hoisted addresses cost it 40 to 120 bytes of spills more than this form.
     // A copy past SK reads nothing (src-size 0) from the tensor's base, an
     // address that is always valid.
-    constexpr int KV_RSTEP = FA_THREADS / CH;
-    static_assert(FA_THREADS % CH == 0 && (!SWIZZLE || KV_RSTEP % 8 == 0), "K/V copy rows must step by a multiple of 8");
-    // Row strides of 2^31 / KV_RSTEP elements or more (GiBs between rows)
+    constexpr int KV_TPR = fa_copy_threads_per_row<D>();
+    constexpr int KV_CPT = CH / KV_TPR;                      // chunks per thread and row
+    constexpr int KV_RSTEP = FA_THREADS / KV_TPR;            // rows per copy round
+    constexpr bool KV_IDLE = KV_RSTEP > FA_TILE_N;           // some threads have no row
+    constexpr int KV_ITERS = KV_IDLE ? 1 : FA_TILE_N / KV_RSTEP;
+    constexpr int KV_STEP = KV_IDLE ? FA_TILE_N : KV_RSTEP;  // rows the pointers move per round
+    static_assert(CH % KV_TPR == 0 && FA_THREADS % KV_TPR == 0 && (!SWIZZLE || KV_RSTEP % 8 == 0),
+                  "K/V copy rows must step by a multiple of 8");
+    static_assert(KV_IDLE || FA_TILE_N % KV_RSTEP == 0, "K/V copy rounds must cover a tile exactly");
+    // Row strides of 2^31 / KV_STEP elements or more (GiBs between rows)
     // would wrap those steps: fail loudly rather than read the wrong rows.
-    if (strides.k_s > 0x7fffffffll / KV_RSTEP || strides.v_s > 0x7fffffffll / KV_RSTEP) __trap();
-    const int ld_row = tid / CH;
-    const unsigned ld_dst = tile_off<D>(ld_row, tid % CH);
-    const elem_t* k_next = kh + (long long)ld_row * strides.k_s + (tid % CH) * 8;
-    const elem_t* v_next = vh + (long long)ld_row * strides.v_s + (tid % CH) * 8;
+    if (strides.k_s > 0x7fffffffll / KV_STEP || strides.v_s > 0x7fffffffll / KV_STEP) __trap();
+    const int ld_row = tid / KV_TPR;
+    const int ld_ch = tid % KV_TPR;
+    const unsigned ld_dst = tile_off<D>(ld_row, ld_ch);
+    // Shared offset of chunk j of the thread's row from its chunk 0: KV_TPR
+    // (8, 16 or 32) chunks further, an add (the swizzle XORs the 3 low chunk bits
+    // only), except under D 96's split swizzle (chunk 4 apart, or in the tail).
+    unsigned ld_delta[KV_CPT];
+#pragma unroll
+    for (int j = 0; j < KV_CPT; ++j)
+        ld_delta[j] = fa_split_swizzle<D>() ? tile_off<D>(ld_row, ld_ch + j * KV_TPR) - ld_dst : (unsigned)(j * KV_TPR * 16);
+    const elem_t* k_next = kh + (long long)ld_row * strides.k_s + ld_ch * 8;
+    const elem_t* v_next = vh + (long long)ld_row * strides.v_s + ld_ch * 8;
     auto load_kv = [&](int t) {
+        if (KV_IDLE && ld_row >= FA_TILE_N) return;
         const int rows_left = seq_k - t * FA_TILE_N - ld_row;  // copy i is a key < SK iff i * KV_RSTEP < this
         const unsigned slot = (unsigned)((t % STAGES) * KV_BYTES) + ld_dst;
 #pragma unroll
         for (int i = 0; i < KV_ITERS; ++i) {
             const bool ok = i * KV_RSTEP < rows_left;
             const unsigned dst = slot + i * KV_RSTEP * ROW_BYTES;
-            cp_async16(s_k + dst, ok ? k_next : k, ok);
-            cp_async16(s_v + dst, ok ? v_next : v, ok);
-            k_next += KV_RSTEP * (int)strides.k_s;
-            v_next += KV_RSTEP * (int)strides.v_s;
+#pragma unroll
+            for (int j = 0; j < KV_CPT; ++j) {
+                cp_async16(s_k + dst + ld_delta[j], ok ? k_next + j * KV_TPR * 8 : k, ok);
+                cp_async16(s_v + dst + ld_delta[j], ok ? v_next + j * KV_TPR * 8 : v, ok);
+            }
+            k_next += KV_STEP * (int)strides.k_s;
+            v_next += KV_STEP * (int)strides.v_s;
             asm volatile("" : "+l"(k_next), "+l"(v_next));
         }
     };
@@ -465,8 +622,9 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         cp_async_commit();
     }
 
-    // WARP_ROWS = 32 reads Q only inside the loop, after its first wait + barrier.
-    if constexpr (MT == 1) {
+    // Q fragments from shared memory inside the loop (two m-tiles, D 256) wait
+    // for Q at the loop's first wait + barrier; in registers, here.
+    if constexpr (Q_REGS) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
     }
@@ -476,17 +634,19 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     //   tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5)     (SWIZZLE=1)
     //                         = tile_off(row, x) + (c << 5)     (SWIZZLE=0)
     // (the XOR touches chunk bits only), so the unrolled loops below need one
-    // offset per k-step (K, Q) or per dim pair (V) and an immediate per row block.
-    const unsigned q_lane = tile_off<D>(rg * WARP_ROWS + (mi & 1) * 8 + lr, mi >> 1);
-    const unsigned k_lane = tile_off<D>((mi >> 1) * 8 + lr, mi & 1);
-    const unsigned v_lane = tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
+    // offset per k-step (K, Q) or per dim pair (V) and an immediate per row block
+    // (FragLane; D 96 swizzled: a row offset plus two chunk offsets, see there).
+    // Every row block moved by a multiple of 8 rows keeps row % 8 and the swizzle.
+    const FragLane<D> q_lane(rg * WR + (mi & 1) * 8 + lr, mi >> 1);
+    const FragLane<D> k_lane((mi >> 1) * 8 + lr, mi & 1);
+    const FragLane<D> v_lane((mi & 1) * 8 + lr, mi >> 1);
     // Q A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
     // (rows 0-7, k 8-15), (rows 8-15, k 8-15) of each 16 x 16 k-step; held for
-    // the whole loop with one m-tile, reloaded per k-step with two.
-    unsigned qf[MT == 1 ? KSTEPS : 1][4];
-    if constexpr (MT == 1) {
+    // the whole loop (Q_REGS), else reloaded per k-step.
+    unsigned qf[Q_REGS ? KSTEPS : 1][4];
+    if constexpr (Q_REGS) {
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qf[kk], s_q + chunk_pair(q_lane, kk));
+        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(qf[kk], s_q + q_lane.at(kk));
     }
 
     float acc[MT][DT][4];
@@ -511,7 +671,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
         const int kv0 = t * FA_TILE_N + ks * BLOCK_N;  // this warp's first key
         // Warp-uniform: rows all past SQ, keys all past SK, or (causal) the
         // sub-tile is wholly above the rows.
-        if (wrow0 >= seq_q || kv0 >= seq_k || mask.above(kv0, wrow0 + WARP_ROWS - 1)) continue;
+        if (wrow0 >= seq_q || kv0 >= seq_k || mask.above(kv0, wrow0 + WR - 1)) continue;
         // Sub-tile rows start at a multiple of 16, so row % 8 and the swizzle are unchanged.
         const unsigned sub = (unsigned)((t % STAGES) * KV_BYTES + ks * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
@@ -519,7 +679,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 
         // 2. S = Q K^T. ldmatrix.x4 on K: (keys 0-7, k 0-7), (keys 0-7, k 8-15),
         //    (keys 8-15, k 0-7), (keys 8-15, k 8-15) -> B of n-tiles 2 j2, 2 j2 + 1,
-        //    for every m-tile.
+        //    for every m-tile (D 96: 6 k-steps, D 256: 16).
         float s[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -529,17 +689,17 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {
             unsigned qa[MT][4];
-            if constexpr (MT == 1) {
+            if constexpr (Q_REGS) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) qa[0][e] = qf[kk][e];
             } else {
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], s_q + mt * 16 * ROW_BYTES + chunk_pair(q_lane, kk));
+                for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], s_q + mt * 16 * ROW_BYTES + q_lane.at(kk));
             }
 #pragma unroll
             for (int j2 = 0; j2 < NT / 2; ++j2) {
                 unsigned b[4];
-                ldmatrix_x4(b, kb + j2 * 16 * ROW_BYTES + chunk_pair(k_lane, kk));
+                ldmatrix_x4(b, kb + j2 * 16 * ROW_BYTES + k_lane.at(kk));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(s[mt][2 * j2], qa[mt], b[0], b[1]);
@@ -576,7 +736,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 #pragma unroll
             for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
                 unsigned b[4];
-                ldmatrix_x4_trans(b, vb + kk2 * 16 * ROW_BYTES + chunk_pair(v_lane, dj2));
+                ldmatrix_x4_trans(b, vb + kk2 * 16 * ROW_BYTES + v_lane.at(dj2));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     mma16816(acc[mt][2 * dj2], a[mt], b[0], b[1]);
@@ -604,7 +764,7 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-        const int r0 = rg * WARP_ROWS + 16 * mt + g;
+        const int r0 = rg * WR + 16 * mt + g;
 #pragma unroll
         for (int j = 0; j < DT; ++j) {
             *reinterpret_cast<unsigned*>(fa_smem + tile_off<D>(r0, j) + 4 * tq) =
@@ -616,12 +776,12 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     __syncwarp();
     elem_t* oh = o + optd_head_off(strides.o_b, strides.o_h, b, hq);
 #pragma unroll
-    for (int i = 0; i < WARP_ROWS * CH / 32; ++i) {
+    for (int i = 0; i < WR * CH / 32; ++i) {
         const int c = lane + 32 * i;
         const int r = c / CH, ch = c % CH;
         const int row = wrow0 + r;
         if (row < seq_q) {
-            const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(rg * WARP_ROWS + r, ch));
+            const uint4 val = *reinterpret_cast<const uint4*>(fa_smem + tile_off<D>(rg * WR + r, ch));
             *reinterpret_cast<uint4*>(oh + (long long)row * strides.o_s + ch * 8) = val;
         }
     }
@@ -634,9 +794,23 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS, 1) optd_fwd_d64(OPTD_AR
 }
 #endif
 
+#if OPTD_BUILD_D96
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 1) optd_fwd_d96(OPTD_ARGS) {
+    mma_fa2_fwd<96>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(FA_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     mma_fa2_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 1) optd_fwd_d256(OPTD_ARGS) {
+    mma_fa2_fwd<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

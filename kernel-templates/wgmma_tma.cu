@@ -4,8 +4,9 @@
  * shared-memory slots; consumer warpgroups multiply on the tensor cores with
  * wgmma.mma_async and keep the online softmax in registers.
  *
- * One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows, b * HQ + h), with
- * CONSUMERS + 1 warpgroups of 128 threads:
+ * Head dims 64, 128 and 256 (Gemma 2/3's prefill; "Head dim 256" below says which
+ * knob points run there). One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows,
+ * b * HQ + h), with CONSUMERS + 1 warpgroups of 128 threads:
  *   warpgroup 0 (producer) gives its registers away (setmaxnreg.dec), its
  *             warps 1-3 exit, and one thread of warp 0 issues every load:
  *             each work tile's Q (into Q slot i % Q_STAGES), then K and V
@@ -74,6 +75,10 @@
  *   (WtSmem; OPTD_CHECK_SMEM fails the build if the spec's formula differs);
  *   mbarriers static (8 (2 Q slots + 4 STAGES) bytes).
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
+ *   D 256, 2 consumers, 2 stages, one Q slot, no EPI_TMA: BLOCK_N 80 225 KiB
+ *   (Q 64 + K/V 160 + 1), BLOCK_N 64 193 KiB; anything more is over 227 KiB.
+ *   D 256, 3 consumers: the formula gives 1 MiB (the spec's regs_fit; registers
+ *   below), a sentinel the gate refuses, and the kernel is a stub (WtSmem::RUNS).
  * Scratch: STREAM_K only (else n_splits 1, untouched): o_partial holds 2 pieces
  *          per CTA, (4 + D / 2) x 128 floats per consumer each (a thread's m, l
  *          and O, thread-major), so the spec's splits is the fewest whole
@@ -97,15 +102,22 @@
  * Registers (setmaxnreg, per thread): producer 24 (2 consumers) or 32 (3);
  *          consumers 240 or 160 (the launch allocation, 168 or 128 each, moved
  *          from the producer to the consumers). A consumer holds BLOCK_N / 2 (S) + D / 2 (O)
- *          + BLOCK_N / 4 (P) values: D 128, BLOCK_N 128: 160.
+ *          + BLOCK_N / 4 (P) values: D 128, BLOCK_N 128: 160. D 256: 128 (O) + 40 + 20 at
+ *          BLOCK_N 80 (FA3's hdim-256 tile, 128 x 80), 128 + 32 + 16 at BLOCK_N 64: within 2
+ *          consumers' 240 (ptxas, sm_90a: no spill in the key-tile loops; 36 / 116 bytes of
+ *          spill stores / loads at BLOCK_N 80 and 20 / 44 at 64 in the per-work-tile code, as
+ *          D 128's 12 / 28 at the default point); 3 consumers' 160 cannot hold O and S.
  * Tensor maps: q and o (box 64 rows x D; packed, 64 / P rows x one panel, a box
- *          per panel: box_panels), k and v (box BLOCK_N rows x D), 128-byte swizzle,
+ *          per panel: box_panels), k and v (box BLOCK_N rows x D: D / 64 = 1, 2 or 4
+ *          panels of 64 columns), 128-byte swizzle,
  *          rank 5 over the tensors' real strides (the daemon's convention:
  *          dims {64, rows, D / 64, heads, B}, a box at (0, row, panel, head, b));
  *          rows past SQ (Q) or SK (K, V) are zero-filled by the TMA, per head;
  *          a store (O, EPI_TMA) skips rows past SQ.
  *
- * Knobs:   BLOCK_N    keys per K/V tile (wgmma N of S = Q K^T)   192, 128, 176
+ * Knobs:   BLOCK_N    keys per K/V tile (wgmma N of S = Q K^T)   192, 128, 176,
+ *                     (80 and 64: for D 256, where no larger tile fits;  80, 64
+ *                     they run at D 64 and 128 too)
  *          STAGES     K/V slots in the TMA ring                 2, 3
  *          CONSUMERS  consumer warpgroups (64 query rows each)  2, 3
  *          PINGPONG   consumer warpgroups take turns on the GEMMs 1, 0
@@ -194,6 +206,24 @@
  *                     every D 64 point but one (parity); mixed at D 128
  *                     (-2% to +4%).
  *
+ * Head dim 256 (Gemma 2/3: 16 query heads on 8 K/V heads, or 8 on 4). Every loop over D
+ *          is written for D / 64 panels and D / 16 k-steps (4 and 16 here): S = Q K^T is 16
+ *          wgmma m64nBLOCK_Nk16 over Q's and K's 4 panels, O += P V BLOCK_N / 16 wgmma
+ *          m64n256k16 (V's 4 panels BLOCK_N * 128 bytes apart: the MN-major descriptor's
+ *          leading byte offset), the TMA boxes span 4 panels (box_panels D / 64). The knob
+ *          points that run there, the only ones within 227 KiB and 240 registers:
+ *            CONSUMERS 2, STAGES 2, BLOCK_N 80 or 64, EPI_TMA 0, and Q_STAGES 1 where
+ *            PERSISTENT (one CTA per tile allocates one Q slot whatever Q_STAGES says);
+ *          every value of PINGPONG, OVERLAP, PERSISTENT, LAZY_RESCALE, TAIL_SPLIT (the merge
+ *          through the Q slots: 2 x 64 x 256 x 2 bytes = one consumer's fp32 O), PACK_GQA
+ *          (a Q / O box per panel, 4 per head and consumer), STREAM_K (the scratch formula
+ *          is D's), LPT_MIB, DYNAMIC and PV_WAIT. E.g. the first knob values with BLOCK_N 80.
+ *          The gate refuses the others by their shared memory: 3 STAGES, BLOCK_N 128 and up,
+ *          Q_STAGES 2 (persistent) and EPI_TMA (a 32 KiB O buffer per consumer) exceed 227
+ *          KiB; 3 consumers give regs_fit's 1 MiB. Their D 256 kernel is a stub (__trap) so a
+ *          build for a run with D 256 shapes does not compile spilling kernels for nothing.
+ *          FA3 runs hdim 256 the same way: 2 consumer warpgroups, 128 x 80 tiles, 2 stages.
+ *
  * Ragged tails. (32,16,577,64) with 192-row tiles took 167 us against 131 at
  *          S 576 (4 query tiles per head instead of 3, the fourth of one row);
  *          three things, measured on the H100 (docs/HOPPER.md, "Ragged tails";
@@ -231,11 +261,11 @@
 name = "wgmma-tma"
 description = "FlashAttention-3-style forward for Hopper: TMA producer warp + mbarrier ring, wgmma consumer warpgroups, setmaxnreg, ping-pong and intra-warpgroup overlap"
 min_cc = 90
-head_dims = [64, 128]
+head_dims = [64, 128, 256]
 arch_specific = true
 
 [knobs]
-BLOCK_N = [192, 128, 176]
+BLOCK_N = [192, 128, 176, 80, 64]
 STAGES = [2, 3]
 CONSUMERS = [2, 3]
 PINGPONG = [1, 0]
@@ -254,6 +284,10 @@ PV_WAIT = [1, 0]
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
 block_m = "64 * CONSUMERS"
+# D 256 with 3 consumers: 160 registers per consumer thread cannot hold O's 128 fp32 plus S and
+# P; the kernel is a stub there and the smem formula gives WT_REFUSED_BYTES (1 MiB), which the
+# gate refuses on every device ("needs 1048576 B of dynamic shared memory").
+regs_fit = "0 if D == 256 and CONSUMERS == 3 else 1"
 # Q slots: one work tile per CTA needs one whatever Q_STAGES says (so the knob is inert there).
 q_slots = "Q_STAGES if PERSISTENT else 1"
 m_blocks = "cdiv(SQ, block_m // pack)"
@@ -292,7 +326,7 @@ LAZY_RESCALE = "OVERLAP and PV_WAIT and D == 64"
 kernel = "fwd"
 grid = ["grid_x if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
-smem = "1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
+smem = "(1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)) if regs_fit else 1048576"
 
 [[tensor_map]]
 tensor = "q"
@@ -416,6 +450,12 @@ __device__ __forceinline__ int wt_pack(int g) {
 // (box_panels 1), so that each panel keeps its 64 rows together.
 #define WT_PANEL_BOXES(D, P) ((P) > 1 ? (D) / 64 : 1)
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
+// The spec's smem where a knob point cannot run at a head dim (D 256 with 3 consumers: the spec's
+// regs_fit): more than any device's opt-in, so the gate refuses it with its usual reason.
+#define WT_REFUSED_BYTES (1 << 20)
+// Hopper's (sm_90a: H100, H200, GH200) opt-in shared memory per block, 227 KiB: a D 256 point
+// whose layout exceeds it is refused by the gate, and its kernel is compiled as a stub.
+#define WT_SMEM_OPTIN_SM90 232448
 #define WT_PRODUCER_REGS (CONSUMERS == 2 ? 24 : 32)
 // Causal, one CTA per tile: K/V bytes of the group of heads scheduled together.
 #define WT_LPT_GROUP_BYTES ((long long)LPT_MIB << 20)
@@ -450,9 +490,29 @@ struct WtSmem {
     static constexpr int V = K + STAGES * KV;       // STAGES x KV
     static constexpr int O = V + STAGES * KV;       // EPI_TMA: CONSUMERS x Q_WG
     static constexpr int END = O + EPI_TMA * CONSUMERS * Q_WG;
-    static constexpr int BYTES = 1024 + END;
+    // D 256: O alone is 128 fp32 registers per consumer thread; 3 consumers' 160 cannot hold it
+    // with S and P (the spec's regs_fit): refused through the smem formula (WT_REFUSED_BYTES).
+    static constexpr bool REGS_FIT = D < 256 || CONSUMERS == 2;
+    static constexpr int BYTES = REGS_FIT ? 1024 + END : WT_REFUSED_BYTES;
+    // Whether the kernel is built at all: at D 256 only the points the gate can admit on a
+    // Hopper GPU (at most 227 KiB: 2 consumers, 2 stages of BLOCK_N 64 or 80, no second Q slot,
+    // no EPI_TMA buffers); the others compile to a stub that is never launched (a build of a
+    // run with D 256 shapes holds every candidate's D 256 kernel, planned there or not).
+    // D 64 and 128 build every point, as before.
+    static constexpr bool RUNS = D < 256 || (REGS_FIT && BYTES <= WT_SMEM_OPTIN_SM90);
     static_assert(Q_WG % 1024 == 0 && KV % 1024 == 0, "tiles must stay 1024-byte aligned (swizzle atoms)");
 };
+
+// The layout ends at the bytes the spec's smem formula gives the launch. common/optd.cuh's
+// OPTD_SMEM_BYTES(ROLE, D) names the defines of D 64 and 128 only: D 256's is read directly.
+template <int D>
+__device__ __forceinline__ void wt_check_smem() {
+    if constexpr (D == 256) {
+        static_assert(sizeof(optd_smem_check<WtSmem<D>::BYTES, OPTD_SMEM_BYTES_FWD_D256>) > 0, "see optd_smem_check");
+    } else {
+        OPTD_CHECK_SMEM(FWD, D, WtSmem<D>::BYTES);
+    }
+}
 
 // A position in the K/V ring: its slot and the parity of the slot's current fill
 // (the mbarrier phase to wait for), advanced once per key tile.
@@ -730,7 +790,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                                               const optd_tensor_map* tm_v, const optd_tensor_map* tm_o) {
     static_assert(D % 64 == 0, "D must be a multiple of 64 (128-byte swizzle panels)");
     using L = WtSmem<D>;
-    OPTD_CHECK_SMEM(FWD, D, L::BYTES);
+    wt_check_smem<D>();
     constexpr int Q_WG_BYTES = L::Q_WG;  // one consumer's 64 rows
     constexpr int KV_BYTES = L::KV;      // one K or V tile
     (void)n_splits;  // STREAM_K only
@@ -1213,7 +1273,12 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         optd_fwd_d##DIM(OPTD_ARGS, const __grid_constant__ optd_tensor_map tm_q,                               \
                         const __grid_constant__ optd_tensor_map tm_k, const __grid_constant__ optd_tensor_map tm_v, \
                         const __grid_constant__ optd_tensor_map tm_o) {                                        \
-        wgmma_tma_fwd<DIM>(OPTD_ARG_NAMES, &tm_q, &tm_k, &tm_v, &tm_o);                                        \
+        if constexpr (WtSmem<DIM>::RUNS) {                                                                     \
+            wgmma_tma_fwd<DIM>(OPTD_ARG_NAMES, &tm_q, &tm_k, &tm_v, &tm_o);                                    \
+        } else { /* refused by the gate (WtSmem::RUNS): never launched */                                      \
+            wt_check_smem<DIM>();                                                                              \
+            __trap();                                                                                          \
+        }                                                                                                      \
         OPTD_CTA_DONE();                                                                                       \
     }
 #if OPTD_BUILD_D64
@@ -1221,4 +1286,7 @@ WT_KERNEL(64)
 #endif
 #if OPTD_BUILD_D128
 WT_KERNEL(128)
+#endif
+#if OPTD_BUILD_D256
+WT_KERNEL(256)
 #endif

@@ -42,7 +42,8 @@
  * O accumulator. The O tile (BLOCK_M x D fp32) stays in wmma accumulator
  * fragments in registers across all key tiles: warp w owns row block
  * w / WPR (WPR = NUM_WARPS / (BLOCK_M / 16) warps per 16-row block) and
- * CPW = (D / 16) / WPR consecutive 16-column blocks of it. The element ->
+ * CPW = cdiv(D / 16, WPR) consecutive 16-column blocks of it (the last
+ * warps fewer where WPR does not divide D / 16: see Head dims). The element ->
  * (row, column) mapping of a fragment is opaque, so the per-row rescale is
  * done without knowing it: F holds, for each row block, a 16 x 16 fp32 matrix
  * whose row r is 16 copies of row r's factor; a warp load_matrix_sync's it as
@@ -75,16 +76,29 @@
  * pointers (warp-uniform) and the thread's offset to row kj are computed once
  * per CTA, and a copy adds the uniform (kv0 + i * RPI) row strides.
  *
+ * D 96 (12 chunks a row, which do not divide 128 or 256 threads): the Q and
+ * K/V copies walk the tile's chunks flat instead, chunk c = tid + i * threads
+ * of the tile (row c / 12, the last step guarded where it is partial), the
+ * source offset computed per copy. D 64, 128 and 256 keep the per-CTA offsets.
+ *
  * Shared memory rows are padded (no swizzle): Q, K, V rows D + 8 elem_t and P
  * rows BLOCK_N + 8 elem_t (16 bytes of padding; WMMA needs ldm a multiple of
  * 8 halves and 32-byte aligned fragment pointers, which 16-row / 16-column
- * block offsets keep), S rows BLOCK_N + 4 floats.
+ * block offsets keep: 16 rows of D + 8 elem_t are a multiple of 32 bytes at
+ * every D that is a multiple of 16), S rows BLOCK_N + 4 floats. A Q / K / V
+ * row is 4 banks (D 64, 128, 256) or 20 banks (D 96) past the one before,
+ * so the 8 rows of a fragment load's phase hit distinct 16-byte bank groups.
  *
  * Knobs:   BLOCK_M    query rows per CTA, multiple of 16       64, 32
  *          BLOCK_N    keys per K/V tile, multiple of 16        64, 32
  *          NUM_WARPS  warps per CTA                            4, 8
  *          (NUM_WARPS * 32 must be a multiple of BLOCK_M, and NUM_WARPS a
  *          multiple of BLOCK_M / 16: true for every combination above.)
+ * Head dims: 64, 96, 128, 256 (any multiple of 16: D / 16 k-steps of
+ *          Q K^T and column blocks of O). Where a row block's WPR warps do
+ *          not split its D / 16 column blocks evenly (D 96, BLOCK_M 32, 8
+ *          warps: 6 blocks over 4 warps) each owns cdiv(D / 16, WPR) and the
+ *          last owns what is left (here 2, 2, 2, 0).
  * Shared (dynamic, bytes), ELEM_BYTES = 2:
  *            ELEM_BYTES * (D + 8) * (BLOCK_M + 2 * BLOCK_N)   Q, K, V tiles
  *          + 4 * BLOCK_M * (BLOCK_N + 4)                       S tile, fp32
@@ -94,12 +108,20 @@
  *          formula at compile time)
  *          from 22.5 KiB (BLOCK_M 32, BLOCK_N 32, D 64) to 81 KiB (64, 64,
  *          D 128); over 48 KiB the worker sets the opt-in attribute, and every
- *          combination fits sm_86/89's 99 KiB. m and l live in registers.
+ *          combination fits sm_86/89's 99 KiB. D 96: 28.5 to 69 KiB. D 256:
+ *          58.5 KiB (32, 32), 84 KiB (64, 32), 97.5 KiB (32, 64) and 129 KiB
+ *          (64, 64, the defaults): all fit sm_80's 163 KiB and sm_90's
+ *          227 KiB; on sm_86 / sm_89 the gate refuses (64, 64) at D 256.
+ *          m and l live in registers.
  * CTAs:    cdiv(SQ, BLOCK_M) x (B * HQ) x 1, NUM_WARPS * 32 threads
  *          (B * HQ <= 65535); no KV split, n_splits = 1, single launch.
- * Registers: CPW * 8 fp32 (O fragments, at most 64) + BLOCK_N / TPR scores
- *          per thread plus fragments in flight and two 64-bit K/V source
- *          offsets; __launch_bounds__(threads, 1).
+ * Registers: CPW * 8 fp32 (O fragments, at most 64 at D 128, 128 at D 256)
+ *          + BLOCK_N / TPR scores per thread plus fragments in flight and two
+ *          64-bit K/V source offsets; __launch_bounds__(threads, 1) at every
+ *          D (one CTA per SM is enough to let ptxas use up to 255).
+ *          sm_90, no spills at any knob point: D 256 97-139 (fp16) and
+ *          190-224 (bf16) registers, 231-252 at BLOCK_M 64 / 4 warps (16 O
+ *          fragments, 128 fp32); D 96 94-168.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -107,7 +129,7 @@
 name = "wmma"
 description = "FlashAttention forward with nvcuda::wmma 16x16x16 (S = Q K^T and O += P V), softmax by threads over an fp32 S tile in shared memory, O fragments rescaled through per-row factor fragments"
 min_cc = 80
-head_dims = [64, 128]
+head_dims = [64, 96, 128, 256]
 
 [knobs]
 BLOCK_M = [64, 32]
@@ -126,6 +148,18 @@ smem = "ELEM_BYTES * (D + 8) * (BLOCK_M + 2 * BLOCK_N) + 4 * BLOCK_M * (BLOCK_N 
 */
 
 #include "common/optd.cuh"
+
+// common/optd.cuh's OPTD_SMEM_BYTES(ROLE, D) knows the defines of D 64 and 128 only (any
+// other D reads -1); this template also lists D 96 and 256, whose defines the renderer
+// writes too. Redefined here over this template's head dims until optd.cuh's covers them.
+#undef OPTD_SMEM_BYTES
+#define OPTD_SMEM_BYTES(ROLE, D)                                                        \
+    ((D) == 64    ? OPTD_SMEM_BYTES_##ROLE##_D64                                        \
+     : (D) == 96  ? OPTD_SMEM_BYTES_##ROLE##_D96                                        \
+     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128                                       \
+     : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256                                       \
+                  : -1)
+
 #include "common/mask.cuh"
 
 #include <mma.h>
@@ -186,7 +220,8 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     constexpr int NB = BLOCK_N / 16;           // key blocks per tile
     constexpr int CB = D / 16;                 // column blocks of O (and k-steps of Q K^T)
     constexpr int WPR = NUM_WARPS / RB;        // warps per O row block
-    constexpr int CPW = CB / WPR;              // O fragments per warp
+    constexpr int CPW = (CB + WPR - 1) / WPR;  // O fragments per warp (the last warps of a row block may own fewer)
+    constexpr bool O_EVEN = CB % WPR == 0;     // every warp owns CPW (all but D 96 at WPR 4)
     constexpr int TPR = WM_THREADS / BLOCK_M;  // softmax lanes per row
     constexpr int CPT = BLOCK_N / TPR;         // softmax columns per lane
     constexpr int FPT = F_LD / TPR;            // factor copies written per lane
@@ -199,15 +234,19 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     constexpr int SMEM_BYTES = OFF_F + BLOCK_M * F_LD * 4;
     OPTD_CHECK_SMEM(FWD, D, SMEM_BYTES);
 
-    constexpr int Q_ITERS = BLOCK_M * CH / WM_THREADS;
-    constexpr int KV_ITERS = BLOCK_N * CH / WM_THREADS;
+    // Q and K/V copies: 16-byte chunks over the threads. When whole key rows split evenly
+    // over the threads (CH = 8, 16, 32: D 64, 128, 256) each thread copies the same chunk
+    // of rows kj, kj + KV_RPI, ... of every K/V tile from offsets computed once; D 96's 12
+    // chunks a row do not divide 128 or 256 threads, and its copies walk the tile's chunks
+    // flat (chunk c = tid + i * threads, the last step guarded where it is partial).
+    constexpr bool KV_EVEN = WM_THREADS % CH == 0 && BLOCK_N % (WM_THREADS / CH) == 0;
+    constexpr int Q_ITERS = (BLOCK_M * CH + WM_THREADS - 1) / WM_THREADS;
+    constexpr int KV_ITERS = (BLOCK_N * CH + WM_THREADS - 1) / WM_THREADS;
 
     static_assert(sizeof(elem_t) == 2, "elem_t is a 16-bit type (ELEM_BYTES = 2)");
-    static_assert(WPR >= 1 && CB % WPR == 0, "O column blocks must split evenly over a row block's warps");
+    static_assert(WPR >= 1 && WPR <= CB, "every warp of a row block owns an O column block");
     static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "softmax lanes per row: a power of two <= 32");
     static_assert(BLOCK_N % TPR == 0 && F_LD % TPR == 0, "softmax columns must split evenly over a row's lanes");
-    static_assert(BLOCK_M * CH % WM_THREADS == 0 && Q_ITERS >= 1, "Q chunks must split evenly over the threads");
-    static_assert(BLOCK_N * CH % WM_THREADS == 0 && KV_ITERS >= 1, "K/V chunks must split evenly over the threads");
     static_assert(QK_LD % 8 == 0 && P_LD % 8 == 0 && S_LD % 4 == 0 && ST_LD % 4 == 0 && F_LD % 4 == 0,
                   "WMMA ldm: a multiple of 8 halves / 4 floats");
     static_assert(OFF_K % 32 == 0 && OFF_V % 32 == 0 && OFF_S % 32 == 0 && OFF_P % 32 == 0 && OFF_F % 32 == 0,
@@ -244,8 +283,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     // (kv0 + i * KV_RPI) row strides.
     constexpr int KV_RPI = WM_THREADS / CH;
     const int kj = tid / CH, kc = tid % CH;
-    static_assert(WM_THREADS % CH == 0 && BLOCK_N % KV_RPI == 0 && KV_ITERS == BLOCK_N / KV_RPI,
-                  "K/V chunks: whole rows per step");
+    static_assert(!KV_EVEN || KV_ITERS == BLOCK_N / KV_RPI, "K/V chunks: whole rows per step");
     const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
     const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
     const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
@@ -260,6 +298,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
 #pragma unroll
         for (int i = 0; i < Q_ITERS; ++i) {
             const int c = tid + i * WM_THREADS;
+            if (BLOCK_M * CH % WM_THREADS != 0 && c >= BLOCK_M * CH) break;  // D 96: a partial last step
             const int r = c / CH, ch = c % CH;
             uint4 val = make_uint4(0u, 0u, 0u, 0u);
             if (m0 + r < seq_q) val = *reinterpret_cast<const uint4*>(qh + (m0 + r) * strides.q_s + ch * 8);
@@ -289,16 +328,32 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
 
         // 1. K, V tiles (keys >= SK zero-filled).
         __syncthreads();  // the previous tile's K, V, S, P, F are no longer read
+        if constexpr (KV_EVEN) {
 #pragma unroll
-        for (int i = 0; i < KV_ITERS; ++i) {
-            const int r = kj + i * KV_RPI;
-            uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
-            if (kv0 + r < seq_k) {
-                kraw = *reinterpret_cast<const uint4*>(kh + (kv0 + i * KV_RPI) * strides.k_s + koff);
-                vraw = *reinterpret_cast<const uint4*>(vh + (kv0 + i * KV_RPI) * strides.v_s + voff);
+            for (int i = 0; i < KV_ITERS; ++i) {
+                const int r = kj + i * KV_RPI;
+                uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
+                if (kv0 + r < seq_k) {
+                    kraw = *reinterpret_cast<const uint4*>(kh + (kv0 + i * KV_RPI) * strides.k_s + koff);
+                    vraw = *reinterpret_cast<const uint4*>(vh + (kv0 + i * KV_RPI) * strides.v_s + voff);
+                }
+                *reinterpret_cast<uint4*>(k_s + r * QK_LD + kc * 8) = kraw;
+                *reinterpret_cast<uint4*>(v_s + r * QK_LD + kc * 8) = vraw;
             }
-            *reinterpret_cast<uint4*>(k_s + r * QK_LD + kc * 8) = kraw;
-            *reinterpret_cast<uint4*>(v_s + r * QK_LD + kc * 8) = vraw;
+        } else {
+#pragma unroll
+            for (int i = 0; i < KV_ITERS; ++i) {
+                const int c = tid + i * WM_THREADS;
+                if (BLOCK_N * CH % WM_THREADS != 0 && c >= BLOCK_N * CH) break;  // a partial last step
+                const int r = c / CH, ch = c % CH;
+                uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = kraw;
+                if (kv0 + r < seq_k) {
+                    kraw = *reinterpret_cast<const uint4*>(kh + (kv0 + r) * strides.k_s + ch * 8);
+                    vraw = *reinterpret_cast<const uint4*>(vh + (kv0 + r) * strides.v_s + ch * 8);
+                }
+                *reinterpret_cast<uint4*>(k_s + r * QK_LD + ch * 8) = kraw;
+                *reinterpret_cast<uint4*>(v_s + r * QK_LD + ch * 8) = vraw;
+            }
         }
         __syncthreads();  // K, V (and Q on the first tile) are visible
 
@@ -373,6 +428,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
                 wm::load_matrix_sync(pa, p_s + prb * 16 * P_LD + kk * 16, P_LD);
 #pragma unroll
                 for (int i = 0; i < CPW; ++i) {
+                    if (!O_EVEN && pcb0 + i >= CB) break;  // warp-uniform: a warp owning fewer
                     wm_frag_v vb;
                     wm::load_matrix_sync(vb, v_s + kk * 16 * QK_LD + (pcb0 + i) * 16, QK_LD);
                     wm::mma_sync(o_acc[i], pa, vb, o_acc[i]);
@@ -402,6 +458,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, h) + row * strides.o_s + pcb0 * 16 + hc;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
+        if (!O_EVEN && pcb0 + i >= CB) break;  // warp-uniform: a warp owning fewer
 #pragma unroll
         for (int e = 0; e < fc.num_elements; ++e) o_acc[i].x[e] *= fc.x[e];
         wm::store_matrix_sync(st, o_acc[i], ST_LD, wm::mem_row_major);
@@ -423,9 +480,23 @@ extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d64(OPTD_AR
 }
 #endif
 
+#if OPTD_BUILD_D96
+extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d96(OPTD_ARGS) {
+    wmma_fwd<96>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
 #if OPTD_BUILD_D128
 extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
     wmma_fwd<128>(OPTD_ARG_NAMES);
+    OPTD_CTA_DONE();
+}
+#endif
+
+#if OPTD_BUILD_D256
+extern "C" __global__ void __launch_bounds__(WM_THREADS, 1) optd_fwd_d256(OPTD_ARGS) {
+    wmma_fwd<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

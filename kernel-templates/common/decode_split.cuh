@@ -50,6 +50,32 @@
  * is still arriving, and only P V follows the last byte.
  * K_FIRST = 0: each thread's K and V copies interleave in one group per tile.
  *
+ * Head dims: any multiple of 32 (the project's 64, 96, 128, 256). The k-steps
+ * of Q K^T and the n-tiles of O come in pairs of 16 columns (one ldmatrix.x4
+ * covers two 16-byte chunks), and the XOR swizzle below permutes a row's
+ * 16-byte chunks within aligned groups: of 8 where a row is a whole number of
+ * 128-byte lines (D % 64 == 0), of 4 where it is not (D 96: 12 chunks, 192
+ * bytes; D % 64 == 32 in general). What differs per head dim:
+ *   - swizzle: chunk c of row r at c ^ (r % 8) (D % 64 == 0), at
+ *     c ^ ((r / 2) % 4) (D 96: rows alternate between the two halves of the
+ *     banks, since 192 = 1.5 x 128 bytes, so the pairs of rows take the four
+ *     chunk permutations of a group and the 8 rows of an ldmatrix phase hit 8
+ *     distinct 16-byte bank groups); a lane's ldmatrix address of chunk pair p is
+ *     a XOR of p at D % 64 == 0 and one of two bases plus 32 p at D 96 (the row
+ *     stride 192 has bits where the pair index would be XORed: DecLaneOff).
+ *   - K/V copies: a thread copies DecCopy<D>::CPT chunks of a row, TPR chunks
+ *     apart, TPR threads per row: one chunk column (TPR = CH) up to D 128 as
+ *     before; D 256: TPR 8, 4 chunks 128 bytes apart (a warp copies 4 whole
+ *     512-byte rows per instruction, and 32 rows of a tile need one 64-bit step
+ *     of the source pointer per row, not per chunk); D 96: TPR 4, 3 chunks 64
+ *     bytes apart (12 chunks do not divide 32 threads). The swizzle leaves the
+ *     chunks of one thread TPR * 16 bytes apart in every row.
+ *   - Q fragments: held in registers (D / 4 b32) for D <= 128; at D 256 they
+ *     would be 64 registers next to O's 128 fp32 accumulators and the S tile,
+ *     so each k-step's fragment is loaded again from the Q tile (still there
+ *     until the merge) by one ldmatrix.x4 per k-step and tile, next to the
+ *     NT / 2 of K.
+ *
  * Expects the including template to define the knobs BLOCK_N, NUM_WARPS,
  * STAGES, WARP_LOADS, M_TILES and K_FIRST and to launch NUM_WARPS * 32 threads
  * with DecSmem<D>::BYTES of dynamic shared memory.
@@ -101,6 +127,18 @@
 #error "NUM_WARPS must be in 1..16"
 #endif
 
+// OPTD_CHECK_SMEM for every head dim these templates list. common/optd.cuh's
+// OPTD_SMEM_BYTES(ROLE, D) names the defines of D 64 and 128 only (it is shared with
+// templates that list just those two, and naming a define the renderer did not write
+// would not compile); decode.cu and decode_cluster.cu list all four (spec `head_dims`),
+// so all four OPTD_SMEM_BYTES_<ROLE>_D<d> exist here. Without this, D 96 and 256 would
+// be checked against -1 and fail to compile.
+#undef OPTD_SMEM_BYTES
+#define OPTD_SMEM_BYTES(ROLE, D)                                                                  \
+    ((D) == 64 ? OPTD_SMEM_BYTES_##ROLE##_D64 : (D) == 96 ? OPTD_SMEM_BYTES_##ROLE##_D96        \
+     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128 : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256 \
+                  : -1)
+
 #define DEC_ROWS 16                          // packed query rows of a warp: one m16 tile
 #define DEC_CTA_ROWS (DEC_ROWS * M_TILES)    // packed query rows of a CTA
 #define DEC_KEY_WARPS (NUM_WARPS / M_TILES)  // warps per row tile, each on its keys
@@ -137,12 +175,54 @@ __device__ __forceinline__ void dec_mma16816(float (&c)[4], const unsigned (&a)[
 }
 
 // Byte offset of 16-byte chunk `chunk` of tile row `row`: rows of D elements,
-// chunk c stored at c ^ (row % 8), so the 8 row addresses of every ldmatrix
-// phase and of the cp.async writes hit 8 distinct 16-byte bank groups.
+// chunk c stored at c ^ (row % 8) (D % 64 == 0) or c ^ ((row / 2) % 4) (D % 64 == 32:
+// a 4-chunk group, so that chunk 8..11 of D 96's 12 stays in the row), so the 8 row
+// addresses of every ldmatrix phase and of the cp.async writes hit 8 distinct 16-byte
+// bank groups (D 96: row r starts at 16-byte bank group 4 (r % 2), and rows 2i, 2i + 1
+// take permutation i of the group).
 template <int D>
 __device__ __forceinline__ unsigned dec_tile_off(int row, int chunk) {
-    return static_cast<unsigned>(row * (2 * D) + ((chunk ^ (row & 7)) << 4));
+    if constexpr (D % 64 == 0)
+        return static_cast<unsigned>(row * (2 * D) + ((chunk ^ (row & 7)) << 4));
+    else
+        return static_cast<unsigned>(row * (2 * D) + ((chunk ^ ((row >> 1) & 3)) << 4));
 }
+
+// A lane's ldmatrix byte offset of chunk pair p (chunks 2p, 2p + 1: k-step p of Q or
+// K, n-tile pair p of V) in a block of rows starting at a multiple of 8: constructed
+// from base (bytes before the block's row 0, a multiple of 16 rows) + tile_off(row, x),
+// x the lane's chunk of the pair (0 or 1).
+// D % 64 == 0: tile_off(row, 2p + x) = tile_off(row, x) ^ (p << 5) (the row stride is a
+// multiple of 128 bytes, so the XOR touches only the chunk bits).
+// D % 64 == 32 (D 96): with s = (row / 2) % 4 = 2 s1 + s0, (2p + x) ^ s = 2 (p ^ s1) + (x ^ s0)
+// and p ^ s1 = p + s1 (p even) or p - s1 (p odd): the pair-0 offset, or that minus 64 s1,
+// plus 32 p (a constant of the unrolled loops).
+template <int D>
+struct DecLaneOff {
+    unsigned even, odd;
+    __device__ __forceinline__ DecLaneOff(unsigned base, int row, int x) {
+        even = base + dec_tile_off<D>(row, x);
+        odd = even;
+        if constexpr (D % 64 != 0) odd -= (unsigned)((row >> 2) & 1) << 6;
+    }
+    __device__ __forceinline__ unsigned at(int p) const {
+        if constexpr (D % 64 == 0) return even ^ (unsigned)(p << 5);
+        else return ((p & 1) ? odd : even) + (unsigned)(p << 5);
+    }
+};
+
+// K/V copies: TPR threads per row, each copying CPT 16-byte chunks of it, TPR chunks
+// apart (chunk ld_ch + j TPR, j < CPT). The swizzle maps them to tile_off(row, ld_ch)
+// + 16 TPR j: it permutes within groups of 8 (or 4) chunks and TPR is a multiple of that.
+// Up to D 128, one chunk column per thread (TPR = CH, CPT = 1); D 256: 8 threads of 4
+// chunks; D 96 (12 chunks, not a divisor of a warp): 4 threads of 3.
+template <int D>
+struct DecCopy {
+    static constexpr int CH = D / 8;
+    static constexpr int TPR = (D % 64 != 0) ? 4 : (CH > 16 ? 8 : CH);
+    static constexpr int CPT = CH / TPR;
+    static_assert(CH % TPR == 0 && TPR % ((D % 64 == 0) ? 8 : 4) == 0, "a thread's chunks keep their distance under the swizzle");
+};
 
 // Dynamic shared memory (bytes from the base): the packed Q rows, then the K
 // and V rings; after the key loop the merge puts the warps' row maxima and
@@ -191,7 +271,9 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
                                                   int seq_k, float softmax_scale, int causal,
                                                   const optd_strides& strides, int t_begin, int t_end,
                                                   AfterFirstIssue after_first_issue) {
-    static_assert(D % 64 == 0, "D must be 64 or 128 (8 or 16 chunks, the swizzle permutes 8)");
+    static_assert(D % 32 == 0 && D >= 32,
+                  "D must be a multiple of 32: k-steps and O's n-tiles go in pairs of 16 columns (ldmatrix.x4), "
+                  "and the swizzle permutes a row's 16-byte chunks in groups of 8 (D % 64 == 0) or 4 (D % 64 == 32)");
     using L = DecSmem<D>;
     constexpr int CH = D / 8;        // 16-byte chunks per row
     constexpr int ROW_BYTES = L::ROW_BYTES;
@@ -199,13 +281,18 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     constexpr int KSTEPS = D / 16;   // k-steps of S = Q K^T
     constexpr int NT = BLOCK_N / 8;  // n8 tiles of S per warp
     constexpr int DT = D / 8;        // n8 tiles of O
+    // Q's A fragments stay in registers (KSTEPS x 4 b32) up to D 128; at D 256 they are
+    // loaded again per k-step and tile (see the header: the O accumulators need the room).
+    constexpr bool Q_REGS = KSTEPS <= 8;
     constexpr int Q_ITERS = (DEC_CTA_ROWS * CH + DEC_THREADS - 1) / DEC_THREADS;
     // WARP_LOADS: the copying threads are the lanes of a key slice's M_TILES warps
     // and its BLOCK_N rows.
     constexpr int LD_THREADS = WARP_LOADS ? 32 * M_TILES : DEC_THREADS;
     constexpr int LD_ROWS = WARP_LOADS ? BLOCK_N : DEC_TILE_N;
-    static_assert(LD_THREADS % CH == 0, "a thread copies one chunk column of the K/V rows");
-    constexpr int KV_RSTEP = LD_THREADS / CH;  // rows between a thread's copies
+    constexpr int TPR = DecCopy<D>::TPR;  // threads per K/V row (CH up to D 128)
+    constexpr int CPT = DecCopy<D>::CPT;  // chunks a thread copies per row (1 up to D 128)
+    static_assert(LD_THREADS % TPR == 0, "a thread copies the same chunks of every row it copies");
+    constexpr int KV_RSTEP = LD_THREADS / TPR;  // rows between a thread's copies
     static_assert(LD_ROWS % KV_RSTEP == 0, "K/V tile chunks must split evenly over the threads");
     constexpr int KV_ITERS = LD_ROWS / KV_RSTEP;
 
@@ -258,12 +345,12 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     };
 
     // K/V tile t -> ring slot (t - t_begin) % STAGES, keys >= SK zero-filled.
-    // Copy i of a thread is chunk ld_ch of tile row ld_row + i * KV_RSTEP: CTA-wide,
-    // ld_row = tid / CH; WARP_LOADS, within the key slice's rows kw * BLOCK_N + ...
+    // Copy (i, j) of a thread is chunk ld_ch + j * TPR of tile row ld_row + i * KV_RSTEP:
+    // CTA-wide, ld_row = tid / TPR; WARP_LOADS, within the key slice's rows kw * BLOCK_N + ...
     // (warps kw * M_TILES .. + M_TILES - 1 copy them, lanes wrt * 32 + lane).
     const int ld_tid = WARP_LOADS ? wrt * 32 + lane : tid;
-    const int ld_row = (WARP_LOADS ? kw * BLOCK_N : 0) + ld_tid / CH;
-    const int ld_ch = ld_tid % CH;
+    const int ld_row = (WARP_LOADS ? kw * BLOCK_N : 0) + ld_tid / TPR;
+    const int ld_ch = ld_tid % TPR;
     const long long k_row = strides.k_s, v_row = strides.v_s;
     const elem_t* k_thr = kh + (long long)ld_row * k_row + ld_ch * 8;
     const elem_t* v_thr = vh + (long long)ld_row * v_row + ld_ch * 8;
@@ -294,8 +381,11 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
                 // KV_RSTEP is a multiple of 8 rows where the swizzle repeats: a constant offset.
                 const unsigned dst = (KV_RSTEP % 8 == 0) ? dst0 + (unsigned)(i * KV_RSTEP * ROW_BYTES)
                                                          : slot + dec_tile_off<D>(ld_row + i * KV_RSTEP, ld_ch);
-                if (parts & 1) cp_async16_full(s_k + dst, ks);
-                if (parts & 2) cp_async16_full(s_v + dst, vs);
+#pragma unroll
+                for (int j = 0; j < CPT; ++j) {
+                    if (parts & 1) cp_async16_full(s_k + dst + (unsigned)(j * TPR * 16), ks + j * TPR * 8);
+                    if (parts & 2) cp_async16_full(s_v + dst + (unsigned)(j * TPR * 16), vs + j * TPR * 8);
+                }
                 ks += k_rstep;
                 vs += v_rstep;
             }
@@ -306,8 +396,13 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         for (int i = 0; i < KV_ITERS; ++i) {
             const bool ok = i * KV_RSTEP < rows_left;
             const unsigned dst = slot + dec_tile_off<D>(ld_row + i * KV_RSTEP, ld_ch);
-            if (parts & 1) cp_async16(s_k + dst, ok ? ks + (long long)i * KV_RSTEP * k_row : kh, ok);
-            if (parts & 2) cp_async16(s_v + dst, ok ? vs + (long long)i * KV_RSTEP * v_row : vh, ok);
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+                if (parts & 1)
+                    cp_async16(s_k + dst + (unsigned)(j * TPR * 16), ok ? ks + (long long)i * KV_RSTEP * k_row + j * TPR * 8 : kh, ok);
+                if (parts & 2)
+                    cp_async16(s_v + dst + (unsigned)(j * TPR * 16), ok ? vs + (long long)i * KV_RSTEP * v_row + j * TPR * 8 : vh, ok);
+            }
         }
     };
     // Tile t's copies: one cp.async group (K_FIRST 0), or K's group then V's (K_FIRST 1).
@@ -351,14 +446,16 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     __syncthreads();  // Q is every thread's copies (and, CTA-wide, so is tile 0, or its K)
 
     // Per-lane ldmatrix offsets; every matrix starts at a row that is a multiple
-    // of 8, so for an even chunk 2c: tile_off(row, 2c + x) = tile_off(row, x) ^ (c << 5).
+    // of 8, so chunk pair p's offset follows from pair 0's (DecLaneOff::at).
     // The warp's Q rows start at row wrow0 (a multiple of 16: the swizzle is the same).
-    const unsigned q_lane = (unsigned)(wrow0 * ROW_BYTES) + dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
-    const unsigned k_lane = dec_tile_off<D>((mi >> 1) * 8 + lr, mi & 1);
-    const unsigned v_lane = dec_tile_off<D>((mi & 1) * 8 + lr, mi >> 1);
-    unsigned qf[KSTEPS][4];
+    const DecLaneOff<D> q_lane((unsigned)(wrow0 * ROW_BYTES), (mi & 1) * 8 + lr, mi >> 1);
+    const DecLaneOff<D> k_lane(0u, (mi >> 1) * 8 + lr, mi & 1);
+    const DecLaneOff<D> v_lane(0u, (mi & 1) * 8 + lr, mi >> 1);
+    unsigned qf[Q_REGS ? KSTEPS : 1][4];
+    if constexpr (Q_REGS) {
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) dec_ldmatrix_x4(qf[kk], s_q + (q_lane ^ (unsigned)(kk << 5)));
+        for (int kk = 0; kk < KSTEPS; ++kk) dec_ldmatrix_x4(qf[kk], s_q + q_lane.at(kk));
+    }
 
     float acc[DT][4];
 #pragma unroll
@@ -414,16 +511,26 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
                 s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
                 s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
             }
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; ++kk) {
+            // k-step kk with Q's A fragment qa.
+            auto qk_step = [&](int kk, const unsigned(&qa)[4]) {
 #pragma unroll
                 for (int j2 = 0; j2 < NT / 2; ++j2) {
                     unsigned bf[4];
-                    dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + (k_lane ^ (unsigned)(kk << 5)));
+                    dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + k_lane.at(kk));
                     float(&a0)[4] = (kk & 1) ? s2[2 * j2] : s[2 * j2];
                     float(&a1)[4] = (kk & 1) ? s2[2 * j2 + 1] : s[2 * j2 + 1];
-                    dec_mma16816(a0, qf[kk], bf[0], bf[1]);
-                    dec_mma16816(a1, qf[kk], bf[2], bf[3]);
+                    dec_mma16816(a0, qa, bf[0], bf[1]);
+                    dec_mma16816(a1, qa, bf[2], bf[3]);
+                }
+            };
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                if constexpr (Q_REGS) {
+                    qk_step(kk, qf[kk]);
+                } else {
+                    unsigned qa[4];
+                    dec_ldmatrix_x4(qa, s_q + q_lane.at(kk));
+                    qk_step(kk, qa);
                 }
             }
 #pragma unroll
@@ -469,7 +576,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 #pragma unroll
             for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
                 unsigned bf[4];
-                dec_ldmatrix_x4_trans(bf, vb + kk2 * 16 * ROW_BYTES + (v_lane ^ (unsigned)(dj2 << 5)));
+                dec_ldmatrix_x4_trans(bf, vb + kk2 * 16 * ROW_BYTES + v_lane.at(dj2));
                 dec_mma16816(acc[2 * dj2], a, bf[0], bf[1]);
                 dec_mma16816(acc[2 * dj2 + 1], a, bf[2], bf[3]);
             }

@@ -18,7 +18,9 @@
  * rows (flat index r = (b * HQ + h) * SQ + i):
  *   m = max_z lse_z,  w_z = exp(lse_z - m),  O = sum_z w_z O_z / sum_z w_z
  * and writes row i of head (b, h) of O through strides.o (any layout or view).
- * Lane l owns dims 2l + 64i, 2l + 64i + 1; an empty split (w = 0) is never
+ * Lane l owns dims 2l + 64i, 2l + 64i + 1 (i < D / 64: D / 32 dims, 2 to 8 fp32
+ * accumulators at D 64 to 256; any D that is a multiple of 64, the head dims
+ * 64, 128 and 256 of kv-split and memory, not 96); an empty split (w = 0) is never
  * read. CTAs: cdiv(B * HQ * SQ, OPTD_COMBINE_ROWS) x 1 x 1, 32 *
  * OPTD_COMBINE_ROWS threads, no shared memory (launch role `combine`, smem
  * "0", checked by OPTD_CHECK_SMEM).
@@ -43,7 +45,7 @@ template <int D>
 __device__ __forceinline__ void optd_split_combine(OPTD_ARGS) {
     OPTD_CHECK_SMEM(COMBINE, D, 0);  // the templates launch it as role `combine` with smem "0"
     static_assert(D % 64 == 0, "lanes own pairs of dims, 64 dims per step");
-    constexpr int DP = D / 64;
+    constexpr int DP = D / 64;  // float2 accumulators per lane (1, 2, 4 at D 64, 128, 256)
     (void)q;
     (void)k;
     (void)v;
