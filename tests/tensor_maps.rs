@@ -282,7 +282,9 @@ fn the_gate_names_the_template_the_map_and_the_fix() {
     for want in ["b1h1s1024d64", "hopper-synthetic", "tensor_map[1] (k", "box_rows \"BLOCK_N\" = 512", "1..=256", "fix:"] {
         assert!(err.0.contains(want), "missing {want:?}: {}", err.0);
     }
-    // D 96: not whole 64-element panels for the 128-byte swizzle of q.
+    // D 96 (a head dim the template lists here): not whole 64-element panels for the
+    // 128-byte swizzle of q.
+    let t = Template::parse("hopper.cu", spec("arch_specific = true\nhead_dims = [64, 96, 128]", MAPS)).unwrap();
     let err = gate::check(&t, &t.default_params(), &[shape(1, 1, 64, 96)], &common::h100(), "1").unwrap_err();
     for want in ["b1h1s64d96", "hopper-synthetic", "tensor_map[0] (q", "D = 96", "D % 64"] {
         assert!(err.0.contains(want), "missing {want:?}: {}", err.0);

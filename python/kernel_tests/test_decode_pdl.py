@@ -49,12 +49,16 @@ class DecodePdlTest(unittest.TestCase):
             self.assertEqual(DC.build_cubins(tmp, [(t, k) for _, _, t, k in P.POINTS]), 0)
             cubins = sorted(Path(tmp).glob("*.cubin"))
             self.assertEqual(len(cubins), len(P.POINTS))
+            templates = {t.rel: t for _, _, t, _ in P.POINTS}
             for cubin in cubins:
                 sass = sls.disassemble(cubin.read_bytes())
                 parts = re.split(r"\n\s*\.text\.(\w+):", sass)[1:]
                 kernels = dict(zip(parts[0::2], parts[1::2]))
-                fwd = 4 if any(k.startswith("optd_combine") for k in kernels) else 2
-                self.assertEqual(len(kernels), fwd, f"{cubin.name}: kernels {sorted(kernels)}")
+                # One kernel per role and head dim the templates list (decode.cu: fwd and combine).
+                roles = 2 if any(k.startswith("optd_combine") for k in kernels) else 1
+                dims = {len(t.head_dims) for t in templates.values()}
+                self.assertEqual(len(dims), 1, f"the points' templates list different head dims: {templates}")
+                self.assertEqual(len(kernels), roles * dims.pop(), f"{cubin.name}: kernels {sorted(kernels)}")
                 self.assertTrue(any(k.startswith("optd_fwd") for k in kernels), f"{cubin.name}: no forward kernel")
                 for name, body in kernels.items():
                     with self.subTest(cubin=cubin.name, kernel=name):
