@@ -118,16 +118,6 @@ smem = "0"
 
 #include "common/optd.cuh"
 
-// common/optd.cuh's OPTD_SMEM_BYTES(ROLE, D) knows the defines of D 64 and 128 only (any
-// other D reads -1); this template also lists D 256, whose defines the renderer writes
-// too. Redefined here over this template's head dims until optd.cuh's covers D 256.
-#undef OPTD_SMEM_BYTES
-#define OPTD_SMEM_BYTES(ROLE, D)                                                        \
-    ((D) == 64    ? OPTD_SMEM_BYTES_##ROLE##_D64                                        \
-     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128                                       \
-     : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256                                       \
-                  : -1)
-
 #include "common/online_softmax.cuh"
 #include "common/mask.cuh"
 #include "common/split_combine.cuh"

@@ -115,7 +115,10 @@
  *          1), as kv-split, so that ptxas keeps the accumulators of BLOCK_M
  *          64 / 4 warps in registers, except D 64 at 128 threads: 3 CTAs per
  *          SM, at most 168 registers (see the kernels at the end).
- *          D 256: REGS_D256
+ *          D 256 (sm_90): R = 2 / 4 / 8 rows take 90-128 / 120-168 /
+ *          172-219 registers, no spills; R = 16 (BLOCK_M 64, 4 warps: 128
+ *          fp32 of accumulators alone) reaches 254-255, and its swizzled
+ *          builds spill (24-400 bytes of spill traffic, most with CP_ASYNC).
  * Head dims: 64, 128, 256 (D a multiple of 64: lanes own pairs of dims, 64
  *          dims per step, and the K swizzle permutes 8 of the D / 8 chunks).
  *          Not 96. D 256 is Gemma 2/3's; there, one-element copies (VEC_LOADS
@@ -165,16 +168,6 @@ smem = "0"
 */
 
 #include "common/optd.cuh"
-
-// common/optd.cuh's OPTD_SMEM_BYTES(ROLE, D) knows the defines of D 64 and 128 only (any
-// other D reads -1); this template also lists D 256, whose defines the renderer writes
-// too. Redefined here over this template's head dims until optd.cuh's covers D 256.
-#undef OPTD_SMEM_BYTES
-#define OPTD_SMEM_BYTES(ROLE, D)                                                        \
-    ((D) == 64    ? OPTD_SMEM_BYTES_##ROLE##_D64                                        \
-     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128                                       \
-     : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256                                       \
-                  : -1)
 
 #include "common/async_copy.cuh"
 #include "common/online_softmax.cuh"

@@ -112,8 +112,7 @@
  *          R * BLOCK_M + max(R * 2 * STAGES * KV_WARPS * BLOCK_N,
  *                            (NUM_WARPS - NUM_WARPS / KV_WARPS) * WR * (D + 8) * 4)
  *          (FaSmem<D>::BYTES, checked against the spec's smem formula at
- *          compile time by OPTD_CHECK_SMEM, at D 96 and 256 by
- *          FA_CHECK_SMEM_FWD),
+ *          compile time by OPTD_CHECK_SMEM),
  *          i.e. the Q tile plus STAGES K and V tiles, or plus the fp32 O rows
  *          the merge of KV_WARPS > 1 exchanges where they are larger than the
  *          ring (only BLOCK_N 32, 8 warps, 2 stages, swizzled, KV_WARPS 2,
@@ -215,15 +214,6 @@ smem = "row_bytes * block_m + max(row_bytes * 2 * STAGES * KV_WARPS * BLOCK_N, (
 #if WARP_ROWS != 16 && WARP_ROWS != 32
 #error "WARP_ROWS must be 16 or 32 (one or two m16 tiles per warp)"
 #endif
-
-// The shared-memory check of head dims 96 and 256. common/optd.cuh's
-// OPTD_SMEM_BYTES(ROLE, D) reads the defines of D 64 and 128 only (-1 for the
-// others, which no layout equals), so OPTD_CHECK_SMEM serves those two and this
-// the others, through the same optd_smem_check (and its message).
-#define FA_CHECK_SMEM_FWD(D, BYTES)                                                                     \
-    static_assert(sizeof(optd_smem_check<(BYTES), (D) == 96 ? OPTD_SMEM_BYTES_FWD_D96 : (D) == 256      \
-                                                         ? OPTD_SMEM_BYTES_FWD_D256 : -1>) > 0,       \
-                  "see optd_smem_check")
 
 #define FA_ROW_GROUPS (NUM_WARPS / KV_WARPS)  // row groups per CTA (KV_WARPS warps each)
 #define FA_TILE_N (KV_WARPS * BLOCK_N)        // keys per CTA tile (all warps of a group)
@@ -482,11 +472,7 @@ template <int D>
 __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     static_assert(D % 16 == 0, "D must be a multiple of 16");
     using L = FaSmem<D>;
-    if constexpr (D == 64 || D == 128) {
-        OPTD_CHECK_SMEM(FWD, D, L::BYTES);
-    } else {
-        FA_CHECK_SMEM_FWD(D, L::BYTES);
-    }
+    OPTD_CHECK_SMEM(FWD, D, L::BYTES);
     constexpr int CH = D / 8;              // 16-byte chunks per row
     constexpr int ROW_BYTES = L::ROW_BYTES;
     constexpr int KV_BYTES = L::KV_BYTES;  // one K (or V) tile

@@ -503,15 +503,10 @@ struct WtSmem {
     static_assert(Q_WG % 1024 == 0 && KV % 1024 == 0, "tiles must stay 1024-byte aligned (swizzle atoms)");
 };
 
-// The layout ends at the bytes the spec's smem formula gives the launch. common/optd.cuh's
-// OPTD_SMEM_BYTES(ROLE, D) names the defines of D 64 and 128 only: D 256's is read directly.
+// The layout ends at the bytes the spec's smem formula gives the launch.
 template <int D>
 __device__ __forceinline__ void wt_check_smem() {
-    if constexpr (D == 256) {
-        static_assert(sizeof(optd_smem_check<WtSmem<D>::BYTES, OPTD_SMEM_BYTES_FWD_D256>) > 0, "see optd_smem_check");
-    } else {
-        OPTD_CHECK_SMEM(FWD, D, WtSmem<D>::BYTES);
-    }
+    OPTD_CHECK_SMEM(FWD, D, WtSmem<D>::BYTES);
 }
 
 // A position in the K/V ring: its slot and the parity of the slot's current fill

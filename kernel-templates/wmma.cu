@@ -149,17 +149,6 @@ smem = "ELEM_BYTES * (D + 8) * (BLOCK_M + 2 * BLOCK_N) + 4 * BLOCK_M * (BLOCK_N 
 
 #include "common/optd.cuh"
 
-// common/optd.cuh's OPTD_SMEM_BYTES(ROLE, D) knows the defines of D 64 and 128 only (any
-// other D reads -1); this template also lists D 96 and 256, whose defines the renderer
-// writes too. Redefined here over this template's head dims until optd.cuh's covers them.
-#undef OPTD_SMEM_BYTES
-#define OPTD_SMEM_BYTES(ROLE, D)                                                        \
-    ((D) == 64    ? OPTD_SMEM_BYTES_##ROLE##_D64                                        \
-     : (D) == 96  ? OPTD_SMEM_BYTES_##ROLE##_D96                                        \
-     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128                                       \
-     : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256                                       \
-                  : -1)
-
 #include "common/mask.cuh"
 
 #include <mma.h>

@@ -219,7 +219,11 @@ def smem_defines(tpl: Template, knobs: dict[str, int]) -> str:
     """`#define OPTD_SMEM_BYTES_<ROLE>_D<d> bytes` per role and head dim, as the daemon's
     renderer writes them (a comment where the formula has no value per head dim)."""
     lines = []
-    for d in tpl.head_dims:
+    for d in HEAD_DIMS:
+        if d not in tpl.head_dims:  # common/optd.cuh: -1, which no layout equals
+            lines += [f"#define OPTD_SMEM_BYTES_{role.upper()}_D{d} OPTD_NOT_A_HEAD_DIM\n"
+                      for role, _ in layout_smem(tpl, knobs, d)]
+            continue
         for role, value in layout_smem(tpl, knobs, d):
             name = f"OPTD_SMEM_BYTES_{role.upper()}_D{d}"
             lines.append(f"#define {name} {value}\n" if isinstance(value, int) else f"// {name} not defined: {value}\n")

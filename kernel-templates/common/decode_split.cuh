@@ -127,18 +127,6 @@
 #error "NUM_WARPS must be in 1..16"
 #endif
 
-// OPTD_CHECK_SMEM for every head dim these templates list. common/optd.cuh's
-// OPTD_SMEM_BYTES(ROLE, D) names the defines of D 64 and 128 only (it is shared with
-// templates that list just those two, and naming a define the renderer did not write
-// would not compile); decode.cu and decode_cluster.cu list all four (spec `head_dims`),
-// so all four OPTD_SMEM_BYTES_<ROLE>_D<d> exist here. Without this, D 96 and 256 would
-// be checked against -1 and fail to compile.
-#undef OPTD_SMEM_BYTES
-#define OPTD_SMEM_BYTES(ROLE, D)                                                                  \
-    ((D) == 64 ? OPTD_SMEM_BYTES_##ROLE##_D64 : (D) == 96 ? OPTD_SMEM_BYTES_##ROLE##_D96        \
-     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128 : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256 \
-                  : -1)
-
 #define DEC_ROWS 16                          // packed query rows of a warp: one m16 tile
 #define DEC_CTA_ROWS (DEC_ROWS * M_TILES)    // packed query rows of a CTA
 #define DEC_KEY_WARPS (NUM_WARPS / M_TILES)  // warps per row tile, each on its keys

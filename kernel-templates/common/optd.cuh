@@ -159,7 +159,7 @@ __device__ __forceinline__ long long optd_head_off(long long sb, long long sh, i
 // Shared memory: one number, checked where it is used. The gate sizes a
 // launch's dynamic shared memory with the spec's `smem` formula; the renderer
 // evaluates the same formula for this knob point at each head dim and defines
-// OPTD_SMEM_BYTES_<ROLE>_D64 / _D128 (ROLE = the launch's kernel role in upper
+// OPTD_SMEM_BYTES_<ROLE>_D<d> (ROLE = the launch's kernel role in upper
 // case). A kernel states where its own layout ends,
 //     OPTD_CHECK_SMEM(FWD, D, Layout<D>::BYTES);
 // and a layout that no longer matches the formula (or the reverse) does not
@@ -174,8 +174,15 @@ struct optd_smem_check {
                   "OPTD_CHECK_SMEM: the kernel's shared-memory layout does not end at the bytes the spec's smem "
                   "formula gives its launch (optd_smem_check<layout bytes, formula bytes>)");
 };
-#define OPTD_SMEM_BYTES(ROLE, D) \
-    ((D) == 64 ? OPTD_SMEM_BYTES_##ROLE##_D64 : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128 : -1)
+// The renderer defines all four head dims' values: a head dim the template does not list
+// reads OPTD_NOT_A_HEAD_DIM, which no layout equals.
+#define OPTD_NOT_A_HEAD_DIM (-1)
+#define OPTD_SMEM_BYTES(ROLE, D)                                                        \
+    ((D) == 64    ? OPTD_SMEM_BYTES_##ROLE##_D64                                        \
+     : (D) == 96  ? OPTD_SMEM_BYTES_##ROLE##_D96                                        \
+     : (D) == 128 ? OPTD_SMEM_BYTES_##ROLE##_D128                                       \
+     : (D) == 256 ? OPTD_SMEM_BYTES_##ROLE##_D256                                       \
+                  : -1)
 // sizeof instantiates the class (and its static_assert) and emits nothing.
 #define OPTD_CHECK_SMEM(ROLE, D, BYTES) \
     static_assert(sizeof(optd_smem_check<(BYTES), OPTD_SMEM_BYTES(ROLE, D)>) > 0, "see optd_smem_check")

@@ -13,6 +13,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::spec::assets;
+use crate::spec::config::HEAD_DIMS;
 use crate::spec::protocol::DType;
 use crate::spec::template::{Params, Template, TemplateError};
 
@@ -46,11 +47,19 @@ pub fn render(template: &Template, params: &Params, dtype: DType, templates_dir:
 }
 
 /// `#define OPTD_SMEM_BYTES_<ROLE>_D<d> <bytes>` per launch role and head dim of the
-/// template (its `head_dims`); where the
-/// formula has no value per head dim (it reads the shape or the device), a comment saying
-/// why instead, so that a template checking that launch fails to compile on the name.
+/// template (its `head_dims`); where the formula has no value per head dim (it reads the
+/// shape or the device), a comment saying why instead, so that a template checking that
+/// launch fails to compile on the name. A head dim of the project the template does not
+/// list gets `OPTD_NOT_A_HEAD_DIM` (common/optd.cuh: -1, which no layout equals), so that
+/// `OPTD_SMEM_BYTES(ROLE, D)` can name all four in one expression.
 fn smem_defines(template: &Template, params: &Params, out: &mut String) {
-    for &d in &template.meta.head_dims {
+    for d in HEAD_DIMS {
+        if !template.meta.head_dims.contains(&d) {
+            for (role, _) in template.layout_smem(params, d) {
+                out.push_str(&format!("#define OPTD_SMEM_BYTES_{}_D{d} {NOT_A_HEAD_DIM}\n", role.to_ascii_uppercase()));
+            }
+            continue;
+        }
         for (role, bytes) in template.layout_smem(params, d) {
             let name = format!("OPTD_SMEM_BYTES_{}_D{d}", role.to_ascii_uppercase());
             match bytes {
@@ -60,6 +69,9 @@ fn smem_defines(template: &Template, params: &Params, out: &mut String) {
         }
     }
 }
+
+/// The value of a shared-memory define at a head dim the template is not written for.
+pub const NOT_A_HEAD_DIM: &str = "OPTD_NOT_A_HEAD_DIM";
 
 fn inline_includes(text: &str, dir: &Path, out: &mut String, depth: usize) -> Result<(), TemplateError> {
     for line in text.lines() {
@@ -178,6 +190,7 @@ mod tests {
         source
             .lines()
             .filter_map(|l| l.strip_prefix("#define OPTD_SMEM_BYTES_"))
+            .filter(|rest| !rest.ends_with(NOT_A_HEAD_DIM))
             .map(|rest| {
                 let (name, value) = rest.split_once(' ').unwrap();
                 (format!("OPTD_SMEM_BYTES_{name}"), value.trim().parse().unwrap())
@@ -238,6 +251,9 @@ mod tests {
         let t = Template::parse("t.cu", text.replace("rows * W * D", "W * D + 16").replace("name = \"t\"\n", "name = \"t\"\nhead_dims = [96, 256]\n")).unwrap();
         let src = render(&t, &p, DType::Fp16, &templates_dir()).unwrap().source;
         assert_eq!(smem_defines_of(&src), [("OPTD_SMEM_BYTES_FWD_D96".into(), 208), ("OPTD_SMEM_BYTES_FWD_D256".into(), 528)].into());
+        for d in [64, 128] {
+            assert!(src.contains(&format!("#define OPTD_SMEM_BYTES_FWD_D{d} {NOT_A_HEAD_DIM}\n")), "{src}");
+        }
     }
 
     /// A template whose layout and the gate's number disagree does not compile, and NVRTC's
