@@ -283,7 +283,9 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
         && s.spec.search != optimizerd::strategy::search::SearchKind::AgentTuning && s.template.meta.max_sq.is_none()
         && s.spec.name != "baseline")
     {
-        assert_eq!(stage.spec.shapes, "SQ > 16", "stage {}", stage.spec.name);
+        // (A stage for one head dim narrows it further: `SQ > 16 and D == 256`.)
+        let s = stage.spec.shapes.as_str();
+        assert!(s == "SQ > 16" || s.starts_with("SQ > 16 and "), "stage {}: shapes = {s:?}", stage.spec.name);
     }
 }
 
@@ -381,7 +383,8 @@ async fn a_stage_runs_on_the_head_dims_its_template_is_written_for() {
     for it in its.iter().filter(|i| i.stage == "decode") {
         let keys: Vec<String> = it.shapes.iter().map(|s| s.shape.clone()).collect();
         assert_eq!(keys, want, "iteration {}: the decode template's head dims {head_dims:?}", it.seq);
-        assert!(it.shapes.iter().all(|s| s.gated.is_none()), "{:?}", it.shapes);
+        // Gated only where a point does not fit (D 256's K/V ring at 8 warps), never for its head dim.
+        assert!(it.shapes.iter().all(|s| s.gated.as_deref().is_none_or(|g| g.contains("shared memory"))), "{:?}", it.shapes);
     }
     // A workload of only head dims the decode template is not written for skips its stage.
     let Some(other) = HEAD_DIMS.iter().find(|d| !head_dims.contains(d)) else { return };
