@@ -138,12 +138,15 @@
  * Registers: per thread D / 4 (Q fragments) + D / 2 (O) + BLOCK_N / 2 (S)
  *          fp32 / b32 values plus addressing: D 128, BLOCK_N 64: 32 + 64 + 32;
  *          __launch_bounds__(threads, 1). D 96: 24 + 48 + BLOCK_N / 2 (191
- *          registers at the default point, sm_90). D 256: Q's 64 would join
- *          O's 128 and spill (8 bytes at BLOCK_N 32, ~150 at 64), so Q is not
+ *          registers at the default point, sm_90; no point spills). D 256: Q's
+ *          64 would join O's 128 and spill (8-byte spill stores at BLOCK_N 32,
+ *          152 at 64, the other knobs at their first values, sm_90), so Q is not
  *          held but loaded again per k-step (one ldmatrix.x4 per 16 columns and
  *          tile, common/decode_split.cuh): 128 + BLOCK_N / 2, 254-255 registers
- *          and no spill at BLOCK_N 16, 32 and 64 (the other knobs at their first
- *          values; nvrtc_compile_check.py --resources for the rest).
+ *          and no spill at BLOCK_N 16, 32 and 64 there. Over all code-knob
+ *          points (sm_90, fp16) 120 of 432 still spill 8-100 bytes, 22 of the
+ *          176 that fit in shared memory at D 256 (BLOCK_N 32 with NUM_WARPS 2
+ *          or K_FIRST 1 mostly); BLOCK_N 16 never does.
  * Head dims: 64, 96, 128, 256 (common/decode_split.cuh: any multiple of 32; D 96
  *          has its own swizzle and copy layout there). The combine's lane owns
  *          D / 32 dims: 2, 4 or 8 consecutive ones (one 8-, 16- or two 16-byte

@@ -65,11 +65,14 @@
  *     stride 192 has bits where the pair index would be XORed: DecLaneOff).
  *   - K/V copies: a thread copies DecCopy<D>::CPT chunks of a row, TPR chunks
  *     apart, TPR threads per row: one chunk column (TPR = CH) up to D 128 as
- *     before; D 256: TPR 8, 4 chunks 128 bytes apart (a warp copies 4 whole
- *     512-byte rows per instruction, and 32 rows of a tile need one 64-bit step
- *     of the source pointer per row, not per chunk); D 96: TPR 4, 3 chunks 64
- *     bytes apart (12 chunks do not divide 32 threads). The swizzle leaves the
- *     chunks of one thread TPR * 16 bytes apart in every row.
+ *     before; D 256: TPR 8, 4 chunks 128 bytes apart (each copy instruction of
+ *     a warp still covers whole 128-byte lines, 4 rows of one; a thread's 4
+ *     chunks of a row share its source pointer, stepped once per row, and its
+ *     rows are 4x further apart than with 32 threads a row, so that the
+ *     constant-offset path below (KV_RSTEP % 8 == 0) holds from 64 copying
+ *     threads on); D 96: TPR 4, 3 chunks 64 bytes apart (12 chunks do not
+ *     divide 32 threads). The swizzle leaves the chunks of one thread TPR * 16
+ *     bytes apart in every row.
  *   - Q fragments: held in registers (D / 4 b32) for D <= 128; at D 256 they
  *     would be 64 registers next to O's 128 fp32 accumulators and the S tile,
  *     so each k-step's fragment is loaded again from the Q tile (still there
