@@ -62,7 +62,7 @@ const CONFIGS: &[(&str, &str)] = &[
     ("[workload]\nshapes = [{ b = 0, h = 1, s = 64, d = 64 }]\n", "workload.shapes[0].b"),
     ("[workload]\nshapes = [{ b = \"one\", h = 1, s = 64, d = 64 }]\n", "expected u32"),
     ("[workload]\nshapes = [{ b = 4294967296, h = 1, s = 64, d = 64 }]\n", "4294967296"),
-    ("[workload]\nshapes = [{ b = 1, h = 1, s = 64, d = 96 }]\n", "workload.shapes[0].d"),
+    ("[workload]\nshapes = [{ b = 1, h = 1, s = 64, d = 80 }]\n", "workload.shapes[0].d"),
     ("[workload]\nshapes = [{ b = 1, h = 1, s = 64, d = 64, causal = \"yes\" }]\n", "expected a boolean"),
     ("[workload]\nshapes = [{ b = 65536, h = 65536, s = 65536, d = 128 }]\n", "i32 indices"),
     ("[workload]\nshapes = [{ b = 1, h = 1, s = 64 }]\n", "missing field `d`"),
