@@ -261,7 +261,7 @@
 name = "wgmma-tma"
 description = "FlashAttention-3-style forward for Hopper: TMA producer warp + mbarrier ring, wgmma consumer warpgroups, setmaxnreg, ping-pong and intra-warpgroup overlap"
 min_cc = 90
-head_dims = [64, 128, 256]
+head_dims = [64, 96, 128, 256]
 arch_specific = true
 
 [knobs]
@@ -319,8 +319,8 @@ DYNAMIC = "not CAUSAL or not PERSISTENT"
 Q_STAGES = "not PERSISTENT"
 # Where the OVERLAP loop waits for the previous tile's P V: no such wait without OVERLAP.
 PV_WAIT = "not OVERLAP"
-# The D 64 OVERLAP loop with PV_WAIT rescales O on every key tile: no lazy threshold there.
-LAZY_RESCALE = "OVERLAP and PV_WAIT and D == 64"
+# The D 64 and 96 OVERLAP loop with PV_WAIT rescales O on every key tile: no lazy threshold there.
+LAZY_RESCALE = "OVERLAP and PV_WAIT and D < 128"
 
 [[launch]]
 kernel = "fwd"
@@ -331,24 +331,24 @@ smem = "(1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI
 [[tensor_map]]
 tensor = "q"
 box_rows = "64 // pack"
-box_panels = "1 if pack > 1 else D // 64"
-swizzle = 128
+box_panels = "1 if pack > 1 else D // (32 if D == 96 else 64)"
+swizzle = "64 if D == 96 else 128"
 
 [[tensor_map]]
 tensor = "k"
 box_rows = "BLOCK_N"
-swizzle = 128
+swizzle = "64 if D == 96 else 128"
 
 [[tensor_map]]
 tensor = "v"
 box_rows = "BLOCK_N"
-swizzle = 128
+swizzle = "64 if D == 96 else 128"
 
 [[tensor_map]]
 tensor = "o"
 box_rows = "64 // pack"
-box_panels = "1 if pack > 1 else D // 64"
-swizzle = 128
+box_panels = "1 if pack > 1 else D // (32 if D == 96 else 64)"
+swizzle = "64 if D == 96 else 128"
 */
 
 #include "common/optd.cuh"
@@ -445,10 +445,27 @@ swizzle = 128
 __device__ __forceinline__ int wt_pack(int g) {
     return (PACK_GQA && g >= 2 && 8 % g == 0) ? g : 1;
 }
+// The panels of a tile at head dim D: 128-byte-swizzled rows of 64 columns, or at D 96
+// (no multiple of 64) 64-byte-swizzled rows of 32 columns, three panels (the spec's maps
+// take the same swizzle). BYTES is one panel row, and the swizzle's width.
+template <int D>
+struct WtPanel {
+    static constexpr int BYTES = D % 64 == 0 ? 128 : 64;
+    static constexpr int COLS = BYTES / 2;
+    static constexpr int COUNT = D / COLS;
+    static constexpr int KSTEPS = COLS / 16;  // wgmma k-steps (16 columns) per panel
+    static_assert(D % COLS == 0, "D must be a multiple of 64, or 96 (three panels of 32 columns)");
+    // Byte offset of 16-byte chunk q (columns 8q .. 8q + 7 of a panel) in row r of a panel
+    // whose rows start at a 1024-byte-aligned address: the swizzle XORs address bits 4.. with
+    // bits 7.. (r % 8 at 128 bytes per row, (r / 2) % 4 at 64).
+    static __device__ __forceinline__ unsigned chunk_at(int r, int q) {
+        return r * BYTES + ((q ^ ((r * BYTES >> 7) & (BYTES / 16 - 1))) << 4);
+    }
+};
 // TMA loads (and stores) of Q (O) per head and consumer: unpacked, one box of 64 rows
-// spans every panel (box_panels D / 64); packed, one box of R rows per 64-column panel
+// spans every panel (box_panels: all of D's); packed, one box of R rows per panel
 // (box_panels 1), so that each panel keeps its 64 rows together.
-#define WT_PANEL_BOXES(D, P) ((P) > 1 ? (D) / 64 : 1)
+#define WT_PANEL_BOXES(D, P) ((P) > 1 ? WtPanel<D>::COUNT : 1)
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
 // The spec's smem where a knob point cannot run at a head dim (D 256 with 3 consumers: the spec's
 // regs_fit): more than any device's opt-in, so the gate refuses it with its usual reason.
@@ -501,6 +518,7 @@ struct WtSmem {
     // D 64 and 128 build every point, as before.
     static constexpr bool RUNS = D < 256 || (REGS_FIT && BYTES <= WT_SMEM_OPTIN_SM90);
     static_assert(Q_WG % 1024 == 0 && KV % 1024 == 0, "tiles must stay 1024-byte aligned (swizzle atoms)");
+    static_assert(Q_WG % (64 * WtPanel<D>::BYTES) == 0, "a consumer's Q is whole panels of 64 rows");
 };
 
 // The layout ends at the bytes the spec's smem formula gives the launch.
@@ -532,6 +550,7 @@ struct Consumer {
     float o[D / 2];
     float s[BLOCK_N / 2];
     unsigned p[PK][4];
+    using Pan = WtPanel<D>;
     static constexpr bool kLazy = LAZY_RESCALE != 0 && (D >= 128 || !(OVERLAP && PV_WAIT));
     OnlineSoftmax<2, kLazy, Exp2Approx> sm;  // rows g and g + 8
     bool rescale;  // some row of this warp moved its max in the last softmax
@@ -552,7 +571,7 @@ struct Consumer {
 
     // S = Q K^T (issue only).
     __device__ __forceinline__ void issue_qk(unsigned q_tile, unsigned k_tile) {
-        issue_qk_desc(smem_desc_kmajor(q_tile), smem_desc_kmajor(k_tile));
+        issue_qk_desc(smem_desc_kmajor<Pan::BYTES>(q_tile), smem_desc_kmajor<Pan::BYTES>(k_tile));
     }
     // The same from descriptors the caller built earlier: the OVERLAP loop builds them
     // before its ping-pong turn, so that only the GEMMs follow the turn (FA4's loop has
@@ -562,23 +581,23 @@ struct Consumer {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const unsigned off_q = (kk / 4) * 64 * 128 + (kk % 4) * 32;
-            const unsigned off_k = (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32;
+            const unsigned off_q = (kk / Pan::KSTEPS) * 64 * Pan::BYTES + (kk % Pan::KSTEPS) * 32;
+            const unsigned off_k = (kk / Pan::KSTEPS) * BLOCK_N * Pan::BYTES + (kk % Pan::KSTEPS) * 32;
             wgmma_ss<BLOCK_N>(s, desc_advance(dq, off_q), desc_advance(dk, off_k), kk > 0);
         }
         wgmma_commit();
     }
 
-    // O += P V (issue only). V's N (= D) spans D / 64 panels BLOCK_N * 128 bytes apart.
+    // O += P V (issue only). V's N (= D) spans Pan::COUNT panels BLOCK_N * Pan::BYTES bytes apart.
     __device__ __forceinline__ void issue_pv(unsigned v_tile) { issue_pv_desc(v_desc(v_tile)); }
     static __device__ __forceinline__ unsigned long long v_desc(unsigned v_tile) {
-        return smem_desc_mnmajor(v_tile, BLOCK_N * 128);
+        return smem_desc_mnmajor<Pan::BYTES>(v_tile, BLOCK_N * Pan::BYTES);
     }
     __device__ __forceinline__ void issue_pv_desc(unsigned long long dv) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < PK; ++kk)
-            wgmma_rs<D>(o, p[kk], desc_advance(dv, kk * 16 * 128));
+            wgmma_rs<D>(o, p[kk], desc_advance(dv, kk * 16 * Pan::BYTES));
         wgmma_commit();
     }
 
@@ -783,8 +802,8 @@ __device__ __forceinline__ void turn_pass(int c) {
 template <int D>
 __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* tm_q, const optd_tensor_map* tm_k,
                                               const optd_tensor_map* tm_v, const optd_tensor_map* tm_o) {
-    static_assert(D % 64 == 0, "D must be a multiple of 64 (128-byte swizzle panels)");
     using L = WtSmem<D>;
+    using Pan = WtPanel<D>;
     wt_check_smem<D>();
     constexpr int Q_WG_BYTES = L::Q_WG;  // one consumer's 64 rows
     constexpr int KV_BYTES = L::KV;      // one K or V tile
@@ -903,7 +922,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 for (int c = 0; c < CONSUMERS; ++c)  // packed: head ht P + j's R rows at row j R of each panel
                     for (int j = 0; j < P; ++j)
                         for (int pn = 0; pn < WT_PANEL_BOXES(D, P); ++pn)
-                            tma_load_5d(q_dst + c * Q_WG_BYTES + pn * 64 * 128 + j * R * 128, tm_q, qf, 0, m0 + R * c, pn,
+                            tma_load_5d(q_dst + c * Q_WG_BYTES + pn * 64 * Pan::BYTES + j * R * Pan::BYTES, tm_q, qf, 0, m0 + R * c, pn,
                                         ht * P + j, b);
                 // Key tiles [kt0, n_tiles): the whole tile's, or a stream-K piece's.
                 const bool piece = STREAM_K && w.piece >= 0;
@@ -1042,7 +1061,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             int next = kt0;
             if (OVERLAP && !split_tile && n_wg > kt0) {
                 RingPos kp = cur;  // K of tile t; cur follows V of tile t - 1
-                const unsigned long long dq = smem_desc_kmajor(q_tile);
+                const unsigned long long dq = smem_desc_kmajor<Pan::BYTES>(q_tile);
                 // Tile kt0: S only.
                 mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
                 turn_wait(c);
@@ -1057,7 +1076,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 cs.rescale_and_pack(corr);
                 // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
                 auto step = [&](int t, bool masked) {
-                    unsigned long long dk = smem_desc_kmajor(k_tile(kp)), dv = cs.v_desc(v_tile(cur));
+                    unsigned long long dk = smem_desc_kmajor<Pan::BYTES>(k_tile(kp)), dv = cs.v_desc(v_tile(cur));
                     // Materialized here: without the fence the compiler sinks the arithmetic
                     // back after the turn (the same SASS as issue_qk(q_tile, k_tile)).
                     asm volatile("" : "+l"(dk), "+l"(dv));
@@ -1124,7 +1143,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 const int step = split_tile ? CONSUMERS : 1;
                 auto tile = [&](int t, bool masked) {
                     for (; next < t; ++next) skip_tile(cur);
-                    unsigned long long dq = smem_desc_kmajor(q_tile), dk = smem_desc_kmajor(k_tile(cur));
+                    unsigned long long dq = smem_desc_kmajor<Pan::BYTES>(q_tile), dk = smem_desc_kmajor<Pan::BYTES>(k_tile(cur));
                     asm volatile("" : "+l"(dq), "+l"(dk));  // built before the turn, as in the OVERLAP loop
                     mbar_wait(k_full(cur), cur.phase ^ OPTD_FAULT_MBAR_PHASE);
                     turn_in();
@@ -1184,9 +1203,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // (rows past SQ are not written: the map's bounds). tw 0 issues the
                 // stores; its previous one must have read the buffer before it is
                 // written again. The 16-byte chunk q of row r of a 64-column panel sits
-                // at chunk q ^ (r % 8) (the map's 128-byte swizzle): for one n8 block
-                // the quad's four 4-byte stores and the warp's eight rows land in 32
-                // different banks.
+                // at chunk q ^ (r % 8) (the map's 128-byte swizzle; WtPanel::chunk_at): for
+                // one n8 block the quad's four 4-byte stores and the warp's eight rows land
+                // in 32 different banks (at D 96's 64-byte swizzle too: rows 2i and 2i + 1
+                // share an XOR pattern but sit 16 banks apart).
                 const int tw = tid & 127;
                 const unsigned buf = s_o + c * Q_WG_BYTES;
                 constexpr int EPI_BAR = CONSUMERS + 2;  // + c: ping-pong 1..C, merge C + 1
@@ -1200,7 +1220,8 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                         const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
                         for (int j = 0; j < D / 8; ++j) {
-                            const unsigned at = buf + (j / 8) * 64 * 128 + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * tq;
+                            constexpr int CH = Pan::COLS / 8;  // n8 blocks (16-byte chunks) per panel row
+                            const unsigned at = buf + (j / CH) * 64 * Pan::BYTES + Pan::chunk_at(r, j % CH) + 4 * tq;
                             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
                                          "r"(pack2(cs.o[4 * j + 2 * h] * inv, cs.o[4 * j + 2 * h + 1] * inv))
                                          : "memory");
@@ -1212,7 +1233,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 if (tw == 0 && stores && row0 < seq_q) {
                     for (int j = 0; j < P; ++j)  // packed: head ht P + j's R rows, a box per panel
                         for (int pn = 0; pn < WT_PANEL_BOXES(D, P); ++pn)
-                            tma_store_5d(tm_o, buf + pn * 64 * 128 + j * R * 128, 0, row0, pn, ht * P + j, b);
+                            tma_store_5d(tm_o, buf + pn * 64 * Pan::BYTES + j * R * Pan::BYTES, 0, row0, pn, ht * P + j, b);
                     bulk_commit();
                 }
             } else {
@@ -1278,6 +1299,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     }
 #if OPTD_BUILD_D64
 WT_KERNEL(64)
+#endif
+#if OPTD_BUILD_D96
+WT_KERNEL(96)
 #endif
 #if OPTD_BUILD_D128
 WT_KERNEL(128)

@@ -801,11 +801,12 @@ def resolve_tensor_maps(tpl: Template, shape, ctx: dict) -> list[dict]:
     for i, tm in enumerate(tpl.tensor_maps):
         rows = EVAL(str(tm["box_rows"]), ctx)
         panels = EVAL(str(tm["box_panels"]), ctx) if "box_panels" in tm else None
+        swizzle = EVAL(str(tm["swizzle"]), ctx)  # an integer, or a formula of D (wgmma_tma.cu: 64 at D 96)
         try:
-            geometry = tensor_map_geometry(shape, tm["tensor"], rows, tm["swizzle"], panels)
+            geometry = tensor_map_geometry(shape, tm["tensor"], rows, swizzle, panels)
         except ValueError as e:
             raise DoesNotFit(f"tensor_map[{i}] ({tm['tensor']}, box_rows \"{tm['box_rows']}\" = {rows}, "
-                             f"swizzle {tm['swizzle']}): {e}") from None
+                             f"swizzle {swizzle}): {e}") from None
         maps.append(dict(param_index=ABI_PARAMS + i, tensor=tm["tensor"], **geometry))
     return maps
 

@@ -153,8 +153,10 @@ def parse_spec(text: str, where: str = "<template>") -> dict:
         for key in ("box_rows", "box_panels"):
             if (key == "box_rows" or key in tm) and (not isinstance(tm.get(key), (int, str)) or isinstance(tm.get(key), bool)):
                 raise ValueError(f"{what}: {key} must be a formula string or an integer")
-        if tm.get("swizzle") not in TMA_SWIZZLES:
-            raise ValueError(f"{what}: swizzle = {tm.get('swizzle')!r} bytes; allowed: 32, 64, 128")
+        # An integer is checked here; a formula (one swizzle per head dim) per shape.
+        sw = tm.get("swizzle")
+        if not (isinstance(sw, str) or (isinstance(sw, int) and not isinstance(sw, bool) and sw in TMA_SWIZZLES)):
+            raise ValueError(f"{what}: swizzle = {sw!r} bytes; allowed: 32, 64, 128, or a formula giving one of them")
     return spec
 
 

@@ -89,11 +89,11 @@ fn device(major: u32, minor: u32) -> DeviceInfo {
 fn a_spec_declares_arch_specific_and_tensor_maps_in_parameter_order() {
     let t = hopper();
     assert!(t.meta.arch_specific);
-    let maps: Vec<(TensorName, &str, u32)> = t.tensor_maps.iter().map(|m| (m.tensor, m.box_rows.as_str(), m.swizzle)).collect();
+    let maps: Vec<(TensorName, &str, &str)> = t.tensor_maps.iter().map(|m| (m.tensor, m.box_rows.as_str(), m.swizzle.as_str())).collect();
     assert_eq!(
         maps,
-        vec![(TensorName::Q, "64", 128), (TensorName::K, "BLOCK_N", 128), (TensorName::V, "BLOCK_N // 2", 64)],
-        "an integer box_rows is read as the formula \"64\""
+        vec![(TensorName::Q, "64", "128"), (TensorName::K, "BLOCK_N", "128"), (TensorName::V, "BLOCK_N // 2", "64")],
+        "an integer box_rows or swizzle is read as the formula \"64\""
     );
     // The defaults: neither, for every template so far.
     let plain = Template::parse("plain.cu", spec("", "")).unwrap();
@@ -291,8 +291,80 @@ fn the_gate_names_the_template_the_map_and_the_fix() {
     }
 }
 
+/// A swizzle may be a formula of D: wgmma_tma.cu's maps take 64 bytes at D 96 (three panels
+/// of 32 columns; no multiple of a 128-byte swizzle's 64) and 128 elsewhere. A formula that
+/// gives a width the TMA has not is refused by the gate, naming the map and the value.
+#[test]
+fn a_swizzle_formula_is_resolved_per_head_dim() {
+    let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
+    let dev = common::h100();
+    for (d, swizzle, panels) in [(64, 128, 1), (96, 64, 3), (128, 128, 2), (256, 128, 4)] {
+        let sh = shape(1, 2, 1000, d);
+        let plan = t.plan(&t.default_params(), &sh, &dev).unwrap();
+        for m in &plan.tensor_maps {
+            assert_eq!(m.swizzle, swizzle, "D {d} {:?}", m.tensor);
+            let g = m.geometry(&sh, &c(&sh)).unwrap();
+            assert_eq!((g.dims[0], g.dims[2], g.box_dims[2]), (swizzle as u64 / 2, panels, panels as u32), "D {d} {:?}", m.tensor);
+        }
+    }
+    let bad = MAPS.replacen("swizzle = 128", "swizzle = \"48 if D == 96 else 128\"", 1);
+    let t = Template::parse("hopper.cu", spec("arch_specific = true\nhead_dims = [64, 96]", &bad)).unwrap();
+    assert!(gate::check(&t, &t.default_params(), &[shape(1, 1, 64, 64)], &common::h100(), "1").is_ok());
+    let err = gate::check(&t, &t.default_params(), &[shape(1, 1, 64, 96)], &common::h100(), "1").unwrap_err();
+    for want in ["tensor_map[0] (q", "swizzle 48", "allowed: 32, 64, 128", "fix:"] {
+        assert!(err.0.contains(want), "missing {want:?}: {}", err.0);
+    }
+    // A literal is checked when the template is read.
+    let err = parse_err("arch_specific = true", &MAPS.replacen("swizzle = 128", "swizzle = 48", 1));
+    assert!(err.contains("swizzle = 48 is not allowed"), "{err}");
+}
+
+/// The knob points that decide a template's tensor maps: every combination of the knobs its
+/// map formulas read (directly or through derived values), the others at their defaults, then
+/// every 97th point of the whole product besides. Planning all ~80k of wgmma_tma.cu's points
+/// at every head dim took CI a quarter of an hour for nothing more.
+fn map_points(t: &Template) -> Vec<Params> {
+    let idents = |e: &str| -> Vec<String> {
+        e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
+            .map(str::to_string)
+            .collect()
+    };
+    let mut todo: Vec<String> = t
+        .tensor_maps
+        .iter()
+        .flat_map(|m| [Some(&m.box_rows), m.box_panels.as_ref(), Some(&m.swizzle)].into_iter().flatten().flat_map(|f| idents(f)))
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(name) = todo.pop() {
+        if seen.insert(name.clone()) {
+            if let Some((_, expr)) = t.derived.iter().find(|(n, _)| *n == name) {
+                todo.extend(idents(expr));
+            }
+        }
+    }
+    let decides: Vec<(String, Vec<i64>)> = t.knobs.iter().filter(|(k, _)| seen.contains(k)).cloned().collect();
+    let mut points = Vec::new();
+    let mut s = Search::new(SearchKind::Exhaustive, decides, Params::new(), 100_000);
+    while let Some(p) = s.next() {
+        let mut q = t.default_params();
+        q.extend(p);
+        points.push(q);
+    }
+    let mut s = Search::new(SearchKind::Exhaustive, t.knobs.clone(), t.default_params(), 100_000);
+    let mut i = 0;
+    while let Some(p) = s.next() {
+        if i % 97 == 0 {
+            points.push(p);
+        }
+        i += 1;
+    }
+    points
+}
+
 /// Every shipped template with tensor maps (wgmma_tma.cu, the probe) gives encodable
-/// maps for every knob combination at D 64 and D 128, on the device it targets.
+/// maps for every point that decides them (`map_points`) at every head dim it lists, on the
+/// device it targets.
 #[test]
 fn shipped_tensor_maps_are_encodable_for_every_knob_combination() {
     let mut files = Vec::new();
@@ -314,9 +386,10 @@ fn shipped_tensor_maps_are_encodable_for_every_knob_combination() {
         assert!(t.meta.min_cc >= 90, "{file}");
         let dev = common::h100();
         assert!(t.meta.target_arch(&dev).is_ok(), "{file} must target the H100");
-        let mut s = Search::new(SearchKind::Exhaustive, t.knobs.clone(), t.default_params(), 100_000);
-        while let Some(p) = s.next() {
-            for sh in [shape(1, 1, 1, 64), shape(2, 16, 4097, 128), shape(1, 2, 200, 64)] {
+        for p in map_points(&t) {
+            // Every head dim the template lists (wgmma_tma.cu's maps swizzle 64 bytes at D 96).
+            let shapes = t.meta.head_dims.iter().flat_map(|&d| [shape(1, 1, 1, d), shape(2, 16, 4097, d)]);
+            for sh in shapes.chain([shape(1, 2, 200, 64)]) {
                 let plan = t.plan(&p, &sh, &dev).unwrap_or_else(|e| panic!("{file} {p:?}: {e}"));
                 assert_eq!(plan.tensor_maps.len(), t.tensor_maps.len());
                 for (i, m) in plan.tensor_maps.iter().enumerate() {

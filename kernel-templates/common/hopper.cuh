@@ -142,21 +142,28 @@ __device__ __forceinline__ void reg_fence(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// --- shared-memory matrix descriptors (128-byte swizzle) ---------------------
+// --- shared-memory matrix descriptors (128- or 64-byte swizzle) -------------
 // bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride
-// byte offset >> 4, 62-63 layout (1 = 128-byte swizzle). Start addresses
-// inside a swizzle atom (k-steps of 32 bytes) are plain byte offsets: the
-// hardware applies the XOR on the final address bits.
+// byte offset >> 4, 62-63 layout (1 = 128-byte swizzle, 2 = 64-byte). Start
+// addresses inside a swizzle atom (k-steps of 32 bytes) are plain byte offsets:
+// the hardware applies the XOR on the final address bits. SW is the swizzle
+// width in bytes, i.e. one panel row: 64 columns of 2-byte elements at 128, 32
+// at 64 (head dim 96, which is no multiple of 64); an atom is 8 such rows.
+template <int SW = 128>
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    static_assert(SW == 128 || SW == 64, "smem_desc: 128- or 64-byte swizzle");
+    constexpr unsigned long long layout = SW == 128 ? 1ull : 2ull;
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+           ((unsigned long long)(sbo >> 4) << 32) | (layout << 62);
 }
-// K-major tile (rows of 128 bytes, 8-row atoms of 1024 bytes); LBO unused.
-__device__ __forceinline__ unsigned long long smem_desc_kmajor(unsigned addr) { return smem_desc(addr, 16, 1024); }
-// MN-major tile: N in 64-element panels `panel_bytes` apart, K rows of 128
-// bytes in 8-row atoms of 1024 bytes.
+// K-major tile (rows of SW bytes, 8-row atoms of 8 SW bytes); LBO unused.
+template <int SW = 128>
+__device__ __forceinline__ unsigned long long smem_desc_kmajor(unsigned addr) { return smem_desc<SW>(addr, 16, 8 * SW); }
+// MN-major tile: N in panels of SW / 2 elements `panel_bytes` apart, K rows of SW
+// bytes in 8-row atoms of 8 SW bytes.
+template <int SW = 128>
 __device__ __forceinline__ unsigned long long smem_desc_mnmajor(unsigned addr, unsigned panel_bytes) {
-    return smem_desc(addr, panel_bytes, 1024);
+    return smem_desc<SW>(addr, panel_bytes, 8 * SW);
 }
 // The descriptor of the same tile `bytes` further on: one 64-bit add of a
 // constant instead of rebuilding the descriptor (the start-address field

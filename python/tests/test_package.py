@@ -343,6 +343,23 @@ class Dispatch(unittest.TestCase):
         self.assertEqual(len(plan), 6 + 8 + 2 * 26)
         self.assertEqual(plan[6:14], [5, 64, 16, 2, 384, 1, 1, 128 * 128 * 2 + 4 * 128 * 128 * 2])
 
+    def test_a_swizzle_given_as_a_formula_of_the_head_dim_is_evaluated(self):
+        """wgmma-tma's maps swizzle 64 bytes at D 96 (three panels of 32 columns), 128 elsewhere:
+        its manifest entry writes the swizzle as that formula and P as (formula) // 2."""
+        sw = "64 if D == 96 else 128"
+        p = f"(({sw}) // 2)"
+        k = dict(HOPPER, tensor_maps=[dict(HOPPER["tensor_maps"][1], swizzle_bytes=sw,
+                                           dims=[p, "SK", f"D // {p}", "HKV", "B"],
+                                           strides_bytes=["strides.k_s * 2", f"({sw})", "strides.k_h * 2", "strides.k_b * 2"],
+                                           box=[p, "BLOCK_N", f"D // {p}", "1", "1"], param_index=16)])
+        for d, swizzle, panels in ((96, 64, 3), (128, 128, 2)):
+            call = self.call(1, 32, 32, 1000, 1000, d, causal=True)
+            env = dict(B=1, HQ=32, HKV=32, SQ=1000, SK=1000, D=d, BLOCK_N=128)
+            (m,) = self.d._maps(k, call, env)
+            self.assertEqual((m["swizzle"], m["dims"], m["box"]),
+                             (swizzle, [swizzle // 2, 1000, panels, 32, 1], [swizzle // 2, 128, panels, 1, 1]))
+            self.assertEqual(m["strides_bytes"][1], swizzle)
+
     def test_formulas_compile_to_python_and_refuse_what_is_not_arithmetic(self):
         f = PKG._dispatch.Formulas()
         env = dict(SK=100, CAUSAL=0, SMS=132, strides=PKG._dispatch.SimpleNamespace(q_s=8))

@@ -164,16 +164,25 @@ pub struct TensorMapEntry<T> {
     #[serde(rename = "box")]
     pub box_dims: Vec<T>,
     pub element_strides: [u32; 5],
-    /// CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B.
-    pub swizzle_bytes: u32,
+    /// CU_TENSOR_MAP_SWIZZLE_32B / 64B / 128B: bytes, or (formula entries of a template whose
+    /// swizzle depends on the head dim) a formula giving them.
+    pub swizzle_bytes: SwizzleBytes,
     pub interleave: &'static str,
     pub l2_promotion: &'static str,
     /// `none`: rows past the tensor's rows read as zeros.
     pub oob_fill: &'static str,
 }
 
+/// A map's swizzle in the manifest: resolved entries always hold bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum SwizzleBytes {
+    Bytes(u32),
+    Formula(String),
+}
+
 impl<T> TensorMapEntry<T> {
-    fn new(index: usize, tensor: &'static str, swizzle: u32, dims: Vec<T>, strides_bytes: Vec<T>, box_dims: Vec<T>) -> Self {
+    fn new(index: usize, tensor: &'static str, swizzle: SwizzleBytes, dims: Vec<T>, strides_bytes: Vec<T>, box_dims: Vec<T>) -> Self {
         TensorMapEntry {
             param_index: ABI_PARAMS + index,
             tensor,
@@ -191,9 +200,14 @@ impl<T> TensorMapEntry<T> {
     }
 }
 
-/// A declared map as formulas (the convention of `TensorMap::geometry`, written out).
+/// A declared map as formulas (the convention of `TensorMap::geometry`, written out). A
+/// swizzle given as a formula (one per head dim) is written as that formula, and the panel
+/// width P in the other formulas as `(formula) // 2`.
 fn map_formulas(index: usize, spec: &TensorMapSpec) -> TensorMapEntry<String> {
-    let p = spec.swizzle / 2;
+    let (swizzle, p) = match spec.swizzle.trim().parse::<u32>() {
+        Ok(w) => (SwizzleBytes::Bytes(w), (w / 2).to_string()),
+        Err(_) => (SwizzleBytes::Formula(spec.swizzle.clone()), format!("(({}) // 2)", spec.swizzle)),
+    };
     let t = spec.tensor.as_str();
     let (rows, heads) = match spec.tensor {
         TensorName::Q | TensorName::O => ("SQ", "HQ"),
@@ -202,11 +216,19 @@ fn map_formulas(index: usize, spec: &TensorMapSpec) -> TensorMapEntry<String> {
     TensorMapEntry::new(
         index,
         t,
-        spec.swizzle,
+        swizzle.clone(),
         // `//`: integer division, as in the launch formulas (minijinja / Jinja2).
-        vec![p.to_string(), rows.into(), format!("D // {p}"), heads.into(), "B".into()],
-        vec![format!("strides.{t}_s * 2"), (p * 2).to_string(), format!("strides.{t}_h * 2"), format!("strides.{t}_b * 2")],
-        vec![p.to_string(), spec.box_rows.clone(), spec.box_panels.clone().unwrap_or_else(|| format!("D // {p}")), "1".into(), "1".into()],
+        vec![p.clone(), rows.into(), format!("D // {p}"), heads.into(), "B".into()],
+        vec![
+            format!("strides.{t}_s * 2"),
+            match &swizzle {
+                SwizzleBytes::Bytes(w) => w.to_string(),
+                SwizzleBytes::Formula(f) => format!("({f})"),
+            },
+            format!("strides.{t}_h * 2"),
+            format!("strides.{t}_b * 2"),
+        ],
+        vec![p.clone(), spec.box_rows.clone(), spec.box_panels.clone().unwrap_or_else(|| format!("D // {p}")), "1".into(), "1".into()],
     )
 }
 
@@ -218,7 +240,7 @@ fn map_resolved(index: usize, map: &TensorMap, shape: &Shape) -> anyhow::Result<
     Ok(TensorMapEntry::new(
         index,
         map.tensor.as_str(),
-        map.swizzle,
+        SwizzleBytes::Bytes(map.swizzle),
         g.dims.to_vec(),
         g.strides_bytes.to_vec(),
         g.box_dims.iter().map(|&b| b as u64).collect(),
@@ -261,7 +283,7 @@ fn abi() -> Abi {
         softmax_scale: "softmax(Q K^T * softmax_scale) V with softmax_scale = 1/sqrt(D), passed by the caller",
         causal: "when causal != 0, key j is masked for query row i if j > i + SK - SQ (the query rows are the last SQ positions: FlashAttention >= 2.1, SDPA's bottom-right causal)",
         compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path (a toolkit's, with crt/: the wmma template's kernels include <mma.h>, which includes crt/mma.h), for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); a kernel's `cubin`, when not null, is that build from NVRTC (--gpu-architecture=<arch> -std=c++17 -lineinfo, no defines), the binary the run timed; launches run in order on one stream",
-        tensor_maps: "kernels with tensor_maps take, after the 16 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry (resolved for contiguous tensors in the shape's layout; for another view use the formulas with its strides)",
+        tensor_maps: "kernels with tensor_maps take, after the 16 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry (resolved for contiguous tensors in the shape's layout; for another view use the formulas with its strides; a formula entry's swizzle_bytes is a formula string where the swizzle depends on D)",
     }
 }
 
@@ -512,15 +534,52 @@ mod tests {
             .enumerate()
             .map(|(i, m)| (m.tensor.as_str().to_string(), map_formulas(i, m).box_dims))
             .collect();
-        let with = |rows: &str, panels: &str| vec!["64".to_string(), rows.into(), panels.into(), "1".into(), "1".into()];
+        let p = "((64 if D == 96 else 128) // 2)";
+        let with = |rows: &str, panels: &str| vec![p.to_string(), rows.into(), panels.into(), "1".into(), "1".into()];
+        let all = format!("D // {p}");
         assert_eq!(
             boxes,
             vec![
-                ("q".into(), with("64 // pack", "1 if pack > 1 else D // 64")),
-                ("k".into(), with("BLOCK_N", "D // 64")),
-                ("v".into(), with("BLOCK_N", "D // 64")),
-                ("o".into(), with("64 // pack", "1 if pack > 1 else D // 64")),
+                ("q".into(), with("64 // pack", "1 if pack > 1 else D // (32 if D == 96 else 64)")),
+                ("k".into(), with("BLOCK_N", &all)),
+                ("v".into(), with("BLOCK_N", &all)),
+                ("o".into(), with("64 // pack", "1 if pack > 1 else D // (32 if D == 96 else 64)")),
             ]
         );
+    }
+
+    /// The formulas a manifest writes for wgmma-tma's maps (its swizzle a formula of D)
+    /// evaluate, at every head dim, to the entry the export resolves for that shape.
+    #[test]
+    fn a_maps_formulas_give_its_resolved_entry_at_every_head_dim() {
+        use crate::spec::template::{eval_int_expr, shape_vars};
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-templates");
+        let t = crate::spec::template::Template::load(&dir, "wgmma_tma.cu").unwrap();
+        let dev = crate::test_fixtures::h100();
+        for d in [64, 96, 128, 256] {
+            for (hq, hkv, pack) in [(16, 16, 0), (16, 4, 1)] {
+                let shape = Shape { b: 2, hq, hkv, sq: 1000, sk: 1000, d, causal: true, dtype: crate::spec::protocol::DType::Bf16, layout: crate::spec::protocol::Layout::Bshd };
+                let mut params = t.default_params();
+                params.insert("PACK_GQA".into(), pack);
+                let mut vars = shape_vars(&shape, &dev);
+                vars.extend(params.iter().map(|(k, v)| (k.clone(), *v)));
+                for (name, expr) in &t.derived {
+                    let v = eval_int_expr(expr, &vars).unwrap();
+                    vars.insert(name.clone(), v);
+                }
+                let plan = t.plan(&params, &shape, &dev).unwrap();
+                for (i, (spec, map)) in t.tensor_maps.iter().zip(&plan.tensor_maps).enumerate() {
+                    let f = map_formulas(i, spec);
+                    let r = map_resolved(i, map, &shape).unwrap();
+                    let eval = |xs: &[String]| -> Vec<u64> { xs.iter().map(|x| eval_int_expr(x, &vars).unwrap() as u64).collect() };
+                    let at = format!("D {d} G {} {}", hq / hkv, spec.tensor.as_str());
+                    assert_eq!(eval(&f.dims), r.dims, "{at}");
+                    assert_eq!(eval(&f.box_dims), r.box_dims, "{at}");
+                    assert_eq!(eval_int_expr(&f.strides_bytes[1], &vars).unwrap() as u64, r.strides_bytes[1], "{at}: the panel stride");
+                    let SwizzleBytes::Formula(sw) = &f.swizzle_bytes else { panic!("{at}: a literal swizzle") };
+                    assert_eq!(SwizzleBytes::Bytes(eval_int_expr(sw, &vars).unwrap() as u32), r.swizzle_bytes, "{at}");
+                }
+            }
+        }
     }
 }

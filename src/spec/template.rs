@@ -54,7 +54,7 @@
 //!   equals its `min_cc` ([`Meta::target_arch`]).
 //! - `[[tensor_map]]` entries (`tensor` = q|k|v|o, `box_rows` = a formula, optional
 //!   `box_panels` = a formula (panels of D per box; default all), `swizzle` =
-//!   32|64|128 bytes): TMA tensor maps the worker encodes against the tensor's device
+//!   32|64|128 bytes, or a formula giving one per head dim): TMA tensor maps the worker encodes against the tensor's device
 //!   pointer and appends, in declaration order, after the 16 ABI parameters of every
 //!   launch (`const __grid_constant__ optd_tensor_map tm_x`, 128 bytes by value). The
 //!   geometry is a fixed convention over the tensor of 2-byte elements as the launch's
@@ -188,8 +188,10 @@ pub struct TensorMapSpec {
     /// Rows of one box: a formula (`BLOCK_N`, `64`), evaluated per shape.
     #[serde(deserialize_with = "formula")]
     pub box_rows: String,
-    /// Bytes: 32, 64 or 128.
-    pub swizzle: u32,
+    /// Bytes: 32, 64 or 128; a formula of D and the knobs (wgmma_tma.cu: `64 if D == 96
+    /// else 128`, since D 96 is no multiple of a 128-byte swizzle's 64-column panel).
+    #[serde(deserialize_with = "formula")]
+    pub swizzle: String,
     /// Panels of D per box: a formula; absent, all of them (D / (swizzle / 2)).
     #[serde(default, deserialize_with = "formula_opt")]
     pub box_panels: Option<String>,
@@ -316,12 +318,14 @@ impl Template {
             return Err(err("declares no [[launch]]".into()));
         }
         for (i, m) in spec.tensor_map.iter().enumerate() {
-            if !matches!(m.swizzle, 32 | 64 | 128) {
-                return Err(err(format!(
-                    "tensor_map[{i}] ({}): swizzle = {} is not allowed (allowed: 32, 64, 128 bytes)",
-                    m.tensor.as_str(),
-                    m.swizzle
-                )));
+            // A literal is checked here; a formula's value per shape by the plan's geometry.
+            if let Ok(w) = m.swizzle.trim().parse::<i64>() {
+                if !matches!(w, 32 | 64 | 128) {
+                    return Err(err(format!(
+                        "tensor_map[{i}] ({}): swizzle = {w} is not allowed (allowed: 32, 64, 128 bytes, or a formula giving one of them)",
+                        m.tensor.as_str(),
+                    )));
+                }
             }
         }
         if !spec.tensor_map.is_empty() && spec.template.min_cc < 90 {
@@ -489,7 +493,10 @@ impl Template {
                 }
                 None => None,
             };
-            tensor_maps.push(TensorMap { tensor: m.tensor, box_rows, swizzle: m.swizzle, box_panels });
+            let name = format!("tensor_map[{i}].swizzle");
+            let w = self.eval_int(&env, &name, &m.swizzle, &vars)?;
+            let swizzle = u32::try_from(w).map_err(|_| self.formula_err(&name, &m.swizzle, format!("gave {w}; allowed: 32, 64, 128")))?;
+            tensor_maps.push(TensorMap { tensor: m.tensor, box_rows, swizzle, box_panels });
         }
         let splits = vars.get("splits").copied().unwrap_or(1);
         let n_splits = u32::try_from(splits)

@@ -342,7 +342,10 @@ class Dispatcher:
             r = dict(tensor=TENSORS[m["tensor"]], dims=[self.formulas.eval(x, env) for x in m["dims"]],
                      strides_bytes=[self.formulas.eval(x, env) for x in m["strides_bytes"]],
                      box=[self.formulas.eval(x, env) for x in m["box"]], element_strides=list(m["element_strides"]),
-                     swizzle=int(m["swizzle_bytes"]), l2=L2_CODES[m["l2_promotion"]])
+                     # bytes, or a formula of D where the template's swizzle depends on the head dim
+                     swizzle=int(self.formulas.eval(m["swizzle_bytes"], env) if isinstance(m["swizzle_bytes"], str)
+                                 else m["swizzle_bytes"]),
+                     l2=L2_CODES[m["l2_promotion"]])
             # cuTensorMapEncodeTiled's rules: global strides multiples of 16 bytes, boxes of at most 256.
             if any(s % 16 for s in r["strides_bytes"]) or any(not 0 < b <= 256 for b in r["box"]):
                 raise ValueError(f"tensor map {m['tensor']}: strides {r['strides_bytes']} / box {r['box']} not encodable")
