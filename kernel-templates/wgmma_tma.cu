@@ -4,8 +4,8 @@
  * shared-memory slots; consumer warpgroups multiply on the tensor cores with
  * wgmma.mma_async and keep the online softmax in registers.
  *
- * Head dims 64, 128 and 256 (Gemma 2/3's prefill; "Head dim 256" below says which
- * knob points run there). One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows,
+ * Head dims 64, 128, 96 (Phi-3's prefill; "Head dim 96" below) and 256 (Gemma 2/3's;
+ * "Head dim 256" below says which knob points run there). One CTA per (query tile of BLOCK_M = 64 * CONSUMERS rows,
  * b * HQ + h), with CONSUMERS + 1 warpgroups of 128 threads:
  *   warpgroup 0 (producer) gives its registers away (setmaxnreg.dec), its
  *             warps 1-3 exit, and one thread of warp 0 issues every load:
@@ -65,7 +65,8 @@
  *             softmax overlaps another's GEMMs.
  *
  * Shared memory (1024-byte aligned tiles, every tile a set of 128-byte-swizzled
- * panels of 64 columns, as the TMA writes them):
+ * panels of 64 columns, as the TMA writes them; at D 96 64-byte-swizzled panels of
+ * 32 columns, "Head dim 96"; the counts below say D / 64 for D / panel columns):
  *   Q     Q slots x CONSUMERS x [D / 64][64 rows][128 B], Q slots =
  *         Q_STAGES when PERSISTENT, else 1
  *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
@@ -77,8 +78,8 @@
  *   D 128, BLOCK_N 128, 2 consumers, 2 stages: 161 KiB; 3 stages: 225 KiB.
  *   D 256, 2 consumers, 2 stages, one Q slot, no EPI_TMA: BLOCK_N 80 225 KiB
  *   (Q 64 + K/V 160 + 1), BLOCK_N 64 193 KiB; anything more is over 227 KiB.
- *   D 256, 3 consumers: the formula gives 1 MiB (the spec's regs_fit; registers
- *   below), a sentinel the gate refuses, and the kernel is a stub (WtSmem::RUNS).
+ *   D 256, 3 consumers: refused by the spec's [[refuse]] (registers below), and
+ *   the kernel is a stub (WtSmem::RUNS).
  * Scratch: STREAM_K only (else n_splits 1, untouched): o_partial holds 2 pieces
  *          per CTA, (4 + D / 2) x 128 floats per consumer each (a thread's m, l
  *          and O, thread-major), so the spec's splits is the fewest whole
@@ -206,6 +207,17 @@
  *                     every D 64 point but one (parity); mixed at D 128
  *                     (-2% to +4%).
  *
+ * Head dim 96 (Phi-3-mini / 3.5: 32 heads, MHA). 96 is no multiple of a 128-byte swizzle's
+ *          64 columns, so every tile at D 96 is three panels of 32 columns (64-byte rows) with
+ *          the 64-byte swizzle (WtPanel<96>; the spec's maps: swizzle "64 if D == 96 else 128",
+ *          box_panels 3): smem descriptors of layout type 2 whose 8-row atoms are 512 bytes
+ *          (stride byte offset 8 x 64), Q K^T's 6 k-steps 2 per panel, V's MN-major panels
+ *          BLOCK_N x 64 bytes apart (P V: m64n96k16), EPI_TMA's O buffer written through the
+ *          same swizzle (chunk q of row r at q ^ ((r / 2) % 4)). Byte counts are D's (the smem
+ *          formula holds; three quarters of D 128's layout, so what fits there fits here), every
+ *          knob point builds, and O is 48 registers per thread (D 64's 32, D 128's 64). Not yet run on a GPU (2026-11-29:
+ *          the session had no device time left); compiled at every knob value by CI.
+ *
  * Head dim 256 (Gemma 2/3: 16 query heads on 8 K/V heads, or 8 on 4). Every loop over D
  *          is written for D / 64 panels and D / 16 k-steps (4 and 16 here): S = Q K^T is 16
  *          wgmma m64nBLOCK_Nk16 over Q's and K's 4 panels, O += P V BLOCK_N / 16 wgmma
@@ -220,7 +232,7 @@
  *          is D's), LPT_MIB, DYNAMIC and PV_WAIT. E.g. the first knob values with BLOCK_N 80.
  *          The gate refuses the others by their shared memory: 3 STAGES, BLOCK_N 128 and up,
  *          Q_STAGES 2 (persistent) and EPI_TMA (a 32 KiB O buffer per consumer) exceed 227
- *          KiB; 3 consumers give regs_fit's 1 MiB. Their D 256 kernel is a stub (__trap) so a
+ *          KiB; 3 consumers are refused by the spec ([[refuse]]). Their D 256 kernel is a stub (__trap) so a
  *          build for a run with D 256 shapes does not compile spilling kernels for nothing.
  *          FA3 runs hdim 256 the same way: 2 consumer warpgroups, 128 x 80 tiles, 2 stages.
  *
@@ -284,10 +296,6 @@ PV_WAIT = [1, 0]
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
 block_m = "64 * CONSUMERS"
-# D 256 with 3 consumers: 160 registers per consumer thread cannot hold O's 128 fp32 plus S and
-# P; the kernel is a stub there and the smem formula gives WT_REFUSED_BYTES (1 MiB), which the
-# gate refuses on every device ("needs 1048576 B of dynamic shared memory").
-regs_fit = "0 if D == 256 and CONSUMERS == 3 else 1"
 # Q slots: one work tile per CTA needs one whatever Q_STAGES says (so the knob is inert there).
 q_slots = "Q_STAGES if PERSISTENT else 1"
 m_blocks = "cdiv(SQ, block_m // pack)"
@@ -322,11 +330,16 @@ PV_WAIT = "not OVERLAP"
 # The D 64 and 96 OVERLAP loop with PV_WAIT rescales O on every key tile: no lazy threshold there.
 LAZY_RESCALE = "OVERLAP and PV_WAIT and D < 128"
 
+# D 256 with 3 consumers: the kernel there is a stub (WtSmem::RUNS).
+[[refuse]]
+when = "D == 256 and CONSUMERS == 3"
+why = "3 consumer warpgroups' 160 registers per thread cannot hold D 256's O (128 floats) with S and P; D 256 runs 2 consumers"
+
 [[launch]]
 kernel = "fwd"
 grid = ["grid_x if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
-smem = "(1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)) if regs_fit else 1048576"
+smem = "1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
 [[tensor_map]]
 tensor = "q"
@@ -467,9 +480,6 @@ struct WtPanel {
 // (box_panels 1), so that each panel keeps its 64 rows together.
 #define WT_PANEL_BOXES(D, P) ((P) > 1 ? WtPanel<D>::COUNT : 1)
 #define WT_CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
-// The spec's smem where a knob point cannot run at a head dim (D 256 with 3 consumers: the spec's
-// regs_fit): more than any device's opt-in, so the gate refuses it with its usual reason.
-#define WT_REFUSED_BYTES (1 << 20)
 // Hopper's (sm_90a: H100, H200, GH200) opt-in shared memory per block, 227 KiB: a D 256 point
 // whose layout exceeds it is refused by the gate, and its kernel is compiled as a stub.
 #define WT_SMEM_OPTIN_SM90 232448
@@ -508,9 +518,9 @@ struct WtSmem {
     static constexpr int O = V + STAGES * KV;       // EPI_TMA: CONSUMERS x Q_WG
     static constexpr int END = O + EPI_TMA * CONSUMERS * Q_WG;
     // D 256: O alone is 128 fp32 registers per consumer thread; 3 consumers' 160 cannot hold it
-    // with S and P (the spec's regs_fit): refused through the smem formula (WT_REFUSED_BYTES).
+    // with S and P (the spec's [[refuse]]: the gate never plans such a point there).
     static constexpr bool REGS_FIT = D < 256 || CONSUMERS == 2;
-    static constexpr int BYTES = REGS_FIT ? 1024 + END : WT_REFUSED_BYTES;
+    static constexpr int BYTES = 1024 + END;
     // Whether the kernel is built at all: at D 256 only the points the gate can admit on a
     // Hopper GPU (at most 227 KiB: 2 consumers, 2 stages of BLOCK_N 64 or 80, no second Q slot,
     // no EPI_TMA buffers); the others compile to a stub that is never launched (a build of a

@@ -257,6 +257,10 @@ CHECK_SHAPES = mhas([
     mha(1, 2, 100, 96, True),
     gqa(1, 32, 32, 300, 300, 96, False, "bshd", padded=True),
     gqa(2, 8, 8, 1, 999, 96, True),
+    # D 96 on Hopper (wgmma_tma.cu's 64-byte-swizzled panels): causal with more work tiles than
+    # SMs and packed GQA heads (DYNAMIC), and a non-causal STREAM_K tail with a ragged key tile.
+    gqa(2, 32, 8, 1000, 1000, 96, True),
+    mha(3, 16, 1000, 96, False),
     gqa(1, 8, 4, 333, 333, 256, True),
     gqa(2, 16, 8, 128, 1000, 256, True, "bshd"),
     gqa(1, 16, 8, 1, 4000, 256, True, padded=True),
@@ -833,6 +837,10 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
                CAUSAL=int(shape.causal), BSHD=int(shape.layout == "bshd"), ELEM_BYTES=ELEM_BYTES, **dev)
     for name, expr in tpl.spec["derived"].items():
         ctx[name] = EVAL(str(expr), ctx)
+    # [[refuse]]: a point the kernel cannot run on this shape (the daemon's plan refuses it too).
+    for r in tpl.spec.get("refuse", []):
+        if EVAL(str(r["when"]), ctx):
+            raise DoesNotFit(f"refused ({r['when']}): {r['why']}")
     splits = ctx["splits"]
     if splits < 1:
         raise ValueError(f"splits = {splits} < 1")

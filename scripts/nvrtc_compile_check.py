@@ -137,6 +137,9 @@ def parse_spec(text: str, where: str = "<template>") -> dict:
             raise ValueError(f"{where}: spec has no [{key}]")
     if "splits" not in spec["derived"]:
         raise ValueError(f"{where}: [derived] must define `splits`")
+    for i, r in enumerate(spec.get("refuse", [])):
+        if set(r) != {"when", "why"} or not all(isinstance(r[k], str) and r[k].strip() for k in r):
+            raise ValueError(f"{where}: [[refuse]] #{i} must have exactly `when` (a formula) and `why` (words), both strings")
     for knob, values in spec["knobs"].items():
         if not values or not all(isinstance(v, int) for v in values):
             raise ValueError(f"{where}: knob {knob} must be a non-empty list of integers")

@@ -78,19 +78,24 @@ fn every_template_variant_compiles_for_every_arch() {
             }
         }
         let code_knobs: Vec<String> = t.knobs.iter().map(|(k, _)| k.clone()).filter(|k| !launch_only.contains(k)).collect();
-        let mut first = true;
-        for p in pairwise_cover(&t.default_params(), distinct, &code_knobs) {
+        // The default variant builds every head dim at once (as a run with all of them does);
+        // every variant of the cover builds one head dim, chosen so that every knob value also
+        // compiles at every head dim (`head_dim_cover`): a build of one head dim's kernels is a
+        // third to a quarter of a build of all of them.
+        let cover = pairwise_cover(&t.default_params(), distinct, &code_knobs);
+        let mut builds: Vec<(Params, Vec<u32>)> = vec![(cover[0].clone(), t.meta.head_dims.clone())];
+        builds.extend(head_dim_cover(&cover, &code_knobs, &t.meta.head_dims).into_iter().map(|(p, d)| (p, vec![d])));
+        for (n, (p, dims)) in builds.into_iter().enumerate() {
             for dtype in [DType::Fp16, DType::Bf16] {
                 let src = render(&t, &p, dtype, &dir).unwrap();
                 for arch in &archs {
                     // The check build differs by one define; compile it for the first variant of each template and arch.
-                    jobs.push((t.clone(), p.clone(), dtype, arch.clone(), src.source.clone(), false));
-                    if first {
-                        jobs.push((t.clone(), p.clone(), dtype, arch.clone(), src.source.clone(), true));
+                    jobs.push((t.clone(), p.clone(), dims.clone(), dtype, arch.clone(), src.source.clone(), false));
+                    if n == 0 {
+                        jobs.push((t.clone(), p.clone(), dims.clone(), dtype, arch.clone(), src.source.clone(), true));
                     }
                 }
             }
-            first = false;
         }
     }
     let total = jobs.len();
@@ -100,13 +105,16 @@ fn every_template_variant_compiles_for_every_arch() {
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
-                let Some((t, p, dtype, arch, source, count)) = jobs.lock().unwrap().pop() else { break };
-                let defines: Vec<(&str, String)> = if count { vec![("OPTD_COUNT_CTAS", "1".into())] } else { vec![] };
-                let what = format!("{} {p:?} {} {arch}{}", t.file, dtype.as_str(), if count { " (check build)" } else { "" });
+                let Some((t, p, dims, dtype, arch, source, count)) = jobs.lock().unwrap().pop() else { break };
+                let mut defines: Vec<(&str, String)> = if count { vec![("OPTD_COUNT_CTAS", "1".into())] } else { vec![] };
+                if dims != t.meta.head_dims {
+                    defines.extend(optimizerd::spec::protocol::head_dim_defines(&dims));
+                }
+                let what = format!("{} {p:?} D {dims:?} {} {arch}{}", t.file, dtype.as_str(), if count { " (check build)" } else { "" });
                 match nvrtc::compile(&tc, &source, "candidate.cu", &arch, &defines) {
                     Ok(c) => {
                         assert!(c.cubin.starts_with(b"\x7fELF"), "{what}: not a cubin");
-                        for k in t.kernel_names(&t.meta.head_dims) {
+                        for k in t.kernel_names(&dims) {
                             if !c.cubin.windows(k.len()).any(|w| w == k.as_bytes()) {
                                 failures.lock().unwrap().push(format!("{what}: kernel {k} not exported"));
                             }
@@ -196,6 +204,40 @@ fn arch_specific_templates_compile_only_for_their_arch_specific_target() {
     assert_eq!(targets(&base), vec!["sm_80", "sm_89", "sm_90"]);
 }
 
+/// One head dim per variant of `cover`, then more (variant, head dim) builds where needed,
+/// greedily, until every value of every knob has been built at every head dim: the (knob value,
+/// head dim) pairs a template's code may get wrong (a panel count, a register budget), with
+/// every variant still built once so the knob pairs of `cover` stay covered.
+fn head_dim_cover(cover: &[Params], knobs: &[String], head_dims: &[u32]) -> Vec<(Params, u32)> {
+    type Triple = (usize, i64, u32);
+    let triples = |p: &Params, d: u32| -> Vec<Triple> { knobs.iter().enumerate().map(|(i, k)| (i, p[k], d)).collect() };
+    let mut uncovered: std::collections::BTreeSet<Triple> =
+        cover.iter().flat_map(|p| head_dims.iter().flat_map(|&d| triples(p, d))).collect();
+    let mut out: Vec<(Params, u32)> = Vec::new();
+    let gain = |p: &Params, d: u32, uncovered: &std::collections::BTreeSet<Triple>| triples(p, d).iter().filter(|x| uncovered.contains(x)).count();
+    // Every variant once, at the head dim that covers the most (ties: the first listed).
+    for p in cover {
+        let d = *head_dims.iter().max_by_key(|&&d| (gain(p, d, &uncovered), std::cmp::Reverse(d))).expect("a template lists a head dim");
+        for x in triples(p, d) {
+            uncovered.remove(&x);
+        }
+        out.push((p.clone(), d));
+    }
+    while !uncovered.is_empty() {
+        let (p, d) = cover
+            .iter()
+            .flat_map(|p| head_dims.iter().map(move |&d| (p, d)))
+            .filter(|(p, d)| !out.iter().any(|(q, e)| q == *p && e == d))
+            .max_by_key(|(p, d)| gain(p, *d, &uncovered))
+            .expect("uncovered triples come from the cover");
+        for x in triples(p, d) {
+            uncovered.remove(&x);
+        }
+        out.push((p.clone(), d));
+    }
+    out
+}
+
 /// A covering set of `variants` (distinct in their `knobs`): `default` first when it is
 /// one of them, then, greedily, the variant that covers the most pairs of (knob, value)
 /// not covered yet, until every pair that occurs in `variants` is covered (with fewer
@@ -268,6 +310,36 @@ fn the_covering_set_holds_every_value_pair_and_far_fewer_variants_than_the_produ
     let one: Vec<Params> = [1, 2, 3].iter().map(|&v| Params::from_iter([("A".into(), v)])).collect();
     assert_eq!(pairwise_cover(&one[1], one.clone(), &knobs[..1]).len(), 3);
     assert_eq!(pairwise_cover(&Params::new(), vec![Params::new()], &[]).len(), 1);
+}
+
+#[test]
+fn every_knob_value_is_built_at_every_head_dim_and_every_variant_once() {
+    let knobs: Vec<String> = ["A", "B"].iter().map(|s| s.to_string()).collect();
+    let mut all = Vec::new();
+    for a in [1, 2, 3] {
+        for b in [0, 1] {
+            all.push(Params::from_iter([("A".into(), a), ("B".into(), b)]));
+        }
+    }
+    let cover = pairwise_cover(&all[0], all.clone(), &knobs);
+    let dims = [64, 96, 128, 256];
+    let builds = head_dim_cover(&cover, &knobs, &dims);
+    for p in &cover {
+        assert!(builds.iter().any(|(q, _)| q == p), "{p:?} never built");
+    }
+    for k in &knobs {
+        for p in &all {
+            for d in dims {
+                assert!(builds.iter().any(|(q, e)| q[k] == p[k] && *e == d), "{k}={} never built at D {d}", p[k]);
+            }
+        }
+    }
+    // 3 values of A at 4 head dims need 12 builds at least; no (variant, head dim) twice.
+    assert!(builds.len() >= 12 && builds.len() <= 16, "{} builds", builds.len());
+    let distinct: std::collections::BTreeSet<String> = builds.iter().map(|(p, d)| format!("{p:?}{d}")).collect();
+    assert_eq!(distinct.len(), builds.len());
+    // One head dim: each variant once, at it.
+    assert_eq!(head_dim_cover(&cover, &knobs, &[128]).len(), cover.len());
 }
 
 /// The CUDA text without /* */ and // comments (the prose header names every knob).

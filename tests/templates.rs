@@ -233,3 +233,48 @@ fn every_exhaustive_stage_of_the_shipped_plans_covers_its_whole_space() {
         }
     }
 }
+
+/// `[[refuse]]`: where `when` holds, the plan fails with the template's reason, the gate
+/// refuses the candidate for that shape only (saying why), and a `when` naming what no
+/// formula sees, or a refusal without a reason, is refused when the template is read.
+#[test]
+fn a_refused_point_is_gated_with_its_reason_and_a_bad_refusal_is_caught_at_parse() {
+    let spec = |refuse: &str| {
+        format!(
+            "/* optimizerd:spec\n[template]\nname = \"t\"\nhead_dims = [64, 256]\n[knobs]\nW = [2, 3]\n[derived]\nsplits = \"1\"\n\
+             {refuse}\n[[launch]]\nkernel = \"fwd\"\ngrid = [\"B * HQ\", \"1\", \"1\"]\nblock = [\"32 * W\", \"1\", \"1\"]\nsmem = \"0\"\n*/\n"
+        )
+    };
+    let t = Template::parse("t.cu", spec("[[refuse]]\nwhen = \"D == 256 and W == 3\"\nwhy = \"three warps cannot hold O at D 256\"")).unwrap();
+    let dev = common::h100();
+    let (d64, d256) = (shape(1, 8, 128, 64, false), shape(1, 8, 128, 256, false));
+    let w3 = params(&t, &[("W", 3)]);
+    let err = t.plan(&w3, &d256, &dev).unwrap_err().to_string();
+    assert!(err.contains("three warps cannot hold O at D 256") && err.contains("D == 256 and W == 3") && err.contains("fix:"), "{err}");
+    assert!(t.plan(&w3, &d64, &dev).is_ok() && t.plan(&params(&t, &[("W", 2)]), &d256, &dev).is_ok());
+    let each = gate::check_each(&t, &w3, &[d64, d256], &dev, "1").unwrap();
+    assert_eq!(each.plans.len(), 1);
+    assert_eq!(each.refused.len(), 1);
+    assert!(each.refused[0].0 == d256.key() && each.refused[0].1.contains("three warps"), "{:?}", each.refused);
+
+    let err = Template::parse("t.cu", spec("[[refuse]]\nwhen = \"D == 256 and WARPS == 3\"\nwhy = \"x\"")).unwrap_err().to_string();
+    assert!(err.contains("refuse[0].when") && err.contains("WARPS"), "{err}");
+    let err = Template::parse("t.cu", spec("[[refuse]]\nwhen = \"D == 256\"\nwhy = \" \"")).unwrap_err().to_string();
+    assert!(err.contains("no `why`"), "{err}");
+    let err = Template::parse("t.cu", spec("[[refuse]]\nwhen = \"D == 256\"\nwhy = \"x\"\nbecause = \"y\"")).unwrap_err().to_string();
+    assert!(err.contains("because"), "{err}");
+}
+
+/// wgmma_tma.cu refuses 3 consumer warpgroups at D 256 by its `[[refuse]]` (their registers
+/// cannot hold O), not by a shared-memory figure: its formula gives the layout's real bytes.
+#[test]
+fn wgmma_tma_refuses_three_consumers_at_d256_with_the_register_reason() {
+    let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
+    let dev = common::h100();
+    let p = params(&t, &[("CONSUMERS", 3), ("BLOCK_N", 64), ("STAGES", 2), ("EPI_TMA", 0), ("Q_STAGES", 1)]);
+    let err = gate::check(&t, &p, &[gqa(1, 16, 8, 4096, 4096, 256, true, Layout::Bhsd)], &dev, "1").unwrap_err();
+    assert!(err.0.contains("registers") && !err.0.contains("shared memory"), "{}", err.0);
+    assert!(gate::check(&t, &p, &[gqa(1, 16, 8, 4096, 4096, 128, true, Layout::Bhsd)], &dev, "1").is_ok());
+    let smem = t.layout_smem(&p, 256);
+    assert_eq!(smem[0].1, Ok(1024 + 2 * 256 * (192 + 2 * 2 * 64)), "{smem:?}");
+}

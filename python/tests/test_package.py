@@ -343,6 +343,17 @@ class Dispatch(unittest.TestCase):
         self.assertEqual(len(plan), 6 + 8 + 2 * 26)
         self.assertEqual(plan[6:14], [5, 64, 16, 2, 384, 1, 1, 128 * 128 * 2 + 4 * 128 * 128 * 2])
 
+    def test_a_kernels_refusal_passes_the_shape_over_with_its_reason(self):
+        """The template's [[refuse]] travels in the manifest: where `when` holds the kernel
+        is not used, and the reason says why."""
+        k = dict(HOPPER, refuse=[{"when": "CAUSAL and SQ > 4096", "why": "a test's refusal"}])
+        call = self.call(2, 16, 16, 8192, 8192, 128, causal=True, dtype="fp16")
+        dec, why = self.d._plan("exact", k, call, self.gpu, "c")
+        self.assertIsNone(dec)
+        self.assertIn("a test's refusal", why)
+        dec, why = self.d._plan("exact", HOPPER, call, self.gpu, "c")
+        self.assertIsNone(why)
+
     def test_a_swizzle_given_as_a_formula_of_the_head_dim_is_evaluated(self):
         """wgmma-tma's maps swizzle 64 bytes at D 96 (three panels of 32 columns), 128 elsewhere:
         its manifest entry writes the swizzle as that formula and P as (formula) // 2."""

@@ -122,6 +122,9 @@ pub struct KernelEntry {
     /// Formulas over B, HQ, HKV, G (= HQ / HKV), SQ, SK, D, CAUSAL, BSHD, SMS (SM count), SMEM_OPTIN, CC and the knobs
     /// (fixed as #defines in the file); minijinja/Jinja2 expressions with cdiv, min, max.
     pub derived: Vec<(String, String)>,
+    /// `{when, why}`: where `when` (same names, after `derived`) holds, the kernel cannot run
+    /// the shape (the template's `[[refuse]]`); a loader passes the shape over. Empty for most.
+    pub refuse: Vec<crate::spec::template::RefuseSpec>,
     pub launches: Vec<LaunchFormula>,
     /// NVRTC/nvcc target it was compiled and timed for: the GPU's `sm_<cc>`, or
     /// `sm_<cc>a` (e.g. `sm_90a`) when `arch_specific`, which runs only on that exact cc.
@@ -380,6 +383,7 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
             params: entry["params"].clone(),
             dtype: dtype.into(),
             derived: template.derived.clone(),
+            refuse: template.refusals.clone(),
             launches: template
                 .launches
                 .iter()

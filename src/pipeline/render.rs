@@ -227,7 +227,13 @@ mod tests {
                 for (s, causal, b, h) in [(1, false, 1, 1), (1000, true, 2, 3), (4097, false, 4, 16), (8192, true, 2, 16)] {
                     for &d in dims {
                         let shape = Shape::mha(b, h, s, d, causal, DType::Fp16);
-                        for l in t.plan(&p, &shape, &dev).unwrap().launches {
+                        let plan = match t.plan(&p, &shape, &dev) {
+                            Ok(plan) => plan,
+                            // [[refuse]]: the gate never launches it there; its define is still the layout's.
+                            Err(crate::spec::template::TemplateError::Refused { .. }) => continue,
+                            Err(e) => panic!("{} {p:?}: {e}", t.file),
+                        };
+                        for l in plan.launches {
                             let role = l.kernel.strip_prefix("optd_").unwrap().rsplit_once("_d").unwrap().0.to_ascii_uppercase();
                             let name = format!("OPTD_SMEM_BYTES_{role}_D{d}");
                             assert_eq!(defines.get(&name), Some(&l.dyn_smem), "{} {p:?} {}: {name}", t.file, shape.key());

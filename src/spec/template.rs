@@ -36,6 +36,18 @@
 //! the kernel: the walk that resets knobs assumes each says exactly when its knob is
 //! irrelevant.
 //!
+//! A point that cannot run on some shapes (a head dim its registers cannot hold, say) is
+//! declared in `[[refuse]]` entries, `when` a boolean expression over the same names and
+//! `why` the reason: [`Template::plan`] fails with [`TemplateError::Refused`] where `when`
+//! holds, so the gate refuses the candidate for that shape with the reason, and the export
+//! writes the entries into the manifest for a loader to do the same.
+//!
+//! ```toml
+//! [[refuse]]
+//! when = "D == 256 and CONSUMERS == 3"
+//! why = "three consumer warpgroups' 160 registers per thread cannot hold D 256's O"
+//! ```
+//!
 //! Each launch role's kernel is exported once per head dim the template lists (`head_dims`
 //! under `[template]`, e.g. `[64, 128]`, the default) as `optd_<role>_d<D>`, each of
 //! them inside `#if OPTD_BUILD_D<D>` (common/optd.cuh sets every one to 1 unless the build
@@ -66,7 +78,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::spec::assets;
 use crate::spec::config::HEAD_DIMS;
@@ -83,6 +95,9 @@ pub enum TemplateError {
     Spec { path: PathBuf, message: String },
     #[error("template {template}: formula `{name}` = \"{expr}\": {message}")]
     Formula { template: String, name: String, expr: String, message: String },
+    /// A `[[refuse]]` entry holds for this point and shape: the kernel cannot run there.
+    #[error("template {template} cannot run this point here ({when}): {why}; fix: other knob values for this shape")]
+    Refused { template: String, when: String, why: String },
     #[error(transparent)]
     Asset(#[from] assets::AssetError),
 }
@@ -99,6 +114,19 @@ struct SpecFile {
     tensor_map: Vec<TensorMapSpec>,
     #[serde(default)]
     inert: toml::Table,
+    #[serde(default)]
+    refuse: Vec<RefuseSpec>,
+}
+
+/// One `[[refuse]]` of the spec: where `when` holds, the point cannot run on the shape (a
+/// register budget a head dim exceeds, say), and the gate says `why`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefuseSpec {
+    /// A boolean formula over what the `[derived]` formulas see, and the derived values.
+    pub when: String,
+    /// The reason, in words for the ledger.
+    pub why: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -248,6 +276,8 @@ pub struct Template {
     pub inert: Vec<(String, String)>,
     /// What each `[inert]` expression reads, in the order of `inert` (worked out by the parse).
     inert_reads: Vec<InertReads>,
+    /// `[[refuse]]`: the points and shapes the kernel cannot run, each with its reason.
+    pub refusals: Vec<RefuseSpec>,
 }
 
 /// What one `[inert]` expression reads, so that [`Template::canonical`], asked for every
@@ -359,9 +389,43 @@ impl Template {
             tensor_maps: spec.tensor_map,
             inert,
             inert_reads: Vec::new(),
+            refusals: spec.refuse,
         };
         t.inert_reads = t.inert_reads()?;
+        t.check_refusals()?;
         Ok(t)
+    }
+
+    /// Each `[[refuse]]` has a reason and a `when` that compiles and names only what a formula
+    /// can see (a typo would otherwise refuse nothing, or everything, at the first plan).
+    fn check_refusals(&self) -> Result<(), TemplateError> {
+        let env = formula_env();
+        for (i, r) in self.refusals.iter().enumerate() {
+            let name = format!("refuse[{i}].when");
+            if r.why.trim().is_empty() {
+                return Err(self.formula_err(&name, &r.when, "has no `why`: say in words why the point cannot run there".into()));
+            }
+            let compiled = env.compile_expression(&r.when).map_err(|e| self.formula_err(&name, &r.when, e.to_string()))?;
+            let mut unknown: Vec<String> = compiled
+                .undeclared_variables(false)
+                .into_iter()
+                .filter(|v| {
+                    !(self.knobs.iter().any(|(k, _)| k == v)
+                        || self.derived.iter().any(|(d, _)| d == v)
+                        || SHAPE_VAR_NAMES.contains(&v.as_str())
+                        || FUNCTIONS.contains(&v.as_str()))
+                })
+                .collect();
+            if !unknown.is_empty() {
+                unknown.sort();
+                return Err(self.formula_err(
+                    &name,
+                    &r.when,
+                    format!("uses {}, not a knob, a [derived] value or a shape or device variable ({})", unknown.join(", "), SHAPE_VAR_NAMES.join(", ")),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Each `[inert]` expression compiles and names only what a formula can see (a typo
@@ -459,6 +523,11 @@ impl Template {
     pub fn plan(&self, params: &Params, shape: &Shape, device: &DeviceInfo) -> Result<ShapePlan, TemplateError> {
         let env = formula_env();
         let vars = self.vars(&env, params, shape, device)?;
+        for (i, r) in self.refusals.iter().enumerate() {
+            if self.eval_bool(&env, &format!("refuse[{i}].when"), &r.when, &vars)? {
+                return Err(TemplateError::Refused { template: self.meta.name.clone(), when: r.when.clone(), why: r.why.clone() });
+            }
+        }
         let mut launches = Vec::new();
         for (i, l) in self.launches.iter().enumerate() {
             if let Some(when) = &l.when {

@@ -300,6 +300,9 @@ class Dispatcher:
         try:
             for name, expr in k["derived"]:
                 env[name] = self.formulas.eval(expr, env)
+            for r in k.get("refuse", []):  # the template's [[refuse]]: cannot run this shape
+                if self.formulas.eval(r["when"], env):
+                    return None, f"the kernel cannot run this shape ({r['when']}): {r['why']}"
             launches = []
             for l in k["launches"]:
                 if l.get("when") and not self.formulas.eval(l["when"], env):
