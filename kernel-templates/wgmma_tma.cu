@@ -335,6 +335,19 @@ LAZY_RESCALE = "OVERLAP and PV_WAIT and D < 128"
 when = "D == 256 and CONSUMERS == 3"
 why = "3 consumer warpgroups' 160 registers per thread cannot hold D 256's O (128 floats) with S and P; D 256 runs 2 consumers"
 
+# Where 3 consumers' 160 registers cannot hold S (BLOCK_N / 2), O (D / 2), P and, with OVERLAP,
+# the next tile's S, ptxas serializes every wgmma (C7512, "insufficient register resources")
+# and spills 0.2-5 KB: H100, D 128, (2,16,8192,128): 3317 us against 1805 without OVERLAP.
+# The boundaries are ptxas 13.0's (python/kernel_tests/test_wgmma_registers.py compiles both
+# sides of each); D 256 is refused above.
+[[refuse]]
+when = "CONSUMERS == 3 and D < 256 and BLOCK_N >= (176 if D == 64 else 128) and OVERLAP"
+why = "3 consumer warpgroups with OVERLAP at this BLOCK_N and D: ptxas serializes the wgmma for want of registers (C7512); 2 consumers, a smaller BLOCK_N or OVERLAP 0 run"
+
+[[refuse]]
+when = "CONSUMERS == 3 and (D == 96 or D == 128) and BLOCK_N > 128"
+why = "3 consumer warpgroups at this BLOCK_N and D: ptxas serializes the wgmma for want of registers (C7512); 2 consumers or BLOCK_N <= 128 run"
+
 [[launch]]
 kernel = "fwd"
 grid = ["grid_x if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]

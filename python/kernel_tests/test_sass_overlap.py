@@ -129,6 +129,9 @@ POINTS = [
     (dict(CONSUMERS=3, BLOCK_N=128, OVERLAP=1, PV_WAIT=0), 64),
     (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1, PV_WAIT=0), 128),
     (dict(CONSUMERS=2, BLOCK_N=192, OVERLAP=1, PV_WAIT=0), 128),
+    # D 96 (64-byte-swizzled panels): the same loop, O 48 registers, P V m64n96k16; 2 consumers
+    # (3 with OVERLAP at BLOCK_N 128 serialize the wgmma: refused, test_wgmma_registers.py).
+    (dict(CONSUMERS=2, BLOCK_N=128, OVERLAP=1, PV_WAIT=0), 96),
 ]
 
 # The code before the fix: the wait for the P V straight after the softmax.
@@ -191,6 +194,21 @@ class OverlapSassTest(unittest.TestCase):
         for knobs, d in POINTS[:1]:
             for lp in self.overlap_loops(ncc.TEMPLATES_DIR, knobs, d):
                 self.assertEqual(lp["fmul_among_ex2"], 0, lp)
+
+    def test_d96_multiplies_in_three_panels(self):
+        # At D 96 every Q K^T is 6 k-steps of m64n128k16 (2 per 32-column panel) and every P V
+        # is BLOCK_N / 16 = 8 k-steps of m64n96k16 (V's 3 panels in one N of 96); no other
+        # HGMMA shape. Counted over the whole kernel (each issue site is a full sequence).
+        _, cubin = compile_wgmma_point(self.nvrtc, POINTS[3][0])
+        insns, _ = sls.parse_sass(sls.disassemble(cubin))["optd_fwd_d96"]
+        shapes = {}
+        for i in insns:
+            if i.op.startswith("HGMMA."):
+                shape = i.op.split(".")[1]
+                shapes[shape] = shapes.get(shape, 0) + 1
+        self.assertEqual(set(shapes), {"64x128x16", "64x96x16"}, shapes)
+        self.assertEqual(shapes["64x128x16"] % 6, 0, shapes)
+        self.assertEqual(shapes["64x96x16"] % 8, 0, shapes)
 
     def test_mbarrier_waits_sleep_between_polls(self):
         # common/hopper.cuh's mbar_wait passes try_wait a suspend-time hint: ptxas then puts
