@@ -278,3 +278,16 @@ fn wgmma_tma_refuses_three_consumers_at_d256_with_the_register_reason() {
     let smem = t.layout_smem(&p, 256);
     assert_eq!(smem[0].1, Ok(1024 + 2 * 256 * (192 + 2 * 2 * 64)), "{smem:?}");
 }
+
+/// `knobs_read`: the knobs a formula depends on, through the derived values it reads.
+#[test]
+fn knobs_read_follows_derived_values_to_the_knobs() {
+    let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
+    let smem: Vec<&str> = t.launches.iter().map(|l| l.smem.as_str()).collect();
+    assert_eq!(t.knobs_read(&smem), ["BLOCK_N", "STAGES", "CONSUMERS", "PERSISTENT", "EPI_TMA", "Q_STAGES"]);
+    // box_rows "64 // pack": pack is derived from PACK_GQA (and the shape's G).
+    let q = &t.tensor_maps[0];
+    assert_eq!(t.knobs_read(&[q.box_rows.as_str(), q.swizzle.as_str()]), ["PACK_GQA"]);
+    assert!(t.knobs_read(&["D * 2"]).is_empty());
+    assert_eq!(t.knobs_read(&["(("]).len(), t.knobs.len(), "a formula that does not compile reads everything");
+}

@@ -324,26 +324,13 @@ fn a_swizzle_formula_is_resolved_per_head_dim() {
 /// every 97th point of the whole product besides. Planning all ~80k of wgmma_tma.cu's points
 /// at every head dim took CI a quarter of an hour for nothing more.
 fn map_points(t: &Template) -> Vec<Params> {
-    let idents = |e: &str| -> Vec<String> {
-        e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
-            .map(str::to_string)
-            .collect()
-    };
-    let mut todo: Vec<String> = t
+    let formulas: Vec<&str> = t
         .tensor_maps
         .iter()
-        .flat_map(|m| [Some(&m.box_rows), m.box_panels.as_ref(), Some(&m.swizzle)].into_iter().flatten().flat_map(|f| idents(f)))
+        .flat_map(|m| [Some(&m.box_rows), m.box_panels.as_ref(), Some(&m.swizzle)].into_iter().flatten().map(String::as_str))
         .collect();
-    let mut seen = std::collections::BTreeSet::new();
-    while let Some(name) = todo.pop() {
-        if seen.insert(name.clone()) {
-            if let Some((_, expr)) = t.derived.iter().find(|(n, _)| *n == name) {
-                todo.extend(idents(expr));
-            }
-        }
-    }
-    let decides: Vec<(String, Vec<i64>)> = t.knobs.iter().filter(|(k, _)| seen.contains(k)).cloned().collect();
+    let read = t.knobs_read(&formulas);
+    let decides: Vec<(String, Vec<i64>)> = t.knobs.iter().filter(|(k, _)| read.contains(k)).cloned().collect();
     let mut points = Vec::new();
     let mut s = Search::new(SearchKind::Exhaustive, decides, Params::new(), 100_000);
     while let Some(p) = s.next() {

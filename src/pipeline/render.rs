@@ -163,22 +163,9 @@ mod tests {
     /// defaults. Every other point has the same formulas' inputs as one of these, so planning
     /// all ~56k knob combinations (minutes in a debug build) checks nothing more.
     fn smem_points(t: &Template) -> Vec<Params> {
-        let idents = |e: &str| -> Vec<String> {
-            e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
-                .map(str::to_string)
-                .collect()
-        };
-        let mut todo: Vec<String> = t.launches.iter().flat_map(|l| idents(&l.smem)).collect();
-        let mut seen = std::collections::BTreeSet::new();
-        while let Some(name) = todo.pop() {
-            if seen.insert(name.clone()) {
-                if let Some((_, expr)) = t.derived.iter().find(|(n, _)| *n == name) {
-                    todo.extend(idents(expr));
-                }
-            }
-        }
-        product(t.default_params(), t.knobs.iter().filter(|(n, _)| seen.contains(n)))
+        let smem: Vec<&str> = t.launches.iter().map(|l| l.smem.as_str()).collect();
+        let decide = t.knobs_read(&smem);
+        product(t.default_params(), t.knobs.iter().filter(|(n, _)| decide.contains(n)))
     }
 
     use crate::test_fixtures::h100;

@@ -396,6 +396,34 @@ impl Template {
         Ok(t)
     }
 
+    /// The knobs `formulas` read, directly or through the derived values they read, in
+    /// declaration order: the knobs that decide those formulas' values (a test that covers
+    /// every combination of these covers every value the formulas take). A formula that does
+    /// not compile is taken to read every knob.
+    pub fn knobs_read(&self, formulas: &[&str]) -> Vec<String> {
+        let env = formula_env();
+        let reads = |expr: &str| -> Option<std::collections::HashSet<String>> { env.compile_expression(expr).ok().map(|c| c.undeclared_variables(false)) };
+        let mut todo: Vec<String> = Vec::new();
+        for f in formulas {
+            match reads(f) {
+                Some(names) => todo.extend(names),
+                None => return self.knobs.iter().map(|(k, _)| k.clone()).collect(),
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(name) = todo.pop() {
+            if seen.insert(name.clone()) {
+                if let Some((_, expr)) = self.derived.iter().find(|(n, _)| *n == name) {
+                    match reads(expr) {
+                        Some(names) => todo.extend(names),
+                        None => return self.knobs.iter().map(|(k, _)| k.clone()).collect(),
+                    }
+                }
+            }
+        }
+        self.knobs.iter().filter(|(k, _)| seen.contains(k)).map(|(k, _)| k.clone()).collect()
+    }
+
     /// Each `[[refuse]]` has a reason and a `when` that compiles and names only what a formula
     /// can see (a typo would otherwise refuse nothing, or everything, at the first plan).
     fn check_refusals(&self) -> Result<(), TemplateError> {
