@@ -424,6 +424,15 @@ impl Template {
         self.knobs.iter().filter(|(k, _)| seen.contains(k)).map(|(k, _)| k.clone()).collect()
     }
 
+    /// Whether a formula can read `name`: a knob, a derived value, a shape or device variable,
+    /// or a function.
+    fn visible(&self, name: &str) -> bool {
+        self.knobs.iter().any(|(k, _)| k == name)
+            || self.derived.iter().any(|(d, _)| d == name)
+            || SHAPE_VAR_NAMES.contains(&name)
+            || FUNCTIONS.contains(&name)
+    }
+
     /// Each `[[refuse]]` has a reason and a `when` that compiles and names only what a formula
     /// can see (a typo would otherwise refuse nothing, or everything, at the first plan).
     fn check_refusals(&self) -> Result<(), TemplateError> {
@@ -434,16 +443,7 @@ impl Template {
                 return Err(self.formula_err(&name, &r.when, "has no `why`: say in words why the point cannot run there".into()));
             }
             let compiled = env.compile_expression(&r.when).map_err(|e| self.formula_err(&name, &r.when, e.to_string()))?;
-            let mut unknown: Vec<String> = compiled
-                .undeclared_variables(false)
-                .into_iter()
-                .filter(|v| {
-                    !(self.knobs.iter().any(|(k, _)| k == v)
-                        || self.derived.iter().any(|(d, _)| d == v)
-                        || SHAPE_VAR_NAMES.contains(&v.as_str())
-                        || FUNCTIONS.contains(&v.as_str()))
-                })
-                .collect();
+            let mut unknown: Vec<String> = compiled.undeclared_variables(false).into_iter().filter(|v| !self.visible(v)).collect();
             if !unknown.is_empty() {
                 unknown.sort();
                 return Err(self.formula_err(
@@ -470,10 +470,7 @@ impl Template {
             let name = format!("inert.{knob}");
             let compiled = env.compile_expression(expr).map_err(|e| self.formula_err(&name, expr, e.to_string()))?;
             let reads = compiled.undeclared_variables(false);
-            let known = |v: &str| {
-                self.knobs.iter().any(|(k, _)| k == v) || self.derived.iter().any(|(d, _)| d == v) || SHAPE_VAR_NAMES.contains(&v) || FUNCTIONS.contains(&v)
-            };
-            let mut unknown: Vec<String> = reads.iter().filter(|v| !known(v)).cloned().collect();
+            let mut unknown: Vec<String> = reads.iter().filter(|v| !self.visible(v)).cloned().collect();
             if !unknown.is_empty() {
                 unknown.sort();
                 let hint = if uses_v1_names(expr) { " (kernel ABI v2: H became HQ or HKV, S became SQ or SK)" } else { "" };
