@@ -19,7 +19,7 @@ t0=$(date +%s)
 timeout "${NEW_S:-200}" python3 scripts/check_templates_gpu.py --cubin-dir /tmp/cub --no-time --head-dims "$NEW" $T > "$out/check_new.txt" 2>&1
 echo "head dims $NEW rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^== |FAIL|correctness:|checks" "$out/check_new.txt" | head -40
 t0=$(date +%s)
-timeout "${FAULT_S:-120}" python3 scripts/check_templates_gpu.py --cubin-dir /tmp/cub --no-time --head-dims "$NEW" --template "$TEMPLATE" --faults > "$out/faults.txt" 2>&1
+timeout "${FAULT_S:-120}" python3 scripts/check_templates_gpu.py --cubin-dir /tmp/cub --no-time --head-dims "$NEW" $T --no-check --faults > "$out/faults.txt" 2>&1
 echo "faults rc=$? $(( $(date +%s) - t0 )) s"; grep -iE "fault|caught|FAIL" "$out/faults.txt" | tail -12
 if [ -n "${OLD:-}" ]; then
   t0=$(date +%s)
