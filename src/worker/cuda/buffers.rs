@@ -50,7 +50,7 @@ pub(super) fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> sys::CUdeviceptr
 
 impl CudaBackend {
     /// Upload Q, K, V (their element type's bit patterns in logical order, see
-    /// `reference::randn_inputs` and `reference::to_bits`) into buffers laid out by `view`,
+    /// `reference::randn_inputs`) into buffers laid out by `view`,
     /// and allocate O the same way; `what` names the request.
     pub(super) fn upload_set(&self, shape: &Shape, view: ViewStrides, [q, k, v]: [&[u16]; 3], what: &str) -> Result<TensorSet, Failure> {
         let stream = &self.stream;

@@ -51,9 +51,9 @@ pub(super) fn read_guarded_o(stream: &Arc<CudaStream>, g: &CudaSlice<u16>, n: us
 }
 
 /// One failure per input of `set` that no longer holds the bits `sent` (Q, K, V) uploaded.
-pub(super) fn changed_inputs(stream: &Arc<CudaStream>, set: &TensorSet, sent: &[Vec<u16>; 3], key: &str) -> Result<Vec<String>, Failure> {
+pub(super) fn changed_inputs(stream: &Arc<CudaStream>, set: &TensorSet, sent: [&[u16]; 3], key: &str) -> Result<Vec<String>, Failure> {
     let mut failures = Vec::new();
-    for (name, buf, bits) in [("Q", &set.q, &sent[0]), ("K", &set.k, &sent[1]), ("V", &set.v, &sent[2])] {
+    for (name, buf, bits) in [("Q", &set.q, sent[0]), ("K", &set.k, sent[1]), ("V", &set.v, sent[2])] {
         let now: Vec<u16> = after(stream.clone_dtoh(buf), || format!("check {key}: reading {name} back"))?;
         let changed = now.iter().zip(bits.iter()).filter(|(a, b)| a != b).count();
         if changed > 0 {
@@ -84,14 +84,13 @@ impl CudaBackend {
         let seed2 = reference::mix_seed(seed, 0x2E2E);
         // The raw driver calls below need this context current on the thread.
         api(self.ctx.bind_to_thread(), || format!("check {key}: rerun probe: binding the context"))?;
-        let (q, k, v) = reference::randn_inputs(&shape, seed2);
+        let [q, k, v] = reference::randn_inputs(&shape, seed2);
         // The first run's work (and its reads) must be over before the buffers change.
         after(stream.synchronize(), || format!("check {key}: rerun probe: after the first run"))?;
         let nan = reference::nan_bits(shape.dtype);
         for (t, host, dev) in [(TensorName::Q, &q, &set.q), (TensorName::K, &k, &set.k), (TensorName::V, &v, &set.v)] {
             let name = t.as_str().to_uppercase();
-            let logical = reference::to_bits(host, shape.dtype);
-            let bits = reference::scatter(&shape, &set.view, t, &logical, nan);
+            let bits = reference::scatter(&shape, &set.view, t, host, nan);
             let p = dptr(dev, stream);
             // SAFETY: `p` addresses `dev.len()` == `bits.len()` u16 elements owned by `set`,
             // which outlives this call; the copy is synchronous.

@@ -2,6 +2,7 @@
 //! causal mask, rows of one head in blocks of eight, the same operations on every CPU
 //! (AVX2 chosen at run time when present), spread over the CPU's threads.
 
+use super::inputs::widen;
 use super::parallel::threads;
 use super::rows::{kv_head_offset, row_offset, visible_keys, Row};
 use crate::spec::protocol::Shape;
@@ -35,21 +36,54 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 const ROW_BLOCK: usize = 8;
 
 /// What every block of one [`reference_rows`] call reads: the shape, the full logical
-/// tensors (Q [B,HQ,SQ,D], K and V [B,HKV,SK,D]) and the softmax scale.
+/// tensors as bit patterns of the shape's element type (Q [B,HQ,SQ,D], K and V
+/// [B,HKV,SK,D]) and the softmax scale.
 #[derive(Clone, Copy)]
 struct Operands<'a> {
     shape: &'a Shape,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    q: &'a [u16],
+    k: &'a [u16],
+    v: &'a [u16],
     scale: f32,
 }
 
-/// A thread's buffers, reused from block to block: the scores and the P V accumulators.
+/// A thread's buffers, reused from block to block: the scores, the P V accumulators, the
+/// block's Q rows widened to f32, and the K and V rows of the last KV head it read, widened
+/// (the first `kv_done` keys of the head at `kv_at`). Rows come sorted by (batch, head, row),
+/// so a thread's consecutive blocks are mostly one head's, or one GQA group's: each K/V
+/// element is widened about once per thread that reads it, not once per block.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
     acc: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    kv_at: Option<usize>,
+    kv_done: usize,
+}
+
+impl Scratch {
+    /// Widen keys `kv_done..kv_max` of the KV head at `head_base` (its first after a
+    /// change of head), so `self.k` and `self.v` hold at least its first `kv_max` rows.
+    fn widen_kv(&mut self, x: &Operands<'_>, head_base: usize, kv_max: usize) {
+        let d = x.shape.d as usize;
+        if self.kv_at != Some(head_base) {
+            self.kv_at = Some(head_base);
+            self.kv_done = 0;
+        }
+        if self.kv_done >= kv_max {
+            return;
+        }
+        let (from, to) = (self.kv_done * d, kv_max * d);
+        if self.k.len() < to {
+            self.k.resize(to, 0.0);
+            self.v.resize(to, 0.0);
+        }
+        widen(&x.k[head_base + from..head_base + to], x.shape.dtype, &mut self.k[from..to]);
+        widen(&x.v[head_base + from..head_base + to], x.shape.dtype, &mut self.v[from..to]);
+        self.kv_done = kv_max;
+    }
 }
 
 /// Reference attention for up to [`ROW_BLOCK`] rows of one (batch, head) into `out`
@@ -59,8 +93,7 @@ struct Scratch {
 /// CPU (no fused multiply-add), so results depend neither on the blocking nor on the ISA.
 #[inline(always)]
 fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, out: &mut [f32]) {
-    let Operands { shape, q, k, v, scale } = *x;
-    let Scratch { scores, acc } = scratch;
+    let shape = x.shape;
     let d = shape.d as usize;
     let n = rows.len().min(ROW_BLOCK);
     let head_base = kv_head_offset(shape, rows[0].0, rows[0].1);
@@ -69,15 +102,19 @@ fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, o
         *len = visible_keys(shape, row.2);
     }
     let kv_max = kv_len[..n].iter().copied().max().unwrap_or(0);
-    let qrows: [&[f32]; ROW_BLOCK] = std::array::from_fn(|r| {
-        let row = rows[r.min(n - 1)];
-        &q[row_offset(shape, row)..][..d]
-    });
+    scratch.widen_kv(x, head_base, kv_max);
+    scratch.q.resize(ROW_BLOCK * d, 0.0);
+    for (r, row) in rows[..n].iter().enumerate() {
+        widen(&x.q[row_offset(shape, *row)..][..d], shape.dtype, &mut scratch.q[r * d..][..d]);
+    }
+    let Scratch { scores, acc, q, k, v, .. } = scratch;
+    let (k, v, scale) = (&k[..kv_max * d], &v[..kv_max * d], x.scale);
+    let qrows: [&[f32]; ROW_BLOCK] = std::array::from_fn(|r| &q[r.min(n - 1) * d..][..d]);
 
     scores.clear();
     scores.resize(n * kv_max, 0.0);
     let mut max = [f32::NEG_INFINITY; ROW_BLOCK];
-    for (j, krow) in k[head_base..][..kv_max * d].chunks_exact(d).enumerate() {
+    for (j, krow) in k.chunks_exact(d).enumerate() {
         for r in 0..n {
             if j < kv_len[r] {
                 let sc = dot(qrows[r], krow) * scale;
@@ -89,7 +126,7 @@ fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, o
     acc.clear();
     acc.resize(n * d, 0.0);
     let mut denom = [0f64; ROW_BLOCK];
-    for (j, vrow) in v[head_base..][..kv_max * d].chunks_exact(d).enumerate() {
+    for (j, vrow) in v.chunks_exact(d).enumerate() {
         for r in 0..n {
             if j < kv_len[r] {
                 let p = (scores[r * kv_max + j] - max[r]).exp();
@@ -130,8 +167,9 @@ fn block_fn() -> BlockFn {
 }
 
 /// fp32 reference output for `rows`, concatenated (`rows.len() * D` values), computed in
-/// parallel over rows. `q` is the full logical [B,HQ,SQ,D] tensor, `k` and `v` [B,HKV,SK,D].
-pub fn reference_rows(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], rows: &[Row]) -> Vec<f32> {
+/// parallel over rows. `q` is the full logical [B,HQ,SQ,D] tensor, `k` and `v` [B,HKV,SK,D],
+/// all as bit patterns of `shape.dtype` (what the kernels read; widened here as needed).
+pub fn reference_rows(shape: &Shape, q: &[u16], k: &[u16], v: &[u16], rows: &[Row]) -> Vec<f32> {
     let d = shape.d as usize;
     let mut out = vec![0f32; rows.len() * d];
     if rows.is_empty() || d == 0 {
@@ -176,12 +214,13 @@ pub fn reference_rows(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], rows: &[Ro
 mod tests {
     use super::*;
     use crate::spec::protocol::DType;
-    use crate::worker::reference::inputs::randn_inputs;
+    use crate::worker::reference::inputs::{from_bits, randn_inputs, to_bits};
     use crate::worker::reference::rows::select_rows;
     use crate::worker::reference::test_shape as shape;
 
-    /// Straightforward per-row attention in f64 for cross-checking.
-    fn naive(shape: &Shape, q: &[f32], k: &[f32], v: &[f32], row: Row) -> Vec<f64> {
+    /// Straightforward per-row attention in f64 for cross-checking, on the widened inputs.
+    fn naive(shape: &Shape, q: &[u16], k: &[u16], v: &[u16], row: Row) -> Vec<f64> {
+        let [q, k, v] = [q, k, v].map(|x| from_bits(x, shape.dtype));
         let d = shape.d as usize;
         let base = kv_head_offset(shape, row.0, row.1);
         let qi = row_offset(shape, row);
@@ -210,13 +249,13 @@ mod tests {
 
     #[test]
     fn hand_computed_two_keys() {
-        // D = 1, S = 2: scores = q*k/1 = [0, ln 3]; softmax = [1/4, 3/4].
+        // D = 1, S = 2: scores = q*k/1 = [0, 1.5]; softmax = [1, e^1.5] / (1 + e^1.5).
         let sh = shape(1, 1, 2, 1, false, DType::Fp16);
-        let q = vec![1.0, 0.0];
-        let k = vec![0.0, 3f32.ln()];
-        let v = vec![4.0, 8.0];
+        let bits = |x: &[f32]| to_bits(x, DType::Fp16);
+        let (q, k, v) = (bits(&[1.0, 0.0]), bits(&[0.0, 1.5]), bits(&[4.0, 8.0]));
         let out = reference_rows(&sh, &q, &k, &v, &[(0, 0, 0), (0, 0, 1)]);
-        assert!((out[0] - (0.25 * 4.0 + 0.75 * 8.0)).abs() < 1e-5, "{out:?}");
+        let e = 1.5f64.exp();
+        assert!((out[0] as f64 - (4.0 + 8.0 * e) / (1.0 + e)).abs() < 1e-5, "{out:?}");
         // Row 1 has q = 0: uniform weights.
         assert!((out[1] - 6.0).abs() < 1e-6, "{out:?}");
     }
@@ -224,7 +263,7 @@ mod tests {
     #[test]
     fn causal_row_zero_equals_v0_and_matches_naive() {
         let sh = shape(2, 3, 37, 16, true, DType::Bf16);
-        let (q, k, v) = randn_inputs(&sh, 7);
+        let [q, k, v] = randn_inputs(&sh, 7);
         let rows = select_rows(&sh, 7);
         assert_eq!(rows.len(), 2 * 3 * 37);
         let out = reference_rows(&sh, &q, &k, &v, &rows);
@@ -235,7 +274,7 @@ mod tests {
             }
             if row.2 == 0 {
                 let off = kv_head_offset(&sh, row.0, row.1);
-                assert_eq!(r, &v[off..off + 16], "causal row 0 must equal v[0]");
+                assert_eq!(r, &from_bits(&v[off..off + 16], sh.dtype)[..], "causal row 0 must equal v[0]");
             }
         }
     }
@@ -243,13 +282,40 @@ mod tests {
     #[test]
     fn non_causal_matches_naive() {
         let sh = shape(1, 2, 50, 64, false, DType::Fp16);
-        let (q, k, v) = randn_inputs(&sh, 3);
+        let [q, k, v] = randn_inputs(&sh, 3);
         let rows = vec![(0, 0, 0), (0, 1, 49), (0, 1, 17)];
         let out = reference_rows(&sh, &q, &k, &v, &rows);
         for (r, &row) in out.chunks(64).zip(&rows) {
             let want = naive(&sh, &q, &k, &v, row);
             for (a, b) in r.iter().zip(&want) {
                 assert!((*a as f64 - b).abs() < 1e-5, "{row:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// Grouped heads, a causal offset (SQ < SK) and both element types: the K/V a thread
+    /// widened for one block (another head of the group, shorter causal rows before longer
+    /// ones, a new head after) give every row exactly what it gets alone, and match f64.
+    #[test]
+    fn grouped_rows_reuse_widened_kv_exactly() {
+        for dt in [DType::Fp16, DType::Bf16] {
+            let sh = Shape { hkv: 2, sq: 40, sk: 300, ..shape(2, 8, 300, 32, true, dt) };
+            let [q, k, v] = randn_inputs(&sh, 21);
+            let rows = select_rows(&sh, 4);
+            assert_eq!(rows.len(), 2 * 8 * 40);
+            let all = reference_rows(&sh, &q, &k, &v, &rows);
+            for (i, &row) in rows.iter().enumerate().step_by(7) {
+                let alone = reference_rows(&sh, &q, &k, &v, &[row]);
+                assert_eq!(alone, all[i * 32..][..32], "{dt:?} {row:?} alone vs among the others");
+                for (a, b) in alone.iter().zip(&naive(&sh, &q, &k, &v, row)) {
+                    assert!((*a as f64 - b).abs() < 1e-5, "{dt:?} {row:?}: {a} vs {b}");
+                }
+            }
+            // Reversed order: every block changes head, or starts shorter than the last.
+            let back: Vec<Row> = rows.iter().rev().copied().collect();
+            let rev = reference_rows(&sh, &q, &k, &v, &back);
+            for (i, r) in rev.chunks(32).enumerate() {
+                assert_eq!(r, &all[(rows.len() - 1 - i) * 32..][..32], "{dt:?} reversed row {i}");
             }
         }
     }
@@ -261,7 +327,7 @@ mod tests {
     fn long_rows_match_naive_and_blocking_is_exact() {
         for causal in [false, true] {
             let sh = shape(1, 2, 3000, 128, causal, DType::Bf16);
-            let (q, k, v) = randn_inputs(&sh, 5);
+            let [q, k, v] = randn_inputs(&sh, 5);
             let rows = select_rows(&sh, 9);
             assert!(rows.len() > 300);
             let all = reference_rows(&sh, &q, &k, &v, &rows);

@@ -47,11 +47,16 @@ pub fn scatter<'a>(shape: &Shape, view: &ViewStrides, t: TensorName, logical: &'
     let d = shape.d as usize;
     let st = view.of(t);
     let (heads, rows) = shape.dims_of(t);
-    let mut out = vec![fill; view.extent(shape, t) as usize];
+    let extent = view.extent(shape, t) as usize;
     let per_batch = heads as usize * rows as usize * d;
     let batch_span = (heads as u64 - 1) * st.h + (rows as u64 - 1) * st.s + d as u64;
     if shape.b > 1 && st.b >= batch_span {
+        // Zeroed pages come lazily from the allocator; each thread fills its own batches
+        // (gaps included) and so touches their pages itself: for a decode shape's 1-GB
+        // padded K, one thread's fill of the whole buffer was as slow as the copy.
+        let mut out = vec![0u16; extent];
         par_chunks(&mut out, st.b as usize, |b, batch| {
+            batch.fill(fill);
             let logical = &logical[b * per_batch..][..per_batch];
             let mut from = 0usize;
             for h in 0..heads as u64 {
@@ -62,10 +67,12 @@ pub fn scatter<'a>(shape: &Shape, view: &ViewStrides, t: TensorName, logical: &'
                 }
             }
         });
+        Cow::Owned(out)
     } else {
+        let mut out = vec![fill; extent];
         for_each_row(shape, view, t, |from, to| out[to..to + d].copy_from_slice(&logical[from..from + d]));
+        Cow::Owned(out)
     }
-    Cow::Owned(out)
 }
 
 /// Tensor `t` read back from its strided buffer.

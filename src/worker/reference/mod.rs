@@ -1,10 +1,11 @@
 //! The CPU side of the correctness check: random inputs, an fp32 reference, and the comparison.
 //!
-//! Inputs are drawn from a standard normal distribution with a seeded generator and then
-//! rounded to the element type (fp16 or bf16), so the reference computes on exactly the
-//! values the GPU sees. The reference is plain softmax attention,
-//! `softmax(q kᵀ / sqrt(D)) v` with grouped-query heads (query head h reads KV head
-//! h / (HQ / HKV)) and an optional causal mask (key `j > i + SK - SQ` masked), computed
+//! Inputs are drawn from a standard normal distribution with a seeded generator and
+//! rounded to the element type (fp16 or bf16), kept as its bit patterns; the reference
+//! widens exactly those to f32, so it computes on the values the GPU sees. The reference
+//! is plain softmax attention, `softmax(q kᵀ / sqrt(D)) v` with grouped-query heads (query
+//! head h reads KV head h / (HQ / HKV)) and an optional causal mask (key `j > i + SK - SQ`
+//! masked), computed
 //! with max subtraction in fp32 (f64 for the softmax denominator), vectorized (AVX2 where
 //! the CPU has it, chosen at run time), for a chosen set of output rows: every row for
 //! small shapes, a stratified random sample beyond (one row from each block of 16 plus the
@@ -28,8 +29,7 @@ mod rows;
 pub use self::attention::{reference_rows, softmax_scale};
 pub use self::compare::{compare, Comparison};
 pub use self::inputs::{
-    from_bits, mix_seed, nan_bits, randn_inputs, randn_rounded, round_to_dtype, to_bits,
-    NAN_BITS_F32,
+    from_bits, mix_seed, nan_bits, randn_inputs, to_bits, NAN_BITS_F32,
 };
 pub use self::layout::{gather, scatter, Gathered};
 pub use self::rows::{kv_head_offset, row_offset, select_rows, visible_keys, Row, ALL_ROWS_LIMIT, SAMPLE_BLOCK};
