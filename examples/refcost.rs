@@ -1,7 +1,8 @@
-//! The CPU cost of checking one large shape: generating Q, K, V, the fp32 reference of the
-//! sampled rows, and converting the inputs to fp16 bits, for the benchmark workload's four
-//! large shapes. The worker does this for every candidate on every shape, so it bounds how
-//! many candidates a minute the daemon can check.
+//! The CPU cost of checking one large shape: generating Q, K and V (as the element type's
+//! bit patterns) and the fp32 reference of the sampled rows, for the benchmark workload's
+//! four large shapes and the largest decode shape of the LLM workload. The worker does this
+//! for every candidate on every shape (twice with the rerun probe), so it bounds how many
+//! candidates a minute the daemon can check.
 //!
 //!     cargo build --release --example refcost && ./target/release/examples/refcost
 //!
@@ -10,31 +11,33 @@
 
 use std::time::Instant;
 
-use optimizerd::spec::protocol::{DType, Shape};
+use optimizerd::spec::protocol::{DType, Layout, Shape};
 use optimizerd::worker::reference as r;
 
 fn main() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("{threads} threads");
-    for (b, h, s, d, causal) in [(2, 16, 8192, 128, false), (2, 16, 8192, 128, true), (4, 16, 4096, 64, false), (4, 16, 4096, 64, true)] {
-        let shape = Shape::mha(b, h, s, d, causal, DType::Fp16);
+    let mut shapes: Vec<Shape> = [(2, 16, 8192, 128, false), (2, 16, 8192, 128, true), (4, 16, 4096, 64, false), (4, 16, 4096, 64, true)]
+        .into_iter()
+        .map(|(b, h, s, d, causal)| Shape::mha(b, h, s, d, causal, DType::Fp16))
+        .collect();
+    // Llama-3-8B decode at B 64: K and V are 268M values each.
+    shapes.push(Shape { b: 64, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: false, dtype: DType::Bf16, layout: Layout::Bhsd });
+    for shape in shapes {
         let t = Instant::now();
-        let (q, k, v) = r::randn_inputs(&shape, 7);
+        let [q, k, v] = r::randn_inputs(&shape, 7);
         let generated = t.elapsed();
         let rows = r::select_rows(&shape, 7);
         let reference = r::reference_rows(&shape, &q, &k, &v, &rows);
         let referenced = t.elapsed();
-        let bits = [&q, &k, &v].map(|x| r::to_bits(x, shape.dtype));
-        let converted = t.elapsed();
         println!(
-            "{}: randn {:?}, reference {:?} ({} rows, {} values), to_bits {:?} ({} values)",
+            "{}: randn {:?} ({} values), reference {:?} ({} rows, {} values)",
             shape.key(),
             generated,
+            q.len() + k.len() + v.len(),
             referenced - generated,
             rows.len(),
             reference.len(),
-            converted - referenced,
-            bits.iter().map(Vec::len).sum::<usize>()
         );
     }
 }
