@@ -257,7 +257,7 @@ fn pairwise_cover(default: &Params, variants: Vec<Params>, knobs: &[String]) -> 
         }
         out
     };
-    let mut uncovered: std::collections::BTreeSet<Pair> = variants.iter().flat_map(|p| pairs_of(p)).collect();
+    let mut uncovered: std::collections::BTreeSet<Pair> = variants.iter().flat_map(&pairs_of).collect();
     let mut pool = variants;
     let mut chosen = Vec::new();
     if let Some(i) = pool.iter().position(|p| knobs.iter().all(|k| p[k] == default[k])) {

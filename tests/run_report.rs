@@ -16,8 +16,9 @@ use optimizerd::storage::ledger::{BestRow, IterationRecord, Ledger, NewRun, Shap
 use serde_json::json;
 
 
-/// baseline 100 us; crash; 1 split 99 us (rejected); 2 fails to compile; 4 is wrong;
-/// 8 splits 40 us (accepted on both); 16 splits 20 us on the small shape only (accepted).
+// The scripted run below: baseline 100 us; crash; 1 split 99 us (rejected); 2 fails to
+// compile; 4 is wrong; 8 splits 40 us (accepted on both); 16 splits 20 us on the small shape
+// only (accepted).
 
 /// SDPA on the two shapes: b1h1s128d64 (small) and b2h8s512d128-causal (large, 1.07 GFLOP).
 const FAKE_SDPA: &str = r#"#!/bin/sh

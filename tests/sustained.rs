@@ -251,7 +251,7 @@ async fn a_crash_after_the_re_rank_is_recorded_resumes_without_applying_it_twice
     let o = cli(&["start", "--budget", "10m", "--foreground", "--run-id", "crash", "--seed", "7"], Some("rerank-recorded@4"));
     assert!(!o.status.success(), "the failpoint aborts the daemon");
     let its = iterations(&p, "crash").await;
-    assert_eq!(its.iter().map(|i| (i.seq, i.stage.as_str())).last(), Some((4, "sustained-rerank")), "recorded before the crash");
+    assert_eq!(its.iter().map(|i| (i.seq, i.stage.as_str())).next_back(), Some((4, "sustained-rerank")), "recorded before the crash");
     let ledger = Ledger::open(&p.db()).await.unwrap();
     assert!(ledger.closing("crash").await.unwrap().is_empty(), "the comparison had not begun");
 

@@ -201,7 +201,7 @@ mod tests {
         let plan = ShapePlan { shape, n_splits: 1, launches: vec![], tensor_maps: vec![] };
         let case = TimeCase { shape, entries: vec![timing::entry("a", &plan), timing::entry("b", &plan), timing::entry("c", &plan)] };
         // 3 entries x 3 rounds x 200 ms = 1.8 s of windows: 3.6 s more.
-        assert_eq!(sustained_timeout(Duration::from_secs(180), &spec, &[case.clone()]), Duration::from_millis(183_600));
+        assert_eq!(sustained_timeout(Duration::from_secs(180), &spec, std::slice::from_ref(&case)), Duration::from_millis(183_600));
         assert_eq!(sustained_timeout(Duration::from_secs(180), &TimingSpec { sustained_ms: 0.0, ..spec }, &[case]), Duration::from_secs(180));
     }
 }

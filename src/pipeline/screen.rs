@@ -228,9 +228,9 @@ mod tests {
         assert_eq!(b.sustained_ms, 0.0, "a screen is never a sustained timing");
         assert_eq!((b.rounds, b.samples_per_round, b.graph, b.launches_per_sample), (4, 1, true, cfg.launches_per_sample));
         // A config with few rounds of many samples keeps four samples, as many per round as needed.
-        let few = brief(&TimingSpec { rounds: 2, samples_per_round: 10, ..cfg.clone() });
+        let few = brief(&TimingSpec { rounds: 2, samples_per_round: 10, ..cfg });
         assert_eq!((few.rounds, few.samples_per_round), (2, 2));
-        let one = brief(&TimingSpec { rounds: 1, samples_per_round: 3, ..cfg.clone() });
+        let one = brief(&TimingSpec { rounds: 1, samples_per_round: 3, ..cfg });
         assert_eq!((one.rounds, one.samples_per_round), (1, 3), "never more samples per round than the run's");
     }
 }

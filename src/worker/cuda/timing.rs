@@ -280,7 +280,7 @@ impl CudaBackend {
             .collect();
         let n_entries = case.entries.len();
         // Alternate the order round by round so that no entry always runs first.
-        let order = |round: u32, j: usize| if round % 2 == 0 { j } else { n_entries - 1 - j };
+        let order = |round: u32, j: usize| if round.is_multiple_of(2) { j } else { n_entries - 1 - j };
         for round in 0..rounds {
             for j in 0..n_entries {
                 let ei = order(round, j);
