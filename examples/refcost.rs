@@ -22,7 +22,7 @@ fn main() {
         .map(|(b, h, s, d, causal)| Shape::mha(b, h, s, d, causal, DType::Fp16))
         .collect();
     // Llama-3-8B decode at B 64: K and V are 268M values each.
-    shapes.push(Shape { b: 64, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: false, dtype: DType::Bf16, layout: Layout::Bhsd });
+    shapes.push(Shape { b: 64, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: false, window: None, dtype: DType::Bf16, layout: Layout::Bhsd });
     for shape in shapes {
         let t = Instant::now();
         let [q, k, v] = r::randn_inputs(&shape, 7);

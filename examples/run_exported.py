@@ -11,7 +11,15 @@ shape, the device and the knobs), the kernels run in order on fresh randn inputs
 output is compared with torch's scaled_dot_product_attention in fp32. Needs cupy, torch,
 jinja2 and cuda-bindings (pip install cuda-bindings).
 
-Both manifest formats load:
+Every manifest format loads:
+  - format 3 (kernel ABI v3): format 2's arguments with `int window` after `causal`, 17 in
+    all; a shape may carry `"window": W` (causal only: row i, at position p = i + SK - SQ, sees
+    keys p - W < j <= p; Hugging Face's sliding_window = W), formulas may read WINDOW (0: none),
+    and each kernel says `"windows": true|false`, whether its template implements the window.
+    A windowed shape is checked against SDPA with the window's mask, also at the extra key
+    lengths (where the window is then wider than SK on the short ones, which masks nothing);
+    a windowed shape is never run on a kernel whose entry says "windows": false (refused, with
+    the reason).
   - format 2 (kernel ABI v2): 16 arguments `(q, k, v, o, o_partial, lse_partial, batch,
     heads_q, heads_kv, seq_q, seq_k, n_splits, softmax_scale, causal, strides, cta_counter)`;
     shapes {b, hq, hkv, sq, sk, d, causal, dtype, layout}; formulas over B, HQ, HKV, G, SQ,
@@ -59,25 +67,59 @@ class Abi:
     """What differs between manifest formats: the argument count, the names formulas use,
     and how a stored shape reads."""
 
+    PARAMS = {1: 13, 2: 16, 3: 17}
+
     def __init__(self, fmt):
-        if fmt not in (1, 2):
-            sys.exit(f"manifest format {fmt}: this loader knows formats 1 and 2")
+        if fmt not in self.PARAMS:
+            sys.exit(f"manifest format {fmt}: this loader knows formats 1, 2 and 3")
         self.format = fmt
-        self.params = 13 if fmt == 1 else 16
+        self.params = self.PARAMS[fmt]
 
     def shape(self, s):
-        """A manifest shape as a dict with b, hq, hkv, sq, sk, d, causal, layout."""
+        """A manifest shape as a dict with b, hq, hkv, sq, sk, d, causal, layout, window (0: none)."""
         if self.format == 1 or "h" in s:
             return dict(b=s["b"], hq=s["h"], hkv=s["h"], sq=s["s"], sk=s["s"], d=s["d"], causal=bool(s["causal"]),
-                        layout="bhsd")
+                        layout="bhsd", window=0)
+        window = int(s.get("window") or 0)
+        if window and (self.format < 3 or not s["causal"]):
+            raise ValueError(f"shape {s}: a window needs format 3 and a causal shape")
         return dict(b=s["b"], hq=s["hq"], hkv=s["hkv"], sq=s["sq"], sk=s["sk"], d=s["d"], causal=bool(s["causal"]),
-                    layout=s.get("layout", "bhsd"))
+                    layout=s.get("layout", "bhsd"), window=window)
 
     def formula_vars(self, shape):
         if self.format == 1:
             return dict(B=shape["b"], H=shape["hq"], S=shape["sq"], D=shape["d"], CAUSAL=int(shape["causal"]))
-        return dict(B=shape["b"], HQ=shape["hq"], HKV=shape["hkv"], G=shape["hq"] // shape["hkv"], SQ=shape["sq"],
-                    SK=shape["sk"], D=shape["d"], CAUSAL=int(shape["causal"]), BSHD=int(shape["layout"] == "bshd"))
+        out = dict(B=shape["b"], HQ=shape["hq"], HKV=shape["hkv"], G=shape["hq"] // shape["hkv"], SQ=shape["sq"],
+                   SK=shape["sk"], D=shape["d"], CAUSAL=int(shape["causal"]), BSHD=int(shape["layout"] == "bshd"))
+        if self.format >= 3:
+            out["WINDOW"] = int(shape.get("window") or 0)
+        return out
+
+    def refusal(self, kernel, shape):
+        """Why `kernel` must not run `shape`, or None: a windowed shape on a kernel whose
+        template does not implement windows (format 3's `"windows": false`)."""
+        if shape.get("window") and not kernel.get("windows"):
+            return (f"window {shape['window']}: {kernel['file']}'s template does not implement sliding windows "
+                    "(\"windows\": false in the manifest)")
+        return None
+
+    def args(self, ptrs, shape, splits, scale, strides, counter):
+        """The ABI's arguments as ctypes values, in order: 6 pointers, the shape's ints (format 1:
+        batch, heads, seq_len; else batch, heads_q, heads_kv, seq_q, seq_k), n_splits,
+        softmax_scale, causal, format 3's window, format 2+'s strides struct, the CTA counter."""
+        values = [ctypes.c_uint64(p) for p in ptrs]
+        if self.format == 1:
+            values += [ctypes.c_int32(shape["b"]), ctypes.c_int32(shape["hq"]), ctypes.c_int32(shape["sq"])]
+        else:
+            values += [ctypes.c_int32(shape[x]) for x in ("b", "hq", "hkv", "sq", "sk")]
+        values += [ctypes.c_int32(splits), ctypes.c_float(scale), ctypes.c_int32(int(shape["causal"]))]
+        if self.format >= 3:
+            values.append(ctypes.c_int32(int(shape.get("window") or 0)))
+        if self.format >= 2:
+            values.append(strides)
+        values.append(ctypes.c_uint64(counter))
+        assert len(values) == self.params, (len(values), self.params)
+        return values
 
 
 def strides_of(shape, tensor, pad):
@@ -93,7 +135,23 @@ def key_of(shape):
     heads = f"h{shape['hq']}" if shape["hq"] == shape["hkv"] else f"hq{shape['hq']}hkv{shape['hkv']}"
     rows = f"s{shape['sq']}" if shape["sq"] == shape["sk"] else f"sq{shape['sq']}sk{shape['sk']}"
     return (f"b{shape['b']}{heads}{rows}d{shape['d']}" + ("-causal" if shape["causal"] else "")
+            + (f"-w{shape['window']}" if shape.get("window") else "")
             + ("-bshd" if shape["layout"] == "bshd" else ""))
+
+
+def reference_mask(shape, device="cpu"):
+    """[SQ, SK] booleans (True: seen) of the shape's causal mask, bottom-right (row i at position
+    p = i + SK - SQ sees keys j <= p), with its sliding window (also j > p - W); None when not
+    causal."""
+    if not shape["causal"]:
+        return None
+    sq, sk, w = shape["sq"], shape["sk"], int(shape.get("window") or 0)
+    p = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=device)[None, :]
+    mask = j <= p
+    if w:
+        mask &= j > p - w
+    return mask
 
 
 def evaluator(env_vars):
@@ -273,16 +331,8 @@ def prepare(abi, module, kernel, entry, shape, device, driver, pad=0, exported_v
             for fn, l in fns:
                 fn(l["grid"], l["block"], args, shared_mem=l["smem"])
     else:  # the driver API: kernelParams[i] points at the value of parameter i
-        values = [ctypes.c_uint64(t.data_ptr()) for t in (qf, kf, vf, of, o_part, lse)]
-        if abi.format == 1:
-            values += [ctypes.c_int32(b), ctypes.c_int32(hq), ctypes.c_int32(sq)]
-        else:
-            values += [ctypes.c_int32(b), ctypes.c_int32(hq), ctypes.c_int32(hkv), ctypes.c_int32(sq),
-                       ctypes.c_int32(sk)]
-        values += [ctypes.c_int32(splits), ctypes.c_float(scale), ctypes.c_int32(int(causal))]
-        if abi.format == 2:
-            values.append(Strides(**names))
-        values.append(ctypes.c_uint64(counter.data_ptr()))
+        values = abi.args([t.data_ptr() for t in (qf, kf, vf, of, o_part, lse)], shape, splits, scale,
+                          Strides(**names) if abi.format >= 2 else None, counter.data_ptr())
         pointers = [ctypes.addressof(x) for x in values]
         tensors = {"q": qf, "k": kf, "v": vf, "o": of}
         for m in maps:
@@ -297,7 +347,7 @@ def prepare(abi, module, kernel, entry, shape, device, driver, pad=0, exported_v
                 driver.launch(fn, l, stream, ctypes.addressof(kernel_params))
 
     return Prepared(go=go, q=q, k=k, v=v, o=o, of=of, launches=launches, maps_from=maps_from,
-                    keep=(values if abi.format == 2 or maps else None, qf, kf, vf, o_part, lse, counter))
+                    keep=(values if abi.format >= 2 or maps else None, qf, kf, vf, o_part, lse, counter))
 
 
 def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_view=False):
@@ -311,9 +361,7 @@ def run_one(abi, module, kernel, entry, shape, device, driver, pad=0, exported_v
     torch.cuda.synchronize()
     kr = k.float().repeat_interleave(hq // hkv, dim=1)
     vr = v.float().repeat_interleave(hq // hkv, dim=1)
-    mask = None
-    if causal:  # bottom-right: the query rows are the last SQ positions
-        mask = torch.arange(sk, device="cuda")[None, :] <= torch.arange(sq, device="cuda")[:, None] + (sk - sq)
+    mask = reference_mask(shape, "cuda")  # bottom-right causal, and the sliding window where the shape has one
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kr, vr, attn_mask=mask)
     err = (o.float() - ref).abs()
     unwritten = int(torch.isnan(o).sum())
@@ -393,7 +441,7 @@ def main():
     p = torch.cuda.get_device_properties(0)
     device = {"sms": p.multi_processor_count, "cc": p.major * 10 + p.minor,
               "smem_optin": getattr(p, "shared_memory_per_block_optin", 232448)}
-    need_driver = abi.format == 2 or any(k.get("tensor_maps") for k in manifest["kernels"])
+    need_driver = abi.format >= 2 or any(k.get("tensor_maps") for k in manifest["kernels"])
     driver = Driver() if need_driver else None
     extra = [int(x) for x in args.extra_s.split(",") if x]
     failures = skipped = 0
@@ -420,8 +468,13 @@ def main():
             continue
         for entry in kernel["shapes"]:
             base = abi.shape(entry["shape"])
+            why = abi.refusal(kernel, base)
+            if why:
+                print(f"{kernel['file']:<22} {key_of(base):<40} refused: {why}")
+                failures += 1  # the export paired a windowed shape with a kernel that ignores the window
+                continue
             runs = [(base, 0, True)]
-            if abi.format == 2:
+            if abi.format >= 2:
                 runs.append((base, PAD, False))  # the same shape on padded (non-contiguous) views
             for sk in extra:
                 sq = sk if base["sq"] == base["sk"] else min(base["sq"], sk)

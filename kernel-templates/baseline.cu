@@ -29,6 +29,10 @@
  * Shared:  none
  * CTAs:    cdiv(SQ, WARPS_PER_CTA) x (B * HQ) x 1   (B * HQ <= 65535, gridDim.y)
  * Registers: 2 * D / 32 fp32 (q and acc) plus m, l and two row pointers.
+ * Window:  a row walks only its keys [first_key, limit) (KeyMask): the loop
+ *          starts at the window's first key, so nothing is masked per key and
+ *          a window of W reads W keys per row; the row's diagonal key is in
+ *          the range, so l > 0 still.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -37,6 +41,7 @@ name = "baseline"
 description = "naive, correct attention: one warp per query row, keys one at a time, online softmax"
 min_cc = 70
 head_dims = [64, 96, 128, 256]
+windows = true
 
 [knobs]
 WARPS_PER_CTA = [4]
@@ -77,6 +82,10 @@ __device__ __forceinline__ void baseline_fwd(OPTD_ARGS) {
     const elem_t* kr = k + optd_head_off(strides.k_b, strides.k_h, b, hkv);
     const elem_t* vr = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
     const long long k_step = strides.k_s, v_step = strides.v_s;
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), window);
+    const int key0 = mask.first_key(row), key_end = mask.limit(row);
+    kr += key0 * k_step;
+    vr += key0 * v_step;
 
     const float scale_log2 = softmax_scale * OPTD_LOG2E;
     float qv[DPL], acc[DPL];
@@ -86,10 +95,10 @@ __device__ __forceinline__ void baseline_fwd(OPTD_ARGS) {
         acc[i] = 0.f;
     }
 
-    // Key 0 is never masked (SQ <= SK), so m becomes finite at the first key and l > 0.
+    // Every key of [key0, key_end) is seen and the range is never empty (key 0, or the
+    // row's own diagonal key under a window), so m becomes finite at the first key and l > 0.
     float m = OPTD_NEG_INF, l = 0.f;
-    const int n_keys = KeyMask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k)).limit(row);
-    for (int j = 0; j < n_keys; ++j, kr += k_step, vr += v_step) {
+    for (int j = key0; j < key_end; ++j, kr += k_step, vr += v_step) {
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) s += qv[i] * to_f32(kr[lane + 32 * i]);

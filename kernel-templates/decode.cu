@@ -18,8 +18,9 @@
  *     rest as gridDim.z, whose CTAs read the same K/V, mostly from L2.
  *   - flash-decoding: the KV sequence is split across gridDim.x CTAs, so that
  *     a few (b, kv head) groups still fill the SMs. Split z walks key tiles
- *     [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, n_splits),
- *     n_tiles = cdiv(SK, TILE_N), TILE_N = NUM_WARPS * BLOCK_N keys.
+ *     t0 + [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, n_splits),
+ *     n_tiles = cdiv(SK, TILE_N) - t0, TILE_N = NUM_WARPS * BLOCK_N keys, t0 = 0
+ *     (a window: the tile of the first key a row sees, see Masking).
  *   - inside a CTA, warp w takes keys [w * BLOCK_N, (w + 1) * BLOCK_N) of every
  *     tile (its own online softmax over 1 / NUM_WARPS of the keys); the
  *     warps merge once at the end through shared memory.
@@ -82,6 +83,14 @@
  * masks the same tile's keys >= SK (zero-filled in shared memory, so that
  * 0 * V is never NaN). A warp's sub-tile wholly past SK skips the math.
  *
+ * Window W (causal only): row s sees keys > s + SK - SQ - W too, so the rows
+ * together see [first_key(0), SK) (row 0 starts earliest: max(0, SK - SQ - W
+ * + 1)). The splits divide the tiles of that range (dec_visible_tiles, the
+ * spec's kv_tiles), not [0, SK): a window of 1024 over SK 16384 reads ~1024
+ * keys and splits them as a 1024-key cache would be split. Only the range's
+ * first tile(s), up to row SQ - 1's first key, are masked on the left, per
+ * element; a warp's sub-tile left of row 0's window skips the math.
+ *
  * Addressing: every row of Q, K, V and O goes through `strides` (both layouts,
  * padded views); rows start 16-byte aligned, which the cp.async copies and the
  * 16-byte O stores need. o_partial / lse_partial are contiguous.
@@ -135,6 +144,8 @@
  *                     cdiv(n_tiles, MIN_SPLIT_TILES)), at least 1; then lowered
  *          to the fewest splits with the same tiles per split, so that no split
  *          is empty (the kernel derives its range from n_splits alone).
+ *          n_tiles: the tiles of keys some row sees, cdiv(SK, TILE_N) less the
+ *          whole tiles left of the window (see Masking).
  * Registers: per thread D / 4 (Q fragments) + D / 2 (O) + BLOCK_N / 2 (S)
  *          fp32 / b32 values plus addressing: D 128, BLOCK_N 64: 32 + 64 + 32;
  *          __launch_bounds__(threads, 1). D 96: 24 + 48 + BLOCK_N / 2 (191
@@ -143,10 +154,15 @@
  *          152 at 64, the other knobs at their first values, sm_90), so Q is not
  *          held but loaded again per k-step (one ldmatrix.x4 per 16 columns and
  *          tile, common/decode_split.cuh): 128 + BLOCK_N / 2, 254-255 registers
- *          and no spill at BLOCK_N 16, 32 and 64 there. Over all code-knob
- *          points (sm_90, fp16) 120 of 432 still spill 8-100 bytes, 22 of the
- *          176 that fit in shared memory at D 256 (BLOCK_N 32 with NUM_WARPS 2
- *          or K_FIRST 1 mostly); BLOCK_N 16 never does.
+ *          and no spill at BLOCK_N 16 and 64 there (BLOCK_N 32: 4 bytes since
+ *          the window's left-edge code, which moved ptxas's spills around: of
+ *          24 D 256 points sampled, 9 spilled 16-48 bytes before it and 8
+ *          spill 4-32 after, not the same ones; a build with OPTD_BUILD_WINDOW=0
+ *          is the code from before, spills included). Over all code-knob points
+ *          (sm_90, fp16, counted before the window) 120 of 432 still spill
+ *          8-100 bytes, 22 of the 176 that fit in shared memory at D 256
+ *          (BLOCK_N 32 with NUM_WARPS 2 or K_FIRST 1 mostly); BLOCK_N 16
+ *          never does.
  * Head dims: 64, 96, 128, 256 (common/decode_split.cuh: any multiple of 32; D 96
  *          has its own swizzle and copy layout there). The combine's lane owns
  *          D / 32 dims: 2, 4 or 8 consecutive ones (one 8-, 16- or two 16-byte
@@ -155,6 +171,8 @@
  * Regime:  max_sq = 16 below: the gate refuses shapes with SQ > 16 (prefill),
  *          which the other templates serve; the kernel itself is correct for
  *          any SQ (more row tiles), just not what those shapes want.
+ * Window:  the splits divide only the tiles some row sees (t0 above, the spec's
+ *          kv_tiles), left-edge masking on those first tiles only (Masking).
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -164,6 +182,7 @@ description = "flash-decoding: GQA group x SQ rows packed into one mma.sync m16 
 min_cc = 80
 head_dims = [64, 96, 128, 256]
 max_sq = 16
+windows = true
 
 [knobs]
 BLOCK_N = [32, 16, 64]
@@ -180,7 +199,8 @@ K_FIRST = [0, 1]
 tile_n = "(NUM_WARPS // M_TILES) * BLOCK_N"
 row_tiles = "cdiv(G * SQ, 16 * M_TILES)"
 groups = "B * HKV * row_tiles"
-kv_tiles = "cdiv(SK, tile_n)"
+# Key tiles some row sees: dec_visible_tiles (a window starts them at row 0's first key).
+kv_tiles = "cdiv(SK, tile_n) - (max(0, SK - SQ - WINDOW + 1) // tile_n if WINDOW > 0 else 0)"
 want_splits = "max(1, min(cdiv(SPLIT_WAVES * SMS, groups), cdiv(kv_tiles, MIN_SPLIT_TILES)))"
 tiles_per_split = "cdiv(kv_tiles, want_splits)"
 splits = "cdiv(kv_tiles, tiles_per_split)"
@@ -388,13 +408,17 @@ template <int D>
 __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     using L = DecSmem<D>;
     OPTD_CHECK_SMEM(FWD, D, L::BYTES);
-    // This split's key tiles (the spec's formula leaves none empty).
+    // This split's key tiles, of those some row sees (the spec's formula leaves none
+    // empty; one that were would store LSE -inf and O = 0, as a split past the keys).
     const int split = blockIdx.x;
-    const int n_tiles = (seq_k + DEC_TILE_N - 1) / DEC_TILE_N;
+    const int win = optd_window(window);  // 0 in a build without the window's code
+    const DecTiles vis = dec_visible_tiles(seq_q, seq_k, causal, win);
+    const int n_tiles = vis.end - vis.begin;
     const int tps = (n_tiles + n_splits - 1) / n_splits;
-    const int t_begin = split * tps;
-    const int t_end = min(n_tiles, t_begin + tps);
-    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end, [] {});
+    const int t_begin = vis.begin + split * tps;
+    const int t_end = min(vis.end, t_begin + tps);
+    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, win, strides, t_begin,
+                         t_end, [] {});
 
     // Sum the key warps' copies of each valid row, 4 floats (16 bytes of xo) per step,
     // and store it: O itself (one split), or the split's partial row and LSE.
@@ -466,6 +490,7 @@ __device__ __forceinline__ void decode_combine(OPTD_ARGS) {
     (void)seq_k;
     (void)softmax_scale;
     (void)causal;
+    (void)window;
     const size_t rows_total = (size_t)batch * heads_q * seq_q;
     const size_t row = (size_t)blockIdx.x * DEC_COMBINE_ROWS + (threadIdx.x >> 5);
     if (row >= rows_total) return;

@@ -22,7 +22,9 @@
  *      through strides.o;
  *   4. cluster barrier: no CTA leaves while another still reads its memory.
  * The splits of one group are the cluster's CTAs (rank z = blockIdx.x, key
- * tiles [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, CLUSTER));
+ * tiles t0 + [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, CLUSTER),
+ * n_tiles = cdiv(SK, TILE_N) - t0, t0 = 0 or, windowed, the tile of the first
+ * key a row sees: common/decode_split.cuh's dec_visible_tiles);
  * a split past the keys (n_tiles < CLUSTER) has LSE -inf and weight 0. There
  * is no global scratch: n_splits = 1 for the ABI (o_partial and lse_partial
  * are not touched).
@@ -116,6 +118,9 @@
  *          combine works on 16-byte chunks of D / 4 floats: any D % 4 == 0.
  * Needs:   compute capability 9.0 (clusters, distributed shared memory); not
  *          arch-specific (plain sm_90 code). max_sq = 16, like decode.cu.
+ * Window:  as decode.cu: the CLUSTER splits divide the tiles some row sees
+ *          (a window of W reads ~W + SQ keys, whatever SK), and only those
+ *          first tiles are masked on the left (common/decode_split.cuh).
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -125,6 +130,7 @@ description = "flash-decoding in one launch: the KV splits of a GQA group are on
 min_cc = 90
 head_dims = [64, 96, 128, 256]
 max_sq = 16
+windows = true
 
 [knobs]
 BLOCK_N = [16, 32, 64]
@@ -335,10 +341,14 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     // blockIdx.x is the rank in the cluster: the grid's x is exactly CLUSTER.
     const int split = blockIdx.x;
     extern __shared__ __align__(128) unsigned char dec_smem[];
-    const int n_tiles = (seq_k + DEC_TILE_N - 1) / DEC_TILE_N;
+    // The cluster's splits divide the key tiles some row sees (a window: from the tile of
+    // row 0's first key, not 0); a rank past them has no tile, LSE -inf and weight 0.
+    const int win = optd_window(window);  // 0 in a build without the window's code
+    const DecTiles vis = dec_visible_tiles(seq_q, seq_k, causal, win);
+    const int n_tiles = vis.end - vis.begin;
     const int tps = (n_tiles + CLUSTER - 1) / CLUSTER;
-    const int t_begin = min(n_tiles, split * tps);
-    const int t_end = min(n_tiles, t_begin + tps);
+    const int t_begin = vis.begin + min(n_tiles, split * tps);
+    const int t_end = min(vis.end, t_begin + tps);
     constexpr int C4 = D / 4;
 #if COMBINE == 3
     // Every rank's mbarrier: its own arrive (now) and every byte the others will
@@ -382,7 +392,8 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
 #endif
     // The mbarriers are armed once the split's first K/V tile and Q are on their way
     // (thread 0's init and its cluster-scope fence would otherwise delay warp 0's copies).
-    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, strides, t_begin, t_end, arm);
+    decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, win, strides, t_begin,
+                         t_end, arm);
 
     float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
     const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);

@@ -40,6 +40,11 @@
  * Causal: tiles entirely above the CTA's last row (keys > last row + SK - SQ)
  * are not visited, and a warp skips the compute (not the __syncthreads) of
  * tiles above its own rows.
+ * Window W (causal only): row i also loses keys <= i + SK - SQ - W, so a block
+ * sees at most W + BLOCK_M - 1 keys, from keys_from(first row); the splits
+ * divide the tiles of that range, not [0, SK) (see n_splits), a warp skips
+ * the compute of tiles left of its rows' windows, and KeyMask::sees masks
+ * the left edge per element in the same test as the right.
  *
  * Partial results (n_splits > 1), fp32, contiguous (common/split_combine.cuh):
  *   o_partial[z][b][h][i][:]  = O_z (normalized by the split's own sum), and
@@ -71,7 +76,9 @@
  * n_splits: 1 when B * HQ * cdiv(SQ, BLOCK_M) already fills 80% of the SMs,
  *          else min(MAX_SPLITS, cdiv(SMS, that), cdiv(SK, 32)), then lowered to
  *          the smallest count with the same tiles per split, so that without
- *          causal masking no split is left without a tile.
+ *          causal masking no split is left without a tile. Windowed, cdiv(SK,
+ *          32) there is the most tiles a block's range spans, min(cdiv(SK, 32),
+ *          cdiv(W + BLOCK_M - 1, 32) + 1): the splits divide each block's range.
  * Registers: R * (D / 32 + 3) fp32 per thread (accumulators, m, l, a score)
  *          plus a K chunk and addressing (two 64-bit K/V row offsets);
  *          __launch_bounds__(threads, 1), except D 64 at 128 threads: 3 CTAs
@@ -80,6 +87,9 @@
  *          196-205 registers, no spills; R = 16 (BLOCK_M 64, 4 warps: 176
  *          fp32 of accumulators, m, l and scores) hits 255 and spills
  *          32-80 bytes.
+ * Window:  the block's key range starts at its first row's first key and the
+ *          splits divide that range (about W + BLOCK_M keys, whatever SK);
+ *          left-edge masking is sees()'s third compare, per element.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -88,6 +98,7 @@ name = "kv-split"
 description = "K/V tiles in shared memory, lane-per-key scores, KV sequence split over gridDim.z with an LSE combine"
 min_cc = 80
 head_dims = [64, 128, 256]
+windows = true
 
 [knobs]
 BLOCK_M = [16, 32, 64]
@@ -96,7 +107,9 @@ MAX_SPLITS = [1, 2, 4, 8, 16, 32]
 
 [derived]
 m_blocks = "cdiv(SQ, BLOCK_M)"
-kv_tiles = "cdiv(SK, 32)"
+# Key tiles a split range spans: [0, SK), or windowed at most W + BLOCK_M - 1 keys (+1 tile
+# for the alignment), the range the kernel's splits divide.
+kv_tiles = "cdiv(SK, 32) if WINDOW == 0 else min(cdiv(SK, 32), cdiv(WINDOW + BLOCK_M - 1, 32) + 1)"
 base_ctas = "B * HQ * m_blocks"
 want_splits = "1 if 5 * base_ctas >= 4 * SMS else max(1, min(MAX_SPLITS, cdiv(SMS, base_ctas), kv_tiles))"
 tiles_per_split = "cdiv(kv_tiles, want_splits)"
@@ -197,12 +210,18 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
 
     // This split's key tiles; under causal masking none past the block's last visible key.
-    const int n_tiles = (seq_k + KV_TILE - 1) / KV_TILE;
-    const int tps = (n_tiles + n_splits - 1) / n_splits;
-    const int t_begin = split * tps;
-    int t_end = min(n_tiles, t_begin + tps);
-    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
-    t_end = min(t_end, (mask.keys_before(m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
+    // Without a window the splits divide [0, SK) (the spec's kv_tiles). A window bounds
+    // the block's keys to [keys_from(m0), keys_before(m0 + BLOCK_M)), about W + BLOCK_M,
+    // and the splits divide that range instead (the spec's kv_tiles is its most tiles; a
+    // block with fewer leaves a split empty, which writes LSE -inf: weight 0).
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), optd_window(window));
+    const int kv_hi = mask.keys_before(m0 + BLOCK_M);
+    const int r_begin = mask.keys_from(m0) / KV_TILE;
+    const int r_end = ((mask.window ? kv_hi : seq_k) + KV_TILE - 1) / KV_TILE;
+    const int tps = (r_end - r_begin + n_splits - 1) / n_splits;
+    const int t_begin = r_begin + split * tps;
+    int t_end = min(r_end, t_begin + tps);
+    t_end = min(t_end, (kv_hi + KV_TILE - 1) / KV_TILE);
 
     // Scores are in the log2 domain (Q is pre-scaled), so the softmax's scale is 1;
     // l is this lane's share of the row sum.
@@ -247,8 +266,9 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
         }
         __syncthreads();  // K, V (and Q on the first tile) are visible
 
-        // Warp-uniform skip: all rows past SQ, or (causal) the tile lies above them.
-        if (row0 >= seq_q || mask.above(kv0, row0 + R - 1)) continue;
+        // Warp-uniform skip: all rows past SQ, or the tile lies above them (causal) or
+        // left of their windows (the range's first tile, rounded down from the block's).
+        if (row0 >= seq_q || mask.above(kv0, row0 + R - 1) || mask.left_of(kv0 + KV_TILE, row0)) continue;
 
         // 2. Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
         float s[R];

@@ -34,6 +34,10 @@
  * Causal: key tiles wholly above the CTA's last row (keys > last row + SK -
  * SQ) are not loaded, a warp skips the math (never the barriers) of tiles
  * wholly above its own rows, and the diagonal tile is masked per element.
+ * Window W (causal only), as kv-split: a block's key range starts at its first
+ * row's first key (keys_from), so it loads at most W + BLOCK_M - 1 keys plus
+ * alignment, and the splits divide that range; a warp skips the math of tiles
+ * left of its rows' windows, and sees() masks the left edge per element.
  *
  * Addressing (kernel ABI v2): every global row goes through the strides
  * (either layout, padded views); only the shared-memory tiles are dense.
@@ -110,6 +114,7 @@
  *          of the SMs, else min(MAX_SPLITS, cdiv(SMS, that), cdiv(SK, 32)),
  *          then lowered to the smallest count with the same tiles per split,
  *          so that without causal masking no split is left without a tile.
+ *          Windowed: the splits divide each block's own range (kv-split).
  * Registers: R * (D / 32 + 3) fp32 per thread plus a K chunk and addressing
  *          (two 64-bit K/V row offsets per thread); __launch_bounds__(threads,
  *          1), as kv-split, so that ptxas keeps the accumulators of BLOCK_M
@@ -124,6 +129,9 @@
  *          Not 96. D 256 is Gemma 2/3's; there, one-element copies (VEC_LOADS
  *          = CP_ASYNC = 0) with 128 threads copy two elements of each key row
  *          per thread (KvCopy::COLS), a row having 256 of them.
+ * Window:  the block's key range starts at its first row's first key and the
+ *          splits divide that range (about W + BLOCK_M keys, whatever SK);
+ *          left-edge masking is sees()'s third compare, per element.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -132,6 +140,7 @@ name = "memory"
 description = "kv-split on the CUDA cores with its data movement tuned: 16-byte vectorized loads, cp.async K/V ring (2-3 stages), XOR-swizzled or padded K tile"
 min_cc = 80
 head_dims = [64, 128, 256]
+windows = true
 
 [knobs]
 BLOCK_M = [16, 32, 64]
@@ -144,7 +153,9 @@ SWIZZLE = [1, 0]
 
 [derived]
 m_blocks = "cdiv(SQ, BLOCK_M)"
-kv_tiles = "cdiv(SK, 32)"
+# Key tiles a split range spans: [0, SK), or windowed at most W + BLOCK_M - 1 keys (+1 tile
+# for the alignment), the range the kernel's splits divide (as kv-split).
+kv_tiles = "cdiv(SK, 32) if WINDOW == 0 else min(cdiv(SK, 32), cdiv(WINDOW + BLOCK_M - 1, 32) + 1)"
 base_ctas = "B * HQ * m_blocks"
 want_splits = "1 if 5 * base_ctas >= 4 * SMS else max(1, min(MAX_SPLITS, cdiv(SMS, base_ctas), kv_tiles))"
 tiles_per_split = "cdiv(kv_tiles, want_splits)"
@@ -393,12 +404,18 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
     const long long koff = cp.offset(k_stride), voff = cp.offset(v_stride);
 
     // This split's key tiles; under causal masking none past the block's last visible key.
-    const int n_tiles = (seq_k + KV_TILE - 1) / KV_TILE;
-    const int tps = (n_tiles + n_splits - 1) / n_splits;
-    const int t_begin = split * tps;
-    int t_end = min(n_tiles, t_begin + tps);
-    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
-    t_end = min(t_end, (mask.keys_before(m0 + BLOCK_M) + KV_TILE - 1) / KV_TILE);
+    // Without a window the splits divide [0, SK) (the spec's kv_tiles). A window bounds
+    // the block's keys to [keys_from(m0), keys_before(m0 + BLOCK_M)), about W + BLOCK_M,
+    // and the splits divide that range instead (the spec's kv_tiles is its most tiles; a
+    // block with fewer leaves a split empty, which writes LSE -inf: weight 0).
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), optd_window(window));
+    const int kv_hi = mask.keys_before(m0 + BLOCK_M);
+    const int r_begin = mask.keys_from(m0) / KV_TILE;
+    const int r_end = ((mask.window ? kv_hi : seq_k) + KV_TILE - 1) / KV_TILE;
+    const int tps = (r_end - r_begin + n_splits - 1) / n_splits;
+    const int t_begin = r_begin + split * tps;
+    int t_end = min(r_end, t_begin + tps);
+    t_end = min(t_end, (kv_hi + KV_TILE - 1) / KV_TILE);
     const int n_local = t_end - t_begin;  // may be <= 0: nothing to do but write the empty result
 
 #if CP_ASYNC
@@ -454,8 +471,9 @@ __device__ __forceinline__ void memory_fwd(OPTD_ARGS) {
         const unsigned char* kt = k_s + slot * L::K_TILE;
         const unsigned char* vt = v_s + slot * L::V_TILE;
 
-        // Warp-uniform skip: all rows past SQ, or (causal) the tile lies above them.
-        if (row0 >= seq_q || mask.above(kv0, row0 + R - 1)) continue;
+        // Warp-uniform skip: all rows past SQ, or the tile lies above them (causal) or
+        // left of their windows (the range's first tile, rounded down from the block's).
+        if (row0 >= seq_q || mask.above(kv0, row0 + R - 1) || mask.left_of(kv0 + KV_TILE, row0)) continue;
 
         // Scores, lane-per-key: s[r] = q_r . k_lane (log2 domain).
         float s[R];

@@ -145,6 +145,14 @@
  *          D 256 (WR 16 only): 128 + 32 + 4 at BLOCK_N 64, ptxas 248-254
  *          registers (237-250 at BLOCK_N 32), no spills: Q in registers
  *          would add 64, and WR 32 would need 256 for O alone.
+ * Window:  (causal only) a CTA's key loop starts at the tile holding its first
+ *          row's first key (KeyMask::keys_from), so a window of W reads about
+ *          W + BLOCK_M keys per query tile, not up to SK; a warp skips the math of
+ *          sub-tiles left of its first row's window (left_of), and only the
+ *          sub-tiles crossing some row's left edge are masked per element
+ *          (partial_left, m16n8_mask_left: a second test, so the unwindowed
+ *          masking code is unchanged). CTAs still take query tiles in reverse,
+ *          harmless when windowed tiles all cost about the same.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -153,6 +161,7 @@ name = "mma-fa2"
 description = "FlashAttention-2 forward: mma.sync m16n8k16, 16 or 32 query rows per warp, P kept in registers, cp.async K/V ring, swizzled or padded shared rows"
 min_cc = 80
 head_dims = [64, 96, 128, 256]
+windows = true
 
 [knobs]
 BLOCK_N = [64, 32]
@@ -523,10 +532,15 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const elem_t* kh = k + optd_head_off(strides.k_b, strides.k_h, b, kvh);
     const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, kvh);
 
-    // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
-    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
+    // Bottom-right causal: row i sees keys <= i + seq_k - seq_q (and, windowed,
+    // > i + seq_k - seq_q - window).
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), optd_window(window));
     const int kv_end = mask.keys_before(m0 + BLOCK_M);  // keys any row here sees
     const int n_tiles = max(kv_end + FA_TILE_N - 1, 0) / FA_TILE_N;
+    // Window: no row of the tile sees a key left of the first row's first key, so the
+    // loop starts at the tile holding it (0 without a window). Tiles keep their absolute
+    // index t: key t * FA_TILE_N, ring slot t % STAGES (consecutive tiles, consecutive slots).
+    const int t0 = mask.keys_from(m0) / FA_TILE_N;
 
     // --- Q tile (rows >= SQ zero-filled) --------------------------------------
 #pragma unroll
@@ -581,8 +595,8 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
 #pragma unroll
     for (int j = 0; j < KV_CPT; ++j)
         ld_delta[j] = fa_split_swizzle<D>() ? tile_off<D>(ld_row, ld_ch + j * KV_TPR) - ld_dst : (unsigned)(j * KV_TPR * 16);
-    const elem_t* k_next = kh + (long long)ld_row * strides.k_s + ld_ch * 8;
-    const elem_t* v_next = vh + (long long)ld_row * strides.v_s + ld_ch * 8;
+    const elem_t* k_next = kh + (long long)(t0 * FA_TILE_N + ld_row) * strides.k_s + ld_ch * 8;
+    const elem_t* v_next = vh + (long long)(t0 * FA_TILE_N + ld_row) * strides.v_s + ld_ch * 8;
     auto load_kv = [&](int t) {
         if (KV_IDLE && ld_row >= FA_TILE_N) return;
         const int rows_left = seq_k - t * FA_TILE_N - ld_row;  // copy i is a key < SK iff i * KV_RSTEP < this
@@ -601,10 +615,10 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
             asm volatile("" : "+l"(k_next), "+l"(v_next));
         }
     };
-    // Group 0 holds Q and tile 0; groups 1 .. STAGES - 2 one tile each.
+    // Group 0 holds Q and tile t0; groups 1 .. STAGES - 2 one tile each.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < n_tiles) load_kv(s);
+        if (t0 + s < n_tiles) load_kv(t0 + s);
         cp_async_commit();
     }
 
@@ -648,16 +662,18 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
     const float sl2 = softmax_scale * OPTD_LOG2E;
     auto acc_at = [&](int mt, int j, int e) -> float& { return acc[mt][j][e]; };
 
-    for (int t = 0; t < n_tiles; ++t) {
+    for (int t = t0; t < n_tiles; ++t) {
         cp_async_wait<STAGES - 2>();  // tile t has landed (this thread's copies)
         __syncthreads();              // ... everyone's; slot (t - 1) % STAGES is free
         if (t + STAGES - 1 < n_tiles) load_kv(t + STAGES - 1);
         cp_async_commit();
 
         const int kv0 = t * FA_TILE_N + ks * BLOCK_N;  // this warp's first key
-        // Warp-uniform: rows all past SQ, keys all past SK, or (causal) the
-        // sub-tile is wholly above the rows.
-        if (wrow0 >= seq_q || kv0 >= seq_k || mask.above(kv0, wrow0 + WR - 1)) continue;
+        // Warp-uniform: rows all past SQ, keys all past SK, or the sub-tile is
+        // wholly above the rows (causal) or left of their windows (the loop's first
+        // tile, rounded down from the CTA's first row, and sub-tiles of KV_WARPS > 1).
+        if (wrow0 >= seq_q || kv0 >= seq_k || mask.above(kv0, wrow0 + WR - 1) || mask.left_of(kv0 + BLOCK_N, wrow0))
+            continue;
         // Sub-tile rows start at a multiple of 16, so row % 8 and the swizzle are unchanged.
         const unsigned sub = (unsigned)((t % STAGES) * KV_BYTES + ks * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
@@ -694,9 +710,11 @@ __device__ __forceinline__ void mma_fa2_fwd(OPTD_ARGS) {
             }
         }
 
-        // 3. Masking: ragged tail, and (causal) tiles crossing the warp's diagonal.
+        // 3. Masking: ragged tail, (causal) tiles crossing the warp's diagonal, and
+        //    (window) tiles crossing the left edge of some row's window.
         auto s_at = [&](int mt, int j, int e) -> float& { return s[mt][j][e]; };
         if (mask.partial(kv0, BLOCK_N, wrow0)) m16n8_mask<MT, NT, MT == 2>(s_at, mask, wrow0 + g, kv0, 2 * tq);
+        if (mask.partial_left(kv0, wrow0 + WR - 1)) m16n8_mask_left<MT, NT>(s_at, mask, wrow0 + g, kv0, 2 * tq);
 
         // 4. Online softmax, per m-tile rows g (e = 0, 1) and g + 8 (e = 2, 3).
         float mx[RH], bias[RH], corr[RH];

@@ -21,8 +21,9 @@
  *     2. masking, only on tiles that need it: keys >= SK and, causal, keys
  *        above the row's diagonal, bottom-right (row i sees keys
  *        <= i + SK - SQ; tiles wholly above every row of the warpgroup are
- *        not computed; tiles above every row of the CTA are not even loaded);
- *        common/mask.cuh's KeyMask;
+ *        not computed; tiles above every row of the CTA are not even loaded),
+ *        and with a sliding window keys left of the row's window ("Window:"
+ *        below); common/mask.cuh's KeyMask;
  *     3. online softmax (common/online_softmax.cuh, on the m16n8 layout of
  *        common/quad_softmax.cuh): a thread holds rows g and g + 8 of its
  *        warp's 16, max and sum reduced across the quad;
@@ -108,6 +109,37 @@
  *          consumers' 240 (ptxas, sm_90a: no spill in the key-tile loops; 36 / 116 bytes of
  *          spill stores / loads at BLOCK_N 80 and 20 / 44 at 64 in the per-work-tile code, as
  *          D 128's 12 / 28 at the default point); 3 consumers' 160 cannot hold O and S.
+ * Window:  (ABI v3's `window` W > 0, causal only: row i sees keys > i + SK - SQ - W too)
+ *          Range: a work tile's key tiles start at the tile holding its first query
+ *          position's first key (KeyTiles::first in common/tile_scheduler.cuh; packed tiles
+ *          by position, as the causal mask), so a query tile reads about W + TP keys, not up
+ *          to SK; TileScheduler::keys() is the one range the producer loads and every
+ *          consumer waits for and releases (ring and ping-pong turns stay in step). A
+ *          consumer whose rows start later only waits for and releases the tiles left of
+ *          its first row's first key (computed, they would cost the third of 3 consumers
+ *          a tile more per work tile: 1 in 3 at W 128, BLOCK_N 128).
+ *          Masking: tiles before the one holding the first key of the warpgroup's last row
+ *          cross some row's left edge and are masked per element (m16n8_mask_left, beside
+ *          the right edge's m16n8_mask; with a small W, W = 1 at the extreme, one tile
+ *          crosses both). The unmasked (steady-state) loops carry none of it. OVERLAP: the
+ *          first tile tests for it, and the masked loop runs twice, over the left edge's
+ *          tiles and then the right's, its left mask behind a warp-uniform test. Without
+ *          OVERLAP (and in split tiles): a third peeled copy of the loop, for the left edge,
+ *          runs first. Each form is the one of those tried whose plain loops at W = 0 came
+ *          out of ptxas closest to before (sass_loop_stats.py, the plan's start points: D 64
+ *          419 instructions for 423, D 128 499 for 500 and without OVERLAP 612 for 608, D 256
+ *          470 for 526 and 590 for 594; no spill in any loop). A build without the window's
+ *          code (OPTD_BUILD_WINDOW 0, common/optd.cuh: optd_window() is 0 and kWin false)
+ *          compiles the kernels of before windows: the same SASS but optd_window's trap test.
+ *          Schedulers: the causal orders (one CTA per tile's and DYNAMIC's longest first,
+ *          the static snake's heaviest first) are kept: windowed lengths,
+ *          min(causal, ~(W + TP) / BLOCK_N) key tiles, still do not shrink as the query
+ *          tile grows, give or take one key tile of rounding and a lighter ragged last tile.
+ *          STREAM_K is not engaged with a window (whole tiles; the spec's sk_can, so the
+ *          knob is inert there): its tail pieces, lengths and sums stay the unwindowed
+ *          ones (windowed, they cost the STREAM_K kernels 4400 instructions and 84 bytes
+ *          of spill stores at W = 0; TileScheduler::keys). Every knob combination runs
+ *          windowed: no [[refuse]] for it.
  * Tensor maps: q and o (box 64 rows x D; packed, 64 / P rows x one panel, a box
  *          per panel: box_panels), k and v (box BLOCK_N rows x D: D / 64 = 1, 2 or 4
  *          panels of 64 columns), 128-byte swizzle,
@@ -275,6 +307,7 @@ description = "FlashAttention-3-style forward for Hopper: TMA producer warp + mb
 min_cc = 90
 head_dims = [64, 96, 128, 256]
 arch_specific = true
+windows = true
 
 [knobs]
 BLOCK_N = [192, 128, 176, 80, 64]
@@ -303,8 +336,9 @@ m_blocks = "cdiv(SQ, block_m // pack)"
 tiles = "m_blocks * B * HQ // pack"
 sk_tail = "tiles % SMS"
 # Whether STREAM_K may cut the tail (the kernel's own test, less its causal length check):
-# a tail of at least one key tile per SM; causal, only a grid of one partial round.
-sk_can = "1 if PERSISTENT and sk_tail > 0 and ((CAUSAL and tiles < SMS) or (not CAUSAL and sk_tail * cdiv(SK, BLOCK_N) >= SMS)) else 0"
+# a tail of at least one key tile per SM; causal, only a grid of one partial round; no
+# sliding window (whole tiles there: TileScheduler::keys says why).
+sk_can = "1 if PERSISTENT and WINDOW == 0 and sk_tail > 0 and ((CAUSAL and tiles < SMS) or (not CAUSAL and sk_tail * cdiv(SK, BLOCK_N) >= SMS)) else 0"
 sk_on = "sk_can if STREAM_K else 0"
 # STREAM_K's grid is every SM, even with fewer tiles (the tail is then every tile).
 grid_x = "SMS if sk_on else min(tiles, SMS)"
@@ -317,7 +351,8 @@ splits = "max(1, cdiv(sk_floats, B * HQ * SQ * D)) if sk_on else 1"
 PACK_GQA = "pack == 1"
 # No work tile of at most 64 query rows: only SQ's last tile can be one (packed tiles never split).
 TAIL_SPLIT = "pack > 1 or SQ - (m_blocks - 1) * (block_m // pack) > 64"
-# One CTA per tile, no tail, a tail of fewer key tiles than SMs, or causal rounds: whole tiles.
+# One CTA per tile, no tail, a tail of fewer key tiles than SMs, causal rounds, or a window:
+# whole tiles.
 STREAM_K = "not sk_can"
 # The longest-first groups order only causal grids of one CTA per tile, or DYNAMIC's tiles.
 LPT_MIB = "not CAUSAL or (PERSISTENT and not DYNAMIC)"
@@ -630,10 +665,12 @@ struct Consumer {
     // and the loop calling it carries no mask code (see the loops' peel).
     // row_step: the query position of the thread's second row (g + 8) minus its first's (8;
     // PACK_GQA with 8 positions per head: 0, the rows are two heads at one position).
+    // left: the tile crosses the left edge of some row's window (mask it per element there;
+    // a separate test so that the loops without a window carry none of its code).
     __device__ __forceinline__ void softmax(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2],
-                                            bool masked = true, int row_step = 8) {
+                                            bool masked = true, int row_step = 8, bool left = false) {
         float bias[2];
-        const bool moved = row_max(kv0, row_g, mask, sl2, corr, bias, masked, row_step);
+        const bool moved = row_max(kv0, row_g, mask, sl2, corr, bias, masked, row_step, left);
         // Warp-uniform: the O rescale is skipped when no row of the warp moved.
         rescale = __any_sync(0xffffffffu, moved);
         m16n8_exp2<1, NT>(s_at(), sm, sl2, bias);
@@ -642,9 +679,10 @@ struct Consumer {
     // The softmax up to the exponentials: mask, row max, O's correction factors and the
     // exponent bias (corr is 1 for a row whose max did not move); whether a row moved.
     __device__ __forceinline__ bool row_max(int kv0, int row_g, const KeyMask& mask, float sl2, float (&corr)[2],
-                                            float (&bias)[2], bool masked, int row_step) {
+                                            float (&bias)[2], bool masked, int row_step, bool left = false) {
         if (masked && mask.partial(kv0, BLOCK_N, row_g))
             m16n8_mask<1, NT, true>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3), row_step);
+        if (left) m16n8_mask_left<1, NT>(s_at(), mask, row_g, kv0, 2 * (threadIdx.x & 3), row_step);
         float mx[2];
         m16n8_row_max<1, NT>(s_at(), sm.m, mx);
         return sm.rescale(mx, sl2, bias, corr);
@@ -878,9 +916,26 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // semaphore per (tail tile, consumer) in lse_partial's words from n_splits rows.
     constexpr int SK_THREAD_FLOATS = 4 + D / 2;
     const long long rows_total = (long long)batch * heads_q * seq_q;
+    // Bottom-right causal: row i sees keys <= i + seq_k - seq_q (and, windowed,
+    // > i + seq_k - seq_q - window).
+    // optd_window(): 0, and every window test folded away, in a build without the window's
+    // code (OPTD_BUILD_WINDOW 0: the kernels of before windows, instruction for instruction).
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), optd_window(window));
+    // Key tiles any row of query tile m sees, [kv.first(m), kv.end(m)): from the window's
+    // start for its first query position to the causal end for its last (packed: the
+    // positions, TP per tile, that the masks use). The producer and the consumers take a
+    // work tile's range from sched.keys(w, kv) alone.
+    const KeyTiles kv(mask, TP, BLOCK_N);
+    // Not with a window (whole tiles, as where the scratch is short; the spec's sk_can):
+    // the scheduler's piece arithmetic stays the unwindowed one (TileScheduler::keys).
+    // Tested on an opaque copy of `window`: on `window` itself the compiler specialized the
+    // consumers' per-tile code for window 0 under stream-K (D 64: 180 / 420 bytes of spill
+    // stores / loads, against 176 / 360 this way, as before windows).
     if (STREAM_K) {
+        int no_window = 1;
+        if constexpr (OPTD_BUILD_WINDOW != 0) asm("mov.b32 %0, %1;" : "=r"(no_window) : "r"((int)(window == 0)));
         const bool room = 2ll * gridDim.x * CONSUMERS * 128 * SK_THREAD_FLOATS <= (long long)n_splits * rows_total * D &&
-                          (long long)((n_mb * batch * heads_t) % gridDim.x) * CONSUMERS <= rows_total;
+                          (long long)((n_mb * batch * heads_t) % gridDim.x) * CONSUMERS <= rows_total && no_window;
         sched.enable_stream_k(KvTiles{TP, BLOCK_N, seq_k, optd_causal_offset(seq_q, seq_k), causal != 0}, room);
     }
     // DYNAMIC (persistent, causal): work tiles longest first from a global counter
@@ -889,12 +944,6 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     const bool dynamic = DYNAMIC && PERSISTENT && causal != 0 && !sched.stream_k();
     unsigned* const dyn_words = reinterpret_cast<unsigned*>(lse_partial + n_splits * rows_total);
     (void)dyn_words;
-    // Bottom-right causal: row i sees keys <= i + seq_k - seq_q.
-    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
-    // Key tiles any row of query tile m_block sees (causal: up to its last row).
-    auto tiles_of = [&](int m_block) {
-        return max(mask.keys_before((m_block + 1) * TP) + BLOCK_N - 1, 0) / BLOCK_N;
-    };
 
     if (tid == 0) {
 #pragma unroll
@@ -947,16 +996,15 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                         for (int pn = 0; pn < WT_PANEL_BOXES(D, P); ++pn)
                             tma_load_5d(q_dst + c * Q_WG_BYTES + pn * 64 * Pan::BYTES + j * R * Pan::BYTES, tm_q, qf, 0, m0 + R * c, pn,
                                         ht * P + j, b);
-                // Key tiles [kt0, n_tiles): the whole tile's, or a stream-K piece's.
-                const bool piece = STREAM_K && w.piece >= 0;
-                const int kt0 = piece ? w.k_lo : 0;
-                const int n_tiles = piece ? w.k_hi : tiles_of(m_block);
+                // Key tiles [kr.lo, kr.hi): the whole tile's (a window's first to the causal
+                // end), or a stream-K piece's; the consumers walk the same ones.
+                const KeyRange kr = sched.keys(w, kv);
                 // Not unrolled: one thread issuing TMA has time to spare, and
                 // ptxas unrolled this loop 4x into the producer's 24 or 32
                 // registers, spilling the K/V coordinates (b, K/V head) around
                 // every copy.
 #pragma unroll 1
-                for (int t = kt0; t < n_tiles; ++t, ++it) {
+                for (int t = kr.lo; t < kr.hi; ++t, ++it) {
                     const int s = it % STAGES;
                     const unsigned ph = (it / STAGES) & 1;
                     mbar_wait(smem_addr(&bars.k_empty[s]), ph ^ 1);
@@ -1005,10 +1053,11 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
         auto run_tile = [&](const WorkTile& wt, int i) {
             const int bh = wt.bh;
             const int m0 = wt.m_block * TP;
-            // Key tiles [kt0, n_tiles) of the work tile: all of them, or a stream-K piece's.
+            // Key tiles [kt0, n_tiles) of the work tile, those the producer loads: all of
+            // them, or a stream-K piece's.
             const bool piece = STREAM_K && wt.piece >= 0;
-            const int kt0 = piece ? wt.k_lo : 0;
-            const int n_tiles = piece ? wt.k_hi : tiles_of(wt.m_block);
+            const KeyRange kr = sched.keys(wt, kv);
+            const int kt0 = kr.lo, n_tiles = kr.hi;
             // A tile of at most 64 rows: every consumer takes them, a share of the keys each
             // (not in packed tiles).
             const bool split = TAIL_SPLIT && P == 1 && seq_q - m0 <= 64;
@@ -1082,10 +1131,23 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // `cur`: the first key tile not yet released; `next` its index.
             RingPos cur = ring;
             int next = kt0;
-            if (OVERLAP && !split_tile && n_wg > kt0) {
+            // Window: the first tile the warpgroup computes holds its first row's first key
+            // (a later consumer's rows start further right than the work tile's first row;
+            // the tiles before it are only waited for and released), and tiles before
+            // n_left cross the left edge of some row's window (its last row's is the
+            // rightmost): they are masked on the left per element, outside the plain loops
+            // (below). kWin false, a build without the window's code: the loops of before,
+            // as written.
+            constexpr bool kWin = OPTD_BUILD_WINDOW != 0;
+            const int wg0 = kWin ? max(kt0, mask.keys_from(row0) / BLOCK_N) : kt0;
+            const int n_left = kWin ? min(n_wg, (mask.first_key(row0 + R - 1) + BLOCK_N - 1) / BLOCK_N) : 0;
+            if (OVERLAP && !split_tile && n_wg > wg0) {
+                if constexpr (kWin) {
+                    for (; next < wg0; ++next) skip_tile(cur);  // left of this warpgroup's rows
+                }
                 RingPos kp = cur;  // K of tile t; cur follows V of tile t - 1
                 const unsigned long long dq = smem_desc_kmajor<Pan::BYTES>(q_tile);
-                // Tile kt0: S only.
+                // Tile wg0: S only.
                 mbar_wait(k_full(kp), kp.phase ^ OPTD_FAULT_MBAR_PHASE);
                 turn_wait(c);
                 cs.issue_qk(q_tile, k_tile(kp));
@@ -1095,10 +1157,12 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 release(bars.k_empty, kp);
                 kp.next();
                 float corr[2];
-                cs.softmax(kt0 * BLOCK_N, row_g, mask, sl2, corr, true, row_step);
+                cs.softmax(wg0 * BLOCK_N, row_g, mask, sl2, corr, true, row_step, kWin && wg0 < n_left);
                 cs.rescale_and_pack(corr);
-                // Tile t: S_t, then the PV of t - 1; softmax of t under that PV.
-                auto step = [&](int t, bool masked) {
+                // Tile t: S_t, then the PV of t - 1; softmax of t under that PV. masked: the
+                // right edge's test and masking (SK, the causal diagonal); left: the window's
+                // left edge, unconditionally (only tiles before n_left get it).
+                auto step = [&](int t, bool masked, bool left) {
                     unsigned long long dk = smem_desc_kmajor<Pan::BYTES>(k_tile(kp)), dv = cs.v_desc(v_tile(cur));
                     // Materialized here: without the fence the compiler sinks the arithmetic
                     // back after the turn (the same SASS as issue_qk(q_tile, k_tile)).
@@ -1116,7 +1180,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     kp.next();
                     if constexpr (PV_WAIT) {
                         float bias[2];
-                        const bool moved = cs.row_max(t * BLOCK_N, row_g, mask, sl2, corr, bias, masked, row_step);
+                        const bool moved = cs.row_max(t * BLOCK_N, row_g, mask, sl2, corr, bias, masked, row_step, left);
                         // Warp-uniform: without kLazy every row moves (corr may still be 1).
                         const bool rescale_o = !cs.kLazy || __any_sync(0xffffffffu, moved);
                         wgmma_wait<0>();
@@ -1125,7 +1189,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                         cur.next();
                         cs.finish_after_pv(corr, bias, sl2, rescale_o);
                     } else {
-                        cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
+                        cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step, left);
                         cs.wait_pv_and_rescale(corr);
                         release(bars.v_empty, cur);
                         cur.next();
@@ -1143,9 +1207,26 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // softmax still under the P V (scripts/sass_loop_stats.py). FA4 splits
                 // its loop the same way. (The one-loop form, a knob PEEL 0 for a while, was
                 // slower at every point timed: 0.1-4% on the H200, 2026-11-26.)
-                const int n_plain = max(kt0 + 1, min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N));
-                for (int t = kt0 + 1; t < n_plain; ++t) step(t, false);
-                for (int t = n_plain; t < n_wg; ++t) step(t, true);
+                // Window: the tiles before n_left cross the left edge of some row's window.
+                // They run in the masked loop too, before the plain tiles: an outer loop takes
+                // the masked loop twice, left edge then right (with a small W one tile crosses
+                // both edges, and W = 1 has no plain tile), the left mask behind a
+                // warp-uniform test (never true without a window), so the plain loop is the
+                // only one in between. A third peeled copy for the left edge instead moved
+                // ptxas's allocation of the plain loop without a window: 431 instructions
+                // against 423 at D 64 (3 consumers, BLOCK_N 128), 419 this way.
+                const int n_plain = max(wg0 + 1, min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N));
+                if constexpr (kWin) {
+                    int t = wg0 + 1;
+                    for (;;) {
+                        for (; t < n_wg && (t < n_left || t >= n_plain); ++t) step(t, true, t < n_left);
+                        if (t >= n_wg) break;
+                        for (; t < n_plain; ++t) step(t, false, false);
+                    }
+                } else {
+                    for (int t = wg0 + 1; t < n_plain; ++t) step(t, false, false);
+                    for (int t = n_plain; t < n_wg; ++t) step(t, true, false);
+                }
                 q_done();
                 mbar_wait(v_full(cur), cur.phase);
                 cs.issue_pv(v_tile(cur));
@@ -1164,7 +1245,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                 // computed/released branch cost the 160-register consumers of D 128 a spill
                 // and serialized wgmma, C7512, even for unsplit tiles.)
                 const int step = split_tile ? CONSUMERS : 1;
-                auto tile = [&](int t, bool masked) {
+                auto tile = [&](int t, bool masked, bool left) {
                     for (; next < t; ++next) skip_tile(cur);
                     unsigned long long dq = smem_desc_kmajor<Pan::BYTES>(q_tile), dk = smem_desc_kmajor<Pan::BYTES>(k_tile(cur));
                     asm volatile("" : "+l"(dq), "+l"(dk));  // built before the turn, as in the OVERLAP loop
@@ -1176,7 +1257,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     reg_fence(cs.s);
                     release(bars.k_empty, cur);
                     float corr[2];
-                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step);
+                    cs.softmax(t * BLOCK_N, row_g, mask, sl2, corr, masked, row_step, left);
                     cs.rescale_and_pack(corr);
                     mbar_wait(v_full(cur), cur.phase);
                     cs.issue_pv(v_tile(cur));
@@ -1186,11 +1267,19 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
                     cur.next();
                     next = t + 1;
                 };
-                // Peeled as the OVERLAP loop above: unmasked tiles first, without mask code.
+                // Peeled as the OVERLAP loop above: unmasked tiles without mask code, the
+                // right edge masked; ahead of them the window's left-edge tiles (none without
+                // one) in a third copy with both edges' masks (here the OVERLAP loop's
+                // outer-loop form cost the plain loop 10-28 instructions at D 128 and 256
+                // without a window, the third copy -5 to +4). tile() waits for and releases
+                // the tiles before wg0 (and a split tile's other consumers').
                 const int n_plain = min(n_wg, mask.keys_before(row0 + 1) / BLOCK_N);
-                int t = kt0 + (split_tile ? c : 0);
-                for (; t < n_plain; t += step) tile(t, false);
-                for (; t < n_wg; t += step) tile(t, true);
+                int t = wg0 + (split_tile ? c : 0);
+                if constexpr (kWin) {
+                    for (; t < n_left; t += step) tile(t, true, true);
+                }
+                for (; t < n_plain; t += step) tile(t, false, false);
+                for (; t < n_wg; t += step) tile(t, true, false);
                 if (!split_tile) q_done();
             } else {
                 q_done();  // OVERLAP, no rows of this warpgroup: Q never read

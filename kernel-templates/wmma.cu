@@ -68,6 +68,10 @@
  * Causal: key tiles wholly above the CTA's last row (keys > last row + SK -
  * SQ) are not visited, and CTAs take query tiles in reverse (blockIdx.x = 0
  * gets the last, heaviest one).
+ * Window W (causal only): the key loop starts at the tile holding the first
+ * row's first key (KeyMask::keys_from), S fragments and PV blocks wholly left
+ * of their rows' windows are skipped like those above the diagonal, and the
+ * softmax's sees() masks the left edge per element.
  *
  * Addressing (kernel ABI v2): global rows go through the strides (either
  * layout, padded views), never assuming rows D apart; the shared tiles are
@@ -122,6 +126,9 @@
  *          sm_90, no spills at any knob point: D 256 97-139 (fp16) and
  *          190-224 (bf16) registers, 231-252 at BLOCK_M 64 / 4 warps (16 O
  *          fragments, 128 fp32); D 96 94-168.
+ * Window:  a query tile reads the key tiles from its first row's first key
+ *          (about W + BLOCK_M keys, whatever SK), skips left-of-window
+ *          fragments, and masks the left edge per element in the softmax.
  ******************************************************************************/
 
 /* optimizerd:spec
@@ -130,6 +137,7 @@ name = "wmma"
 description = "FlashAttention forward with nvcuda::wmma 16x16x16 (S = Q K^T and O += P V), softmax by threads over an fp32 S tile in shared memory, O fragments rescaled through per-row factor fragments"
 min_cc = 80
 head_dims = [64, 96, 128, 256]
+windows = true
 
 [knobs]
 BLOCK_M = [64, 32]
@@ -264,7 +272,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     const int m0 = m_block * BLOCK_M;
     const int b = blockIdx.y / heads_q, h = blockIdx.y - b * heads_q;  // blockIdx.y = b * HQ + h
     const int hkv = optd_kv_head(h, heads_q, heads_kv);
-    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), window);
 
     // K/V copies: 16-byte chunk kc of key rows kj + i * KV_RPI of every tile. The
     // KV head's base pointers are warp-uniform and the thread's offset (kj row
@@ -277,9 +285,11 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
     const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
 
-    // Causal: no key tile past the last key the tile's rows see.
+    // Causal: no key tile past the last key the tile's rows see. Window: none before the
+    // tile holding the first row's first key (t0 = 0 without one).
     int n_tiles = (seq_k + BLOCK_N - 1) / BLOCK_N;
     if (causal) n_tiles = min(n_tiles, (mask.keys_before(min(seq_q, m0 + BLOCK_M)) + BLOCK_N - 1) / BLOCK_N);
+    const int t0 = mask.keys_from(m0) / BLOCK_N;
 
     // --- Q tile, rows >= SQ zero-filled (visible after the loop's first barrier) ---
     {
@@ -312,7 +322,7 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
 #pragma unroll
     for (int i = 0; i < CPW; ++i) wm::fill_fragment(o_acc[i], 0.f);
 
-    for (int t = 0; t < n_tiles; ++t) {
+    for (int t = t0; t < n_tiles; ++t) {
         const int kv0 = t * BLOCK_N;
 
         // 1. K, V tiles (keys >= SK zero-filled).
@@ -350,8 +360,9 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
         for (int f = warp; f < RB * NB; f += NUM_WARPS) {
             const int rb = f / NB, nb = f % NB;
             const int r0 = m0 + rb * 16, k0 = kv0 + nb * 16;
-            // Warp-uniform: wholly masked fragments are not computed (nor read unmasked).
-            if (r0 >= seq_q || k0 >= seq_k || mask.above(k0, r0 + 15)) continue;
+            // Warp-uniform: wholly masked fragments are not computed (nor read unmasked):
+            // rows past SQ, keys past SK, above the rows (causal) or left of their windows.
+            if (r0 >= seq_q || k0 >= seq_k || mask.above(k0, r0 + 15) || mask.left_of(k0 + 16, r0)) continue;
             wm_frag_acc s_acc;
             wm::fill_fragment(s_acc, 0.f);
 #pragma unroll
@@ -411,8 +422,10 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
 #pragma unroll
             for (int kk = 0; kk < NB; ++kk) {
                 const int k0 = kv0 + kk * 16;
-                // P is 0 from here on: keys >= SK, or (causal) above every row of the block.
+                // P is 0 from here on: keys >= SK, or (causal) above every row of the block;
+                // and up to here where the keys are left of every row's window.
                 if (k0 >= seq_k || mask.above(k0, prow0 + 15)) break;
+                if (mask.left_of(k0 + 16, prow0)) continue;
                 wm_frag_a pa;
                 wm::load_matrix_sync(pa, p_s + prb * 16 * P_LD + kk * 16, P_LD);
 #pragma unroll

@@ -26,6 +26,9 @@ Workloads (--workload; --config names any other file):
   gemma-phi3  scripts/benchmark-gemma-phi3.toml: head dims 256 (Gemma 2 9B-like, 16 query
             heads over 8 KV heads: prefill, chunked prefill, decode) and 96 (Phi-3-mini-like,
             MHA: prefill, decode), bf16.
+  window    scripts/benchmark-window.toml: sliding-window attention as local layers run
+            it (Gemma 3-like: 1024 keys at head dims 256 and 128; Mistral-7B-v0.1-like:
+            4096 keys), prefill, chunked prefill and decode, bf16.
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -63,6 +66,7 @@ WORKLOADS = {
     "unseen": "scripts/benchmark-unseen.toml",
     "medium": "scripts/benchmark-medium.toml",
     "gemma-phi3": "scripts/benchmark-gemma-phi3.toml",
+    "window": "scripts/benchmark-window.toml",
 }
 
 DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode
@@ -79,16 +83,30 @@ def is_decode(s):
     return dims(s)[3] <= DECODE_MAX_SQ
 
 
+def visible(s, i):
+    """(lo, hi): the keys query row i sees, as optimizerd's Shape::visible_range: causal rows
+    see keys <= i + SK - SQ, and a sliding window only the last `window` of those."""
+    _, _, _, sq, sk, _ = dims(s)
+    if not s.get("causal"):
+        return 0, sk
+    hi = min(sk, i + sk - sq + 1)
+    return (max(0, hi - s["window"]) if s.get("window") else 0), hi
+
+
 def flops(s):
-    """4 * B * HQ * D per visible (query, key) pair; causal rows see keys <= i + SK - SQ."""
+    """4 * B * HQ * D per visible (query, key) pair."""
     b, hq, _, sq, sk, d = dims(s)
-    pairs = sq * (sk - sq) + sq * (sq + 1) / 2 if s.get("causal") else sq * sk
+    if s.get("window"):
+        pairs = sum(hi - lo for lo, hi in (visible(s, i) for i in range(sq)))
+    else:
+        pairs = sq * (sk - sq) + sq * (sq + 1) / 2 if s.get("causal") else sq * sk
     return 4.0 * b * hq * d * pairs
 
 
 def kv_bytes(s):
+    """Bytes of K and V read at least once (a window leaves the keys before row 0's unread)."""
     b, _, hkv, _, sk, d = dims(s)
-    return 2 * b * hkv * sk * d * 2
+    return 2 * b * hkv * (sk - visible(s, 0)[0]) * d * 2
 
 
 def tflops(s, us):

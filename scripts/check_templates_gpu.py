@@ -39,11 +39,18 @@ Hopper templates (wgmma_tma.cu):
     Gpu.launch_args() encodes them with cuda.bindings' cuTensorMapEncodeTiled
     on the very q/k/v/o buffers of that check or timing run, and Gpu.launch()
     (the one launch function of every path: check, timing and its CUDA graph,
-    --sdpa, --faults) passes them by value after the 16 ABI arguments through
+    --sdpa, --faults) passes them by value after the 17 ABI arguments through
     cuLaunchKernel on the current CuPy stream.
 
-Kernel ABI v2: every launch goes through cuLaunchKernel (cuda-bindings), since the
-`strides` struct is passed by value. Shapes (class Shape) carry HQ/HKV (grouped-query,
+Sliding windows (.dev/window-contract.md): a Shape's `window` W (causal only) limits row i, at
+position p = i + SK - SQ, to keys p - W < j <= p; the ABI's `window` argument carries it (0:
+none), formulas read WINDOW, and the fp32 reference applies it (visible_mask). Templates whose
+spec says `windows = true` are also checked on WINDOW_CHECK_SHAPES (prefill, chunked, GQA/MQA,
+bshd, padded, decode, W >= SK); the others are never given a windowed shape (plan() refuses
+one, as the daemon's gate does). --windows-only checks those shapes alone.
+
+Kernel ABI v3 (v2 plus `int window` after `causal`): every launch goes through cuLaunchKernel
+(cuda-bindings), since the `strides` struct is passed by value. Shapes (class Shape) carry HQ/HKV (grouped-query,
 multi-query), SQ/SK (chunked prefill, decode; causal is bottom-right), the layout (bhsd,
 bshd) and `padded` (rows VIEW_PAD elements further apart than contiguous, the gaps NaN and
 checked untouched in O). Inputs are placed into flat storage through the strides; the
@@ -120,7 +127,10 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               (chunked prefill), --points sk_diag its D 128 fixed cost,
               --points lazy_pv / lazy_ab LAZY_RESCALE under PV_WAIT (since
               WT_LAZY both values build the same OVERLAP kernel: the record
-              of that A/B; lazy_ab's non-OVERLAP point still differs). Where
+              of that A/B; lazy_ab's non-OVERLAP point still differs),
+              --points window the windowed templates on sliding-window
+              shapes (Mistral, Gemma 3 local layers; SDPA with the window's
+              boolean mask, FA4 with window_size = (W - 1, 0)). Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -154,9 +164,10 @@ from nvrtc_compile_check import (  # noqa: E402
     device_arch, eval_expr, load_templates, render, specific_arch,
 )
 
-# Kernel ABI v2 (kernel-templates/common/optd.cuh): 6 pointers, batch, heads_q, heads_kv,
-# seq_q, seq_k, n_splits, softmax_scale, causal, the strides struct, the CTA counter.
-ABI_PARAMS = 16
+# Kernel ABI v3 (kernel-templates/common/optd.cuh): 6 pointers, batch, heads_q, heads_kv,
+# seq_q, seq_k, n_splits, softmax_scale, causal, window (0 = none), the strides struct, the
+# CTA counter (.dev/window-contract.md).
+ABI_PARAMS = 17
 # Extra elements per row of a padded view: src/spec/protocol.rs VIEW_PAD.
 VIEW_PAD = 64
 DECODE_MAX_SQ = 16
@@ -168,7 +179,8 @@ class Shape:
     HQ query heads of SQ rows over HKV key/value heads of SK keys (query head h reads KV head
     h // (HQ // HKV)), causal bottom-right (row i sees keys <= i + SK - SQ), in `layout`
     ("bhsd" or "bshd"); `padded`: every tensor a view whose rows are VIEW_PAD elements further
-    apart than contiguous (the daemon's check runs such views too)."""
+    apart than contiguous (the daemon's check runs such views too); `window` W (causal only; 0
+    or None: none): row i, at position p = i + SK - SQ, sees keys p - W < j <= p only."""
     b: int
     hq: int
     hkv: int
@@ -178,10 +190,22 @@ class Shape:
     causal: bool
     layout: str = "bhsd"
     padded: bool = False
+    window: int | None = 0
+
+    def __post_init__(self):
+        if self.window and not self.causal:
+            raise ValueError(f"a sliding window ({self.window}) needs a causal shape")
+        if self.window is not None and self.window < 0:
+            raise ValueError(f"window = {self.window}: at least 1 key (0 or None: none)")
 
     @property
     def group(self) -> int:
         return self.hq // self.hkv
+
+    @property
+    def w(self) -> int:
+        """The ABI's `window`: the window's keys, 0 for none."""
+        return int(self.window or 0)
 
     def dims_of(self, tensor: str) -> tuple[int, int]:
         """(heads, rows) of q/o or k/v."""
@@ -201,6 +225,12 @@ class Shape:
         return (self.b - 1) * sb + (heads - 1) * sh + (rows - 1) * ss + self.d
 
     def visible_pairs(self) -> float:
+        if self.w:
+            # Row i (position p = i + SK - SQ) sees min(p + 1, W) keys: rows before the
+            # window fills (an arithmetic series), then W each.
+            off = self.sk - self.sq
+            full_from = min(max(self.w - off - 1, 0), self.sq)  # rows i < full_from see fewer than W
+            return full_from * (off + 1) + full_from * (full_from - 1) / 2 + (self.sq - full_from) * self.w
         if self.causal:
             return self.sq * (self.sk - self.sq) + self.sq * (self.sq + 1) / 2
         return float(self.sq * self.sk)
@@ -214,8 +244,28 @@ def mha(b: int, h: int, s: int, d: int, causal: bool) -> Shape:
 
 
 def gqa(b: int, hq: int, hkv: int, sq: int, sk: int, d: int, causal: bool, layout: str = "bhsd",
+        padded: bool = False, window: int = 0) -> Shape:
+    return Shape(b, hq, hkv, sq, sk, d, causal, layout, padded, window)
+
+
+def swa(b: int, hq: int, hkv: int, sq: int, sk: int, d: int, window: int, layout: str = "bhsd",
         padded: bool = False) -> Shape:
-    return Shape(b, hq, hkv, sq, sk, d, causal, layout, padded)
+    """A causal shape with a sliding window of `window` keys."""
+    return Shape(b, hq, hkv, sq, sk, d, True, layout, padded, window)
+
+
+def visible_mask(shape: Shape, torch, device="cpu"):
+    """The [SQ, SK] boolean mask of the keys each query row sees (True: seen), or None when it
+    sees every key (not causal): bottom-right causal, j <= p with p = i + SK - SQ, and with a
+    window W also j > p - W (.dev/window-contract.md). The fp32 reference applies it."""
+    if not shape.causal:
+        return None
+    p = torch.arange(shape.sq, device=device)[:, None] + (shape.sk - shape.sq)
+    j = torch.arange(shape.sk, device=device)[None, :]
+    mask = j <= p
+    if shape.w:
+        mask &= j > p - shape.w
+    return mask
 
 
 def mhas(tuples) -> list[Shape]:
@@ -266,6 +316,44 @@ CHECK_SHAPES = mhas([
     gqa(1, 16, 8, 1, 4000, 256, True, padded=True),
     gqa(2, 8, 4, 4, 1024, 256, False),
 ]
+# Sliding windows (.dev/window-contract.md): only templates whose spec says `windows = true` are
+# given these (added to their check; the others are never given a windowed shape). Prefill with
+# SQ = SK at W 1, 64, 100 and 1000 over S of 1000-2048 that are no multiple of a tile; chunked
+# prefill (SQ < SK, the first row's window starting mid-cache, and one wider than the cache before
+# the chunk); grouped-query and multi-query heads; bshd and padded views; decode (SQ 1 and 4) over
+# 4000 and 16384 keys with W 1024 (GQA 32/8, MQA 32/1); W >= SK (masks nothing: the causal
+# result), W = 1 in decode; head dims 96 and 256 (Phi-3, Gemma 2/3's local layers, W 1024 / 512).
+WINDOW_CHECK_SHAPES = [
+    swa(1, 4, 4, 1000, 1000, 64, 1),
+    swa(1, 8, 2, 1537, 1537, 128, 64),
+    swa(2, 4, 4, 1111, 1111, 64, 100),
+    swa(1, 4, 2, 2047, 2047, 128, 1000),
+    swa(1, 8, 2, 300, 1500, 128, 256),
+    swa(2, 4, 4, 100, 333, 64, 300),
+    swa(1, 8, 2, 1000, 1000, 64, 100, "bshd"),
+    swa(2, 4, 1, 700, 1200, 128, 256, "bshd", padded=True),
+    swa(1, 4, 4, 1025, 1025, 64, 64, padded=True),
+    swa(2, 32, 8, 1, 4000, 128, 1024),
+    swa(1, 32, 8, 4, 16384, 128, 1024),
+    swa(2, 32, 1, 1, 4000, 128, 1024),
+    swa(1, 32, 1, 4, 16384, 128, 1024, "bshd", padded=True),
+    swa(2, 16, 1, 3, 777, 64, 100, "bshd"),
+    swa(1, 8, 8, 1, 999, 64, 1),
+    swa(1, 4, 4, 500, 500, 64, 500),
+    swa(1, 4, 2, 300, 300, 128, 4096),
+    swa(1, 32, 8, 1, 1000, 128, 4096),
+    swa(1, 32, 32, 700, 700, 96, 256),
+    swa(1, 8, 4, 1300, 1300, 256, 512),
+    swa(2, 16, 8, 1, 4000, 256, 1024),
+]
+
+
+def window_shapes(tpl: Template, shapes=None) -> list[Shape]:
+    """The windowed shapes a template is checked on: WINDOW_CHECK_SHAPES (or `shapes`) where its
+    spec says `windows = true`, none otherwise."""
+    return list(WINDOW_CHECK_SHAPES if shapes is None else shapes) if tpl.windows else []
+
+
 TIME_SHAPES = mhas([
     (1, 1, 128, 64, False), (1, 1, 256, 64, False), (1, 1, 512, 64, False), (2, 8, 128, 64, False),
     (4, 16, 1024, 64, True),
@@ -700,6 +788,26 @@ BULK_SEND_POINTS = [
     ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=8, STAGES=4, CLUSTER=2, COMBINE=2, WARP_LOADS=1, M_TILES=1, K_FIRST=0), _DEC_SHAPES),
     ("decode_cluster.cu", dict(BLOCK_N=64, NUM_WARPS=2, STAGES=2, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1), _DEC_SHAPES),
 ]
+# --points window: sliding-window shapes of the models the window serves (.dev/window-contract.md)
+# at the points the daemon starts the windowed templates from, against SDPA (a boolean window
+# mask) and FA4 (window_size = (W - 1, 0)): Mistral 7B (32/8 heads, D 128, W 4096) prefill at
+# 8192, chunked prefill and decode over 16384 keys; Gemma 3's local layers (16/8 heads, D 256,
+# W 1024) prefill at 4096 and decode; a narrow window (gpt-oss's 128) at D 64.
+_WIN_PREFILL = [swa(1, 32, 8, 8192, 8192, 128, 4096), swa(1, 32, 8, 512, 16384, 128, 4096),
+                swa(1, 16, 8, 4096, 4096, 256, 1024), swa(2, 64, 8, 4096, 4096, 64, 128)]
+_WIN_DECODE = [swa(8, 32, 8, 1, 16384, 128, 4096), swa(1, 32, 8, 1, 16384, 128, 4096),
+               swa(8, 16, 8, 1, 16384, 256, 1024), swa(8, 64, 8, 1, 16384, 64, 128)]
+WINDOW_POINTS = [
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=2, BLOCK_N=128, STAGES=2, OVERLAP=1, PERSISTENT=1),
+     [_WIN_PREFILL[0], _WIN_PREFILL[1], _WIN_PREFILL[3]]),
+    ("wgmma_tma.cu", dict(_WT, CONSUMERS=2, BLOCK_N=80, STAGES=2, OVERLAP=1, PERSISTENT=1), [_WIN_PREFILL[2]]),
+    ("mma_fa2.cu", dict(_FA2, BLOCK_N=64, KV_WARPS=1), _WIN_PREFILL),
+    ("mma_fa2.cu", dict(_FA2, NUM_WARPS=8, BLOCK_N=64, KV_WARPS=1), _WIN_PREFILL),
+    ("decode.cu", dict(BLOCK_N=32, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=1, FUSED_COMBINE=1, WARP_LOADS=1,
+                       M_TILES=1, K_FIRST=1), _WIN_DECODE),
+    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1),
+     _WIN_DECODE),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -711,7 +819,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
-              "bulk_send": BULK_SEND_POINTS}
+              "bulk_send": BULK_SEND_POINTS, "window": WINDOW_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
@@ -827,6 +935,8 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
     and tensor_maps: the template's resolved [[tensor_map]] entries (the same list for every
     launch; empty for templates without). Raises DoesNotFit where the daemon's gate would
     reject the (combo, shape), ValueError for a plan that is wrong."""
+    if shape.w and not tpl.windows:
+        raise DoesNotFit(f"window = {shape.w}: the template does not implement sliding windows (no `windows = true`)")
     max_sq = tpl.spec["template"].get("max_sq")
     if max_sq is not None and shape.sq > max_sq:
         raise DoesNotFit(f"SQ = {shape.sq} is above the template's max_sq = {max_sq}")
@@ -834,7 +944,8 @@ def plan(tpl: Template, knobs: dict, shape, dev: dict) -> tuple[int, list[dict],
         raise DoesNotFit(f"D = {shape.d} is not among the template's head_dims {list(tpl.head_dims)}")
     d = shape.d
     ctx = dict(tpl.complete(knobs), B=shape.b, HQ=shape.hq, HKV=shape.hkv, G=shape.group, SQ=shape.sq, SK=shape.sk, D=d,
-               CAUSAL=int(shape.causal), BSHD=int(shape.layout == "bshd"), ELEM_BYTES=ELEM_BYTES, **dev)
+               CAUSAL=int(shape.causal), WINDOW=shape.w, BSHD=int(shape.layout == "bshd"), ELEM_BYTES=ELEM_BYTES,
+               **dev)
     for name, expr in tpl.spec["derived"].items():
         ctx[name] = EVAL(str(expr), ctx)
     # [[refuse]]: a point the kernel cannot run on this shape (the daemon's plan refuses it too).
@@ -866,6 +977,7 @@ def shape_key(shape: Shape) -> str:
     heads = f"h{shape.hq}" if shape.hq == shape.hkv else f"hq{shape.hq}hkv{shape.hkv}"
     rows = f"s{shape.sq}" if shape.sq == shape.sk else f"sq{shape.sq}sk{shape.sk}"
     key = f"b{shape.b}{heads}{rows}d{shape.d}" + ("-causal" if shape.causal else "")
+    key += f"-w{shape.w}" if shape.w else ""
     key += "-bshd" if shape.layout == "bshd" else ""
     return key + ("-padded" if shape.padded else "")
 
@@ -914,12 +1026,16 @@ def target_label(tpl: Template) -> str:
     return "target sm_<cc> of the GPU (--arch for --build-cubins)"
 
 
-def dry_run(templates: list[Template]) -> int:
+def dry_run(templates: list[Template], windows_only: bool = False) -> int:
+    """Print every launch plan (H100 values) of every combination on CHECK_SHAPES and TIME_SHAPES,
+    and on WINDOW_CHECK_SHAPES for templates with `windows = true` (windows_only: those alone)."""
     bad = 0
     for tpl in templates:
         used = code_knobs(tpl)
+        wins = window_shapes(tpl)
         print(f"== {tpl.rel} ({tpl.name}{', testing' if tpl.testing else ''}); knobs in code: {used}; "
-              f"{target_label(tpl)}; {len(tpl.tensor_maps)} tensor maps")
+              f"{target_label(tpl)}; {len(tpl.tensor_maps)} tensor maps; "
+              + (f"windows: {len(wins)} windowed shapes" if tpl.windows else "no windows (no windowed shapes)"))
         try:
             device_arch(tpl, H100["CC"])
         except Unsupported as e:
@@ -928,7 +1044,7 @@ def dry_run(templates: list[Template]) -> int:
         for knobs in tpl.knob_combos():
             for bf16 in (False, True):
                 render(tpl, knobs, bf16)
-            for shape in CHECK_SHAPES + TIME_SHAPES:
+            for shape in ([] if windows_only else CHECK_SHAPES + TIME_SHAPES) + wins:
                 try:
                     splits, launches, _ = plan(tpl, knobs, shape, H100)
                 except DoesNotFit as e:  # the gate rejects it
@@ -1005,14 +1121,14 @@ def semaphore_error(lse, splits: int, rows: int) -> str | None:
 
 
 def abi_values(q: int, k: int, v: int, o: int, o_part: int, lse: int, shape: Shape, splits: int, counter: int) -> list:
-    """The 16 ABI v2 parameters as ctypes values: six pointers, batch, heads_q, heads_kv, seq_q,
-    seq_k, n_splits (int32), softmax_scale = 1/sqrt(D) (float32), causal (int32), the strides
-    struct, the CTA counter pointer."""
+    """The 17 ABI v3 parameters as ctypes values: six pointers, batch, heads_q, heads_kv, seq_q,
+    seq_k, n_splits (int32), softmax_scale = 1/sqrt(D) (float32), causal, window (int32; 0 =
+    none), the strides struct, the CTA counter pointer."""
     strides = Strides(*[x for t in "qkvo" for x in shape.strides(t)])
     return [ctypes.c_uint64(x) for x in (q, k, v, o, o_part, lse)] + [
         ctypes.c_int32(shape.b), ctypes.c_int32(shape.hq), ctypes.c_int32(shape.hkv), ctypes.c_int32(shape.sq),
         ctypes.c_int32(shape.sk), ctypes.c_int32(splits), ctypes.c_float(1.0 / math.sqrt(shape.d)),
-        ctypes.c_int32(int(shape.causal)), strides, ctypes.c_uint64(counter),
+        ctypes.c_int32(int(shape.causal)), ctypes.c_int32(shape.w), strides, ctypes.c_uint64(counter),
     ]
 
 
@@ -1083,7 +1199,7 @@ class Driver:
         if sizes != params.sizes():
             raise RuntimeError(
                 f"{name} takes {len(sizes)} parameters of {sizes} bytes, but the launch passes {len(params.values)} "
-                f"of {params.sizes()} bytes (16 ABI parameters, then one 128-byte CUtensorMap per [[tensor_map]] of "
+                f"of {params.sizes()} bytes ({ABI_PARAMS} ABI parameters, then one 128-byte CUtensorMap per [[tensor_map]] of "
                 f"the spec): the kernel's signature and the spec's [[tensor_map]] entries disagree")
         self._checked_params.add(key)
 
@@ -1127,7 +1243,7 @@ class Kernel:
 @dataclass
 class LaunchArgs:
     """The arguments of every launch of one plan on one set of buffers: cuLaunchKernel's
-    kernelParams (the 16 ABI values, the strides struct by value among them, then one
+    kernelParams (the 17 ABI values, the strides struct by value among them, then one
     CUtensorMap per [[tensor_map]]). Every launch goes through the driver API: CuPy's
     RawKernel call cannot pass a struct by value."""
     params: KernelParams
@@ -1231,11 +1347,14 @@ class Gpu:
         """(q, k, v as logical torch elem tensors [B,HQ,SQ,D] / [B,HKV,SK,D], fp32 reference
         [B,HQ,SQ,D]), cached per shape and dtype. need_ref=False (timing only) skips the
         reference (None) until one is asked for. The reference is computed per KV group with
-        K/V repeated for the group's query heads and the bottom-right causal mask."""
+        K/V repeated for the group's query heads and the bottom-right causal mask (with the
+        shape's sliding window: visible_mask)."""
         key = (shape, dtype)
         if key not in self._inputs:
             torch = self.torch
-            gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(key).encode()))
+            # Seeded by the shape as written before it had a window, so unwindowed shapes keep their inputs.
+            seed = repr(key) if shape.w else repr(key).replace(f", window={shape.window!r}", "")
+            gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(seed.encode()))
             tdt = torch.float16 if dtype == "fp16" else torch.bfloat16
             q = torch.randn(shape.b, shape.hq, shape.sq, shape.d, device="cuda", generator=gen).to(tdt)
             k, v = (torch.randn(shape.b, shape.hkv, shape.sk, shape.d, device="cuda", generator=gen).to(tdt)
@@ -1246,11 +1365,7 @@ class Gpu:
             torch = self.torch
             kf = k.float().repeat_interleave(shape.group, dim=1)
             vf = v.float().repeat_interleave(shape.group, dim=1)
-            mask = None
-            if shape.causal:
-                i = torch.arange(shape.sq, device="cuda")[:, None]
-                j = torch.arange(shape.sk, device="cuda")[None, :]
-                mask = j <= i + (shape.sk - shape.sq)
+            mask = visible_mask(shape, torch, "cuda")
             ref = self.F.scaled_dot_product_attention(q.float(), kf, vf, attn_mask=mask)
             self._inputs[key] = (q, k, v, ref)
         return self._inputs[key]
@@ -1546,9 +1661,14 @@ def sdpa_fn(gpu: "Gpu", shape: Shape, q, k, v):
     heads, the bottom-right causal mask when 1 < SQ < SK (is_causal when SQ == SK), and no
     mask for SQ = 1, which that mask would not hide a key of (as scripts/sdpa_baseline.py, the
     daemon's baseline: a mask tensor sends SDPA to a slower backend, 19.7 us against 13.2 at
-    B 1 x SK 4096 on the H100, 2026-11-28, which no model pays for a decode step)."""
+    B 1 x SK 4096 on the H100, 2026-11-28, which no model pays for a decode step). A sliding
+    window that masks something (W < SK) is a boolean [SQ, SK] mask (visible_mask), as the
+    baseline passes it (SDPA has no window argument)."""
     F = gpu.F
     extra = dict(enable_gqa=True) if shape.hq != shape.hkv else {}
+    if shape.causal and 0 < shape.w < shape.sk:
+        mask = visible_mask(shape, gpu.torch, "cuda")
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **extra)
     if shape.causal and shape.sq == 1:
         return lambda: F.scaled_dot_product_attention(q, k, v, **extra)
     if shape.causal and shape.sq != shape.sk:
@@ -1869,12 +1989,15 @@ def load_fa4():
 
 def fa4_fn(gpu: "Gpu", fa4_func, shape: Shape, q, k, v):
     """FA4 on the shape's inputs as [B,S,H,D] contiguous copies (its layout), warmed up (the
-    first call JIT-compiles), ready for time_torch_graph_us; None when it refuses the shape."""
+    first call JIT-compiles), ready for time_torch_graph_us; None when it refuses the shape.
+    A sliding window goes as FA4's window_size = (W - 1, 0) with causal (sdpa_baseline.fa4_mask_args)."""
+    from sdpa_baseline import fa4_mask_args
+
     bshd = [t.transpose(1, 2).contiguous() if t.dim() == 4 else t for t in (q, k, v)]
-    causal = shape.causal and shape.sq > 1
+    kw = fa4_mask_args(dict(causal=shape.causal, sq=shape.sq, sk=shape.sk, window=shape.w))
 
     def call():
-        return fa4_func(*bshd, causal=causal)
+        return fa4_func(*bshd, **kw)
 
     try:
         for _ in range(3):
@@ -2110,6 +2233,8 @@ def main() -> int:
     ap.add_argument("--fault-mode", choices=("launch", "check"), default="launch", help=argparse.SUPPRESS)
     ap.add_argument("--fault-mbar-phase", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--more-shapes", action="store_true", help="also check EXTRA_CHECK_SHAPES")
+    ap.add_argument("--windows-only", action="store_true",
+                    help="check (and --dry-run) only WINDOW_CHECK_SHAPES, on the templates with `windows = true`")
     ap.add_argument("--head-dims", metavar="D,D", type=lambda s: {int(x) for x in s.split(",")},
                     help="check only the shapes of these head dims (e.g. 96,256: a template's new head dims)")
     ap.add_argument("--time-shapes", choices=("default", "decode", "llm"), default="default",
@@ -2131,8 +2256,8 @@ def main() -> int:
     ap.add_argument("--points", choices=sorted(POINT_SETS), default="best",
                     help="--time-best: the daemon's best kernels (best), ragged-S tails (ragged), issue 19's "
                          "medium shapes (medium), PINGPONG (pingpong), OVERLAP (overlap) or EPI_TMA (epilogue) or PACK_GQA (gqa) "
-                              "or STREAM_K (streamk) or DYNAMIC (dynamic) on and off, LPT_MIB 32 and 8 (lpt), or "
-                              "tiles per CTA (tiles_per_cta)")
+                              "or STREAM_K (streamk) or DYNAMIC (dynamic) on and off, LPT_MIB 32 and 8 (lpt), "
+                              "tiles per CTA (tiles_per_cta), or sliding-window shapes (window)")
     ap.add_argument("--cubin-dir", help="load precompiled cubins (see --build-cubins) from this folder")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: precompile this run's modules into DIR")
     ap.add_argument("--cubins-only", action="store_true",
@@ -2152,7 +2277,7 @@ def main() -> int:
                      or Path(t.rel).name in args.template]
     against = load_templates(Path(args.time_against).resolve()) if args.time_against else None
     if args.dry_run:
-        return dry_run(templates)
+        return dry_run(templates, args.windows_only)
     if args.build_cubins:
         return build_cubins(templates, Path(args.build_cubins), args.arch, args.jobs, args.pairs,
                             check=not args.no_check, time_best=args.time_best, against=against,
@@ -2175,15 +2300,21 @@ def main() -> int:
         except Unsupported as e:
             print(f"\n== {tpl.rel}: skipped: {e}")
             continue
+        # Windowed shapes only for a template that implements the window (`windows = true`).
+        wins = [s for s in window_shapes(tpl) if not args.head_dims or s.d in args.head_dims]
+        tpl_shapes = ([] if args.windows_only else check_shapes) + wins
+        if not tpl_shapes:
+            print(f"\n== {tpl.rel}: no shapes to check (--windows-only: the template has no `windows = true`)")
+            continue
         combos = combos_for(tpl, args.pairs)
         if len(combos) < len(tpl.knob_combos()):
             print(f"\n{tpl.rel}: {len(combos)} of {len(tpl.knob_combos())} combos cover every pair of knob values (--pairs)")
-        print(f"\n== {tpl.rel}: {len(combos)} combos x 2 dtypes x {len(check_shapes)} shapes "
-              f"(knobs in code: {code_knobs(tpl)})")
+        print(f"\n== {tpl.rel}: {len(combos)} combos x 2 dtypes x {len(tpl_shapes)} shapes "
+              f"({len(wins)} windowed; knobs in code: {code_knobs(tpl)})")
         for knobs in combos:
             for dtype in ("fp16", "bf16"):
                 combo_ok, worst_abs, worst_l2, split_counts = True, 0.0, 0.0, set()
-                for shape in check_shapes:
+                for shape in tpl_shapes:
                     try:
                         plan(tpl, knobs, shape, gpu.dev)
                     except DoesNotFit:  # the daemon's gate rejects it too

@@ -35,6 +35,11 @@ SQ < SK; K/V repeated where the backend refuses enable_gqa). They take their tur
 alternating rounds and back-to-back pieces as the exports, and the last table gives, per shape,
 each baseline's sustained time over the first export's (above 1: the export is faster).
 --fa4 fails when flash_attn.cute does not import (it says why) rather than leaving FA4 out.
+Sliding windows (manifest format 3, a shape's "window": W): the exports' kernels get the ABI's
+window, their check's reference applies it, FA4 runs with window_size = (W - 1, 0) and causal
+(sdpa_baseline.fa4_mask_args), SDPA with the window's boolean mask (mask "window"), as the
+daemon's baseline calls them; a windowed shape whose kernel's entry says "windows": false is
+refused (that kernel ignores the window).
 
 --layer: for decode shapes (SQ <= 16), also each kernel as a model's decode step runs it, between
 its layer's two weight GEMMs: a graph of --launches layers [x W_qkv, attention, x W_o] (the
@@ -141,7 +146,8 @@ def baseline_calls(samples, shape, dtype, kinds, launches):
 
     # The first export's input sets in sdpa_baseline's Inputs: every kernel reads the same data.
     inputs = sb.Inputs.__new__(sb.Inputs)
-    inputs.torch, inputs.s = torch, sb.normalize(dict(shape, dtype=dtype, layout="bhsd"))
+    wire = {k: v for k, v in shape.items() if k != "window" or v}  # `window` only when windowed
+    inputs.torch, inputs.s = torch, sb.normalize(dict(wire, dtype=dtype, layout="bhsd"))
     inputs.sets, inputs.n, inputs.i = [(x.q, x.k, x.v) for x in samples], len(samples), 0
     inputs._repeated = inputs._fa4 = inputs._mask = None
     out = []
@@ -149,8 +155,9 @@ def baseline_calls(samples, shape, dtype, kinds, launches):
         fa4, _, why = sb.load_fa4()
         if fa4 is None:
             sys.exit(f"--fa4: {why} (install it: scripts/device_fa4.py)")
-        causal = inputs.s["causal"] and inputs.s["sq"] > 1  # one query row: bottom-right masks nothing
-        go = rotating([(lambda qkv: lambda: fa4(*qkv, causal=causal))(inputs.fa4(j)) for j in range(inputs.n)])
+        # causal (not for one query row: bottom-right masks nothing), and a window as window_size
+        kw = sb.fa4_mask_args(inputs.s)
+        go = rotating([(lambda qkv: lambda: fa4(*qkv, **kw))(inputs.fa4(j)) for j in range(inputs.n)])
         graph_of(go, launches)  # captures (and so checks) it here, as each form of SDPA below
         out.append(("fa4", go))
     if "sdpa" in kinds:
@@ -247,6 +254,9 @@ def main():
         prepared = []
         for d, e in zip(args.dirs, exports):
             abi, kernel, entry = e[key]
+            why = abi.refusal(kernel, abi.shape(entry["shape"]))
+            if why:
+                sys.exit(f"{key} in {d}: {why}")
             src = open(os.path.join(d, kernel["file"])).read()
             module = cp.RawModule(code=src, options=rx.compile_options(kernel, device), backend="nvrtc")
             shape = abi.shape(entry["shape"])

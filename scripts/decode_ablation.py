@@ -53,9 +53,10 @@ gpu = DC.init()
 # no_math: every warp skips every tile's math (and, with K_FIRST, the wait for its V: the next
 # tile's wait for its K still waits for it, the groups completing in order).
 LOOP_BODY = "        if (!K_FIRST && !live) continue;\n"
-SPLIT_TAIL = "t_begin, t_end, [] {});\n\n    // Sum the key warps' copies of each valid row"
+# The ends of the decode_split_tile<D>(...) calls (their argument lists wrap since ABI v3's window).
+SPLIT_TAIL = "t_end, [] {});\n\n    // Sum the key warps' copies of each valid row"
 SPLIT_COMBINE = "    if (!dec_arrive_last(sem, n_splits)) return;\n"
-CLUSTER_TAIL = "t_begin, t_end, arm);\n\n    float* xo"
+CLUSTER_TAIL = "t_end, arm);\n\n    float* xo"
 
 # variant -> [(template name or None for both, old, new)]: each patch of a variant must apply to
 # the source of the template it names (a template edit that moves the text fails loudly instead

@@ -40,6 +40,7 @@ launch and the kernel boundary cost beyond the CTAs' own lifetimes. The stamps c
 instructions in thread 0 (timing only; the outputs are not checked here).
 """
 import json
+import re
 import statistics
 import sys
 import time
@@ -124,7 +125,11 @@ TAIL_PATCHES = {
         ("            r += NUM_WARPS;\n        }\n    }\n#endif", "            r += NUM_WARPS;\n        }\n    }\n    tl_mark(10);\n#endif"),
     ],
 }
-WRAPS = ["decode_cluster_fwd<128>(OPTD_ARG_NAMES);", "decode_fwd<128>(OPTD_ARG_NAMES);"]
+# The D 128 kernel's call of its body: one call, or (kernel ABI v3) the windowed and unwindowed
+# instantiations chosen by optd_windowed(window); stamped before and after, whichever it is.
+WRAPS = re.compile(r"if \(optd_windowed\(window\)\) (decode(?:_cluster)?_fwd)<128, true>\(OPTD_ARG_NAMES\);\n"
+                   r"\s*else \1<128, false>\(OPTD_ARG_NAMES\);"
+                   r"|decode(?:_cluster)?_fwd<128>\(OPTD_ARG_NAMES\);")
 
 _build = C.build_source
 
@@ -139,8 +144,7 @@ def build_source(tpl, knobs, bf16, mbar_fault=False):
         if old not in src:
             raise RuntimeError(f"decode_timeline: the template changed, no `{old[:60]}` to stamp")
         src = src.replace(old, new)
-    for w in WRAPS:
-        src = src.replace(w, f"tl_mark(0);\n    {w}\n    tl_mark(11);")
+    src = WRAPS.sub(lambda m: f"tl_mark(0);\n    {m.group(0)}\n    tl_mark(11);", src)
     # Before the template line of decode_split_tile (whatever its parameters), so its body sees tl_mark.
     at = src.rindex("template <", 0, src.index("__device__ __forceinline__ void decode_split_tile("))
     return src[:at] + TL_DEF + src[at:]

@@ -52,7 +52,9 @@ COMMON_INCLUDE = "common/optd.cuh"
 INCLUDE_LINE = f'#include "{COMMON_INCLUDE}"'
 HEAD_DIMS = (64, 96, 128, 256)  # src/spec/config.rs HEAD_DIMS; each template builds those its spec lists
 DEFAULT_ARCHS = ("sm_80", "sm_89", "sm_90")
-ABI_PARAMS = 16  # q k v o o_partial lse_partial batch heads_q heads_kv seq_q seq_k n_splits softmax_scale causal strides cta_counter
+# Kernel ABI v3: q k v o o_partial lse_partial batch heads_q heads_kv seq_q seq_k n_splits softmax_scale causal
+# window strides cta_counter (window: the sliding window's keys, 0 = none; .dev/window-contract.md)
+ABI_PARAMS = 17
 TENSOR_NAMES = ("q", "k", "v", "o")
 TMA_SWIZZLES = (32, 64, 128)
 
@@ -90,6 +92,12 @@ class Template:
     def arch_specific(self) -> bool:
         """Compiled for sm_<min_cc>a (e.g. sm_90a); runs only where cc == min_cc."""
         return bool(self.spec["template"].get("arch_specific", False))
+
+    @property
+    def windows(self) -> bool:
+        """`windows = true` under [template]: the kernels implement the sliding window (the
+        ABI's `window`); a template without it is never given a windowed shape."""
+        return bool(self.spec["template"].get("windows", False))
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -144,6 +152,8 @@ def parse_spec(text: str, where: str = "<template>") -> dict:
         if not values or not all(isinstance(v, int) for v in values):
             raise ValueError(f"{where}: knob {knob} must be a non-empty list of integers")
     meta = spec["template"]
+    if "windows" in meta and not isinstance(meta["windows"], bool):
+        raise ValueError(f"{where}: windows = {meta['windows']!r}; it is true or false")
     if meta.get("arch_specific", False) and not (isinstance(meta.get("min_cc"), int) and meta["min_cc"] > 0):
         raise ValueError(f"{where}: arch_specific = true needs min_cc (e.g. 90: the target is sm_90a)")
     for i, tm in enumerate(spec.get("tensor_map", [])):

@@ -14,13 +14,18 @@ where it imports) on the same GPU, the same day.
 SHAPES.json: a list of shapes as optimizerd writes them,
   {"b":8,"hq":32,"hkv":8,"sq":1,"sk":4096,"d":128,"causal":true,"dtype":"bf16","layout":"bhsd"},
 or in the version-1 form {"b":1,"h":1,"s":128,"d":64,"causal":false,"dtype":"fp16"} (hq = hkv = h,
-sq = sk = s, layout bhsd).
+sq = sk = s, layout bhsd). A causal shape may carry a sliding window, `"window": W` (W >= 1): query
+row i, at position p = i + SK - SQ, sees keys p - W < j <= p only (Hugging Face's sliding_window =
+W; .dev/window-contract.md).
 
 Inputs are built as a model holds them: Q [B,HQ,SQ,D], K/V [B,HKV,SK,D] for layout bhsd; for
 bshd, [B,S,H,D] tensors passed to SDPA as `.transpose(1, 2)` views (no copy). Grouped-query
 shapes (HQ != HKV) call SDPA with enable_gqa=True. Causal with SQ = SK is `is_causal`; with
 SQ < SK the query rows are the last SQ positions (bottom-right), SDPA's
-`causal_lower_right` mask; with SQ = 1 that mask hides nothing, so no mask is passed.
+`causal_lower_right` mask; with SQ = 1 that mask hides nothing, so no mask is passed. A window
+that masks something (W < SK) reaches SDPA as a boolean [SQ, SK] attn_mask, bottom-right causal
+within the window (mask "window"; SDPA has no window argument, so its backends run a masked
+kernel: `ran` says which); a window of SK keys or more masks nothing and is timed as causal.
 
 For each shape and backend (SDPA's default, flash, cudnn, efficient; then "fa4"), one entry:
   graph_us  GPU time per call: a CUDA graph of `calls` back-to-back calls, median of
@@ -34,8 +39,9 @@ For each shape and backend (SDPA's default, flash, cudnn, efficient; then "fa4")
   picked    for `default`: the same as `ran` (the name older readers know);
   kv        "mha" (HQ = HKV), "gqa" (enable_gqa=True) or "repeated" (K/V repeated to HQ heads
             with repeat_interleave before timing: the backend refused enable_gqa);
-  mask      "none", "is_causal", "lower_right" (causal_lower_right) or "explicit" (a boolean
-            [SQ, SK] mask: the backend refused the lower-right mask);
+  mask      "none", "is_causal", "lower_right" (causal_lower_right), "explicit" (a boolean
+            [SQ, SK] mask: the backend refused the lower-right mask) or "window" (the boolean
+            [SQ, SK] mask of a sliding window; FA4: its window_size argument);
   fallback  present when the first form was refused: what was refused and why;
   sustained_us, sustained_ms, sustained_replays
             with --sustained-ms N (the daemon's closing comparison passes timing.sustained_ms):
@@ -49,7 +55,12 @@ For each shape and backend (SDPA's default, flash, cudnn, efficient; then "fa4")
 "fa4" is FlashAttention-4 (`flash_attn.cute.flash_attn_func`, [B,S,H,D] inputs: the bshd
 tensors themselves, or contiguous [B,S,H,D] copies of bhsd ones made before timing; GQA and
 bottom-right causal natively); it is timed the same way, and left out when flash_attn.cute
-does not import (`versions.fa4` is then null and `versions.fa4_error` says why).
+does not import (`versions.fa4` is then null and `versions.fa4_error` says why). A window runs
+natively too: flash_attn_func(q, k, v, causal=True, window_size=(W - 1, 0)) (flash_attn/cute/
+interface.py: keys j >= p - window_size[0] and j <= p + window_size[1], bottom-right; causal
+forces the right edge to 0), its entry adding "window_size": [W - 1, 0]; where this FA4 refuses
+it (an older release, or a GPU its local kernels do not cover) the entry is an error saying
+"not measured: ..." and why.
 Inputs: fresh randn (never zeros), rotated over several sets when one set fits in L2.
 Exit status 0 with JSON on stdout; errors go to stderr.
 """
@@ -107,7 +118,15 @@ def normalize(shape):
     sq = need("sq", "s")
     sk = int(shape["sk"]) if shape.get("sk") is not None else sq if shape.get("sq") is not None else need("s")
     s = {"b": need("b"), "hq": hq, "hkv": hkv, "sq": sq, "sk": sk, "d": need("d"),
-         "causal": bool(shape.get("causal")), "dtype": shape.get("dtype") or "fp16", "layout": shape.get("layout") or "bhsd"}
+         "causal": bool(shape.get("causal")), "dtype": shape.get("dtype") or "fp16", "layout": shape.get("layout") or "bhsd",
+         "window": 0}
+    if shape.get("window") is not None:
+        w = shape["window"]
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"shape {json.dumps(shape)}: window {w!r} is not a number of keys >= 1")
+        if not s["causal"]:
+            raise ValueError(f"shape {json.dumps(shape)}: a window needs causal")
+        s["window"] = w
     if s["hkv"] < 1 or s["hq"] % s["hkv"]:
         raise ValueError(f"shape {json.dumps(shape)}: hq {hq} is not a multiple of hkv {hkv}")
     if s["sq"] > s["sk"]:
@@ -119,8 +138,18 @@ def normalize(shape):
     return s
 
 
+def masking_window(s):
+    """The shape's window where it masks something (W < SK), else 0: no row's position exceeds
+    SK - 1, so a window of SK keys or more hides none of the keys causality leaves."""
+    w = s.get("window") or 0
+    return w if 0 < w < s["sk"] else 0
+
+
 def mask_kind(s):
-    """How causality reaches SDPA: none, is_causal (SQ = SK) or lower_right (SQ < SK)."""
+    """How causality reaches SDPA: none, is_causal (SQ = SK), lower_right (SQ < SK), or window (a
+    sliding window that masks something: an explicit boolean mask)."""
+    if s["causal"] and masking_window(s):
+        return "window"
     if not s["causal"] or s["sq"] == 1:
         # One query row, the last position, sees every key: bottom-right causal masks nothing.
         return "none"
@@ -280,10 +309,10 @@ class Inputs:
         return self._repeated[j]
 
     def explicit_mask(self):
+        """[SQ, SK] booleans, True where a row sees a key: bottom-right causal, and within the
+        sliding window where the shape has one that masks something (window_mask)."""
         if self._mask is None:
-            sq, sk = self.s["sq"], self.s["sk"]
-            ones = self.torch.ones(sq, sk, dtype=self.torch.bool, device="cuda")
-            self._mask = ones.tril(diagonal=sk - sq)
+            self._mask = window_mask(self.torch, self.s["sq"], self.s["sk"], masking_window(self.s), "cuda")
         return self._mask
 
     def fa4(self, j):
@@ -296,6 +325,26 @@ class Inputs:
         return self._fa4[j]
 
 
+def window_mask(torch, sq, sk, window, device="cpu"):
+    """[SQ, SK] booleans, True where query row i (position p = i + SK - SQ) sees key j: j <= p,
+    and with a window W > 0 also j > p - W (.dev/window-contract.md)."""
+    ones = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    mask = ones.tril(diagonal=sk - sq)
+    if window > 0:
+        mask &= ones.triu(diagonal=sk - sq - window + 1)
+    return mask
+
+
+def fa4_mask_args(s):
+    """FA4's masking arguments for shape `s`: causal (one query row: bottom-right causal masks
+    nothing, so False), and for a window that masks something causal=True with window_size =
+    (W - 1, 0): flash_attn.cute keeps keys p - window_size[0] <= j <= p + window_size[1]."""
+    w = masking_window(s)
+    if s["causal"] and w:
+        return {"causal": True, "window_size": (w - 1, 0)}
+    return {"causal": s["causal"] and s["sq"] > 1}
+
+
 def sdpa_call(torch, inputs, kv, mask):
     F = torch.nn.functional
     kw = {}
@@ -304,7 +353,7 @@ def sdpa_call(torch, inputs, kv, mask):
     elif mask == "lower_right":
         from torch.nn.attention.bias import causal_lower_right
         kw["attn_mask"] = causal_lower_right(inputs.s["sq"], inputs.s["sk"])
-    elif mask == "explicit":
+    elif mask in ("explicit", "window"):
         kw["attn_mask"] = inputs.explicit_mask()
     if kv == "gqa":
         kw["enable_gqa"] = True
@@ -352,11 +401,11 @@ def time_sdpa(torch, inputs, name, calls, replays, target_us, sustained_ms=0.0):
 
 def time_fa4(torch, inputs, fa4_func, calls, replays, target_us, sustained_ms=0.0):
     s = inputs.s
-    causal = s["causal"] and s["sq"] > 1  # one query row: bottom-right causal masks nothing
+    kw = fa4_mask_args(s)  # causal (not for one query row: it masks nothing), and the window
 
     def call():
         q, k, v = inputs.fa4(inputs.next_index())
-        return fa4_func(q, k, v, causal=causal)
+        return fa4_func(q, k, v, **kw)
 
     try:
         # The first call JIT-compiles (tens of seconds per configuration): outside the timing.
@@ -366,9 +415,13 @@ def time_fa4(torch, inputs, fa4_func, calls, replays, target_us, sustained_ms=0.
         entry = time_call(torch, call, calls, replays, target_us, sustained_ms)
     except Exception as e:
         torch.cuda.synchronize()
+        if "window_size" in kw:  # FA4's local (sliding-window) path: not measured on this shape
+            return {"error": f"not measured: FA4 refused window_size={list(kw['window_size'])}: {first_line(e)}"[:600]}
         return {"error": first_line(e)}
     entry.update({"ran": FA4, "kv": "gqa" if s["hq"] != s["hkv"] else "mha", "mask": mask_kind(s),
                   "layout": "bshd" if s["layout"] == "bshd" else "bshd copy"})
+    if "window_size" in kw:
+        entry["window_size"] = list(kw["window_size"])
     return entry
 
 

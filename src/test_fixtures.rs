@@ -23,7 +23,7 @@ pub fn h100() -> DeviceInfo {
 
 /// Llama-3-8B decode: B 8, 32 query heads over 8 KV heads, one row against 4096 keys, bf16.
 pub fn llama_decode() -> Shape {
-    Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
+    Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bhsd }
 }
 
 /// A closing-comparison row of iteration 9: ours `ours` us before and after, SDPA default

@@ -157,6 +157,43 @@ shapes = [
     assert_eq!(chunk.flops(), 4.0 * 32.0 * 128.0 * (512.0 * 3584.0 + 512.0 * 513.0 / 2.0));
 }
 
+/// A sliding window (Gemma's local layers, Mistral): a causal shape's `window`, in its key,
+/// and the same shape without it is another shape.
+#[test]
+fn a_sliding_window_is_a_key_of_a_causal_shape() {
+    let shapes = shapes_of(
+        r#"
+[workload]
+dtype = "bf16"
+shapes = [
+  { b = 1, hq = 16, hkv = 8, s = 4096, d = 256, causal = true, window = 1024 },
+  { b = 1, hq = 16, hkv = 8, s = 4096, d = 256, causal = true },
+  { b = 8, hq = 16, hkv = 8, sq = 1, sk = 8192, d = 256, causal = true, window = 1024 },
+]
+"#,
+    );
+    let keys: Vec<String> = shapes.iter().map(|s| s.key()).collect();
+    assert_eq!(
+        keys,
+        [
+            "b1hq16hkv8s4096d256-causal-w1024-bf16",
+            "b1hq16hkv8s4096d256-causal-bf16",
+            "b8hq16hkv8sq1sk8192d256-causal-w1024-bf16"
+        ]
+    );
+    assert_eq!(shapes[0].window, Some(1024));
+    // The window's FLOPs: the first 1023 rows see 1..=1023 keys, the other 3073 rows 1024 each.
+    assert_eq!(
+        shapes[0].flops(),
+        4.0 * 16.0 * 256.0 * (1023.0 * 1024.0 / 2.0 + 3073.0 * 1024.0)
+    );
+    assert_eq!(
+        shapes[2].visible_range(0),
+        8192 - 1024..8192,
+        "decode reads the last 1024 keys"
+    );
+}
+
 /// Version-1 configs, keys and stored shapes keep working: `h`/`s` mean HQ = HKV and SQ = SK
 /// in [B,H,S,D], with the same keys as before.
 #[test]
@@ -175,18 +212,76 @@ fn version_one_shapes_keep_their_keys_and_json() {
 #[test]
 fn each_bad_combination_names_its_key_and_the_fix() {
     let cases = [
-        ("{ b = 1, hq = 32, hkv = 5, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hq", "not a multiple of hkv = 5"),
-        ("{ b = 1, hq = 8, hkv = 8, sq = 65, sk = 64, d = 128 }", "workload.shapes[0].sq", "sq <= sk"),
-        ("{ b = 1, hq = 8, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hkv", "give hkv too"),
-        ("{ b = 1, hkv = 8, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hq", "give hq too"),
-        ("{ b = 1, h = 8, hq = 8, hkv = 2, s = 64, d = 128 }", "workload.shapes[0].h", "use h alone"),
-        ("{ b = 1, h = 8, sq = 1, d = 128 }", "workload.shapes[0].sk", "give sk too"),
-        ("{ b = 1, h = 8, sk = 64, d = 128 }", "workload.shapes[0].sq", "give sq too"),
-        ("{ b = 1, h = 8, s = 64, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].s", "use s alone"),
-        ("{ b = 1, h = 8, d = 128 }", "workload.shapes[0].s", "is missing"),
-        ("{ b = 1, s = 8, d = 128 }", "workload.shapes[0].h", "is missing"),
-        ("{ b = 1, hq = 8, hkv = 0, sq = 1, sk = 64, d = 128 }", "workload.shapes[0].hkv", "at least 1"),
-        ("{ b = 1, hq = 8, hkv = 8, sq = 1, sk = 64, d = 80 }", "workload.shapes[0].d", "[64, 96, 128, 256]"),
+        (
+            "{ b = 1, hq = 32, hkv = 5, sq = 1, sk = 64, d = 128 }",
+            "workload.shapes[0].hq",
+            "not a multiple of hkv = 5",
+        ),
+        (
+            "{ b = 1, hq = 8, hkv = 8, sq = 65, sk = 64, d = 128 }",
+            "workload.shapes[0].sq",
+            "sq <= sk",
+        ),
+        (
+            "{ b = 1, hq = 8, sq = 1, sk = 64, d = 128 }",
+            "workload.shapes[0].hkv",
+            "give hkv too",
+        ),
+        (
+            "{ b = 1, hkv = 8, sq = 1, sk = 64, d = 128 }",
+            "workload.shapes[0].hq",
+            "give hq too",
+        ),
+        (
+            "{ b = 1, h = 8, hq = 8, hkv = 2, s = 64, d = 128 }",
+            "workload.shapes[0].h",
+            "use h alone",
+        ),
+        (
+            "{ b = 1, h = 8, sq = 1, d = 128 }",
+            "workload.shapes[0].sk",
+            "give sk too",
+        ),
+        (
+            "{ b = 1, h = 8, sk = 64, d = 128 }",
+            "workload.shapes[0].sq",
+            "give sq too",
+        ),
+        (
+            "{ b = 1, h = 8, s = 64, sq = 1, sk = 64, d = 128 }",
+            "workload.shapes[0].s",
+            "use s alone",
+        ),
+        (
+            "{ b = 1, h = 8, d = 128 }",
+            "workload.shapes[0].s",
+            "is missing",
+        ),
+        (
+            "{ b = 1, s = 8, d = 128 }",
+            "workload.shapes[0].h",
+            "is missing",
+        ),
+        (
+            "{ b = 1, hq = 8, hkv = 0, sq = 1, sk = 64, d = 128 }",
+            "workload.shapes[0].hkv",
+            "at least 1",
+        ),
+        (
+            "{ b = 1, hq = 8, hkv = 8, sq = 1, sk = 64, d = 80 }",
+            "workload.shapes[0].d",
+            "[64, 96, 128, 256]",
+        ),
+        (
+            "{ b = 1, h = 8, s = 64, d = 128, window = 16 }",
+            "workload.shapes[0].window",
+            "set causal = true",
+        ),
+        (
+            "{ b = 1, h = 8, s = 64, d = 128, causal = true, window = 0 }",
+            "workload.shapes[0].window",
+            "remove `window` for none",
+        ),
     ];
     for (shape, key, fix) in cases {
         let err = parse(&format!("[workload]\nshapes = [ {shape} ]\n")).unwrap_err();

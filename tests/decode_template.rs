@@ -24,7 +24,7 @@ fn decode() -> Template {
 }
 
 fn gqa(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, causal: bool) -> Shape {
-    Shape { b, hq, hkv, sq, sk, d: 128, causal, dtype: DType::Bf16, layout: Layout::Bhsd }
+    Shape { b, hq, hkv, sq, sk, d: 128, causal, window: None, dtype: DType::Bf16, layout: Layout::Bhsd }
 }
 
 fn knobs(block_n: i64, warps: i64, stages: i64, waves: i64, min_tiles: i64) -> Params {

@@ -115,7 +115,7 @@ async fn export_python_writes_an_installable_package_with_cubins() {
     // The manifest: format 2 plus the device, the package, and per kernel min_cc, max_sq, cubin.
     let kernels_dir = pkg.join("optimizerd_kernels/kernels");
     let m = read_json(&kernels_dir.join("manifest.json"));
-    assert_eq!(m["format"], 2);
+    assert_eq!(m["format"], 3);
     assert_eq!(m["device"], json!({ "name": "NVIDIA H100 80GB HBM3 (scripted)", "cc": 90, "sms": 132, "smem_optin": 232448 }));
     assert_eq!(m["package"], json!({ "name": "optimizerd_kernels", "optimizerd": env!("CARGO_PKG_VERSION") }));
     let kernels = m["kernels"].as_array().unwrap();

@@ -69,7 +69,7 @@ async fn an_arch_specific_template_is_compiled_for_sm_90a_and_exported_with_its_
     assert_eq!(
         k["tensor_maps"],
         json!([{
-            "param_index": 16, "tensor": "k", "data_type": "uint16", "rank": 5,
+            "param_index": 17, "tensor": "k", "data_type": "uint16", "rank": 5,
             "dims": ["64", "SK", "D // 64", "HKV", "B"], "strides_bytes": ["strides.k_s * 2", "128", "strides.k_h * 2", "strides.k_b * 2"],
             "box": ["64", "BOX_ROWS", "D // 64", "1", "1"], "element_strides": [1, 1, 1, 1, 1],
             "swizzle_bytes": 128, "interleave": "none", "l2_promotion": "128B", "oob_fill": "none"
@@ -78,7 +78,7 @@ async fn an_arch_specific_template_is_compiled_for_sm_90a_and_exported_with_its_
     let shapes = k["shapes"].as_array().unwrap();
     let by_key = |key: &str| shapes.iter().find(|s| s["key"] == key).unwrap_or_else(|| panic!("{key} not exported: {m:#}"));
     let small = &by_key("b1h1s128d64")["tensor_maps"][0];
-    assert_eq!((small["param_index"].clone(), small["tensor"].clone()), (json!(16), json!("k")));
+    assert_eq!((small["param_index"].clone(), small["tensor"].clone()), (json!(17), json!("k")));
     assert_eq!((small["dims"].clone(), small["strides_bytes"].clone(), small["box"].clone()), (json!([64, 128, 1, 1, 1]), json!([128, 128, 16384, 16384]), json!([64, 64, 1, 1, 1])));
     let big = &by_key("b2h8s512d128-causal")["tensor_maps"][0];
     assert_eq!((big["dims"].clone(), big["strides_bytes"].clone(), big["box"].clone()), (json!([64, 512, 2, 8, 2]), json!([256, 128, 131072, 8 * 131072]), json!([64, 64, 2, 1, 1])));

@@ -202,7 +202,7 @@ fn shipped_templates() -> Vec<Template> {
 }
 
 fn shape(hq: u32, hkv: u32, sq: u32, d: u32, causal: bool) -> Shape {
-    Shape { b: 2, hq, hkv, sq, sk: sq.max(1024), d, causal, dtype: DType::Bf16, layout: Layout::Bhsd }
+    Shape { b: 2, hq, hkv, sq, sk: sq.max(1024), d, causal, window: None, dtype: DType::Bf16, layout: Layout::Bhsd }
 }
 
 /// A declaration may only reset a knob where the point's launch plan (grid, block, shared

@@ -543,7 +543,7 @@ async fn decode_shapes_are_reported_in_kv_bandwidth_beside_sdpa_and_fa4() {
     use optimizerd::storage::ledger::NewSdpa;
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(&dir.path().join("optimizer.db")).await.unwrap();
-    let decode = Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
+    let decode = Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bhsd };
     let chunk = Shape { sq: 512, b: 1, ..decode };
     let small = Shape::mha(1, 1, 128, 64, false, DType::Bf16);
     let shapes = [decode, chunk, small];

@@ -20,7 +20,7 @@ fn shape(b: u32, h: u32, s: u32, d: u32, causal: bool) -> Shape {
 
 /// Grouped-query attention with SQ query rows against SK keys (ABI v2 shapes).
 fn gqa(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: u32, causal: bool, layout: Layout) -> Shape {
-    Shape { b, hq, hkv, sq, sk, d, causal, dtype: DType::Fp16, layout }
+    Shape { b, hq, hkv, sq, sk, d, causal, window: None, dtype: DType::Fp16, layout }
 }
 
 fn params(t: &Template, pairs: &[(&str, i64)]) -> Params {

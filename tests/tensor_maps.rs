@@ -170,7 +170,7 @@ fn geometry_at_d64_and_d128_follows_the_convention() {
 #[test]
 fn geometry_follows_heads_rows_and_layout_of_each_tensor() {
     let map = |tensor| TensorMap { tensor, box_rows: 64, swizzle: 128, box_panels: None };
-    let mut sh = Shape { b: 2, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
+    let mut sh = Shape { b: 2, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bhsd };
     let g = map(TensorName::K).geometry(&sh, &c(&sh)).unwrap();
     assert_eq!(g.dims, [64, 4096, 2, 8, 2]);
     assert_eq!(g.strides_bytes, [256, 128, 4096 * 256, 8 * 4096 * 256]);
@@ -403,7 +403,7 @@ fn pack_gqa_packs_a_kv_heads_query_heads_only_where_its_boxes_fit() {
     let dev = common::h100();
     // OVERLAP 0: 3 consumers with OVERLAP at D 128 are refused (the wgmma serialized).
     let knobs = |pack: i64| with(&t, &[("PACK_GQA", pack), ("CONSUMERS", 3), ("PERSISTENT", 0), ("BLOCK_N", 128), ("OVERLAP", 0)]);
-    let gqa = |hq: u32, hkv: u32, s: u32, d: u32| Shape { b: 4, hq, hkv, sq: s, sk: s, d, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd };
+    let gqa = |hq: u32, hkv: u32, s: u32, d: u32| Shape { b: 4, hq, hkv, sq: s, sk: s, d, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bhsd };
     let map = |plan: &ShapePlan, name: TensorName| *plan.tensor_maps.iter().find(|m| m.tensor == name).unwrap();
     let rows = |plan: &ShapePlan, name: TensorName| map(plan, name).box_rows;
 
@@ -445,7 +445,7 @@ fn stream_k_sizes_its_scratch_and_changes_nothing_else() {
         // OVERLAP 0: 3 consumers with OVERLAP at D 128 are refused (the wgmma serialized).
         with(&t, &[("STREAM_K", sk), ("PERSISTENT", persistent), ("CONSUMERS", consumers), ("BLOCK_N", 128), ("OVERLAP", 0)])
     };
-    let gqa = |b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: u32, causal: bool| Shape { b, hq, hkv, sq, sk, d, causal, dtype: DType::Fp16, layout: Layout::Bhsd };
+    let gqa = |b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: u32, causal: bool| Shape { b, hq, hkv, sq, sk, d, causal, window: None, dtype: DType::Fp16, layout: Layout::Bhsd };
     let mha = |b: u32, h: u32, s: u32, d: u32, causal: bool| gqa(b, h, h, s, s, d, causal);
     // (shape, consumers, work tiles): more tiles than SMs (a tail of 56 and 68), fewer (128
     // 128-row tiles: 8 key tiles each, and chunked prefill's 29-32, causal).
@@ -496,7 +496,7 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
     let dev = common::h100();
     let p = with(&t, &[("PACK_GQA", 1), ("TAIL_SPLIT", 0), ("STREAM_K", 1), ("LPT_MIB", 32), ("CONSUMERS", 3), ("PERSISTENT", 1), ("BLOCK_N", 128)]);
-    let sh = |b: u32, hq: u32, hkv: u32, s: u32, d: u32, causal: bool| Shape { b, hq, hkv, sq: s, sk: s, d, causal, dtype: DType::Fp16, layout: Layout::Bhsd };
+    let sh = |b: u32, hq: u32, hkv: u32, s: u32, d: u32, causal: bool| Shape { b, hq, hkv, sq: s, sk: s, d, causal, window: None, dtype: DType::Fp16, layout: Layout::Bhsd };
     let kept = |shapes: &[Shape]| {
         let c = t.canonical(&p, shapes, &dev).unwrap();
         ["PACK_GQA", "TAIL_SPLIT", "STREAM_K", "LPT_MIB"].map(|k| c[k] == p[k])
@@ -549,7 +549,7 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     // STREAM_K, causal: only a grid of one partial round (chunked prefill: 128 tiles of 29-32
     // key tiles on 132 SMs) may run pieces; causal rounds (the large causal shape) never do.
     let pieces = with(&t, &[("STREAM_K", 1), ("PERSISTENT", 1), ("CONSUMERS", 2), ("BLOCK_N", 128)]);
-    let chunked = Shape { b: 1, hq: 32, hkv: 8, sq: 512, sk: 4096, d: 128, causal: true, dtype: DType::Fp16, layout: Layout::Bhsd };
+    let chunked = Shape { b: 1, hq: 32, hkv: 8, sq: 512, sk: 4096, d: 128, causal: true, window: None, dtype: DType::Fp16, layout: Layout::Bhsd };
     assert_eq!(t.canonical(&pieces, &[chunked], &dev).unwrap()["STREAM_K"], 1);
     assert_eq!(t.canonical(&pieces, &[sh(2, 16, 16, 8192, 128, true)], &dev).unwrap()["STREAM_K"], 0);
 }

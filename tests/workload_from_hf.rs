@@ -88,14 +88,83 @@ fn qwen_grouped_heads_bshd_and_repeated_lengths() {
     });
     let (text, c) = round_trip(&qwen, &lengths(&[2048, 2048], &[8192], None, &[4]), None, Layout::Bshd);
     assert_eq!(c.workload.layout, Layout::Bshd);
-    assert_eq!(rows(&c.shapes()), vec![(4, 28, 4, 2048, 2048, 128, true), (4, 28, 4, 1, 8192, 128, false)], "a length given twice is one shape");
-    assert!(!text.contains("sliding"), "an unused window is not a caveat: {text}");
-    // A window in use is said in the header.
+    assert_eq!(
+        rows(&c.shapes()),
+        vec![
+            (4, 28, 4, 2048, 2048, 128, true),
+            (4, 28, 4, 1, 8192, 128, false)
+        ],
+        "a length given twice is one shape"
+    );
+    assert!(
+        !text.contains("sliding"),
+        "an unused window is not a caveat: {text}"
+    );
+    // Mistral 7B v0.1: every layer has a 4096-key window. A cache within the window is the
+    // plain shape; a longer one is written with the window (and only with it).
     let mistral = json!({"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                          "sliding_window": 4096, "dtype": "float16"});
-    let (text, c) = round_trip(&mistral, &lengths(&[], &[1024], None, &[1]), None, Layout::Bhsd);
-    assert_eq!(c.workload.dtype, DType::Fp16, "transformers 5 writes `dtype`");
-    assert!(text.contains("# Note: sliding_window = 4096"), "{text}");
+    let (text, c) = round_trip(
+        &mistral,
+        &lengths(&[], &[1024, 8192], None, &[1]),
+        None,
+        Layout::Bhsd,
+    );
+    assert_eq!(
+        c.workload.dtype,
+        DType::Fp16,
+        "transformers 5 writes `dtype`"
+    );
+    assert!(
+        text.contains("# Sliding window: 4096 keys (sliding_window), on every layer"),
+        "{text}"
+    );
+    let keyed: Vec<String> = c.shapes().iter().map(Shape::key).collect();
+    assert_eq!(
+        keyed,
+        [
+            "b1hq32hkv8sq1sk1024d128",
+            "b1hq32hkv8sq1sk8192d128-causal-w4096"
+        ],
+        "{text}"
+    );
+}
+
+#[test]
+fn gemma_3_local_and_global_layers_give_both_shapes() {
+    // Gemma-3-style language model: 5 of every 6 layers look back 1024 keys, the rest see all.
+    let gemma = json!({
+        "model_type": "gemma3", "torch_dtype": "bfloat16",
+        "text_config": {"model_type": "gemma3_text", "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                        "sliding_window": 1024, "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                        "sliding_attention", "sliding_attention", "full_attention"]}
+    });
+    let (text, c) = round_trip(
+        &gemma,
+        &lengths(&[4096, 512], &[8192], Some(256), &[1]),
+        None,
+        Layout::Bhsd,
+    );
+    let keyed: Vec<String> = c.shapes().iter().map(Shape::key).collect();
+    assert_eq!(
+        keyed,
+        [
+            "b1hq8hkv4s4096d256-causal-bf16",
+            "b1hq8hkv4s4096d256-causal-w1024-bf16",
+            // Within the window: the window masks nothing, one shape serves both kinds of layer.
+            "b1hq8hkv4s512d256-causal-bf16",
+            "b1hq8hkv4sq256sk4096d256-causal-bf16",
+            "b1hq8hkv4sq256sk4096d256-causal-w1024-bf16",
+            "b1hq8hkv4sq256sk512d256-causal-bf16",
+            "b1hq8hkv4sq1sk8192d256-bf16",
+            "b1hq8hkv4sq1sk8192d256-causal-w1024-bf16",
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("text_config.layer_types: 5 of 6 sliding_attention"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -20,6 +20,8 @@
  *         lse_s[r]          the split's natural-log LSE of the scaled scores,
  *                           -inf (and O = 0) when it saw no key of the row.
  *   dec_rows_valid(heads_q, heads_kv, seq_q)   packed rows of this CTA
+ *   dec_visible_tiles(seq_q, seq_k, causal, window)  the key tiles some query
+ *                             row sees: the range the splits divide
  *   dec_out_row(...)          where packed row r's output row lives
  *
  * M_TILES: the m16 row tiles of one CTA. Warp w computes row tile w % M_TILES
@@ -254,12 +256,29 @@ __device__ __forceinline__ DecRow dec_out_row(int r, int heads_q, int heads_kv, 
     return DecRow{kvh * (heads_q / heads_kv) + pr / seq_q, pr % seq_q};
 }
 
+// Key tiles [begin, end) of DEC_TILE_N keys that some query row sees: every key < SK,
+// except that a window starts them at the tile of row 0's first key (row 0, the earliest
+// position, has the smallest first key; a CTA's packed rows that start later are masked
+// per element). The splits divide this range, not [0, SK): a window of W over a cache of
+// SK keys reads about W + SQ keys, in as many splits as those keys call for (the spec's
+// kv_tiles is the same count).
+struct DecTiles {
+    int begin, end;
+};
+__device__ __forceinline__ DecTiles dec_visible_tiles(int seq_q, int seq_k, int causal, int window) {
+    // The end is SK's tile, not keys_before(SQ) (the same: the last row sees every key);
+    // keys_before's min made ptxas spill up to 32 bytes more at D 256, at 255 registers.
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), window);
+    return DecTiles{mask.keys_from(0) / DEC_TILE_N, (seq_k + DEC_TILE_N - 1) / DEC_TILE_N};
+}
+
 // after_first_issue(): called by every thread once the first K/V tile's and Q's copies
 // are issued (decode-cluster arms its mbarriers there: the copies leave first).
+// window: the one the kernel applies (common/optd.cuh's optd_window()).
 template <int D, typename AfterFirstIssue>
 __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
                                                   const elem_t* __restrict__ v, int heads_q, int heads_kv, int seq_q,
-                                                  int seq_k, float softmax_scale, int causal,
+                                                  int seq_k, float softmax_scale, int causal, int window,
                                                   const optd_strides& strides, int t_begin, int t_end,
                                                   AfterFirstIssue after_first_issue) {
     static_assert(D % 32 == 0 && D >= 32,
@@ -457,8 +476,11 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     auto acc_at = [&](int, int j, int e) -> float& { return acc[j][e]; };
 
     // Causal: row s sees keys < limit(s); the thread's rows g and g + 8 have
-    // s = packed row % SQ (padding rows: any s, never stored).
-    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k));
+    // s = packed row % SQ (padding rows: any s, never stored). Windowed: and keys
+    // >= limit(s) - window (windows come with causal only, where limit(s) is
+    // s + 1 + SK - SQ, so this is first_key(s) without the clamp at 0, which no key
+    // needs): no second per-row value is kept for the rare left-edge tiles.
+    const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), window);
     int lim[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) lim[h] = mask.limit((prow0 + wrow0 + g + 8 * h) % seq_q);
@@ -481,9 +503,10 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);
 
         const int kv0 = (t_begin + i) * DEC_TILE_N + kw * BLOCK_N;  // this warp's first key
-        // Warp-uniform: the ragged tail of the last tile, or a row tile of padding. With
+        // Warp-uniform: the ragged tail of the last tile, a row tile of padding, or
+        // (window) a sub-tile of the range's first tile left of every row's window. With
         // K_FIRST such a warp still meets the others at V's barrier below.
-        const bool live = kv0 < seq_k && rows_live;
+        const bool live = kv0 < seq_k && rows_live && !mask.left_of(kv0 + BLOCK_N, 0);
         if (!K_FIRST && !live) continue;
         const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + kw * BLOCK_N * ROW_BYTES);
         const unsigned kb = s_k + sub;
@@ -538,6 +561,17 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         if (kv0 + 8 * j + 2 * tq + (e & 1) >= lim[e >> 1]) s[j][e] = OPTD_NEG_INF;
+                    }
+                }
+            }
+            // Window: keys left of the first key of some row (the last row, SQ - 1,
+            // starts latest); the range's first tiles only.
+            if (mask.partial_left(kv0, seq_q - 1)) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (kv0 + 8 * j + 2 * tq + (e & 1) < lim[e >> 1] - mask.window) s[j][e] = OPTD_NEG_INF;
                     }
                 }
             }

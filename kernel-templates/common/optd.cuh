@@ -14,6 +14,8 @@
  *   OPTD_ARGS, OPTD_ARG_NAMES      the kernel ABI (parameters / their names)
  *   OPTD_CTA_DONE()                the per-CTA completion count of check builds
  *   OPTD_BUILD_D64, _D96, _D128, _D256  whether this build holds that head dim's kernels
+ *   OPTD_BUILD_WINDOW, optd_window()  whether it holds the window's code; the window
+ *                                  a kernel applies
  *   OPTD_CHECK_SMEM(ROLE, D, n)    the kernel's shared-memory layout ends at the
  *                                  bytes the spec's smem formula gives its launch
  *   warp_sum(), warp_max()         butterfly reductions over a full warp
@@ -46,6 +48,32 @@
 #ifndef OPTD_BUILD_D256
 #define OPTD_BUILD_D256 1
 #endif
+
+// Whether a build holds the window's code (kernel ABI v3's `window`). The templates that
+// implement the window read it through optd_window(): with -DOPTD_BUILD_WINDOW=0 that is the
+// constant 0, the window's tests fold away and the kernels are the code from before windows
+// (a call with a window traps rather than ignore it). Why: compiled in, those tests made
+// unwindowed calls 1-4% slower (H200, default points: decode-split and decode-cluster at B 1-8
+// decode, mma-fa2 at D 256, kv-split; with OPTD_BUILD_WINDOW=0 they time as before), and a run
+// without a windowed shape need not pay that; the worker may pass it as it passes
+// OPTD_BUILD_D<d>. (Both bodies in one kernel, picked by `window` at run time, still cost
+// unwindowed calls 1-2.7% and doubled the compile time.) Unset: 1, every kernel takes windows.
+// baseline.cu and wmma.cu read `window` itself: baseline is every shape's first candidate, and
+// wmma's windowed body ran unwindowed shapes faster than before, not slower (13% at B 1,
+// HQ 32 / HKV 8, S 2048, D 128, causal).
+#ifndef OPTD_BUILD_WINDOW
+#define OPTD_BUILD_WINDOW 1
+#endif
+
+// The window a template's kernels apply: `window`, or 0 in a build without the window's code.
+__device__ __forceinline__ int optd_window(int window) {
+#if OPTD_BUILD_WINDOW
+    return window;
+#else
+    if (window != 0) __trap();
+    return 0;
+#endif
+}
 
 // ---------------------------------------------------------------------------
 // Element type. All arithmetic is fp32; elem_t is only the storage format.
@@ -85,8 +113,8 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
 #define OPTD_NEG_INF (__int_as_float(0xff800000))
 
 // ---------------------------------------------------------------------------
-// Kernel ABI v2, identical for every kernel of every template (the daemon's
-// worker launches them all with the same argument list).
+// Kernel ABI v3, identical for every kernel of every template (the daemon's
+// worker launches them all with the same argument list; v3 added `window`).
 //   q, o           B x heads_q x seq_q rows of D elem_t (row = D contiguous
 //                  elements, 16-byte aligned), addressed through strides.q / .o
 //   k, v           B x heads_kv x seq_k rows, through strides.k / .v
@@ -95,6 +123,12 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
 //   seq_q <= seq_k causal: the query rows are the LAST seq_q positions, row i
 //                  sees keys <= i + seq_k - seq_q (optd_causal_offset; the
 //                  bottom-right convention of FlashAttention >= 2.1 and SDPA)
+//   window         sliding window W (0: none; W >= 1 only with causal): row i,
+//                  at position p = i + seq_k - seq_q, sees key j iff
+//                  p - W < j <= p, at most W keys, its own included (Hugging
+//                  Face's sliding_window = W, FlashAttention's window_size
+//                  (W - 1, 0)); W >= seq_k masks nothing. A template whose spec
+//                  lacks `windows = true` is never given W > 0 and may ignore it.
 //   strides        element strides (batch, head, row) of q, k, v, o: either
 //                  layout ([B,H,S,D] or [B,S,H,D]) and non-contiguous views
 //                  with a unit last stride; the check runs padded views too,
@@ -115,12 +149,12 @@ struct optd_strides {
         const elem_t* __restrict__ v, elem_t* __restrict__ o,                             \
         float* __restrict__ o_partial, float* __restrict__ lse_partial, int batch,        \
         int heads_q, int heads_kv, int seq_q, int seq_k, int n_splits,                    \
-        float softmax_scale, int causal, const optd_strides strides,                      \
+        float softmax_scale, int causal, int window, const optd_strides strides,          \
         unsigned int* __restrict__ cta_counter
 
 #define OPTD_ARG_NAMES                                                                    \
     q, k, v, o, o_partial, lse_partial, batch, heads_q, heads_kv, seq_q, seq_k, n_splits, \
-        softmax_scale, causal, strides, cta_counter
+        softmax_scale, causal, window, strides, cta_counter
 
 // The KV head query head h reads (grouped-query attention).
 __device__ __forceinline__ int optd_kv_head(int h, int heads_q, int heads_kv) {

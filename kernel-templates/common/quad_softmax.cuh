@@ -15,6 +15,9 @@
  *                                               row: the thread's first row (g),
  *                                               kv0 + col its first key (2 t);
  *                                               row + row_step (8) its second
+ *   m16n8_mask_left<kMT, kNT>(at, mask, row, kv0, col[, row_step])
+ *                                               the same for the window's left
+ *                                               edge (keys < first_key(row))
  *   m16n8_row_max<kMT, kNT>(at, m, mx)            mx[h] = max(m[h], row h) over
  *                                               the quad
  *   m16n8_exp2<kMT, kNT>(at, sm, scale_log2, bias) scores -> probabilities,
@@ -82,6 +85,25 @@ __device__ __forceinline__ void m16n8_mask(At at, const KeyMask& mask, int row, 
                     if (key >= mask.key_end || (mask.causal && key > r)) at(mt, j, e) = OPTD_NEG_INF;
                 }
             }
+        }
+    }
+}
+
+// The window's left edge: -inf where key < mask.first_key(row), on the tiles
+// where partial_left holds. Apart from m16n8_mask, not folded into it: the
+// unwindowed kernels keep their masking code (and its registers) as it was,
+// and a windowed call pays for the left edge only on the tiles that cross it.
+// One limit per row relative to the thread's first key, an immediate per column.
+template <int kMT, int kNT, class At>
+__device__ __forceinline__ void m16n8_mask_left(At at, const KeyMask& mask, int row, int kv0, int col, int row_step = 8) {
+#pragma unroll
+    for (int h = 0; h < 2 * kMT; ++h) {
+        const int first = mask.first_key(row + 16 * (h >> 1) + row_step * (h & 1)) - kv0 - col;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (j * 8 + e < first) at(h >> 1, j, 2 * (h & 1) + e) = OPTD_NEG_INF;
         }
     }
 }

@@ -53,6 +53,7 @@ __device__ __forceinline__ void optd_split_combine(OPTD_ARGS) {
     (void)seq_k;
     (void)softmax_scale;
     (void)causal;
+    (void)window;
     const int lane = threadIdx.x & 31;
     const size_t rows_total = (size_t)batch * heads_q * seq_q;  // rows of one split
     const size_t row = (size_t)blockIdx.x * OPTD_COMBINE_ROWS + (threadIdx.x >> 5);

@@ -81,9 +81,20 @@
  *   the last round runs a few tiles on a few SMs and the rest idle, e.g.
  *   (2,16,8192,128) with 192-row tiles: 1376 tiles on 132 SMs, 10.4 rounds'
  *   work in 11 rounds' time.
+ *
+ * Key ranges (KeyTiles, keys()): a work tile's key tiles run from the tile of
+ *   the first key its first row sees to the last its last row sees; with a
+ *   sliding window (mask.cuh's KeyMask) the start moves right, so a tile's
+ *   length is min(causal, about (W + tp) / bn). The orders above need no
+ *   change for it: the lengths still do not shrink as m grows (give or take
+ *   one key tile of rounding, and a ragged last tile), so heaviest first is
+ *   still the last query tile first. Stream-K, which adds lengths up, is not
+ *   enabled with a window (keys() says why): those tails run whole tiles.
  ******************************************************************************/
 #ifndef OPTD_TILE_SCHEDULER_CUH
 #define OPTD_TILE_SCHEDULER_CUH
+
+#include "common/mask.cuh"
 
 struct WorkTile {
     int m_block;  // query tile
@@ -98,7 +109,8 @@ struct WorkTile {
 
 // Key tiles of query tile m (stream-K's tile lengths): causal, the keys its last row
 // sees (bottom-right: row i sees keys <= i + offset), else all of them. tp: query
-// positions per tile, bn: keys per key tile.
+// positions per tile, bn: keys per key tile. No window: stream-K is enabled only without
+// one (TileScheduler::keys), so its tiles' keys start at 0.
 struct KvTiles {
     int tp, bn, key_end, offset;
     bool causal;
@@ -106,6 +118,27 @@ struct KvTiles {
         const int keys = causal ? min(key_end, (m + 1) * tp + offset) : key_end;
         return max(keys + bn - 1, 0) / bn;
     }
+};
+
+// The key tiles of query tile m, [first(m), end(m)): up to the last key its last row
+// sees (causal, bottom-right), else all of them; from the tile holding the first key its
+// first row sees (a sliding window: rows see keys > i + offset - W, and the first row's
+// bound is the lowest), else from 0. The one definition of a work tile's key range
+// (TileScheduler::keys(): the producer loads it, every consumer waits for and releases
+// it). Apart from KvTiles, which the scheduler keeps for stream-K: one struct for both,
+// holding the window there, cost wgmma_tma's STREAM_K kernels 44 bytes more spill
+// stores (D 128) even in a build without the window's code.
+struct KeyTiles {
+    KeyMask mask;
+    int tp, bn;
+    __device__ __forceinline__ KeyTiles(const KeyMask& mask_, int tp_, int bn_) : mask(mask_), tp(tp_), bn(bn_) {}
+    __device__ __forceinline__ int end(int m) const { return max(mask.keys_before((m + 1) * tp) + bn - 1, 0) / bn; }
+    __device__ __forceinline__ int first(int m) const { return mask.keys_from(m * tp) / bn; }
+};
+
+// A work tile's key tiles [lo, hi) (TileScheduler::keys).
+struct KeyRange {
+    int lo, hi;
 };
 
 template <bool kPersistent, bool kStreamK = false>
@@ -134,8 +167,8 @@ struct TileScheduler {
           group_heads((int)min((long long)n_bh_, max(1ll, group_bytes / max(1ll, kv_head_bytes)) * q_per_kv)) {}
 
     // Stream-K tail (kStreamK, persistent; every role calls it with the same arguments):
-    // kv: the work tiles' key tiles; room: whether the caller's scratch holds
-    // 2 gridDim.x pieces. Only where the tail is not empty, every CTA gets at least
+    // kv: the work tiles' key tiles (no window: see keys()); room: whether the caller's
+    // scratch holds 2 gridDim.x pieces. Only where the tail is not empty, every CTA gets at least
     // one key tile of it and (causal) every tile is in the tail and no CTA's range
     // spans three tiles; otherwise the schedule stays whole tiles.
     __device__ __forceinline__ void enable_stream_k(const KvTiles& kv_, bool room) {
@@ -149,7 +182,8 @@ struct TileScheduler {
                 int per_head = 0;
                 for (int m = 0; m < n_mb; ++m) per_head += kv_.of(m);
                 iters = (long long)per_head * n_bh;
-                // Tiles grow with m (bottom-right causal): tile 0 is the shortest.
+                // Tiles grow with m (bottom-right causal, no window: see keys()): tile 0 is
+                // the shortest.
                 if (kv_.of(0) < (iters + g - 1) / g - 1) return;
                 kv = kv_;
                 head_iters = per_head;
@@ -162,6 +196,17 @@ struct TileScheduler {
             sk_iters = iters;
             n_rounds = n_dp / g + 2;
         }
+    }
+    // Work tile w's key tiles: its query tile's [kt.first, kt.end), or a stream-K piece's
+    // [k_lo, k_hi). The producer and every consumer call it with the same kt: they walk
+    // the same tiles. Stream-K is enabled only without a window, where every tile's keys
+    // start at 0: its pieces, tile lengths (KvTiles) and their sums are the unwindowed
+    // ones, and no piece walk reads the window. (Windowed lengths, end - first, in them
+    // cost wgmma_tma's STREAM_K kernels 4400 instructions and 84 bytes more spill stores
+    // at D 128 without a window: the window's start inlined into every walk.)
+    __device__ __forceinline__ KeyRange keys(const WorkTile& w, const KeyTiles& kt) const {
+        if (kStreamK && w.piece >= 0) return KeyRange{w.k_lo, w.k_hi};
+        return KeyRange{kt.first(w.m_block), kt.end(w.m_block)};
     }
     // Whether the tail runs in pieces, and which CTAs compute tail tile `piece`.
     __device__ __forceinline__ bool stream_k() const { return kStreamK && sk_iters > 0; }

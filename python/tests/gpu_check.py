@@ -5,6 +5,9 @@ device; CPU tests are test_package.py):
   1. correctness: every exported shape, in both layouts and on a padded (non-contiguous)
      view, and unseen shapes (other B / S of each class, an odd SK) against an fp32 SDPA
      reference with fresh randn inputs, output poisoned (NaN) first; the path each took;
+     every causal shape also with a sliding window of a third of its keys (a kernel with
+     "windows": true, or SDPA with the window's mask: never a kernel without windows), and
+     windowed shapes (manifest format 3's "window") at their own window;
   2. a CUDA-graph capture and replay of a call, on a non-default stream;
   3. torch.compile(fullgraph=True) (Inductor) of a module calling it;
   4. the eager call overhead (host time per call, tight loop) against SDPA's on small
@@ -31,9 +34,9 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def shape_of(s):
     if "h" in s:
         return dict(b=s["b"], hq=s["h"], hkv=s["h"], sq=s["s"], sk=s["s"], d=s["d"], causal=bool(s["causal"]),
-                    layout="bhsd", dtype=s.get("dtype", "fp16"))
+                    layout="bhsd", dtype=s.get("dtype", "fp16"), window=0)
     return dict(b=s["b"], hq=s["hq"], hkv=s["hkv"], sq=s["sq"], sk=s["sk"], d=s["d"], causal=bool(s["causal"]),
-                layout=s.get("layout", "bhsd"), dtype=s.get("dtype", "fp16"))
+                layout=s.get("layout", "bhsd"), dtype=s.get("dtype", "fp16"), window=int(s.get("window") or 0))
 
 
 def tensors(sh, pad=0):
@@ -52,20 +55,26 @@ def tensors(sh, pad=0):
     return (q, k, v), (qh, kh, vh)
 
 
-def reference(qh, kh, vh, causal):
+def reference(qh, kh, vh, causal, window=0):
+    """fp32 SDPA, bottom-right causal; with a sliding window, row i (position p = i + Sk - Sq)
+    sees keys p - window < j <= p."""
     g = qh.shape[1] // kh.shape[1]
     kr, vr = kh.float().repeat_interleave(g, 1), vh.float().repeat_interleave(g, 1)
     mask = None
     if causal:
         sq, sk = qh.shape[2], kh.shape[2]
-        mask = torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(sk - sq)
+        ones = torch.ones(sq, sk, dtype=torch.bool, device="cuda")
+        mask = ones.tril(sk - sq)
+        if window:
+            mask &= ones.triu(sk - sq - window + 1)
     return F.scaled_dot_product_attention(qh.float(), kr, vr, attn_mask=mask)
 
 
 def key_of(sh):
     heads = f"h{sh['hq']}" if sh["hq"] == sh["hkv"] else f"hq{sh['hq']}hkv{sh['hkv']}"
     rows = f"s{sh['sq']}" if sh["sq"] == sh["sk"] else f"sq{sh['sq']}sk{sh['sk']}"
-    return f"b{sh['b']}{heads}{rows}d{sh['d']}" + ("-causal" if sh["causal"] else "") + f"-{sh['dtype']}-{sh['layout']}"
+    return (f"b{sh['b']}{heads}{rows}d{sh['d']}" + ("-causal" if sh["causal"] else "")
+            + (f"-w{sh['window']}" if sh.get("window") else "") + f"-{sh['dtype']}-{sh['layout']}")
 
 
 def correctness(pkg, manifest):
@@ -83,6 +92,8 @@ def correctness(pkg, manifest):
                 cases.append(("unseen", dict(sh, b=max(1, sh["b"] // 2), sq=n, sk=n), 0))
             else:
                 cases.append(("unseen", dict(sh, b=max(1, sh["b"] // 2), sk=sh["sk"] // 2 + 5), 0))
+            if sh["causal"] and not sh["window"]:  # a window on a shape tuned without one
+                cases.append(("windowed", dict(sh, window=max(1, sh["sk"] // 3)), 0))
     cases.append(("unseen class", dict(b=1, hq=6, hkv=3, sq=40, sk=40, d=80, causal=False, layout="bhsd",
                                        dtype="bf16"), 0))
     cases.append(("fp32 input", dict(b=1, hq=4, hkv=4, sq=64, sk=64, d=64, causal=True, layout="bhsd",
@@ -96,13 +107,19 @@ def correctness(pkg, manifest):
         (q, k, v), (qh, kh, vh) = tensors(sh, pad)
         if sh.get("fp32"):
             q, k, v, qh, kh, vh = (t.float() for t in (q, k, v, qh, kh, vh))
-        route = pkg.explain(q, k, v, causal=sh["causal"], layout=sh["layout"])
-        o = pkg.attention(q, k, v, causal=sh["causal"], layout=sh["layout"])
+        w = sh.get("window", 0)
+        route = pkg.explain(q, k, v, causal=sh["causal"], layout=sh["layout"], window=w)
+        o = pkg.attention(q, k, v, causal=sh["causal"], layout=sh["layout"], window=w)
         oh = o if sh["layout"] == "bhsd" else o.transpose(1, 2)
-        ref = reference(qh, kh, vh, sh["causal"])
+        ref = reference(qh, kh, vh, sh["causal"], w)
+        # A windowed call must never run a kernel whose template does not implement windows.
+        entry = next((kk for kk in manifest["kernels"] if kk["file"] == route["kernel"]), None)
+        wrong = bool(w and entry is not None and not entry.get("windows"))
+        if wrong:
+            route = dict(route, reason=f"WRONG: {route['kernel']} has \"windows\": false; {route['reason']}")
         err = (oh.float() - ref).abs().max().item()
         tol = ATOL.get(q.dtype, 1e-4)
-        ok = math.isfinite(err) and err <= tol and o.is_contiguous()
+        ok = math.isfinite(err) and err <= tol and o.is_contiguous() and not wrong
         failures += not ok
         rows.append(dict(case=what, shape=key_of(sh) + (f" pad{pad}" if pad else ""), path=route["path"],
                          kernel=route["kernel"], max_abs=err, ok=ok, reason=route["reason"]))

@@ -39,7 +39,7 @@ H100 = dict(name="NVIDIA H100 80GB HBM3", cc=90, sms=132, smem_optin=232448)
 PREFILL = {
     "file": "it7-mma-fa2.cu", "cubin": "it7-mma-fa2.cubin", "iteration": 7, "template": "mma-fa2",
     "params": {"WARP_ROWS": 16, "NUM_WARPS": 4, "KV_WARPS": 1, "BLOCK_N": 64, "STAGES": 2, "SWIZZLE": 1},
-    "dtype": "bf16", "arch": "sm_90", "arch_specific": False, "min_cc": 80, "max_sq": None,
+    "dtype": "bf16", "arch": "sm_90", "arch_specific": False, "min_cc": 80, "max_sq": None, "windows": False,
     "derived": [["block_m", "WARP_ROWS * NUM_WARPS // KV_WARPS"], ["m_blocks", "cdiv(SQ, block_m)"],
                 ["row_bytes", "ELEM_BYTES * (D + 8 * (1 - SWIZZLE))"], ["splits", "1"]],
     "launches": [{"kernel": "optd_fwd_d{D}", "grid": ["m_blocks", "HQ", "B"], "block": ["NUM_WARPS * 32", "1", "1"],
@@ -53,7 +53,7 @@ PREFILL = {
 DECODE = {
     "file": "it9-decode-split.cu", "cubin": "it9-decode-split.cubin", "iteration": 9, "template": "decode-split",
     "params": {"NUM_WARPS": 4, "BLOCK_N": 32, "STAGES": 3, "SPLIT_WAVES": 1, "MIN_SPLIT_TILES": 2},
-    "dtype": "bf16", "arch": "sm_90", "arch_specific": False, "min_cc": 80, "max_sq": 16,
+    "dtype": "bf16", "arch": "sm_90", "arch_specific": False, "min_cc": 80, "max_sq": 16, "windows": True,
     "derived": [["tile_n", "NUM_WARPS * BLOCK_N"], ["row_tiles", "cdiv(G * SQ, 16)"],
                 ["groups", "B * HKV * row_tiles"], ["kv_tiles", "cdiv(SK, tile_n)"],
                 ["want_splits", "max(1, min(cdiv(SPLIT_WAVES * SMS, groups), cdiv(kv_tiles, MIN_SPLIT_TILES)))"],
@@ -67,21 +67,25 @@ DECODE = {
     "tensor_maps": [],
     "shapes": [{"key": "b8hq32hkv8sq1sk4096d128-bf16",
                 "shape": {"b": 8, "hq": 32, "hkv": 8, "sq": 1, "sk": 4096, "d": 128, "causal": False,
-                          "dtype": "bf16", "layout": "bhsd"}}],
+                          "dtype": "bf16", "layout": "bhsd"}},
+               # Mistral's decode over a long cache, sliding window 4096 (format 3's "window").
+               {"key": "b8hq32hkv8sq1sk16384d128-causal-w4096-bf16",
+                "shape": {"b": 8, "hq": 32, "hkv": 8, "sq": 1, "sk": 16384, "d": 128, "causal": True,
+                          "window": 4096, "dtype": "bf16", "layout": "bhsd"}}],
 }
 HOPPER = {
     "file": "it12-wgmma-tma.cu", "cubin": "it12-wgmma-tma.cubin", "iteration": 12, "template": "wgmma-tma",
     "params": {"BLOCK_M": 128, "BLOCK_N": 128}, "dtype": "fp16", "arch": "sm_90a", "arch_specific": True,
-    "min_cc": 90, "max_sq": None,
+    "min_cc": 90, "max_sq": None, "windows": True,
     "derived": [["m_blocks", "cdiv(SQ, BLOCK_M)"], ["splits", "1"]],
     "launches": [{"kernel": "optd_fwd_d{D}", "grid": ["m_blocks", "HQ", "B"], "block": ["384", "1", "1"],
                   "dyn_smem": "BLOCK_M * D * 2 + 4 * BLOCK_N * D * 2", "when": None}],
     "tensor_maps": [
-        {"param_index": 16, "tensor": "q", "data_type": "uint16", "rank": 5, "dims": ["64", "SQ", "D // 64", "HQ", "B"],
+        {"param_index": 17, "tensor": "q", "data_type": "uint16", "rank": 5, "dims": ["64", "SQ", "D // 64", "HQ", "B"],
          "strides_bytes": ["strides.q_s * 2", "128", "strides.q_h * 2", "strides.q_b * 2"],
          "box": ["64", "BLOCK_M", "D // 64", "1", "1"], "element_strides": [1, 1, 1, 1, 1], "swizzle_bytes": 128,
          "interleave": "none", "l2_promotion": "128B", "oob_fill": "none"},
-        {"param_index": 17, "tensor": "k", "data_type": "uint16", "rank": 5,
+        {"param_index": 18, "tensor": "k", "data_type": "uint16", "rank": 5,
          "dims": ["64", "SK", "D // 64", "HKV", "B"],
          "strides_bytes": ["strides.k_s * 2", "128", "strides.k_h * 2", "strides.k_b * 2"],
          "box": ["64", "BLOCK_N", "D // 64", "1", "1"], "element_strides": [1, 1, 1, 1, 1], "swizzle_bytes": 128,
@@ -89,7 +93,7 @@ HOPPER = {
     "shapes": [{"key": "b2h16s8192d128-causal",
                 "shape": {"b": 2, "h": 16, "s": 8192, "d": 128, "causal": True, "dtype": "fp16"}}],
 }
-MANIFEST = {"format": 2, "run": "20261124-120000-abcd", "gpu": H100["name"], "device": H100,
+MANIFEST = {"format": 3, "run": "20261124-120000-abcd", "gpu": H100["name"], "device": H100,
             "package": {"name": FIXTURE_NAME, "optimizerd": "0.0.0-test"}, "kernels": [PREFILL, DECODE, HOPPER]}
 
 
@@ -141,14 +145,21 @@ def tearDownModule():
     shutil.rmtree(DIRS, ignore_errors=True)
 
 
-def reference(q, k, v, causal, scale=None):
-    """fp32 attention, [B,H,S,D], GQA by repetition, bottom-right causal."""
+def seen(sq, sk, window=0):
+    """[Sq, Sk] booleans, one key at a time: row i (position p = i + Sk - Sq) sees j <= p, and with
+    a sliding window also j > p - window."""
+    return torch.tensor([[j <= i + sk - sq and (not window or j > i + sk - sq - window) for j in range(sk)]
+                         for i in range(sq)], dtype=torch.bool)
+
+
+def reference(q, k, v, causal, scale=None, window=0):
+    """fp32 attention, [B,H,S,D], GQA by repetition, bottom-right causal (within the window)."""
     g = q.shape[1] // k.shape[1]
     kr, vr = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
     s = (q.float() @ kr.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
     if causal:
         sq, sk = q.shape[2], k.shape[2]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq).logical_not(), float("-inf"))
+        s = s.masked_fill(seen(sq, sk, window).logical_not(), float("-inf"))
     return s.softmax(-1) @ vr
 
 
@@ -174,14 +185,27 @@ class Installed(unittest.TestCase):
 class Op(unittest.TestCase):
     """The op on CPU tensors (the SDPA path), and everything torch asks of a custom op."""
 
-    def run_case(self, b, hq, hkv, sq, sk, d, causal, layout, scale=None):
+    def run_case(self, b, hq, hkv, sq, sk, d, causal, layout, scale=None, window=0):
         torch.manual_seed(0)
         q, k, v = torch.randn(b, hq, sq, d), torch.randn(b, hkv, sk, d), torch.randn(b, hkv, sk, d)
         args = (q, k, v) if layout == "bhsd" else tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
-        o = PKG.attention(*args, causal=causal, scale=scale, layout=layout)
+        o = PKG.attention(*args, causal=causal, scale=scale, layout=layout, window=window)
         self.assertTrue(o.is_contiguous())
         got = o if layout == "bhsd" else o.transpose(1, 2)
-        torch.testing.assert_close(got, reference(q, k, v, causal, scale), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, reference(q, k, v, causal, scale, window), atol=1e-5, rtol=1e-5)
+
+    def test_a_sliding_window_matches_the_reference(self):
+        """Prefill, chunked prefill and decode, GQA and MQA, both layouts; windows of one key,
+        narrower than the chunk's offset, wider, and of Sk or more (which mask nothing)."""
+        for case in [(2, 8, 2, 33, 33, 64, True, "bhsd", None, 1), (2, 8, 2, 33, 33, 64, True, "bshd", None, 7),
+                     (1, 4, 4, 5, 40, 32, True, "bhsd", None, 9), (1, 4, 1, 5, 40, 32, True, "bshd", None, 38),
+                     (2, 8, 1, 1, 70, 64, True, "bshd", None, 16), (1, 8, 2, 4, 70, 64, True, "bhsd", 0.3, 3),
+                     (1, 4, 2, 17, 17, 16, True, "bhsd", None, 17), (1, 4, 2, 1, 17, 16, True, "bhsd", None, 500)]:
+            with self.subTest(case=case):
+                self.run_case(*case)
+        # The mask the op builds is the contract's, key by key.
+        for sq, sk, w in ((33, 33, 7), (5, 40, 9), (1, 70, 16), (4, 70, 3), (17, 17, 1)):
+            self.assertTrue(torch.equal(PKG._op.window_mask(sq, sk, w), seen(sq, sk, w)), (sq, sk, w))
 
     def test_matches_the_reference_for_gqa_decode_chunked_causal_and_both_layouts(self):
         for case in [(2, 8, 2, 33, 33, 64, True, "bhsd"), (1, 8, 1, 1, 70, 64, False, "bshd"),
@@ -192,6 +216,8 @@ class Op(unittest.TestCase):
     def test_misuse_is_refused_with_the_reason(self):
         q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 3, 8, 16)
         cases = [((q, q, q), dict(layout="bsdh"), "layout must be"),
+                 ((q, q, q), dict(window=4), "window must be 0 .* with causal"),
+                 ((q, q, q), dict(causal=True, window=-1), "window must be 0"),
                  ((q[0], q, q), {}, "must be 4-d"),
                  ((q, q.half(), q), {}, "one dtype"),
                  ((q, k, k), {}, "multiple of key/value heads"),
@@ -229,8 +255,13 @@ class Op(unittest.TestCase):
 
     def test_opcheck_passes(self):
         q, k = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 12, 16)
-        torch.library.opcheck(getattr(torch.ops, NAME).attention.default, (q, k, k.clone(), True, None, "bhsd"),
-                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+        for args in ((q, k, k.clone(), True, None, "bhsd"), (q, k, k.clone(), True, None, "bhsd", 5)):
+            torch.library.opcheck(getattr(torch.ops, NAME).attention.default, args,
+                                  test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+    def test_the_schema_takes_the_window_last_with_default_0(self):
+        schema = str(getattr(torch.ops, NAME).attention.default._schema)
+        self.assertIn("str layout=\"bhsd\", int window=0) -> Tensor", schema)
 
     def test_torch_compile_fullgraph_traces_it_without_a_break(self):
         def block(q, k, v):
@@ -362,7 +393,7 @@ class Dispatch(unittest.TestCase):
         k = dict(HOPPER, tensor_maps=[dict(HOPPER["tensor_maps"][1], swizzle_bytes=sw,
                                            dims=[p, "SK", f"D // {p}", "HKV", "B"],
                                            strides_bytes=["strides.k_s * 2", f"({sw})", "strides.k_h * 2", "strides.k_b * 2"],
-                                           box=[p, "BLOCK_N", f"D // {p}", "1", "1"], param_index=16)])
+                                           box=[p, "BLOCK_N", f"D // {p}", "1", "1"], param_index=17)])
         for d, swizzle, panels in ((96, 64, 3), (128, 128, 2)):
             call = self.call(1, 32, 32, 1000, 1000, d, causal=True)
             env = dict(B=1, HQ=32, HKV=32, SQ=1000, SK=1000, D=d, BLOCK_N=128)
@@ -386,14 +417,68 @@ class Dispatch(unittest.TestCase):
         key = [1, 0, 1, 1, 3, 8, 2, 5, 77, 64, *call.strides, 1, 1, 0, 0, 0]
         self.assertEqual(PKG._dispatch.Call.from_key(key), call)
         self.assertEqual(call.shape_key, "b3hq8hkv2sq5sk77d64-causal-bf16-bshd")
+        # The window is key[22] (csrc/launcher.cpp `Key`); the shape key carries it after -causal.
+        windowed = self.call(3, 8, 2, 5, 77, 64, causal=True, layout="bshd", window=16)
+        self.assertEqual(PKG._dispatch.Call.from_key(key[:22] + [16, 0]), windowed)
+        self.assertEqual(windowed.shape_key, "b3hq8hkv2sq5sk77d64-causal-w16-bf16-bshd")
+
+    def test_a_windowed_call_runs_the_kernel_tuned_with_that_window(self):
+        call = self.call(8, 32, 8, 1, 16384, 128, causal=True, window=4096)
+        dec = self.d.decide(call, self.gpu)
+        self.assertEqual((dec.path, dec.kernel["file"]), ("exact", "it9-decode-split.cu"))
+        # An unseen windowed decode shape: the class kernel tuned with a window.
+        dec = self.d.decide(self.call(1, 32, 8, 1, 9000, 128, causal=True, window=1024), self.gpu)
+        self.assertEqual((dec.path, dec.kernel["file"]), ("class", "it9-decode-split.cu"))
+        self.assertIn("b8hq32hkv8sq1sk16384d128-causal-w4096-bf16", dec.reason)
+        # The same dims without a window are not that tuned shape (they match the unwindowed one).
+        dec = self.d.decide(self.call(8, 32, 8, 1, 16384, 128, causal=True), self.gpu)
+        self.assertEqual(dec.path, "class")
+
+    def test_a_windowed_call_never_runs_a_kernel_without_windows(self):
+        # it7-mma-fa2 ("windows": false) is tuned for exactly these dims, causal.
+        for w in (1, 512, 2047):
+            with self.subTest(window=w):
+                dec = self.d.decide(self.call(4, 32, 8, 2048, 2048, 128, causal=True, window=w), self.gpu)
+                self.assertEqual(dec.path, "fallback")
+                self.assertIn("it7-mma-fa2.cu: its template does not implement sliding windows", dec.reason)
+        dec, why = self.d._plan("exact", PREFILL, self.call(4, 32, 8, 2048, 2048, 128, causal=True, window=64),
+                                self.gpu, "c")
+        self.assertIsNone(dec)
+        self.assertIn("does not implement sliding windows", why)
+        # A window of Sk keys or more masks nothing: the plain causal kernel runs it.
+        for w in (2048, 4096):
+            dec = self.d.decide(self.call(4, 32, 8, 2048, 2048, 128, causal=True, window=w), self.gpu)
+            self.assertEqual((dec.path, dec.kernel["file"]), ("exact", "it7-mma-fa2.cu"))
+        # A window without causal is refused before any kernel is looked at.
+        dec = self.d.decide(self.call(8, 32, 8, 1, 16384, 128, causal=False, window=4096), self.gpu)
+        self.assertEqual(dec.path, "fallback")
+        self.assertIn("only with causal", dec.reason)
+
+    def test_formulas_read_the_window(self):
+        k = dict(DECODE, refuse=[{"when": "WINDOW > 0 and WINDOW < 2048", "why": "a narrow window"}])
+        narrow = self.call(8, 32, 8, 1, 16384, 128, causal=True, window=1024)
+        dec, why = self.d._plan("exact", k, narrow, self.gpu, "c")
+        self.assertIsNone(dec)
+        self.assertIn("a narrow window", why)
+        for call in (self.call(8, 32, 8, 1, 16384, 128, causal=True, window=4096),
+                     self.call(8, 32, 8, 1, 16384, 128, causal=True)):
+            dec, why = self.d._plan("exact", k, call, self.gpu, "c")
+            self.assertIsNone(why)
 
     def test_a_manifest_that_cannot_be_used_says_why_and_what_to_do(self):
         with tempfile.TemporaryDirectory() as tmp:
             with self.assertRaisesRegex(PKG._dispatch.ManifestError, "does not exist.*export it again"):
                 PKG._dispatch.Dispatcher.load(tmp)
+            for fmt in (1, 2):  # kernels of ABI v1 / v2 take no window: this runtime passes 17 arguments
+                with open(os.path.join(tmp, "manifest.json"), "w") as f:
+                    json.dump(dict(MANIFEST, format=fmt), f)
+                with self.assertRaisesRegex(PKG._dispatch.ManifestError, f"`format` is {fmt}.*export the package again"):
+                    PKG._dispatch.Dispatcher.load(tmp)
+            manifest = copy.deepcopy(MANIFEST)
+            del manifest["kernels"][1]["windows"]
             with open(os.path.join(tmp, "manifest.json"), "w") as f:
-                json.dump(dict(MANIFEST, format=1), f)
-            with self.assertRaisesRegex(PKG._dispatch.ManifestError, "`format` is 1"):
+                json.dump(manifest, f)
+            with self.assertRaisesRegex(PKG._dispatch.ManifestError, "kernels\\[1\\] has no `windows`"):
                 PKG._dispatch.Dispatcher.load(tmp)
 
 
@@ -437,6 +522,97 @@ class Transformers(unittest.TestCase):
         self.assertTrue(m is None or m.shape[-2:] == (3, 9))
         m = mask(batch_size=2, q_length=9, kv_length=9, mask_function=mu.causal_mask_function, allow_is_causal_skip=False)
         self.assertEqual(tuple(m.shape), (2, 1, 9, 9))
+
+    def test_the_mask_function_leaves_out_sliding_window_masks_the_op_expresses(self):
+        import transformers.masking_utils as mu
+
+        tf = importlib.import_module(f"{NAME}._transformers")
+        mask, fn = tf.mask, mu.sliding_window_causal_mask_function(4)
+        for q_length in (1, 9):  # decode, and prefill (one query row per key)
+            self.assertIsNone(mask(batch_size=2, q_length=q_length, kv_length=9, mask_function=fn, local_size=4))
+        self.assertIn(4, tf._elided_windows)
+        # Padding, or a chunk over a longer cache (top-left here), still get sdpa_mask's window mask.
+        m = mask(batch_size=2, q_length=9, kv_length=9, mask_function=fn, local_size=4,
+                 attention_mask=torch.tensor([[0] * 2 + [1] * 7, [1] * 9]).bool())
+        self.assertEqual(tuple(m.shape)[-2:], (9, 9))
+        m = mask(batch_size=2, q_length=3, kv_length=9, mask_function=fn, local_size=4, q_offset=6)
+        self.assertTrue(m is None or m.shape[-2:] == (3, 9))
+
+    def test_a_layers_window_comes_from_the_kwarg_the_module_or_its_config(self):
+        from types import SimpleNamespace as NS
+
+        tf = importlib.import_module(f"{NAME}._transformers")
+        self.assertEqual(tf.layer_window(NS(), {"sliding_window": 4096}), 4096)
+        self.assertIsNone(tf.layer_window(NS(), {"sliding_window": None}))
+        self.assertEqual(tf.layer_window(NS(sliding_window=7), {}), 7)  # qwen2_moe: the attribute only
+        saved = set(tf._elided_windows)
+        try:
+            tf._elided_windows.clear()
+            phimoe = NS(config=NS(sliding_window=2047), layer_idx=0)  # phimoe, doge: the config only
+            self.assertIsNone(tf.layer_window(phimoe, {}))  # no window mask was left out at that size
+            tf._elided_windows.add(2047)
+            self.assertEqual(tf.layer_window(phimoe, {}), 2047)
+            types = ["sliding_attention", "full_attention"]
+            self.assertEqual(tf.layer_window(NS(config=NS(sliding_window=2047, layer_types=types), layer_idx=0), {}), 2047)
+            self.assertIsNone(tf.layer_window(NS(config=NS(sliding_window=2047, layer_types=types), layer_idx=1), {}))
+        finally:
+            tf._elided_windows.clear()
+            tf._elided_windows.update(saved)
+
+    def test_a_mistral_with_a_sliding_window_runs_the_op_with_the_window_and_matches_sdpa(self):
+        from transformers import MistralConfig, MistralForCausalLM
+
+        name = PKG.register_transformers("optimizerd-test")
+        cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=97, max_position_embeddings=64, sliding_window=5)
+        torch.manual_seed(0)
+        model = MistralForCausalLM(cfg).eval()
+        ids = torch.randint(0, 97, (2, 12))
+        seen_windows = []
+        op = PKG._op.OP
+
+        def spy(q, k, v, causal, scale, layout, window=0):
+            seen_windows.append((q.shape[1], k.shape[1], causal, window))
+            return op(q, k, v, causal, scale, layout, window)
+
+        PKG._transformers._delegated.clear()
+        with torch.no_grad():
+            model.set_attn_implementation("sdpa")
+            want = model(ids).logits
+            model.set_attn_implementation(name)
+            PKG._op.OP = spy
+            try:
+                got = model(ids).logits
+                out = model(ids[:, :11], use_cache=True)
+                step = model(ids[:, 11:], past_key_values=out.past_key_values, use_cache=True).logits
+            finally:
+                PKG._op.OP = op
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(step[:, -1], want[:, -1], atol=1e-5, rtol=1e-5)
+        # Prefill reached the op with the window (no mask, nothing delegated), in every layer.
+        self.assertEqual(seen_windows[:2], [(12, 12, True, 5)] * 2)
+        self.assertEqual(PKG._transformers._delegated, set())
+
+    def test_a_sliding_layer_the_op_cannot_run_gets_its_window_mask_back(self):
+        """Gemma 2's local layers soft-cap the logits: transformers' SDPA runs them, and since the
+        mask function left their window mask out, it is rebuilt for that call."""
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+
+        name = PKG.register_transformers("optimizerd-test")
+        cfg = Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=64,
+                           sliding_window=5, attn_logit_softcapping=50.0, final_logit_softcapping=None)
+        torch.manual_seed(0)
+        model = Gemma2ForCausalLM(cfg).eval()
+        ids = torch.randint(0, 97, (2, 12))
+        PKG._transformers._delegated.clear()
+        with torch.no_grad():
+            model.set_attn_implementation("sdpa")
+            want = model(ids).logits
+            model.set_attn_implementation(name)
+            got = model(ids).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        self.assertTrue(any("softcap" in why for _, _, why in PKG._transformers._delegated))
 
     def test_a_llama_runs_with_attn_implementation_optimizerd_and_matches_sdpa(self):
         from transformers import LlamaConfig, LlamaForCausalLM

@@ -298,6 +298,15 @@ impl Engine {
             let source_path = self.ws.dir().join(&b.source_path);
             let source = std::fs::read_to_string(&source_path).with_context(|| format!("cannot read {}", source_path.display()))?;
             let id = format!("it{}", b.seq);
+            let abi = crate::spec::protocol::source_abi(&source);
+            anyhow::ensure!(
+                abi == crate::spec::protocol::ABI_VERSION,
+                "incumbent {id} for {} ({}) was built for kernel ABI v{abi} and this release launches v{}: it cannot be resumed; \
+                 start a new run (`optimizerd start`), which warm-starts from this run's best knobs and renders them again",
+                b.shape,
+                b.source_path,
+                crate::spec::protocol::ABI_VERSION
+            );
             // The target comes from the kernel's own spec (the rendered source keeps it):
             // an sm_90a incumbent cannot be rebuilt for another GPU.
             let template = Template::parse(&b.source_path, source.clone()).with_context(|| format!("incumbent {id} ({})", b.source_path))?;

@@ -21,13 +21,15 @@ use serde::Serialize;
 
 use crate::nvrtc::Toolchain;
 use crate::storage::ledger::Ledger;
-use crate::spec::protocol::{DeviceInfo, Shape, TensorMap, TensorMapGeometry, TensorName, ViewStrides, ABI_PARAMS, ABI_VERSION};
+use crate::spec::protocol::{source_abi, DeviceInfo, Shape, TensorMap, TensorMapGeometry, TensorName, ViewStrides, ABI_PARAMS, ABI_VERSION};
 use crate::spec::template::{Template, TensorMapSpec};
 use crate::storage::workspace::Workspace;
 
 #[derive(Debug, Serialize)]
 pub struct Manifest {
-    /// 2 since kernel ABI v2 (format 1: `(.., batch, heads, seq_len, ..)`, [B,H,S,D] only).
+    /// The kernel ABI: 3 since the sliding window (`window` after `causal`), 2 since
+    /// grouped-query heads and strides (format 1: `(.., batch, heads, seq_len, ..)`,
+    /// [B,H,S,D] only).
     pub format: u32,
     pub run: String,
     pub gpu: Option<String>,
@@ -107,6 +109,7 @@ pub struct Abi {
     pub gqa: &'static str,
     pub softmax_scale: &'static str,
     pub causal: &'static str,
+    pub window: &'static str,
     pub compile: &'static str,
     /// Parameters after `args`, for kernels with `tensor_maps`.
     pub tensor_maps: &'static str,
@@ -136,10 +139,13 @@ pub struct KernelEntry {
     /// The most query rows (SQ) the kernel is written for (the template's `max_sq`, e.g.
     /// 16 for decode); null: any SQ.
     pub max_sq: Option<u32>,
+    /// Whether the kernel implements the sliding window (its template's `windows`): a
+    /// loader runs a call with a window only on a kernel that says true.
+    pub windows: bool,
     /// `<file>.cubin`: the source compiled for `arch` as it was timed; null when the
     /// export compiled no cubins (`export --out`) or the run recorded no arch.
     pub cubin: Option<String>,
-    /// TMA tensor maps passed by value after the 16 ABI arguments, as formulas of the
+    /// TMA tensor maps passed by value after the 17 ABI arguments, as formulas of the
     /// shape, the `strides` argument and the knobs; each shape lists them resolved.
     pub tensor_maps: Vec<TensorMapEntry<String>>,
     /// The shapes this kernel is the best for, with their resolved launches and times.
@@ -277,6 +283,7 @@ fn abi() -> Abi {
             ("n_splits", "int", "the `splits` derived value"),
             ("softmax_scale", "float", "1/sqrt(D)"),
             ("causal", "int", "0 or 1"),
+            ("window", "int", "0 (none) or W >= 1 with causal: a sliding window of W keys"),
             ("strides", "struct optd_strides (by value)", "12 int64 element strides: q_b, q_h, q_s, k_b, k_h, k_s, v_b, v_h, v_s, o_b, o_h, o_s"),
             ("cta_counter", "unsigned int*", "any valid device pointer (counts CTAs only when built with -DOPTD_COUNT_CTAS=1)"),
         ],
@@ -285,18 +292,9 @@ fn abi() -> Abi {
         gqa: "query head h reads key/value head h / (HQ / HKV)",
         softmax_scale: "softmax(Q K^T * softmax_scale) V with softmax_scale = 1/sqrt(D), passed by the caller",
         causal: "when causal != 0, key j is masked for query row i if j > i + SK - SQ (the query rows are the last SQ positions: FlashAttention >= 2.1, SDPA's bottom-right causal)",
+        window: "when window > 0 (only with causal), key j is also masked for query row i if j <= i + SK - SQ - window: each row sees at most `window` keys, its own position included (Hugging Face's sliding_window = W, FlashAttention's window_size = (W - 1, 0)); only kernels whose entry says windows: true implement it",
         compile: "NVRTC or nvcc with -std=c++17 and the CUDA include path (a toolkit's, with crt/: the wmma template's kernels include <mma.h>, which includes crt/mma.h), for each kernel's `arch` (the GPU's real arch, e.g. sm_90, or sm_90a for arch-specific kernels); a kernel's `cubin`, when not null, is that build from NVRTC (--gpu-architecture=<arch> -std=c++17 -lineinfo, no defines), the binary the run timed; launches run in order on one stream",
-        tensor_maps: "kernels with tensor_maps take, after the 16 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry (resolved for contiguous tensors in the shape's layout; for another view use the formulas with its strides; a formula entry's swizzle_bytes is a formula string where the swizzle depends on D)",
-    }
-}
-
-/// The kernel ABI a rendered source was written for: 2 when it declares `optd_strides`
-/// (common/optd.cuh since grouped-query heads and strides), else 1.
-fn source_abi(source: &str) -> u32 {
-    if source.contains("struct optd_strides") {
-        2
-    } else {
-        1
+        tensor_maps: "kernels with tensor_maps take, after the 17 args, one CUtensorMap (128 bytes, 64-byte aligned, by value: `const __grid_constant__ CUtensorMap`) per map, in param_index order, the same maps for every launch of the kernel; encode each with cuTensorMapEncodeTiled(data_type, rank, tensor pointer, dims, strides_bytes, box, element_strides, interleave, swizzle, l2_promotion, oob_fill) from the shape's resolved entry (resolved for contiguous tensors in the shape's layout; for another view use the formulas with its strides; a formula entry's swizzle_bytes is a formula string where the swizzle depends on D)",
     }
 }
 
@@ -362,11 +360,13 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
         }
         anyhow::ensure!(
             source_abi(&source) == ABI_VERSION,
-            "{}: the best kernel of {} was tuned with kernel ABI v1 (before grouped-query heads and strides), which a format-{ABI_VERSION} \
+            "{}: the best kernel of {} was tuned with kernel ABI v{} (before {}), which a format-{ABI_VERSION} \
              manifest cannot describe; export the run with the optimizerd release that tuned it, or tune the workload again with \
              `optimizerd start` (this release's kernels are ABI v{ABI_VERSION})",
             b.source_path,
-            b.shape
+            b.shape,
+            source_abi(&source),
+            if source_abi(&source) == 1 { "grouped-query heads and strides" } else { "the sliding-window argument" }
         );
         let template = Template::parse(&b.source_path, source.clone())?;
         let file = format!("it{}-{}.cu", b.seq, template.name());
@@ -399,6 +399,7 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
             arch_specific: template.meta.arch_specific,
             min_cc: template.meta.min_cc,
             max_sq: template.meta.max_sq,
+            windows: template.meta.windows,
             cubin: None,
             tensor_maps: template.tensor_maps.iter().enumerate().map(|(i, m)| map_formulas(i, m)).collect(),
             shapes: vec![measured],
@@ -521,7 +522,9 @@ mod tests {
     fn a_source_says_which_kernel_abi_it_was_written_for() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel-templates");
         let optd = crate::spec::assets::read(&dir, "common/optd.cuh").unwrap();
-        assert_eq!(source_abi(&optd), 2, "this release's kernels");
+        assert_eq!(source_abi(&optd), 3, "this release's kernels");
+        let v2 = "struct optd_strides { long long q_b; };\n#define OPTD_ARGS ... float softmax_scale, int causal, const optd_strides strides, \\\n unsigned int* cta_counter";
+        assert_eq!(source_abi(v2), 2);
         let v1 = "#define OPTD_ARGS const elem_t* __restrict__ q, ..., int batch, int heads, int seq_len, int n_splits, ...";
         assert_eq!(source_abi(v1), 1);
     }
@@ -562,7 +565,18 @@ mod tests {
         let dev = crate::test_fixtures::h100();
         for d in [64, 96, 128, 256] {
             for (hq, hkv, pack) in [(16, 16, 0), (16, 4, 1)] {
-                let shape = Shape { b: 2, hq, hkv, sq: 1000, sk: 1000, d, causal: true, dtype: crate::spec::protocol::DType::Bf16, layout: crate::spec::protocol::Layout::Bshd };
+                let shape = Shape {
+                    b: 2,
+                    hq,
+                    hkv,
+                    sq: 1000,
+                    sk: 1000,
+                    d,
+                    causal: true,
+                    window: None,
+                    dtype: crate::spec::protocol::DType::Bf16,
+                    layout: crate::spec::protocol::Layout::Bshd,
+                };
                 let mut params = t.default_params();
                 params.insert("PACK_GQA".into(), pack);
                 let mut vars = shape_vars(&shape, &dev);

@@ -488,7 +488,7 @@ mod baseline_tables {
 
 
     fn prefill() -> Shape {
-        Shape { b: 4, hq: 32, hkv: 8, sq: 1024, sk: 1024, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bshd }
+        Shape { b: 4, hq: 32, hkv: 8, sq: 1024, sk: 1024, d: 128, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bshd }
     }
 
     fn line<'a>(text: &'a str, key: &str) -> Vec<&'a str> {

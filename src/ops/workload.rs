@@ -44,26 +44,59 @@ struct Entry {
 fn entries(m: &ModelAttention, l: &Lengths) -> Vec<Entry> {
     let (hq, hkv, d) = (m.heads_q, m.heads_kv, m.head_dim);
     let mut out: Vec<Entry> = Vec::new();
-    let mut push = |kind, line: String| {
-        // The config loader refuses a shape listed twice (`--prefill 4096,4096`).
-        if !out.iter().any(|e| e.line == line) {
-            out.push(Entry { kind, line });
+    // Each shape as the model's layers run it: with the sliding window where it masks
+    // something (it looks back fewer than `sk` keys), and without it where some layers
+    // attend to every key or the window covers the whole length.
+    let mut push = |kind, fields: String, sk: u32, full: &str| {
+        let mut lines = Vec::new();
+        match &m.window {
+            Some(w) if w.keys < sk => {
+                if w.mixed {
+                    lines.push(format!("{{ {fields}, {full} }}"));
+                }
+                lines.push(format!(
+                    "{{ {fields}, causal = true, window = {} }}",
+                    w.keys
+                ));
+            }
+            _ => lines.push(format!("{{ {fields}, {full} }}")),
+        }
+        for line in lines {
+            // The config loader refuses a shape listed twice (`--prefill 4096,4096`).
+            if !out.iter().any(|e| e.line == line) {
+                out.push(Entry { kind, line });
+            }
         }
     };
     // Grouped by kind, so that each group has one comment above it.
     for &b in &l.batch {
         for &p in &l.prefill {
-            push("prefill", format!("{{ b = {b}, hq = {hq}, hkv = {hkv}, s = {p}, d = {d}, causal = true }}"));
+            push(
+                "prefill",
+                format!("b = {b}, hq = {hq}, hkv = {hkv}, s = {p}, d = {d}"),
+                p,
+                "causal = true",
+            );
         }
     }
     for (&b, c) in l.batch.iter().flat_map(|b| l.chunk.map(|c| (b, c))) {
         for &p in l.prefill.iter().filter(|&&p| p > c) {
-            push("chunk", format!("{{ b = {b}, hq = {hq}, hkv = {hkv}, sq = {c}, sk = {p}, d = {d}, causal = true }}"));
+            push(
+                "chunk",
+                format!("b = {b}, hq = {hq}, hkv = {hkv}, sq = {c}, sk = {p}, d = {d}"),
+                p,
+                "causal = true",
+            );
         }
     }
     for &b in &l.batch {
         for &ctx in &l.decode_context {
-            push("decode", format!("{{ b = {b}, hq = {hq}, hkv = {hkv}, sq = 1, sk = {ctx}, d = {d}, causal = false }}"));
+            push(
+                "decode",
+                format!("b = {b}, hq = {hq}, hkv = {hkv}, sq = 1, sk = {ctx}, d = {d}"),
+                ctx,
+                "causal = false",
+            );
         }
     }
     out
@@ -106,6 +139,16 @@ pub fn workload_toml(m: &ModelAttention, l: &Lengths, layout: Layout, command: &
     ));
     if !m.prefix.is_empty() {
         t.push_str(&format!("# The language model's attention: keys under `{}`.\n", m.prefix.trim_end_matches('.')));
+    }
+    if let Some(w) = &m.window {
+        t.push_str(&format!(
+            "# Sliding window: {} keys ({}), on {}; shapes the window masks are listed with `window = {}`{}.\n",
+            w.keys,
+            format_args!("{}sliding_window", m.prefix),
+            w.layers_from,
+            w.keys,
+            if w.mixed { ", beside the same shape without it for the layers that attend to every key" } else { "" }
+        ));
     }
     for c in &m.caveats {
         t.push_str(&format!("# Note: {c}.\n"));

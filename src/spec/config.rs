@@ -145,6 +145,10 @@ pub struct ShapeEntry {
     pub d: u32,
     #[serde(default)]
     pub causal: bool,
+    /// Sliding window (causal only): each query row sees at most this many keys, ending at
+    /// its own position (Hugging Face's `sliding_window`; Gemma's local layers, Mistral).
+    #[serde(default)]
+    pub window: Option<u32>,
 }
 
 impl ShapeEntry {
@@ -266,7 +270,18 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
 // Defaults: the same values as the embedded agent.toml (a test keeps them equal).
 impl Default for Workload {
     fn default() -> Self {
-        let shape = |b, h, s, d, causal| ShapeEntry { b, h: Some(h), hq: None, hkv: None, s: Some(s), sq: None, sk: None, d, causal };
+        let shape = |b, h, s, d, causal| ShapeEntry {
+            b,
+            h: Some(h),
+            hq: None,
+            hkv: None,
+            s: Some(s),
+            sq: None,
+            sk: None,
+            d,
+            causal,
+            window: None,
+        };
         Self {
             dtype: DType::Fp16,
             layout: Layout::Bhsd,
@@ -398,7 +413,28 @@ impl Config {
                     format!("is {sq}, more than sk = {sk}; the query rows are the last sq of the sk positions, so sq <= sk (decode: sq = 1)"),
                 ));
             }
-            let shape = Shape { b: s.b, hq, hkv, sq, sk, d: s.d, causal: s.causal, dtype: self.workload.dtype, layout: self.workload.layout };
+            match s.window {
+                Some(0) => return Err(self.invalid(&at("window"), "is 0; a sliding window holds at least 1 key (its own position); remove `window` for none")),
+                Some(w) if !s.causal => {
+                    return Err(self.invalid(
+                        &at("window"),
+                        format!("is {w} on a shape that is not causal; a sliding window looks back from each row's own position: set causal = true (or remove `window`)"),
+                    ))
+                }
+                _ => {}
+            }
+            let shape = Shape {
+                b: s.b,
+                hq,
+                hkv,
+                sq,
+                sk,
+                d: s.d,
+                causal: s.causal,
+                window: s.window,
+                dtype: self.workload.dtype,
+                layout: self.workload.layout,
+            };
             let elements = shape.max_elems() as u128;
             if elements > i32::MAX as u128 {
                 return Err(self.invalid(
@@ -500,7 +536,18 @@ impl Config {
             .filter_map(|s| {
                 // validate() refused every entry that does not resolve.
                 let (hq, hkv, sq, sk) = s.resolve().ok()?;
-                Some(Shape { b: s.b, hq, hkv, sq, sk, d: s.d, causal: s.causal, dtype: self.workload.dtype, layout: self.workload.layout })
+                Some(Shape {
+                    b: s.b,
+                    hq,
+                    hkv,
+                    sq,
+                    sk,
+                    d: s.d,
+                    causal: s.causal,
+                    window: s.window,
+                    dtype: self.workload.dtype,
+                    layout: self.workload.layout,
+                })
             })
             .collect()
     }

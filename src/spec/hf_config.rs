@@ -50,9 +50,25 @@ pub struct ModelAttention {
     pub dtype: Option<DType>,
     /// The dtype key and its value as written, e.g. `torch_dtype = "bfloat16"`.
     pub dtype_from: Option<String>,
-    /// What the config has that these kernels do not compute (a sliding window, logit
-    /// soft-capping), for the output's header.
+    /// The sliding window of the layers that have one (`sliding_window`, unless
+    /// `use_sliding_window` is false), and which layers those are.
+    pub window: Option<SlidingWindow>,
+    /// What the config has that these kernels do not compute (logit soft-capping), for the
+    /// output's header.
     pub caveats: Vec<String>,
+}
+
+/// A model's sliding-window attention: its window and which of its layers use it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Keys each query row sees, its own position included (`sliding_window`).
+    pub keys: u32,
+    /// Whether some layers attend to every key too (Gemma 2/3, gpt-oss: local and global
+    /// layers), so the workload needs both kinds of shape; false: every layer is windowed
+    /// (Mistral 7B v0.1).
+    pub mixed: bool,
+    /// Where `mixed` came from, in words, e.g. `layer_types: 40 of 48 sliding_attention`.
+    pub layers_from: String,
 }
 
 impl ModelAttention {
@@ -157,11 +173,21 @@ impl ModelAttention {
             }
         };
         let mut caveats = Vec::new();
-        if let Some(w) = section.get("sliding_window").filter(|v| !v.is_null() && section.get("use_sliding_window") != Some(&Value::Bool(false))) {
-            caveats.push(format!("{} = {w}: the kernels attend to every key; layers with a sliding window need it applied outside", key("sliding_window")));
-        }
-        if let Some(c) = section.get("attn_logit_softcapping").filter(|v| !v.is_null()) {
-            caveats.push(format!("{} = {c}: the kernels do not soft-cap logits", key("attn_logit_softcapping")));
+        let window =
+            match whole(section, "sliding_window").map_err(|m| err(&key("sliding_window"), m))? {
+                Some(keys) if section.get("use_sliding_window") != Some(&Value::Bool(false)) => {
+                    Some(window_layers(section, keys, &key))
+                }
+                _ => None,
+            };
+        if let Some(c) = section
+            .get("attn_logit_softcapping")
+            .filter(|v| !v.is_null())
+        {
+            caveats.push(format!(
+                "{} = {c}: the kernels do not soft-cap logits",
+                key("attn_logit_softcapping")
+            ));
         }
         Ok(ModelAttention {
             path: path.into(),
@@ -173,8 +199,61 @@ impl ModelAttention {
             head_dim_from,
             dtype,
             dtype_from,
+            window,
             caveats,
         })
+    }
+}
+
+/// Which layers of a model with `sliding_window = keys` use it: `layer_types` when the
+/// config lists them (transformers >= 4.53 writes it), else Gemma 3's
+/// `sliding_window_pattern` (one global layer every N), else Gemma 2's alternation, else all.
+fn window_layers(
+    section: &Map<String, Value>,
+    keys: u32,
+    key: &dyn Fn(&str) -> String,
+) -> SlidingWindow {
+    if let Some(types) = section.get("layer_types").and_then(Value::as_array) {
+        let sliding = types
+            .iter()
+            .filter(|t| t.as_str() == Some("sliding_attention"))
+            .count();
+        return SlidingWindow {
+            keys,
+            mixed: sliding < types.len(),
+            layers_from: format!(
+                "{}: {sliding} of {} sliding_attention",
+                key("layer_types"),
+                types.len()
+            ),
+        };
+    }
+    if let Some(n) = section
+        .get("sliding_window_pattern")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 1)
+    {
+        return SlidingWindow {
+            keys,
+            mixed: true,
+            layers_from: format!(
+                "{} = {n}: {} of every {n} layers",
+                key("sliding_window_pattern"),
+                n - 1
+            ),
+        };
+    }
+    if section.get("model_type").and_then(Value::as_str) == Some("gemma2") {
+        return SlidingWindow {
+            keys,
+            mixed: true,
+            layers_from: "model_type gemma2: every other layer".into(),
+        };
+    }
+    SlidingWindow {
+        keys,
+        mixed: false,
+        layers_from: "every layer (no layer_types in the config)".into(),
     }
 }
 
@@ -217,5 +296,46 @@ mod tests {
             assert!(e.contains("config.json: `num_attention_heads`") && e.contains(says), "{v}: {e}");
         }
         assert_eq!(parse(r#"{"num_attention_heads": 32.0, "head_dim": 128, "dtype": "bfloat16"}"#, None).unwrap().heads_q, 32);
+    }
+
+    #[test]
+    fn the_sliding_window_and_its_layers() {
+        let base = r#""num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "dtype": "bfloat16""#;
+        let w = |extra: &str| parse(&format!("{{{base}{extra}}}"), None).unwrap().window;
+        assert_eq!(w(""), None);
+        assert_eq!(w(r#", "sliding_window": null"#), None);
+        assert_eq!(
+            w(r#", "sliding_window": 4096, "use_sliding_window": false"#),
+            None,
+            "Qwen2 turns it off"
+        );
+        let mistral = w(r#", "sliding_window": 4096"#).unwrap();
+        assert_eq!((mistral.keys, mistral.mixed), (4096, false));
+        let gemma3 = w(r#", "sliding_window": 1024, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]"#).unwrap();
+        assert_eq!((gemma3.keys, gemma3.mixed), (1024, true));
+        assert!(
+            gemma3.layers_from.contains("2 of 3"),
+            "{}",
+            gemma3.layers_from
+        );
+        let all = w(
+            r#", "sliding_window": 128, "layer_types": ["sliding_attention", "sliding_attention"]"#,
+        )
+        .unwrap();
+        assert!(!all.mixed);
+        assert!(
+            w(r#", "sliding_window": 1024, "sliding_window_pattern": 6"#)
+                .unwrap()
+                .mixed
+        );
+        assert!(
+            w(r#", "sliding_window": 4096, "model_type": "gemma2""#)
+                .unwrap()
+                .mixed
+        );
+        let e = parse(&format!(r#"{{{base}, "sliding_window": 0}}"#), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`sliding_window` is 0"), "{e}");
     }
 }

@@ -155,9 +155,11 @@ pub const DECODE_MAX_SQ: u32 = 16;
 /// HKV key/value heads of SK rows (query head h reads KV head h / (HQ / HKV): grouped-query
 /// attention; HKV = 1 is multi-query), head dim D, in `layout`. Causal with SQ < SK: the
 /// query rows are the last SQ positions, row i sees keys 0 ..= i + SK - SQ (FlashAttention
-/// >= 2.1, SDPA's bottom-right causal).
+/// >= 2.1, SDPA's bottom-right causal). A causal shape may also have a sliding `window` of W
+/// keys: row i (position p = i + SK - SQ) sees keys p - W < j <= p (Hugging Face's
+/// `sliding_window = W`, FlashAttention's `window_size = (W - 1, 0)`).
 ///
-/// Serialized with all fields; deserialized also from the version-1 form
+/// Serialized with all fields (`window` only when there is one); deserialized also from the version-1 form
 /// `{b, h, s, d, causal, dtype}` (hq = hkv = h, sq = sk = s, layout bhsd) that older
 /// ledgers, memories and manifests hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -170,6 +172,10 @@ pub struct Shape {
     pub sk: u32,
     pub d: u32,
     pub causal: bool,
+    /// Sliding window (causal only): each row sees at most this many keys, ending at its
+    /// diagonal. None: every key up to the diagonal (or every key, not causal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u32>,
     pub dtype: DType,
     pub layout: Layout,
 }
@@ -187,6 +193,8 @@ struct ShapeWire {
     d: u32,
     #[serde(default)]
     causal: bool,
+    #[serde(default)]
+    window: Option<u32>,
     dtype: DType,
     #[serde(default)]
     layout: Layout,
@@ -199,19 +207,57 @@ impl TryFrom<ShapeWire> for Shape {
         let hkv = w.hkv.or(w.h).unwrap_or(hq);
         let sq = w.sq.or(w.s).ok_or("a shape needs `sq` (or `s`)")?;
         let sk = w.sk.or(w.s).unwrap_or(sq);
-        Ok(Shape { b: w.b, hq, hkv, sq, sk, d: w.d, causal: w.causal, dtype: w.dtype, layout: w.layout })
+        if w.window.is_some() && !w.causal {
+            return Err("a shape with a `window` must be causal".into());
+        }
+        if w.window == Some(0) {
+            return Err("a shape's `window` is at least 1 key".into());
+        }
+        Ok(Shape {
+            b: w.b,
+            hq,
+            hkv,
+            sq,
+            sk,
+            d: w.d,
+            causal: w.causal,
+            window: w.window,
+            dtype: w.dtype,
+            layout: w.layout,
+        })
     }
 }
 
 impl Shape {
     /// Multi-head attention with SQ = SK in [B,H,S,D]: version 1's only kind of shape.
     pub fn mha(b: u32, h: u32, s: u32, d: u32, causal: bool, dtype: DType) -> Shape {
-        Shape { b, hq: h, hkv: h, sq: s, sk: s, d, causal, dtype, layout: Layout::Bhsd }
+        Shape {
+            b,
+            hq: h,
+            hkv: h,
+            sq: s,
+            sk: s,
+            d,
+            causal,
+            window: None,
+            dtype,
+            layout: Layout::Bhsd,
+        }
+    }
+
+    /// The same shape with a sliding window of `w` keys (causal only; see [`Shape::window`]).
+    pub fn with_window(self, w: Option<u32>) -> Shape {
+        Shape { window: w, ..self }
+    }
+
+    /// The kernel ABI's `window` argument: the window's keys, 0 for none.
+    pub fn abi_window(&self) -> u32 {
+        self.window.unwrap_or(0)
     }
 
     /// Stable, human-readable key. Heads print as `h8` when HQ = HKV, else `hq32hkv8`;
-    /// rows as `s128` when SQ = SK, else `sq1sk4096`; then `-causal`, the dtype unless
-    /// fp16, and `-bshd` for that layout. A version-1 shape keeps its version-1 key
+    /// rows as `s128` when SQ = SK, else `sq1sk4096`; then `-causal`, `-w1024` for a
+    /// sliding window, the dtype unless fp16, and `-bshd` for that layout. A version-1 shape keeps its version-1 key
     /// (`b2h8s128d64`, `b4h16s1024d64-causal-bf16`), so older ledgers and memories match.
     pub fn key(&self) -> String {
         use std::fmt::Write;
@@ -229,6 +275,9 @@ impl Shape {
         let _ = write!(k, "d{}", self.d);
         if self.causal {
             k.push_str("-causal");
+        }
+        if let Some(w) = self.window {
+            let _ = write!(k, "-w{w}");
         }
         if self.dtype != DType::Fp16 {
             k.push('-');
@@ -285,13 +334,35 @@ impl Shape {
     }
 
     /// Bytes of K and V one forward pass must read at least once: the decode figure of merit.
+    /// A sliding window leaves the keys before the first row's window unread.
     pub fn kv_bytes(&self) -> u64 {
-        2 * self.kv_elems() * ELEM_BYTES
+        let read = self.sk as u64 - self.visible_range(0).start as u64;
+        2 * self.b as u64 * self.hkv as u64 * read * self.d as u64 * ELEM_BYTES
+    }
+
+    /// The keys query row `i` sees: `lo..hi` (all SK; causal up to its diagonal; with a
+    /// window, the last `window` of those).
+    pub fn visible_range(&self, i: u32) -> std::ops::Range<usize> {
+        let sk = self.sk as usize;
+        if !self.causal {
+            return 0..sk;
+        }
+        let hi = (i as usize + self.causal_offset() as usize + 1).min(sk);
+        let lo = self.window.map_or(0, |w| hi.saturating_sub(w as usize));
+        lo..hi
     }
 
     /// Keys each query head's rows see in total: SQ * SK, or causal the unmasked part.
     pub fn visible_pairs(&self) -> f64 {
         let (sq, sk) = (self.sq as f64, self.sk as f64);
+        if let Some(w) = self.window {
+            // Row i sees min(i + SK - SQ + 1, W) keys: sum the rows before the window fills
+            // (an arithmetic series) and W for the rest.
+            let (off, w) = (sk - sq, w as f64);
+            let full_from = (w - off - 1.0).clamp(0.0, sq); // rows i < full_from see fewer than W
+            let partial = full_from * (off + 1.0) + full_from * (full_from - 1.0) / 2.0;
+            return partial + (sq - full_from) * w.min(sk);
+        }
         if self.causal {
             // Row i sees min(SK, i + SK - SQ + 1) keys; SQ <= SK, so never more than SK.
             sq * (sk - sq) + sq * (sq + 1.0) / 2.0
@@ -341,10 +412,29 @@ pub struct ShapePlan {
 
 /// Parameters of the shared ABI before any tensor map: a map's kernel parameter index is
 /// `ABI_PARAMS + its position in [`ShapePlan::tensor_maps`]`.
-pub const ABI_PARAMS: usize = 16;
+pub const ABI_PARAMS: usize = 17;
 
-/// The kernel ABI's version: 2 since GQA, SQ != SK and strides (`export`'s manifest says it).
-pub const ABI_VERSION: u32 = 2;
+/// The kernel ABI's version (`export`'s manifest says it): 2 since GQA, SQ != SK and
+/// strides, 3 since the sliding window (`int window` after `int causal`).
+pub const ABI_VERSION: u32 = 3;
+
+/// The kernel ABI a rendered source was written for: 3 when its argument list has the
+/// sliding window after `causal` (common/optd.cuh's OPTD_ARGS since v3), 2 when it declares
+/// `optd_strides` (grouped-query heads and strides), else 1.
+pub fn source_abi(source: &str) -> u32 {
+    let has_window = source.find("int causal,").is_some_and(|at| {
+        let rest = source[at + "int causal,".len()..]
+            .trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+        rest.starts_with("int window")
+    });
+    if has_window {
+        3
+    } else if source.contains("struct optd_strides") {
+        2
+    } else {
+        1
+    }
+}
 
 /// Which ABI tensor a tensor map describes (its global address is that tensor's pointer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -823,6 +913,87 @@ pub struct TimedEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sliding window's keys, its row ranges, its FLOPs and its JSON: each row sees the
+    /// last W keys up to its own position, bottom-right as the causal mask is.
+    #[test]
+    fn a_sliding_window_in_keys_ranges_pairs_and_json() {
+        let gemma = Shape {
+            hq: 8,
+            hkv: 4,
+            sq: 4096,
+            sk: 4096,
+            ..Shape::mha(1, 8, 4096, 256, true, DType::Bf16)
+        }
+        .with_window(Some(1024));
+        assert_eq!(gemma.key(), "b1hq8hkv4s4096d256-causal-w1024-bf16");
+        assert_eq!(gemma.visible_range(0), 0..1);
+        assert_eq!(gemma.visible_range(1023), 0..1024);
+        assert_eq!(gemma.visible_range(1024), 1..1025);
+        assert_eq!(gemma.visible_range(4095), 3072..4096);
+        let chunk = Shape {
+            sq: 300,
+            sk: 1500,
+            ..Shape::mha(1, 2, 1500, 64, true, DType::Fp16)
+        }
+        .with_window(Some(256));
+        assert_eq!(
+            chunk.visible_range(0),
+            1200 - 255..1201,
+            "row 0 is position 1200"
+        );
+        assert_eq!(
+            Shape::mha(1, 2, 100, 64, true, DType::Fp16)
+                .with_window(Some(1000))
+                .visible_range(99),
+            0..100,
+            "W >= SK masks nothing"
+        );
+        let decode = Shape {
+            sq: 1,
+            sk: 16384,
+            ..Shape::mha(8, 8, 16384, 128, true, DType::Bf16)
+        };
+        assert_eq!(
+            decode.with_window(Some(1024)).kv_bytes() * 16,
+            decode.kv_bytes(),
+            "decode reads the window's keys only"
+        );
+        // The closed form of visible_pairs is the sum of the rows' ranges, windows or not.
+        for (sq, sk, w) in [
+            (4096, 4096, Some(1024)),
+            (300, 1500, Some(256)),
+            (300, 1500, Some(1400)),
+            (1, 16384, Some(1024)),
+            (7, 9, Some(1)),
+            (100, 100, Some(1000)),
+            (512, 4096, None),
+        ] {
+            let s = Shape {
+                sq,
+                sk,
+                ..Shape::mha(1, 1, sk, 64, true, DType::Fp16)
+            }
+            .with_window(w);
+            let sum: usize = (0..sq).map(|i| s.visible_range(i).len()).sum();
+            assert_eq!(s.visible_pairs(), sum as f64, "sq {sq} sk {sk} w {w:?}");
+        }
+        // JSON: `window` only when there is one; a stored shape without it reads as none.
+        let json = serde_json::to_value(gemma).unwrap();
+        assert_eq!(json["window"], 1024);
+        assert_eq!(serde_json::from_value::<Shape>(json).unwrap(), gemma);
+        let plain = Shape::mha(1, 8, 128, 64, true, DType::Fp16);
+        assert!(serde_json::to_value(plain).unwrap().get("window").is_none());
+        let bad = |j: &str| serde_json::from_str::<Shape>(j).unwrap_err().to_string();
+        assert!(
+            bad(r#"{"b":1,"h":2,"s":8,"d":64,"dtype":"fp16","window":4}"#)
+                .contains("must be causal")
+        );
+        assert!(
+            bad(r#"{"b":1,"h":2,"s":8,"d":64,"causal":true,"dtype":"fp16","window":0}"#)
+                .contains("at least 1")
+        );
+    }
 
     #[test]
     fn a_build_for_some_head_dims_leaves_out_the_others_and_none_named_means_all() {

@@ -57,7 +57,9 @@
 //! A template made for one regime declares `max_sq = N` under `[template]` (decode.cu:
 //! 16): the gate refuses shapes with more query rows, with the reason, the plan's stage
 //! of such a template runs on the shapes it admits only (skipped, with the reason, when
-//! there are none), and the open phase offers it only to the classes it admits.
+//! there are none), and the open phase offers it only to the classes it admits. A template
+//! whose kernels implement the sliding window (the ABI's `window`) says `windows = true`;
+//! shapes with a window are admitted only by those, the same way.
 //!
 //! Hopper templates may also declare
 //! - `arch_specific = true` under `[template]`: compiled for `sm_<cc>a` (e.g. `sm_90a`,
@@ -67,7 +69,7 @@
 //! - `[[tensor_map]]` entries (`tensor` = q|k|v|o, `box_rows` = a formula, optional
 //!   `box_panels` = a formula (panels of D per box; default all), `swizzle` =
 //!   32|64|128 bytes, or a formula giving one per head dim): TMA tensor maps the worker encodes against the tensor's device
-//!   pointer and appends, in declaration order, after the 16 ABI parameters of every
+//!   pointer and appends, in declaration order, after the 17 ABI parameters of every
 //!   launch (`const __grid_constant__ optd_tensor_map tm_x`, 128 bytes by value). The
 //!   geometry is a fixed convention over the tensor of 2-byte elements as the launch's
 //!   strides lay it out: with swizzle W and P = W/2 elements per panel, rank 5, dims
@@ -156,6 +158,10 @@ pub struct Meta {
     /// plan's stages and the open phase offer the template only the shapes it admits.
     #[serde(default = "classic_head_dims")]
     pub head_dims: Vec<u32>,
+    /// Whether the kernels implement the sliding window (the ABI's `window`). Absent: they
+    /// do not, and the gate refuses shapes that have one, with the reason.
+    #[serde(default)]
+    pub windows: bool,
 }
 
 fn classic_head_dims() -> Vec<u32> {
@@ -170,6 +176,13 @@ impl Meta {
             return Err(format!(
                 "template {} is written for head dims {:?} (its head_dims) and this shape has D = {}; the other templates serve it",
                 self.name, self.head_dims, shape.d
+            ));
+        }
+        if shape.window.is_some() && !self.windows {
+            return Err(format!(
+                "template {} does not implement a sliding window (its spec has no `windows = true`) and this shape has window = {}; the templates that do serve it",
+                self.name,
+                shape.abi_window()
             ));
         }
         match self.max_sq {
@@ -269,7 +282,7 @@ pub struct Template {
     /// Derived name -> expression, in evaluation order.
     pub derived: Vec<(String, String)>,
     pub launches: Vec<LaunchSpec>,
-    /// TMA tensor maps, in kernel-parameter order (after the 16 ABI parameters).
+    /// TMA tensor maps, in kernel-parameter order (after the 17 ABI parameters).
     pub tensor_maps: Vec<TensorMapSpec>,
     /// Knob -> expression (`[inert]`): where true for a shape, the knob changes nothing
     /// there ([`Template::canonical`]). In declaration order.
@@ -808,7 +821,22 @@ impl minijinja::value::Object for Vars {
 }
 
 /// The names [`shape_vars`] defines (a unit test keeps the two in step).
-pub const SHAPE_VAR_NAMES: [&str; 13] = ["B", "HQ", "HKV", "G", "SQ", "SK", "D", "CAUSAL", "BSHD", "ELEM_BYTES", "SMS", "SMEM_OPTIN", "CC"];
+pub const SHAPE_VAR_NAMES: [&str; 14] = [
+    "B",
+    "HQ",
+    "HKV",
+    "G",
+    "SQ",
+    "SK",
+    "D",
+    "CAUSAL",
+    "WINDOW",
+    "BSHD",
+    "ELEM_BYTES",
+    "SMS",
+    "SMEM_OPTIN",
+    "CC",
+];
 
 /// The functions [`formula_env`] adds.
 const FUNCTIONS: [&str; 3] = ["cdiv", "min", "max"];
@@ -828,7 +856,12 @@ pub fn shape_vars(shape: &Shape, device: &DeviceInfo) -> BTreeMap<String, i64> {
     vars.insert("SK".into(), shape.sk as i64);
     vars.insert("D".into(), shape.d as i64);
     vars.insert("CAUSAL".into(), shape.causal as i64);
-    vars.insert("BSHD".into(), (shape.layout == crate::spec::protocol::Layout::Bshd) as i64);
+    // The sliding window's keys, 0 for none (as the kernel ABI passes it).
+    vars.insert("WINDOW".into(), shape.abi_window() as i64);
+    vars.insert(
+        "BSHD".into(),
+        (shape.layout == crate::spec::protocol::Layout::Bshd) as i64,
+    );
     vars.insert("ELEM_BYTES".into(), 2);
     vars.insert("SMS".into(), device.sm_count as i64);
     vars.insert("SMEM_OPTIN".into(), device.smem_optin as i64);
@@ -927,7 +960,18 @@ smem = "0"
     }
 
     fn shape(hq: u32, hkv: u32, d: u32) -> Shape {
-        Shape { b: 2, hq, hkv, sq: 1024, sk: 1024, d, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
+        Shape {
+            b: 2,
+            hq,
+            hkv,
+            sq: 1024,
+            sk: 1024,
+            d,
+            causal: true,
+            window: None,
+            dtype: DType::Bf16,
+            layout: Layout::Bhsd,
+        }
     }
 
     fn point(tile: i64, pack: i64, split: i64, align: i64) -> Params {
@@ -940,6 +984,31 @@ smem = "0"
         let mut declared: Vec<String> = SHAPE_VAR_NAMES.iter().map(|s| s.to_string()).collect();
         declared.sort();
         assert_eq!(names, declared);
+    }
+
+    /// A shape with a sliding window goes only to templates that say `windows = true`; the
+    /// refusal names the template and the key; formulas read the window as WINDOW.
+    #[test]
+    fn only_templates_that_implement_the_window_admit_windowed_shapes() {
+        let local = shape(8, 4, 64).with_window(Some(256));
+        let plain = toy("");
+        let why = plain.meta.admits(&local).unwrap_err();
+        assert!(
+            why.contains("template toy does not implement a sliding window")
+                && why.contains("windows = true")
+                && why.contains("window = 256"),
+            "{why}"
+        );
+        plain.meta.admits(&shape(8, 4, 64)).unwrap();
+        let windowed = Template::parse(
+            "toy.cu",
+            spec("ALIGN = \"WINDOW > 0\"")
+                .replace("name = \"toy\"", "name = \"toy\"\nwindows = true"),
+        )
+        .unwrap();
+        windowed.meta.admits(&local).unwrap();
+        assert_eq!(shape_vars(&local, &h100())["WINDOW"], 256);
+        assert_eq!(shape_vars(&shape(8, 4, 64), &h100())["WINDOW"], 0);
     }
 
     #[test]

@@ -229,7 +229,7 @@ mod tests {
     use crate::spec::protocol::{DType, Layout};
 
     fn shape(b: u32, hq: u32, hkv: u32, sq: u32, sk: u32, d: u32, causal: bool, dtype: DType) -> Shape {
-        Shape { b, hq, hkv, sq, sk, d, causal, dtype, layout: Layout::default() }
+        Shape { b, hq, hkv, sq, sk, d, causal, window: None, dtype, layout: Layout::default() }
     }
 
     fn rem(run: &str, seq: i64, params: &str, us: f64) -> Remembered {

@@ -260,7 +260,7 @@ mod tests {
     use serde_json::json;
 
     fn decode() -> Shape {
-        Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, dtype: DType::Bf16, layout: Layout::Bhsd }
+        Shape { b: 8, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bhsd }
     }
 
     #[test]

@@ -116,11 +116,12 @@ pub fn is_compute_bound(shape: &Shape, sm_count: u32) -> bool {
 /// shapes (SQ <= 16, [`Shape::is_decode`]) form their own class per head dim,
 /// `decode-d{D}`: they read the whole KV cache for a handful of query rows, so what
 /// limits them is HBM bandwidth and latency, whatever their causality (a causal decode
-/// row masks only the last few keys).
+/// row masks only the last few keys). Shapes with a sliding window get a class of their own
+/// (`...-window`): fewer templates serve them, and each row's work is the window, not SK.
 pub fn classify(shapes: &[Shape], sm_count: u32) -> Vec<ShapeClass> {
     let mut classes: Vec<ShapeClass> = Vec::new();
     for s in shapes {
-        let name = if s.is_decode() {
+        let mut name = if s.is_decode() {
             format!("decode-d{}", s.d)
         } else {
             let bound = if is_compute_bound(s, sm_count) { "compute" } else { "latency" };
@@ -130,6 +131,9 @@ pub fn classify(shapes: &[Shape], sm_count: u32) -> Vec<ShapeClass> {
             }
             name
         };
+        if s.window.is_some() {
+            name.push_str("-window");
+        }
         match classes.iter_mut().find(|c| c.name == name) {
             Some(c) => c.shapes.push(*s),
             None => classes.push(ShapeClass { name, shapes: vec![*s] }),
@@ -575,8 +579,35 @@ mod tests {
         let shapes = [gqa(8, 1, 4096, 128, true), gqa(1, 4096, 4096, 128, true), gqa(1, 1, 1024, 128, false), gqa(2, 16, 2048, 64, false), gqa(2, 17, 2048, 64, false)];
         let c = classify(&shapes, 132);
         let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["decode-d128", "compute-d128-causal", "decode-d64", "latency-d64"]);
-        assert_eq!(c[0].shapes, [shapes[0], shapes[2]], "causal and not, together");
+        assert_eq!(
+            names,
+            [
+                "decode-d128",
+                "compute-d128-causal",
+                "decode-d64",
+                "latency-d64"
+            ]
+        );
+        assert_eq!(
+            c[0].shapes,
+            [shapes[0], shapes[2]],
+            "causal and not, together"
+        );
+        // A sliding window is a class of its own, decode or not.
+        let local = [
+            gqa(1, 1, 8192, 128, true).with_window(Some(1024)),
+            gqa(1, 4096, 4096, 128, true).with_window(Some(1024)),
+            shapes[0],
+        ];
+        let names: Vec<String> = classify(&local, 132).into_iter().map(|c| c.name).collect();
+        assert_eq!(
+            names,
+            [
+                "decode-d128-window",
+                "compute-d128-causal-window",
+                "decode-d128"
+            ]
+        );
         assert_eq!(c[2].shapes, [shapes[3]], "SQ 16 is decode, SQ 17 is not");
     }
 

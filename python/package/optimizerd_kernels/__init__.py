@@ -3,6 +3,7 @@
     import optimizerd_kernels as okern
     o = okern.attention(q, k, v, causal=True)          # [B,H,S,D] in, [B,H,S,D] out
     o = okern.attention(q, k, v, layout="bshd")        # [B,S,H,D] in and out
+    o = okern.attention(q, k, v, causal=True, window=4096)  # sliding window (Mistral, Gemma local layers)
     okern.register_transformers()                      # then attn_implementation="optimizerd"
 
 Each call runs the kernel tuned for its exact shape, else the best exported kernel of the
@@ -23,25 +24,29 @@ __all__ = ["attention", "explain", "stats", "info", "register_transformers"]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              scale: Optional[float] = None, layout: str = "bhsd") -> torch.Tensor:
+              scale: Optional[float] = None, layout: str = "bhsd", window: int = 0) -> torch.Tensor:
     """softmax(q k^T * scale) v, scale = 1/sqrt(D) by default.
 
     q: [B, Hq, Sq, D] ("bhsd") or [B, Sq, Hq, D] ("bshd"); k, v: the same with Hkv and Sk.
     Hq a multiple of Hkv (grouped-query heads; Hkv = 1 is multi-query). Any strides with a
     contiguous last dim (views from a transpose or a KV cache need no copy). causal: query
     row i sees keys <= i + Sk - Sq (the query rows are the last Sq positions, as in
-    FlashAttention >= 2.1 and SDPA's bottom-right causal). Returns a new tensor, contiguous
+    FlashAttention >= 2.1 and SDPA's bottom-right causal). window (with causal only; 0: none):
+    a sliding window of that many keys, row i (position p = i + Sk - Sq) sees keys
+    p - window < j <= p (Hugging Face's sliding_window, FlashAttention's window_size =
+    (window - 1, 0)); only kernels exported from templates that implement windows run such
+    calls, the others run SDPA with the window's mask. Returns a new tensor, contiguous
     in `layout`. fp16/bf16 on the GPU run the exported kernels; anything else runs SDPA.
     """
-    return _op.OP(q, k, v, causal, scale, layout)
+    return _op.OP(q, k, v, causal, scale, layout, window)
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-            layout: str = "bhsd") -> dict:
+            layout: str = "bhsd", window: int = 0) -> dict:
     """Which path a call with these tensors takes: {"path": "exact" | "class" | "fallback",
     "kernel": file or None, "reason": str, "shape": the daemon's shape key}."""
-    _op.check_args(q, k, v, layout)
-    call = _op.call_of(q, k, v, causal, layout)
+    _op.check_args(q, k, v, layout, causal, window)
+    call = _op.call_of(q, k, v, causal, layout, window)
     if not q.is_cuda:
         return {"path": "fallback", "kernel": None, "reason": "CPU tensors run SDPA", "shape": call.shape_key}
     return dict(_op.decide(call).summary(), shape=call.shape_key)
@@ -64,7 +69,8 @@ def info() -> dict:
     m = _op.dispatcher().manifest
     return {"package": _op.NAMESPACE, "run": m.get("run"), "gpu": m.get("gpu"), "device": m.get("device"),
             "kernels": [{"file": k["file"], "template": k["template"], "dtype": k["dtype"], "arch": k.get("arch"),
-                         "shapes": [s["key"] for s in k["shapes"]]} for k in m["kernels"]],
+                         "windows": bool(k.get("windows")), "shapes": [s["key"] for s in k["shapes"]]}
+                        for k in m["kernels"]],
             "launcher": _op.launcher_path, "launcher_error": _op.launcher_error}
 
 

@@ -8,6 +8,11 @@ Classes are the daemon's (src/strategy/open.rs `classify`): decode shapes (SQ <=
 query tiles per SM, else `latency-d{D}[-causal]`. A kernel serves another shape of its
 class because every launch quantity is a formula of the shape (the manifest's `derived`
 and `launches`) and the kernels address memory through strides (ABI v2).
+
+Sliding windows (kernel ABI v3, manifest format 3): a call with a window W (causal only; row
+i at position p = i + SK - SQ sees keys p - W < j <= p) runs only on a kernel whose entry says
+`"windows": true`, tuned for a shape with a window too; a window that masks nothing (W >= SK)
+is no window. A kernel with `"windows": false` is never given a windowed call.
 """
 import ast
 import json
@@ -22,7 +27,8 @@ DTYPES = {0: "fp16", 1: "bf16"}
 TENSORS = {"q": 0, "k": 1, "v": 2, "o": 3}
 PATH_CODES = {"fallback": 0, "exact": 1, "class": 2}
 L2_CODES = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
-ABI_PARAMS = 16
+ABI_PARAMS = 17  # kernel ABI v3: ..., softmax_scale, causal, window, strides, cta_counter
+MANIFEST_FORMAT = 3  # = the kernel ABI the manifest's kernels take
 # Driver limits a launch must respect (grid y/z, threads per block).
 MAX_GRID_X, MAX_GRID_YZ, MAX_THREADS = 2**31 - 1, 65535, 1024
 
@@ -56,6 +62,12 @@ class Call:
     aligned: bool = True  # every data pointer 16-byte aligned
     unit_last: bool = True  # last dim contiguous in q, k and v
     needs_grad: bool = False
+    window: int = 0  # sliding window (causal only): keys each row sees at most; 0 none
+
+    @property
+    def eff_window(self) -> int:
+        """The window as the kernels need it: 0 where it masks nothing (W >= SK)."""
+        return effective_window(self.window, self.sk)
 
     KEY_LEN = 24
 
@@ -67,14 +79,15 @@ class Call:
         return cls(dtype=DTYPES.get(key[0], "other"), device=key[1], causal=bool(key[2]),
                    layout="bshd" if key[3] else "bhsd", b=key[4], hq=key[5], hkv=key[6], sq=key[7], sk=key[8],
                    d=key[9], strides=tuple(key[10:19]), aligned=bool(key[19]), unit_last=bool(key[20]),
-                   needs_grad=bool(key[21]))
+                   needs_grad=bool(key[21]), window=key[22])
 
     @property
     def shape_key(self) -> str:
         """The daemon's shape key (spec/protocol.rs `Shape::key`)."""
         heads = f"h{self.hq}" if self.hq == self.hkv else f"hq{self.hq}hkv{self.hkv}"
         rows = f"s{self.sq}" if self.sq == self.sk else f"sq{self.sq}sk{self.sk}"
-        return (f"b{self.b}{heads}{rows}d{self.d}" + ("-causal" if self.causal else "") + f"-{self.dtype}"
+        return (f"b{self.b}{heads}{rows}d{self.d}" + ("-causal" if self.causal else "")
+                + (f"-w{self.window}" if self.window else "") + f"-{self.dtype}"
                 + ("-bshd" if self.layout == "bshd" else ""))
 
     def o_strides(self) -> Tuple[int, int, int]:
@@ -82,6 +95,13 @@ class Call:
         if self.layout == "bhsd":
             return self.hq * self.sq * self.d, self.sq * self.d, self.d
         return self.sq * self.hq * self.d, self.d, self.hq * self.d
+
+
+def effective_window(window: Optional[int], sk: int) -> int:
+    """A window of W keys masks something only where W < SK (row i's first key is
+    max(0, i + SK - SQ - W + 1), and no row's position exceeds SK - 1): else it is no window."""
+    w = int(window or 0)
+    return w if 0 < w < sk else 0
 
 
 def shape_class(b: int, hq: int, sq: int, d: int, causal: bool, sms: int) -> str:
@@ -211,11 +231,12 @@ class Dispatcher:
                                 "or its kernels folder was removed; export it again") from None
         except json.JSONDecodeError as e:
             raise ManifestError(f"{path} is not JSON ({e}); export the package again") from None
-        if manifest.get("format") != 2:
-            raise ManifestError(f"{path}: `format` is {manifest.get('format')!r}; this runtime launches kernel ABI v2 "
-                                "(format 2) manifests: export with optimizerd >= the ABI v2 release")
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise ManifestError(f"{path}: `format` is {manifest.get('format')!r}; this runtime launches kernel ABI "
+                                f"v{MANIFEST_FORMAT} (format {MANIFEST_FORMAT}) manifests: export the package again "
+                                "with this optimizerd (its runtime and its kernels come from one export)")
         for i, k in enumerate(manifest.get("kernels") or []):
-            for key in ("file", "dtype", "params", "derived", "launches", "shapes"):
+            for key in ("file", "dtype", "params", "derived", "launches", "shapes", "windows"):
                 if key not in k:
                     raise ManifestError(f"{path}: kernels[{i}] has no `{key}`; export the package again")
         if not manifest.get("kernels"):
@@ -228,6 +249,7 @@ class Dispatcher:
         if refusal:
             return Decision("fallback", refusal)
         cls_name = shape_class(call.b, call.hq, call.sq, call.d, call.causal, gpu.sms)
+        window = call.eff_window
         exact, near, why_not = [], [], []
         for k in self.kernels:
             if k["dtype"] != call.dtype:
@@ -236,8 +258,17 @@ class Dispatcher:
                 sh = _shape(s["shape"])
                 if sh["d"] != call.d:
                     continue
-                dims = (sh["b"], sh["hq"], sh["hkv"], sh["sq"], sh["sk"], sh["causal"])
-                if dims == (call.b, call.hq, call.hkv, call.sq, call.sk, call.causal):
+                if window and not k.get("windows"):  # never given a windowed call: say so where it would fit
+                    if shape_class(sh["b"], sh["hq"], sh["sq"], sh["d"], sh["causal"], gpu.sms) == cls_name:
+                        why_not.append(f"{k['file']}: its template does not implement sliding windows "
+                                       "(\"windows\": false)")
+                    continue
+                # Windowed calls match shapes tuned with a window, the others shapes without.
+                if bool(window) != bool(effective_window(sh["window"], sh["sk"])):
+                    continue
+                dims = (sh["b"], sh["hq"], sh["hkv"], sh["sq"], sh["sk"], sh["causal"],
+                        effective_window(sh["window"], sh["sk"]))
+                if dims == (call.b, call.hq, call.hkv, call.sq, call.sk, call.causal, window):
                     # The same shape tuned in the other layout is still this shape's kernel (it
                     # addresses memory through strides); one tuned in the call's layout goes first.
                     exact.append((sh["layout"] != call.layout, k, s))
@@ -260,9 +291,11 @@ class Dispatcher:
             return Decision("fallback", f"no exported kernel of class {cls_name} covers {call.shape_key}: "
                             + "; ".join(dict.fromkeys(why_not)))
         tuned = sorted({shape_class(_shape(s["shape"])["b"], _shape(s["shape"])["hq"], _shape(s["shape"])["sq"],
-                                    _shape(s["shape"])["d"], _shape(s["shape"])["causal"], gpu.sms) + f" {k['dtype']}"
+                                    _shape(s["shape"])["d"], _shape(s["shape"])["causal"], gpu.sms)
+                        + (" windowed" if effective_window(_shape(s["shape"])["window"], _shape(s["shape"])["sk"])
+                           else "") + f" {k['dtype']}"
                         for k in self.kernels for s in k["shapes"]})
-        return Decision("fallback", f"no exported kernel for class {cls_name} {call.dtype} "
+        return Decision("fallback", f"no exported kernel for class {cls_name}{' windowed' if window else ''} {call.dtype} "
                         f"(this package has: {', '.join(tuned)}); add the shape to the workload and tune it")
 
     def _refusal(self, call: Call) -> Optional[str]:
@@ -280,6 +313,8 @@ class Dispatcher:
             return f"{call.hq} query heads are not a multiple of {call.hkv} key/value heads"
         if call.sq > call.sk:
             return f"SQ {call.sq} > SK {call.sk}: the kernels take the query rows as the last SQ of the keys"
+        if call.window < 0 or (call.window and not call.causal):
+            return f"window {call.window}: a sliding window is at least 1 key, and only with causal"
         return None
 
     def _plan(self, path: str, k: dict, call: Call, gpu: Gpu, cls_name: str, tuned_layout: Optional[str] = None):
@@ -291,11 +326,14 @@ class Dispatcher:
             return None, f"needs compute capability >= {k['min_cc']}"
         if k.get("max_sq") is not None and call.sq > k["max_sq"]:
             return None, f"its template is for SQ <= {k['max_sq']}"
+        if call.eff_window and not k.get("windows"):
+            return None, "its template does not implement sliding windows (\"windows\": false)"
         if not k.get("cubin"):
             return None, "the manifest names no cubin (exported without --python)"
         env = dict(k["params"])
         env.update(B=call.b, HQ=call.hq, HKV=call.hkv, G=call.hq // call.hkv, SQ=call.sq, SK=call.sk, D=call.d,
-                   CAUSAL=int(call.causal), BSHD=int(call.layout == "bshd"), ELEM_BYTES=2, SMS=gpu.sms,
+                   CAUSAL=int(call.causal), WINDOW=call.eff_window, BSHD=int(call.layout == "bshd"), ELEM_BYTES=2,
+                   SMS=gpu.sms,
                    SMEM_OPTIN=gpu.smem_optin, CC=gpu.cc)
         try:
             for name, expr in k["derived"]:
@@ -367,20 +405,22 @@ def sdpa_was_faster(tuned: dict) -> Optional[str]:
 
 
 def _shape(s: dict) -> dict:
-    """A manifest shape (v1 `{b,h,s}` or v2) as b, hq, hkv, sq, sk, d, causal, layout."""
+    """A manifest shape (v1 `{b,h,s}` or v2) as b, hq, hkv, sq, sk, d, causal, layout, window
+    (0: none; `"window": W` is present only on a windowed shape)."""
     if "h" in s:
         return dict(b=s["b"], hq=s["h"], hkv=s["h"], sq=s["s"], sk=s["s"], d=s["d"], causal=bool(s["causal"]),
-                    layout="bhsd")
+                    layout="bhsd", window=int(s.get("window") or 0))
     return dict(b=s["b"], hq=s["hq"], hkv=s["hkv"], sq=s["sq"], sk=s["sk"], d=s["d"], causal=bool(s["causal"]),
-                layout=s.get("layout", "bhsd"))
+                layout=s.get("layout", "bhsd"), window=int(s.get("window") or 0))
 
 
 def _distance(sh: dict, call: Call) -> float:
     """How far a tuned shape is from the call: the same dims in the other layout first,
-    then the nearest in work (B*HQ*SQ), key length and group size, on a log scale."""
+    then the nearest in work (B*HQ*SQ), key length, group size and window, on a log scale."""
     lg = lambda a, b: abs(math.log2(max(a, 1)) - math.log2(max(b, 1)))  # noqa: E731
     return (lg(sh["b"] * sh["hq"] * sh["sq"], call.b * call.hq * call.sq) + lg(sh["sk"], call.sk)
-            + 0.5 * lg(sh["hq"] // sh["hkv"], call.hq // call.hkv) + 0.25 * (sh["layout"] != call.layout))
+            + 0.5 * lg(sh["hq"] // sh["hkv"], call.hq // call.hkv) + 0.25 * (sh["layout"] != call.layout)
+            + 0.5 * lg(effective_window(sh["window"], sh["sk"]), call.eff_window))
 
 
 def _launch_problem(l: Launch, gpu: Gpu) -> Optional[str]:

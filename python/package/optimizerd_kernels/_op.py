@@ -7,7 +7,9 @@
 
 Semantics (all paths): softmax(q k^T * scale) v with scale = 1/sqrt(D) by default;
 grouped-query heads (query head h reads key/value head h // (Hq / Hkv)); causal is
-bottom-right (query row i sees keys <= i + Sk - Sq); the output is a new tensor,
+bottom-right (query row i sees keys <= i + Sk - Sq); a sliding window W (causal only; 0:
+none) hides the keys before the last W of those (row i, at position p = i + Sk - Sq, sees
+p - W < j <= p: Hugging Face's sliding_window = W); the output is a new tensor,
 contiguous in `layout` ([B,Hq,Sq,D] for "bhsd", [B,Sq,Hq,D] for "bshd").
 """
 import logging
@@ -67,13 +69,15 @@ def gpu(device: int) -> _dispatch.Gpu:
 # ---------------------------------------------------------------------------
 # SDPA: the CPU implementation and every fallback.
 # ---------------------------------------------------------------------------
-def sdpa(q, k, v, causal=False, scale=None, layout="bhsd"):
-    check_args(q, k, v, layout)
+def sdpa(q, k, v, causal=False, scale=None, layout="bhsd", window=0):
+    check_args(q, k, v, layout, causal, window)
     bshd = layout == "bshd"
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
     sq, sk = qh.shape[2], kh.shape[2]
     mask, is_causal = None, False
-    if causal and sq == sk:
+    if causal and _dispatch.effective_window(window, sk):
+        mask = window_mask(sq, sk, window, q.device)
+    elif causal and sq == sk:
         is_causal = True
     elif causal:  # bottom-right: the query rows are the last Sq positions
         mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
@@ -82,7 +86,14 @@ def sdpa(q, k, v, causal=False, scale=None, layout="bhsd"):
     return (o.transpose(1, 2) if bshd else o).contiguous()
 
 
-def check_args(q, k, v, layout):
+def window_mask(sq, sk, window, device=None):
+    """[Sq, Sk] booleans, True where query row i sees key j: bottom-right causal (j <= p, p =
+    i + Sk - Sq) within the sliding window (j > p - window)."""
+    ones = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    return ones.tril(sk - sq) & ones.triu(sk - sq - window + 1)
+
+
+def check_args(q, k, v, layout, causal=False, window=0):
     """The errors every path raises alike (the launcher's TORCH_CHECKs say the same)."""
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"{NAMESPACE}.attention: layout must be \"bhsd\" or \"bshd\", not {layout!r}")
@@ -101,12 +112,15 @@ def check_args(q, k, v, layout):
     if k.shape[hd] == 0 or q.shape[hd] % k.shape[hd]:
         raise ValueError(f"{NAMESPACE}.attention: query heads ({q.shape[hd]}) must be a multiple of key/value heads "
                          f"({k.shape[hd]})")
+    if window < 0 or (window and not causal):
+        raise ValueError(f"{NAMESPACE}.attention: window must be 0 (none) or >= 1 with causal=True; got window "
+                         f"{window}, causal {causal}")
 
 
 # ---------------------------------------------------------------------------
 # The dispatcher's side of the launcher.
 # ---------------------------------------------------------------------------
-def call_of(q, k, v, causal, layout) -> _dispatch.Call:
+def call_of(q, k, v, causal, layout, window=0) -> _dispatch.Call:
     """The call signature as the launcher computes it (csrc/launcher.cpp `Key`)."""
     bshd = layout == "bshd"
     hd, sd = (2, 1) if bshd else (1, 2)
@@ -118,7 +132,8 @@ def call_of(q, k, v, causal, layout) -> _dispatch.Call:
                           hq=q.shape[hd], hkv=k.shape[hd], sq=q.shape[sd], sk=k.shape[sd], d=q.shape[3],
                           strides=tuple(strides), aligned=all(t.data_ptr() % 16 == 0 for t in (q, k, v)),
                           unit_last=all(t.stride(3) == 1 for t in (q, k, v)),
-                          needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+                          needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+                          window=int(window))
 
 
 def decide(call: _dispatch.Call) -> _dispatch.Decision:
@@ -192,13 +207,14 @@ def _resolve(key: torch.Tensor) -> torch.Tensor:
 # Registration.
 # ---------------------------------------------------------------------------
 _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-_lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, str layout='bhsd') -> Tensor")
+_lib.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, str layout='bhsd', "
+            "int window=0) -> Tensor")
 _lib.define("_resolve(Tensor key) -> Tensor")
 
 
 @torch.library.register_fake(f"{NAMESPACE}::attention", lib=_lib)
-def _attention_fake(q, k, v, causal=False, scale=None, layout="bhsd"):
-    check_args(q, k, v, layout)
+def _attention_fake(q, k, v, causal=False, scale=None, layout="bhsd", window=0):
+    check_args(q, k, v, layout, causal, window)
     return q.new_empty(q.shape)
 
 
@@ -207,14 +223,14 @@ OP = getattr(torch.ops, NAMESPACE).attention.default
 _lib.impl("_resolve", _resolve, "CPU")
 
 
-def _sdpa_on_cuda(q, k, v, causal=False, scale=None, layout="bhsd"):
+def _sdpa_on_cuda(q, k, v, causal=False, scale=None, layout="bhsd", window=0):
     """CUDA without the launcher: SDPA, and a warning once."""
     if "launcher" not in _logged:
         _logged.add("launcher")
         if strict():
             raise RuntimeError(f"{NAMESPACE}: the C++ launcher is not in use: {launcher_error}")
         log.warning("%s: every call runs SDPA: the C++ launcher is not in use: %s", NAMESPACE, launcher_error)
-    return sdpa(q, k, v, causal, scale, layout)
+    return sdpa(q, k, v, causal, scale, layout, window)
 
 
 def _install_launcher():

@@ -12,9 +12,9 @@ use super::tensor_map::encode_tensor_map;
 use crate::spec::protocol::{Launch, ShapePlan, TensorName, ABI_PARAMS};
 use crate::worker::reference;
 
-/// Arguments of the shared kernel ABI v2 (the CTA counter is passed per launch):
+/// Arguments of the shared kernel ABI v3 (the CTA counter is passed per launch):
 /// `(q, k, v, o, o_partial, lse_partial, batch, heads_q, heads_kv, seq_q, seq_k, n_splits,
-/// softmax_scale, causal, strides, cta_counter)`, then one encoded `CUtensorMap` per tensor
+/// softmax_scale, causal, window, strides, cta_counter)`, then one encoded `CUtensorMap` per tensor
 /// map of the plan, passed by value.
 pub(super) struct Abi {
     q: sys::CUdeviceptr,
@@ -32,6 +32,8 @@ pub(super) struct Abi {
     n_splits: i32,
     softmax_scale: f32,
     causal: i32,
+    /// The sliding window's keys, 0 for none.
+    window: i32,
     /// `struct optd_strides` of optd.cuh: 12 int64 element strides, passed by value.
     strides: AbiStrides,
     /// Encoded against this tensor set's pointers. `CUtensorMap` is 128-byte aligned (the
@@ -77,6 +79,7 @@ impl Abi {
             n_splits: plan.n_splits as i32,
             softmax_scale: reference::softmax_scale(s),
             causal: i32::from(s.causal),
+            window: s.abi_window() as i32,
             strides: AbiStrides(set.view.abi()),
             maps: Vec::new(),
         };
@@ -124,6 +127,7 @@ impl Abi {
             &self.n_splits as *const _ as *mut c_void,
             &self.softmax_scale as *const _ as *mut c_void,
             &self.causal as *const _ as *mut c_void,
+            &self.window as *const _ as *mut c_void,
             &self.strides as *const _ as *mut c_void,
             &counter as *const _ as *mut c_void,
         ];
@@ -139,8 +143,8 @@ impl Abi {
             &mut with_maps
         };
         // SAFETY: `f` belongs to a module that stays loaded while this request runs (the
-        // candidate is only dropped by Unload, after we synchronise). `params` holds 16
-        // pointers to live values matching the ABI's 16 parameters (device pointers are
+        // candidate is only dropped by Unload, after we synchronise). `params` holds 17
+        // pointers to live values matching the ABI's 17 parameters (device pointers are
         // 64-bit, scalars i32/f32, the strides a #[repr(C)] struct of 12 i64 laid out as
         // `struct optd_strides`), then one pointer per tensor map to a 128-byte
         // CUtensorMap owned by `self`, matching the template's `__grid_constant__` map

@@ -97,11 +97,15 @@ fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, o
     let d = shape.d as usize;
     let n = rows.len().min(ROW_BLOCK);
     let head_base = kv_head_offset(shape, rows[0].0, rows[0].1);
+    // Each row's keys lo..hi (a sliding window starts them after 0).
+    let mut kv_lo = [0usize; ROW_BLOCK];
     let mut kv_len = [0usize; ROW_BLOCK];
-    for (len, row) in kv_len.iter_mut().zip(&rows[..n]) {
-        *len = visible_keys(shape, row.2);
+    for ((lo, len), row) in kv_lo.iter_mut().zip(kv_len.iter_mut()).zip(&rows[..n]) {
+        let r = visible_keys(shape, row.2);
+        (*lo, *len) = (r.start, r.end);
     }
     let kv_max = kv_len[..n].iter().copied().max().unwrap_or(0);
+    let kv_min = kv_lo[..n].iter().copied().min().unwrap_or(0);
     scratch.widen_kv(x, head_base, kv_max);
     scratch.q.resize(ROW_BLOCK * d, 0.0);
     for (r, row) in rows[..n].iter().enumerate() {
@@ -114,9 +118,9 @@ fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, o
     scores.clear();
     scores.resize(n * kv_max, 0.0);
     let mut max = [f32::NEG_INFINITY; ROW_BLOCK];
-    for (j, krow) in k.chunks_exact(d).enumerate() {
+    for (j, krow) in k.chunks_exact(d).enumerate().skip(kv_min) {
         for r in 0..n {
-            if j < kv_len[r] {
+            if kv_lo[r] <= j && j < kv_len[r] {
                 let sc = dot(qrows[r], krow) * scale;
                 max[r] = max[r].max(sc);
                 scores[r * kv_max + j] = sc;
@@ -126,9 +130,9 @@ fn reference_block_impl(x: &Operands<'_>, rows: &[Row], scratch: &mut Scratch, o
     acc.clear();
     acc.resize(n * d, 0.0);
     let mut denom = [0f64; ROW_BLOCK];
-    for (j, vrow) in v.chunks_exact(d).enumerate() {
+    for (j, vrow) in v.chunks_exact(d).enumerate().skip(kv_min) {
         for r in 0..n {
-            if j < kv_len[r] {
+            if kv_lo[r] <= j && j < kv_len[r] {
                 let p = (scores[r * kv_max + j] - max[r]).exp();
                 denom[r] += p as f64;
                 for (a, &x) in acc[r * d..][..d].iter_mut().zip(vrow) {
@@ -224,9 +228,10 @@ mod tests {
         let d = shape.d as usize;
         let base = kv_head_offset(shape, row.0, row.1);
         let qi = row_offset(shape, row);
-        let n = visible_keys(shape, row.2);
+        let keys = visible_keys(shape, row.2);
         let scale = 1.0 / (d as f64).sqrt();
-        let s: Vec<f64> = (0..n)
+        let s: Vec<f64> = keys
+            .clone()
             .map(|j| {
                 (0..d)
                     .map(|t| q[qi + t] as f64 * k[base + j * d + t] as f64)
@@ -239,8 +244,9 @@ mod tests {
         let z: f64 = p.iter().sum();
         (0..d)
             .map(|t| {
-                (0..n)
-                    .map(|j| p[j] * v[base + j * d + t] as f64)
+                keys.clone()
+                    .enumerate()
+                    .map(|(i, j)| p[i] * v[base + j * d + t] as f64)
                     .sum::<f64>()
                     / z
             })
@@ -318,6 +324,41 @@ mod tests {
                 assert_eq!(r, &all[(rows.len() - 1 - i) * 32..][..32], "{dt:?} reversed row {i}");
             }
         }
+    }
+
+    /// A sliding window: each row's keys start W - 1 before its position (bottom-right, so a
+    /// chunk's first row already has a full window), blocks of rows whose windows differ
+    /// give each row what it gets alone, and every row matches f64 over its own keys.
+    #[test]
+    fn windowed_rows_see_only_their_window() {
+        for (sq, sk, w) in [(200, 200, 17), (40, 300, 64), (3, 300, 1), (50, 60, 1000)] {
+            let sh = Shape {
+                hkv: 2,
+                sq,
+                sk,
+                ..shape(1, 4, sk, 32, true, DType::Bf16)
+            }
+            .with_window(Some(w));
+            let [q, k, v] = randn_inputs(&sh, 33);
+            let rows = select_rows(&sh, 4);
+            let all = reference_rows(&sh, &q, &k, &v, &rows);
+            for (i, &row) in rows.iter().enumerate().step_by(5) {
+                let alone = reference_rows(&sh, &q, &k, &v, &[row]);
+                assert_eq!(
+                    alone,
+                    all[i * 32..][..32],
+                    "w {w} {row:?} alone vs in a block"
+                );
+                for (a, b) in alone.iter().zip(&naive(&sh, &q, &k, &v, row)) {
+                    assert!((*a as f64 - b).abs() < 1e-5, "w {w} {row:?}: {a} vs {b}");
+                }
+            }
+        }
+        // A window of one key: the row is its own position's V.
+        let sh = shape(1, 1, 16, 32, true, DType::Fp16).with_window(Some(1));
+        let [q, k, v] = randn_inputs(&sh, 2);
+        let out = reference_rows(&sh, &q, &k, &v, &[(0, 0, 9)]);
+        assert_eq!(out, from_bits(&v[9 * 32..10 * 32], DType::Fp16));
     }
 
     /// Long rows (fp32 accumulation over thousands of keys) stay within 1e-5 of the f64

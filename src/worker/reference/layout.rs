@@ -107,7 +107,7 @@ mod tests {
     use crate::spec::protocol::{DType, Layout};
 
     fn gqa(layout: Layout) -> Shape {
-        Shape { b: 2, hq: 4, hkv: 2, sq: 3, sk: 5, d: 8, causal: true, dtype: DType::Bf16, layout }
+        Shape { b: 2, hq: 4, hkv: 2, sq: 3, sk: 5, d: 8, causal: true, window: None, dtype: DType::Bf16, layout }
     }
 
     /// Every layout and view round-trips, puts row (b, h, i) where the strides say, and
@@ -145,7 +145,7 @@ mod tests {
     fn batches_scattered_in_parallel_match_one_row_after_the_other() {
         for layout in Layout::ALL {
             for b in [2, 3, 7] {
-                let shape = Shape { b, hq: 6, hkv: 3, sq: 5, sk: 9, d: 16, causal: false, dtype: DType::Fp16, layout };
+                let shape = Shape { b, hq: 6, hkv: 3, sq: 5, sk: 9, d: 16, causal: false, window: None, dtype: DType::Fp16, layout };
                 for view in [ViewStrides::contiguous(&shape), ViewStrides::padded(&shape)] {
                     for t in [TensorName::Q, TensorName::K, TensorName::O] {
                         let (heads, rows) = shape.dims_of(t);

@@ -68,14 +68,11 @@ pub fn kv_head_offset(shape: &Shape, b: u32, h: u32) -> usize {
     ((b as usize * shape.hkv as usize) + kvh as usize) * shape.sk as usize * shape.d as usize
 }
 
-/// Keys query row `i` sees: all SK, or causal `min(SK, i + SK - SQ + 1)` (the query rows
-/// are the last SQ positions).
-pub fn visible_keys(shape: &Shape, i: u32) -> usize {
-    if shape.causal {
-        (i as usize + shape.causal_offset() as usize + 1).min(shape.sk as usize)
-    } else {
-        shape.sk as usize
-    }
+/// Keys query row `i` sees, `lo..hi`: all SK, or causal up to `i + SK - SQ` (the query
+/// rows are the last SQ positions), and with a sliding window only the last `window` of
+/// those ([`Shape::visible_range`]).
+pub fn visible_keys(shape: &Shape, i: u32) -> std::ops::Range<usize> {
+    shape.visible_range(i)
 }
 
 

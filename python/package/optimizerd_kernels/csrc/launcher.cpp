@@ -177,7 +177,8 @@ struct Plan {
 };
 
 // The call signature: everything a plan depends on. Pointers are not in it (a plan serves
-// any tensors of this shape and strides); their 16-byte alignment is.
+// any tensors of this shape and strides); their 16-byte alignment is. [22] is the sliding
+// window (0 none), [23] reserved.
 constexpr int kKeyLen = 24;
 using Key = std::array<int64_t, kKeyLen>;
 struct KeyHash {
@@ -260,15 +261,18 @@ int dtype_code(at::ScalarType t) {
   return t == at::kHalf ? 0 : t == at::kBFloat16 ? 1 : 9;
 }
 
-// Bottom-right causal SDPA (row i sees keys <= i + Sk - Sq), GQA, either layout: the
-// fallback for a call no exported kernel covers.
+// Bottom-right causal SDPA (row i sees keys <= i + Sk - Sq; with a sliding window W also
+// keys > i + Sk - Sq - W), GQA, either layout: the fallback for a call no exported kernel covers.
 at::Tensor sdpa_fallback(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                         c10::optional<double> scale, bool bshd) {
+                         c10::optional<double> scale, bool bshd, int64_t window) {
   at::Tensor qh = bshd ? q.transpose(1, 2) : q, kh = bshd ? k.transpose(1, 2) : k, vh = bshd ? v.transpose(1, 2) : v;
   const int64_t sq = qh.size(2), sk = kh.size(2);
   c10::optional<at::Tensor> mask;
   bool is_causal = false;
-  if (causal && sq == sk) {
+  if (causal && window > 0 && window < sk) {  // a window that masks something
+    at::Tensor ones = at::ones({sq, sk}, q.options().dtype(at::kBool));
+    mask = ones.tril(sk - sq).logical_and(ones.triu(sk - sq - window + 1));
+  } else if (causal && sq == sk) {
     is_causal = true;
   } else if (causal) {
     mask = at::ones({sq, sk}, q.options().dtype(at::kBool)).tril(sk - sq);
@@ -278,7 +282,7 @@ at::Tensor sdpa_fallback(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                          c10::optional<double> scale, c10::string_view layout) {
+                          c10::optional<double> scale, c10::string_view layout, int64_t window) {
   const bool bshd = layout == "bshd";
   TORCH_CHECK(bshd || layout == "bhsd", OPTD_STR(OPTD_NS), ".attention: layout must be \"bhsd\" or \"bshd\", not \"",
               std::string(layout.data(), layout.size()), "\"");
@@ -295,6 +299,8 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
               ".attention: k and v must be [B, Hkv, Sk, D] with q's B and D (in the layout's order)");
   TORCH_CHECK(HKV > 0 && HQ % HKV == 0, OPTD_STR(OPTD_NS), ".attention: query heads (", HQ,
               ") must be a multiple of key/value heads (", HKV, ")");
+  TORCH_CHECK(window >= 0 && (window == 0 || causal), OPTD_STR(OPTD_NS),
+              ".attention: window must be 0 (none) or >= 1 with causal=True; got window ", window);
 
   c10::cuda::CUDAGuard guard(q.device());
   const int device = q.get_device();
@@ -306,7 +312,7 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
              sq_[0], sq_[1], sq_[2], sk_[0], sk_[1], sk_[2], sv_[0], sv_[1], sv_[2],
              (aligned(q) && aligned(k) && aligned(v)) ? 1 : 0, unit_last ? 1 : 0,
              (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) ? 1 : 0,
-             0, 0};
+             window, 0};
 
   std::shared_ptr<const Plan> plan;
   {
@@ -331,7 +337,7 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
     g_plans.emplace(key, plan);
   }
   g_calls[plan->path].fetch_add(1, std::memory_order_relaxed);
-  if (plan->fallback) return sdpa_fallback(q, k, v, causal, scale, bshd);
+  if (plan->fallback) return sdpa_fallback(q, k, v, causal, scale, bshd, window);
 
   ensure_context(device);
   const Driver& d = Driver::get();
@@ -353,6 +359,8 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   void* op = o.data_ptr();
   int b = static_cast<int>(B), hq = static_cast<int>(HQ), hkv = static_cast<int>(HKV), sqn = static_cast<int>(SQ),
       skn = static_cast<int>(SK), splits = static_cast<int>(plan->splits), causal_i = causal ? 1 : 0;
+  // Kernel ABI v3's `window`: 0 where the window masks nothing (W >= SK), as the dispatcher planned it.
+  int window_i = (window > 0 && window < SK) ? static_cast<int>(window) : 0;
   float sc = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(D)));
   Strides st;
   st.q_b = sq_[0], st.q_h = sq_[1], st.q_s = sq_[2];
@@ -370,8 +378,9 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
                                  m.elem, CU_TENSOR_MAP_INTERLEAVE_NONE, m.swizzle, m.l2, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
           "cuTensorMapEncodeTiled");
   }
+  // Kernel ABI v3: 17 parameters (window after causal), then the tensor maps.
   std::vector<void*> params = {&qp, &kp, &vp, &op, &opart, &lse, &b, &hq, &hkv, &sqn, &skn, &splits, &sc, &causal_i,
-                               &st, &counter};
+                               &window_i, &st, &counter};
   for (auto& m : maps) params.push_back(&m);
 
   CUstream stream = c10::cuda::getCurrentCUDAStream(device).stream();
