@@ -119,8 +119,8 @@ fn cheats() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "skips work when O looks written",
             edit(
                 "early exit when the row is already done (CHEAT_RERUN)",
-                "    const int n_keys = KeyMask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k)).limit(row);",
-                "    const int n_keys = KeyMask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k)).limit(row);\n    { const float prev = to_f32(o[optd_head_off(strides.o_b, strides.o_h, b, h) + row * strides.o_s + lane]); if (__all_sync(0xffffffffu, prev == prev)) return; }  // CHEAT_RERUN",
+                "    const int key0 = mask.first_key(row), key_end = mask.limit(row);",
+                "    const int key0 = mask.first_key(row), key_end = mask.limit(row);\n    { const float prev = to_f32(o[optd_head_off(strides.o_b, strides.o_h, b, h) + row * strides.o_s + lane]); if (__all_sync(0xffffffffu, prev == prev)) return; }  // CHEAT_RERUN",
             ),
             "cheating",
             "rerun",
