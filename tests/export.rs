@@ -59,13 +59,16 @@ async fn export_writes_each_best_kernel_and_a_launch_manifest() {
     // The files are the exact sources that were timed, standalone (no local includes).
     let src = std::fs::read_to_string(out.join(kv["file"].as_str().unwrap())).unwrap();
     assert!(src.contains("#define MAX_SPLITS 8") && src.contains("optd_fwd_d64"));
+    assert!(src.starts_with("// Built without the sliding window's code") && src.contains("\n#define OPTD_BUILD_WINDOW 0\n"));
     assert!(!src.lines().any(|l| l.trim_start().starts_with("#include \"")));
     assert_eq!(m["format"], 3, "kernel ABI v3");
     assert_eq!(m["abi"]["args"][12][0], "softmax_scale");
     assert_eq!(m["abi"]["args"][14][0], "window", "the sliding window right after causal");
     assert_eq!(m["abi"]["args"][15][0], "strides");
     assert_eq!(m["abi"]["args"].as_array().unwrap().len(), 17);
-    assert_eq!(kv["windows"], true, "kv-split implements the window");
+    // A run without a windowed shape timed its kernels without the window's code: the file
+    // and the manifest say so.
+    assert_eq!(kv["windows"], false, "built without the window's code");
     // lse_partial carries the split semaphores after the LSEs, and the zero-on-exit rule.
     assert_eq!(m["abi"]["args"][5][0], "lse_partial");
     let lse = m["abi"]["args"][5][2].as_str().unwrap();

@@ -223,8 +223,8 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
 async fn builds_hold_the_head_dims_of_the_run_and_no_others() {
     let rules = json!([{ "source_contains": ["template `memory`"], "behaviour": { "ok": { "us": 20.0 } } }]);
     for (workload, want) in [
-        ("shapes = [ { b = 1, h = 1, s = 128, d = 128 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [128]"),
-        ("shapes = [ { b = 1, h = 1, s = 128, d = 64 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [64, 128]"),
+        ("shapes = [ { b = 1, h = 1, s = 128, d = 128 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [128], no window code"),
+        ("shapes = [ { b = 1, h = 1, s = 128, d = 64 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [64, 128], no window code"),
     ] {
         let plan = SLOW_PLAN.replace("[open_phase]\npatience = 30", "[open_phase]\nenabled = false");
         let p = Project::new(&plan, rules.clone(), json!({ "ok": { "us": 80.0 } }));

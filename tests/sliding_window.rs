@@ -175,6 +175,11 @@ async fn a_windowed_workload_runs_each_stage_on_the_shapes_its_template_serves()
             assert_eq!(it.stage, "decode", "{}", b.shape);
         }
     }
+    // A run with a windowed shape builds the window's code (a run without leaves it out:
+    // open_phase.rs, builds_hold_the_head_dims_of_the_run_and_no_others).
+    let log = std::fs::read_to_string(p.path().join("runs/gemma/worker.log")).unwrap();
+    let loads: Vec<&str> = log.lines().filter(|l| l.contains("scripted worker: load ")).collect();
+    assert!(!loads.is_empty() && loads.iter().all(|l| l.ends_with("head dims [128]")), "{loads:?}");
     // A template without the window never sees the windowed shapes: not offered, not gated.
     if !template("wgmma_tma.cu").meta.windows {
         let hopper: Vec<_> = its.iter().filter(|i| i.stage == "hopper").collect();

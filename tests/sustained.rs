@@ -402,7 +402,7 @@ async fn the_re_rank_starts_every_contenders_build_once_before_loading_any() {
     let first_load = lines.iter().position(|l| l.starts_with("load rerank")).expect("the re-rank loads its contenders");
     let loads: Vec<&str> = lines[first_load..].iter().filter(|l| l.starts_with("load rerank")).copied().collect();
     assert_eq!(loads.len(), 4, "{loads:?}");
-    // "load <id> <source hash> head dims [..]"
+    // "load <id> <source hash> head dims [..], no window code"
     let hash = |l: &str| l.split(' ').nth(2).unwrap().to_string();
     let mut contenders: Vec<String> = loads.iter().map(|l| hash(l)).collect();
     contenders.sort();

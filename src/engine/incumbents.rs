@@ -58,20 +58,21 @@ impl Engine {
     /// Compile+load a module, then reload nothing else: incumbents are reloaded lazily.
     pub(super) async fn load(&mut self, id: &str, source: &str, arch: &str, kernels: Vec<String>, plans: &[ShapePlan]) -> Result<Loaded, Failure> {
         self.sync_generation();
-        let head_dims = self.head_dims();
-        let l = compile::load(&mut self.sup, id, source, arch, &head_dims, kernels, plans, self.cfg.worker.load_timeout).await?;
+        let scope = self.build_scope();
+        let l = compile::load(&mut self.sup, id, source, arch, &scope, kernels, plans, self.cfg.worker.load_timeout).await?;
         self.loaded.push(id.to_string());
         Ok(l)
     }
 
-    /// The head dims of the run's shapes, ascending: every build of the run holds their
-    /// kernels and no others (one list for the whole run, so a source precompiled for one
-    /// shape is the build a later load for another takes).
-    pub(super) fn head_dims(&self) -> Vec<u32> {
+    /// What every build of the run holds: its shapes' head dims' kernels (ascending) and no
+    /// others, and the window's code only if some shape has a window (one scope for the
+    /// whole run, so a source precompiled for one shape is the build a later load for
+    /// another takes).
+    pub(super) fn build_scope(&self) -> crate::spec::protocol::BuildScope {
         let mut dims: Vec<u32> = self.shapes.iter().map(|s| s.d).collect();
         dims.sort_unstable();
         dims.dedup();
-        dims
+        crate::spec::protocol::BuildScope { head_dims: dims, windows: self.shapes.iter().any(|s| s.window.is_some()) }
     }
 
     pub(super) fn sync_generation(&mut self) {
@@ -139,13 +140,13 @@ impl Engine {
     pub(super) async fn ensure_incumbents_loaded(&mut self) -> Result<(), Failure> {
         self.sync_generation();
         let ids: Vec<String> = dedup(self.incumbents.values().map(|i| i.id.clone()));
-        let head_dims = self.head_dims();
+        let scope = self.build_scope();
         for id in ids {
             if self.loaded.contains(&id) {
                 continue;
             }
             let Some(m) = self.modules.get(&id).cloned() else { continue };
-            let loaded = compile::load(&mut self.sup, &id, &m.source, &m.arch, &head_dims, m.kernels, &m.plans, self.cfg.worker.load_timeout)
+            let loaded = compile::load(&mut self.sup, &id, &m.source, &m.arch, &scope, m.kernels, &m.plans, self.cfg.worker.load_timeout)
                 .await
                 .map_err(|f| Failure::new(Verdict::Error, format!("reloading incumbent {id}: {}", f.reason)))?;
             if let Some(m) = self.modules.get_mut(&id) {

@@ -83,8 +83,8 @@ impl Engine {
             return;
         }
         let Ok(arch) = stage.template.meta.target_arch(&self.device) else { return };
-        let head_dims = self.head_dims();
-        if let Err(e) = compile::precompile(&mut self.sup, &rendered.source, &arch, &head_dims, self.cfg.worker.load_timeout).await {
+        let scope = self.build_scope();
+        if let Err(e) = compile::precompile(&mut self.sup, &rendered.source, &arch, &scope, self.cfg.worker.load_timeout).await {
             tracing::debug!(error = %e, "look-ahead compile not started");
         }
         crate::failpoint::hit("lookahead-sent");

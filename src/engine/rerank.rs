@@ -195,8 +195,8 @@ impl Engine {
             started.push(seq);
             let Ok((_, source, template)) = self.source_of(its, seq) else { continue };
             let Ok(arch) = template.meta.target_arch(&self.device) else { continue };
-            let head_dims = self.head_dims();
-            if let Err(why) = compile::precompile(&mut self.sup, &source, &arch, &head_dims, self.cfg.worker.load_timeout).await {
+            let scope = self.build_scope();
+            if let Err(why) = compile::precompile(&mut self.sup, &source, &arch, &scope, self.cfg.worker.load_timeout).await {
                 tracing::debug!(kind = "rerank", "iteration {seq}'s build not started ahead: {why}");
             }
         }

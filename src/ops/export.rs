@@ -139,8 +139,10 @@ pub struct KernelEntry {
     /// The most query rows (SQ) the kernel is written for (the template's `max_sq`, e.g.
     /// 16 for decode); null: any SQ.
     pub max_sq: Option<u32>,
-    /// Whether the kernel implements the sliding window (its template's `windows`): a
-    /// loader runs a call with a window only on a kernel that says true.
+    /// Whether the kernel implements the sliding window (its template's `windows`, and its
+    /// run had a windowed shape: otherwise it was built and exported without the window's
+    /// code, `#define OPTD_BUILD_WINDOW 0`): a loader runs a call with a window only on a
+    /// kernel that says true.
     pub windows: bool,
     /// `<file>.cubin`: the source compiled for `arch` as it was timed; null when the
     /// export compiled no cubins (`export --out`) or the run recorded no arch.
@@ -321,6 +323,17 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
     let mut kernels: Vec<KernelEntry> = Vec::new();
     // The exact source of each entry of `kernels`, for the cubins.
     let mut sources: Vec<String> = Vec::new();
+    // A run without a windowed shape built its kernels without the window's code
+    // (`protocol::BuildScope`): the exported files say so, so that the .cu and its cubin are
+    // the build that was timed, and the manifest says those kernels take no window.
+    let run_windows = best.iter().any(|b| {
+        iterations
+            .iter()
+            .filter(|i| i.seq == b.seq)
+            .flat_map(|i| &i.shapes)
+            .filter(|s| s.shape == b.shape)
+            .any(|s| serde_json::from_str::<Shape>(&s.shape_json).is_ok_and(|sh| sh.window.is_some()))
+    });
     for b in &best {
         let source = ws.read_best(&b.source_path)?.with_context(|| format!("{} is not on best", b.source_path))?;
         let entry = dispatch.get(&b.shape).with_context(|| format!("kernels/dispatch.json has no {}", b.shape))?;
@@ -370,6 +383,11 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
         );
         let template = Template::parse(&b.source_path, source.clone())?;
         let file = format!("it{}-{}.cu", b.seq, template.name());
+        let source = if run_windows {
+            source
+        } else {
+            format!("// Built without the sliding window's code, as it was timed (no shape of its run has a window).\n#define OPTD_BUILD_WINDOW 0\n{source}")
+        };
         std::fs::write(out.join(&file), &source).with_context(|| format!("cannot write {}", out.join(&file).display()))?;
         let dtype = if source.contains("#define OPTD_BF16 1") { "bf16" } else { "fp16" };
         // As recorded when compiled; older ledgers: what the target would be on the run's GPU.
@@ -399,7 +417,7 @@ pub async fn export_with(ledger: &Ledger, run_id: &str, out: &Path, opts: &Expor
             arch_specific: template.meta.arch_specific,
             min_cc: template.meta.min_cc,
             max_sq: template.meta.max_sq,
-            windows: template.meta.windows,
+            windows: template.meta.windows && run_windows,
             cubin: None,
             tensor_maps: template.tensor_maps.iter().enumerate().map(|(i, m)| map_formulas(i, m)).collect(),
             shapes: vec![measured],

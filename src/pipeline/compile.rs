@@ -7,18 +7,18 @@
 use std::time::Duration;
 
 use crate::pipeline::outcome::Failure;
-use crate::spec::protocol::{Loaded, OccupancyQuery, Request, Response, ShapePlan};
+use crate::spec::protocol::{BuildScope, Loaded, OccupancyQuery, Request, Response, ShapePlan};
 use crate::daemon::supervisor::Supervisor;
 
 /// Compile and load `source` as module `id` for `arch` (e.g. `sm_90`, `sm_90a`), its builds
-/// holding the kernels of `head_dims` (the run's; empty: every head dim).
+/// holding what the run's `scope` says (its head dims' kernels, the window's code or not).
 #[allow(clippy::too_many_arguments)]
 pub async fn load(
     sup: &mut Supervisor,
     id: &str,
     source: &str,
     arch: &str,
-    head_dims: &[u32],
+    scope: &BuildScope,
     kernels: Vec<String>,
     plans: &[ShapePlan],
     timeout: Duration,
@@ -40,7 +40,8 @@ pub async fn load(
         // The worker cancels NVRTC a little before the hard limit so that a slow compile is
         // reported as a compile timeout rather than a killed worker.
         compile_timeout_ms: (timeout.as_millis() as u64) * 4 / 5,
-        head_dims: head_dims.to_vec(),
+        head_dims: scope.head_dims.clone(),
+        windows: scope.windows,
     };
     match sup.request(&request, timeout).await {
         Ok(Response::Loaded(l)) => Ok(l),
@@ -52,12 +53,13 @@ pub async fn load(
 /// Have the worker start compiling `source` for `arch` on background threads and return at
 /// once (the look-ahead); a later [`load`] of the same source takes the result. A failure
 /// here loses only the guess: the caller logs it and goes on.
-pub async fn precompile(sup: &mut Supervisor, source: &str, arch: &str, head_dims: &[u32], timeout: Duration) -> Result<(), String> {
+pub async fn precompile(sup: &mut Supervisor, source: &str, arch: &str, scope: &BuildScope, timeout: Duration) -> Result<(), String> {
     let request = Request::Precompile {
         source: source.to_string(),
         arch: arch.to_string(),
         compile_timeout_ms: (timeout.as_millis() as u64) * 4 / 5,
-        head_dims: head_dims.to_vec(),
+        head_dims: scope.head_dims.clone(),
+        windows: scope.windows,
     };
     match sup.request(&request, Duration::from_secs(10)).await {
         Ok(Response::Precompiling) => Ok(()),

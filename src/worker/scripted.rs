@@ -196,13 +196,13 @@ impl Backend for ScriptedBackend {
                 }
                 Response::Hello(self.script.device.clone())
             }
-            Request::Precompile { source, arch, head_dims, .. } => {
+            Request::Precompile { source, arch, head_dims, windows, .. } => {
                 // Logged (the worker's stderr is the run's worker.log) so tests can see the look-ahead.
-                eprintln!("scripted worker: precompile {} {arch} head dims {head_dims:?}", short_hash(&source));
+                eprintln!("scripted worker: precompile {} {arch} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
                 Response::Precompiling
             }
-            Request::Load { id, source, kernels, occupancy, arch, head_dims, .. } => {
-                eprintln!("scripted worker: load {id} {} head dims {head_dims:?}", short_hash(&source));
+            Request::Load { id, source, kernels, occupancy, arch, head_dims, windows, .. } => {
+                eprintln!("scripted worker: load {id} {} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
                 // The real worker builds only `head_dims`' kernels: one of another head dim
                 // would not be found in its cubin.
                 if let Some(k) = kernels.iter().find(|k| !head_dims.is_empty() && !head_dims.iter().any(|d| k.ends_with(&format!("_d{d}")))) {
@@ -213,7 +213,7 @@ impl Backend for ScriptedBackend {
                         Ok(tc) => tc,
                         Err(e) => return Response::BadRequest { message: format!("the script asks for NVRTC, which is missing: {e}; run scripts/setup.sh") },
                     };
-                    let defines = crate::spec::protocol::head_dim_defines(&head_dims);
+                    let defines = crate::spec::protocol::BuildScope { head_dims: head_dims.clone(), windows }.defines();
                     if let Err(e) = crate::nvrtc::compile(&tc, &source, "candidate.cu", &arch, &defines) {
                         let log = if e.log().is_empty() { e.to_string() } else { e.log().to_string() };
                         return Response::CompileError { log };
@@ -322,6 +322,15 @@ impl Backend for ScriptedBackend {
             }
             Request::Shutdown => Response::Bye,
         }
+    }
+}
+
+/// How a build's log line says it leaves out the window's code (a run without windowed shapes).
+fn no_window_code(windows: bool) -> &'static str {
+    if windows {
+        ""
+    } else {
+        ", no window code"
     }
 }
 

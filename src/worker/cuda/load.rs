@@ -13,7 +13,7 @@ use super::error::{after, api, compile_failure, panic_message, Failure, Stage};
 use super::kernels::{Build, Candidate};
 use super::CudaBackend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
-use crate::spec::protocol::{head_dim_defines, KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response};
+use crate::spec::protocol::{BuildScope, KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response};
 
 /// The macro that turns on CTA counting in the check build.
 pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
@@ -71,11 +71,11 @@ impl Default for BuildCache<(Compiled, Compiled)> {
     }
 }
 
-/// Compile both builds of `source` side by side, each with the kernels of `head_dims` only
-/// (empty: all).
-fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, head_dims: &[u32], timeout: Option<Duration>) -> Builds {
+/// Compile both builds of `source` side by side, each holding what `scope` says (its head
+/// dims' kernels only, empty: all; the window's code or not).
+fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, scope: &BuildScope, timeout: Option<Duration>) -> Builds {
     let started = Instant::now();
-    let timed_defines = head_dim_defines(head_dims);
+    let timed_defines = scope.defines();
     let mut check_defines = timed_defines.clone();
     check_defines.push((COUNT_CTAS_DEFINE, "1".to_string()));
     let (timed, check) = std::thread::scope(|s| {
@@ -89,15 +89,15 @@ fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, head_dim
     (timed, check, started.elapsed().as_secs_f64() * 1e3)
 }
 
-/// What a build is keyed by: the same source built for other head dims is another build.
-fn pending_key(arch: &str, head_dims: &[u32], source: &str) -> String {
-    format!("{arch} {head_dims:?}\n{source}")
+/// What a build is keyed by: the same source built for another scope is another build.
+fn pending_key(arch: &str, scope: &BuildScope, source: &str) -> String {
+    format!("{arch} {:?} windows {}\n{source}", scope.head_dims, scope.windows)
 }
 
 impl CudaBackend {
     /// Start both builds of `source` on a background thread, unless already started.
-    pub(super) fn precompile(&mut self, source: String, arch: String, head_dims: Vec<u32>, compile_timeout_ms: u64) {
-        let key = pending_key(&arch, &head_dims, &source);
+    pub(super) fn precompile(&mut self, source: String, arch: String, scope: BuildScope, compile_timeout_ms: u64) {
+        let key = pending_key(&arch, &scope, &source);
         if self.pending.iter().any(|(k, _)| *k == key) {
             return;
         }
@@ -106,7 +106,7 @@ impl CudaBackend {
         }
         let tc = self.toolchain.clone();
         let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
-        let handle = std::thread::spawn(move || compile_builds(&tc, &source, "candidate.cu", &arch, &head_dims, timeout));
+        let handle = std::thread::spawn(move || compile_builds(&tc, &source, "candidate.cu", &arch, &scope, timeout));
         self.pending.push((key, handle));
     }
 
@@ -118,7 +118,7 @@ impl CudaBackend {
         id: String,
         source: &str,
         arch: &str,
-        head_dims: &[u32],
+        scope: &BuildScope,
         kernels: &[String],
         occupancy: &[OccupancyQuery],
         compile_timeout_ms: u64,
@@ -127,14 +127,14 @@ impl CudaBackend {
         let name = format!("{}.cu", id.replace(['\0', '/'], "_"));
         // A source loaded moments ago: its cubins. A precompiled one: wait for its threads
         // (usually done) instead of compiling again.
-        let key = pending_key(arch, head_dims, source);
+        let key = pending_key(arch, scope, source);
         let (timed, check, compile_ms) = match self.built.get(&key) {
             Some((timed, check)) => (Ok(timed), Ok(check), 0.0),
             None => {
                 let ahead = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
                 match ahead.map(|h| h.join()) {
                     Some(Ok(builds)) => builds,
-                    _ => compile_builds(&self.toolchain, source, &name, arch, head_dims, timeout),
+                    _ => compile_builds(&self.toolchain, source, &name, arch, scope, timeout),
                 }
             }
         };
@@ -168,7 +168,7 @@ impl CudaBackend {
                     "kernel `{k}` not found in the {build} build (built for head dims {}): the source must define \
                      it as extern \"C\" __global__ void {k}(...) (without C++ name mangling), under \
                      `#if OPTD_BUILD_D<d>` for its head dim{}{log}",
-                    if head_dims.is_empty() { "all".to_string() } else { format!("{head_dims:?}") },
+                    if scope.head_dims.is_empty() { "all".to_string() } else { format!("{:?}", scope.head_dims) },
                     if log.is_empty() { "" } else { "\n" }
                 ))
             };

@@ -137,9 +137,10 @@ impl CudaBackend {
                 occupancy,
                 compile_timeout_ms,
                 head_dims,
-            } => self.load(id, &source, &arch, &head_dims, &kernels, &occupancy, compile_timeout_ms),
-            Request::Precompile { source, arch, compile_timeout_ms, head_dims } => {
-                self.precompile(source, arch, head_dims, compile_timeout_ms);
+                windows,
+            } => self.load(id, &source, &arch, &crate::spec::protocol::BuildScope { head_dims, windows }, &kernels, &occupancy, compile_timeout_ms),
+            Request::Precompile { source, arch, compile_timeout_ms, head_dims, windows } => {
+                self.precompile(source, arch, crate::spec::protocol::BuildScope { head_dims, windows }, compile_timeout_ms);
                 Ok(Response::Precompiling)
             }
             Request::Check {
