@@ -152,6 +152,12 @@ pub struct ShapeEntry {
 }
 
 impl ShapeEntry {
+    /// The shape this entry is in `workload` (its dtype and layout), from its resolved
+    /// (HQ, HKV, SQ, SK).
+    fn shape(&self, (hq, hkv, sq, sk): (u32, u32, u32, u32), workload: &Workload) -> Shape {
+        Shape { b: self.b, hq, hkv, sq, sk, d: self.d, causal: self.causal, window: self.window, dtype: workload.dtype, layout: workload.layout }
+    }
+
     /// The entry's (HQ, HKV, SQ, SK), or the key at fault and what to write instead.
     fn resolve(&self) -> Result<(u32, u32, u32, u32), (&'static str, String)> {
         let heads = match (self.h, self.hq, self.hkv) {
@@ -423,18 +429,7 @@ impl Config {
                 }
                 _ => {}
             }
-            let shape = Shape {
-                b: s.b,
-                hq,
-                hkv,
-                sq,
-                sk,
-                d: s.d,
-                causal: s.causal,
-                window: s.window,
-                dtype: self.workload.dtype,
-                layout: self.workload.layout,
-            };
+            let shape = s.shape((hq, hkv, sq, sk), &self.workload);
             let elements = shape.max_elems() as u128;
             if elements > i32::MAX as u128 {
                 return Err(self.invalid(
@@ -535,19 +530,7 @@ impl Config {
             .iter()
             .filter_map(|s| {
                 // validate() refused every entry that does not resolve.
-                let (hq, hkv, sq, sk) = s.resolve().ok()?;
-                Some(Shape {
-                    b: s.b,
-                    hq,
-                    hkv,
-                    sq,
-                    sk,
-                    d: s.d,
-                    causal: s.causal,
-                    window: s.window,
-                    dtype: self.workload.dtype,
-                    layout: self.workload.layout,
-                })
+                Some(s.shape(s.resolve().ok()?, &self.workload))
             })
             .collect()
     }
