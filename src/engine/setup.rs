@@ -285,6 +285,7 @@ impl Engine {
             &std::fs::read_to_string(&dispatch_path).with_context(|| format!("cannot read {}", dispatch_path.display()))?,
         )
         .with_context(|| format!("{} is not a dispatch table", dispatch_path.display()))?;
+        let mut stale_abi: Vec<String> = Vec::new();
         for b in &best {
             let entry = dispatch
                 .get(&b.shape)
@@ -298,15 +299,12 @@ impl Engine {
             let source_path = self.ws.dir().join(&b.source_path);
             let source = std::fs::read_to_string(&source_path).with_context(|| format!("cannot read {}", source_path.display()))?;
             let id = format!("it{}", b.seq);
+            // An incumbent of an older kernel ABI (a run resumed across the upgrade) is launched
+            // with this release's arguments: the re-validation below says so if it fails.
             let abi = crate::spec::protocol::source_abi(&source);
-            anyhow::ensure!(
-                abi == crate::spec::protocol::ABI_VERSION,
-                "incumbent {id} for {} ({}) was built for kernel ABI v{abi} and this release launches v{}: it cannot be resumed; \
-                 start a new run (`optimizerd start`), which warm-starts from this run's best knobs and renders them again",
-                b.shape,
-                b.source_path,
-                crate::spec::protocol::ABI_VERSION
-            );
+            if abi != crate::spec::protocol::ABI_VERSION {
+                stale_abi.push(format!("{id} (kernel ABI v{abi})"));
+            }
             // The target comes from the kernel's own spec (the rendered source keeps it):
             // an sm_90a incumbent cannot be rebuilt for another GPU.
             let template = Template::parse(&b.source_path, source.clone()).with_context(|| format!("incumbent {id} ({})", b.source_path))?;
@@ -352,7 +350,16 @@ impl Engine {
             let plans: Vec<ShapePlan> = self.incumbents.values().filter(|i| i.id == id).map(|i| i.plan.clone()).collect();
             let seed = self.seed ^ 0x5EED;
             if let Err((f, _)) = check::run(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout).await {
-                anyhow::bail!("incumbent {id} failed re-validation on this GPU: {} ({})", f.reason, f.verdict);
+                let hint = if stale_abi.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; built for an older kernel ABI than this release's v{}: {}; start a new run (`optimizerd start`), which warm-starts from this run's best knobs and renders them again",
+                        crate::spec::protocol::ABI_VERSION,
+                        stale_abi.join(", ")
+                    )
+                };
+                anyhow::bail!("incumbent {id} failed re-validation on this GPU: {} ({}){hint}", f.reason, f.verdict);
             }
             let cases: Vec<TimeCase> = plans.iter().map(|p| TimeCase { shape: p.shape, entries: vec![timing::entry(&id, p)] }).collect();
             let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout)
