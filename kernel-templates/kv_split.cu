@@ -209,19 +209,11 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     const elem_t* vh = v + optd_head_off(strides.v_b, strides.v_h, b, hkv);
     const long long koff = kj * strides.k_s + kc * 8, voff = kj * strides.v_s + kc * 8;
 
-    // This split's key tiles; under causal masking none past the block's last visible key.
-    // Without a window the splits divide [0, SK) (the spec's kv_tiles). A window bounds
-    // the block's keys to [keys_from(m0), keys_before(m0 + BLOCK_M)), about W + BLOCK_M,
-    // and the splits divide that range instead (the spec's kv_tiles is its most tiles; a
-    // block with fewer leaves a split empty, which writes LSE -inf: weight 0).
+    // This split's key tiles (mask.cuh's split_tiles: [0, SK) divided, or a window's range);
+    // under causal masking none past the block's last visible key.
     const KeyMask mask(seq_k, causal != 0, optd_causal_offset(seq_q, seq_k), optd_window(window));
-    const int kv_hi = mask.keys_before(m0 + BLOCK_M);
-    const int r_begin = mask.keys_from(m0) / KV_TILE;
-    const int r_end = ((mask.window ? kv_hi : seq_k) + KV_TILE - 1) / KV_TILE;
-    const int tps = (r_end - r_begin + n_splits - 1) / n_splits;
-    const int t_begin = r_begin + split * tps;
-    int t_end = min(r_end, t_begin + tps);
-    t_end = min(t_end, (kv_hi + KV_TILE - 1) / KV_TILE);
+    const KeyMask::TileRange tiles = mask.split_tiles(m0, BLOCK_M, KV_TILE, n_splits, split);
+    const int t_begin = tiles.begin, t_end = tiles.end;
 
     // Scores are in the log2 domain (Q is pre-scaled), so the softmax's scale is 1;
     // l is this lane's share of the row sum.

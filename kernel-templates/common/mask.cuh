@@ -32,6 +32,10 @@
  *                          (a tile to skip)
  *   partial_left(kv0, row_last) a tile from kv0 needs per-element masking on
  *                          its left for some row <= row_last
+ * Split-KV (flash-decoding) blocks:
+ *   split_tiles(row0, rows, tile, n_splits, split)  the key tiles split
+ *                          `split` of the query block [row0, row0 + rows)
+ *                          reads ([begin, end); empty when end <= begin)
  * first_key and limit grow with the row, so a tile's first row bounds its
  * left edge tests and its last row its right edge ones (and the reverse).
  *
@@ -81,6 +85,25 @@ struct KeyMask {
     }
     __device__ __forceinline__ bool partial_left(int kv0, int row_last) const {
         return window && kv0 < first_key(row_last);
+    }
+
+    struct TileRange {
+        int begin, end;  // key tiles [begin, end); nothing to do when end <= begin
+    };
+    // Without a window the splits divide [0, key_end) in tiles of `tile` keys (the
+    // templates' spec formula for kv_tiles), so a split's range does not depend on the
+    // block, and causal masking only trims its end at the block's last visible key. A
+    // window bounds the block's keys to [keys_from(row0), keys_before(row0 + rows)),
+    // about W + rows, and the splits divide that range instead (the spec's kv_tiles is
+    // then its most tiles: a block with fewer leaves a split empty, which writes LSE
+    // -inf, weight 0 in the combine).
+    __device__ __forceinline__ TileRange split_tiles(int row0, int rows, int tile, int n_splits, int split) const {
+        const int kv_hi = keys_before(row0 + rows);
+        const int r_begin = keys_from(row0) / tile;
+        const int r_end = ((window ? kv_hi : key_end) + tile - 1) / tile;
+        const int tps = (r_end - r_begin + n_splits - 1) / n_splits;
+        const int begin = r_begin + split * tps;
+        return {begin, min(min(r_end, begin + tps), (kv_hi + tile - 1) / tile)};
     }
 };
 
