@@ -323,6 +323,9 @@ CHECK_SHAPES = mhas([
 # the chunk); grouped-query and multi-query heads; bshd and padded views; decode (SQ 1 and 4) over
 # 4000 and 16384 keys with W 1024 (GQA 32/8, MQA 32/1); W >= SK (masks nothing: the causal
 # result), W = 1 in decode; head dims 96 and 256 (Phi-3, Gemma 2/3's local layers, W 1024 / 512).
+# The last three are chunks of fewer work tiles than SMs whose windows span many key tiles:
+# wgmma-tma's STREAM_K cuts them into key-range pieces (each tile's own range, from its
+# window's first key tile; bshd and a ragged last query tile among them).
 WINDOW_CHECK_SHAPES = [
     swa(1, 4, 4, 1000, 1000, 64, 1),
     swa(1, 8, 2, 1537, 1537, 128, 64),
@@ -345,6 +348,9 @@ WINDOW_CHECK_SHAPES = [
     swa(1, 32, 32, 700, 700, 96, 256),
     swa(1, 8, 4, 1300, 1300, 256, 512),
     swa(2, 16, 8, 1, 4000, 256, 1024),
+    swa(1, 16, 8, 512, 4096, 256, 1024),
+    swa(1, 8, 2, 384, 3000, 128, 1500),
+    swa(2, 8, 8, 600, 2000, 64, 900, "bshd"),
 ]
 
 
@@ -808,6 +814,18 @@ WINDOW_POINTS = [
     ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1),
      _WIN_DECODE),
 ]
+# --points window_sk: windowed chunks of fewer work tiles than SMs (Gemma 3 12B's local layers'
+# chunk: 64 tiles of 128 rows, 18 key tiles of 64 each, on 132 SMs; a 256-row Mistral chunk),
+# whole tiles (one CTA per tile, as the window run's winner, or persistent) against STREAM_K's
+# key-range pieces over every SM, beside the same chunks without a window.
+_WSK = dict(_WT, CONSUMERS=2, STAGES=2, OVERLAP=1, PINGPONG=1, PACK_GQA=0, DYNAMIC=1, Q_STAGES=1)
+_WSK_SHAPES = {256: [swa(1, 16, 8, 512, 4096, 256, 1024), Shape(1, 16, 8, 512, 4096, 256, True)],
+               128: [swa(1, 32, 8, 256, 8192, 128, 4096), Shape(1, 32, 8, 256, 8192, 128, True)]}
+WINDOW_SK_POINTS = [
+    ("wgmma_tma.cu", dict(_WSK, BLOCK_N=bn, EPI_TMA=ep, PERSISTENT=pe, STREAM_K=sk), _WSK_SHAPES[d])
+    for d, bn, ep in ((256, 64, 0), (128, 128, 1))
+    for pe, sk in ((0, 0), (1, 0), (1, 1))
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -815,7 +833,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "loop_ab2": LOOP_AB2_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
-              "tiles_per_cta": TILES_PER_CTA_POINTS, "pv_wait": PV_WAIT_POINTS,
+              "tiles_per_cta": TILES_PER_CTA_POINTS, "window_sk": WINDOW_SK_POINTS, "pv_wait": PV_WAIT_POINTS,
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
