@@ -336,9 +336,9 @@ m_blocks = "cdiv(SQ, block_m // pack)"
 tiles = "m_blocks * B * HQ // pack"
 sk_tail = "tiles % SMS"
 # Whether STREAM_K may cut the tail (the kernel's own test, less its causal length check):
-# a tail of at least one key tile per SM; causal, only a grid of one partial round (with a
-# sliding window too: the pieces cut each tile's own key range).
-sk_can = "1 if PERSISTENT and sk_tail > 0 and ((CAUSAL and tiles < SMS) or (not CAUSAL and sk_tail * cdiv(SK, BLOCK_N) >= SMS)) else 0"
+# a tail of at least one key tile per SM; causal, only a grid of one partial round; no
+# sliding window (whole tiles there: TileScheduler::keys says why).
+sk_can = "1 if PERSISTENT and WINDOW == 0 and sk_tail > 0 and ((CAUSAL and tiles < SMS) or (not CAUSAL and sk_tail * cdiv(SK, BLOCK_N) >= SMS)) else 0"
 sk_on = "sk_can if STREAM_K else 0"
 # STREAM_K's grid is every SM, even with fewer tiles (the tail is then every tile).
 grid_x = "SMS if sk_on else min(tiles, SMS)"
@@ -351,7 +351,8 @@ splits = "max(1, cdiv(sk_floats, B * HQ * SQ * D)) if sk_on else 1"
 PACK_GQA = "pack == 1"
 # No work tile of at most 64 query rows: only SQ's last tile can be one (packed tiles never split).
 TAIL_SPLIT = "pack > 1 or SQ - (m_blocks - 1) * (block_m // pack) > 64"
-# One CTA per tile, no tail, a tail of fewer key tiles than SMs, or causal rounds: whole tiles.
+# One CTA per tile, no tail, a tail of fewer key tiles than SMs, causal rounds, or a window:
+# whole tiles.
 STREAM_K = "not sk_can"
 # The longest-first groups order only causal grids of one CTA per tile, or DYNAMIC's tiles.
 LPT_MIB = "not CAUSAL or (PERSISTENT and not DYNAMIC)"
@@ -925,12 +926,17 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // positions, TP per tile, that the masks use). The producer and the consumers take a
     // work tile's range from sched.keys(w, kv) alone.
     const KeyTiles kv(mask, TP, BLOCK_N);
-    // Windowed, the pieces cut each tile's own range (KvTiles' window: 0 in a build
-    // without the window's code, where the walks are those of before windows).
+    // Not with a window (whole tiles, as where the scratch is short; the spec's sk_can):
+    // the scheduler's piece arithmetic stays the unwindowed one (TileScheduler::keys).
+    // Tested on an opaque copy of `window`: on `window` itself the compiler specialized the
+    // consumers' per-tile code for window 0 under stream-K (D 64: 180 / 420 bytes of spill
+    // stores / loads, against 176 / 360 this way, as before windows).
     if (STREAM_K) {
+        int no_window = 1;
+        if constexpr (OPTD_BUILD_WINDOW != 0) asm("mov.b32 %0, %1;" : "=r"(no_window) : "r"((int)(window == 0)));
         const bool room = 2ll * gridDim.x * CONSUMERS * 128 * SK_THREAD_FLOATS <= (long long)n_splits * rows_total * D &&
-                          (long long)((n_mb * batch * heads_t) % gridDim.x) * CONSUMERS <= rows_total;
-        sched.enable_stream_k(KvTiles{TP, BLOCK_N, seq_k, optd_causal_offset(seq_q, seq_k), causal != 0, mask.window}, room);
+                          (long long)((n_mb * batch * heads_t) % gridDim.x) * CONSUMERS <= rows_total && no_window;
+        sched.enable_stream_k(KvTiles{TP, BLOCK_N, seq_k, optd_causal_offset(seq_q, seq_k), causal != 0}, room);
     }
     // DYNAMIC (persistent, causal): work tiles longest first from a global counter
     // (common/tile_scheduler.cuh), kept in the first two split semaphore words

@@ -323,9 +323,10 @@ CHECK_SHAPES = mhas([
 # the chunk); grouped-query and multi-query heads; bshd and padded views; decode (SQ 1 and 4) over
 # 4000 and 16384 keys with W 1024 (GQA 32/8, MQA 32/1); W >= SK (masks nothing: the causal
 # result), W = 1 in decode; head dims 96 and 256 (Phi-3, Gemma 2/3's local layers, W 1024 / 512).
-# The last three are chunks of fewer work tiles than SMs whose windows span many key tiles:
-# wgmma-tma's STREAM_K cuts them into key-range pieces (each tile's own range, from its
-# window's first key tile; bshd and a ragged last query tile among them).
+# The last three are chunks of fewer work tiles than SMs whose windows span many key tiles
+# (bshd and a ragged last query tile among them): where wgmma-tma's STREAM_K would cut tiles
+# into key-range pieces were it engaged with a window (session 30 built that: correct on
+# these, 2x slower on Gemma 3's local chunk; not kept, docs/HOPPER.md).
 WINDOW_CHECK_SHAPES = [
     swa(1, 4, 4, 1000, 1000, 64, 1),
     swa(1, 8, 2, 1537, 1537, 128, 64),
@@ -817,7 +818,9 @@ WINDOW_POINTS = [
 # --points window_sk: windowed chunks of fewer work tiles than SMs (Gemma 3 12B's local layers'
 # chunk: 64 tiles of 128 rows, 18 key tiles of 64 each, on 132 SMs; a 256-row Mistral chunk),
 # whole tiles (one CTA per tile, as the window run's winner, or persistent) against STREAM_K's
-# key-range pieces over every SM, beside the same chunks without a window.
+# key-range pieces over every SM, beside the same chunks without a window (STREAM_K is inert
+# with a window: its windowed rows time whole tiles unless run with session 30's templates,
+# e4b025d, where pieces took 58.7 us against 29.4).
 _WSK = dict(_WT, CONSUMERS=2, STAGES=2, OVERLAP=1, PINGPONG=1, PACK_GQA=0, DYNAMIC=1, Q_STAGES=1)
 _WSK_SHAPES = {256: [swa(1, 16, 8, 512, 4096, 256, 1024), Shape(1, 16, 8, 512, 4096, 256, True)],
                128: [swa(1, 32, 8, 256, 8192, 128, 4096), Shape(1, 32, 8, 256, 8192, 128, True)]}

@@ -16,10 +16,11 @@ launch of the measured calls, whatever its name. `fa4`: FlashAttention-4 (flash_
 [B,S,H,D] contiguous copies of the inputs, made before the profiled range.
 
 Shape: B,H,S,D[,causal] (MHA, SQ = SK) or B,HQ,HKV,SQ,SK,D[,causal] (GQA, decode, chunked
-prefill; bhsd). fp16, randn inputs. Needs torch and cupy (as
+prefill; bhsd), and `,w1024` after causal for a sliding window of 1024 keys. fp16, randn inputs. Needs torch and cupy (as
 scripts/check_templates_gpu.py, whose renderer and launch planner this reuses).
 """
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -30,10 +31,14 @@ from nvrtc_compile_check import load_templates  # noqa: E402
 
 def parse_shape(text: str):
     parts = [x.strip() for x in text.split(",")]
-    n = 6 if len(parts) >= 6 else 4
+    n = 6 if len(parts) >= 6 and parts[5].isdigit() else 4
     dims = [int(x) for x in parts[:n]]
-    causal = len(parts) > n and parts[n].lower() in ("1", "causal", "true")
-    return gqa(*dims, causal) if n == 6 else mha(*dims, causal)
+    flags = [x.lower() for x in parts[n:]]
+    causal = any(f in ("1", "causal", "true") for f in flags)
+    # wN: a sliding window of N keys (causal only), as the daemon's `-w1024` key suffix.
+    window = next((int(f[1:]) for f in flags if f.startswith("w") and f[1:].isdigit()), 0)
+    shape = gqa(*dims, causal) if n == 6 else mha(*dims, causal)
+    return dataclasses.replace(shape, window=window) if window else shape
 
 
 def main() -> int:

@@ -72,11 +72,7 @@
  *   tiles leave the critical path at the longest tile and 4 SMs idle; measured
  *   4% faster at D 64 under sustained timing, slower at D 128: HOPPER.md); tile
  *   lengths differ (KvTiles), I is their sum, and the schedule is used only
- *   where the shortest tile is at least ceil(I / G) - 1 long. With a sliding
- *   window a tile's key tiles start at its window's (KvTiles::first): pieces
- *   are offsets into that range, and a piece's keys are the tile's first plus
- *   them (keys()), e.g. Gemma 3's local chunked prefill, 64 tiles of 18 key
- *   tiles on 132 SMs, where whole tiles leave half the GPU idle. Either way a
+ *   where the shortest tile is at least ceil(I / G) - 1 long. Either way a
  *   CTA's range is at most one tile long plus one key tile, so it holds the
  *   end of one tail tile and maybe the start of the next: two more rounds,
  *   one segment each. Every tail tile is thus computed in pieces by
@@ -92,9 +88,8 @@
  *   length is min(causal, about (W + tp) / bn). The orders above need no
  *   change for it: the lengths still do not shrink as m grows (give or take
  *   one key tile of rounding, and a ragged last tile), so heaviest first is
- *   still the last query tile first. Stream-K adds up the windowed lengths
- *   (KvTiles::of), in a build with the window's code only (OPTD_BUILD_WINDOW:
- *   without it KvTiles::window is 0 and the walks are the unwindowed ones).
+ *   still the last query tile first. Stream-K, which adds lengths up, is not
+ *   enabled with a window (keys() says why): those tails run whole tiles.
  ******************************************************************************/
 #ifndef OPTD_TILE_SCHEDULER_CUH
 #define OPTD_TILE_SCHEDULER_CUH
@@ -112,20 +107,16 @@ struct WorkTile {
     int slot = 0;
 };
 
-// Key tiles of query tile m (stream-K's tile lengths), [first(m), first(m) + of(m)): to
-// the last key its last row sees (causal, bottom-right: row i sees keys <= i + offset),
-// else all of them; from the first key its first row sees (window W > 0, causal only: row
-// i sees keys > i + offset - W; KeyTiles' range, as KeyMask computes it), else from 0.
-// tp: query positions per tile, bn: keys per key tile. The caller passes optd_window():
-// 0, and every window term folded away, in a build without the window's code.
+// Key tiles of query tile m (stream-K's tile lengths): causal, the keys its last row
+// sees (bottom-right: row i sees keys <= i + offset), else all of them. tp: query
+// positions per tile, bn: keys per key tile. No window: stream-K is enabled only without
+// one (TileScheduler::keys), so its tiles' keys start at 0.
 struct KvTiles {
     int tp, bn, key_end, offset;
     bool causal;
-    int window;
-    __device__ __forceinline__ int first(int m) const { return window ? max(0, m * tp + offset - window + 1) / bn : 0; }
     __device__ __forceinline__ int of(int m) const {
         const int keys = causal ? min(key_end, (m + 1) * tp + offset) : key_end;
-        return max(keys + bn - 1, 0) / bn - first(m);
+        return max(keys + bn - 1, 0) / bn;
     }
 };
 
@@ -134,9 +125,9 @@ struct KvTiles {
 // first row sees (a sliding window: rows see keys > i + offset - W, and the first row's
 // bound is the lowest), else from 0. The one definition of a work tile's key range
 // (TileScheduler::keys(): the producer loads it, every consumer waits for and releases
-// it). Apart from KvTiles, which the scheduler keeps for stream-K: one struct for both
-// cost wgmma_tma's STREAM_K kernels 44 bytes more spill stores (D 128) even in a build
-// without the window's code.
+// it). Apart from KvTiles, which the scheduler keeps for stream-K: one struct for both,
+// holding the window there, cost wgmma_tma's STREAM_K kernels 44 bytes more spill
+// stores (D 128) even in a build without the window's code.
 struct KeyTiles {
     KeyMask mask;
     int tp, bn;
@@ -176,7 +167,7 @@ struct TileScheduler {
           group_heads((int)min((long long)n_bh_, max(1ll, group_bytes / max(1ll, kv_head_bytes)) * q_per_kv)) {}
 
     // Stream-K tail (kStreamK, persistent; every role calls it with the same arguments):
-    // kv: the work tiles' key tiles (windowed: from each one's first); room: whether the caller's
+    // kv: the work tiles' key tiles (no window: see keys()); room: whether the caller's
     // scratch holds 2 gridDim.x pieces. Only where the tail is not empty, every CTA gets at least
     // one key tile of it and (causal) every tile is in the tail and no CTA's range
     // spans three tiles; otherwise the schedule stays whole tiles.
@@ -188,16 +179,12 @@ struct TileScheduler {
             long long iters;
             if (causal) {
                 if (tail != total) return;  // whole rounds first: DYNAMIC balances those
-                int per_head = 0, shortest = kv_.of(0);
-                for (int m = 0; m < n_mb; ++m) {
-                    const int len = kv_.of(m);
-                    per_head += len;
-                    // Without a window tiles grow with m and tile 0 is the shortest; with
-                    // one they level off at about (W + tp) / bn, give or take a key tile.
-                    if (kv_.window) shortest = min(shortest, len);
-                }
+                int per_head = 0;
+                for (int m = 0; m < n_mb; ++m) per_head += kv_.of(m);
                 iters = (long long)per_head * n_bh;
-                if (shortest < (iters + g - 1) / g - 1) return;
+                // Tiles grow with m (bottom-right causal, no window: see keys()): tile 0 is
+                // the shortest.
+                if (kv_.of(0) < (iters + g - 1) / g - 1) return;
                 kv = kv_;
                 head_iters = per_head;
             } else {
@@ -211,12 +198,15 @@ struct TileScheduler {
         }
     }
     // Work tile w's key tiles: its query tile's [kt.first, kt.end), or a stream-K piece's
-    // [k_lo, k_hi) of them (offsets from kt.first: 0 without a window). The producer and
-    // every consumer call it with the same kt: they walk the same tiles.
+    // [k_lo, k_hi). The producer and every consumer call it with the same kt: they walk
+    // the same tiles. Stream-K is enabled only without a window, where every tile's keys
+    // start at 0: its pieces, tile lengths (KvTiles) and their sums are the unwindowed
+    // ones, and no piece walk reads the window. (Windowed lengths, end - first, in them
+    // cost wgmma_tma's STREAM_K kernels 4400 instructions and 84 bytes more spill stores
+    // at D 128 without a window: the window's start inlined into every walk.)
     __device__ __forceinline__ KeyRange keys(const WorkTile& w, const KeyTiles& kt) const {
-        const int first = kt.first(w.m_block);
-        if (kStreamK && w.piece >= 0) return KeyRange{first + w.k_lo, first + w.k_hi};
-        return KeyRange{first, kt.end(w.m_block)};
+        if (kStreamK && w.piece >= 0) return KeyRange{w.k_lo, w.k_hi};
+        return KeyRange{kt.first(w.m_block), kt.end(w.m_block)};
     }
     // Whether the tail runs in pieces, and which CTAs compute tail tile `piece`.
     __device__ __forceinline__ bool stream_k() const { return kStreamK && sk_iters > 0; }
