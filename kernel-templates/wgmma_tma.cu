@@ -138,7 +138,9 @@
  *          STREAM_K is not engaged with a window (whole tiles; the spec's sk_can, so the
  *          knob is inert there): its tail pieces, lengths and sums stay the unwindowed
  *          ones (windowed, they cost the STREAM_K kernels 4400 instructions and 84 bytes
- *          of spill stores at W = 0; TileScheduler::keys). Every knob combination runs
+ *          of spill stores at W = 0; TileScheduler::keys). Engaged with the pieces as
+ *          offsets into each tile's own range (session 30, e4b025d) it was correct and 2x
+ *          slower on Gemma 3's local chunk (docs/HOPPER.md). Every knob combination runs
  *          windowed: no [[refuse]] for it.
  * Tensor maps: q and o (box 64 rows x D; packed, 64 / P rows x one panel, a box
  *          per panel: box_panels), k and v (box BLOCK_N rows x D: D / 64 = 1, 2 or 4
