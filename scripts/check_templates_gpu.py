@@ -98,7 +98,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               default on the same shapes, fp16, --rounds rounds of graph-timed
               medians; --time-against DIR also times each point with the
               templates of DIR (an earlier kernel-templates/, e.g. from
-              `git archive`), the two versions alternating within each round.
+              `git archive`), the two versions alternating within each round
+              (DIR's kernel ABI is read from its common/optd.cuh: a copy from
+              before sliding windows, ABI v2, is launched without `window`).
               With --build-cubins (and --no-check: only these) their timed
               builds are precompiled too. --points ragged times RAGGED_POINTS
               instead (ragged S: last query tiles of a few rows), --points
@@ -145,6 +147,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -1141,16 +1144,43 @@ def semaphore_error(lse, splits: int, rows: int) -> str | None:
             f"{sem.numel()} words): the ABI requires every plan to leave lse_partial's last B*HQ*SQ words zero")
 
 
-def abi_values(q: int, k: int, v: int, o: int, o_part: int, lse: int, shape: Shape, splits: int, counter: int) -> list:
+def abi_values(q: int, k: int, v: int, o: int, o_part: int, lse: int, shape: Shape, splits: int, counter: int,
+               abi: int = 3) -> list:
     """The 17 ABI v3 parameters as ctypes values: six pointers, batch, heads_q, heads_kv, seq_q,
     seq_k, n_splits (int32), softmax_scale = 1/sqrt(D) (float32), causal, window (int32; 0 =
-    none), the strides struct, the CTA counter pointer."""
+    none), the strides struct, the CTA counter pointer. abi 2 (templates before sliding windows,
+    e.g. a --time-against copy of an older commit's): the 16 without `window`, for unwindowed
+    shapes only."""
+    if abi not in (2, 3):
+        raise ValueError(f"kernel ABI v{abi}: this script launches v2 and v3 kernels only")
+    if abi == 2 and shape.w:
+        raise ValueError(f"{shape_key(shape)} has a sliding window: kernel ABI v2 templates have none")
     strides = Strides(*[x for t in "qkvo" for x in shape.strides(t)])
+    window = [ctypes.c_int32(shape.w)] if abi >= 3 else []
     return [ctypes.c_uint64(x) for x in (q, k, v, o, o_part, lse)] + [
         ctypes.c_int32(shape.b), ctypes.c_int32(shape.hq), ctypes.c_int32(shape.hkv), ctypes.c_int32(shape.sq),
         ctypes.c_int32(shape.sk), ctypes.c_int32(splits), ctypes.c_float(1.0 / math.sqrt(shape.d)),
-        ctypes.c_int32(int(shape.causal)), ctypes.c_int32(shape.w), strides, ctypes.c_uint64(counter),
+        ctypes.c_int32(int(shape.causal)), *window, strides, ctypes.c_uint64(counter),
     ]
+
+
+def template_abi(tpl: Template) -> int:
+    """The kernel ABI a templates folder's kernels take, read from its common/optd.cuh's
+    OPTD_ARGS: 3 with `int window` (2026-11-29 on), 2 before (heads_kv and the strides struct).
+    What lets --time-against time the templates of a commit before a change of the ABI."""
+    return _folder_abi(tpl.root)
+
+
+@functools.lru_cache(maxsize=None)
+def _folder_abi(root: Path) -> int:
+    text = (root / "common" / "optd.cuh").read_text()
+    args = text[text.find("#define OPTD_ARGS"):]
+    args = args[:args.find("#define OPTD_ARG_NAMES")]
+    if "int window" in args:
+        return 3
+    if "heads_kv" in args and "optd_strides" in args:
+        return 2
+    raise ValueError(f"{root}/common/optd.cuh: OPTD_ARGS is neither kernel ABI v2 nor v3")
 
 
 class Driver:
@@ -1429,14 +1459,16 @@ class Gpu:
     def prepare(self, mod, launch: dict) -> Kernel:
         return Kernel(launch["kernel"], launch["grid"], launch["block"], launch["smem"], self.kernel(mod, launch))
 
-    def launch_args(self, shape: Shape, splits: int, launches: list[dict], q, k, v, o, o_part, lse) -> LaunchArgs:
+    def launch_args(self, shape: Shape, splits: int, launches: list[dict], q, k, v, o, o_part, lse,
+                    abi: int = 3) -> LaunchArgs:
         """The arguments of these launches on these buffers (flat storage laid out by the
         shape's strides); tensor maps are encoded here, on the very q/k/v/o buffers the
-        launches use (so the maps go stale with the buffers)."""
+        launches use (so the maps go stale with the buffers). abi: the templates' kernel ABI
+        (template_abi)."""
         maps = launches[0]["tensor_maps"] if launches else []
         tensors = dict(q=q, k=k, v=v, o=o)
         values = abi_values(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), o_part.data_ptr(),
-                            lse.data_ptr(), shape, splits, self.counter.data.ptr)
+                            lse.data_ptr(), shape, splits, self.counter.data.ptr, abi)
         for m in maps:
             t = tensors[m["tensor"]]
             if t.numel() != shape.extent(m["tensor"]) or t.element_size() != ELEM_BYTES:
@@ -1459,7 +1491,7 @@ class Gpu:
         mod = self.module(tpl, knobs, dtype == "bf16", count=True, mbar_fault=mbar_fault)
         splits, launches, _ = plan(tpl, knobs, shape, self.dev)
         q, k, v, o, o_part, lse, ref = self.buffers(shape, splits, dtype)
-        args = self.launch_args(shape, splits, launches, q, k, v, o, o_part, lse)
+        args = self.launch_args(shape, splits, launches, q, k, v, o, o_part, lse, template_abi(tpl))
         torch.cuda.synchronize()
         for launch in launches:
             self.counter.fill(0)
@@ -1501,7 +1533,7 @@ class Gpu:
         q, k, v, o, o_part, lse, _ = self.buffers(shape, splits, "fp16", fill=0.0, need_ref=False)
         if keep_output:
             self.last_output = self.view(shape, "o", o)
-        args = self.launch_args(shape, splits, launches, q, k, v, o, o_part, lse)
+        args = self.launch_args(shape, splits, launches, q, k, v, o, o_part, lse, template_abi(tpl))
         kernels = [self.prepare(mod, l) for l in launches]
         self.torch.cuda.synchronize()
         stream = cp.cuda.Stream(non_blocking=True)

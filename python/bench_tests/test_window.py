@@ -116,6 +116,28 @@ class AbiTest(unittest.TestCase):
             self.assertIsInstance(values[15], ctg.Strides)
             self.assertEqual(values[16].value, 7)  # the CTA counter
 
+    def test_a_copy_of_templates_before_windows_is_launched_with_abi_v2(self):
+        # --time-against DIR: DIR's ABI from its optd.cuh (7608df7, the last before windows, is v2).
+        import subprocess
+        import tempfile
+        self.assertEqual(ctg.template_abi(next(t for t in ctg.load_templates() if t.rel == "wgmma_tma.cu")), 3)
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                tar = subprocess.run(["git", "-C", str(ROOT), "archive", "7608df7", "kernel-templates"],
+                                     capture_output=True, check=True).stdout
+            except (subprocess.CalledProcessError, FileNotFoundError) as e:
+                self.skipTest(f"7608df7 not in this clone: {e}")
+            subprocess.run(["tar", "-x", "-C", tmp], input=tar, check=True)
+            old = next(t for t in ncc.load_templates(Path(tmp) / "kernel-templates") if t.rel == "wgmma_tma.cu")
+            self.assertEqual(ctg.template_abi(old), 2)
+        shape = ctg.gqa(1, 8, 2, 128, 128, 64, True)
+        v2 = ctg.abi_values(1, 2, 3, 4, 5, 6, shape, 3, 7, abi=2)
+        self.assertEqual(len(v2), 16)
+        self.assertEqual((type(v2[13]), v2[13].value), (ctypes.c_int32, 1))  # causal, then the strides
+        self.assertIsInstance(v2[14], ctg.Strides)
+        with self.assertRaisesRegex(ValueError, "sliding window"):
+            ctg.abi_values(1, 2, 3, 4, 5, 6, ctg.swa(2, 32, 8, 1, 4000, 128, 1024), 3, 7, abi=2)
+
     def test_tensor_maps_start_at_parameter_17(self):
         tpl = next(t for t in ctg.load_templates() if t.rel == "wgmma_tma.cu")
         _, launches, _ = ctg.plan(tpl, tpl.knob_combos()[0], ctg.mha(1, 2, 1000, 128, True), ctg.H100)
@@ -283,8 +305,8 @@ class CheckerShapesTest(unittest.TestCase):
         self.assertEqual(rc, 0, text[-2000:])
         for s in ctg.WINDOW_CHECK_SHAPES:
             self.assertIn(ctg.shape_key(s), text)
-        self.assertIn("windows: 21 windowed shapes", text)
-        self.assertEqual(len(ctg.WINDOW_CHECK_SHAPES), 21)
+        self.assertIn("windows: 24 windowed shapes", text)
+        self.assertEqual(len(ctg.WINDOW_CHECK_SHAPES), 24)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             ctg.dry_run(tpls[1:], windows_only=True)
