@@ -68,6 +68,7 @@ import argparse
 import json
 import statistics
 import sys
+import warnings
 
 SDPA_BACKENDS = ["default", "flash", "cudnn", "efficient"]
 FA4 = "fa4"
@@ -79,6 +80,11 @@ def load_fa4():
         from flash_attn.cute import flash_attn_func
     except Exception as e:  # absent, or present but broken (no CuTe DSL, wrong CUDA): not measured
         return None, None, f"flash_attn.cute does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"[:300]
+    # The CuTe DSL (nvidia-cutlass-dsl 4.8) warns at each compile that FA4's own `aux_data`
+    # argument "cannot be converted to a JitArgument": FA4's business, harmless, and 800
+    # characters a shape in every log that times FA4 (compare_exported, the daemon's baseline).
+    warnings.filterwarnings("ignore", message=r"Argument aux_data \(position \d+\) cannot be converted",
+                            category=UserWarning)
     version = None
     try:
         from importlib.metadata import version as dist_version
