@@ -156,6 +156,7 @@ smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n
 
 #include "common/optd.cuh"
 #include "common/decode_split.cuh"
+#include "common/cluster.cuh"
 
 #ifndef CLUSTER
 #error "CLUSTER must be defined"
@@ -174,84 +175,7 @@ smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n
 #error "decode-cluster needs compute capability 9.0 (thread-block clusters)"
 #endif
 
-// ---------------------------------------------------------------------------
-// Distributed shared memory (sm_90).
-// ---------------------------------------------------------------------------
-// The address of the same shared-memory location in the cluster's CTA `rank`.
-__device__ __forceinline__ unsigned dsmem_map(unsigned addr, unsigned rank) {
-    unsigned out;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
-    return out;
-}
-__device__ __forceinline__ float dsmem_ld_f32(unsigned addr) {
-    float x;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
-    return x;
-}
-__device__ __forceinline__ float4 dsmem_ld_f32x4(unsigned addr) {
-    float4 x;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
-                 : "r"(addr)
-                 : "memory");
-    return x;
-}
-// Every thread of every CTA of the cluster; writes before it are visible to
-// reads after it, cluster-wide.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void dsmem_st_f32(unsigned addr, float x) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
-}
-__device__ __forceinline__ void dsmem_st_f32x4(unsigned addr, float4 x) {
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(x.x), "f"(x.y), "f"(x.z),
-                 "f"(x.w)
-                 : "memory");
-}
-// Arrive on an mbarrier of another CTA of the cluster (`addr` from dsmem_map);
-// release at cluster scope: this thread's stores before it are visible to the
-// waiter's acquire.
-__device__ __forceinline__ void dsmem_mbar_arrive(unsigned addr) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
-}
-// COMBINE = 2: an asynchronous store into another CTA's shared memory (`addr` and
-// `bar` from dsmem_map) that counts its bytes on that CTA's mbarrier `bar`.
-__device__ __forceinline__ void dsmem_st_async_f32x4(unsigned addr, float4 x, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(addr),
-                 "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void dsmem_st_async_f32(unsigned addr, float x, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n" ::"r"(addr), "f"(x),
-                 "r"(bar)
-                 : "memory");
-}
-// COMBINE = 3: `bytes` (a multiple of 16, both addresses 16-byte aligned) of this CTA's shared
-// memory at `src` copied by the bulk-copy (TMA) engine into another CTA's at `dst`, counted on
-// that CTA's mbarrier `bar` (`dst` and `bar` from dsmem_map). The engine reads `src` after the
-// call returns: the writes it reads must be ordered before it by fence_proxy_async_cta() and a
-// barrier, and `src` must stay this CTA's until the copy has landed (the receiver's mbarrier
-// completes).
-__device__ __forceinline__ void dsmem_bulk_copy(unsigned dst, unsigned src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "r"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-// This thread's shared-memory writes, visible to the asynchronous proxy (the bulk copies).
-__device__ __forceinline__ void fence_proxy_async_cta() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_mbar_wait(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT_%=;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
+// Distributed shared memory: common/cluster.cuh.
 
 // COMBINE = 1 or 2: rank 0's receive area after the split's layout: the other
 // ranks' summed rows (fp32, DEC_CTA_ROWS x D each), their row LSEs, the mbarrier.

@@ -90,7 +90,8 @@
  *          checks the room and runs whole tiles where it is short.
  * CTAs:    cdiv(SQ, 64 CONSUMERS / P) x (B * HQ / P) x 1, 128 (CONSUMERS + 1)
  *          threads, P = the spec's `pack` (PACK_GQA; else 1)
- *          (PERSISTENT: min(that product, SMs) x 1; with STREAM_K SMs x 1);
+ *          (PERSISTENT: min(that product, SMs) x 1; with STREAM_K SMs x 1;
+ *          CLUSTER_SPLIT: twice as many along x, clusters of 2);
  *          the producer and the consumers walk the same work tiles through
  *          common/tile_scheduler.cuh;
  *          causal, PERSISTENT = 0: CTAs start in linear-id order, and the id
@@ -240,6 +241,18 @@
  *                     docs/HOPPER.md "PV_WAIT"): 1 is 1-5% faster at
  *                     every D 64 point but one (parity); mixed at D 128
  *                     (-2% to +4%).
+ *          CLUSTER_SPLIT one CTA per tile (PERSISTENT 0; else refused at 0
+ *                     compile time): 1, each work tile is a cluster of
+ *                     two CTAs, rank r computing the r-th half of its key
+ *                     tiles (TileScheduler::keys); rank 1's (m, l, O) go
+ *                     to rank 0 through distributed shared memory
+ *                     (st.async into its Q slot and K/V ring, free by
+ *                     then) and rank 0 merges and stores (cluster_merge).
+ *                     For grids of fewer tiles than half the SMs, where
+ *                     whole tiles idle the rest and stream-K's pieces
+ *                     cost global traffic (docs/HOPPER.md, session 30:
+ *                     Gemma 3's local chunk, 64 tiles on 132 SMs). Not
+ *                     yet run on a GPU: 1 is not in the knob list.
  *
  * Head dim 96 (Phi-3-mini / 3.5: 32 heads, MHA). 96 is no multiple of a 128-byte swizzle's
  *          64 columns, so every tile at D 96 is three panels of 32 columns (64-byte rows) with
@@ -327,6 +340,10 @@ LPT_MIB = [8, 32]
 DYNAMIC = [1, 0]
 Q_STAGES = [1, 2]
 PV_WAIT = [1, 0]
+# 1 (two CTAs per work tile in a cluster, each half its key tiles, merged through distributed
+# shared memory; one CTA per tile only) is built and compiled but not yet run on a GPU: it
+# joins this list once scripts/check_points.py cluster_split has checked it (docs/HOPPER.md).
+CLUSTER_SPLIT = [0]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
@@ -387,7 +404,7 @@ why = "3 consumer warpgroups at this BLOCK_N and D: ptxas serializes the wgmma f
 
 [[launch]]
 kernel = "fwd"
-grid = ["grid_x if PERSISTENT else m_blocks", "1 if PERSISTENT else B * HQ // pack", "1"]
+grid = ["grid_x if PERSISTENT else m_blocks * (1 + CLUSTER_SPLIT)", "1 if PERSISTENT else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
 smem = "1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
@@ -419,6 +436,7 @@ swizzle = "64 if D == 96 else 128"
 #include "common/tile_scheduler.cuh"
 #include "common/hopper.cuh"
 #include "common/wgmma_ops.cuh"
+#include "common/cluster.cuh"
 
 #ifndef BLOCK_N
 #error "BLOCK_N must be defined"
@@ -464,6 +482,12 @@ swizzle = "64 if D == 96 else 128"
 #endif
 #ifndef PV_WAIT
 #error "PV_WAIT must be defined"
+#endif
+#ifndef CLUSTER_SPLIT
+#error "CLUSTER_SPLIT must be defined"
+#endif
+#if CLUSTER_SPLIT != 0 && (CLUSTER_SPLIT != 1 || PERSISTENT != 0)
+#error "CLUSTER_SPLIT is 0 or 1, and 1 only with one CTA per tile (PERSISTENT 0)"
 #endif
 #if PV_WAIT != 0 && PV_WAIT != 1
 #error "PV_WAIT must be 0 or 1"
@@ -543,6 +567,11 @@ struct WtBarriers {
     unsigned long long q_full[WT_Q_SLOTS], q_empty[WT_Q_SLOTS];
     unsigned long long k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
     int tile[WT_Q_SLOTS];  // DYNAMIC: the work tile whose Q q_full announces (-1: none left)
+#if CLUSTER_SPLIT
+    // Rank 0's shared memory is free for rank 1's state (arrived on from rank 0, in rank 1),
+    // and rank 1's state has landed (its st.async bytes, in rank 0).
+    unsigned long long cs_free, cs_data;
+#endif
 };
 
 // The CTA's i-th work tile uses Q slot i % WT_Q_SLOTS, whose barriers are in their
@@ -852,6 +881,79 @@ __device__ __forceinline__ bool stream_k_merge(Consumer<D>& cs, const Sched& sch
     return true;
 }
 
+#if CLUSTER_SPLIT
+// CLUSTER_SPLIT: the end of a work tile computed by a cluster of two CTAs, each half of its
+// key tiles (TileScheduler::keys). Rank 1's warpgroups send their threads' (m, l, O) into
+// rank 0's shared memory, where rank 0's warpgroups merge them into their registers
+// (stream_k_merge's arithmetic) and store O; rank 1 stores nothing. Returns whether this
+// warpgroup stores. `buf`: rank 0's Q slot and K/V ring, free once every consumer of rank 0
+// is done with the tile (non-persistent: the producer loads nothing after it); thread-major
+// 16-byte chunks, chunk q of thread tw of warpgroup c at ((c J4 + q) 128 + tw) 16, so a
+// warp's accesses are 512 contiguous bytes. In a split tile (TAIL_SPLIT) only consumer 0
+// holds a state. Ordering: rank 0's consumers meet on named barrier CS_BAR once done with
+// the smem, then one thread sets the expected bytes on cs_data and arrives on rank 1's
+// cs_free (release, cluster scope); rank 1 waits for it (acquire) before its st.async,
+// whose bytes complete cs_data. Neither CTA's shared memory is touched after its owner
+// could have exited: rank 1 waits for cs_free before rank 0 can be done, and rank 0 waits
+// for cs_data, which only rank 1's stores complete (senders may exit with st.async in
+// flight, as decode-cluster's COMBINE 2 does).
+template <int D>
+__device__ __forceinline__ bool cluster_merge(Consumer<D>& cs, int c, int tw, bool split_tile, bool stores,
+                                              WtBarriers& bars, unsigned buf, float sl2) {
+    constexpr int J4 = (4 + D / 2) / 4;  // 16-byte chunks per thread: (m, l) and O's D / 2
+    constexpr int CS_BAR = 2 * CONSUMERS + 3;  // after the CTA's final barrier's 2 CONSUMERS + 2
+    static_assert((4 + D / 2) % 4 == 0, "a thread's state is whole 16-byte chunks");
+    static_assert(CONSUMERS * J4 * 128 * 16 <= WtSmem<D>::O, "rank 0's Q slot and K/V ring hold rank 1's states");
+    const bool holds = !split_tile || c == 0;
+    const unsigned chunk0 = buf + (unsigned)((c * J4 * 128 + tw) * 16);
+    if (cluster_ctarank() != 0) {
+        if (!holds) return false;
+        cluster_mbar_wait(smem_addr(&bars.cs_free), 0);
+        const unsigned dst = dsmem_map(chunk0, 0), bar = dsmem_map(smem_addr(&bars.cs_data), 0);
+        dsmem_st_async_f32x4(dst, make_float4(cs.sm.m[0], cs.sm.m[1], cs.sm.l[0], cs.sm.l[1]), bar);
+#pragma unroll
+        for (int q = 1; q < J4; ++q)
+            dsmem_st_async_f32x4(dst + q * 128 * 16, make_float4(cs.o[4 * q - 4], cs.o[4 * q - 3], cs.o[4 * q - 2], cs.o[4 * q - 1]),
+                                 bar);
+        return false;
+    }
+    named_bar_sync(CS_BAR, 128 * CONSUMERS);  // every consumer of rank 0 is done with Q, K and V
+    if (c == 0 && tw == 0) {
+        mbar_arrive_expect_tx(smem_addr(&bars.cs_data), (split_tile ? 1 : CONSUMERS) * J4 * 128 * 16);
+        dsmem_mbar_arrive(dsmem_map(smem_addr(&bars.cs_free), 1));
+    }
+    if (!holds) return stores;
+    cluster_mbar_wait(smem_addr(&bars.cs_data), 0);
+    float4 ml;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(ml.x), "=f"(ml.y), "=f"(ml.z), "=f"(ml.w) : "r"(chunk0));
+    const float mo[2] = {ml.x, ml.y}, lo[2] = {ml.z, ml.w};
+    float fs[2], fo[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float mn = fmaxf(cs.sm.m[h], mo[h]);
+        // A side that saw no key of the row (max -inf) weighs 0, not NaN.
+        fs[h] = cs.sm.m[h] == OPTD_NEG_INF ? 0.f : fast_exp2((cs.sm.m[h] - mn) * sl2);
+        fo[h] = mo[h] == OPTD_NEG_INF ? 0.f : fast_exp2((mo[h] - mn) * sl2);
+        cs.sm.m[h] = mn;
+        cs.sm.l[h] = cs.sm.l[h] * fs[h] + lo[h] * fo[h];
+    }
+#pragma unroll
+    for (int q = 1; q < J4; ++q) {
+        float4 x;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+                     : "r"(chunk0 + q * 128 * 16));
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // o[4 n + e]: row g for e < 2, g + 8 after
+            const int j2 = 4 * q - 4 + e, h = (j2 >> 1) & 1;
+            cs.o[j2] = cs.o[j2] * fs[h] + xs[e] * fo[h];
+        }
+    }
+    return stores;
+}
+#endif
+
 // Ping-pong turns: consumer c waits on barrier 1 + c; after issuing its GEMMs
 // it lets consumer c + 1 (round robin) go. 256 = the waiting warpgroup's 128
 // threads + the arriving one's.
@@ -909,7 +1011,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // tile, causal: longest first across groups of heads whose K/V fit
     // WT_LPT_GROUP_BYTES (K/V counted per K/V head: the heads_q / heads_kv
     // query heads of one K/V head share it).
-    TileScheduler<PERSISTENT != 0, STREAM_K != 0> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
+    TileScheduler<PERSISTENT != 0, STREAM_K != 0, 1 + CLUSTER_SPLIT> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
                                                         2ll * seq_k * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
     // STREAM_K: the last round's work tiles in key-range pieces over every CTA (causal: only
     // a grid of one partial round; the scheduler decides, the same in every role), each
@@ -960,9 +1062,18 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             mbar_init(smem_addr(&bars.k_empty[s]), 4 * CONSUMERS);  // one arrival per consumer warp
             mbar_init(smem_addr(&bars.v_empty[s]), 4 * CONSUMERS);
         }
+#if CLUSTER_SPLIT
+        mbar_init(smem_addr(&bars.cs_free), 1);
+        mbar_init(smem_addr(&bars.cs_data), 1);
+#endif
         mbar_fence_init();
     }
     __syncthreads();
+#if CLUSTER_SPLIT
+    // Every thread of both CTAs (before the producer's idle warps exit): each one's
+    // barriers are initialized before the other can arrive on them (cluster_merge).
+    cluster_sync();
+#endif
 
     if (wg == 0) {
         // ---- producer ------------------------------------------------------
@@ -1058,6 +1169,9 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // Key tiles [kt0, n_tiles) of the work tile, those the producer loads: all of
             // them, or a stream-K piece's.
             const bool piece = STREAM_K && wt.piece >= 0;
+            // Part of the tile's key tiles: a stream-K piece's, or this CTA's share of a
+            // CLUSTER_SPLIT tile.
+            const bool partial = piece || CLUSTER_SPLIT;
             const KeyRange kr = sched.keys(wt, kv);
             const int kt0 = kr.lo, n_tiles = kr.hi;
             // A tile of at most 64 rows: every consumer takes them, a share of the keys each
@@ -1072,7 +1186,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             // Key tiles this warpgroup computes: those up to its last row (causal);
             // none when all its rows are past SQ. The rest it only waits for and releases.
             const int n_wg_all = row0 >= seq_q ? 0 : max(mask.keys_before(row0 + R) + BLOCK_N - 1, 0) / BLOCK_N;
-            const int n_wg = piece ? min(n_tiles, n_wg_all) : n_wg_all;
+            const int n_wg = partial ? min(n_tiles, n_wg_all) : n_wg_all;
             const QSlot qs(i);
             const unsigned q_tile = s_q + qs.slot * L::Q_SLOT + (split ? 0 : c) * Q_WG_BYTES;
             const float sl2 = softmax_scale * OPTD_LOG2E;
@@ -1297,6 +1411,10 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
             ring = cur;
             // Split tile: consumer 0 holds the merged rows, the others store nothing.
             bool stores = !(split_tile && c != 0);
+#if CLUSTER_SPLIT
+            // The cluster's other half of the key tiles merged in (rank 0 stores, rank 1 not).
+            stores = cluster_merge<D>(cs, c, tid & 127, split_tile, stores, bars, s_q, sl2);
+#endif
             // A stream-K piece: the warpgroup's (m, l, O) out, and the last piece of the
             // tail tile to finish merges them all and stores.
             if (STREAM_K && piece && stores && row0 < seq_q) {
@@ -1398,8 +1516,14 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     named_bar_sync(2 * CONSUMERS + 2, 32 + 128 * CONSUMERS);
 }
 
+// CLUSTER_SPLIT: clusters of two CTAs along x (a compile-time attribute: a plain launch).
+#if CLUSTER_SPLIT
+#define WT_CLUSTER __cluster_dims__(2, 1, 1)
+#else
+#define WT_CLUSTER
+#endif
 #define WT_KERNEL(DIM)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(WT_THREADS, 1)                                                \
+    extern "C" __global__ void __launch_bounds__(WT_THREADS, 1) WT_CLUSTER                                     \
         optd_fwd_d##DIM(OPTD_ARGS, const __grid_constant__ optd_tensor_map tm_q,                               \
                         const __grid_constant__ optd_tensor_map tm_k, const __grid_constant__ optd_tensor_map tm_v, \
                         const __grid_constant__ optd_tensor_map tm_o) {                                        \

@@ -4,7 +4,7 @@ on the GPU machine: each point on its own timed shapes and on the checker's shap
 --more: EXTRA_CHECK_SHAPES too), fp16 and bf16, against the fp32 reference. --time-best times points
 without checking them; a point that is recommended (a plan's space, a note) is checked here first.
 
-    python3 scripts/check_points.py causal_ring [--more]
+    python3 scripts/check_points.py causal_ring [--more] [--windows]
 
 Another compiler's cubins (e.g. a newer NVRTC than the GPU machine's, chosen here with
 OPTIMIZERD_NVRTC_LIB): build the point set's check builds on the CPU machine, then check exactly
@@ -54,6 +54,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("points", choices=sorted(C.POINT_SETS), help="a --points set of check_templates_gpu.py")
     ap.add_argument("--more", action="store_true", help="EXTRA_CHECK_SHAPES too")
+    ap.add_argument("--windows", action="store_true",
+                    help="WINDOW_CHECK_SHAPES too, for the templates that implement the sliding window")
     ap.add_argument("--build-cubins", metavar="DIR", help="no GPU: build the set's check cubins into DIR")
     ap.add_argument("--cubin-dir", metavar="DIR", help="check the cubins of DIR only (see --build-cubins)")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="--build-cubins processes")
@@ -69,7 +71,8 @@ def main() -> int:
     records = []
     for rel, knobs, shapes in C.POINT_SETS[args.points]:
         tpl = tpls[rel]
-        records += DS.check_points(gpu, tpl, [tpl.complete(knobs)], list(shapes) + list(extra))
+        windowed = C.window_shapes(tpl) if args.windows else []
+        records += DS.check_points(gpu, tpl, [tpl.complete(knobs)], list(shapes) + list(extra) + windowed)
     bad = sum(not r["ok"] for r in records)
     src = f", {gpu.cubins_loaded} modules from {args.cubin_dir}" if args.cubin_dir else ""
     print(f"{args.points}: {len(records)} checks, {bad} failures (points over the device's shared memory skipped){src}")

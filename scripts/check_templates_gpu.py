@@ -832,6 +832,27 @@ WINDOW_SK_POINTS = [
     for d, bn, ep in ((256, 64, 0), (128, 128, 1))
     for pe, sk in ((0, 0), (1, 0), (1, 1))
 ]
+# --points cluster_split: wgmma-tma's CLUSTER_SPLIT (two CTAs per work tile in a cluster, each
+# half its key tiles, merged through distributed shared memory; one CTA per tile) against whole
+# tiles, on grids of fewer work tiles than half the SMs (the windowed chunks of window_sk, the same
+# without a window, D 64 prefill of 8 heads) and one that fills them (Llama's chunk: 128 tiles),
+# with a ragged last query tile of 48 rows (TAIL_SPLIT's merged consumers) and packed GQA. Built
+# and compiled in session 30, not yet run: check first, with a timeout (a protocol fault hangs):
+#   timeout 300 python3 scripts/check_points.py cluster_split --windows
+_CS = dict(_WT, STAGES=2, PINGPONG=1, PERSISTENT=0, DYNAMIC=1, Q_STAGES=1)
+CLUSTER_SPLIT_POINTS = [
+    (tpl, dict(knobs, CLUSTER_SPLIT=cs), shapes)
+    for tpl, knobs, shapes in (
+        ("wgmma_tma.cu", dict(_CS, CONSUMERS=2, BLOCK_N=64, OVERLAP=1, EPI_TMA=0, PACK_GQA=0), _WSK_SHAPES[256]),
+        ("wgmma_tma.cu", dict(_CS, CONSUMERS=2, BLOCK_N=128, OVERLAP=1, EPI_TMA=1, PACK_GQA=0),
+         _WSK_SHAPES[128] + [Shape(1, 32, 8, 512, 4096, 128, True), swa(1, 8, 2, 560, 2000, 128, 700)]),
+        ("wgmma_tma.cu", dict(_CS, CONSUMERS=2, BLOCK_N=128, OVERLAP=1, EPI_TMA=1, PACK_GQA=1),
+         [Shape(1, 32, 8, 256, 8192, 128, True)]),
+        ("wgmma_tma.cu", dict(_CS, CONSUMERS=3, BLOCK_N=128, OVERLAP=1, EPI_TMA=1, PACK_GQA=0),
+         mhas([(1, 8, 1024, 64, False), (1, 8, 1024, 64, True)])),
+    )
+    for cs in (0, 1)
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -839,7 +860,8 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "loop_ab2": LOOP_AB2_POINTS,
               "overlap": OVERLAP_POINTS, "epilogue": EPILOGUE_POINTS, "gqa": GQA_POINTS,
               "streamk": STREAMK_POINTS, "lpt": LPT_POINTS, "dynamic": DYNAMIC_POINTS,
-              "tiles_per_cta": TILES_PER_CTA_POINTS, "window_sk": WINDOW_SK_POINTS, "pv_wait": PV_WAIT_POINTS,
+              "tiles_per_cta": TILES_PER_CTA_POINTS, "window_sk": WINDOW_SK_POINTS,
+              "cluster_split": CLUSTER_SPLIT_POINTS, "pv_wait": PV_WAIT_POINTS,
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
@@ -1837,6 +1859,17 @@ def sdpa_compare(gpu: "Gpu", templates: list[Template], reps: int = 5, samples: 
     return table
 
 
+# Knob values a template builds that its spec does not list yet: written and compiled, not yet
+# run on a GPU, so the daemon's search never tries them; point sets may (to check and time
+# them first). Each joins its spec's list once checked on the GPU.
+EXPERIMENTAL_VALUES = {"wgmma_tma.cu": {"CLUSTER_SPLIT": [1]}}
+
+
+def knob_values(tpl: Template, knob: str) -> list:
+    """The values of `knob` a point set may give `tpl`: its spec's, and EXPERIMENTAL_VALUES."""
+    return list(tpl.spec["knobs"][knob]) + EXPERIMENTAL_VALUES.get(tpl.rel, {}).get(knob, [])
+
+
 def best_points(templates: list[Template], points: str = "best") -> list[tuple[Template, dict, tuple, dict]]:
     """POINT_SETS[points] (BEST_POINTS or RAGGED_POINTS) resolved against `templates` (knobs
     checked against each spec): one (template, knobs, shape, the point's own knobs) per timed row.
@@ -1849,7 +1882,7 @@ def best_points(templates: list[Template], points: str = "best") -> list[tuple[T
         if tpl is None:
             raise SystemExit(f"--time-best: {rel} is not among the selected templates")
         full = tpl.complete(knobs)
-        if set(full) != set(tpl.spec["knobs"]) or any(v not in tpl.spec["knobs"][k] for k, v in full.items()):
+        if set(full) != set(tpl.spec["knobs"]) or any(v not in knob_values(tpl, k) for k, v in full.items()):
             raise SystemExit(f"--time-best: {rel} {combo_label(knobs)} is not a point of its knob space")
         rows += [(tpl, full, shape, knobs) for shape in shapes]
     return rows

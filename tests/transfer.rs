@@ -124,6 +124,34 @@ async fn a_similar_workload_starts_from_the_nearest_remembered_shapes_best_kerne
     assert!(err.contains("the stage name `transfer` is reserved"), "{err}");
 }
 
+/// A configuration remembered before its template gained a knob (here: recorded without
+/// NUM_WARPS, whose first value it ran with) still transfers, with the knob at its first value,
+/// and is named so in the new run's ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_remembered_before_a_knob_was_added_still_transfers() {
+    let p = remembered().await;
+    {
+        use sqlx::ConnectOptions;
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new().filename(p.db()).connect().await.unwrap();
+        let done = sqlx::query("UPDATE iterations SET params_json = json_remove(params_json, '$.NUM_WARPS') WHERE run_id = 'one' AND template = 'kv-split'")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        assert!(done.rows_affected() >= 4);
+    }
+    second_workload(&p);
+    p.set_rules(rules(fast_on(12.0, &[CAUSAL2]), fast_on(18.0, &[SMALL2])));
+    assert_eq!(p.run("two", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let its = iterations(&p, "two").await;
+    let transfers: Vec<&IterationRecord> = its.iter().filter(|i| i.stage == "transfer").collect();
+    assert_eq!(transfers.len(), 2, "{:?}", its.iter().map(|i| (&i.stage, &i.params_json)).collect::<Vec<_>>());
+    assert!(transfers.iter().all(|i| i.params_json.contains("\"NUM_WARPS\":4") && i.verdict.is_final()), "{:?}", transfers);
+    assert!(transfers[0].params_json.contains("\"MAX_SPLITS\":8"), "{}", transfers[0].params_json);
+    let mem = memory_events(&p, "two").await;
+    let transfer = mem.iter().find(|m| m.starts_with("transfer:")).unwrap_or_else(|| panic!("{mem:?}"));
+    assert!(!transfer.contains("not transferred"), "{transfer}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_incorrect_or_slow_transferred_kernel_loses_and_the_plan_proceeds() {
     let p = remembered().await;

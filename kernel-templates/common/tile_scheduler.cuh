@@ -17,7 +17,9 @@
  * 32-register producer of 3 consumers a spill per work tile and moved the
  * consumers' softmax scale out of the uniform registers (~1% at D 128).
  *
- * kPersistent = false: grid n_mb x n_bh, one work tile per CTA.
+ * kPersistent = false: grid n_mb x n_bh, one work tile per CTA (kSplit > 1:
+ *   grid kSplit n_mb x n_bh, clusters of kSplit CTAs along x, each CTA of a
+ *   cluster computing the same work tile's key tiles in its share: keys()).
  *   Not causal: tile (blockIdx.x, blockIdx.y).
  *   Causal: CTAs start in linear-id order, and the id maps to tiles longest
  *   first (the last query tiles see the most keys) across a group of heads
@@ -141,8 +143,9 @@ struct KeyRange {
     int lo, hi;
 };
 
-template <bool kPersistent, bool kStreamK = false>
+template <bool kPersistent, bool kStreamK = false, int kSplit = 1>
 struct TileScheduler {
+    static_assert(kSplit == 1 || !kPersistent, "a cluster's CTAs split one work tile: one tile per CTA");
     int n_mb;                  // query tiles per head
     int n_bh;                  // heads, B * H
     int n_rounds;              // rounds of gridDim.x work tiles (the last may be short); 1 if not persistent
@@ -204,8 +207,15 @@ struct TileScheduler {
     // ones, and no piece walk reads the window. (Windowed lengths, end - first, in them
     // cost wgmma_tma's STREAM_K kernels 4400 instructions and 84 bytes more spill stores
     // at D 128 without a window: the window's start inlined into every walk.)
+    // kSplit > 1: the cluster's CTA of rank r takes the r-th of kSplit near-equal shares of
+    // the tile's range, in key order (the last holds a causal tile's diagonal).
     __device__ __forceinline__ KeyRange keys(const WorkTile& w, const KeyTiles& kt) const {
         if (kStreamK && w.piece >= 0) return KeyRange{w.k_lo, w.k_hi};
+        if constexpr (kSplit > 1) {
+            const int lo = kt.first(w.m_block), n = kt.end(w.m_block) - lo;
+            const int r = (int)blockIdx.x % kSplit;
+            return KeyRange{lo + r * n / kSplit, lo + (r + 1) * n / kSplit};
+        }
         return KeyRange{kt.first(w.m_block), kt.end(w.m_block)};
     }
     // Whether the tail runs in pieces, and which CTAs compute tail tile `piece`.
@@ -299,6 +309,11 @@ struct TileScheduler {
             const int wk = work_index(r);
             return WorkTile{causal ? n_mb - 1 - wk % n_mb : wk % n_mb, wk / n_mb};
         } else {
+            if constexpr (kSplit > 1) {
+                const int x = (int)blockIdx.x / kSplit;  // the cluster's work tile
+                if (!causal) return WorkTile{x, (int)blockIdx.y};
+                return lpt_tile((int)(blockIdx.y * (gridDim.x / kSplit)) + x);
+            }
             if (!causal) return WorkTile{(int)blockIdx.x, (int)blockIdx.y};
             return lpt_tile((int)(blockIdx.y * gridDim.x + blockIdx.x));
         }

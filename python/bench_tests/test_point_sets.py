@@ -35,7 +35,17 @@ class PointSetsTest(unittest.TestCase):
                     space = tpl.spec["knobs"]
                     self.assertEqual(set(knobs), set(space), f"{name}: {tpl.rel} knobs")
                     for knob, value in knobs.items():
-                        self.assertIn(value, space[knob], f"{name}: {tpl.rel} {knob}")
+                        self.assertIn(value, ctg.knob_values(tpl, knob), f"{name}: {tpl.rel} {knob}")
+
+    def test_experimental_values_are_new_values_of_spec_knobs(self):
+        # A value the template builds but the search does not try yet: a knob of the spec,
+        # not already in its list (else it would be no experiment).
+        by_rel = {t.rel: t for t in self.templates}
+        for rel, knobs in ctg.EXPERIMENTAL_VALUES.items():
+            space = by_rel[rel].spec["knobs"]
+            for knob, values in knobs.items():
+                self.assertIn(knob, space, f"{rel}: {knob}")
+                self.assertFalse(set(values) & set(space[knob]), f"{rel}: {knob} {values} already in the spec")
 
     def test_check_points_builds_each_points_check_cubins_under_the_name_the_gpu_check_loads(self):
         # check_points.py --build-cubins (CPU) must write what Gpu.module looks up on the GPU

@@ -161,18 +161,19 @@ impl Engine {
         let mut out: Vec<Transferred> = Vec::new();
         let mut skipped: Vec<String> = Vec::new();
         for shape in &self.shapes {
-            for t in mem.similar(shape, TRANSFER_CONFIGS) {
+            for mut t in mem.similar(shape, TRANSFER_CONFIGS) {
+                // A configuration remembered before a knob was added runs with the knob at
+                // its first value (the kernel as it was), and is named so from here on.
+                let base = self.plan.stages.iter().find(|s| s.template.name() == t.rem.template && s.template.meta.target_arch(&self.device).is_ok());
+                let params = serde_json::from_str::<Params>(&t.rem.params_json).ok().map(|p| base.map_or(p.clone(), |b| b.template.with_defaults(&p)));
+                if let Some(json) = params.as_ref().and_then(|p| serde_json::to_string(p).ok()) {
+                    t.rem.params_json = json;
+                }
                 if let Some(g) = out.iter_mut().find(|g| g.rem.template == t.rem.template && g.rem.params_json == t.rem.params_json) {
                     g.from.push((shape.key(), t));
                     continue;
                 }
-                let runnable = serde_json::from_str::<Params>(&t.rem.params_json).ok().is_some_and(|p| {
-                    self.plan.stages.iter().any(|s| {
-                        s.template.name() == t.rem.template
-                            && s.template.meta.target_arch(&self.device).is_ok()
-                            && render::render(&s.template, &p, self.cfg.workload.dtype, &templates_dir).is_ok()
-                    })
-                });
+                let runnable = params.is_some_and(|p| base.is_some_and(|b| render::render(&b.template, &p, self.cfg.workload.dtype, &templates_dir).is_ok()));
                 if !runnable {
                     let what = format!("{} {}", t.rem.template, t.rem.params_json);
                     if !skipped.contains(&what) {

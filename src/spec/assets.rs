@@ -37,6 +37,7 @@ static EMBEDDED: &[(&str, &str)] = embed! {
     "common/hopper.cuh" => "kernel-templates/common/hopper.cuh",
     "common/wgmma_ops.cuh" => "kernel-templates/common/wgmma_ops.cuh",
     "common/decode_split.cuh" => "kernel-templates/common/decode_split.cuh",
+    "common/cluster.cuh" => "kernel-templates/common/cluster.cuh",
     "baseline.cu" => "kernel-templates/baseline.cu",
     "kv_split.cu" => "kernel-templates/kv_split.cu",
     "memory.cu" => "kernel-templates/memory.cu",

@@ -526,6 +526,18 @@ impl Template {
         self.knobs.iter().map(|(k, v)| (k.clone(), v[0])).collect()
     }
 
+    /// `params` with every knob it lacks at that knob's first value: a point recorded before
+    /// the knob was added (a new knob's first value is the kernel as it was, the templates'
+    /// convention), so that remembered configurations survive a release that adds knobs.
+    /// Keys that are no knob stay, and `validate_params` refuses them.
+    pub fn with_defaults(&self, params: &Params) -> Params {
+        let mut out = params.clone();
+        for (k, v) in &self.knobs {
+            out.entry(k.clone()).or_insert(v[0]);
+        }
+        out
+    }
+
     /// Check that `params` sets exactly this template's knobs to allowed values.
     pub fn validate_params(&self, params: &Params) -> Result<(), String> {
         for (name, allowed) in &self.knobs {
