@@ -69,7 +69,7 @@
  * panels of 64 columns, as the TMA writes them; at D 96 64-byte-swizzled panels of
  * 32 columns, "Head dim 96"; the counts below say D / 64 for D / panel columns):
  *   Q     Q slots x CONSUMERS x [D / 64][64 rows][128 B], Q slots =
- *         Q_STAGES when PERSISTENT, else 1
+ *         Q_STAGES when persistent (WT_PERSISTENT), else 1
  *   K, V  STAGES x [D / 64][BLOCK_N rows][128 B] each
  *   O     EPI_TMA x CONSUMERS x [D / 64][64 rows][128 B]
  *   dynamic bytes = 1024 (alignment) + 2 D (Q slots x 64 CONSUMERS
@@ -91,7 +91,8 @@
  * CTAs:    cdiv(SQ, 64 CONSUMERS / P) x (B * HQ / P) x 1, 128 (CONSUMERS + 1)
  *          threads, P = the spec's `pack` (PACK_GQA; else 1)
  *          (PERSISTENT: min(that product, SMs) x 1; with STREAM_K SMs x 1;
- *          CLUSTER_SPLIT: twice as many along x, clusters of 2);
+ *          CLUSTER_SPLIT: the product with twice as many along x, clusters
+ *          of 2, whatever PERSISTENT says);
  *          the producer and the consumers walk the same work tiles through
  *          common/tile_scheduler.cuh;
  *          causal, PERSISTENT = 0: CTAs start in linear-id order, and the id
@@ -241,9 +242,9 @@
  *                     docs/HOPPER.md "PV_WAIT"): 1 is 1-5% faster at
  *                     every D 64 point but one (parity); mixed at D 128
  *                     (-2% to +4%).
- *          CLUSTER_SPLIT one CTA per tile (PERSISTENT 0; else refused at 0
- *                     compile time): 1, each work tile is a cluster of
- *                     two CTAs, rank r computing the r-th half of its key
+ *          CLUSTER_SPLIT 1: each work tile is a cluster of    0, 1
+ *                     two CTAs (one cluster per tile, PERSISTENT inert:
+ *                     WT_PERSISTENT), rank r computing the r-th half of its key
  *                     tiles (TileScheduler::keys); rank 1's (m, l, O) go
  *                     to rank 0 through distributed shared memory
  *                     (st.async into its Q slot and K/V ring, free by
@@ -251,8 +252,12 @@
  *                     For grids of fewer tiles than half the SMs, where
  *                     whole tiles idle the rest and stream-K's pieces
  *                     cost global traffic (docs/HOPPER.md, session 30:
- *                     Gemma 3's local chunk, 64 tiles on 132 SMs). Not
- *                     yet run on a GPU: 1 is not in the knob list.
+ *                     Gemma 3's local chunk, 64 tiles on 132 SMs).
+ *                     H200, 2026-11-30 (HOPPER.md "CLUSTER_SPLIT"): that
+ *                     chunk 25.5 us against 29.5, 8 D 64 heads of 1024
+ *                     rows 12.6 against 15.1, Mistral's 256-row windowed
+ *                     chunk 34.2 against 49.4; a grid of 128 tiles 1.13x
+ *                     slower (the search decides per shape).
  *
  * Head dim 96 (Phi-3-mini / 3.5: 32 heads, MHA). 96 is no multiple of a 128-byte swizzle's
  *          64 columns, so every tile at D 96 is three panels of 32 columns (64-byte rows) with
@@ -262,8 +267,9 @@
  *          BLOCK_N x 64 bytes apart (P V: m64n96k16), EPI_TMA's O buffer written through the
  *          same swizzle (chunk q of row r at q ^ ((r / 2) % 4)). Byte counts are D's (the smem
  *          formula holds; three quarters of D 128's layout, so what fits there fits here), every
- *          knob point builds, and O is 48 registers per thread (D 64's 32, D 128's 64). Not yet run on a GPU (2026-11-29:
- *          the session had no device time left); compiled at every knob value by CI.
+ *          knob point builds, and O is 48 registers per thread (D 64's 32, D 128's 64). Checked on the GPU
+ *          (H200, the pairwise covering set against fp32: docs/BENCHMARKS.md (28), again in (31)); compiled at
+ *          every knob value by CI.
  *
  * Head dim 256 (Gemma 2/3: 16 query heads on 8 K/V heads, or 8 on 4). Every loop over D
  *          is written for D / 64 panels and D / 16 k-steps (4 and 16 here): S = Q K^T is 16
@@ -340,16 +346,20 @@ LPT_MIB = [8, 32]
 DYNAMIC = [1, 0]
 Q_STAGES = [1, 2]
 PV_WAIT = [1, 0]
-# 1 (two CTAs per work tile in a cluster, each half its key tiles, merged through distributed
-# shared memory; one CTA per tile only) is built and compiled but not yet run on a GPU: it
-# joins this list once scripts/check_points.py cluster_split has checked it (docs/HOPPER.md).
-CLUSTER_SPLIT = [0]
+# 1: two CTAs per work tile in a cluster, each half its key tiles, merged through distributed
+# shared memory (one cluster per tile whatever PERSISTENT says). For grids of fewer work tiles
+# than SMs: H200, 2026-11-30, 0.69-0.87x the time of whole tiles on eight such points, 1.13x on
+# a grid of 128 tiles (docs/HOPPER.md "CLUSTER_SPLIT").
+CLUSTER_SPLIT = [0, 1]
 
 [derived]
 pack = "G if PACK_GQA and G >= 2 and 8 % G == 0 else 1"
+# One CTA per SM looping over work tiles (the kernel's WT_PERSISTENT): CLUSTER_SPLIT runs one
+# cluster per tile whatever PERSISTENT says.
+persistent = "1 if PERSISTENT and not CLUSTER_SPLIT else 0"
 block_m = "64 * CONSUMERS"
 # Q slots: one work tile per CTA needs one whatever Q_STAGES says (so the knob is inert there).
-q_slots = "Q_STAGES if PERSISTENT else 1"
+q_slots = "Q_STAGES if persistent else 1"
 m_blocks = "cdiv(SQ, block_m // pack)"
 # Work tiles, and the last persistent round's on every SM (STREAM_K's tail).
 tiles = "m_blocks * B * HQ // pack"
@@ -357,7 +367,7 @@ sk_tail = "tiles % SMS"
 # Whether STREAM_K may cut the tail (the kernel's own test, less its causal length check):
 # a tail of at least one key tile per SM; causal, only a grid of one partial round; no
 # sliding window (whole tiles there: TileScheduler::keys says why).
-sk_can = "1 if PERSISTENT and WINDOW == 0 and sk_tail > 0 and ((CAUSAL and tiles < SMS) or (not CAUSAL and sk_tail * cdiv(SK, BLOCK_N) >= SMS)) else 0"
+sk_can = "1 if persistent and WINDOW == 0 and sk_tail > 0 and ((CAUSAL and tiles < SMS) or (not CAUSAL and sk_tail * cdiv(SK, BLOCK_N) >= SMS)) else 0"
 sk_on = "sk_can if STREAM_K else 0"
 # STREAM_K's grid is every SM, even with fewer tiles (the tail is then every tile).
 grid_x = "SMS if sk_on else min(tiles, SMS)"
@@ -374,11 +384,13 @@ TAIL_SPLIT = "pack > 1 or SQ - (m_blocks - 1) * (block_m // pack) > 64"
 # whole tiles.
 STREAM_K = "not sk_can"
 # The longest-first groups order only causal grids of one CTA per tile, or DYNAMIC's tiles.
-LPT_MIB = "not CAUSAL or (PERSISTENT and not DYNAMIC)"
+LPT_MIB = "not CAUSAL or (persistent and not DYNAMIC)"
+# A cluster per work tile (CLUSTER_SPLIT) is never persistent.
+PERSISTENT = "CLUSTER_SPLIT == 1"
 # Only persistent causal grids take tiles from the counter.
-DYNAMIC = "not CAUSAL or not PERSISTENT"
+DYNAMIC = "not CAUSAL or not persistent"
 # One work tile per CTA: there is no next tile's Q to load early.
-Q_STAGES = "not PERSISTENT"
+Q_STAGES = "not persistent"
 # Where the OVERLAP loop waits for the previous tile's P V: no such wait without OVERLAP.
 PV_WAIT = "not OVERLAP"
 # The D 64 and 96 OVERLAP loop with PV_WAIT rescales O on every key tile: no lazy threshold there.
@@ -404,7 +416,7 @@ why = "3 consumer warpgroups at this BLOCK_N and D: ptxas serializes the wgmma f
 
 [[launch]]
 kernel = "fwd"
-grid = ["grid_x if PERSISTENT else m_blocks * (1 + CLUSTER_SPLIT)", "1 if PERSISTENT else B * HQ // pack", "1"]
+grid = ["grid_x if persistent else m_blocks * (1 + CLUSTER_SPLIT)", "1 if persistent else B * HQ // pack", "1"]
 block = ["128 * (CONSUMERS + 1)", "1", "1"]
 smem = "1024 + ELEM_BYTES * D * (q_slots * block_m + 2 * STAGES * BLOCK_N + EPI_TMA * block_m)"
 
@@ -486,9 +498,13 @@ swizzle = "64 if D == 96 else 128"
 #ifndef CLUSTER_SPLIT
 #error "CLUSTER_SPLIT must be defined"
 #endif
-#if CLUSTER_SPLIT != 0 && (CLUSTER_SPLIT != 1 || PERSISTENT != 0)
-#error "CLUSTER_SPLIT is 0 or 1, and 1 only with one CTA per tile (PERSISTENT 0)"
+#if CLUSTER_SPLIT != 0 && CLUSTER_SPLIT != 1
+#error "CLUSTER_SPLIT must be 0 or 1"
 #endif
+// One CTA per SM looping over work tiles. CLUSTER_SPLIT runs one cluster of two CTAs per work
+// tile whatever PERSISTENT says (the spec's `persistent`; PERSISTENT is inert there), so that a
+// search reaches it by turning one knob from a persistent point.
+#define WT_PERSISTENT (PERSISTENT != 0 && CLUSTER_SPLIT == 0)
 #if PV_WAIT != 0 && PV_WAIT != 1
 #error "PV_WAIT must be 0 or 1"
 #endif
@@ -507,7 +523,7 @@ swizzle = "64 if D == 96 else 128"
 #error "Q_STAGES must be 1 or 2 (Q slots of a work tile's rows)"
 #endif
 // The Q slots allocated: one CTA per work tile never has a next tile's Q to load early.
-#define WT_Q_SLOTS (PERSISTENT ? Q_STAGES : 1)
+#define WT_Q_SLOTS (WT_PERSISTENT ? Q_STAGES : 1)
 #if BLOCK_N % 16 != 0 || BLOCK_N < 16 || BLOCK_N > 256
 #error "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N; TMA box rows)"
 #endif
@@ -656,6 +672,13 @@ struct Consumer {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
         sm.init();
+    }
+
+    // O's element j, with `other` the same element of another partial state, after
+    // sm.merge_row gave each row h its factors: o[4 n + e] is row g for e < 2, g + 8 after.
+    __device__ __forceinline__ void merge_o(int j, float other, const float (&fs)[2], const float (&fo)[2]) {
+        const int h = (j >> 1) & 1;
+        o[j] = o[j] * fs[h] + other * fo[h];
     }
 
     // S = Q K^T (issue only).
@@ -827,7 +850,7 @@ __device__ __forceinline__ void merge_split_tile(Consumer<D>& cs, int c, int tw,
 // in every CTA, so no layout changes hands (merge_split_tile's idea, through global
 // memory). Then it counts itself in on the (tail tile, consumer) semaphore; the piece that
 // brings the count to last - first + 1 resets it and merges the others into its registers
-// (merge_split_tile's arithmetic), and only it stores O. Returns whether this warpgroup
+// (OnlineSoftmax::merge_row, Consumer::merge_o), and only it stores O. Returns whether this warpgroup
 // stores. Ordering as decode.cu's dec_arrive_last (checked on the H100): the warpgroup's
 // named barrier orders its stores before tw 0's atom.acq_rel.gpu, whose release is
 // cumulative; tw 0's acquire and the second barrier order the merge's loads after every
@@ -865,18 +888,10 @@ __device__ __forceinline__ bool stream_k_merge(Consumer<D>& cs, const Sched& sch
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float mo = __ldcg(other + 128 * h), lo = __ldcg(other + 128 * (2 + h));
-            const float mn = fmaxf(cs.sm.m[h], mo);
-            // A side that saw no key of the row (max -inf) weighs 0, not NaN.
-            fs[h] = cs.sm.m[h] == OPTD_NEG_INF ? 0.f : fast_exp2((cs.sm.m[h] - mn) * sl2);
-            fo[h] = mo == OPTD_NEG_INF ? 0.f : fast_exp2((mo - mn) * sl2);
-            cs.sm.m[h] = mn;
-            cs.sm.l[h] = cs.sm.l[h] * fs[h] + lo * fo[h];
+            cs.sm.merge_row(h, mo, lo, sl2, fs[h], fo[h]);
         }
 #pragma unroll
-        for (int j2 = 0; j2 < D / 2; ++j2) {  // o[4 n + e]: row g for e < 2, g + 8 after
-            const int h = (j2 >> 1) & 1;
-            cs.o[j2] = cs.o[j2] * fs[h] + __ldcg(other + (4 + j2) * 128) * fo[h];
-        }
+        for (int j2 = 0; j2 < D / 2; ++j2) cs.merge_o(j2, __ldcg(other + (4 + j2) * 128), fs, fo);
     }
     return true;
 }
@@ -885,7 +900,7 @@ __device__ __forceinline__ bool stream_k_merge(Consumer<D>& cs, const Sched& sch
 // CLUSTER_SPLIT: the end of a work tile computed by a cluster of two CTAs, each half of its
 // key tiles (TileScheduler::keys). Rank 1's warpgroups send their threads' (m, l, O) into
 // rank 0's shared memory, where rank 0's warpgroups merge them into their registers
-// (stream_k_merge's arithmetic) and store O; rank 1 stores nothing. Returns whether this
+// (OnlineSoftmax::merge_row's arithmetic) and store O; rank 1 stores nothing. Returns whether this
 // warpgroup stores. `buf`: rank 0's Q slot and K/V ring, free once every consumer of rank 0
 // is done with the tile (non-persistent: the producer loads nothing after it); thread-major
 // 16-byte chunks, chunk q of thread tw of warpgroup c at ((c J4 + q) 128 + tw) 16, so a
@@ -926,6 +941,9 @@ __device__ __forceinline__ bool cluster_merge(Consumer<D>& cs, int c, int tw, bo
     cluster_mbar_wait(smem_addr(&bars.cs_data), 0);
     float4 ml;
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(ml.x), "=f"(ml.y), "=f"(ml.z), "=f"(ml.w) : "r"(chunk0));
+    // OnlineSoftmax::merge_row's arithmetic, written out: through merge_row NVVM orders the
+    // instructions differently (the same operations, other registers and schedule; SASS of
+    // 2026-11-30), and this is the code that ran on the GPU. To move once a device check follows.
     const float mo[2] = {ml.x, ml.y}, lo[2] = {ml.z, ml.w};
     float fs[2], fo[2];
 #pragma unroll
@@ -1011,7 +1029,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // tile, causal: longest first across groups of heads whose K/V fit
     // WT_LPT_GROUP_BYTES (K/V counted per K/V head: the heads_q / heads_kv
     // query heads of one K/V head share it).
-    TileScheduler<PERSISTENT != 0, STREAM_K != 0, 1 + CLUSTER_SPLIT> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
+    TileScheduler<WT_PERSISTENT, STREAM_K != 0, 1 + CLUSTER_SPLIT> sched(n_mb, batch * heads_t, heads_q / heads_kv / P, causal != 0,
                                                         2ll * seq_k * D * (long long)sizeof(elem_t), WT_LPT_GROUP_BYTES);
     // STREAM_K: the last round's work tiles in key-range pieces over every CTA (causal: only
     // a grid of one partial round; the scheduler decides, the same in every role), each
@@ -1045,7 +1063,7 @@ __device__ __forceinline__ void wgmma_tma_fwd(OPTD_ARGS, const optd_tensor_map* 
     // DYNAMIC (persistent, causal): work tiles longest first from a global counter
     // (common/tile_scheduler.cuh), kept in the first two split semaphore words
     // (lse_partial from word n_splits * rows: zero at launch, left zero).
-    const bool dynamic = DYNAMIC && PERSISTENT && causal != 0 && !sched.stream_k();
+    const bool dynamic = DYNAMIC && WT_PERSISTENT && causal != 0 && !sched.stream_k();
     unsigned* const dyn_words = reinterpret_cast<unsigned*>(lse_partial + n_splits * rows_total);
     (void)dyn_words;
 

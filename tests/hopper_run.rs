@@ -168,3 +168,48 @@ async fn static_shared_memory_over_the_limit_gates_the_shape_after_the_compile()
     assert!(why.contains("17408 B of dynamic plus 96 B of static shared memory = 17504 B, device allows 17458 B"), "{why}");
     assert_eq!((big.median_us, big.won, big.check_passed), (None, false, None));
 }
+
+/// The shipped plan's `hopper-cluster-split` stage: on the workload's grids of fewer work tiles
+/// than SMs only, it turns CLUSTER_SPLIT on in the kernel that serves those shapes (not the one
+/// that serves most of the workload), one candidate, and a win there changes nothing elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_split_stage_tries_the_under_filled_shapes_own_kernel_split_across_a_cluster() {
+    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
+    let stage = shipped.split("[[stage]]").find(|s| s.contains("name = \"hopper-cluster-split\"")).expect("the shipped plan has the stage");
+    let pinned = "STAGES = [2], CONSUMERS = [2], PINGPONG = [1], OVERLAP = [1], PERSISTENT = [1], LAZY_RESCALE = [1], TAIL_SPLIT = [1], EPI_TMA = [0], PACK_GQA = [0], STREAM_K = [0], LPT_MIB = [8], DYNAMIC = [1], Q_STAGES = [1], PV_WAIT = [1], CLUSTER_SPLIT = [0]";
+    let plan = format!(
+        "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 1\n\n\
+         [[stage]]\nname = \"hopper\"\ntemplate = \"wgmma_tma.cu\"\nsearch = \"exhaustive\"\nspace = {{ BLOCK_N = [128, 64], {pinned} }}\n\n\
+         [[stage]]{stage}\n[open_phase]\nenabled = false\n"
+    );
+    // (1,16,512,128) causal: 4 query tiles x 16 heads = 64 work tiles on 132 SMs; the other two
+    // shapes have 512. BLOCK_N 128 wins those two, BLOCK_N 64 the small one.
+    let small = "b1h16s512d128-causal";
+    let wt = "template `wgmma-tma`";
+    let rules = json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 500.0 } } },
+        { "source_contains": [wt, "#define CLUSTER_SPLIT 1\n"], "behaviour": { "ok": { "us": 30.0 } } },
+        { "source_contains": [wt, "#define BLOCK_N 128\n"], "behaviour": { "ok": { "us": 100.0, "per_shape": { small: 60.0 } } } },
+        { "source_contains": [wt, "#define BLOCK_N 64\n"], "behaviour": { "ok": { "us": 120.0, "per_shape": { small: 50.0 } } } }
+    ]);
+    let p = Project::new(&plan, rules, json!({ "ok": { "us": 900.0 } }));
+    p.append_config("\n[baseline]\nsdpa = false\n");
+    p.set_workload("shapes = [ { b = 1, h = 16, s = 512, d = 128, causal = true }, { b = 2, h = 16, s = 2048, d = 128 }, { b = 4, h = 16, s = 1024, d = 128, causal = true } ]");
+    assert_eq!(p.run("cs", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("cs").await.unwrap();
+    let split: Vec<_> = its.iter().filter(|i| i.stage == "hopper-cluster-split").collect();
+    assert_eq!(split.len(), 1, "one candidate: {:?}", its.iter().map(|i| (&i.stage, &i.params_json)).collect::<Vec<_>>());
+    let params: optimizerd::spec::template::Params = serde_json::from_str(&split[0].params_json).unwrap();
+    assert_eq!((params["BLOCK_N"], params["CLUSTER_SPLIT"]), (64, 1), "the small shape's kernel, split: {}", split[0].params_json);
+    assert_eq!(split[0].verdict.as_str(), "accepted", "{}", split[0].reason);
+    let measured: Vec<&str> = split[0].shapes.iter().filter(|s| s.median_us.is_some()).map(|s| s.shape.as_str()).collect();
+    assert_eq!(measured, [small], "only the under-filled shape");
+    let dispatch: Value = serde_json::from_str(&std::fs::read_to_string(p.workspace("cs").join("kernels/dispatch.json")).unwrap()).unwrap();
+    assert_eq!(dispatch[small]["params"]["CLUSTER_SPLIT"], 1);
+    // Two CTAs per query tile along x (clusters of 2), the heads along y.
+    assert_eq!(dispatch[small]["launches"][0]["grid"], json!([8, 16, 1]));
+    for big in ["b2h16s2048d128", "b4h16s1024d128-causal"] {
+        assert_eq!((dispatch[big]["params"]["BLOCK_N"].clone(), dispatch[big]["params"]["CLUSTER_SPLIT"].clone()), (json!(128), json!(0)), "{big}");
+    }
+}

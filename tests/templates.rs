@@ -284,7 +284,8 @@ fn wgmma_tma_refuses_three_consumers_at_d256_with_the_register_reason() {
 fn knobs_read_follows_derived_values_to_the_knobs() {
     let t = Template::load(&templates_dir(), "wgmma_tma.cu").unwrap();
     let smem: Vec<&str> = t.launches.iter().map(|l| l.smem.as_str()).collect();
-    assert_eq!(t.knobs_read(&smem), ["BLOCK_N", "STAGES", "CONSUMERS", "PERSISTENT", "EPI_TMA", "Q_STAGES"]);
+    // CLUSTER_SPLIT through q_slots: a cluster per tile is never persistent (one Q slot).
+    assert_eq!(t.knobs_read(&smem), ["BLOCK_N", "STAGES", "CONSUMERS", "PERSISTENT", "EPI_TMA", "Q_STAGES", "CLUSTER_SPLIT"]);
     // box_rows "64 // pack": pack is derived from PACK_GQA (and the shape's G).
     let q = &t.tensor_maps[0];
     assert_eq!(t.knobs_read(&[q.box_rows.as_str(), q.swizzle.as_str()]), ["PACK_GQA"]);

@@ -557,4 +557,16 @@ fn wgmma_tma_declares_which_knobs_change_nothing_on_a_shape() {
     let local = Shape { window: Some(1024), d: 256, hq: 16, ..chunked };
     let d256 = with(&t, &[("STREAM_K", 1), ("PERSISTENT", 1), ("CONSUMERS", 2), ("BLOCK_N", 64), ("EPI_TMA", 0)]);
     assert_eq!(t.canonical(&d256, &[local], &dev).unwrap()["STREAM_K"], 0);
+    // CLUSTER_SPLIT: one cluster of two CTAs per work tile whatever PERSISTENT says, so a search
+    // reaches it from a persistent point by turning one knob; PERSISTENT and what only a
+    // persistent grid reads (Q_STAGES, DYNAMIC, STREAM_K) are then inert and reset.
+    let split = |persistent: i64| with(&t, &[("CLUSTER_SPLIT", 1), ("PERSISTENT", persistent), ("Q_STAGES", 2), ("DYNAMIC", 0), ("STREAM_K", 1), ("CONSUMERS", 2), ("BLOCK_N", 64), ("EPI_TMA", 0)]);
+    let (a, b) = (t.canonical(&split(0), &[local], &dev).unwrap(), t.canonical(&split(1), &[local], &dev).unwrap());
+    assert_eq!(a, b, "PERSISTENT is inert under CLUSTER_SPLIT");
+    assert_eq!((a["CLUSTER_SPLIT"], a["PERSISTENT"], a["Q_STAGES"], a["DYNAMIC"], a["STREAM_K"]), (1, 1, 1, 1, 0));
+    // Its grid: twice the query tiles along x (clusters of 2), the heads along y; one Q slot.
+    let launch = &t.plan(&b, &local, &dev).unwrap().launches[0];
+    assert_eq!((launch.grid, launch.block), ([2 * 4, 16, 1], [384, 1, 1]));
+    let whole = with(&t, &[("PERSISTENT", 1), ("CONSUMERS", 2), ("BLOCK_N", 64), ("EPI_TMA", 0)]);
+    assert_eq!(t.plan(&whole, &local, &dev).unwrap().launches[0].grid, [64, 1, 1], "persistent: one CTA per SM, 64 tiles");
 }

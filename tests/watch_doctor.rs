@@ -547,7 +547,7 @@ async fn doctor_warns_of_an_exhaustive_stage_that_stops_before_its_space_ends() 
     let dir = hopper_project((9, 0));
     let plan = "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\n\n\
                 [[stage]]\nname = \"hopper\"\ntemplate = \"wgmma_tma.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 16\n\
-                space = { BLOCK_N = [128, 192], STAGES = [2], CONSUMERS = [3, 2], PINGPONG = [1], OVERLAP = [1, 0], PERSISTENT = [1, 0], LAZY_RESCALE = [1], EPI_TMA = [0], PACK_GQA = [0], STREAM_K = [0], LPT_MIB = [8], DYNAMIC = [0], Q_STAGES = [1], PV_WAIT = [1] }\n";
+                space = { BLOCK_N = [128, 192], STAGES = [2], CONSUMERS = [3, 2], PINGPONG = [1], OVERLAP = [1, 0], PERSISTENT = [1, 0], LAZY_RESCALE = [1], EPI_TMA = [0], PACK_GQA = [0], STREAM_K = [0], LPT_MIB = [8], DYNAMIC = [0], Q_STAGES = [1], PV_WAIT = [1], CLUSTER_SPLIT = [0] }\n";
     std::fs::write(dir.path().join("plan.toml"), plan).unwrap();
     let report = doctor::doctor(&options(dir.path(), &dir.path().join("script.json"))).await;
     let text = report.text();

@@ -68,6 +68,19 @@ struct OnlineSoftmax {
         }
     }
 
+    // Row h of another partial state of the same rows, over other keys (a stream-K piece, the
+    // other CTA of a cluster), folded into this one: (m, l) become the union's, and fs / fo
+    // come back, the factors this side's and the other side's O rows are scaled by. A side
+    // that saw no key of the row (max -inf) weighs 0, not NaN. Against m as it stands (a
+    // lazy max is the max the exponentials were taken against: still exact).
+    __device__ __forceinline__ void merge_row(int h, float mo, float lo, float scale_log2, float& fs, float& fo) {
+        const float mn = fmaxf(m[h], mo);
+        fs = m[h] == OPTD_NEG_INF ? 0.f : Exp::apply((m[h] - mn) * scale_log2);
+        fo = mo == OPTD_NEG_INF ? 0.f : Exp::apply((mo - mn) * scale_log2);
+        m[h] = mn;
+        l[h] = l[h] * fs + lo * fo;
+    }
+
     // One row: mx = max(m[h], row h's masked scores of this tile) over all the
     // row's threads (kLazy may lower it back to m[h]). Out: bias for prob(),
     // and corr, the factor of row h of O; `moved` is set when the row's max

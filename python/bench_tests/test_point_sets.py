@@ -37,6 +37,29 @@ class PointSetsTest(unittest.TestCase):
                     for knob, value in knobs.items():
                         self.assertIn(value, ctg.knob_values(tpl, knob), f"{name}: {tpl.rel} {knob}")
 
+    def test_a_point_set_may_give_an_experimental_value_and_nothing_else_outside_the_spec(self):
+        # The mechanism CLUSTER_SPLIT 1 went through (session 30 built it, 31 checked it): a value
+        # the template builds but the spec does not list resolves in a point set only while
+        # EXPERIMENTAL_VALUES names it.
+        wt = next(t for t in self.templates if t.rel == "wgmma_tma.cu")
+        spec_values = list(wt.spec["knobs"]["BLOCK_N"])
+        new = max(spec_values) + 16
+        name = "_experiment_test"
+        ctg.POINT_SETS[name] = [("wgmma_tma.cu", dict(BLOCK_N=new), [ctg.Shape(1, 8, 8, 1024, 1024, 64, False)])]
+        saved = dict(ctg.EXPERIMENTAL_VALUES)
+        try:
+            self.assertEqual(ctg.knob_values(wt, "BLOCK_N"), spec_values)
+            with self.assertRaises(SystemExit):
+                ctg.best_points(self.templates, name)
+            ctg.EXPERIMENTAL_VALUES["wgmma_tma.cu"] = {"BLOCK_N": [new]}
+            self.assertEqual(ctg.knob_values(wt, "BLOCK_N"), spec_values + [new])
+            rows = ctg.best_points(self.templates, name)
+            self.assertEqual([knobs["BLOCK_N"] for _, knobs, _, _ in rows], [new])
+        finally:
+            del ctg.POINT_SETS[name]
+            ctg.EXPERIMENTAL_VALUES.clear()
+            ctg.EXPERIMENTAL_VALUES.update(saved)
+
     def test_experimental_values_are_new_values_of_spec_knobs(self):
         # A value the template builds but the search does not try yet: a knob of the spec,
         # not already in its list (else it would be no experiment).

@@ -203,7 +203,7 @@ impl Engine {
         let params = match history.start(&name) {
             Some(p) => p.clone(),
             None => {
-                let p = self.best_params_for(stage).unwrap_or_else(|| stage.start.clone());
+                let p = self.best_params_for(stage, &[]).unwrap_or_else(|| stage.start.clone());
                 let msg = format!("{name} start {}", serde_json::to_string(&p)?);
                 self.ledger.record_event(&self.run_id, &Event::StageStart { stage: name.clone(), start: p.clone() }, &msg).await?;
                 tracing::info!(kind = "stage", stage = %name, "stage {name}: {} (agent edits of {} via {})", stage.spec.description, stage.spec.template, client.url());

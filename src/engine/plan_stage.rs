@@ -12,7 +12,7 @@ use crate::strategy::search::{Search, SearchKind};
 
 use super::candidate::{Candidate, Policy};
 use super::phase::{Next, Proposer};
-use super::{Engine, Outcome, RunEnd};
+use super::{Engine, Incumbent, Outcome, RunEnd};
 
 /// A plan stage's search over its template's knobs, on every workload shape.
 struct StageSearch {
@@ -124,7 +124,7 @@ impl Engine {
         let recorded_start = history.start(name).cloned();
         let start = match recorded_start.clone() {
             Some(p) => p,
-            None if stage.spec.start_from_best => self.best_params_for(stage).unwrap_or_else(|| stage.start.clone()),
+            None if stage.spec.start_from_best => self.best_params_for(stage, &shapes).unwrap_or_else(|| stage.start.clone()),
             None => stage.start.clone(),
         };
         search.set_start(start.clone());
@@ -216,11 +216,16 @@ impl Engine {
         Ok(run)
     }
 
-    /// The params of this stage's template that serve the most shapes now, restricted
-    /// to the stage's space (knobs outside it keep the stage's start value).
-    pub(super) fn best_params_for(&self, stage: &Stage) -> Option<Params> {
+    /// The params of this stage's template that serve the most of `shapes` now (every
+    /// workload shape where none of those has one of its incumbents), restricted to the
+    /// stage's space (knobs outside it keep the stage's start value). A stage for a few
+    /// shapes (under-filled grids, say) starts from their kernel, not the majority's.
+    pub(super) fn best_params_for(&self, stage: &Stage, shapes: &[Shape]) -> Option<Params> {
+        let ours = |key: &String| shapes.iter().any(|s| &s.key() == key);
+        let of_template = |(_, i): &(&String, &Incumbent)| i.template == stage.template.name();
+        let among_shapes = self.incumbents.iter().filter(of_template).any(|(k, _)| ours(k));
         let mut counts: Vec<(Params, usize)> = Vec::new();
-        for inc in self.incumbents.values().filter(|i| i.template == stage.template.name()) {
+        for (_, inc) in self.incumbents.iter().filter(of_template).filter(|(k, _)| !among_shapes || ours(k)) {
             match counts.iter_mut().find(|(p, _)| *p == inc.params) {
                 Some((_, n)) => *n += 1,
                 None => counts.push((inc.params.clone(), 1)),
