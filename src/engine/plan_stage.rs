@@ -221,11 +221,12 @@ impl Engine {
     /// stage's space (knobs outside it keep the stage's start value). A stage for a few
     /// shapes (under-filled grids, say) starts from their kernel, not the majority's.
     pub(super) fn best_params_for(&self, stage: &Stage, shapes: &[Shape]) -> Option<Params> {
-        let ours = |key: &String| shapes.iter().any(|s| &s.key() == key);
-        let of_template = |(_, i): &(&String, &Incumbent)| i.template == stage.template.name();
-        let among_shapes = self.incumbents.iter().filter(of_template).any(|(k, _)| ours(k));
+        let keys: std::collections::BTreeSet<String> = shapes.iter().map(Shape::key).collect();
+        let all: Vec<(&String, &Incumbent)> = self.incumbents.iter().filter(|(_, i)| i.template == stage.template.name()).collect();
+        let ours: Vec<&Incumbent> = all.iter().filter(|(k, _)| keys.contains(*k)).map(|(_, i)| *i).collect();
+        let pool = if ours.is_empty() { all.into_iter().map(|(_, i)| i).collect() } else { ours };
         let mut counts: Vec<(Params, usize)> = Vec::new();
-        for (_, inc) in self.incumbents.iter().filter(of_template).filter(|(k, _)| !among_shapes || ours(k)) {
+        for inc in pool {
             match counts.iter_mut().find(|(p, _)| *p == inc.params) {
                 Some((_, n)) => *n += 1,
                 None => counts.push((inc.params.clone(), 1)),
