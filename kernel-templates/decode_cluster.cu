@@ -22,13 +22,12 @@
  *      through strides.o;
  *   4. cluster barrier: no CTA leaves while another still reads its memory.
  * The splits of one group are the cluster's CTAs (rank z = blockIdx.x, key
- * tiles t0 + [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, CLUSTER)
- * (CLUSTER * KV_CLUSTERS, z = blockIdx.x, with KV_CLUSTERS below),
+ * tiles t0 + [z * tps, min(n_tiles, (z + 1) * tps)), tps = cdiv(n_tiles, CLUSTER),
  * n_tiles = cdiv(SK, TILE_N) - t0, t0 = 0 or, windowed, the tile of the first
  * key a row sees: common/decode_split.cuh's dec_visible_tiles);
  * a split past the keys (n_tiles < CLUSTER) has LSE -inf and weight 0. There
  * is no global scratch: n_splits = 1 for the ABI (o_partial and lse_partial
- * are not touched), except with KV_CLUSTERS > 1 (below).
+ * are not touched).
  *
  * COMBINE = 1 (push) replaces steps 2-4: every CTA but rank 0 stores its
  * summed rows and LSEs into rank 0's shared memory (st.shared::cluster), and
@@ -64,23 +63,6 @@
  * call, at B 1 x SK 4096 (4 rows) 0.7 of 9.7 (scripts/decode_timeline.py,
  * H200, 2026-11-27); here each SM receives and combines 1 / CLUSTER of that.
  *
- * KV_CLUSTERS > 1 (with COMBINE = 3 only: the spec refuses the others, which
- * build as a stub that traps): a group's keys are split over KV_CLUSTERS
- * clusters, side by side in the grid's x (split blockIdx.x of CLUSTER *
- * KV_CLUSTERS, rank blockIdx.x % CLUSTER). The ranks' shares are whole rows
- * (cdiv(rows, CLUSTER) rows each); each rank combines its share over its
- * cluster as above, but stores it as the cluster's partial (the ABI's
- * o_partial / lse_partial, split blockIdx.x / CLUSTER, n_splits = KV_CLUSTERS),
- * then counts itself in on its share's split semaphore (the ABI's zeroed word
- * at the share's first row; common/decode_split.cuh's dec_arrive_last), and
- * the same rank of whichever cluster arrives last combines the KV_CLUSTERS
- * partials of the share into O (reading KV_CLUSTERS x 1 / CLUSTER of the rows'
- * partials from L2) and leaves the semaphore zero. Why: at most 8 CTAs share
- * a group (the portable cluster size; a cluster of 16 fits 7 at once on the
- * H100), so MQA B 8 and Llama-3 B 1 ran 64 CTAs on 132 SMs, the second half of
- * each CTA's keys landing while half the SMs sat idle; and 16 clusters of 8
- * do not fit in one wave either (15 do, at one CTA per SM), while 32 of 4 do.
- *
  * Cluster size is a compile-time attribute (__cluster_dims__), so a plain
  * cuLaunchKernel launches the clusters; at most 8 CTAs (the portable limit:
  * 16 needs a host-side opt-in the daemon's launcher does not make). So
@@ -109,9 +91,6 @@
  *                     the softmax wait for K only: the last
  *                     tile's S runs while its V still lands
  *                     (common/decode_split.cuh)
- *          KV_CLUSTERS clusters per group, splitting its keys   1, 2, 4
- *                     (> 1: partials in global memory, combined
- *                     per share by the last rank; COMBINE 3 only)
  * Shared (dynamic, bytes), TILE_N = (NUM_WARPS / M_TILES) * BLOCK_N (as decode.cu):
  *          2 D * 16 * M_TILES + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
  *          (DecSmem<D>::BYTES), plus with COMBINE = 1 or 2 rank 0's receive area
@@ -119,9 +98,7 @@
  *          mbarrier (PushSmem<D>::BYTES, checked by OPTD_CHECK_SMEM); with
  *          COMBINE = 3 each rank's receive area instead: (CLUSTER - 1) x
  *          (cdiv(16 * M_TILES * D / 4, CLUSTER) * 16 + 16 * M_TILES * 4) + 16
- *          (ScatterSmem<D>::BYTES; with KV_CLUSTERS > 1 a share is cdiv(16 * M_TILES,
- *          CLUSTER) whole rows, cdiv(16 * M_TILES, CLUSTER) * D / 4 chunks: the same
- *          bytes for clusters of 2, 4 and 8); combos
+ *          (ScatterSmem<D>::BYTES); combos
  *          over the opt-in limit are rejected by the gate.
  *          D 256: the split's layout alone is 8 KiB * M_TILES + 1 KiB * 2 * STAGES
  *          * TILE_N (200 KiB at the default BLOCK_N 16, 4 warps, 3 stages), and
@@ -131,8 +108,8 @@
  *          (214.5 KiB: each rank receives 1 / CLUSTER of the rows), COMBINE 0 (200
  *          KiB), CLUSTER 2 (216 KiB) or NUM_WARPS 2 (216.5 KiB) do.
  *          D 96: 117.5 KiB at the default point.
- * CTAs:    fwd  (CLUSTER * KV_CLUSTERS) x (B * HKV) x cdiv(G * SQ, 16 * M_TILES), NUM_WARPS * 32
- *          threads, clusters of CLUSTER x 1 x 1; one launch.
+ * CTAs:    fwd  CLUSTER x (B * HKV) x cdiv(G * SQ, 16 * M_TILES), NUM_WARPS * 32 threads,
+ *          clusters of CLUSTER x 1 x 1; one launch.
  * Registers: as decode.cu's forward (D / 4 + D / 2 + BLOCK_N / 2 per thread
  *          plus addressing; at D 256 Q is loaded again per k-step instead of
  *          held, D / 2 + BLOCK_N / 2: 254 registers at the default point, no
@@ -164,22 +141,17 @@ COMBINE = [2, 3, 1, 0]
 WARP_LOADS = [0, 1]
 M_TILES = [1, 2]
 K_FIRST = [0, 1]
-KV_CLUSTERS = [1, 2, 4]
 
 [derived]
 tile_n = "(NUM_WARPS // M_TILES) * BLOCK_N"
 row_tiles = "cdiv(G * SQ, 16 * M_TILES)"
-splits = "KV_CLUSTERS"
-
-[[refuse]]
-when = "KV_CLUSTERS > 1 and COMBINE != 3"
-why = "KV_CLUSTERS > 1 combines the clusters' partials per rank's share of whole rows, which only the scatter combine (COMBINE = 3) makes"
+splits = "1"
 
 [[launch]]
 kernel = "fwd"
-grid = ["CLUSTER * KV_CLUSTERS", "B * HKV", "row_tiles"]
+grid = ["CLUSTER", "B * HKV", "row_tiles"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + ((CLUSTER - 1) * ((cdiv(16 * M_TILES, CLUSTER) * (D // 4) if KV_CLUSTERS > 1 else cdiv(16 * M_TILES * D // 4, CLUSTER)) * 16 + 16 * M_TILES * 4) + 16 if COMBINE == 3 else min(COMBINE, 1) * ((CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 + 16))"
+smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + ((CLUSTER - 1) * (cdiv(16 * M_TILES * D // 4, CLUSTER) * 16 + 16 * M_TILES * 4) + 16 if COMBINE == 3 else min(COMBINE, 1) * ((CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 + 16))"
 */
 
 #include "common/optd.cuh"
@@ -195,15 +167,6 @@ smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n
 #ifndef COMBINE
 #error "COMBINE must be defined"
 #endif
-#ifndef KV_CLUSTERS
-#error "KV_CLUSTERS must be defined"
-#endif
-#if KV_CLUSTERS < 1
-#error "KV_CLUSTERS must be 1 or more"
-#endif
-// KV_CLUSTERS > 1 needs COMBINE = 3 (the spec's [[refuse]]): other combines build as a stub
-// that traps, so that every knob combination still compiles.
-#define DEC_KVC_STUB (KV_CLUSTERS > 1 && COMBINE != 3)
 #if COMBINE < 0 || COMBINE > 3
 #error "COMBINE must be 0 (pull), 1 (push), 2 (asynchronous push) or 3 (asynchronous scatter)"
 #endif
@@ -233,10 +196,7 @@ __device__ __forceinline__ int dec_rx_slot(int from, int to) { return from < to 
 
 template <int D>
 struct ScatterSmem {
-    // Most chunks a rank owns: whole rows across clusters (KV_CLUSTERS > 1), else an even
-    // share of the chunks; the same for a CLUSTER that divides DEC_CTA_ROWS.
-    static constexpr int PER = KV_CLUSTERS > 1 ? (DEC_CTA_ROWS + CLUSTER - 1) / CLUSTER * (D / 4)
-                                               : (DEC_CTA_ROWS * (D / 4) + CLUSTER - 1) / CLUSTER;
+    static constexpr int PER = (DEC_CTA_ROWS * (D / 4) + CLUSTER - 1) / CLUSTER;  // most chunks a rank owns
     static constexpr int RX = DecSmem<D>::BYTES;
     static constexpr int RX_LSE = RX + (CLUSTER - 1) * PER * 16;
     static constexpr int MBAR = RX_LSE + (CLUSTER - 1) * DEC_CTA_ROWS * 4;
@@ -255,28 +215,20 @@ __device__ __forceinline__ elem_t* dec_out_chunk(elem_t* o, const optd_strides& 
     return o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s + 4 * c4;
 }
 
-// Where packed row `row` of this CTA lives in the split-KV scratch (the ABI's flat row
-// (b * HQ + h) * SQ + s of one split; split z's is z * B * HQ * SQ rows further on).
-__device__ __forceinline__ size_t dec_flat_row(int row, int heads_q, int heads_kv, int seq_q) {
-    const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
-    const int b = blockIdx.y / heads_kv;
-    return ((size_t)b * heads_q + out.hq) * seq_q + out.s;
-}
-
-// A chunk (4 columns of a packed row), combined over N splits (the cluster's, or the
-// group's clusters') and stored at dst: O = sum_z w_z O_z / sum_z w_z with
-// w_z = exp(lse_z - max_z lse_z). A split that saw no key of the row has LSE -inf,
-// weight 0 and a zero row (never NaN). chunk_at(z) gives split z's float4.
-template <int N, typename ChunkAt>
-__device__ __forceinline__ void dec_combine_chunk(const float (&lse)[N], ChunkAt chunk_at, elem_t* dst) {
+// A chunk (4 columns of a packed row), combined over the CLUSTER splits and
+// stored at dst: O = sum_z w_z O_z / sum_z w_z with w_z = exp(lse_z - max_z lse_z).
+// A split that saw no key of the row has LSE -inf, weight 0 and a zero row (never
+// NaN). chunk_at(z) gives split z's float4.
+template <typename ChunkAt>
+__device__ __forceinline__ void dec_combine_chunk(const float (&lse)[CLUSTER], ChunkAt chunk_at, elem_t* dst) {
     float m = OPTD_NEG_INF;
 #pragma unroll
-    for (int z = 0; z < N; ++z) m = fmaxf(m, lse[z]);
+    for (int z = 0; z < CLUSTER; ++z) m = fmaxf(m, lse[z]);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float wsum = 0.f;
     if (m != OPTD_NEG_INF) {
 #pragma unroll
-        for (int z = 0; z < N; ++z) {
+        for (int z = 0; z < CLUSTER; ++z) {
             const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
             const float4 x = chunk_at(z);
             wsum += w;
@@ -294,38 +246,8 @@ __device__ __forceinline__ void dec_combine_chunk(const float (&lse)[N], ChunkAt
     *reinterpret_cast<uint2*>(dst) = packed;
 }
 
-// KV_CLUSTERS > 1: the chunk combined over the cluster's N splits as the cluster's own
-// partial, normalized by its own sum (fp32), and the row's LSE over the cluster
-// (natural log; -inf, with a zero chunk, where none of its splits saw a key of the row).
-template <int N, typename ChunkAt>
-__device__ __forceinline__ float4 dec_merge_chunk(const float (&lse)[N], ChunkAt chunk_at, float& lse_out) {
-    float m = OPTD_NEG_INF;
-#pragma unroll
-    for (int z = 0; z < N; ++z) m = fmaxf(m, lse[z]);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float wsum = 0.f;
-    if (m != OPTD_NEG_INF) {
-#pragma unroll
-        for (int z = 0; z < N; ++z) {
-            const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
-            const float4 x = chunk_at(z);
-            wsum += w;
-            acc.x = fmaf(w, x.x, acc.x);
-            acc.y = fmaf(w, x.y, acc.y);
-            acc.z = fmaf(w, x.z, acc.z);
-            acc.w = fmaf(w, x.w, acc.w);
-        }
-    }
-    const float inv = wsum > 0.f ? __fdividef(1.f, wsum) : 0.f;
-    lse_out = wsum > 0.f ? m + __logf(wsum) : OPTD_NEG_INF;
-    return make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-}
-
 template <int D>
 __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
-#if DEC_KVC_STUB
-    __trap();
-#else
     using L = DecSmem<D>;
 #if COMBINE == 3
     using S = ScatterSmem<D>;
@@ -336,25 +258,20 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
 #else
     OPTD_CHECK_SMEM(FWD, D, L::BYTES);
 #endif
-#if KV_CLUSTERS == 1
     (void)o_partial;
     (void)lse_partial;
+    (void)n_splits;
     (void)batch;
-#endif
-    (void)n_splits;  // KV_CLUSTERS, the spec's `splits`
-    // The grid's x is CLUSTER * KV_CLUSTERS: the clusters of a group side by side, so
-    // the rank in the cluster is blockIdx.x % CLUSTER, and blockIdx.x the split's place
-    // among all CLUSTER * KV_CLUSTERS splits of the group.
-    const int rank = KV_CLUSTERS > 1 ? (int)blockIdx.x % CLUSTER : (int)blockIdx.x;
+    // blockIdx.x is the rank in the cluster: the grid's x is exactly CLUSTER.
+    const int split = blockIdx.x;
     extern __shared__ __align__(128) unsigned char dec_smem[];
-    // The group's splits divide the key tiles some row sees (a window: from the tile of
-    // row 0's first key, not 0), cluster after cluster; a split past them has no tile,
-    // LSE -inf and weight 0.
+    // The cluster's splits divide the key tiles some row sees (a window: from the tile of
+    // row 0's first key, not 0); a rank past them has no tile, LSE -inf and weight 0.
     const int win = optd_window(window);  // 0 in a build without the window's code
     const DecTiles vis = dec_visible_tiles(seq_q, seq_k, causal, win);
     const int n_tiles = vis.end - vis.begin;
-    const int tps = (n_tiles + CLUSTER * KV_CLUSTERS - 1) / (CLUSTER * KV_CLUSTERS);
-    const int t_begin = vis.begin + min(n_tiles, (int)blockIdx.x * tps);
+    const int tps = (n_tiles + CLUSTER - 1) / CLUSTER;
+    const int t_begin = vis.begin + min(n_tiles, split * tps);
     const int t_end = min(vis.end, t_begin + tps);
     constexpr int C4 = D / 4;
 #if COMBINE == 3
@@ -363,10 +280,8 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     const unsigned mbar = smem_u32(dec_smem + S::MBAR);
     const int rows_sc = dec_rows_valid(heads_q, heads_kv, seq_q);
     const int total = rows_sc * C4;
-    // Each rank's share of the chunks; across clusters (KV_CLUSTERS > 1) whole rows, so
-    // that one rank writes a row's cluster LSE and combines the row (ScatterSmem::PER).
-    const int per = KV_CLUSTERS > 1 ? (rows_sc + CLUSTER - 1) / CLUSTER * C4 : (total + CLUSTER - 1) / CLUSTER;
-    const int own_begin = min(total, rank * per);
+    const int per = (total + CLUSTER - 1) / CLUSTER;
+    const int own_begin = min(total, split * per);
     const int own_end = min(total, own_begin + per);
     auto arm = [&] {
         if (threadIdx.x == 0) {
@@ -386,7 +301,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     const unsigned mbar = smem_u32(dec_smem + P::MBAR);
     const int rows_push = dec_rows_valid(heads_q, heads_kv, seq_q);
     auto arm = [&] {
-        if (rank == 0 && threadIdx.x == 0) {
+        if (split == 0 && threadIdx.x == 0) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mbar), "r"(COMBINE == 2 ? 1 : CLUSTER - 1));
             if (COMBINE == 2) {
                 const unsigned tx = (unsigned)((CLUSTER - 1) * rows_push * (D + 1) * 4);
@@ -468,8 +383,8 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             // Thread t < CLUSTER - 1 sends to the t-th other rank; the next warp its LSEs.
             const int t = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
             if (t < CLUSTER - 1 && w < 2) {
-                const int owner = t < rank ? t : t + 1;
-                const int slot = dec_rx_slot(rank, owner);
+                const int owner = t < split ? t : t + 1;
+                const int slot = dec_rx_slot(split, owner);
                 const unsigned rbar = dsmem_map(mbar, (unsigned)owner);
                 if (w == 0) {
                     const int b0 = min(total, owner * per), b1 = min(total, b0 + per);
@@ -486,8 +401,8 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             // ... else the row LSEs to every other rank one by one (a rank's share may hold any row).
             for (int i = threadIdx.x; i < (CLUSTER - 1) * rows_sc; i += DEC_THREADS) {
                 const int oi = i / rows_sc, row = i % rows_sc;
-                const int owner = oi < rank ? oi : oi + 1;
-                const int slot = dec_rx_slot(rank, owner);
+                const int owner = oi < split ? oi : oi + 1;
+                const int slot = dec_rx_slot(split, owner);
                 dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)((slot * DEC_CTA_ROWS + row) * 4), (unsigned)owner),
                                    lse_s[row], dsmem_map(mbar, (unsigned)owner));
             }
@@ -503,80 +418,33 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         //    or from the staging copy for z = split.
         const float* rxf = reinterpret_cast<const float*>(dec_smem + S::RX);
         const float* rxl = reinterpret_cast<const float*>(dec_smem + S::RX_LSE);
-        auto cluster_lse = [&](float (&lse)[CLUSTER], int row) {
+        for (int c = c0; c < own_end; c += DEC_THREADS) {
+            const int row = c / C4, c4 = c % C4;
+            float lse[CLUSTER];
 #pragma unroll
             for (int z = 0; z < CLUSTER; ++z)
-                lse[z] = z == rank ? lse_s[row] : rxl[dec_rx_slot(z, rank) * DEC_CTA_ROWS + row];
-        };
-        auto cluster_chunk = [&](int z, int c) {
-            return z == rank ? stage[c]
-                             : *reinterpret_cast<const float4*>(rxf + (dec_rx_slot(z, rank) * S::PER + c - own_begin) * 4);
-        };
-#if KV_CLUSTERS > 1
-        // 3. This rank's share (whole rows) over its cluster's splits, as the cluster's
-        //    partial (split blockIdx.x / CLUSTER of the ABI's scratch: o_partial rows and, from
-        //    the thread of each row's first chunk, lse_partial); then the share's semaphore
-        //    (lse_partial's word after the LSEs at the share's first row: one per share, the
-        //    shares' first rows being distinct), and the same rank of the group's cluster that
-        //    arrives last combines the KV_CLUSTERS partials of the share into O. Why: a group's
-        //    splits are at most 8 CTAs of a cluster (the portable size), so MQA B 8 or Llama B 1
-        //    ran 64 CTAs, half the SMs; this way 2 or 4 clusters share the keys, and the last
-        //    step reads KV_CLUSTERS x 1 / CLUSTER of the rows from L2 per rank.
-        const size_t rows_total = (size_t)batch * heads_q * seq_q;
-        const size_t split_rows = (size_t)(blockIdx.x / CLUSTER) * rows_total;
-        for (int c = c0; c < own_end; c += DEC_THREADS) {
-            const int row = c / C4, c4 = c % C4;
-            float lse[CLUSTER];
-            cluster_lse(lse, row);
-            float lse_c;
-            const float4 x = dec_merge_chunk(lse, [&](int z) { return cluster_chunk(z, c); }, lse_c);
-            const size_t prow = split_rows + dec_flat_row(row, heads_q, heads_kv, seq_q);
-            *reinterpret_cast<float4*>(o_partial + prow * D + 4 * c4) = x;
-            if (c4 == 0) lse_partial[prow] = lse_c;
+                lse[z] = z == split ? lse_s[row] : rxl[dec_rx_slot(z, split) * DEC_CTA_ROWS + row];
+            dec_combine_chunk(
+                lse,
+                [&](int z) {
+                    return z == split ? stage[c]
+                                      : *reinterpret_cast<const float4*>(rxf + (dec_rx_slot(z, split) * S::PER + c - own_begin) * 4);
+                },
+                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
         }
         asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-        if (own_begin < own_end) {  // the same for the whole CTA
-            unsigned* sem = reinterpret_cast<unsigned*>(lse_partial + KV_CLUSTERS * rows_total) +
-                            dec_flat_row(own_begin / C4, heads_q, heads_kv, seq_q);
-            if (dec_arrive_last(sem, KV_CLUSTERS)) {
-                // Through L2 (ld.global.cg): the other clusters' partials are this launch's.
-                for (int c = c0; c < own_end; c += DEC_THREADS) {
-                    const int row = c / C4, c4 = c % C4;
-                    const size_t fr = dec_flat_row(row, heads_q, heads_kv, seq_q);
-                    float lse[KV_CLUSTERS];
-#pragma unroll
-                    for (int z = 0; z < KV_CLUSTERS; ++z) lse[z] = __ldcg(lse_partial + z * rows_total + fr);
-                    dec_combine_chunk(
-                        lse,
-                        [&](int z) {
-                            return __ldcg(reinterpret_cast<const float4*>(o_partial + (z * rows_total + fr) * D + 4 * c4));
-                        },
-                        c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
-                }
-            }
-        }
-#else
-        for (int c = c0; c < own_end; c += DEC_THREADS) {
-            const int row = c / C4, c4 = c % C4;
-            float lse[CLUSTER];
-            cluster_lse(lse, row);
-            dec_combine_chunk(lse, [&](int z) { return cluster_chunk(z, c); },
-                              c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
-        }
-        asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
     }
 #elif COMBINE >= 1
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0's mbarrier is initialised
     const unsigned rx = smem_u32(dec_smem + P::RX);
     const unsigned rx_lse = smem_u32(dec_smem + P::RX_LSE);
-    if (COMBINE == 2 && rank != 0) {
+    if (COMBINE == 2 && split != 0) {
         // Each chunk straight into rank 0's slot split - 1, its bytes counted on rank 0's
         // mbarrier as they land: nothing to order, nothing to wait for here. (A staging copy
         // sent by one bulk copy, as COMBINE 3 does, was 1.6-3% slower at the B 1 and B 64
         // winners on the H200, 2026-11-28: few rows per CTA, and the senders then wait for
         // rank 0 before they exit.)
-        const unsigned slot = dsmem_map(rx + (unsigned)((rank - 1) * DEC_CTA_ROWS * D * 4), 0);
+        const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_CTA_ROWS * D * 4), 0);
         const unsigned rbar = dsmem_map(mbar, 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
@@ -584,21 +452,21 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         }
         const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         if ((int)threadIdx.x < rows_valid)
-            dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)(((rank - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
+            dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
                                lse_s[threadIdx.x], rbar);
         return;  // nothing reads this CTA's shared memory
     }
-    if (rank != 0) {
+    if (split != 0) {
         // Push this split's rows and LSEs into rank 0's slot split - 1 as they are summed
         // (no local copy and no barrier between the sum and the push), then arrive.
-        const unsigned slot = dsmem_map(rx + (unsigned)((rank - 1) * DEC_CTA_ROWS * D * 4), 0);
+        const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_CTA_ROWS * D * 4), 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
             dsmem_st_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), chunk_sum(row, c4));
         }
         const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         if ((int)threadIdx.x < rows_valid)
-            dsmem_st_f32(dsmem_map(rx_lse + (unsigned)(((rank - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
+            dsmem_st_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
                          lse_s[threadIdx.x]);
         // One arrive per CTA: the barrier orders every thread's remote stores before
         // thread 0's arrive, whose release (cluster scope) is cumulative over them (the
@@ -635,7 +503,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     }
 #else
     sum_in_place();
-    const int c0 = rank + CLUSTER * (int)threadIdx.x;
+    const int c0 = split + CLUSTER * (int)threadIdx.x;
     elem_t* const dst0 = c0 < rows_valid * C4 ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
     cluster_sync();  // 2.
 
@@ -654,7 +522,6 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     }
     cluster_sync();  // 4.
 #endif
-#endif  // DEC_KVC_STUB
 }
 
 #if OPTD_BUILD_D64

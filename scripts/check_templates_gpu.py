@@ -854,25 +854,6 @@ CLUSTER_SPLIT_POINTS = [
     )
     for cs in (0, 1)
 ]
-# --points kv_clusters: decode-cluster's KV_CLUSTERS (2 or 4 clusters share a group's keys; each
-# rank writes its share of whole rows, combined over its cluster, as the cluster's partial, and
-# the rank of the cluster that arrives last on the share's split semaphore combines the
-# partials), at the MQA and Llama B 1 decode shapes with clusters of 2, 4 and 8 (at 8, GQA 4's
-# four rows leave half the ranks without a share), one and two row tiles, both K_FIRST and
-# WARP_LOADS, and KV_CLUSTERS 1 beside for timing; in check_points.py on the checker's shapes too
-# (ragged SK, SQ up to 16, a padded second row tile, bshd, padded views):
-#   timeout 400 python3 scripts/check_points.py kv_clusters --windows
-_KVC_SHAPES = _DEC_SHAPES + [gqa(1, 32, 8, 1, 4000, 128, True), gqa(8, 32, 1, 1, 4096, 128, False)]
-KV_CLUSTERS_POINTS = [
-    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=cl, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1,
-                               KV_CLUSTERS=kvc), _KVC_SHAPES)
-    for cl, kvc in ((8, 1), (8, 2), (4, 4), (4, 2), (2, 4))
-] + [
-    ("decode_cluster.cu", dict(BLOCK_N=bn, NUM_WARPS=4, STAGES=st, CLUSTER=cl, COMBINE=3, WARP_LOADS=wl, M_TILES=1, K_FIRST=kf,
-                               KV_CLUSTERS=kvc), _KVC_SHAPES)
-    for bn, st, cl, kvc, wl, kf in ((16, 4, 4, 4, 0, 0), (16, 3, 8, 2, 0, 1), (32, 2, 4, 2, 1, 0), (64, 2, 2, 4, 1, 1),
-                                   (16, 4, 8, 1, 0, 0))
-]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -885,7 +866,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
-              "bulk_send": BULK_SEND_POINTS, "window": WINDOW_POINTS, "kv_clusters": KV_CLUSTERS_POINTS}
+              "bulk_send": BULK_SEND_POINTS, "window": WINDOW_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

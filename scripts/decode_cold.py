@@ -61,21 +61,7 @@ kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`
 
     python3 scripts/decode_cold.py OUT.json --against DIR/kernel-templates [--rounds 9] [--cubin-dir DIR2]
 
---kvc: decode-cluster's KV_CLUSTERS (2 or 4 clusters of a group share its keys, their partials
-combined per rank's share by the rank that arrives last) against one cluster per group, on MQA B 8
-and Llama-3 B 1 x SK 4096 and 1024 (causal; 64 CTAs at clusters of 8, half the SMs): clusters of
-2, 4 and 8 times 1, 2 and 4 clusters per group over the tile shapes, the twelve fastest per shape.
-Build with --build-cubins DIR --kvc.
-
-    python3 scripts/decode_cold.py OUT.json --kvc [--cubin-dir DIR]
-
---kvc-long: the same on long caches (B 1 x SK 16384 and 65536, MQA B 8 x SK 16384), where each
-CTA streams many tiles and the partials' round trip is a smaller part of the call; a subset of
---kvc's points (its cubins serve).
-
-    python3 scripts/decode_cold.py OUT.json --kvc-long [--cubin-dir DIR]
-
---vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep, --narrow or --kvc, both when building and timing): every point
+--vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep or --narrow, both when building and timing): every point
 of the sweep once per value of KNOB, e.g. --mqa --vary K_FIRST=0,1.
 
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
@@ -140,40 +126,6 @@ def b1_points():
     """(template, knobs) of --b1: decode-cluster over every tile shape at clusters of 8 and 4."""
     return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
             for cl in (8, 4) for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4) for cb in (2, 3) for wl in (0, 1)]
-
-
-# (cluster size, clusters per group) of --kvc: 64 CTAs per KV head of MQA B 8 / Llama B 1 at
-# (8, 1), 128 at the others but (8, 2) (16 clusters of 8: the H100 holds 15 at one CTA per SM).
-KVC_SPLITS = ((8, 1), (8, 2), (4, 2), (4, 4), (2, 4))
-KVC_SHAPES = [(gqa(8, 32, 1, 1, 4096, 128, True), 2), (gqa(1, 32, 8, 1, 4096, 128, True), 1),
-              (gqa(1, 32, 8, 1, 1024, 128, True), 1)]
-
-
-def kvc_points(m_tiles):
-    """(template, knobs) of --kvc for shapes of m_tiles row tiles per CTA: the scatter combine
-    (the only one KV_CLUSTERS > 1 takes) over KVC_SPLITS and the tile shapes near the plan's
-    starts; at one row tile also the push combine (the B 1 winners') with one cluster."""
-    wl, kf = (1, 1) if m_tiles == 2 else (0, 0)
-    pts = [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=3, WARP_LOADS=wl, M_TILES=m_tiles, K_FIRST=kf,
-                          KV_CLUSTERS=kvc))
-           for cl, kvc in KVC_SPLITS for bn in (16, 32) for w in (4, 8) for st in (2, 3, 4)
-           if w // m_tiles * bn * 512 * st <= 200 * 1024]
-    if m_tiles == 1:
-        pts += [(cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=st, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=0))
-                for st in (3, 4)]
-    return pts
-
-
-KVC_LONG_SHAPES = [(gqa(1, 32, 8, 1, 16384, 128, True), 1), (gqa(1, 32, 8, 1, 65536, 128, True), 1),
-                   (gqa(8, 32, 1, 1, 16384, 128, True), 2)]
-
-
-def kvc_long_points(m_tiles):
-    """--kvc-long: --kvc's points at the tile shapes that led there (B 1: 16 or 32 keys x 4 warps;
-    MQA: 32 keys x 8 warps), 3 and 4 stages (3 at MQA), every (cluster, clusters per group)."""
-    keep = (lambda kn: kn["NUM_WARPS"] == 4 and kn["STAGES"] in (3, 4)) if m_tiles == 1 else \
-        (lambda kn: kn["NUM_WARPS"] == 8 and kn["BLOCK_N"] == 32 and kn["STAGES"] == 3)
-    return [(t, kn) for t, kn in kvc_points(m_tiles) if keep(kn)]
 
 
 def deep_points(m_tiles):
@@ -441,7 +393,6 @@ if __name__ == "__main__":
                else [p for _, m in DEEP_SHAPES for p in deep_points(m)] if "--deep" in sys.argv
                else narrow_points() if "--narrow" in sys.argv
                else kfirst_points() if "--kfirst" in sys.argv
-               else [p for m in (1, 2) for p in kvc_points(m)] if "--kvc" in sys.argv
                else against_points(sys.argv[sys.argv.index("--against") + 1]) if "--against" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], vary(pts) if pts is not None else None))
@@ -458,14 +409,6 @@ if __name__ == "__main__":
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         for shape, m in DEEP_SHAPES:
             full_sweep(sys.argv[1].replace(".json", f"_m{m}.json"), vary(deep_points(m)), [shape], top=12)
-    elif "--kvc-long" in sys.argv:
-        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        for shape, m in KVC_LONG_SHAPES:
-            full_sweep(sys.argv[1].replace(".json", f"_{C.shape_key(shape)}.json"), vary(kvc_long_points(m)), [shape], top=12)
-    elif "--kvc" in sys.argv:
-        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        for shape, m in KVC_SHAPES:
-            full_sweep(sys.argv[1].replace(".json", f"_{C.shape_key(shape)}.json"), vary(kvc_points(m)), [shape], top=12)
     elif "--narrow" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], vary(narrow_points()) + [(cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3,

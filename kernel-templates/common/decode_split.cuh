@@ -676,30 +676,4 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
 }
 
 
-// Count this CTA in on its group's split semaphore (decode.cu's FUSED_COMBINE,
-// decode_cluster.cu's KV_CLUSTERS > 1: a zeroed word of the ABI's lse_partial tail); true in the one CTA that
-// arrives last (and has reset the semaphore for the next launch). Every thread
-// calls it after its own partial stores. No per-thread fence: the barrier
-// orders every thread's stores before thread 0's atomic, whose release (gpu
-// scope) is cumulative over what happens before it, the PTX memory model's
-// causality order being transitive through the barrier (CUTLASS's semaphores
-// rely on the same); thread 0's acquire plus the barrier's second half order
-// every later load after all arrivals. A __threadfence() per thread here cost
-// 0.4 us per call at B 1 x SK 4096 and on MQA (H100, 2026-11-26,
-// scripts/decode_ablation.py `no_fence`, checked 156 of 156 in three rounds).
-__device__ __forceinline__ bool dec_arrive_last(unsigned* sem, int n_splits) {
-    __syncthreads();
-    int last = 0;
-    if (threadIdx.x == 0) {
-        unsigned prev;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(sem) : "memory");
-        if (prev == (unsigned)n_splits - 1) {
-            last = 1;
-            // Nobody else touches it in this launch now: all n_splits CTAs are in.
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;\n" ::"l"(sem) : "memory");
-        }
-    }
-    return __syncthreads_or(last) != 0;
-}
-
 #endif  // OPTD_DECODE_SPLIT_CUH
