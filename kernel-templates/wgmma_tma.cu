@@ -900,7 +900,7 @@ __device__ __forceinline__ bool stream_k_merge(Consumer<D>& cs, const Sched& sch
 // CLUSTER_SPLIT: the end of a work tile computed by a cluster of two CTAs, each half of its
 // key tiles (TileScheduler::keys). Rank 1's warpgroups send their threads' (m, l, O) into
 // rank 0's shared memory, where rank 0's warpgroups merge them into their registers
-// (OnlineSoftmax::merge_row's arithmetic) and store O; rank 1 stores nothing. Returns whether this
+// (OnlineSoftmax::merge_row, Consumer::merge_o, as stream_k_merge) and store O; rank 1 stores nothing. Returns whether this
 // warpgroup stores. `buf`: rank 0's Q slot and K/V ring, free once every consumer of rank 0
 // is done with the tile (non-persistent: the producer loads nothing after it); thread-major
 // 16-byte chunks, chunk q of thread tw of warpgroup c at ((c J4 + q) 128 + tw) 16, so a
@@ -941,32 +941,19 @@ __device__ __forceinline__ bool cluster_merge(Consumer<D>& cs, int c, int tw, bo
     cluster_mbar_wait(smem_addr(&bars.cs_data), 0);
     float4 ml;
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(ml.x), "=f"(ml.y), "=f"(ml.z), "=f"(ml.w) : "r"(chunk0));
-    // OnlineSoftmax::merge_row's arithmetic, written out: through merge_row NVVM orders the
-    // instructions differently (the same operations, other registers and schedule; SASS of
-    // 2026-11-30), and this is the code that ran on the GPU. To move once a device check follows.
-    const float mo[2] = {ml.x, ml.y}, lo[2] = {ml.z, ml.w};
     float fs[2], fo[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float mn = fmaxf(cs.sm.m[h], mo[h]);
-        // A side that saw no key of the row (max -inf) weighs 0, not NaN.
-        fs[h] = cs.sm.m[h] == OPTD_NEG_INF ? 0.f : fast_exp2((cs.sm.m[h] - mn) * sl2);
-        fo[h] = mo[h] == OPTD_NEG_INF ? 0.f : fast_exp2((mo[h] - mn) * sl2);
-        cs.sm.m[h] = mn;
-        cs.sm.l[h] = cs.sm.l[h] * fs[h] + lo[h] * fo[h];
-    }
+    cs.sm.merge_row(0, ml.x, ml.z, sl2, fs[0], fo[0]);
+    cs.sm.merge_row(1, ml.y, ml.w, sl2, fs[1], fo[1]);
 #pragma unroll
     for (int q = 1; q < J4; ++q) {
         float4 x;
         asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                      : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
                      : "r"(chunk0 + q * 128 * 16));
-        const float xs[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // o[4 n + e]: row g for e < 2, g + 8 after
-            const int j2 = 4 * q - 4 + e, h = (j2 >> 1) & 1;
-            cs.o[j2] = cs.o[j2] * fs[h] + xs[e] * fo[h];
-        }
+        cs.merge_o(4 * q - 4, x.x, fs, fo);
+        cs.merge_o(4 * q - 3, x.y, fs, fo);
+        cs.merge_o(4 * q - 2, x.z, fs, fo);
+        cs.merge_o(4 * q - 1, x.w, fs, fo);
     }
     return stores;
 }
