@@ -29,6 +29,8 @@ Workloads (--workload; --config names any other file):
   window    scripts/benchmark-window.toml: sliding-window attention as local layers run
             it (Gemma 3-like: 1024 keys at head dims 256 and 128; Mistral-7B-v0.1-like:
             4096 keys), prefill, chunked prefill and decode, bf16.
+  long-decode  scripts/benchmark-long-decode.toml: decode over long KV caches (Llama-3-8B-like,
+            bf16: batch 1 at 16K, 64K and 128K keys, batch 4 at 32K, multi-query at 16K).
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -67,6 +69,7 @@ WORKLOADS = {
     "medium": "scripts/benchmark-medium.toml",
     "gemma-phi3": "scripts/benchmark-gemma-phi3.toml",
     "window": "scripts/benchmark-window.toml",
+    "long-decode": "scripts/benchmark-long-decode.toml",
 }
 
 DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode

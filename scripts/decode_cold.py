@@ -61,6 +61,14 @@ kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`
 
     python3 scripts/decode_cold.py OUT.json --against DIR/kernel-templates [--rounds 9] [--cubin-dir DIR2]
 
+--long: long caches (Llama-3 B 1 x SK 16384 and 65536, 67 and 268 MB; B 8 x SK 16384, the LLM
+at B 8 537 MB, the LLM workload's largest), where 64 CTAs (B 1, clusters of 8) stream for tens of
+microseconds: decode-cluster over keys per warp, stages and both pushed combines (clusters of 8; at
+B 8 also 2 and 4). Session 32 saw 32 keys per warp stream B 1 x SK 65536 at 4.1 TB/s where the
+plan's start (16 keys) reached 3.3. Build with --build-cubins DIR --long.
+
+    python3 scripts/decode_cold.py OUT.json --long [--cubin-dir DIR]
+
 --vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep or --narrow, both when building and timing): every point
 of the sweep once per value of KNOB, e.g. --mqa --vary K_FIRST=0,1.
 
@@ -126,6 +134,16 @@ def b1_points():
     """(template, knobs) of --b1: decode-cluster over every tile shape at clusters of 8 and 4."""
     return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
             for cl in (8, 4) for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4) for cb in (2, 3) for wl in (0, 1)]
+
+
+LONG_SHAPES = [gqa(1, 32, 8, 1, 16384, 128, True), gqa(1, 32, 8, 1, 65536, 128, True), gqa(8, 32, 8, 1, 16384, 128, True)]
+
+
+def long_points():
+    """(template, knobs) of --long: 16, 32 and 64 keys per warp x 4 warps, 2-4 stages, the pushed
+    combines 2 and 3, clusters of 8, 4 and 2 (the shared memory limit drops the largest rings)."""
+    return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=4, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=0, M_TILES=1, K_FIRST=0))
+            for cl in (8, 4, 2) for bn in (16, 32, 64) for st in (2, 3, 4) for cb in (2, 3) if 4 * bn * 512 * st <= 200 * 1024]
 
 
 def deep_points(m_tiles):
@@ -393,6 +411,7 @@ if __name__ == "__main__":
                else [p for _, m in DEEP_SHAPES for p in deep_points(m)] if "--deep" in sys.argv
                else narrow_points() if "--narrow" in sys.argv
                else kfirst_points() if "--kfirst" in sys.argv
+               else long_points() if "--long" in sys.argv
                else against_points(sys.argv[sys.argv.index("--against") + 1]) if "--against" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], vary(pts) if pts is not None else None))
@@ -409,6 +428,11 @@ if __name__ == "__main__":
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         for shape, m in DEEP_SHAPES:
             full_sweep(sys.argv[1].replace(".json", f"_m{m}.json"), vary(deep_points(m)), [shape], top=12)
+    elif "--long" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        for shape in LONG_SHAPES:
+            pts = [p for p in vary(long_points()) if shape.b > 1 or p[1]["CLUSTER"] == 8]
+            full_sweep(sys.argv[1].replace(".json", f"_{C.shape_key(shape)}.json"), pts, [shape], top=12)
     elif "--narrow" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], vary(narrow_points()) + [(cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3,

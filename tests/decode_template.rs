@@ -264,7 +264,7 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
     let path = common::repo_root().join("strategies/default.toml");
     let plan = optimizerd::strategy::plan::Plan::load(&path, &common::repo_root().join("kernel-templates")).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
-    assert_eq!(&names[..5], ["baseline", "decode", "decode-cluster", "decode-wide", "kv-split"]);
+    assert_eq!(&names[..6], ["baseline", "decode", "decode-cluster", "decode-wide", "decode-deep-ring", "kv-split"]);
     let shapes = [gqa(1, 32, 8, 1, 1024, false), gqa(8, 32, 1, 1, 4096, true), gqa(64, 32, 8, 1, 16384, false)];
     for (stage, template) in plan.stages[1..3].iter().zip(["decode-split", "decode-cluster"]) {
         assert_eq!(stage.template.name(), template);
@@ -277,6 +277,17 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
     assert_eq!((wide.template.name(), wide.spec.shapes.as_str()), ("decode-cluster", "G * SQ > 16"));
     assert_eq!(wide.start["M_TILES"], 2);
     gate::check(&wide.template, &wide.start, &shapes[1..2], &h100(), &wide.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    // Long caches of narrow groups: the deep ring (32 keys x 3 stages, the scatter combine) as
+    // the start, which the decode-cluster stage's one-knob moves cannot reach (32 keys x 3
+    // stages with its push combine does not fit at clusters of 8: the gate refuses it).
+    let deep = &plan.stages[4];
+    assert_eq!((deep.template.name(), deep.spec.shapes.as_str()), ("decode-cluster", "SK >= 16384 and G * SQ <= 16"));
+    assert_eq!((deep.start["BLOCK_N"], deep.start["STAGES"], deep.start["COMBINE"]), (32, 3, 3));
+    let long = [gqa(1, 32, 8, 1, 65536, true), gqa(8, 32, 8, 1, 16384, true)];
+    gate::check(&deep.template, &deep.start, &long, &h100(), &deep.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    let mut push = deep.start.clone();
+    push.insert("COMBINE".into(), 2);
+    assert!(gate::check(&deep.template, &push, &long[..1], &h100(), &deep.spec.min_ctas).is_err(), "the push combine's receive area beside the deep ring");
     // The prefill stages leave decode shapes to the decode templates (timing a generic kernel
     // on a decode shape's KV cache was most of a candidate's time, and it never won one).
     for stage in plan.stages.iter().filter(|s| s.spec.search != optimizerd::strategy::search::SearchKind::Agent
