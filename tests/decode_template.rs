@@ -17,7 +17,7 @@ use optimizerd::pipeline::render::render;
 use optimizerd::spec::protocol::{DType, Layout, Shape};
 use optimizerd::spec::template::{Params, Template};
 use optimizerd::storage::ledger::Ledger;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn decode() -> Template {
     Template::load(&common::repo_root().join("kernel-templates"), "decode.cu").unwrap_or_else(|e| panic!("{e}"))
@@ -458,4 +458,52 @@ fn a_shapes_filter_that_names_no_shape_variable_fails_at_load_naming_the_stage()
     let bad = PLAN_WIDE.replace("G * SQ > 16", "G * SQQ > 16");
     let err = optimizerd::strategy::plan::Plan::parse(std::path::Path::new("plan.toml"), &bad, &dir).unwrap_err().to_string();
     assert!(err.contains("wide") && err.contains("G * SQQ > 16") && err.contains("HQ, HKV, G, SQ"), "{err}");
+}
+
+/// The shipped plan's `decode-deep-ring` stage: on long caches of narrow groups only (not on a
+/// short cache, not on MQA, whose packed rows are decode-wide's), from 32 keys x 3 stages with
+/// the scatter combine, then the other cluster sizes; three candidates, and the winner serves
+/// that shape alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deep_ring_stage_runs_on_long_caches_of_narrow_groups_only() {
+    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
+    let stage = shipped.split("[[stage]]").find(|s| s.contains("name = \"decode-deep-ring\"")).expect("the shipped plan has the stage");
+    let plan = format!(
+        "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 1\n\n\
+         [[stage]]{stage}\n[open_phase]\nenabled = false\n"
+    );
+    let dc = "template `decode-cluster`";
+    let rules = json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 500.0 } } },
+        { "source_contains": [dc, "#define CLUSTER 2\n"], "behaviour": { "ok": { "us": 50.0 } } },
+        { "source_contains": [dc, "#define CLUSTER 4\n"], "behaviour": { "ok": { "us": 80.0 } } },
+        { "source_contains": [dc], "behaviour": { "ok": { "us": 60.0 } } }
+    ]);
+    let p = Project::new(&plan, rules, json!({ "ok": { "us": 900.0 } }));
+    p.append_config("\n[baseline]\nsdpa = false\n");
+    p.set_workload(
+        "shapes = [ { b = 1, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
+         { b = 1, hq = 32, hkv = 8, sq = 1, sk = 65536, d = 128, causal = true }, \
+         { b = 8, hq = 32, hkv = 1, sq = 1, sk = 65536, d = 128, causal = true } ]",
+    );
+    assert_eq!(p.run("deep", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("deep").await.unwrap();
+    let long = "b1hq32hkv8sq1sk65536d128-causal";
+    let deep: Vec<_> = its.iter().filter(|i| i.stage == "decode-deep-ring").collect();
+    let mut clusters = Vec::new();
+    for it in &deep {
+        let params: optimizerd::spec::template::Params = serde_json::from_str(&it.params_json).unwrap();
+        assert_eq!((params["BLOCK_N"], params["STAGES"], params["COMBINE"]), (32, 3, 3), "{}", it.params_json);
+        clusters.push(params["CLUSTER"]);
+        let measured: Vec<&str> = it.shapes.iter().filter(|s| s.median_us.is_some()).map(|s| s.shape.as_str()).collect();
+        assert_eq!(measured, [long], "iteration {}: the long cache of the narrow group only", it.seq);
+    }
+    clusters.sort();
+    assert_eq!(clusters, [2, 4, 8], "the start (8), then the other cluster sizes");
+    let dispatch: Value = serde_json::from_str(&std::fs::read_to_string(p.workspace("deep").join("kernels/dispatch.json")).unwrap()).unwrap();
+    assert_eq!(dispatch[long]["params"]["CLUSTER"], 2, "the fastest of the three");
+    for other in ["b1hq32hkv8sq1sk4096d128-causal", "b8hq32hkv1sq1sk65536d128-causal"] {
+        assert_eq!(dispatch[other]["template"], "baseline", "{other}: not the stage's shape");
+    }
 }
