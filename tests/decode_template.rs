@@ -281,7 +281,7 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
     // the start, which the decode-cluster stage's one-knob moves cannot reach (32 keys x 3
     // stages with its push combine does not fit at clusters of 8: the gate refuses it).
     let deep = &plan.stages[4];
-    assert_eq!((deep.template.name(), deep.spec.shapes.as_str()), ("decode-cluster", "SK >= 16384 and G * SQ <= 16"));
+    assert_eq!((deep.template.name(), deep.spec.shapes.as_str()), ("decode-cluster", "SK >= 16384 and G * SQ <= 16 and (WINDOW == 0 or WINDOW >= 16384)"));
     assert_eq!((deep.start["BLOCK_N"], deep.start["STAGES"], deep.start["COMBINE"]), (32, 3, 3));
     let long = [gqa(1, 32, 8, 1, 65536, true), gqa(8, 32, 8, 1, 16384, true)];
     gate::check(&deep.template, &deep.start, &long, &h100(), &deep.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
@@ -461,7 +461,7 @@ fn a_shapes_filter_that_names_no_shape_variable_fails_at_load_naming_the_stage()
 }
 
 /// The shipped plan's `decode-deep-ring` stage: on long caches of narrow groups only (not on a
-/// short cache, not on MQA, whose packed rows are decode-wide's), from 32 keys x 3 stages with
+/// short cache, not on MQA, whose packed rows are decode-wide's, not under a window of 4096 keys), from 32 keys x 3 stages with
 /// the scatter combine, then the other cluster sizes; three candidates, and the winner serves
 /// that shape alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -484,7 +484,8 @@ async fn the_deep_ring_stage_runs_on_long_caches_of_narrow_groups_only() {
     p.set_workload(
         "shapes = [ { b = 1, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, \
          { b = 1, hq = 32, hkv = 8, sq = 1, sk = 65536, d = 128, causal = true }, \
-         { b = 8, hq = 32, hkv = 1, sq = 1, sk = 65536, d = 128, causal = true } ]",
+         { b = 8, hq = 32, hkv = 1, sq = 1, sk = 65536, d = 128, causal = true }, \
+         { b = 1, hq = 32, hkv = 8, sq = 1, sk = 65536, d = 128, causal = true, window = 4096 } ]",
     );
     assert_eq!(p.run("deep", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
@@ -503,7 +504,7 @@ async fn the_deep_ring_stage_runs_on_long_caches_of_narrow_groups_only() {
     assert_eq!(clusters, [2, 4, 8], "the start (8), then the other cluster sizes");
     let dispatch: Value = serde_json::from_str(&std::fs::read_to_string(p.workspace("deep").join("kernels/dispatch.json")).unwrap()).unwrap();
     assert_eq!(dispatch[long]["params"]["CLUSTER"], 2, "the fastest of the three");
-    for other in ["b1hq32hkv8sq1sk4096d128-causal", "b8hq32hkv1sq1sk65536d128-causal"] {
+    for other in ["b1hq32hkv8sq1sk4096d128-causal", "b8hq32hkv1sq1sk65536d128-causal", "b1hq32hkv8sq1sk65536d128-causal-w4096"] {
         assert_eq!(dispatch[other]["template"], "baseline", "{other}: not the stage's shape");
     }
 }
