@@ -69,6 +69,13 @@ plan's start (16 keys) reached 3.3. Build with --build-cubins DIR --long.
 
     python3 scripts/decode_cold.py OUT.json --long [--cubin-dir DIR]
 
+--deep-ab: the LLM workload's decode-cluster winners on caches under 16K keys (run 20261130-040923-ad22)
+against the deep ring at the same cluster size (32 keys x 4 warps, 3 stages, COMBINE 3: the
+decode-deep-ring stage's start), paired, cold: would that stage pay on shorter caches too?
+Build with --build-cubins DIR --deep-ab.
+
+    python3 scripts/decode_cold.py OUT.json --deep-ab [--rounds 9] [--cubin-dir DIR]
+
 --vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep or --narrow, both when building and timing): every point
 of the sweep once per value of KNOB, e.g. --mqa --vary K_FIRST=0,1.
 
@@ -134,6 +141,20 @@ def b1_points():
     """(template, knobs) of --b1: decode-cluster over every tile shape at clusters of 8 and 4."""
     return [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl))
             for cl in (8, 4) for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4) for cb in (2, 3) for wl in (0, 1)]
+
+
+# --deep-ab: (shape, the LLM run's winner) on caches under 16K keys.
+DEEP_AB = [
+    (gqa(1, 32, 8, 1, 1024, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
+    (gqa(1, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
+    (gqa(8, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=2, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
+    (gqa(8, 32, 8, 1, 4000, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=2, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
+]
+
+
+def deep_of(kn):
+    """The deep ring at kn's cluster size."""
+    return dict(kn, BLOCK_N=32, NUM_WARPS=4, STAGES=3, COMBINE=3)
 
 
 LONG_SHAPES = [gqa(1, 32, 8, 1, 16384, 128, True), gqa(1, 32, 8, 1, 65536, 128, True), gqa(8, 32, 8, 1, 16384, 128, True)]
@@ -412,6 +433,7 @@ if __name__ == "__main__":
                else narrow_points() if "--narrow" in sys.argv
                else kfirst_points() if "--kfirst" in sys.argv
                else long_points() if "--long" in sys.argv
+               else [(cluster, k) for _, kn in DEEP_AB for k in (kn, deep_of(kn))] if "--deep-ab" in sys.argv
                else against_points(sys.argv[sys.argv.index("--against") + 1]) if "--against" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], vary(pts) if pts is not None else None))
@@ -428,6 +450,11 @@ if __name__ == "__main__":
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         for shape, m in DEEP_SHAPES:
             full_sweep(sys.argv[1].replace(".json", f"_m{m}.json"), vary(deep_points(m)), [shape], top=12)
+    elif "--deep-ab" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        rows = [(shape, combo_label(kn), (cluster, kn), (cluster, deep_of(kn))) for shape, kn in DEEP_AB]
+        paired_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9, rows,
+                  ("winner", "deep ring"))
     elif "--long" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         for shape in LONG_SHAPES:

@@ -76,6 +76,15 @@ class PairedAbTest(unittest.TestCase):
         self.assertEqual(len(points), 2 * len(saved_points))
         self.assertEqual({t.path.parent for t, _ in points}, {old / "kernel-templates", DC.cluster.path.parent})
 
+    def test_deep_ab_pairs_each_winner_with_the_deep_ring_at_its_own_cluster_size(self):
+        for shape, kn in DC.DEEP_AB:
+            deep = DC.deep_of(kn)
+            self.assertEqual((deep["BLOCK_N"], deep["NUM_WARPS"], deep["STAGES"], deep["COMBINE"]), (32, 4, 3, 3))
+            self.assertEqual({k: v for k, v in deep.items() if k not in ("BLOCK_N", "NUM_WARPS", "STAGES", "COMBINE")},
+                             {k: v for k, v in kn.items() if k not in ("BLOCK_N", "NUM_WARPS", "STAGES", "COMBINE")},
+                             "the cluster size and the other knobs stay the winner's")
+            self.assertLess(shape.sk, 16384, "caches the decode-deep-ring stage leaves out")
+
 
 if __name__ == "__main__":
     unittest.main()
