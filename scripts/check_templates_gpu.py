@@ -854,6 +854,17 @@ CLUSTER_SPLIT_POINTS = [
     )
     for cs in (0, 1)
 ]
+# --points long_decode: the long-decode workload's winners (run 20261130-040353-d0cd: decode-deep-ring's
+# 32 keys x 3 stages with the scatter combine, clusters of 8 at batch 1 and of 2 at batch 4; MQA at
+# decode-wide's start) on its shapes, timed against SDPA and, where it imports, FA4:
+#   python3 scripts/check_templates_gpu.py --time-best --points long_decode --sustain-ms 200 --no-check
+_DEEP = dict(BLOCK_N=32, NUM_WARPS=4, STAGES=3, COMBINE=3, WARP_LOADS=0, M_TILES=1, K_FIRST=0)
+LONG_DECODE_POINTS = [
+    ("decode_cluster.cu", dict(_DEEP, CLUSTER=8), [gqa(1, 32, 8, 1, sk, 128, True) for sk in (16384, 65536, 131072)]),
+    ("decode_cluster.cu", dict(_DEEP, CLUSTER=2), [gqa(4, 32, 8, 1, 32768, 128, True)]),
+    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1),
+     [gqa(8, 32, 1, 1, 16384, 128, True)]),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -866,7 +877,8 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
-              "bulk_send": BULK_SEND_POINTS, "window": WINDOW_POINTS}
+              "bulk_send": BULK_SEND_POINTS, "window": WINDOW_POINTS,
+              "long_decode": LONG_DECODE_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
