@@ -61,8 +61,8 @@ kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`
 
     python3 scripts/decode_cold.py OUT.json --against DIR/kernel-templates [--rounds 9] [--cubin-dir DIR2]
 
---long: long caches (Llama-3 B 1 x SK 16384 and 65536, 67 and 268 MB; B 8 x SK 16384, the LLM
-at B 8 537 MB, the LLM workload's largest), where 64 CTAs (B 1, clusters of 8) stream for tens of
+--long: long caches (Llama-3 B 1 x SK 16384 and 65536, 67 and 268 MB; B 8 x SK 16384, 537 MB, the
+LLM workload's largest), where 64 CTAs (B 1, clusters of 8) stream for tens of
 microseconds: decode-cluster over keys per warp, stages and both pushed combines (clusters of 8; at
 B 8 also 2 and 4). Session 32 saw 32 keys per warp stream B 1 x SK 65536 at 4.1 TB/s where the
 plan's start (16 keys) reached 3.3. Build with --build-cubins DIR --long.
@@ -76,7 +76,7 @@ Build with --build-cubins DIR --deep-ab.
 
     python3 scripts/decode_cold.py OUT.json --deep-ab [--rounds 9] [--cubin-dir DIR]
 
---vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep or --narrow, both when building and timing): every point
+--vary KNOB=V1,V2 (with --mqa, --b1, --b8, --deep, --narrow or --long, both when building and timing): every point
 of the sweep once per value of KNOB, e.g. --mqa --vary K_FIRST=0,1.
 
 Importable: scripts/decode_overhead.py uses its cold timers (after init()).
