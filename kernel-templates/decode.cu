@@ -220,9 +220,6 @@ smem = "0"
 */
 
 #include "common/optd.cuh"
-// decode-cluster's PV_COLS (P V split by O's columns, no merge of the key warps' copies) is
-// not a knob here: a split's partial row leaves through global memory either way.
-#define PV_COLS 0
 #include "common/decode_split.cuh"
 
 #ifndef FUSED_COMBINE
@@ -434,9 +431,9 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     constexpr int C4 = D / 4;
     for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
         const int row = c / C4, c4 = c % C4;
-        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_STRIDE + 4 * c4);
+        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
 #pragma unroll
-        for (int kw = 1; kw < DEC_XO_COPIES; ++kw) {
+        for (int kw = 1; kw < DEC_KEY_WARPS; ++kw) {
             const float4 x = *reinterpret_cast<const float4*>(xo + (kw * DEC_CTA_ROWS + row) * L::XO_ROW + 4 * c4);
             sum.x += x.x;
             sum.y += x.y;

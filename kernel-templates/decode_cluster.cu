@@ -91,19 +91,9 @@
  *                     the softmax wait for K only: the last
  *                     tile's S runs while its V still lands
  *                     (common/decode_split.cuh)
- *          PV_COLS    1 each warp's P V over all the tile's keys   0, 1
- *                     for D / KW of O's columns (P and the key
- *                     warps' maxima through shared memory), so
- *                     no merge of KW copies of each row after
- *                     the loop and, with COMBINE 3, no staging
- *                     copy: the split's rows are written once,
- *                     densely (common/decode_split.cuh); needs
- *                     KW = NUM_WARPS / M_TILES >= 2 and D / 8
- *                     divisible by 2 KW (refused otherwise)
  * Shared (dynamic, bytes), TILE_N = (NUM_WARPS / M_TILES) * BLOCK_N (as decode.cu):
  *          2 D * 16 * M_TILES + max(2 D * 2 * STAGES * TILE_N, NUM_WARPS * 16 * (D + 8) * 4)
- *          (DecSmem<D>::BYTES; PV_COLS adds 16 * M_TILES * (2 * TILE_N + 16) for P and
- *          NUM_WARPS * 128 for the warps' row maxima and sums), plus with COMBINE = 1 or 2 rank 0's receive area
+ *          (DecSmem<D>::BYTES), plus with COMBINE = 1 or 2 rank 0's receive area
  *          (CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 (fp32 rows and LSEs) and 16 for the
  *          mbarrier (PushSmem<D>::BYTES, checked by OPTD_CHECK_SMEM); with
  *          COMBINE = 3 each rank's receive area instead: (CLUSTER - 1) x
@@ -151,7 +141,6 @@ COMBINE = [2, 3, 1, 0]
 WARP_LOADS = [0, 1]
 M_TILES = [1, 2]
 K_FIRST = [0, 1]
-PV_COLS = [0, 1]
 
 [derived]
 tile_n = "(NUM_WARPS // M_TILES) * BLOCK_N"
@@ -162,11 +151,7 @@ splits = "1"
 kernel = "fwd"
 grid = ["CLUSTER", "B * HKV", "row_tiles"]
 block = ["NUM_WARPS * 32", "1", "1"]
-smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + PV_COLS * (16 * M_TILES * (2 * tile_n + 16) + NUM_WARPS * 128) + ((CLUSTER - 1) * (cdiv(16 * M_TILES * D // 4, CLUSTER) * 16 + 16 * M_TILES * 4) + 16 if COMBINE == 3 else min(COMBINE, 1) * ((CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 + 16))"
-
-[[refuse]]
-when = "PV_COLS == 1 and (NUM_WARPS // M_TILES < 2 or (D // 8) % (2 * (NUM_WARPS // M_TILES)) != 0)"
-why = "PV_COLS 1 splits O's D / 8 column tiles over the key warps (NUM_WARPS / M_TILES) in pairs: it needs at least two key warps and D / 8 divisible by twice their number; PV_COLS 0, or fewer key warps, run"
+smem = "ELEM_BYTES * D * 16 * M_TILES + max(ELEM_BYTES * D * 2 * STAGES * tile_n, NUM_WARPS * 16 * (D + 8) * 4) + ((CLUSTER - 1) * (cdiv(16 * M_TILES * D // 4, CLUSTER) * 16 + 16 * M_TILES * 4) + 16 if COMBINE == 3 else min(COMBINE, 1) * ((CLUSTER - 1) * 16 * M_TILES * (D + 1) * 4 + 16))"
 */
 
 #include "common/optd.cuh"
@@ -339,9 +324,9 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     // 1. This split's rows: the warps' copies summed, each 16-byte chunk by one
     //    thread; into warp 0's copy, except where COMBINE = 1 pushes them (below).
     auto chunk_sum = [&](int row, int c4) {
-        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_STRIDE + 4 * c4);
+        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
 #pragma unroll
-        for (int kw = 1; kw < DEC_XO_COPIES; ++kw) {
+        for (int kw = 1; kw < DEC_KEY_WARPS; ++kw) {
             const float4 x = *reinterpret_cast<const float4*>(xo + (kw * DEC_CTA_ROWS + row) * L::XO_ROW + 4 * c4);
             sum.x += x.x;
             sum.y += x.y;
@@ -351,11 +336,9 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         return sum;
     };
     auto sum_in_place = [&]() {
-        if constexpr (!PV_COLS) {  // PV_COLS: one copy, the rows summed already
-            for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
-                const int row = c / C4, c4 = c % C4;
-                *reinterpret_cast<float4*>(xo + row * L::XO_STRIDE + 4 * c4) = chunk_sum(row, c4);
-            }
+        for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+            const int row = c / C4, c4 = c % C4;
+            *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
         }
     };
 #if COMBINE == 3
@@ -376,28 +359,24 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         //    uncoalesced). The staged copy needs the senders alive until it has landed: the
         //    cluster barrier below. All of a thread's chunk sums are loaded before any is
         //    staged (a barrier between: the staging copy overwrites the rows others still read).
-        float4* stage = reinterpret_cast<float4*>(xo);
-        if constexpr (!PV_COLS) {
-            constexpr int SEND_ITERS = (DEC_CTA_ROWS * C4 + DEC_THREADS - 1) / DEC_THREADS;
-            float4 xs[SEND_ITERS];
+        constexpr int SEND_ITERS = (DEC_CTA_ROWS * C4 + DEC_THREADS - 1) / DEC_THREADS;
+        float4 xs[SEND_ITERS];
 #pragma unroll
-            for (int i = 0; i < SEND_ITERS; ++i) {
-                // Past the last chunk a thread re-reads the last one (never staged): no branch
-                // between the loads.
-                const int c = min((int)threadIdx.x + i * DEC_THREADS, total - 1);
-                xs[i] = chunk_sum(c / C4, c % C4);
-            }
-            __syncthreads();  // every key warp's rows are read: xo is the staging copy from here
-#pragma unroll
-            for (int i = 0; i < SEND_ITERS; ++i) {
-                const int c = (int)threadIdx.x + i * DEC_THREADS;
-                if (c < total) stage[c] = xs[i];
-            }
-            fence_proxy_async_cta();  // the staged chunks (and lse_s) are read by the bulk copies
-            __syncthreads();
+        for (int i = 0; i < SEND_ITERS; ++i) {
+            // Past the last chunk a thread re-reads the last one (never staged): no branch
+            // between the loads.
+            const int c = min((int)threadIdx.x + i * DEC_THREADS, total - 1);
+            xs[i] = chunk_sum(c / C4, c % C4);
         }
-        // PV_COLS: decode_split_tile wrote the rows densely at xo (the staging copy already)
-        // and fenced them, and lse_s, for the async proxy before its last barrier.
+        __syncthreads();  // every key warp's rows are read: xo is the staging copy from here
+        float4* stage = reinterpret_cast<float4*>(xo);
+#pragma unroll
+        for (int i = 0; i < SEND_ITERS; ++i) {
+            const int c = (int)threadIdx.x + i * DEC_THREADS;
+            if (c < total) stage[c] = xs[i];
+        }
+        fence_proxy_async_cta();  // the staged chunks (and lse_s) are read by the bulk copies
+        __syncthreads();
         const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         const bool lse_bulk = rows_sc % 4 == 0;
         {
@@ -516,7 +495,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
             dec_combine_chunk(
                 lse,
                 [&](int z) {
-                    return z == 0 ? *reinterpret_cast<const float4*>(xo + row * L::XO_STRIDE + 4 * c4)
+                    return z == 0 ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
                                   : *reinterpret_cast<const float4*>(rxf + ((z - 1) * DEC_CTA_ROWS + row) * D + 4 * c4);
                 },
                 c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
@@ -536,7 +515,7 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         float lse[CLUSTER];
 #pragma unroll
         for (int z = 0; z < CLUSTER; ++z) lse[z] = dsmem_ld_f32(dsmem_map(lse_local + 4 * row, z));
-        const unsigned off = xo_local + (unsigned)((row * L::XO_STRIDE + 4 * c4) * 4);
+        const unsigned off = xo_local + (unsigned)((row * L::XO_ROW + 4 * c4) * 4);
         dec_combine_chunk(
             lse, [&](int z) { return dsmem_ld_f32x4(dsmem_map(off, z)); },
             c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
@@ -547,44 +526,28 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
 
 #if OPTD_BUILD_D64
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d64(OPTD_ARGS) {
-    if constexpr (dec_runs<64>()) {
-        decode_cluster_fwd<64>(OPTD_ARG_NAMES);
-    } else {  // refused by the spec (PV_COLS' column split): never launched
-        __trap();
-    }
+    decode_cluster_fwd<64>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif
 
 #if OPTD_BUILD_D96
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d96(OPTD_ARGS) {
-    if constexpr (dec_runs<96>()) {
-        decode_cluster_fwd<96>(OPTD_ARG_NAMES);
-    } else {  // refused by the spec (PV_COLS' column split): never launched
-        __trap();
-    }
+    decode_cluster_fwd<96>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif
 
 #if OPTD_BUILD_D128
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d128(OPTD_ARGS) {
-    if constexpr (dec_runs<128>()) {
-        decode_cluster_fwd<128>(OPTD_ARG_NAMES);
-    } else {  // refused by the spec (PV_COLS' column split): never launched
-        __trap();
-    }
+    decode_cluster_fwd<128>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif
 
 #if OPTD_BUILD_D256
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(DEC_THREADS, 1) optd_fwd_d256(OPTD_ARGS) {
-    if constexpr (dec_runs<256>()) {
-        decode_cluster_fwd<256>(OPTD_ARG_NAMES);
-    } else {  // refused by the spec (PV_COLS' column split): never launched
-        __trap();
-    }
+    decode_cluster_fwd<256>(OPTD_ARG_NAMES);
     OPTD_CTA_DONE();
 }
 #endif

@@ -865,22 +865,6 @@ LONG_DECODE_POINTS = [
     ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1),
      [gqa(8, 32, 1, 1, 16384, 128, True)]),
 ]
-# --points pv_cols: decode-cluster's PV_COLS 1 (each warp's P V over the tile's keys for its share of
-# O's columns; P and the key warps' maxima through shared memory; common/decode_split.cuh) at the
-# plan's decode points and around them: 2, 4 and 8 key warps, one and two row tiles, both K_FIRST,
-# WARP_LOADS 0 and 1, every combine, clusters of 2, 4 and 8, 16-64 keys per warp. With check_points.py
-# the checker's shapes too (head dims 64, 96, 128 and 256: D 96 with 4 key warps is refused, 12 n8
-# tiles do not split into pairs over 4 warps).
-PV_COLS_POINTS = [
-    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1, PV_COLS=1), _DEC_SHAPES),
-    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=0, M_TILES=2, K_FIRST=0, PV_COLS=1), _DEC_SHAPES),
-    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=0, PV_COLS=1), _DEC_SHAPES),
-    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=1, M_TILES=1, K_FIRST=1, PV_COLS=1), _DEC_SHAPES),
-    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=0, M_TILES=1, K_FIRST=1, PV_COLS=1), _DEC_SHAPES),
-    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=3, WARP_LOADS=0, M_TILES=1, K_FIRST=0, PV_COLS=1), _DEC_SHAPES),
-    ("decode_cluster.cu", dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=4, COMBINE=1, WARP_LOADS=1, M_TILES=2, K_FIRST=0, PV_COLS=1), _DEC_SHAPES),
-    ("decode_cluster.cu", dict(BLOCK_N=64, NUM_WARPS=2, STAGES=2, CLUSTER=8, COMBINE=0, WARP_LOADS=0, M_TILES=1, K_FIRST=1, PV_COLS=1), _DEC_SHAPES),
-]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -894,7 +878,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
               "bulk_send": BULK_SEND_POINTS, "window": WINDOW_POINTS,
-              "long_decode": LONG_DECODE_POINTS, "pv_cols": PV_COLS_POINTS}
+              "long_decode": LONG_DECODE_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)

@@ -49,13 +49,6 @@ merge), against the decode-wide start. Build with --build-cubins DIR --narrow.
 
     python3 scripts/decode_cold.py OUT.json --narrow [--cubin-dir DIR]
 
---pvcols: decode-cluster's PV_COLS 0 against 1 (common/decode_split.cuh: P V split by O's columns,
-no merge of the key warps' copies) at the LLM workload's decode winners and MQA's decode-wide start,
-paired and cold, then PV_COLS 1 at a few neighbours against the winner at 0. Build with
---build-cubins DIR --pvcols.
-
-    python3 scripts/decode_cold.py OUT.json --pvcols [--rounds 9] [--cubin-dir DIR]
-
 --kfirst: K_FIRST 0 against 1 (common/decode_split.cuh: a tile's K copies one cp.async group and
 its V the next, so the last tile's Q K^T and softmax run while its V lands) at the LLM workload's
 decode winners, each on its shape, cold, in --rounds rounds that alternate which goes first; the
@@ -212,28 +205,6 @@ def kfirst_points():
     return [(cluster, dict(kn, K_FIRST=kf)) for _, kn in KFIRST_WINNERS for kf in (0, 1)]
 
 
-# --pvcols: the LLM workload's decode winners (run 20261130-040923-ad22) and MQA at decode-wide's
-# start, PV_COLS 0 (a) against 1 (b) at the same point; then PV_COLS 1 at neighbours its barriers may
-# favour (each warp copying its own keys buys nothing once every tile has a CTA barrier; eight key
-# warps halve each warp's columns) against the winner at 0.
-PVCOLS_WINNERS = DEEP_AB[:3] + [
-    (gqa(8, 32, 1, 1, 4096, 128, True), dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1)),
-    (gqa(1, 32, 8, 1, 16384, 128, True), dict(BLOCK_N=32, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
-]
-PVCOLS_MOVES = [
-    (0, dict(NUM_WARPS=8)), (1, dict(NUM_WARPS=8)), (1, dict(COMBINE=3)),
-    (3, dict(WARP_LOADS=0)), (3, dict(WARP_LOADS=0, K_FIRST=0)), (3, dict(BLOCK_N=16, STAGES=4)),
-]
-
-
-def pvcols_rows():
-    rows = [(shape, combo_label(kn), (cluster, dict(kn, PV_COLS=0)), (cluster, dict(kn, PV_COLS=1))) for shape, kn in PVCOLS_WINNERS]
-    for i, move in PVCOLS_MOVES:
-        shape, kn = PVCOLS_WINNERS[i]
-        rows.append((shape, combo_label(move) + " (b only)", (cluster, dict(kn, PV_COLS=0)), (cluster, dict(kn, **move, PV_COLS=1))))
-    return rows
-
-
 def paired_ab(out_json, rounds, rows, header):
     """Paired A/B, cold: for each (shape, label, a, b) of `rows` (a and b: (template, knobs)), both
     timed in each of `rounds` rounds, the order alternating; SDPA default cold beside. Prints one
@@ -243,12 +214,6 @@ def paired_ab(out_json, rounds, rows, header):
     print(f"{gpu.name}; {rounds} rounds, cold (inputs rotated past L2), us per call", flush=True)
     print(f"{'shape':<40} {'knobs':<72} {'SDPA':>7} {header[0]:>11} {header[1]:>11} {'b / a':>6} {'b won':>5}", flush=True)
     for shape, label, a, b in rows:
-        try:
-            for tpl, kn in (a, b):
-                C.plan(tpl, kn, shape, gpu.dev)
-        except C.DoesNotFit as e:
-            print(f"{C.shape_key(shape):<40} {label:<72} skipped: {e}", flush=True)
-            continue
         sd = sdpa_cold_us(shape)
         t = ([], [])
         for r in range(rounds):
@@ -467,7 +432,6 @@ if __name__ == "__main__":
                else [p for _, m in DEEP_SHAPES for p in deep_points(m)] if "--deep" in sys.argv
                else narrow_points() if "--narrow" in sys.argv
                else kfirst_points() if "--kfirst" in sys.argv
-               else [pt for *_, a, b in pvcols_rows() for pt in (a, b)] if "--pvcols" in sys.argv
                else long_points() if "--long" in sys.argv
                else [(cluster, k) for _, kn in DEEP_AB for k in (kn, deep_of(kn))] if "--deep-ab" in sys.argv
                else against_points(sys.argv[sys.argv.index("--against") + 1]) if "--against" in sys.argv
@@ -501,10 +465,6 @@ if __name__ == "__main__":
         full_sweep(sys.argv[1], vary(narrow_points()) + [(cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3,
                                                                    WARP_LOADS=1, M_TILES=2))],
                    [gqa(8, 32, 1, 1, 4096, 128, True)], top=12)
-    elif "--pvcols" in sys.argv:
-        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
-        paired_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9, pvcols_rows(),
-                  ("PV_COLS 0", "PV_COLS 1"))
     elif "--kfirst" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         knob_ab(sys.argv[1], int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 9, "K_FIRST",

@@ -14,11 +14,9 @@
  *       then the warps' merge. On return (after a barrier) shared memory
  *       holds, for each valid row r < dec_rows_valid():
  *         xo[kw][r][0 .. D) key warp kw's share of the split's normalized O
- *                           row (fp32, kw stepping DEC_CTA_ROWS rows of
- *                           DecSmem::XO_ROW floats): the row is the sum over
- *                           the DEC_XO_COPIES copies (the DEC_KEY_WARPS key
- *                           warps; PV_COLS: one copy, the row itself, rows
- *                           DecSmem::XO_STRIDE = D floats apart);
+ *                           row (fp32, rows of DecSmem::XO_ROW floats, kw
+ *                           stepping DEC_CTA_ROWS rows): the row is the sum
+ *                           over the DEC_KEY_WARPS key warps;
  *         lse_s[r]          the split's natural-log LSE of the scaled scores,
  *                           -inf (and O = 0) when it saw no key of the row.
  *   dec_rows_valid(heads_q, heads_kv, seq_q)   packed rows of this CTA
@@ -54,23 +52,6 @@
  * is still arriving, and only P V follows the last byte.
  * K_FIRST = 0: each thread's K and V copies interleave in one group per tile.
  *
- * PV_COLS = 1: P V is split by O's columns instead of by keys. Each warp still
- * computes S and the softmax of its BLOCK_N keys (with its own running max m_w),
- * but stores P (16-bit) and m_w in shared memory; after a CTA barrier every
- * warp of the row tile computes O[:, kw D / KW .. + D / KW) over all the tile's
- * keys, each key slice's P V in fp32 scaled by exp(m_w - M) (M the max of the
- * m_w) before it is added. So each warp ends with whole rows of its columns and
- * there is no merge of the key warps' O copies: the loop's end writes each row
- * once, densely (rows of D floats: the scatter combine's staging layout), where
- * PV_COLS = 0 writes KW fp32 copies that the merge and the combine's chunk sums
- * read back (MQA B 8's merge and staging took ~1.6 of its 3.3 us after the last
- * byte landed, scripts/decode_timeline.py, H200, 2026-11-30). Costs: P through
- * shared memory, a CTA barrier per tile (two with K_FIRST 0, where PV_COLS 0
- * has one), and a copy of each tile's V for every key warp's columns, not its keys.
- * Needs KW = NUM_WARPS / M_TILES >= 2 and an even number of n8 column tiles per
- * warp (D / 8 divisible by 2 KW): the spec refuses the rest.
- * PV_COLS = 0: each warp P V over its own keys and every column, then the merge.
- *
  * Head dims: any multiple of 32 (the project's 64, 96, 128, 256). The k-steps
  * of Q K^T and the n-tiles of O come in pairs of 16 columns (one ldmatrix.x4
  * covers two 16-byte chunks), and the XOR swizzle below permutes a row's
@@ -101,8 +82,8 @@
  *     NT / 2 of K.
  *
  * Expects the including template to define the knobs BLOCK_N, NUM_WARPS,
- * STAGES, WARP_LOADS, M_TILES, K_FIRST and PV_COLS and to launch NUM_WARPS * 32
- * threads with DecSmem<D>::BYTES of dynamic shared memory.
+ * STAGES, WARP_LOADS, M_TILES and K_FIRST and to launch NUM_WARPS * 32 threads
+ * with DecSmem<D>::BYTES of dynamic shared memory.
  ******************************************************************************/
 #ifndef OPTD_DECODE_SPLIT_CUH
 #define OPTD_DECODE_SPLIT_CUH
@@ -138,15 +119,6 @@
 #if K_FIRST != 0 && K_FIRST != 1
 #error "K_FIRST must be 0 or 1"
 #endif
-#ifndef PV_COLS
-#error "PV_COLS must be defined (0: each warp's P V over its keys, then a merge; 1: over its columns)"
-#endif
-#if PV_COLS != 0 && PV_COLS != 1
-#error "PV_COLS must be 0 or 1"
-#endif
-#if PV_COLS && NUM_WARPS / M_TILES < 2
-#error "PV_COLS 1 needs at least two key warps per row tile (NUM_WARPS / M_TILES >= 2)"
-#endif
 #if NUM_WARPS % M_TILES != 0
 #error "NUM_WARPS must be a multiple of M_TILES (each row tile has the same key warps)"
 #endif
@@ -165,16 +137,6 @@
 #define DEC_KEY_WARPS (NUM_WARPS / M_TILES)  // warps per row tile, each on its keys
 #define DEC_TILE_N (DEC_KEY_WARPS * BLOCK_N) // keys per CTA tile
 #define DEC_THREADS (NUM_WARPS * 32)
-// fp32 copies of each O row the split leaves in xo: one per key warp, or one (PV_COLS).
-#define DEC_XO_COPIES (PV_COLS ? 1 : DEC_KEY_WARPS)
-
-// Whether head dim D runs this build: PV_COLS gives each key warp D / 8 / KW of O's n8 tiles,
-// an even number (ldmatrix.x4.trans pairs). The spec refuses the rest ([[refuse]]); a build
-// that lists such a head dim beside others makes its kernel a stub (__trap), never launched.
-template <int D>
-__host__ __device__ constexpr bool dec_runs() {
-    return !PV_COLS || (D / 8) % (2 * DEC_KEY_WARPS) == 0;
-}
 
 // ---------------------------------------------------------------------------
 // PTX wrappers (sm_80+).
@@ -258,12 +220,7 @@ struct DecCopy {
 // Dynamic shared memory (bytes from the base): the packed Q rows, then the K
 // and V rings; after the key loop the merge puts the warps' row maxima and
 // sums and the rows' LSE in the Q tile and their fp32 O rows (padded to D + 8
-// floats against bank conflicts of the float2 stores; PV_COLS: one dense copy,
-// rows of D floats) over the drained ring. PV_COLS adds, after both, the
-// tile's P (DEC_CTA_ROWS rows of DEC_TILE_N 16-bit values, padded by 16 bytes
-// so that the 8 rows of an ldmatrix phase and of the stores start in distinct
-// bank groups: the row's 16-byte units are even in number) and each warp's
-// running row maxima and final row sums ([NUM_WARPS][16] floats each).
+// floats against bank conflicts of the float2 stores) over the drained ring.
 // BYTES = the spec's smem formula of the including template.
 template <int D>
 struct DecSmem {
@@ -271,23 +228,16 @@ struct DecSmem {
     static constexpr int Q_BYTES = DEC_CTA_ROWS * ROW_BYTES;
     static constexpr int KV_BYTES = DEC_TILE_N * ROW_BYTES;  // one K (or V) tile
     static constexpr int XO_ROW = D + 8;                     // floats per merged O row
-    static constexpr int XO_STRIDE = PV_COLS ? D : XO_ROW;   // floats between copy 0's rows
     static constexpr int Q = 0;
     static constexpr int K = Q + Q_BYTES;                    // STAGES x KV_BYTES
     static constexpr int V = K + STAGES * KV_BYTES;          // STAGES x KV_BYTES
     static constexpr int RING_END = V + STAGES * KV_BYTES;
     static constexpr int XO = Q_BYTES;
     static constexpr int XO_END = XO + NUM_WARPS * DEC_ROWS * XO_ROW * 4;
-    static constexpr int SPLIT_END = RING_END > XO_END ? RING_END : XO_END;
-    static constexpr int P_ROW = 2 * DEC_TILE_N + 16;             // PV_COLS: bytes per P row
-    static constexpr int P = SPLIT_END;                            // [DEC_CTA_ROWS] P rows
-    static constexpr int MW = P + DEC_CTA_ROWS * P_ROW;           // [NUM_WARPS][16] floats
-    static constexpr int LW = MW + NUM_WARPS * DEC_ROWS * 4;      // [NUM_WARPS][16] floats
-    static constexpr int BYTES = PV_COLS ? LW + NUM_WARPS * DEC_ROWS * 4 : SPLIT_END;
+    static constexpr int BYTES = RING_END > XO_END ? RING_END : XO_END;
     static constexpr int ML = Q;                                  // [2][NUM_WARPS][16] floats
     static constexpr int LSE = ML + 2 * NUM_WARPS * DEC_ROWS * 4;  // [DEC_CTA_ROWS] floats
     static_assert(LSE + DEC_CTA_ROWS * 4 <= Q_BYTES, "row maxima, sums and LSE must fit in the Q tile");
-    static_assert(SPLIT_END % 16 == 0 && P_ROW % 16 == 0 && BYTES % 16 == 0, "16-byte aligned areas");
 };
 
 // Packed rows of this CTA's row block (blockIdx.z), 1 .. DEC_CTA_ROWS.
@@ -517,13 +467,9 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         for (int kk = 0; kk < KSTEPS; ++kk) dec_ldmatrix_x4(qf[kk], s_q + q_lane.at(kk));
     }
 
-    // O's n8 tiles of this warp: all DT, or (PV_COLS) its DTW columns' tiles.
-    constexpr int DTW = PV_COLS ? DT / DEC_KEY_WARPS : DT;
-    static_assert(!PV_COLS || (DT % (2 * DEC_KEY_WARPS) == 0),
-                  "PV_COLS: D / 8 n8 tiles must split into pairs (ldmatrix.x4.trans) over the key warps");
-    float acc[DTW][4];
+    float acc[DT][4];
 #pragma unroll
-    for (int j = 0; j < DTW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < DT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     OnlineSoftmax<2, false, Exp2Approx> sm;
     sm.init();
     const float sl2 = softmax_scale * OPTD_LOG2E;
@@ -549,404 +495,185 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
         else __syncthreads();
     };
 
-    // S = Q K^T of this warp's BLOCK_N keys of a tile (K rows at kb, the first key kv0),
-    // masked: PV_COLS' loop. (PV_COLS 0's loop below keeps the same code inline: as this
-    // lambda there, NVRTC 13.0 scheduled its SASS differently, and the unchanged machine code
-    // of the plan's points is what lets this knob's A/B time only itself.)
-    auto scores = [&](unsigned kb, int kv0, float (&s)[NT][4]) {
-        // S = Q K^T: ldmatrix.x4 on K gives the B fragments of n-tiles 2 j2, 2 j2 + 1.
-        // Even and odd k-steps accumulate apart and are added at the end: two chains of
-        // KSTEPS / 2 dependent mma.sync instead of one of KSTEPS. With one warp per
-        // sub-partition nothing hides the chain's latency, and the last tile's math is on
-        // the call's critical path (scripts/decode_timeline.py: 0.48 us after its bytes land).
-        float s2[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
-        }
-        // k-step kk with Q's A fragment qa.
-        auto qk_step = [&](int kk, const unsigned(&qa)[4]) {
-#pragma unroll
-            for (int j2 = 0; j2 < NT / 2; ++j2) {
-                unsigned bf[4];
-                dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + k_lane.at(kk));
-                float(&a0)[4] = (kk & 1) ? s2[2 * j2] : s[2 * j2];
-                float(&a1)[4] = (kk & 1) ? s2[2 * j2 + 1] : s[2 * j2 + 1];
-                dec_mma16816(a0, qa, bf[0], bf[1]);
-                dec_mma16816(a1, qa, bf[2], bf[3]);
-            }
-        };
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
-            if constexpr (Q_REGS) {
-                qk_step(kk, qf[kk]);
-            } else {
-                unsigned qa[4];
-                dec_ldmatrix_x4(qa, s_q + q_lane.at(kk));
-                qk_step(kk, qa);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
-        }
+    for (int i = 0; i < my_tiles; ++i) {
+        cp_async_wait<AFTER_FIRST>();  // tile i (K_FIRST: its K) has landed (this thread's copies)
+        // ... and every copier's, and slot (i - 1) % STAGES is free: no reader of it is
+        // still in tile i - 1.
+        tile_barrier();
+        issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);
 
-        // Masking, only where some row loses a key: past SK, or past the first
-        // row's diagonal (causal; the last tile of the last split).
-        if (mask.partial(kv0, BLOCK_N, 0)) {
+        const int kv0 = (t_begin + i) * DEC_TILE_N + kw * BLOCK_N;  // this warp's first key
+        // Warp-uniform: the ragged tail of the last tile, a row tile of padding, or
+        // (window) a sub-tile of the range's first tile left of every row's window. With
+        // K_FIRST such a warp still meets the others at V's barrier below.
+        const bool live = kv0 < seq_k && rows_live && !mask.left_of(kv0 + BLOCK_N, 0);
+        if (!K_FIRST && !live) continue;
+        const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + kw * BLOCK_N * ROW_BYTES);
+        const unsigned kb = s_k + sub;
+        const unsigned vb = s_v + sub;
+
+        float s[NT][4];
+        if (live) {
+            // S = Q K^T: ldmatrix.x4 on K gives the B fragments of n-tiles 2 j2, 2 j2 + 1.
+            // Even and odd k-steps accumulate apart and are added at the end: two chains of
+            // KSTEPS / 2 dependent mma.sync instead of one of KSTEPS. With one warp per
+            // sub-partition nothing hides the chain's latency, and the last tile's math is on
+            // the call's critical path (scripts/decode_timeline.py: 0.48 us after its bytes land).
+            float s2[NT][4];
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (kv0 + 8 * j + 2 * tq + (e & 1) >= lim[e >> 1]) s[j][e] = OPTD_NEG_INF;
-                }
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+                s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
             }
-        }
-        // Window: keys left of the first key of some row (the last row, SQ - 1,
-        // starts latest); the range's first tiles only.
-        if (mask.partial_left(kv0, seq_q - 1)) {
+            // k-step kk with Q's A fragment qa.
+            auto qk_step = [&](int kk, const unsigned(&qa)[4]) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (kv0 + 8 * j + 2 * tq + (e & 1) < lim[e >> 1] - mask.window) s[j][e] = OPTD_NEG_INF;
-                }
-            }
-        }
-    };
-
-    float m_run[2];  // PV_COLS: the max O's rows are taken against
-    if constexpr (PV_COLS) {
-        // PV_COLS: each warp's P (16-bit) and running row maxima through shared memory, then
-        // P V over every key of the tile for the warp's columns [kw DTW, (kw + 1) DTW) of n8
-        // tiles. M_run: the max O is taken against (the max of the key warps' m_w, which only
-        // grow); a key slice's P was taken against its own m_w, so its P V is added times
-        // exp(m_w - M_run).
-        float* const p_mw = reinterpret_cast<float*>(dec_smem + L::MW);
-        const unsigned s_p = smem_u32(dec_smem) + L::P;
-        // ldmatrix of P's A fragment: matrix mi is rows (mi & 1) * 8 + lr, 8 keys at 16 bytes (mi >> 1).
-        const unsigned p_lane = s_p + (unsigned)((wrow0 + (mi & 1) * 8 + lr) * L::P_ROW + (mi >> 1) * 16);
-        m_run[0] = m_run[1] = OPTD_NEG_INF;
-        if (tq == 0) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) p_mw[warp * DEC_ROWS + g + 8 * h] = OPTD_NEG_INF;  // a split with no tile
-        }
-        // Whether key slice k2 of tile t holds a key some row of this CTA sees (as `live` below).
-        auto slice_live = [&](int t, int k2) {
-            const int kv = t * DEC_TILE_N + k2 * BLOCK_N;
-            return kv < seq_k && rows_live && !mask.left_of(kv + BLOCK_N, 0);
-        };
-
-        for (int i = 0; i < my_tiles; ++i) {
-            cp_async_wait<AFTER_FIRST>();  // tile i (K_FIRST: its K) has landed (this thread's copies)
-            // ... and every copier's; every warp is past tile i - 1's P V, so its ring slot, P and
-            // maxima may be overwritten.
-            __syncthreads();
-            issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);
-
-            const int kv0 = (t_begin + i) * DEC_TILE_N + kw * BLOCK_N;  // this warp's first key
-            const bool live = slice_live(t_begin + i, kw);
-            if (live) {
-                float s[NT][4];
-                scores(s_k + (unsigned)((i % STAGES) * KV_BYTES + kw * BLOCK_N * ROW_BYTES), kv0, s);
-                auto s_at = [&](int, int j, int e) -> float& { return s[j][e]; };
-                float mx[2], bias[2], corr[2];
-                m16n8_row_max<1, NT>(s_at, sm.m, mx);
-                sm.rescale(mx, sl2, bias, corr);  // corr scales this warp's row sums only
-                m16n8_exp2<1, NT>(s_at, sm, sl2, bias);
-                unsigned char* prow = dec_smem + L::P + (wrow0 + g) * L::P_ROW + (kw * BLOCK_N + 2 * tq) * 2;
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    *reinterpret_cast<unsigned*>(prow + 16 * j) = pack2(s[j][0], s[j][1]);
-                    *reinterpret_cast<unsigned*>(prow + 8 * L::P_ROW + 16 * j) = pack2(s[j][2], s[j][3]);
-                }
-                if (tq == 0) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) p_mw[warp * DEC_ROWS + g + 8 * h] = sm.m[h];
-                }
-            }
-            if (K_FIRST) cp_async_wait<AFTER_LAST>();  // V(i) has landed (this thread's copies)
-            __syncthreads();  // every slice's P and maxima, and (every copier's) V(i)
-            if (!rows_live) continue;
-
-            // O's rows against the new max, and each key slice's factor.
-            float f[DEC_KEY_WARPS][2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mw[DEC_KEY_WARPS];
-                float mn = m_run[h];
-#pragma unroll
-                for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
-                    mw[k2] = p_mw[(k2 * M_TILES + wrt) * DEC_ROWS + g + 8 * h];
-                    mn = fmaxf(mn, mw[k2]);
-                }
-                // -inf maxima (no key of the row yet) weigh 0, never NaN.
-                const float c = m_run[h] == OPTD_NEG_INF ? 0.f : fast_exp2((m_run[h] - mn) * sl2);
-#pragma unroll
-                for (int j = 0; j < DTW; ++j) {
-                    acc[j][2 * h] *= c;
-                    acc[j][2 * h + 1] *= c;
-                }
-#pragma unroll
-                for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2)
-                    f[k2][h] = mw[k2] == OPTD_NEG_INF ? 0.f : fast_exp2((mw[k2] - mn) * sl2);
-                m_run[h] = mn;
-            }
-            const unsigned vt = s_v + (unsigned)((i % STAGES) * KV_BYTES);
-#pragma unroll
-            for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
-                // Warp-uniform: a slice past SK, or left of every row's window, wrote no P.
-                if (!slice_live(t_begin + i, k2)) continue;
-                float tmp[DTW][4];
-#pragma unroll
-                for (int j = 0; j < DTW; ++j) tmp[j][0] = tmp[j][1] = tmp[j][2] = tmp[j][3] = 0.f;
-#pragma unroll
-                for (int ks = 0; ks < BLOCK_N / 16; ++ks) {
-                    const int kk = k2 * (BLOCK_N / 16) + ks;  // 16-key step of the tile
-                    unsigned a[4];
-                    dec_ldmatrix_x4(a, p_lane + (unsigned)(kk * 32));
-#pragma unroll
-                    for (int dj2 = 0; dj2 < DTW / 2; ++dj2) {
-                        unsigned bf[4];
-                        dec_ldmatrix_x4_trans(bf, vt + kk * 16 * ROW_BYTES + v_lane.at(kw * (DTW / 2) + dj2));
-                        dec_mma16816(tmp[2 * dj2], a, bf[0], bf[1]);
-                        dec_mma16816(tmp[2 * dj2 + 1], a, bf[2], bf[3]);
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < DTW; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[j][e] = fmaf(f[k2][e >> 1], tmp[j][e], acc[j][e]);
-                }
-            }
-        }
-    } else {
-        for (int i = 0; i < my_tiles; ++i) {
-            cp_async_wait<AFTER_FIRST>();  // tile i (K_FIRST: its K) has landed (this thread's copies)
-            // ... and every copier's, and slot (i - 1) % STAGES is free: no reader of it is
-            // still in tile i - 1.
-            tile_barrier();
-            issue_tile(t_begin + i + STAGES - 1, i + STAGES - 1 < my_tiles);
-
-            const int kv0 = (t_begin + i) * DEC_TILE_N + kw * BLOCK_N;  // this warp's first key
-            // Warp-uniform: the ragged tail of the last tile, a row tile of padding, or
-            // (window) a sub-tile of the range's first tile left of every row's window. With
-            // K_FIRST such a warp still meets the others at V's barrier below.
-            const bool live = kv0 < seq_k && rows_live && !mask.left_of(kv0 + BLOCK_N, 0);
-            if (!K_FIRST && !live) continue;
-            const unsigned sub = (unsigned)((i % STAGES) * KV_BYTES + kw * BLOCK_N * ROW_BYTES);
-            const unsigned kb = s_k + sub;
-            const unsigned vb = s_v + sub;
-
-            float s[NT][4];
-            if (live) {
-                // S = Q K^T: ldmatrix.x4 on K gives the B fragments of n-tiles 2 j2, 2 j2 + 1.
-                // Even and odd k-steps accumulate apart and are added at the end: two chains of
-                // KSTEPS / 2 dependent mma.sync instead of one of KSTEPS. With one warp per
-                // sub-partition nothing hides the chain's latency, and the last tile's math is on
-                // the call's critical path (scripts/decode_timeline.py: 0.48 us after its bytes land).
-                float s2[NT][4];
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-                    s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
-                }
-                // k-step kk with Q's A fragment qa.
-                auto qk_step = [&](int kk, const unsigned(&qa)[4]) {
-#pragma unroll
-                    for (int j2 = 0; j2 < NT / 2; ++j2) {
-                        unsigned bf[4];
-                        dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + k_lane.at(kk));
-                        float(&a0)[4] = (kk & 1) ? s2[2 * j2] : s[2 * j2];
-                        float(&a1)[4] = (kk & 1) ? s2[2 * j2 + 1] : s[2 * j2 + 1];
-                        dec_mma16816(a0, qa, bf[0], bf[1]);
-                        dec_mma16816(a1, qa, bf[2], bf[3]);
-                    }
-                };
-#pragma unroll
-                for (int kk = 0; kk < KSTEPS; ++kk) {
-                    if constexpr (Q_REGS) {
-                        qk_step(kk, qf[kk]);
-                    } else {
-                        unsigned qa[4];
-                        dec_ldmatrix_x4(qa, s_q + q_lane.at(kk));
-                        qk_step(kk, qa);
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
-                }
-
-                // Masking, only where some row loses a key: past SK, or past the first
-                // row's diagonal (causal; the last tile of the last split).
-                if (mask.partial(kv0, BLOCK_N, 0)) {
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            if (kv0 + 8 * j + 2 * tq + (e & 1) >= lim[e >> 1]) s[j][e] = OPTD_NEG_INF;
-                        }
-                    }
-                }
-                // Window: keys left of the first key of some row (the last row, SQ - 1,
-                // starts latest); the range's first tiles only.
-                if (mask.partial_left(kv0, seq_q - 1)) {
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            if (kv0 + 8 * j + 2 * tq + (e & 1) < lim[e >> 1] - mask.window) s[j][e] = OPTD_NEG_INF;
-                        }
-                    }
-                }
-
-                // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
-                auto s_at = [&](int, int j, int e) -> float& { return s[j][e]; };
-                float mx[2], bias[2], corr[2];
-                m16n8_row_max<1, NT>(s_at, sm.m, mx);
-                sm.rescale(mx, sl2, bias, corr);
-                m16n8_scale_rows<1, DT>(acc_at, corr);
-                m16n8_exp2<1, NT>(s_at, sm, sl2, bias);
-            }
-            if (K_FIRST) {
-                cp_async_wait<AFTER_LAST>();  // V(i) has landed (this thread's copies) ...
-                tile_barrier();                // ... and every copier's
-                if (!live) continue;
-            }
-
-            // O += P V: P's A fragment of keys 16 kk2 .. + 15 is n-tiles 2 kk2, 2 kk2 + 1.
-#pragma unroll
-            for (int kk2 = 0; kk2 < NT / 2; ++kk2) {
-                unsigned a[4];
-                a[0] = pack2(s[2 * kk2][0], s[2 * kk2][1]);
-                a[1] = pack2(s[2 * kk2][2], s[2 * kk2][3]);
-                a[2] = pack2(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]);
-                a[3] = pack2(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3]);
-#pragma unroll
-                for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
+                for (int j2 = 0; j2 < NT / 2; ++j2) {
                     unsigned bf[4];
-                    dec_ldmatrix_x4_trans(bf, vb + kk2 * 16 * ROW_BYTES + v_lane.at(dj2));
-                    dec_mma16816(acc[2 * dj2], a, bf[0], bf[1]);
-                    dec_mma16816(acc[2 * dj2 + 1], a, bf[2], bf[3]);
+                    dec_ldmatrix_x4(bf, kb + j2 * 16 * ROW_BYTES + k_lane.at(kk));
+                    float(&a0)[4] = (kk & 1) ? s2[2 * j2] : s[2 * j2];
+                    float(&a1)[4] = (kk & 1) ? s2[2 * j2 + 1] : s[2 * j2 + 1];
+                    dec_mma16816(a0, qa, bf[0], bf[1]);
+                    dec_mma16816(a1, qa, bf[2], bf[3]);
                 }
+            };
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                if constexpr (Q_REGS) {
+                    qk_step(kk, qf[kk]);
+                } else {
+                    unsigned qa[4];
+                    dec_ldmatrix_x4(qa, s_q + q_lane.at(kk));
+                    qk_step(kk, qa);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
+            }
+
+            // Masking, only where some row loses a key: past SK, or past the first
+            // row's diagonal (causal; the last tile of the last split).
+            if (mask.partial(kv0, BLOCK_N, 0)) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (kv0 + 8 * j + 2 * tq + (e & 1) >= lim[e >> 1]) s[j][e] = OPTD_NEG_INF;
+                    }
+                }
+            }
+            // Window: keys left of the first key of some row (the last row, SQ - 1,
+            // starts latest); the range's first tiles only.
+            if (mask.partial_left(kv0, seq_q - 1)) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (kv0 + 8 * j + 2 * tq + (e & 1) < lim[e >> 1] - mask.window) s[j][e] = OPTD_NEG_INF;
+                    }
+                }
+            }
+
+            // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
+            auto s_at = [&](int, int j, int e) -> float& { return s[j][e]; };
+            float mx[2], bias[2], corr[2];
+            m16n8_row_max<1, NT>(s_at, sm.m, mx);
+            sm.rescale(mx, sl2, bias, corr);
+            m16n8_scale_rows<1, DT>(acc_at, corr);
+            m16n8_exp2<1, NT>(s_at, sm, sl2, bias);
+        }
+        if (K_FIRST) {
+            cp_async_wait<AFTER_LAST>();  // V(i) has landed (this thread's copies) ...
+            tile_barrier();                // ... and every copier's
+            if (!live) continue;
+        }
+
+        // O += P V: P's A fragment of keys 16 kk2 .. + 15 is n-tiles 2 kk2, 2 kk2 + 1.
+#pragma unroll
+        for (int kk2 = 0; kk2 < NT / 2; ++kk2) {
+            unsigned a[4];
+            a[0] = pack2(s[2 * kk2][0], s[2 * kk2][1]);
+            a[1] = pack2(s[2 * kk2][2], s[2 * kk2][3]);
+            a[2] = pack2(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]);
+            a[3] = pack2(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3]);
+#pragma unroll
+            for (int dj2 = 0; dj2 < DT / 2; ++dj2) {
+                unsigned bf[4];
+                dec_ldmatrix_x4_trans(bf, vb + kk2 * 16 * ROW_BYTES + v_lane.at(dj2));
+                dec_mma16816(acc[2 * dj2], a, bf[0], bf[1]);
+                dec_mma16816(acc[2 * dj2 + 1], a, bf[2], bf[3]);
             }
         }
     }
     cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
-    if constexpr (PV_COLS) {
-        // --- PV_COLS: the split's rows, one copy -----------------------------------
-        // Each warp's O columns are whole rows against M_run; the row sum is the key warps'
-        // sums, each against its own max: l = sum_w l_w exp(m_w - M_run). Written densely
-        // (rows of D floats: XO_STRIDE) at xo, which is the scatter combine's staging layout.
-        float* lse_s = reinterpret_cast<float*>(dec_smem + L::LSE);
-        float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
-        const float* p_mw = reinterpret_cast<const float*>(dec_smem + L::MW);
-        float* p_lw = reinterpret_cast<float*>(dec_smem + L::LW);
-        float l_own[2];
+
+    // --- merge of the warps' key ranges -------------------------------------
+    // Maxima and sums in the Q tile ([2][NUM_WARPS][16] floats; Q was read into
+    // registers before the first tile), O rows over the drained ring. Row
+    // wrow0 + row of the CTA is the warps kw' * M_TILES + wrt's, kw' < DEC_KEY_WARPS.
+    float* ml = reinterpret_cast<float*>(dec_smem + L::ML);
+    float* lse_s = reinterpret_cast<float*>(dec_smem + L::LSE);
+    float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
+    float l_sum[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) l_own[h] = quad_sum(sm.l[h]);
-        if (tq == 0) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) p_lw[warp * DEC_ROWS + g + 8 * h] = l_own[h];
-        }
-        __syncthreads();  // every warp's sums, and every warp past its last tile (xo is over the ring)
-        if (rows_live) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = g + 8 * h;
-                float total = 0.f;
-#pragma unroll
-                for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
-                    const int w = k2 * M_TILES + wrt;
-                    const float mw = p_mw[w * DEC_ROWS + row];
-                    const float e = fast_exp2((mw - m_run[h]) * sl2);
-                    total += mw != OPTD_NEG_INF ? p_lw[w * DEC_ROWS + row] * e : 0.f;
-                }
-                // total >= 1 where any key was seen (the warp holding the max adds its sum).
-                const float inv = total > 0.f ? __fdividef(1.f, total) : 0.f;
-                if (wrow0 + row >= rows_valid) continue;
-                float* xrow = xo + (wrow0 + row) * L::XO_STRIDE + kw * (DTW * 8) + 2 * tq;
-#pragma unroll
-                for (int j = 0; j < DTW; ++j)
-                    *reinterpret_cast<float2*>(xrow + 8 * j) = make_float2(acc[j][2 * h] * inv, acc[j][2 * h + 1] * inv);
-                if (kw == 0 && tq == 0)
-                    lse_s[wrow0 + row] = total > 0.f ? (m_run[h] * sl2 + __log2f(total)) * OPTD_LN2 : OPTD_NEG_INF;
-            }
-        }
-        // The rows and LSEs may leave by bulk copies (decode-cluster's scatter): the async
-        // proxy must see these stores.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-    } else {
-        // --- merge of the warps' key ranges -------------------------------------
-        // Maxima and sums in the Q tile ([2][NUM_WARPS][16] floats; Q was read into
-        // registers before the first tile), O rows over the drained ring. Row
-        // wrow0 + row of the CTA is the warps kw' * M_TILES + wrt's, kw' < DEC_KEY_WARPS.
-        float* ml = reinterpret_cast<float*>(dec_smem + L::ML);
-        float* lse_s = reinterpret_cast<float*>(dec_smem + L::LSE);
-        float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
-        float l_sum[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) l_sum[h] = quad_sum(sm.l[h]);
-        __syncthreads();  // every warp is past its last K/V tile
-        if (tq == 0) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                ml[warp * DEC_ROWS + g + 8 * h] = sm.m[h];
-                ml[(NUM_WARPS + warp) * DEC_ROWS + g + 8 * h] = l_sum[h];
-            }
-        }
-        __syncthreads();
-        // Both rows' factors first, then all stores: as two branches, one per row, the rows'
-        // dependent chains (shared-memory loads, exponentials, the division) ran one after the
-        // other (SASS), ~0.3 us of MQA's merge on the H200 (scripts/decode_timeline.py, xo_own).
-        // A padding row (past rows_valid) computes on the maxima and sums its warps published
-        // for it anyway, and stores nothing.
-        float f[2], lse[2];
+    for (int h = 0; h < 2; ++h) l_sum[h] = quad_sum(sm.l[h]);
+    __syncthreads();  // every warp is past its last K/V tile
+    if (tq == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = g + 8 * h;
-            float m = OPTD_NEG_INF;
-#pragma unroll
-            for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) m = fmaxf(m, ml[(k2 * M_TILES + wrt) * DEC_ROWS + row]);
-            float total = 0.f;
-#pragma unroll
-            for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
-                const int w = k2 * M_TILES + wrt;
-                const float mw = ml[w * DEC_ROWS + row];
-                // A warp that saw no key of the row (mw = -inf) adds nothing; nor does any
-                // when none did (m = -inf, where mw - m would be NaN).
-                // Loads, exponentials and the division below are unconditional and the guards
-                // selects: a branch per guard serialised the two rows again (SASS).
-                const float lw = ml[(NUM_WARPS + w) * DEC_ROWS + row];
-                const float e = fast_exp2((mw - m) * sl2);
-                total += mw != OPTD_NEG_INF ? lw * e : 0.f;
-            }
-            // A row no warp saw a key for (total 0) comes out O = 0, LSE = -inf. Otherwise
-            // total >= 1 (the warp holding the maximum adds its row sum, itself >= 1): the fast
-            // division, without the IEEE one's range checks and slow path on the merge's chain.
-            const float q = __fdividef(fast_exp2((sm.m[h] - m) * sl2), total);
-            const float lg = (m * sl2 + __log2f(total)) * OPTD_LN2;
-            f[h] = (sm.m[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : q;
-            lse[h] = total > 0.f ? lg : OPTD_NEG_INF;
+            ml[warp * DEC_ROWS + g + 8 * h] = sm.m[h];
+            ml[(NUM_WARPS + warp) * DEC_ROWS + g + 8 * h] = l_sum[h];
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = g + 8 * h;
-            if (wrow0 + row >= rows_valid) continue;
-            // xo[kw][wrow0 + row]: warp = kw * M_TILES + wrt, so this is row warp * 16 + row.
-            float* xrow = xo + (warp * DEC_ROWS + row) * L::XO_ROW + 2 * tq;
-#pragma unroll
-            for (int j = 0; j < DT; ++j)
-                *reinterpret_cast<float2*>(xrow + 8 * j) = make_float2(acc[j][2 * h] * f[h], acc[j][2 * h + 1] * f[h]);
-            if (kw == 0 && tq == 0) lse_s[wrow0 + row] = lse[h];
-        }
-        __syncthreads();
     }
+    __syncthreads();
+    // Both rows' factors first, then all stores: as two branches, one per row, the rows'
+    // dependent chains (shared-memory loads, exponentials, the division) ran one after the
+    // other (SASS), ~0.3 us of MQA's merge on the H200 (scripts/decode_timeline.py, xo_own).
+    // A padding row (past rows_valid) computes on the maxima and sums its warps published
+    // for it anyway, and stores nothing.
+    float f[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        float m = OPTD_NEG_INF;
+#pragma unroll
+        for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) m = fmaxf(m, ml[(k2 * M_TILES + wrt) * DEC_ROWS + row]);
+        float total = 0.f;
+#pragma unroll
+        for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
+            const int w = k2 * M_TILES + wrt;
+            const float mw = ml[w * DEC_ROWS + row];
+            // A warp that saw no key of the row (mw = -inf) adds nothing; nor does any
+            // when none did (m = -inf, where mw - m would be NaN).
+            // Loads, exponentials and the division below are unconditional and the guards
+            // selects: a branch per guard serialised the two rows again (SASS).
+            const float lw = ml[(NUM_WARPS + w) * DEC_ROWS + row];
+            const float e = fast_exp2((mw - m) * sl2);
+            total += mw != OPTD_NEG_INF ? lw * e : 0.f;
+        }
+        // A row no warp saw a key for (total 0) comes out O = 0, LSE = -inf. Otherwise
+        // total >= 1 (the warp holding the maximum adds its row sum, itself >= 1): the fast
+        // division, without the IEEE one's range checks and slow path on the merge's chain.
+        const float q = __fdividef(fast_exp2((sm.m[h] - m) * sl2), total);
+        const float lg = (m * sl2 + __log2f(total)) * OPTD_LN2;
+        f[h] = (sm.m[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : q;
+        lse[h] = total > 0.f ? lg : OPTD_NEG_INF;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        if (wrow0 + row >= rows_valid) continue;
+        // xo[kw][wrow0 + row]: warp = kw * M_TILES + wrt, so this is row warp * 16 + row.
+        float* xrow = xo + (warp * DEC_ROWS + row) * L::XO_ROW + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+            *reinterpret_cast<float2*>(xrow + 8 * j) = make_float2(acc[j][2 * h] * f[h], acc[j][2 * h + 1] * f[h]);
+        if (kw == 0 && tq == 0) lse_s[wrow0 + row] = lse[h];
+    }
+    __syncthreads();
 }
+
 
 #endif  // OPTD_DECODE_SPLIT_CUH
