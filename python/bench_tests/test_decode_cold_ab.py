@@ -21,6 +21,7 @@ import decode_cold as DC  # noqa: E402
 
 class _NoGpu:
     name = "cpu"
+    dev = DC.C.H100  # what plan() reads: SMs, the shared-memory opt-in, the compute capability
 
 
 class PairedAbTest(unittest.TestCase):
@@ -75,6 +76,17 @@ class PairedAbTest(unittest.TestCase):
         points = DC.against_points(old / "kernel-templates")
         self.assertEqual(len(points), 2 * len(saved_points))
         self.assertEqual({t.path.parent for t, _ in points}, {old / "kernel-templates", DC.cluster.path.parent})
+
+    def test_a_row_over_shared_memory_is_skipped_and_the_others_timed(self):
+        shape, kn = DC.KFIRST_WINNERS[0]
+        too_big = dict(kn, BLOCK_N=64, NUM_WARPS=8, STAGES=4)  # 8 x 64 keys x 4 stages of K and V: 1 MiB
+        rows = [(shape, "too big", (DC.cluster, kn), (DC.cluster, too_big)),
+                (shape, "fits", (DC.cluster, dict(kn, K_FIRST=0)), (DC.cluster, dict(kn, K_FIRST=1)))]
+        out = self.tmp / "skip.json"
+        DC.paired_ab(out, 2, rows, ("a", "b"))
+        self.assertEqual([c[1]["K_FIRST"] for c in self.calls], [0, 1, 1, 0], "only the row that fits was timed")
+        rec = json.loads(out.read_text())
+        self.assertEqual([r["knobs"] for r in rec["rows"]], ["fits"])
 
     def test_deep_ab_pairs_each_winner_with_the_deep_ring_at_its_own_cluster_size(self):
         for shape, kn in DC.DEEP_AB:
