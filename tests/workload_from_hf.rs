@@ -273,3 +273,23 @@ fn the_command_prints_or_writes_what_the_loader_reads() {
     let r = run_in(dir.path(), &["workload", "--from-hf", "nope.json", "--prefill", "4096"]);
     assert!(r.code == Some(exit::CONFIG as i32) && r.stderr.contains("cannot read nope.json"), "{}", r.text());
 }
+
+/// scripts/models/llama-3-8b-config.json, the config scripts/model_e2e.sh and
+/// scripts/device-e2e-call.sh run by default, is the same attention as the inline Llama-3-8B
+/// above, and model_e2e.sh's lengths make its 9 shapes (6 prefill, 3 decode).
+#[test]
+fn the_e2e_scripts_llama_config_is_llama_3_8b() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/models/llama-3-8b-config.json");
+    let file = ModelAttention::load(&path, None).unwrap_or_else(|e| panic!("{e}"));
+    let inline = ModelAttention::parse(&llama3_8b().to_string(), Path::new("config.json"), None).unwrap();
+    let l = lengths(&[1024, 4096], &[4096], None, &[1, 4, 8]);
+    let shapes = |m: &ModelAttention| {
+        let text = workload_toml(m, &l, Layout::Bhsd, "test").unwrap_or_else(|e| panic!("{e}"));
+        rows(&Config::parse(&text, Path::new("w.toml"), Path::new(".")).unwrap_or_else(|e| panic!("{e}")).shapes())
+    };
+    let (a, b) = (shapes(&file), shapes(&inline));
+    assert_eq!(a, b);
+    assert_eq!(a.len(), 9, "{a:?}");
+    assert!(a.iter().all(|&(_, hq, hkv, _, _, d, _)| (hq, hkv, d) == (32, 8, 128)), "{a:?}");
+    assert_eq!(a.iter().filter(|r| r.3 == 1).count(), 3, "decode shapes: {a:?}");
+}
