@@ -31,6 +31,9 @@ Workloads (--workload; --config names any other file):
             4096 keys), prefill, chunked prefill and decode, bf16.
   long-decode  scripts/benchmark-long-decode.toml: decode over long KV caches (Llama-3-8B-like,
             bf16: batch 1 at 16K, 64K and 128K keys, batch 4 at 32K, multi-query at 16K).
+  llama3-8b  scripts/benchmark-llama3-8b.toml: Llama-3-8B's attention as `workload --from-hf`
+            writes it from scripts/models/llama-3-8b-config.json (prefill B 1/4/8 x S 1024/4096,
+            decode B 1/4/8 over 4096 keys; the shapes scripts/model_e2e.sh tunes), bf16.
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -70,6 +73,7 @@ WORKLOADS = {
     "gemma-phi3": "scripts/benchmark-gemma-phi3.toml",
     "window": "scripts/benchmark-window.toml",
     "long-decode": "scripts/benchmark-long-decode.toml",
+    "llama3-8b": "scripts/benchmark-llama3-8b.toml",
 }
 
 DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode

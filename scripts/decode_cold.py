@@ -36,6 +36,12 @@ issue 17's 1.4x bar): decode-cluster at clusters of 8 and 4 over every tile shap
 
     python3 scripts/decode_cold.py OUT.json --b1 [--cubin-dir DIR]
 
+--b4: Llama-3 B 4 x SK 4096 (67 MB; 32 groups): decode-cluster at clusters of 4, 2 and 8 over 16 and 32
+keys x 4 and 8 warps x 3 and 4 stages x COMBINE 2 and 3, and decode-split around its stage's start, non-causal
+and causal. Build with --build-cubins DIR --b4.
+
+    python3 scripts/decode_cold.py OUT.json --b4 [--cubin-dir DIR]
+
 --deep: rings deeper than the templates' STAGES list (5-8), for MQA B 8 and B 1 x SK 4096 (causal)
 at clusters of 8: do more bytes in flight with short tiles (16 keys per warp: a short last tile,
 whose math follows the last byte) beat 32 keys x 3 stages? (scripts/decode_timeline.py,
@@ -134,6 +140,17 @@ def b8_points():
     pts += [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=2, COMBINE=cb, WARP_LOADS=wl))
             for bn in (16, 32, 64) for w in (2, 4, 8) for st in (2, 3, 4) for cb in (2, 3) for wl in (0, 1)
             if not (bn == 16 and w in (4, 8))]
+    return pts
+
+
+def b4_points():
+    """(template, knobs) of --b4 (Llama-3 B 4 x SK 4096, 32 groups: clusters of 4 fill 128 SMs, of 2 half,
+    of 8 two waves): decode-cluster at clusters of 2, 4 and 8 over tile shapes, both pushed combines,
+    and decode-split around its stage's start (the 4-minute end-to-end run of session 33 kept it)."""
+    pts = [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=0))
+           for cl in (4, 2, 8) for bn in (16, 32) for w in (4, 8) for st in (3, 4) for cb in (2, 3)]
+    pts += [(split, dict(BLOCK_N=bn, NUM_WARPS=4, STAGES=st, SPLIT_WAVES=sw, MIN_SPLIT_TILES=2, FUSED_COMBINE=f))
+            for bn in (16, 32) for st in (3, 4) for sw in (1, 2) for f in (0, 1)]
     return pts
 
 
@@ -441,6 +458,7 @@ if __name__ == "__main__":
                else long_points() if "--long" in sys.argv
                else [(cluster, k) for _, kn in DEEP_AB for k in (kn, deep_of(kn))] if "--deep-ab" in sys.argv
                else against_points(sys.argv[sys.argv.index("--against") + 1]) if "--against" in sys.argv
+               else b4_points() if "--b4" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], vary(pts) if pts is not None else None))
     if "--mqa" in sys.argv:
@@ -449,6 +467,9 @@ if __name__ == "__main__":
     elif "--b8" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], vary(b8_points()), [gqa(8, 32, 8, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, True), gqa(8, 32, 8, 1, 4000, 128, True)], top=12)
+    elif "--b4" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1], b4_points(), [gqa(4, 32, 8, 1, 4096, 128, False), gqa(4, 32, 8, 1, 4096, 128, True)], top=12)
     elif "--b1" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], vary(b1_points()), [gqa(1, 32, 8, 1, 4096, 128, True), gqa(1, 32, 8, 1, 1024, 128, True)], top=12)

@@ -209,10 +209,17 @@ fn the_llm_workloads_load_with_the_shapes_the_benchmark_promises() {
             "b8h16s1536d128-bf16",
         ]
     );
+    // Llama-3-8B's attention as `workload --from-hf` writes it from the e2e scripts' config:
+    // model_e2e.sh's shapes, for a daemon run alone.
+    let llama = Config::load_file(&common::repo_root().join("scripts/benchmark-llama3-8b.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<String> = llama.shapes().iter().map(|s| s.key()).collect();
+    let mut want: Vec<String> = [1, 4, 8].iter().flat_map(|b| [1024, 4096].map(|s| format!("b{b}hq32hkv8s{s}d128-causal-bf16"))).collect();
+    want.extend([1, 4, 8].map(|b| format!("b{b}hq32hkv8sq1sk4096d128-bf16")));
+    assert_eq!(keys, want);
     // Each --workload names a file that exists.
     let o = Command::new("python3").current_dir(common::repo_root()).args(["scripts/benchmark.py", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&o.stdout);
-    for w in ["llm ", "llm-bshd ", "default ", "unseen ", "medium "] {
+    for w in ["llm ", "llm-bshd ", "default ", "unseen ", "medium ", "llama3-8b "] {
         assert!(help.contains(w), "--help lists {w}: {help}");
     }
 }
