@@ -1680,6 +1680,8 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
             todo[cubin_name(src, count, target)] = Job(tpl.rel, knobs, bf16, target, count, src, tpl.kernel_names())
         if tpl.arch_specific:
             print(f"  {tpl.rel}: arch-specific, built for {target} (not --arch {arch})")
+    n_check = len(todo)
+    timed: set[str] = set()
     if time_best:
         old = {t.rel: t for t in against or []}
         for tpl, knobs, _, own in best_points(templates, points):
@@ -1687,8 +1689,17 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
                 if t is not None:
                     kn = kn or t.complete(own)
                     src = build_source(t, kn, False)
+                    timed.add(cubin_name(src, False, arch_targets(t, [arch])[0]))
                     todo[cubin_name(src, False, arch_targets(t, [arch])[0])] = Job(
                         t.rel, kn, False, arch_targets(t, [arch])[0], False, src, t.kernel_names())
+    if time_best and check and n_check:
+        # Session 32 spent 10 minutes of CPU here on check builds it never carried: a GPU run
+        # with --time-best and without --no-check checks every combination first, so this
+        # builds them too; say so before the long part starts.
+        print(f"  note: {n_check} of these {len(todo)} modules are the check and fault builds of every "
+              f"combination of {len(templates)} template(s), which a --time-best run without --no-check "
+              f"checks first; --no-check builds only the --points set's {len(timed)} timed modules, "
+              f"--template narrows the checks", flush=True)
     kept = [n for n in todo if (out_dir / n).exists()]
     for name in kept:
         del todo[name]

@@ -127,6 +127,36 @@ class PointSetsTest(unittest.TestCase):
                 self.assertEqual({k: v for k, v in copy.complete(own).items() if k != "PV_WAIT"},
                                  {k: v for k, v in knobs.items() if k != "PV_WAIT"})
 
+    def test_building_a_point_sets_cubins_says_what_the_check_builds_add(self):
+        # --build-cubins with --time-best builds what such a GPU run loads: without --no-check the
+        # check builds of every combination too (thousands of modules); the note says so first.
+        import contextlib
+        import io
+
+        decode = [t for t in self.templates if t.rel == "decode_cluster.cu"]
+        built = []
+        saved = ctg.compile_cubins
+        ctg.compile_cubins = lambda todo, out_dir, jobs: built.append(len(todo)) or 0
+        tmp = Path(tempfile.mkdtemp())
+        try:
+            for check in (True, False):
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    # --pairs: the covering set of knob pairs, not every combination (test time)
+                    ctg.build_cubins(decode, tmp, "sm_90", 1, pairs=["decode_cluster.cu"], check=check, time_best=True,
+                                     points="long_decode")
+                text = out.getvalue()
+                if check:
+                    self.assertIn("check and fault builds of every combination of 1 template(s)", text)
+                    self.assertIn("--no-check builds only the --points set's 3 timed modules", text)
+                else:
+                    self.assertNotIn("note:", text)
+        finally:
+            ctg.compile_cubins = saved
+            shutil.rmtree(tmp)
+        self.assertGreater(built[0], 20, "the covering set's check builds, fp16 and bf16, counting and not")
+        self.assertEqual(built[1], 3, "--no-check: the set's three timed modules alone")
+
 
 if __name__ == "__main__":
     unittest.main()
