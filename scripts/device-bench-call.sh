@@ -22,13 +22,8 @@ export PYTHONUNBUFFERED=1
 W="${BENCH_DIR:-/tmp/bench}"  # BENCH_DIR: another folder for another run on the same machine
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$W" "$out"
-# The binary may travel stripped and gzipped (carry .dev/bin: strip -o .dev/bin/optimizerd
-# target/release/optimizerd && gzip -9 .dev/bin/optimizerd): 9 MB instead of 25 of the 64 MiB a call carries.
-if [ -f .dev/bin/optimizerd.gz ]; then
-  mkdir -p target/release && gunzip -c .dev/bin/optimizerd.gz > target/release/optimizerd && chmod +x target/release/optimizerd
-fi
-[ -d "$W/repo" ] || { cp -r "$PWD" "$W/repo.tmp" && mv "$W/repo.tmp" "$W/repo"; }
-cd "$W/repo"
+. "$(dirname "${BASH_SOURCE[0]}")/device-call-common.sh"
+device_call_repo "$W" || exit 1
 chmod +x target/release/optimizerd
 python3 scripts/benchmark.py --bin target/release/optimizerd --budget "${BUDGET:-20m}" --workload "${WORKLOAD:-default}" --detach --work "$W/w" \
   --max-wait "${WAIT:-530}" 2>&1 | tee -a "$out/bench.log"

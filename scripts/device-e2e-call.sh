@@ -17,11 +17,8 @@ set -u
 W="${E2E_DIR:-/tmp/e2e-call}"
 out="${OUT:-/tmp/optimizerd-out}"
 mkdir -p "$W" "$out"
-if [ -f .dev/bin/optimizerd.gz ]; then
-  mkdir -p target/release && gunzip -c .dev/bin/optimizerd.gz > target/release/optimizerd && chmod +x target/release/optimizerd
-fi
-[ -d "$W/repo" ] || { cp -r "$PWD" "$W/repo.tmp" && mv "$W/repo.tmp" "$W/repo"; }
-cd "$W/repo"
+. "$(dirname "${BASH_SOURCE[0]}")/device-call-common.sh"
+device_call_repo "$W" || exit 1
 if [ ! -f "$W/pid" ]; then
   OUT="$W/out" OPTIMIZERD="$W/repo/target/release/optimizerd" setsid bash -c \
     'bash scripts/model_e2e.sh "$1" "$2" "$3"; echo $? > "$4"' _ \
