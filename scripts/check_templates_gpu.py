@@ -1689,9 +1689,10 @@ def build_cubins(templates: list[Template], out_dir: Path, arch: str, jobs: int,
                 if t is not None:
                     kn = kn or t.complete(own)
                     src = build_source(t, kn, False)
-                    timed.add(cubin_name(src, False, arch_targets(t, [arch])[0]))
-                    todo[cubin_name(src, False, arch_targets(t, [arch])[0])] = Job(
-                        t.rel, kn, False, arch_targets(t, [arch])[0], False, src, t.kernel_names())
+                    target = arch_targets(t, [arch])[0]
+                    name = cubin_name(src, False, target)
+                    timed.add(name)
+                    todo[name] = Job(t.rel, kn, False, target, False, src, t.kernel_names())
     if time_best and check and n_check:
         # Session 32 spent 10 minutes of CPU here on check builds it never carried: a GPU run
         # with --time-best and without --no-check checks every combination first, so this
