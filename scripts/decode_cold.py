@@ -263,19 +263,37 @@ def knob_ab(out_json, rounds, knob, winners):
 AGAINST_POINTS = KFIRST_WINNERS[:6] + [
     (gqa(8, 32, 1, 1, 4096, 128, True), dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2,
                                               K_FIRST=1)),
+    # The deep ring (decode-deep-ring's start) on Llama-3 B 4 x SK 4096, its session-33 winner.
+    (gqa(4, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=32, NUM_WARPS=4, STAGES=3, CLUSTER=2, COMBINE=3, WARP_LOADS=0, M_TILES=1,
+                                              K_FIRST=0)),
+]
+# ... and decode-split's (decode.cu shares the merge, common/decode_split.cuh): B 64's winner.
+AGAINST_SPLIT_POINTS = [
+    (gqa(64, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=32, NUM_WARPS=4, STAGES=2, SPLIT_WAVES=2, MIN_SPLIT_TILES=1,
+                                               FUSED_COMBINE=0, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
+    (gqa(8, 32, 1, 1, 4096, 128, True), dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, SPLIT_WAVES=1, MIN_SPLIT_TILES=2,
+                                              FUSED_COMBINE=1, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
 ]
 
 
+def _old_templates(old_root):
+    tpls = {t.rel: t for t in load_templates(Path(old_root))}
+    return tpls["decode_cluster.cu"], tpls["decode.cu"]
+
+
 def against_points(old_root):
-    old_cluster = {t.rel: t for t in load_templates(Path(old_root))}["decode_cluster.cu"]
-    return [(t, kn) for _, kn in AGAINST_POINTS for t in (cluster, old_cluster)]
+    old_cluster, old_split = _old_templates(old_root)
+    return ([(t, kn) for _, kn in AGAINST_POINTS for t in (cluster, old_cluster)]
+            + [(t, kn) for _, kn in AGAINST_SPLIT_POINTS for t in (split, old_split)])
 
 
 def tree_ab(out_json, rounds, old_root):
-    """DIR's decode-cluster (a) against this checkout's (b) at each AGAINST_POINTS point."""
-    old_cluster = {t.rel: t for t in load_templates(Path(old_root))}["decode_cluster.cu"]
+    """DIR's decode templates (a) against this checkout's (b) at each AGAINST_POINTS (decode-cluster)
+    and AGAINST_SPLIT_POINTS (decode-split) point."""
+    old_cluster, old_split = _old_templates(old_root)
     print(f"a = {old_root}, b = {cluster.root}", flush=True)
     rows = [(shape, combo_label(kn), (old_cluster, kn), (cluster, kn)) for shape, kn in AGAINST_POINTS]
+    rows += [(shape, "split " + combo_label(kn), (old_split, kn), (split, kn)) for shape, kn in AGAINST_SPLIT_POINTS]
     paired_ab(out_json, rounds, rows, ("old", "new"))
 
 
