@@ -420,19 +420,26 @@ __device__ __forceinline__ void decode_fwd(OPTD_ARGS) {
     decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, win, strides, t_begin,
                          t_end, [] {});
 
-    // Merge the key warps' copies of each valid row, 4 floats per step (common/decode_split.cuh's
-    // row weights), and store it: O itself (one split), or the split's partial row and LSE.
+    // Sum the key warps' copies of each valid row, 4 floats (16 bytes of xo) per step,
+    // and store it: O itself (one split), or the split's partial row and LSE.
     extern __shared__ __align__(128) unsigned char dec_smem[];
-    const DecXo<D> xo(dec_smem, max(0, t_end - t_begin));
-    const float* lse_s = reinterpret_cast<const float*>(dec_smem + DecSmem<D>::LSE);
+    const float* xo = reinterpret_cast<const float*>(dec_smem + L::XO);
+    const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
     const int b = blockIdx.y / heads_kv;
     const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
     const size_t rows_total = (size_t)batch * heads_q * seq_q;
     constexpr int C4 = D / 4;
     for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
         const int row = c / C4, c4 = c % C4;
-        const DecRowWeights rw = dec_row_weights<D>(dec_smem, row);
-        const float4 sum = dec_merged_chunk<D>(xo, rw, row, c4);
+        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
+#pragma unroll
+        for (int kw = 1; kw < DEC_KEY_WARPS; ++kw) {
+            const float4 x = *reinterpret_cast<const float4*>(xo + (kw * DEC_CTA_ROWS + row) * L::XO_ROW + 4 * c4);
+            sum.x += x.x;
+            sum.y += x.y;
+            sum.z += x.z;
+            sum.w += x.w;
+        }
         const DecRow out = dec_out_row(row, heads_q, heads_kv, seq_q);
         if (n_splits == 1) {
             elem_t* orow = o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s;

@@ -319,39 +319,28 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
     decode_split_tile<D>(q, k, v, heads_q, heads_kv, seq_q, seq_k, softmax_scale, causal, win, strides, t_begin,
                          t_end, arm);
 
-    // The split's rows: each chunk (16 bytes of a row) the key warps' copies merged with
-    // the row's weights (common/decode_split.cuh), by one thread, the rows' LSEs in lse_s;
-    // xo is the contiguous
-    // staging copy (rows of L::XO_ROW floats from L::XO) where one is needed, over the
-    // ring, so written only after a barrier that follows every thread's reads of it.
     float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
-    float* lse_s = reinterpret_cast<float*>(dec_smem + L::LSE);
-    const DecXo<D> xw(dec_smem, max(0, t_end - t_begin));
     const int rows_valid = dec_rows_valid(heads_q, heads_kv, seq_q);
-    auto merged = [&](int row, int c4) { return dec_merged_chunk<D>(xw, dec_row_weights<D>(dec_smem, row), row, c4); };
-    // A thread's chunks c = threadIdx.x + i * DEC_THREADS, i < ITERS.
-    constexpr int ITERS = (DEC_CTA_ROWS * C4 + DEC_THREADS - 1) / DEC_THREADS;
-#if COMBINE == 0
-    // Pull: the other ranks read the merged rows and LSEs from xo and lse_s.
-    auto merge_to_xo = [&]() {
-        float4 xs[ITERS];
+    // 1. This split's rows: the warps' copies summed, each 16-byte chunk by one
+    //    thread; into warp 0's copy, except where COMBINE = 1 pushes them (below).
+    auto chunk_sum = [&](int row, int c4) {
+        float4 sum = *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4);
 #pragma unroll
-        for (int i = 0; i < ITERS; ++i) {
-            const int c = (int)threadIdx.x + i * DEC_THREADS;
-            if (c >= rows_valid * C4) break;
-            const int row = c / C4;
-            const DecRowWeights rw = dec_row_weights<D>(dec_smem, row);
-            xs[i] = dec_merged_chunk<D>(xw, rw, row, c % C4);
+        for (int kw = 1; kw < DEC_KEY_WARPS; ++kw) {
+            const float4 x = *reinterpret_cast<const float4*>(xo + (kw * DEC_CTA_ROWS + row) * L::XO_ROW + 4 * c4);
+            sum.x += x.x;
+            sum.y += x.y;
+            sum.z += x.z;
+            sum.w += x.w;
         }
-        __syncthreads();  // every key warp's rows are read: xo overwrites the ring from here
-#pragma unroll
-        for (int i = 0; i < ITERS; ++i) {
-            const int c = (int)threadIdx.x + i * DEC_THREADS;
-            if (c >= rows_valid * C4) break;
-            *reinterpret_cast<float4*>(xo + (c / C4) * L::XO_ROW + 4 * (c % C4)) = xs[i];
+        return sum;
+    };
+    auto sum_in_place = [&]() {
+        for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
+            const int row = c / C4, c4 = c % C4;
+            *reinterpret_cast<float4*>(xo + row * L::XO_ROW + 4 * c4) = chunk_sum(row, c4);
         }
     };
-#endif
 #if COMBINE == 3
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every rank's mbarrier is initialised
     {
@@ -370,25 +359,25 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         //    uncoalesced). The staged copy needs the senders alive until it has landed: the
         //    cluster barrier below. All of a thread's chunk sums are loaded before any is
         //    staged (a barrier between: the staging copy overwrites the rows others still read).
-        float4 xs[ITERS];
+        constexpr int SEND_ITERS = (DEC_CTA_ROWS * C4 + DEC_THREADS - 1) / DEC_THREADS;
+        float4 xs[SEND_ITERS];
 #pragma unroll
-        for (int i = 0; i < ITERS; ++i) {
+        for (int i = 0; i < SEND_ITERS; ++i) {
             // Past the last chunk a thread re-reads the last one (never staged): no branch
             // between the loads.
             const int c = min((int)threadIdx.x + i * DEC_THREADS, total - 1);
-            const int row = c / C4;
-            const DecRowWeights rw = dec_row_weights<D>(dec_smem, row);
-            xs[i] = dec_merged_chunk<D>(xw, rw, row, c % C4);
+            xs[i] = chunk_sum(c / C4, c % C4);
         }
         __syncthreads();  // every key warp's rows are read: xo is the staging copy from here
         float4* stage = reinterpret_cast<float4*>(xo);
 #pragma unroll
-        for (int i = 0; i < ITERS; ++i) {
+        for (int i = 0; i < SEND_ITERS; ++i) {
             const int c = (int)threadIdx.x + i * DEC_THREADS;
             if (c < total) stage[c] = xs[i];
         }
         fence_proxy_async_cta();  // the staged chunks (and lse_s) are read by the bulk copies
         __syncthreads();
+        const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         const bool lse_bulk = rows_sc % 4 == 0;
         {
             // Thread t < CLUSTER - 1 sends to the t-th other rank; the next warp its LSEs.
@@ -459,8 +448,9 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         const unsigned rbar = dsmem_map(mbar, 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
-            dsmem_st_async_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), merged(row, c4), rbar);
+            dsmem_st_async_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), chunk_sum(row, c4), rbar);
         }
+        const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         if ((int)threadIdx.x < rows_valid)
             dsmem_st_async_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
                                lse_s[threadIdx.x], rbar);
@@ -472,8 +462,9 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         const unsigned slot = dsmem_map(rx + (unsigned)((split - 1) * DEC_CTA_ROWS * D * 4), 0);
         for (int c = threadIdx.x; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
-            dsmem_st_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), merged(row, c4));
+            dsmem_st_f32x4(slot + (unsigned)((row * D + 4 * c4) * 4), chunk_sum(row, c4));
         }
+        const float* lse_s = reinterpret_cast<const float*>(dec_smem + L::LSE);
         if ((int)threadIdx.x < rows_valid)
             dsmem_st_f32(dsmem_map(rx_lse + (unsigned)(((split - 1) * DEC_CTA_ROWS + threadIdx.x) * 4), 0),
                          lse_s[threadIdx.x]);
@@ -486,44 +477,32 @@ __device__ __forceinline__ void decode_cluster_fwd(OPTD_ARGS) {
         if (threadIdx.x == 0) dsmem_mbar_arrive(dsmem_map(mbar, 0));
         return;  // nothing reads this CTA's shared memory
     }
-    // Rank 0 merges its own chunks into registers before it waits for the other ranks'.
+    sum_in_place();
+    __syncthreads();  // rank 0's summed rows are read by other threads below
     const int c0 = threadIdx.x;
     elem_t* const dst0 = c0 < rows_valid * C4 ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
-    float4 own[ITERS];
-    float own_lse[ITERS];
-#pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-        const int c = c0 + i * DEC_THREADS;
-        if (c >= rows_valid * C4) break;
-        const int row = c / C4;
-        const DecRowWeights rw = dec_row_weights<D>(dec_smem, row);
-        own[i] = dec_merged_chunk<D>(xw, rw, row, c % C4);
-        own_lse[i] = lse_s[row];
-    }
     cluster_mbar_wait(mbar, 0);
     {
+        const float* lse_own = reinterpret_cast<const float*>(dec_smem + L::LSE);
         const float* rxf = reinterpret_cast<const float*>(dec_smem + P::RX);
         const float* rxl = reinterpret_cast<const float*>(dec_smem + P::RX_LSE);
-#pragma unroll
-        for (int i = 0; i < ITERS; ++i) {
-            const int c = c0 + i * DEC_THREADS;
-            if (c >= rows_valid * C4) break;
+        for (int c = c0; c < rows_valid * C4; c += DEC_THREADS) {
             const int row = c / C4, c4 = c % C4;
             float lse[CLUSTER];
-            lse[0] = own_lse[i];
+            lse[0] = lse_own[row];
 #pragma unroll
             for (int z = 1; z < CLUSTER; ++z) lse[z] = rxl[(z - 1) * DEC_CTA_ROWS + row];
             dec_combine_chunk(
                 lse,
                 [&](int z) {
-                    return z == 0 ? own[i]
+                    return z == 0 ? *reinterpret_cast<const float4*>(xo + row * L::XO_ROW + 4 * c4)
                                   : *reinterpret_cast<const float4*>(rxf + ((z - 1) * DEC_CTA_ROWS + row) * D + 4 * c4);
                 },
-                i == 0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
+                c == c0 ? dst0 : dec_out_chunk(o, strides, row, c4, heads_q, heads_kv, seq_q));
         }
     }
 #else
-    merge_to_xo();
+    sum_in_place();
     const int c0 = split + CLUSTER * (int)threadIdx.x;
     elem_t* const dst0 = c0 < rows_valid * C4 ? dec_out_chunk(o, strides, c0 / C4, c0 % C4, heads_q, heads_kv, seq_q) : o;
     cluster_sync();  // 2.

@@ -240,41 +240,6 @@ struct DecSmem {
     static_assert(LSE + DEC_CTA_ROWS * 4 <= Q_BYTES, "row maxima, sums and LSE must fit in the Q tile");
 };
 
-// The key warps' raw O rows once decode_split_tile has returned. A warp's 16 rows are
-// two halves of 8 rows x D floats (32 D bytes: 16 rows of a K/V tile) in its key slice's
-// own rows of the ring (keys kw * BLOCK_N .. + BLOCK_N - 1 of a slot, which only the
-// slice's M_TILES warps read), in the slots after the last tile's: piece p is K (p even)
-// or V (p odd) of slot (my_tiles + p / 2) % STAGES and holds HPP halves; half i of the
-// slice (row tile i / 2, its rows 8 (i % 2) ..) is half i % HPP of piece i / HPP. A warp
-// may store there as soon as its own loop is done: every warp has passed the last tile's
-// barrier, so none reads an earlier slot, and the last tile's slot (the slice's other row
-// tile may still be on it) is left out where the ring is deep enough (EARLY).
-// In a half, row r's float column c is at r D + (c ^ 8 (r % 4)): a warp's float2 stores
-// (rows g, columns 8 j + 2 tq) hit each bank twice, as few times as 256 bytes allow (an
-// unswizzled D 128 row stride is 512 bytes: 8 rows on the same banks).
-template <int D>
-struct DecXo {
-    using L = DecSmem<D>;
-    static constexpr int HPP = BLOCK_N / 16;  // halves per piece
-    static constexpr int HALF_BYTES = 8 * D * 4;
-    static_assert(HALF_BYTES == 16 * L::ROW_BYTES, "a half is 16 K/V rows");
-    static_assert(2 * STAGES * HPP >= 2 * M_TILES, "a key slice's halves fit its rows of the ring");
-    // Stored while other warps still compute: Q in registers (up to D 128; the maxima and
-    // sums go over the Q tile) and the slice's halves in the slots other than the last one's.
-    static constexpr bool EARLY = (D / 16 <= 8) && 2 * (STAGES - 1) * HPP >= 2 * M_TILES;
-    unsigned char* ring;
-    int first;  // the slot after the last tile's
-    __device__ __forceinline__ DecXo(unsigned char* smem, int my_tiles) : ring(smem + L::K), first(my_tiles % STAGES) {}
-    __device__ __forceinline__ float* half(int kw, int i) const {
-        const int p = i / HPP;
-        int slot = first + p / 2;
-        if (slot >= STAGES) slot -= STAGES;
-        return reinterpret_cast<float*>(ring + (p & 1) * STAGES * L::KV_BYTES + slot * L::KV_BYTES +
-                                        kw * BLOCK_N * L::ROW_BYTES + (i % HPP) * HALF_BYTES);
-    }
-    static __device__ __forceinline__ int at(int r, int c) { return r * D + (c ^ (8 * (r & 3))); }
-};
-
 // Packed rows of this CTA's row block (blockIdx.z), 1 .. DEC_CTA_ROWS.
 __device__ __forceinline__ int dec_rows_valid(int heads_q, int heads_kv, int seq_q) {
     return min(DEC_CTA_ROWS, (heads_q / heads_kv) * seq_q - (int)blockIdx.z * DEC_CTA_ROWS);
@@ -644,25 +609,17 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     }
     cp_async_wait<0>();  // only empty groups can be pending; drain them anyway
 
-    // --- the warps' key ranges: their raw rows, and the rows' weights ----------
-    // Each warp stores its raw O rows (fp32, unnormalised) and its rows' maxima and sums
-    // as soon as its own key loop is done: the rows in ring slots no warp reads any more
-    // (DecXo: the key slice's own rows of every slot but the last tile's, which the
-    // slice's other row tile may still be reading), the maxima and sums over the Q tile
-    // (in registers since the first tile). After one barrier a thread per row turns them
-    // into the key warps' weights and the row's LSE; after a second the caller merges
-    // each chunk (dec_row_weights, dec_merged_chunk). Until session 34 the merge waited
-    // for the slowest warp (a barrier), published the maxima and sums, met at a second
-    // barrier, scaled and stored every row and met at a third: MQA's merge took 0.99 us
-    // after the last warp's loop (sync_a -> merged, scripts/decode_timeline.py, H200,
-    // session 33), B 1 x SK 4096's 0.58.
-    // D 256 (Q read from shared memory at every k-step) and rings too shallow to leave a
-    // slot out (DecXo<D>::EARLY) first wait for every warp at a barrier, as before.
+    // --- merge of the warps' key ranges -------------------------------------
+    // Maxima and sums in the Q tile ([2][NUM_WARPS][16] floats; Q was read into
+    // registers before the first tile), O rows over the drained ring. Row
+    // wrow0 + row of the CTA is the warps kw' * M_TILES + wrt's, kw' < DEC_KEY_WARPS.
     float* ml = reinterpret_cast<float*>(dec_smem + L::ML);
+    float* lse_s = reinterpret_cast<float*>(dec_smem + L::LSE);
+    float* xo = reinterpret_cast<float*>(dec_smem + L::XO);
     float l_sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_sum[h] = quad_sum(sm.l[h]);
-    if constexpr (!DecXo<D>::EARLY) __syncthreads();  // every warp is past its last K/V tile
+    __syncthreads();  // every warp is past its last K/V tile
     if (tq == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -670,80 +627,52 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
             ml[(NUM_WARPS + warp) * DEC_ROWS + g + 8 * h] = l_sum[h];
         }
     }
-    const DecXo<D> xo(dec_smem, my_tiles);
+    __syncthreads();
+    // Both rows' factors first, then all stores: as two branches, one per row, the rows'
+    // dependent chains (shared-memory loads, exponentials, the division) ran one after the
+    // other (SASS), ~0.3 us of MQA's merge on the H200 (scripts/decode_timeline.py, xo_own).
+    // A padding row (past rows_valid) computes on the maxima and sums its warps published
+    // for it anyway, and stores nothing.
+    float f[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        if (wrow0 + g + 8 * h >= rows_valid) continue;  // padding: never read
-        float* half = xo.half(kw, wrt * 2 + h);
-#pragma unroll
-        for (int j = 0; j < DT; ++j)
-            *reinterpret_cast<float2*>(half + DecXo<D>::at(g, 8 * j + 2 * tq)) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-    }
-    __syncthreads();
-    // Each row's weights, once, by one thread (a row per lane of warp 0): w[kw] over the
-    // row's maximum in place of warp kw's, and the row's LSE (lse_s). Computed by every
-    // thread that reads a chunk of the row instead (32 lanes of a warp on one row), the
-    // exponentials and divisions of MQA's 4 rows per thread cost 3.5% of its call, and the
-    // chains of decode-split's unrolled-once loop 5% (H200, session 34).
-    if (tid < rows_valid) {
-        const int r = tid % DEC_ROWS, rt = tid / DEC_ROWS;
-        float mw[DEC_KEY_WARPS], lw[DEC_KEY_WARPS];
+        const int row = g + 8 * h;
         float m = OPTD_NEG_INF;
 #pragma unroll
-        for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
-            mw[k2] = ml[(k2 * M_TILES + rt) * DEC_ROWS + r];
-            lw[k2] = ml[(NUM_WARPS + k2 * M_TILES + rt) * DEC_ROWS + r];
-            m = fmaxf(m, mw[k2]);
-        }
-        // A warp that saw no key of the row (mw = -inf) adds nothing; nor does any when none
-        // did (m = -inf, where mw - m would be NaN). Selects, not branches: one chain.
-        float e[DEC_KEY_WARPS];
+        for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) m = fmaxf(m, ml[(k2 * M_TILES + wrt) * DEC_ROWS + row]);
         float total = 0.f;
 #pragma unroll
         for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) {
-            e[k2] = mw[k2] != OPTD_NEG_INF ? fast_exp2((mw[k2] - m) * sl2) : 0.f;
-            total += e[k2] * lw[k2];
+            const int w = k2 * M_TILES + wrt;
+            const float mw = ml[w * DEC_ROWS + row];
+            // A warp that saw no key of the row (mw = -inf) adds nothing; nor does any
+            // when none did (m = -inf, where mw - m would be NaN).
+            // Loads, exponentials and the division below are unconditional and the guards
+            // selects: a branch per guard serialised the two rows again (SASS).
+            const float lw = ml[(NUM_WARPS + w) * DEC_ROWS + row];
+            const float e = fast_exp2((mw - m) * sl2);
+            total += mw != OPTD_NEG_INF ? lw * e : 0.f;
         }
-        // total >= 1 where some warp saw a key (the one holding the maximum adds its row
-        // sum, itself >= 1): the fast division, without the IEEE one's range checks.
-        const float inv = total > 0.f ? __fdividef(1.f, total) : 0.f;
+        // A row no warp saw a key for (total 0) comes out O = 0, LSE = -inf. Otherwise
+        // total >= 1 (the warp holding the maximum adds its row sum, itself >= 1): the fast
+        // division, without the IEEE one's range checks and slow path on the merge's chain.
+        const float q = __fdividef(fast_exp2((sm.m[h] - m) * sl2), total);
+        const float lg = (m * sl2 + __log2f(total)) * OPTD_LN2;
+        f[h] = (sm.m[h] == OPTD_NEG_INF || total <= 0.f) ? 0.f : q;
+        lse[h] = total > 0.f ? lg : OPTD_NEG_INF;
+    }
 #pragma unroll
-        for (int k2 = 0; k2 < DEC_KEY_WARPS; ++k2) ml[(k2 * M_TILES + rt) * DEC_ROWS + r] = e[k2] * inv;
-        reinterpret_cast<float*>(dec_smem + L::LSE)[tid] =
-            total > 0.f ? (m * sl2 + __log2f(total)) * OPTD_LN2 : OPTD_NEG_INF;
+    for (int h = 0; h < 2; ++h) {
+        const int row = g + 8 * h;
+        if (wrow0 + row >= rows_valid) continue;
+        // xo[kw][wrow0 + row]: warp = kw * M_TILES + wrt, so this is row warp * 16 + row.
+        float* xrow = xo + (warp * DEC_ROWS + row) * L::XO_ROW + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+            *reinterpret_cast<float2*>(xrow + 8 * j) = make_float2(acc[j][2 * h] * f[h], acc[j][2 * h + 1] * f[h]);
+        if (kw == 0 && tq == 0) lse_s[wrow0 + row] = lse[h];
     }
     __syncthreads();
-}
-
-// The key-warp weights of row `row` of the CTA (decode_split_tile's): its merged O row is
-// the sum over kw of w[kw] x (warp kw's raw row).
-struct DecRowWeights {
-    float w[DEC_KEY_WARPS];
-};
-template <int D>
-__device__ __forceinline__ DecRowWeights dec_row_weights(const unsigned char* smem, int row) {
-    const float* ml = reinterpret_cast<const float*>(smem + DecSmem<D>::ML);
-    DecRowWeights out;
-#pragma unroll
-    for (int kw = 0; kw < DEC_KEY_WARPS; ++kw) out.w[kw] = ml[(kw * M_TILES + row / DEC_ROWS) * DEC_ROWS + row % DEC_ROWS];
-    return out;
-}
-
-// Chunk c4 (4 columns) of row `row` of the CTA's merged O (normalised over its split).
-template <int D>
-__device__ __forceinline__ float4 dec_merged_chunk(const DecXo<D>& xo, const DecRowWeights& rw, int row, int c4) {
-    const int wrt = row / DEC_ROWS, r = row % DEC_ROWS;
-    const int at = DecXo<D>::at(r % 8, 4 * c4);
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int kw = 0; kw < DEC_KEY_WARPS; ++kw) {
-        const float4 x = *reinterpret_cast<const float4*>(xo.half(kw, wrt * 2 + r / 8) + at);
-        sum.x = fmaf(rw.w[kw], x.x, sum.x);
-        sum.y = fmaf(rw.w[kw], x.y, sum.y);
-        sum.z = fmaf(rw.w[kw], x.z, sum.z);
-        sum.w = fmaf(rw.w[kw], x.w, sum.w);
-    }
-    return sum;
 }
 
 
