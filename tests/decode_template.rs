@@ -264,7 +264,7 @@ fn the_default_plan_runs_the_decode_stage_first_after_the_baseline() {
     let path = common::repo_root().join("strategies/default.toml");
     let plan = optimizerd::strategy::plan::Plan::load(&path, &common::repo_root().join("kernel-templates")).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
-    assert_eq!(&names[..6], ["baseline", "decode", "decode-cluster", "decode-wide", "decode-deep-ring", "kv-split"]);
+    assert_eq!(&names[..6], ["baseline", "decode", "decode-cluster", "decode-wide", "decode-deep-ring", "tensor-cores-hopper"]);
     let shapes = [gqa(1, 32, 8, 1, 1024, false), gqa(8, 32, 1, 1, 4096, true), gqa(64, 32, 8, 1, 16384, false)];
     for (stage, template) in plan.stages[1..3].iter().zip(["decode-split", "decode-cluster"]) {
         assert_eq!(stage.template.name(), template);

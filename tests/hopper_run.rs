@@ -213,3 +213,31 @@ async fn the_cluster_split_stage_tries_the_under_filled_shapes_own_kernel_split_
         assert_eq!((dispatch[big]["params"]["BLOCK_N"].clone(), dispatch[big]["params"]["CLUSTER_SPLIT"].clone()), (json!(128), json!(0)), "{big}");
     }
 }
+
+/// The shipped plan on Hopper tries the wgmma-TMA template first among the prefill stages (a
+/// 2-minute run in the method's order spent its budget on kv-split, memory and WMMA candidates of
+/// 1-GB prefill shapes and never reached it: docs/BENCHMARKS.md (34)); on an L4 that stage is
+/// skipped (sm_90a) and the generic stages come first, in the method's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_plan_tries_the_hopper_template_first_on_hopper_and_the_generic_stages_first_elsewhere() {
+    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
+    for (gpu, device) in [("h100", common::h100()), ("l4", common::l4())] {
+        let p = Project::new(&shipped, json!([]), json!({ "ok": { "us": 100.0 } }));
+        let script_path = p.path().join("script.json");
+        let mut script: Value = serde_json::from_str(&std::fs::read_to_string(&script_path).unwrap()).unwrap();
+        script["device"] = serde_json::to_value(device).unwrap();
+        std::fs::write(&script_path, script.to_string()).unwrap();
+        p.append_config("\n[baseline]\nsdpa = false\n");
+        p.set_workload("shapes = [ { b = 2, h = 8, s = 512, d = 128, causal = true } ]");
+        p.run(gpu, Duration::from_secs(25)).await;
+        let its = Ledger::open(&p.db()).await.unwrap().iterations(gpu).await.unwrap();
+        let stages: Vec<&str> = its.iter().map(|i| i.stage.as_str()).collect();
+        assert!(stages.len() >= 2 && stages[0] == "baseline", "{gpu}: {stages:?}");
+        if gpu == "h100" {
+            assert_eq!(stages[1], "tensor-cores-hopper", "{stages:?}");
+        } else {
+            assert!(["kv-split", "memory"].contains(&stages[1]), "{stages:?}");
+            assert!(!stages.iter().any(|s| s.starts_with("tensor-cores-hopper")), "{stages:?}");
+        }
+    }
+}
