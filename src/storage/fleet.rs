@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::Row;
 
 use super::ledger::{now, GroupRow, ItemRow, NewGroup};
@@ -167,7 +167,7 @@ impl Fleet {
     /// Connect and create (or upgrade) the fleet tables.
     pub async fn connect(url: &str) -> Result<Fleet> {
         let shown = redact(url);
-        let pool = PgPoolOptions::new()
+        let pool = crate::storage::pool_options::<sqlx::Postgres>()
             .max_connections(4)
             .acquire_timeout(std::time::Duration::from_secs(10))
             .connect(url)

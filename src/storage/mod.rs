@@ -12,3 +12,26 @@ pub mod memory;
 pub mod queue_sql;
 pub mod sdpa;
 pub mod workspace;
+
+/// Connection-pool options with no sqlx maintenance task (no idle timeout, no lifetime, no
+/// minimum), for the ledger and the fleet: sqlx 0.8's reaper can drive its idle count below
+/// zero and then sweep ~2^64 times without yielding, at 100% CPU, which hangs the process when
+/// its runtime shuts down (launchbadge/sqlx#3645, fixed upstream after 0.8.6). Seen on this
+/// project's CI: `optimizerd history` printed its table and then spun for 15 minutes at exit.
+/// A ledger is a local file and the fleet a few connections: nothing needs reaping, and a
+/// connection that died is replaced when it is next acquired (sqlx tests it first).
+pub(crate) fn pool_options<DB: sqlx::Database>() -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new().idle_timeout(None).max_lifetime(None).min_connections(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pools_have_no_maintenance_task() {
+        let o = super::pool_options::<sqlx::Sqlite>();
+        // sqlx spawns its reaper only when one of these is set (sqlx-core pool/inner.rs).
+        assert_eq!((o.get_idle_timeout(), o.get_max_lifetime(), o.get_min_connections()), (None, None, 0));
+        let o = super::pool_options::<sqlx::Postgres>();
+        assert_eq!((o.get_idle_timeout(), o.get_max_lifetime(), o.get_min_connections()), (None, None, 0));
+    }
+}

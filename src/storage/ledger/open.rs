@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::SqlitePool;
 
 use super::{is_corrupt, sqlite_code, Ledger, LedgerError, Result};
@@ -75,7 +75,7 @@ async fn connect_read_only(path: &Path) -> Result<(SqlitePool, Option<i64>)> {
     }
     let opts = SqliteConnectOptions::new().filename(path).read_only(true).create_if_missing(false).busy_timeout(Duration::from_secs(10));
     let attempt = |opts: SqliteConnectOptions| async move {
-        let pool = SqlitePoolOptions::new().max_connections(2).connect_with(opts).await.map_err(|e| open_error(path, e))?;
+        let pool = crate::storage::pool_options::<sqlx::Sqlite>().max_connections(2).connect_with(opts).await.map_err(|e| open_error(path, e))?;
         match schema(&pool, path).await {
             Ok(v) => Ok((pool, v)),
             Err(e) => {
@@ -135,7 +135,7 @@ impl Ledger {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.map_err(|e| open_error(path, e))?;
+        let pool = crate::storage::pool_options::<sqlx::Sqlite>().max_connections(4).connect_with(opts).await.map_err(|e| open_error(path, e))?;
         let known = known_schema();
         let have = schema(&pool, path).await?;
         if let Some(have) = have.filter(|h| *h > known) {
