@@ -612,7 +612,7 @@ __device__ __forceinline__ void decode_split_tile(const elem_t* __restrict__ q, 
     // --- merge of the warps' key ranges -------------------------------------
     // (Tried in session 34, 1f1637d: each warp storing its raw rows into its key slice's free ring
     // rows as soon as its own loop ends, one barrier, the weights per row after it: correct, 1.7%
-    // faster at B 1 in one form, 1.3-3.5% slower at MQA in both; docs/BENCHMARKS.md (34).)
+    // faster at B 1 in one form, 0.4-3.6% slower at MQA in both; docs/BENCHMARKS.md (34).)
     // Maxima and sums in the Q tile ([2][NUM_WARPS][16] floats; Q was read into
     // registers before the first tile), O rows over the drained ring. Row
     // wrow0 + row of the CTA is the warps kw' * M_TILES + wrt's, kw' < DEC_KEY_WARPS.
