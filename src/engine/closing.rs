@@ -33,9 +33,10 @@ impl Engine {
     /// before it does decide: its wins are recorded like any other. Ok(true) when all it
     /// set out to do was done (its time is then what later runs keep for theirs).
     pub(super) async fn closing_comparison(&mut self) -> anyhow::Result<bool> {
+        self.fit_closing().await?;
         let mut complete = true;
         let mut measured = false;
-        if self.cfg.timing.sustained_ms > 0.0 && self.cfg.timing.rerank_top > 1 && !self.incumbents.is_empty() {
+        if self.closing.rerank && !self.incumbents.is_empty() {
             // A run resumed after (part of) its re-rank does not re-rank those shapes again:
             // its closing then takes less than a whole one, and is not recorded as one.
             let before = self.ledger.events(&self.run_id).await?.iter().any(|e| e.kind == EventKind::Rerank)
@@ -85,7 +86,14 @@ impl Engine {
     pub(super) async fn record_closing_time(&self, took: Duration) -> anyhow::Result<()> {
         let shapes = self.incumbents.len() as u32;
         let seconds = took.as_secs_f64();
-        let event = Event::ClosingTime { seconds, shapes, sustained_ms: self.cfg.timing.sustained_ms };
+        let c = &self.closing;
+        let event = Event::ClosingTime {
+            seconds,
+            shapes,
+            sustained_ms: c.sustained_ms,
+            window_s_per_shape: Some(c.window_s_per_shape),
+            rerank_s_per_shape: Some(c.rerank_s_per_shape),
+        };
         let msg = format!("closing comparison took {seconds:.1} s for {shapes} shape(s) ({:.1} s each)", seconds / f64::from(shapes.max(1)));
         self.ledger.record_event(&self.run_id, &event, &msg).await?;
         tracing::info!(kind = "closing_time", seconds, shapes, "{msg}");
@@ -93,30 +101,58 @@ impl Engine {
     }
 
     /// What this run keeps of its budget for the closing: decided once when the run is
-    /// created and recorded; a resumed run reads it back.
+    /// created and recorded; a resumed run reads it back. The closing's cost model is learned
+    /// either way (`reserve.rs`).
     pub(super) async fn decide_closing_reserve(&mut self, resuming: bool) -> anyhow::Result<()> {
+        // The baselines are measured again at the closing only where they were at the start.
+        let sdpa_rows = if self.cfg.baseline.sdpa { self.ledger.sdpa(&self.run_id).await? } else { Vec::new() };
+        // FA4 counts where it ran at the start (a shape it refused has no graph time).
+        let fa4 = sdpa_rows.iter().any(|r| r.backends.get(crate::storage::sdpa::FA4).and_then(|b| b.get("graph_us")).is_some_and(serde_json::Value::is_f64));
+        let work = reserve::ClosingWork::new(&self.cfg, !sdpa_rows.is_empty(), fa4);
+        let history = self.ledger.closing_times(&self.device.name, reserve::HISTORY * 4).await?;
+        let model = reserve::Model::learn(work, self.shapes.len(), self.cfg.run.budget_covers_closing, &history);
+        self.closing = model.work.configured();
         if resuming {
             let kept = self.ledger.closing_reserve(&self.run_id).await?;
             self.closing_reserve = Duration::from_secs_f64(kept.unwrap_or(0.0).max(0.0));
-            return Ok(());
+        } else {
+            let r = reserve::plan(self.budget, &model);
+            let msg = r.describe(&model, self.budget);
+            self.ledger.record_event(&self.run_id, &Event::ClosingReserve { seconds: r.seconds }, &msg).await?;
+            tracing::info!(kind = "closing_reserve", seconds = r.seconds, "{msg}");
+            self.closing_reserve = r.duration();
         }
-        let t = &self.cfg.timing;
-        // The baselines are measured again at the closing only where they were at the start.
-        let sdpa = self.cfg.baseline.sdpa && !self.ledger.sdpa(&self.run_id).await?.is_empty();
-        let work = reserve::ClosingWork { sustained_ms: t.sustained_ms, rerank: t.rerank_top > 1, sdpa };
-        let history = self.ledger.closing_times(&self.device.name, reserve::HISTORY * 4).await?;
-        let r = reserve::plan(self.budget, self.shapes.len(), work, self.cfg.run.budget_covers_closing, &history);
-        let msg = r.describe(self.budget, self.shapes.len());
-        self.ledger.record_event(&self.run_id, &Event::ClosingReserve { seconds: r.seconds }, &msg).await?;
-        tracing::info!(kind = "closing_reserve", seconds = r.seconds, "{msg}");
-        self.closing_reserve = r.duration();
+        self.closing_model = Some(model);
         Ok(())
+    }
+
+    /// What the closing does, from the time left of the budget (`reserve::Model::fit`): the
+    /// whole closing where it fits, cut where it does not; a cut is recorded and logged.
+    async fn fit_closing(&mut self) -> anyhow::Result<()> {
+        let Some(model) = &self.closing_model else { return Ok(()) };
+        let left = self.budget.saturating_sub(self.used()).as_secs_f64();
+        self.closing = model.fit(left);
+        if let Some(cut) = self.closing.cut(model.work.sustained_ms) {
+            let msg = format!(
+                "closing comparison cut to fit the {} left of the budget (expected {:.0} s): {cut}; a longer budget, or run.budget_covers_closing = false, keeps the whole closing",
+                crate::pipeline::record::fmt_dur(Duration::from_secs_f64(left)),
+                model.seconds(&self.closing)
+            );
+            self.ledger.event(&self.run_id, EventKind::ClosingCut, &msg).await?;
+            tracing::info!(kind = "closing_cut", "{msg}");
+        }
+        Ok(())
+    }
+
+    /// The closing's timing: the run's, with the closing's sustained windows.
+    pub(super) fn closing_spec(&self) -> TimingSpec {
+        TimingSpec { sustained_ms: self.closing.sustained_ms, ..self.cfg.timing_spec() }
     }
 
     async fn closing_rows(&mut self) -> Result<(Vec<ClosingRow>, Versions), String> {
         self.ensure_incumbents_loaded().await.map_err(|f| f.reason)?;
         let shapes: Vec<_> = self.shapes.iter().filter(|s| self.incumbents.contains_key(&s.key())).copied().collect();
-        let sustained_ms = self.cfg.timing.sustained_ms;
+        let sustained_ms = self.closing.sustained_ms;
         let before = self.time_incumbents(SALT_BEFORE).await?;
         let (sdpa, versions) = crate::storage::sdpa::measure_fresh(&self.cfg, &self.run_dir, &shapes, sustained_ms).await?;
         let after = self.time_incumbents(SALT_AFTER).await?;
@@ -155,7 +191,7 @@ impl Engine {
             .filter_map(|s| self.incumbents.get(&s.key()))
             .map(|inc| TimeCase { shape: inc.plan.shape, entries: vec![timing::entry(&inc.id, &inc.plan)] })
             .collect();
-        let spec = self.cfg.sustained_spec();
+        let spec = self.closing_spec();
         let timeout = sustained_timeout(self.cfg.worker.time_timeout, &spec, &cases);
         let timed = timing::run(&mut self.sup, cases, spec, self.seed ^ salt, timeout).await.map_err(|f| f.reason)?;
         Ok(timed

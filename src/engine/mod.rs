@@ -115,6 +115,10 @@ pub struct Engine {
     /// The end of the budget kept for the closing comparison (`reserve.rs`): the search
     /// stops this much before the budget.
     closing_reserve: Duration,
+    /// The closing's cost model (`reserve.rs`), learned when the run is created.
+    closing_model: Option<reserve::Model>,
+    /// What the closing does: the configured closing until it starts, then what fits.
+    closing: reserve::Closing,
     seed: u64,
     shutdown: Shutdown,
     /// What earlier runs measured on this kind of GPU (None: `--fresh`, or nothing there).

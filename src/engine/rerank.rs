@@ -105,7 +105,7 @@ impl Engine {
         }
         if !cases.is_empty() {
             // One request: every shape's contenders interleaved with its best, at one seed.
-            let spec = self.cfg.sustained_spec();
+            let spec = self.closing_spec();
             let timeout = sustained_timeout(self.cfg.worker.time_timeout, &spec, &cases);
             let timed = match timing::run(&mut self.sup, cases, spec, self.seed ^ SALT_RERANK, timeout).await {
                 Ok(t) => t,
@@ -152,7 +152,7 @@ impl Engine {
                     c_s.median_us,
                     inc.seq,
                     inc_s.median_us,
-                    self.cfg.timing.sustained_ms,
+                    self.closing.sustained_ms,
                     d.speedup,
                     1.0 + d.threshold,
                     c_b.median_us,
@@ -167,7 +167,7 @@ impl Engine {
         // The marker a resumed run reads: the re-rank is done, whatever it changed.
         let msg = format!(
             "sustained re-rank (top {top} per shape, {:.0} ms back to back): {}",
-            self.cfg.timing.sustained_ms,
+            self.closing.sustained_ms,
             if notes.is_empty() { "nothing to re-rank (no other correct kernel)".to_string() } else { notes.join("; ") }
         );
         self.ledger.event(&self.run_id, EventKind::Rerank, &msg).await?;

@@ -1,19 +1,32 @@
-//! The part of a run's budget kept for its closing comparison (`run.budget_covers_closing`).
+//! The part of a run's budget kept for its closing comparison (`run.budget_covers_closing`),
+//! and what that closing does to fit in it.
 //!
 //! A finished run re-ranks each shape's top kernels under sustained timing and measures the
 //! baselines afresh (`closing.rs`, `rerank.rs`). On the H200 that took 184 s for the LLM
-//! workload's 11 shapes (2026-11-29, 200-ms windows, FA4 beside SDPA; before the re-rank's
-//! builds were shared): an 8-minute run ended after 11. So the search ends early by what the closing is expected to take, and
-//! `--budget` is the run's length. The expectation is learned: every closing records how
-//! long it took (`Event::ClosingTime`), and a run on a GPU of the same name keeps a fixed
-//! start-up ([`START_S`]: SDPA's script starting and importing torch and FA4, whatever the
-//! shape count) plus the slowest per-shape rest of the last few closings (same timing mode)
-//! times its shape count. A first run on a GPU uses the figures below. The reserve never
-//! exceeds a quarter of the budget: a short run still searches, and its closing then runs past
-//! the budget (status shows both).
+//! workload's 11 shapes (2026-11-29) and 79-84 s for Llama-3-8B's 9 (2026-11-30, of a 2- and a
+//! 4-minute budget). So the search ends early by what the closing is expected to take, and
+//! `--budget` is the run's length. The expectation is a cost model, learned: a fixed start-up
+//! ([`START_S`]: SDPA's script starting and importing torch and FA4, whatever the shape count),
+//! plus per shape a fixed part (builds, burst timings, graph captures) and the sustained
+//! windows (each `sustained_ms` of back-to-back replays: the re-rank's contenders and our best
+//! before and after the baselines, [`sustained_rounds`] windows each; SDPA's default backend
+//! and FA4, [`BASELINE_WINDOWS`] each) and the re-rank's loads ([`RERANK_S_PER_CONTENDER`]).
+//! Every closing records its length, its windows and its re-rank
+//! (`Event::ClosingTime`); a run on a GPU of the same name keeps the slowest fixed part of the
+//! last few, or [`DEFAULT_FIXED_S_PER_SHAPE`] (and [`DEFAULT_FA4_S_PER_SHAPE`]) before any.
+//!
+//! At most a quarter of the budget is kept ([`MAX_SHARE`]): a short run still searches. Where
+//! the whole closing needs more, it is cut to fit rather than run past the budget (2026-11-30:
+//! 2-, 4- and 6-minute runs ended 53, 25 and 29 s late), in this order: shorter sustained
+//! windows (down to [`MIN_SUSTAINED_MS`]: even a 6-35 ms burst of the large shapes reaches the
+//! board's power cap, HOPPER.md), then no re-rank (its windows again as long as they fit), then
+//! burst timing only. The cut is decided again when the closing starts, from the time then
+//! left, so a search that ends early (its plan exhausted) gives the closing everything it
+//! asked for. Only where even burst timing does not fit does the closing run past the budget.
 
 use std::time::Duration;
 
+use crate::spec::protocol::sustained_rounds;
 use crate::storage::ledger::Event;
 
 /// Seconds of every closing whatever its shape count: the SDPA script's start-up (a Python
@@ -23,36 +36,119 @@ use crate::storage::ledger::Event;
 /// closing is this term, so a per-shape figure alone undershoots small runs and, learned from
 /// one, overshoots large ones.
 pub(crate) const START_S: f64 = 6.0;
-/// Seconds per shape beyond [`START_S`] of a closing with sustained timing, before any was
-/// measured on this GPU. On the H200 (2026-11-29) the 10 benchmark shapes' took 142.4 s (13.6 s
-/// per shape beyond the start-up), the LLM run's 16.8 s per shape (89 s re-rank, 95 s closing,
-/// 11 shapes, before the re-rank's builds were shared), most of it each kernel's and baseline's
-/// 200-ms windows and FA4's compile per shape.
-pub(crate) const DEFAULT_SUSTAINED_S_PER_SHAPE: f64 = 12.0;
-/// The same with burst timing only (no re-rank, no sustained windows). The 2-shape closing above
-/// left 2.3 s per shape beyond [`START_S`]; two more of the large shapes (0.5 and 1.5 ms
-/// kernels, FA4 not installed) took 12.5 and 16.2 s on the H200 (2026-11-29, session 25), 3.3
-/// and 5.1 s per shape: above the slowest of the three, so a first run keeps what its closing takes.
-pub(crate) const DEFAULT_BURST_S_PER_SHAPE: f64 = 5.5;
+/// Seconds per shape beyond [`START_S`] and the sustained windows, before any closing was
+/// measured on this GPU, without FA4: builds, burst timings (longer for long kernels), graph
+/// captures. On the H200, Llama-3-8B's 9 shapes left 2.7 and 3.2 s per shape (2026-11-30: 78.7
+/// and 83.7 s, less 27 windows of 200 ms each); two burst closings of 2 large shapes (0.5 and
+/// 1.5 ms kernels) 3.3 and 5.1 s (2026-11-29: 12.5 and 16.2 s). A first run keeps the largest.
+pub(crate) const DEFAULT_FIXED_S_PER_SHAPE: f64 = 5.5;
+/// What FA4 adds to that per shape where it was measured at the run's start (its compile per
+/// shape and configuration): the benchmark's 10 shapes left 7.6 s per shape with FA4 on the H200
+/// (2026-11-29: 142.4 s, less 30 windows of 200 ms each), the LLM workload's 11.9 (before the
+/// re-rank's builds were shared).
+pub(crate) const DEFAULT_FA4_S_PER_SHAPE: f64 = 4.0;
+/// The re-rank's own time per shape and contender besides its windows (loading the contender's
+/// module, its burst samples): on the H200 the re-rank of a 4-minute Llama-3-8B run took 22.0 s
+/// for 9 shapes and 2 contenders each, 13.5 s of it 167-ms windows (2026-11-30): 0.47 s.
+pub(crate) const RERANK_S_PER_CONTENDER: f64 = 0.5;
+/// How much longer a sustained window lasts than asked: its replay count is sized from the burst
+/// time, and back-to-back replays run 12-18% slower (the power cap). On the H200 a 4-minute
+/// Llama-3-8B closing of 162 windows of 156 ms took 4.7 s more than the windows at their
+/// length and the rest of the model (2026-11-30).
+pub(crate) const WINDOW_STRETCH: f64 = 1.15;
+/// Sustained windows per baseline and shape: scripts/sdpa_baseline.py's SUSTAINED_WINDOWS.
+pub(crate) const BASELINE_WINDOWS: u32 = 3;
+/// The shortest sustained window a closing is cut to.
+pub(crate) const MIN_SUSTAINED_MS: f64 = 100.0;
 /// The largest share of the budget kept back.
 pub(crate) const MAX_SHARE: f64 = 0.25;
 /// How many recorded closings (newest first) a run learns from.
 pub(crate) const HISTORY: u32 = 3;
 
-/// What the closing will do, from the configuration.
+/// What the closing is configured to do.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct ClosingWork {
     /// `timing.sustained_ms` (0: burst timing only).
     pub(crate) sustained_ms: f64,
-    /// Whether the sustained re-rank runs (`timing.rerank_top` > 1 under sustained timing).
-    pub(crate) rerank: bool,
-    /// Whether the baselines are measured (`baseline.sdpa`).
+    /// `timing.rerank_top` (the re-rank runs when > 1 under sustained timing).
+    pub(crate) rerank_top: u32,
+    /// Sustained windows per entry of our kernels ([`sustained_rounds`] of the run's timing).
+    pub(crate) rounds: u32,
+    /// Whether the baselines are measured (`baseline.sdpa`, and measured at the run's start).
     pub(crate) sdpa: bool,
+    /// Whether FA4 was measured at the run's start (a second baseline with windows).
+    pub(crate) fa4: bool,
 }
 
 impl ClosingWork {
+    pub(crate) fn new(cfg: &crate::spec::config::Config, sdpa: bool, fa4: bool) -> ClosingWork {
+        let t = &cfg.timing;
+        ClosingWork { sustained_ms: t.sustained_ms, rerank_top: t.rerank_top, rounds: sustained_rounds(&cfg.timing_spec()), sdpa, fa4 }
+    }
+
+    /// The whole closing as configured.
+    pub(crate) fn configured(&self) -> Closing {
+        let rerank = self.sustained_ms > 0.0 && self.rerank_top > 1;
+        self.closing(self.sustained_ms, rerank, Trim::None)
+    }
+
+    fn closing(&self, sustained_ms: f64, rerank: bool, trim: Trim) -> Closing {
+        let rerank_s_per_shape = if rerank { RERANK_S_PER_CONTENDER * f64::from(self.rerank_top.saturating_sub(1)) } else { 0.0 };
+        let window_s_per_shape = f64::from(self.windows(rerank)) * sustained_ms.max(0.0) / 1000.0 * WINDOW_STRETCH;
+        Closing { sustained_ms, rerank, window_s_per_shape, rerank_s_per_shape, trim }
+    }
+
     fn any(&self) -> bool {
-        self.sdpa || (self.sustained_ms > 0.0 && self.rerank)
+        self.sdpa || self.configured().rerank
+    }
+
+    /// Sustained windows per shape: the re-rank's contenders (the best among them) and, with
+    /// the baselines, our best before and after them, `rounds` each; SDPA's default and FA4.
+    fn windows(&self, rerank: bool) -> u32 {
+        let ours = if rerank { self.rerank_top } else { 0 } + if self.sdpa { 2 } else { 0 };
+        let baselines = if self.sdpa { BASELINE_WINDOWS * (1 + u32::from(self.fa4)) } else { 0 };
+        ours * self.rounds + baselines
+    }
+}
+
+/// How a closing was cut to fit the time it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Trim {
+    /// As configured.
+    None,
+    /// Sustained windows shorter than `timing.sustained_ms`, the re-rank kept.
+    ShortWindows,
+    /// No re-rank; sustained windows as long as fit.
+    NoRerank,
+    /// Burst timing only: no sustained windows, no re-rank.
+    BurstOnly,
+}
+
+/// What a closing does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Closing {
+    /// Length of each sustained window, ms (0: burst timing only).
+    pub(crate) sustained_ms: f64,
+    /// Whether the sustained re-rank runs.
+    pub(crate) rerank: bool,
+    /// Seconds of sustained windows per shape (stretched: [`WINDOW_STRETCH`]).
+    pub(crate) window_s_per_shape: f64,
+    /// The re-rank's time per shape besides its windows ([`RERANK_S_PER_CONTENDER`]).
+    pub(crate) rerank_s_per_shape: f64,
+    pub(crate) trim: Trim,
+}
+
+impl Closing {
+    /// What was left out, for people; None when nothing was.
+    pub(crate) fn cut(&self, configured_ms: f64) -> Option<String> {
+        let ms = self.sustained_ms;
+        match self.trim {
+            Trim::None => None,
+            Trim::ShortWindows => Some(format!("{ms:.0}-ms sustained windows instead of {configured_ms:.0}")),
+            Trim::NoRerank if ms < configured_ms => Some(format!("no sustained re-rank and {ms:.0}-ms windows instead of {configured_ms:.0}")),
+            Trim::NoRerank => Some("no sustained re-rank".to_string()),
+            Trim::BurstOnly => Some("burst timing only (no sustained windows, no re-rank)".to_string()),
+        }
     }
 }
 
@@ -65,17 +161,98 @@ pub(crate) enum Basis {
     NoClosing,
     /// The slowest of `runs` closings recorded on this GPU.
     Measured { runs: usize },
-    /// Nothing recorded on this GPU in this timing mode: the built-in figure.
+    /// Nothing recorded on this GPU: the built-in figure.
     Default,
 }
 
+/// The cost model of one run's closings: learned once, when the run is created.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Model {
+    pub(crate) work: ClosingWork,
+    pub(crate) shapes: usize,
+    /// Seconds per shape beyond [`START_S`] and the windows.
+    pub(crate) fixed_s_per_shape: f64,
+    pub(crate) basis: Basis,
+}
+
+impl Model {
+    /// The model for a run of `shapes` shapes, given the closings recorded on its GPU (newest
+    /// first; other events are ignored).
+    pub(crate) fn learn(work: ClosingWork, shapes: usize, covers_closing: bool, history: &[Event]) -> Model {
+        // Each closing's time beyond the start-up, its windows and its re-rank, per shape (never
+        // below zero: a closing quicker than the start-up term says only that the shapes cost
+        // little). One recorded before windows were (None) counts whole: an overestimate,
+        // for at most HISTORY runs.
+        let measured: Vec<f64> = history
+            .iter()
+            .filter_map(|e| match e {
+                Event::ClosingTime { seconds, shapes, window_s_per_shape, rerank_s_per_shape, .. } if *shapes > 0 && seconds.is_finite() => {
+                    let modelled = window_s_per_shape.unwrap_or(0.0) + rerank_s_per_shape.unwrap_or(0.0);
+                    Some(((seconds - START_S) / f64::from(*shapes) - modelled).max(0.0))
+                }
+                _ => None,
+            })
+            .take(HISTORY as usize)
+            .collect();
+        let (fixed_s_per_shape, basis) = if !covers_closing {
+            (0.0, Basis::Off)
+        } else if !work.any() || shapes == 0 {
+            (0.0, Basis::NoClosing)
+        } else if measured.is_empty() {
+            (DEFAULT_FIXED_S_PER_SHAPE + if work.fa4 { DEFAULT_FA4_S_PER_SHAPE } else { 0.0 }, Basis::Default)
+        } else {
+            (measured.iter().copied().fold(0.0, f64::max), Basis::Measured { runs: measured.len() })
+        };
+        Model { work, shapes, fixed_s_per_shape, basis }
+    }
+
+    /// Expected seconds of `closing`.
+    pub(crate) fn seconds(&self, closing: &Closing) -> f64 {
+        if matches!(self.basis, Basis::Off | Basis::NoClosing) {
+            return 0.0;
+        }
+        START_S + self.shapes as f64 * (self.fixed_s_per_shape + closing.window_s_per_shape + closing.rerank_s_per_shape)
+    }
+
+    /// The fullest closing expected to end within `limit_s`, cut in the module's order; the
+    /// cheapest one (burst timing only) where none does. With `run.budget_covers_closing =
+    /// false` the closing is the configured one whatever the time.
+    pub(crate) fn fit(&self, limit_s: f64) -> Closing {
+        let w = &self.work;
+        let full = w.configured();
+        if matches!(self.basis, Basis::Off | Basis::NoClosing) || self.seconds(&full) <= limit_s {
+            return full;
+        }
+        // The window length that fits with or without the re-rank, if any of at least the minimum.
+        let fitting_ms = |rerank: bool| {
+            let windows = f64::from(w.windows(rerank));
+            let per_shape = (limit_s - START_S) / self.shapes as f64 - self.fixed_s_per_shape - w.closing(0.0, rerank, Trim::None).rerank_s_per_shape;
+            let ms = (per_shape / (windows * WINDOW_STRETCH) * 1000.0).floor().min(w.sustained_ms);
+            (windows > 0.0 && ms >= MIN_SUSTAINED_MS).then_some(ms)
+        };
+        if full.rerank {
+            if let Some(ms) = fitting_ms(true) {
+                return w.closing(ms, true, Trim::ShortWindows);
+            }
+            if w.sdpa {
+                if let Some(ms) = fitting_ms(false) {
+                    return w.closing(ms, false, Trim::NoRerank);
+                }
+            }
+        } else if let Some(ms) = fitting_ms(false).filter(|_| w.sustained_ms > 0.0) {
+            return w.closing(ms, false, Trim::ShortWindows);
+        }
+        w.closing(0.0, false, Trim::BurstOnly)
+    }
+}
+
+/// What a run keeps of its budget for the closing, decided when it is created.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Reserve {
     pub(crate) seconds: f64,
-    /// Seconds per shape beyond [`START_S`].
-    pub(crate) per_shape_s: f64,
-    pub(crate) basis: Basis,
-    /// The estimate was larger than [`MAX_SHARE`] of the budget and was cut to it.
+    /// The closing expected at the end of the search (the one that fits in the reserve).
+    pub(crate) closing: Closing,
+    /// Even the cheapest closing is expected to take more than [`MAX_SHARE`] of the budget.
     pub(crate) capped: bool,
 }
 
@@ -85,135 +262,204 @@ impl Reserve {
     }
 
     /// One line for people: where the search ends and why.
-    pub(crate) fn describe(&self, budget: Duration, shapes: usize) -> String {
+    pub(crate) fn describe(&self, model: &Model, budget: Duration) -> String {
         let fmt = |s: f64| crate::pipeline::record::fmt_dur(Duration::from_secs_f64(s.max(0.0)));
         let b = budget.as_secs_f64();
-        match self.basis {
+        let shapes = model.shapes;
+        match model.basis {
             Basis::Off => format!("the search uses the whole budget ({}); the closing comparison runs past it (run.budget_covers_closing = false)", fmt(b)),
             Basis::NoClosing => format!("the search uses the whole budget ({}): no closing comparison to keep time for", fmt(b)),
             Basis::Measured { .. } | Basis::Default => {
-                let source = match self.basis {
+                let source = match model.basis {
                     Basis::Measured { runs } => format!("the slowest of the last {runs} closing(s) on this GPU"),
                     _ => "no closing measured on this GPU yet: the built-in figure".to_string(),
                 };
-                let cap = if self.capped { "; capped at a quarter of the budget, so the closing may run past it" } else { "" };
+                let c = &self.closing;
+                let mut windows = String::new();
+                if c.window_s_per_shape > 0.0 {
+                    windows += &format!(" + {:.1} s of sustained windows", c.window_s_per_shape);
+                }
+                if c.rerank_s_per_shape > 0.0 {
+                    windows += &format!(" + {:.1} s of re-rank", c.rerank_s_per_shape);
+                }
+                let cut = match self.closing.cut(model.work.sustained_ms) {
+                    Some(cut) => format!(
+                        "; to fit a quarter of the budget: {cut}, unless the search ends sooner (a longer budget, or run.budget_covers_closing = false, keeps the whole closing)"
+                    ),
+                    None => String::new(),
+                };
+                let cap = if self.capped { "; even so more than a quarter of the budget: the closing may run past it" } else { "" };
                 format!(
-                    "the search ends at {} of the {} budget, keeping {} for the closing comparison ({START_S:.0} s start-up + {shapes} shape(s) x {:.1} s, {source}{cap})",
+                    "the search ends at {} of the {} budget, keeping {} for the closing comparison ({START_S:.0} s start-up + {shapes} shape(s) x ({:.1} s{windows}), {source}{cut}{cap})",
                     fmt(b - self.seconds),
                     fmt(b),
                     fmt(self.seconds),
-                    self.per_shape_s
+                    model.fixed_s_per_shape,
                 )
             }
         }
     }
 }
 
-/// The reserve for a run of `shapes` shapes and `budget`, given the closings recorded on
-/// its GPU (newest first; other events are ignored) and whether the budget covers the closing.
-pub(crate) fn plan(budget: Duration, shapes: usize, work: ClosingWork, covers_closing: bool, history: &[Event]) -> Reserve {
-    let none = |basis| Reserve { seconds: 0.0, per_shape_s: 0.0, basis, capped: false };
-    if !covers_closing {
-        return none(Basis::Off);
-    }
-    if !work.any() || shapes == 0 {
-        return none(Basis::NoClosing);
-    }
-    let sustained = work.sustained_ms > 0.0;
-    // Only closings in the same timing mode: one with sustained windows takes ~9x one without.
-    // Each one's time beyond the start-up, per shape (never below zero: a closing quicker than
-    // the start-up term says only that the shapes cost little).
-    let measured: Vec<f64> = history
-        .iter()
-        .filter_map(|e| match e {
-            Event::ClosingTime { seconds, shapes, sustained_ms } if *shapes > 0 && (*sustained_ms > 0.0) == sustained && seconds.is_finite() => {
-                Some(((seconds - START_S) / f64::from(*shapes)).max(0.0))
-            }
-            _ => None,
-        })
-        .take(HISTORY as usize)
-        .collect();
-    let (per_shape_s, basis) = if measured.is_empty() {
-        (if sustained { DEFAULT_SUSTAINED_S_PER_SHAPE } else { DEFAULT_BURST_S_PER_SHAPE }, Basis::Default)
-    } else {
-        (measured.iter().copied().fold(0.0, f64::max), Basis::Measured { runs: measured.len() })
-    };
-    let want = START_S + per_shape_s * shapes as f64;
+/// The reserve of a run of `budget`: the time of the fullest closing that fits in a quarter
+/// of it; that quarter where none does.
+pub(crate) fn plan(budget: Duration, model: &Model) -> Reserve {
     let cap = budget.as_secs_f64() * MAX_SHARE;
-    Reserve { seconds: want.min(cap), per_shape_s, basis, capped: want > cap }
+    let closing = model.fit(cap);
+    let want = model.seconds(&closing);
+    Reserve { seconds: want.min(cap), closing, capped: want > cap }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const SUSTAINED: ClosingWork = ClosingWork { sustained_ms: 200.0, rerank: true, sdpa: true };
-    const BURST: ClosingWork = ClosingWork { sustained_ms: 0.0, rerank: true, sdpa: true };
+    /// The shipped timing (200-ms windows, top 3, 3 windows per entry), baselines on, FA4 absent.
+    const SUSTAINED: ClosingWork = ClosingWork { sustained_ms: 200.0, rerank_top: 3, rounds: 3, sdpa: true, fa4: false };
+    const BURST: ClosingWork = ClosingWork { sustained_ms: 0.0, ..SUSTAINED };
 
-    fn time(seconds: f64, shapes: u32, sustained_ms: f64) -> Event {
-        Event::ClosingTime { seconds, shapes, sustained_ms }
+    fn time(seconds: f64, shapes: u32, window_s_per_shape: Option<f64>) -> Event {
+        Event::ClosingTime { seconds, shapes, sustained_ms: 200.0, window_s_per_shape, rerank_s_per_shape: None }
+    }
+
+    fn model(work: ClosingWork, shapes: usize, history: &[Event]) -> Model {
+        Model::learn(work, shapes, true, history)
+    }
+
+    /// Llama-3-8B's 9 shapes on the H200 after its 2-minute closing (78.7 s, 27 windows of 200 ms).
+    fn llama() -> Model {
+        model(SUSTAINED, 9, &[time(78.7, 9, Some(5.4))])
     }
 
     #[test]
-    fn a_first_run_keeps_the_start_up_and_the_built_in_figure_per_shape() {
-        let r = plan(Duration::from_secs(20 * 60), 10, SUSTAINED, true, &[]);
-        assert_eq!(r, Reserve { seconds: 126.0, per_shape_s: 12.0, basis: Basis::Default, capped: false });
-        let r = plan(Duration::from_secs(20 * 60), 10, BURST, true, &[]);
-        assert_eq!((r.seconds, r.basis), (61.0, Basis::Default));
+    fn a_closing_counts_its_windows_rounds_and_baselines() {
+        // Top 3 and our best twice (before and after the baselines), 3 windows each; SDPA's default 3.
+        assert_eq!(SUSTAINED.windows(true), 18);
+        assert_eq!(SUSTAINED.windows(false), 9);
+        // FA4 is a second baseline; without baselines only the re-rank times anything.
+        assert_eq!(ClosingWork { fa4: true, ..SUSTAINED }.windows(true), 21);
+        assert_eq!(ClosingWork { sdpa: false, ..SUSTAINED }.windows(true), 9);
+        let c = SUSTAINED.configured();
+        assert_eq!((c.sustained_ms, c.rerank, c.trim), (200.0, true, Trim::None));
+        // 18 windows of 200 ms, each 15% longer than asked.
+        assert!((c.window_s_per_shape - 18.0 * 0.2 * WINDOW_STRETCH).abs() < 1e-9);
+        assert_eq!(c.rerank_s_per_shape, 1.0, "two contenders besides the best");
+        // rerank_top 1 or burst timing: no re-rank.
+        assert!(!ClosingWork { rerank_top: 1, ..SUSTAINED }.configured().rerank);
+        assert_eq!(BURST.configured().window_s_per_shape, 0.0);
+    }
+
+    #[test]
+    fn a_first_run_keeps_the_start_up_the_built_in_figure_and_its_windows() {
+        let m = model(SUSTAINED, 10, &[]);
+        assert_eq!((m.fixed_s_per_shape, &m.basis), (5.5, &Basis::Default));
+        let r = plan(Duration::from_secs(20 * 60), &m);
+        assert!((r.seconds - (6.0 + 10.0 * (5.5 + 4.14 + 1.0))).abs() < 1e-9, "{r:?}");
+        assert_eq!((r.closing, r.capped), (SUSTAINED.configured(), false));
+        let r = plan(Duration::from_secs(20 * 60), &model(BURST, 10, &[]));
+        assert_eq!(r.seconds, 61.0);
+        // FA4 adds its compile per shape, and its windows.
+        let r = plan(Duration::from_secs(20 * 60), &model(ClosingWork { fa4: true, ..SUSTAINED }, 10, &[]));
+        assert!((r.seconds - (6.0 + 10.0 * (9.5 + 21.0 * 0.2 * WINDOW_STRETCH + 1.0))).abs() < 1e-9, "{r:?}");
         // The 2-shape burst closings measured on the H200 (10.6, 12.5 and 16.2 s) are covered
         // from the first run.
-        let r = plan(Duration::from_secs(10 * 60), 2, BURST, true, &[]);
-        assert!(r.seconds >= 16.2, "{}", r.seconds);
+        assert!(plan(Duration::from_secs(10 * 60), &model(BURST, 2, &[])).seconds >= 16.2);
     }
 
     #[test]
-    fn recorded_closings_of_the_same_mode_decide_the_slowest_of_the_last_three() {
-        // Newest first, per shape beyond the 6-s start-up: 11 shapes in 116 s (10 s each), 4 in
-        // 66 s (15), a burst closing (ignored), 10 in 56 s (5), and a fourth sustained one (past the three).
-        let history = [time(116.0, 11, 200.0), time(66.0, 4, 200.0), time(9.0, 10, 0.0), time(56.0, 10, 200.0), time(900.0, 10, 200.0)];
-        let r = plan(Duration::from_secs(3600), 6, SUSTAINED, true, &history);
-        assert_eq!(r, Reserve { seconds: 96.0, per_shape_s: 15.0, basis: Basis::Measured { runs: 3 }, capped: false });
-        // The burst run learns only from the burst closing: (9 - 6) / 10 s per shape.
-        let r = plan(Duration::from_secs(3600), 6, BURST, true, &history);
-        assert_eq!(r.basis, Basis::Measured { runs: 1 });
-        assert!((r.per_shape_s - 0.3).abs() < 1e-9 && (r.seconds - 7.8).abs() < 1e-9, "{r:?}");
+    fn recorded_closings_decide_the_slowest_fixed_part_of_the_last_three() {
+        // Newest first, per shape beyond the start-up and the windows: 11 shapes in 116 s with
+        // 3.6 s of windows each (6.4), 4 in 66 s (11.4), 10 in 56 s recorded before windows
+        // were (5.0, all of it), and a fourth (past the three).
+        let history = [time(116.0, 11, Some(3.6)), time(66.0, 4, Some(3.6)), time(56.0, 10, None), time(900.0, 10, Some(0.0))];
+        let m = model(SUSTAINED, 6, &history);
+        assert_eq!(m.basis, Basis::Measured { runs: 3 });
+        assert!((m.fixed_s_per_shape - 11.4).abs() < 1e-9, "{m:?}");
+        let r = plan(Duration::from_secs(3600), &m);
+        assert!((r.seconds - (6.0 + 6.0 * (11.4 + 4.14 + 1.0))).abs() < 1e-9, "{r:?}");
     }
 
     #[test]
     fn a_small_closing_learned_from_does_not_inflate_a_large_run() {
         // 2 shapes in 10.6 s is mostly start-up: a 10-shape run keeps 6 + 10 x 2.3 s, not 10 x 5.3.
-        let r = plan(Duration::from_secs(20 * 60), 10, BURST, true, &[time(10.6, 2, 0.0)]);
+        let r = plan(Duration::from_secs(20 * 60), &model(BURST, 10, &[time(10.6, 2, Some(0.0))]));
         assert!((r.seconds - 29.0).abs() < 1e-9, "{r:?}");
-        // A closing quicker than the start-up term counts as no time per shape, never negative.
-        let r = plan(Duration::from_secs(20 * 60), 10, BURST, true, &[time(4.0, 10, 0.0)]);
-        assert_eq!((r.per_shape_s, r.seconds), (0.0, START_S));
+        // A closing quicker than the start-up and its windows counts as no time per shape, never negative.
+        let m = model(BURST, 10, &[time(4.0, 10, Some(0.2))]);
+        assert_eq!((m.fixed_s_per_shape, plan(Duration::from_secs(20 * 60), &m).seconds), (0.0, START_S));
     }
 
     #[test]
-    fn the_reserve_is_capped_at_a_quarter_of_the_budget() {
-        // 6 s + 11 shapes x 12 s = 138 s against 480 s: 120 s kept, the rest of the closing runs past.
-        let r = plan(Duration::from_secs(480), 11, SUSTAINED, true, &[]);
-        assert_eq!((r.seconds, r.capped), (120.0, true));
-        assert!(r.describe(Duration::from_secs(480), 11).contains("capped at a quarter of the budget"), "{}", r.describe(Duration::from_secs(480), 11));
+    fn a_closing_too_long_for_a_quarter_of_the_budget_is_cut_windows_first_then_the_rerank_then_to_burst() {
+        let m = llama();
+        assert!((m.fixed_s_per_shape - (72.7 / 9.0 - 5.4)).abs() < 1e-9, "{m:?}");
+        // 20 minutes: the whole closing (6 + 9 x (2.68 + 4.14 of windows + 1.0 of re-rank) = 76.4 s).
+        let r = plan(Duration::from_secs(20 * 60), &m);
+        assert_eq!((r.closing.trim, r.capped), (Trim::None, false));
+        assert!((r.seconds - 76.36).abs() < 0.01, "{r:?}");
+        // 4 minutes (60 s): the re-rank kept, its windows 112 ms.
+        let r = plan(Duration::from_secs(240), &m);
+        assert_eq!((r.closing.trim, r.closing.rerank, r.closing.sustained_ms, r.capped), (Trim::ShortWindows, true, 112.0, false));
+        assert!(r.seconds <= 60.0 && r.seconds > 59.0, "{r:?}");
+        // 3 minutes (45 s): the re-rank's windows would be 31 ms; without it 159 ms fit.
+        let r = plan(Duration::from_secs(180), &m);
+        assert_eq!((r.closing.trim, r.closing.rerank, r.closing.sustained_ms, r.capped), (Trim::NoRerank, false, 159.0, false));
+        // 2 minutes (30 s): burst timing only, and even that (30.1 s) is over: capped.
+        let r = plan(Duration::from_secs(120), &m);
+        assert_eq!((r.closing.trim, r.closing.rerank, r.closing.sustained_ms, r.capped), (Trim::BurstOnly, false, 0.0, true));
+        assert_eq!(r.seconds, 30.0);
+        let line = r.describe(&m, Duration::from_secs(120));
+        assert!(line.contains("to fit a quarter of the budget: burst timing only (no sustained windows, no re-rank)"), "{line}");
+        assert!(line.ends_with("even so more than a quarter of the budget: the closing may run past it)"), "{line}");
     }
 
     #[test]
-    fn nothing_is_kept_when_off_or_when_there_is_no_closing() {
-        let d = Duration::from_secs(600);
-        assert_eq!(plan(d, 4, SUSTAINED, false, &[]).basis, Basis::Off);
-        assert_eq!(plan(d, 4, SUSTAINED, false, &[]).seconds, 0.0);
-        let none = ClosingWork { sustained_ms: 200.0, rerank: false, sdpa: false };
-        assert_eq!(plan(d, 4, none, true, &[]).basis, Basis::NoClosing);
-        // The re-rank alone is a closing.
-        assert_eq!(plan(d, 4, ClosingWork { sdpa: false, ..SUSTAINED }, true, &[]).seconds, 54.0);
+    fn the_closing_is_decided_again_from_the_time_left() {
+        let m = llama();
+        // A 2-minute run whose plan ended with 100 s left closes in full; with 62 s, the re-rank
+        // at 122-ms windows; with 56 s, no re-rank (its windows would be 90 ms) and 200-ms
+        // windows; with 40 s, no re-rank and 106-ms windows; with 10 s, burst only.
+        assert_eq!(m.fit(100.0), SUSTAINED.configured());
+        let c = m.fit(62.0);
+        assert_eq!((c.trim, c.sustained_ms, c.rerank), (Trim::ShortWindows, 122.0, true));
+        assert_eq!(c.cut(200.0).as_deref(), Some("122-ms sustained windows instead of 200"));
+        let c = m.fit(56.0);
+        assert_eq!((c.trim, c.sustained_ms, c.rerank), (Trim::NoRerank, 200.0, false));
+        assert_eq!(c.cut(200.0).as_deref(), Some("no sustained re-rank"));
+        assert_eq!(m.fit(40.0).cut(200.0).as_deref(), Some("no sustained re-rank and 106-ms windows instead of 200"));
+        assert_eq!(m.fit(10.0).trim, Trim::BurstOnly);
+        assert_eq!(m.fit(10.0).cut(200.0).as_deref(), Some("burst timing only (no sustained windows, no re-rank)"));
+        // Without a re-rank to drop, windows are shortened and then left out.
+        let m = model(ClosingWork { rerank_top: 1, ..SUSTAINED }, 9, &[time(78.7, 9, Some(5.4))]);
+        assert_eq!((m.fit(40.0).trim, m.fit(40.0).sustained_ms), (Trim::ShortWindows, 106.0));
+        assert_eq!(m.fit(20.0).trim, Trim::BurstOnly);
+    }
+
+    #[test]
+    fn nothing_is_kept_or_cut_when_off_or_when_there_is_no_closing() {
+        let d = Duration::from_secs(60);
+        let off = Model::learn(SUSTAINED, 4, false, &[]);
+        assert_eq!((off.basis.clone(), plan(d, &off).seconds), (Basis::Off, 0.0));
+        // Off: the closing runs whole, past the budget, whatever the time left.
+        assert_eq!(off.fit(0.0), SUSTAINED.configured());
+        let none = ClosingWork { sustained_ms: 200.0, rerank_top: 1, sdpa: false, ..SUSTAINED };
+        assert_eq!(model(none, 4, &[]).basis, Basis::NoClosing);
+        // The re-rank alone is a closing: 6 + 4 x (5.5 + 9 windows x 0.2 s x 1.15 + 1.0).
+        let rerank_only = model(ClosingWork { sdpa: false, ..SUSTAINED }, 4, &[]);
+        assert!((plan(Duration::from_secs(600), &rerank_only).seconds - 40.28).abs() < 1e-9);
     }
 
     #[test]
     fn the_line_says_where_the_search_ends() {
-        let r = plan(Duration::from_secs(20 * 60), 10, SUSTAINED, true, &[time(106.0, 10, 200.0)]);
+        let m = model(SUSTAINED, 10, &[time(106.0, 10, Some(3.6))]);
         assert_eq!(
-            r.describe(Duration::from_secs(20 * 60), 10),
-            "the search ends at 18m14s of the 20m00s budget, keeping 1m46s for the closing comparison (6 s start-up + 10 shape(s) x 10.0 s, the slowest of the last 1 closing(s) on this GPU)"
+            plan(Duration::from_secs(20 * 60), &m).describe(&m, Duration::from_secs(20 * 60)),
+            "the search ends at 17m58s of the 20m00s budget, keeping 2m01s for the closing comparison (6 s start-up + 10 shape(s) x (6.4 s + 4.1 s of sustained windows + 1.0 s of re-rank), the slowest of the last 1 closing(s) on this GPU)"
+        );
+        let r = plan(Duration::from_secs(240), &llama());
+        assert_eq!(
+            r.describe(&llama(), Duration::from_secs(240)),
+            "the search ends at 3m00s of the 4m00s budget, keeping 59s for the closing comparison (6 s start-up + 9 shape(s) x (2.7 s + 2.3 s of sustained windows + 1.0 s of re-rank), the slowest of the last 1 closing(s) on this GPU; to fit a quarter of the budget: 112-ms sustained windows instead of 200, unless the search ends sooner (a longer budget, or run.budget_covers_closing = false, keeps the whole closing))"
         );
     }
 }

@@ -202,6 +202,7 @@ impl Engine {
             device.driver_version, device.nvrtc_version.0, device.nvrtc_version.1
         );
         let generation = sup.generation();
+        let closing = super::reserve::ClosingWork::new(&cfg, false, false).configured();
         let mut engine = Engine {
             cfg,
             ledger,
@@ -223,6 +224,8 @@ impl Engine {
             paused: Duration::ZERO,
             budget,
             closing_reserve: Duration::ZERO,
+            closing_model: None,
+            closing,
             seed,
             shutdown,
             memory,

@@ -104,8 +104,9 @@ pub struct RunSection {
     pub templates_dir: PathBuf,
     /// The budget covers the closing comparison (the sustained re-rank and the baselines
     /// measured afresh): the search ends early by the closing's expected length, so that a
-    /// `--budget 90m` run ends about 90 minutes after it started. false: the search uses the
-    /// whole budget and the closing runs past it (the behaviour before 2026-11-29).
+    /// `--budget 90m` run ends about 90 minutes after it started, the closing cut to fit the
+    /// time left where it must (engine/reserve.rs). false: the search uses the whole budget and
+    /// the whole closing runs past it (the behaviour before 2026-11-29).
     pub budget_covers_closing: bool,
 }
 

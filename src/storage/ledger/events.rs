@@ -45,6 +45,9 @@ pub enum EventKind {
     ClosingTime,
     /// The part of the budget this run keeps for its closing (typed: [`Event::ClosingReserve`]).
     ClosingReserve,
+    /// The closing was cut to fit the time left of the budget (shorter sustained windows, no
+    /// re-rank, or burst timing only: engine/reserve.rs).
+    ClosingCut,
     AgentResumed,
     AgentStageEnd,
 }
@@ -72,6 +75,7 @@ impl EventKind {
             EventKind::Rerank => "rerank",
             EventKind::ClosingTime => "closing_time",
             EventKind::ClosingReserve => "closing_reserve",
+            EventKind::ClosingCut => "closing_cut",
             EventKind::AgentResumed => "agent_resumed",
             EventKind::AgentStageEnd => "agent_stage_end",
         }
@@ -95,8 +99,19 @@ pub enum Event {
     /// The run was started `--fresh`: a resumed run ignores the memory of earlier runs too.
     MemoryOff,
     /// The closing comparison (re-rank included) of `shapes` shapes took `seconds`, with
-    /// sustained windows of `sustained_ms` (0: burst timing only).
-    ClosingTime { seconds: f64, shapes: u32, sustained_ms: f64 },
+    /// sustained windows of `sustained_ms` (0: burst timing only), `window_s_per_shape` GPU
+    /// seconds of them per shape (None: recorded before the windows were counted).
+    ClosingTime {
+        seconds: f64,
+        shapes: u32,
+        sustained_ms: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window_s_per_shape: Option<f64>,
+        /// The re-rank's modelled time per shape besides its windows (engine/reserve.rs; 0:
+        /// none; None: recorded before it was modelled).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rerank_s_per_shape: Option<f64>,
+    },
     /// The run ends its search `seconds` before its budget, for its closing; a resumed run
     /// keeps the figure it was started with.
     ClosingReserve { seconds: f64 },
