@@ -277,7 +277,7 @@ async fn a_crash_after_the_re_rank_is_recorded_resumes_without_applying_it_twice
     // whole one for later runs to learn from.
     let (reserve, took) = closing_events(&p, "crash").await;
     assert_eq!(reserve.len(), 1, "{reserve:?}");
-    assert!((reserve[0].0 - 34.36).abs() < 1e-9, "6 s start-up + 2 shapes x (5.5 + 4 s (FA4) + 16 windows of 230 ms + 1 s of re-rank) of a 10-minute budget: {reserve:?}");
+    assert!((reserve[0].0 - 31.36).abs() < 1e-9, "6 s start-up + 2 shapes x (3 + 5 s (FA4) + 16 windows of 230 ms + 1 s of re-rank) of a 10-minute budget: {reserve:?}");
     assert!(took.is_empty(), "{took:?}");
 
     // A second resume of the finished run is refused or changes nothing: no third re-rank.
@@ -331,17 +331,17 @@ async fn closing_events(p: &Project, run: &str) -> (Vec<(f64, String)>, Vec<(f64
 async fn the_budget_keeps_what_the_last_closing_on_this_gpu_took() {
     let p = project(1.5);
     fake_sdpa(&p, true);
-    // A first run on this GPU: the 6-s start-up + 2 shapes x (the built-in 5.5 s, 4 s for FA4, 16
+    // A first run on this GPU: the 6-s start-up + 2 shapes x (the built-in 3 s, 5 s for FA4, 16
     // windows of 200 ms (x 1.15: sustained replays run slower than the burst that sized them): 5
-    // entries of ours x 2 rounds, SDPA's default and FA4 3 each, and 1 s of re-rank) = 34.4 s,
-    // more than a quarter of 60 s even cut to burst timing (25 s): 15 s kept, and the line says so.
+    // entries of ours x 2 rounds, SDPA's default and FA4 3 each, and 1 s of re-rank) = 31.4 s,
+    // more than a quarter of 60 s even cut to burst timing (22 s): 15 s kept, and the line says so.
     assert_eq!(p.run("one", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
     let (reserve, took) = closing_events(&p, "one").await;
     assert_eq!(reserve.len(), 1, "{reserve:?}");
     assert_eq!(reserve[0].0, 15.0);
     assert_eq!(
         reserve[0].1,
-        "the search ends at 45s of the 1m00s budget, keeping 15s for the closing comparison (6 s start-up + 2 shape(s) x (9.5 s), no closing measured on this GPU yet: \
+        "the search ends at 45s of the 1m00s budget, keeping 15s for the closing comparison (6 s start-up + 2 shape(s) x (8.0 s), no closing measured on this GPU yet: \
          the built-in figure; to fit a quarter of the budget: burst timing only (no sustained windows, no re-rank), unless the search ends sooner (a longer budget, or \
          run.budget_covers_closing = false, keeps the whole closing); even so more than a quarter of the budget: the closing may run past it)"
     );
@@ -405,8 +405,8 @@ async fn the_search_stops_the_reserve_before_the_budget() {
 async fn a_closing_without_the_time_for_its_windows_is_cut_to_burst_timing_and_says_so() {
     // The baseline and MAX_SPLITS 1 are correct; MAX_SPLITS 2-16 hang in their timing until the timeout,
     // so the search runs until the reserve (2 s of 8, capped): the closing starts with at
-    // most a few seconds left, where its re-rank and windows (34.4 s) or even burst timing
-    // (25 s) do not fit. It runs burst only: no re-rank, no sustained figure, a closing_cut event.
+    // most a few seconds left, where its re-rank and windows (31.4 s) or even burst timing
+    // (22 s) do not fit. It runs burst only: no re-rank, no sustained figure, a closing_cut event.
     let rules = json!([
         { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 100.0 } } },
         { "source_contains": ["#define MAX_SPLITS 1\n"], "behaviour": { "ok": { "us": 50.0 } } }
@@ -420,7 +420,7 @@ async fn a_closing_without_the_time_for_its_windows_is_cut_to_burst_timing_and_s
     assert_eq!(cut.len(), 1, "{events:?}");
     assert!(
         cut[0].starts_with("closing comparison cut to fit the ")
-            && cut[0].contains("left of the budget (expected 25 s): burst timing only (no sustained windows, no re-rank); a longer budget, or run.budget_covers_closing = false, keeps the whole closing"),
+            && cut[0].contains("left of the budget (expected 22 s): burst timing only (no sustained windows, no re-rank); a longer budget, or run.budget_covers_closing = false, keeps the whole closing"),
         "{}",
         cut[0]
     );
