@@ -2,7 +2,8 @@
 //!
 //! The group's budget is wall-clock time, but a run's budget does not count its setup (the
 //! worker, SDPA measured on its GPU), and its closing comparison may run past it (a short
-//! run keeps at most a quarter of its budget for the closing: engine/reserve.rs). So the
+//! run keeps at most a quarter of its budget for the closing and cuts the closing to what is
+//! left, but even burst timing can need more: engine/reserve.rs). So the
 //! shares leave room for that overhead, a run's wall time beyond its budget, measured on the
 //! group's runs that ended (before any has, [`DEFAULT_OVERHEAD`]).
 
