@@ -219,11 +219,12 @@ impl Model {
 
     /// The fullest closing expected to end within `limit_s`, cut in the module's order; the
     /// cheapest one (burst timing only) where none does. With `run.budget_covers_closing =
-    /// false` the closing is the configured one whatever the time.
+    /// false`, or burst timing configured (nothing to cut), the closing is the configured one
+    /// whatever the time.
     pub(crate) fn fit(&self, limit_s: f64) -> Closing {
         let w = &self.work;
         let full = w.configured();
-        if matches!(self.basis, Basis::Off | Basis::NoClosing) || self.seconds(&full) <= limit_s {
+        if matches!(self.basis, Basis::Off | Basis::NoClosing) || w.sustained_ms <= 0.0 || self.seconds(&full) <= limit_s {
             return full;
         }
         // The window length that fits with or without the re-rank, if any of at least the minimum.
@@ -242,7 +243,7 @@ impl Model {
                     return w.closing(ms, false, Trim::NoRerank);
                 }
             }
-        } else if let Some(ms) = fitting_ms(false).filter(|_| w.sustained_ms > 0.0) {
+        } else if let Some(ms) = fitting_ms(false) {
             return w.closing(ms, false, Trim::ShortWindows);
         }
         w.closing(0.0, false, Trim::BurstOnly)
@@ -445,6 +446,9 @@ mod tests {
         assert_eq!((off.basis.clone(), plan(d, &off).seconds), (Basis::Off, 0.0));
         // Off: the closing runs whole, past the budget, whatever the time left.
         assert_eq!(off.fit(0.0), SUSTAINED.configured());
+        // Burst timing configured: nothing to cut (no closing_cut event), whatever the time left.
+        let burst = model(BURST, 9, &[]);
+        assert_eq!((burst.fit(0.0), burst.fit(0.0).cut(0.0)), (BURST.configured(), None));
         let none = ClosingWork { sustained_ms: 200.0, rerank_top: 1, sdpa: false, ..SUSTAINED };
         assert_eq!(model(none, 4, &[]).basis, Basis::NoClosing);
         // The re-rank alone is a closing: 6 + 4 x (3 + 9 windows x 0.2 s x 1.15 + 1.0).
