@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 
 use args::*;
 
-const LONG_ABOUT: &str = "optimizerd walks a strategy plan (baseline -> decode -> fill the GPU -> memory -> tensor cores -> tuning; on Hopper the wgmma + TMA stage before the generic ones), renders kernel templates, compiles \
+const LONG_ABOUT: &str = "optimizerd walks a strategy plan (baseline -> decode -> fill the GPU -> memory -> tensor cores -> tuning; on Hopper the wgmma + TMA stage first, before the decode and the generic ones), renders kernel templates, compiles \
 each candidate with NVRTC, rejects anything incorrect (fp32 reference, poisoned outputs) or launched on the wrong grid, \
 times survivors against the best kernel so far for every workload shape, keeps improvements as git commits and records \
 every iteration in SQLite (runs/optimizer.db). A run survives crashes: `optimizerd resume` continues it.\n\n\
