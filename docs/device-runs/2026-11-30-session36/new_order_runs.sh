@@ -1,5 +1,5 @@
-# Session 36, call 3: the LLM workload from an empty ledger with the shipped plan reordered
-# (Hopper prefill stages first, then decode, decode-wide, decode-cluster, decode-deep-ring; call 3 ran decode-cluster, decode-wide, decode), 2m then 4m.
+# Session 36, calls 3-5: the LLM workload from an empty ledger (each folder removed first; call 4 ran before
+# that line and reused call 3's) with the plan of the carried tree, 2m then 4m (BUDGETS=2m: only 2m). README.txt.
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p target/release && gunzip -c .dev/bin/optimizerd.gz > target/release/optimizerd && chmod +x target/release/optimizerd
