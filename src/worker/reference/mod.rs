@@ -1,7 +1,7 @@
 //! The CPU side of the correctness check: random inputs, an fp32 reference, and the comparison.
 //!
-//! Inputs are drawn from a standard normal distribution with a seeded generator and
-//! rounded to the element type (fp16 or bf16), kept as its bit patterns; the reference
+//! Inputs are drawn, with a seeded generator, from the distribution of a standard normal
+//! rounded to the element type (fp16 or bf16), as its bit patterns; the reference
 //! widens exactly those to f32, so it computes on the values the GPU sees. The reference
 //! is plain softmax attention, `softmax(q kᵀ / sqrt(D)) v` with grouped-query heads (query
 //! head h reads KV head h / (HQ / HKV)) and an optional causal mask (key `j > i + SK - SQ`
