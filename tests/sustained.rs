@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{kv_split_plan, Project};
 use optimizerd::engine::RunEnd;
-use optimizerd::storage::ledger::{Event, IterationRecord, Ledger};
+use optimizerd::storage::ledger::{Event, IterationRecord, Ledger, RerankTime};
 use serde_json::{json, Value};
 
 /// Baseline (100 us), kv-split MAX_SPLITS 1 (50 us) and 8 (40 us, the best by burst timing):
@@ -312,15 +312,18 @@ async fn a_crash_between_promoting_and_recording_the_re_rank_redoes_it_once() {
     assert_eq!(dispatch(&p, "mid")[SHAPES[1]]["params"]["MAX_SPLITS"], json!(1));
 }
 
-/// The typed closing events of `run`: (reserve seconds, closing time (seconds, shapes)).
-async fn closing_events(p: &Project, run: &str) -> (Vec<(f64, String)>, Vec<(f64, u32, f64)>) {
+/// One recorded closing: (seconds, shapes, sustained ms, its re-rank as measured).
+type Took = (f64, u32, f64, Option<RerankTime>);
+
+/// The typed closing events of `run`: (reserve seconds and line, the closings' times).
+async fn closing_events(p: &Project, run: &str) -> (Vec<(f64, String)>, Vec<Took>) {
     let events = Ledger::open(&p.db()).await.unwrap().events(run).await.unwrap();
     let mut reserve = Vec::new();
     let mut took = Vec::new();
     for e in events {
         match e.data {
             Some(Event::ClosingReserve { seconds }) => reserve.push((seconds, e.message)),
-            Some(Event::ClosingTime { seconds, shapes, sustained_ms, .. }) => took.push((seconds, shapes, sustained_ms)),
+            Some(Event::ClosingTime { seconds, shapes, sustained_ms, rerank, .. }) => took.push((seconds, shapes, sustained_ms, rerank)),
             _ => {}
         }
     }
@@ -351,17 +354,26 @@ async fn the_budget_keeps_what_the_last_closing_on_this_gpu_took() {
     assert!(events.iter().all(|e| e.kind.as_str() != "closing_cut"), "{events:?}");
     assert!(events.iter().any(|e| e.kind.as_str() == "rerank"));
     assert_eq!(took.len(), 1, "{took:?}");
-    let (seconds, shapes, sustained_ms) = took[0];
+    let (seconds, shapes, sustained_ms, rerank) = took[0];
     assert_eq!((shapes, sustained_ms), (2, 200.0));
     assert!(seconds > 0.0 && seconds < 60.0, "{seconds}");
+    // The re-rank as it ran: top 3 (2 contenders besides the best), 2 rounds of 200-ms windows
+    // for each of the 3 (x 1.15), inside the closing's time.
+    let rerank = rerank.expect("the re-rank's time is recorded");
+    assert_eq!(rerank.contenders, 2);
+    assert!((rerank.window_s_per_shape - 3.0 * 2.0 * 0.2 * 1.15).abs() < 1e-9, "{rerank:?}");
+    assert!(rerank.seconds > 0.0 && rerank.seconds <= seconds, "{rerank:?} of {seconds} s");
 
-    // The next run on the same GPU keeps the start-up, what that closing took per shape beyond it,
-    // its windows and its re-rank, and its own windows and re-rank, for its 2 shapes (the
-    // scripted closing is quicker than the start-up: no fixed part).
+    // The next run on the same GPU keeps the start-up, what that closing took per shape beyond
+    // it, its windows and its re-rank as measured, and its own windows and the re-rank's cost per
+    // contender learned from that one, for its 2 shapes (the scripted closing is quicker than
+    // the start-up: no fixed part; its re-rank quicker than its modelled windows: nothing more).
     assert_eq!(p.run("two", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
     let (reserve, _) = closing_events(&p, "two").await;
-    let fixed = ((seconds - 6.0) / 2.0 - 3.68 - 1.0).max(0.0);
-    assert!((reserve[0].0 - (6.0 + 2.0 * (fixed + 3.68 + 1.0))).abs() < 1e-9, "{reserve:?} after a closing of {seconds} s");
+    let fixed = ((seconds - 6.0 - rerank.seconds) / 2.0 - (3.68 - rerank.window_s_per_shape)).max(0.0);
+    let per_contender = ((rerank.seconds / 2.0 - rerank.window_s_per_shape) / 2.0).max(0.0);
+    let want = 6.0 + 2.0 * (fixed + 3.68 + 2.0 * per_contender);
+    assert!((reserve[0].0 - want).abs() < 1e-9, "{reserve:?} after a closing of {seconds} s (re-rank {rerank:?}): {want}");
     assert!(reserve[0].1.contains("the slowest of the last 1 closing(s) on this GPU)"), "{}", reserve[0].1);
 
     // status says what is kept.

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::pipeline::timing;
 use crate::spec::protocol::{TimeCase, TimingSpec};
-use crate::storage::ledger::{self, ClosingRow, Event, EventKind};
+use crate::storage::ledger::{self, ClosingRow, Event, EventKind, RerankTime};
 use crate::storage::sdpa::Versions;
 
 use super::{reserve, Engine};
@@ -27,24 +27,34 @@ const SALT_AFTER: u64 = 0xC105_E002;
 /// One burst and (when asked) one sustained median per shape key.
 type Timings = BTreeMap<String, (f64, Option<f64>)>;
 
+/// A closing that did all it set out to: what it measured of itself for the record.
+pub(super) struct Complete {
+    /// How long the sustained re-rank took, where one ran.
+    rerank: Option<Duration>,
+}
+
 impl Engine {
     /// Run the closing comparison; a failure is recorded as an event and the run still
     /// finishes (the comparison adds figures, it decides nothing). The sustained re-rank
-    /// before it does decide: its wins are recorded like any other. Ok(true) when all it
-    /// set out to do was done (its time is then what later runs keep for theirs).
-    pub(super) async fn closing_comparison(&mut self) -> anyhow::Result<bool> {
+    /// before it does decide: its wins are recorded like any other. Some when all it set out
+    /// to do was done (its time is then what later runs keep for theirs), with what its
+    /// re-rank took.
+    pub(super) async fn closing_comparison(&mut self) -> anyhow::Result<Option<Complete>> {
         self.fit_closing().await?;
         let mut complete = true;
         let mut measured = false;
+        let mut rerank = None;
         if self.closing.rerank && !self.incumbents.is_empty() {
             // A run resumed after (part of) its re-rank does not re-rank those shapes again:
             // its closing then takes less than a whole one, and is not recorded as one.
             let before = self.ledger.events(&self.run_id).await?.iter().any(|e| e.kind == EventKind::Rerank)
                 || self.ledger.iterations(&self.run_id).await?.iter().any(|i| i.stage == super::rerank::RERANK_STAGE);
+            let started = std::time::Instant::now();
             match self.sustained_rerank().await? {
                 Ok(()) => {
                     measured = true;
                     complete = !before;
+                    rerank = Some(started.elapsed());
                 }
                 Err(why) => {
                     complete = false;
@@ -54,8 +64,9 @@ impl Engine {
                 }
             }
         }
+        let done = Complete { rerank };
         if !self.cfg.baseline.sdpa || self.incumbents.is_empty() || self.ledger.sdpa(&self.run_id).await?.is_empty() {
-            return Ok(complete && measured);
+            return Ok((complete && measured).then_some(done));
         }
         match self.closing_rows().await {
             Ok((rows, versions)) => {
@@ -71,28 +82,36 @@ impl Engine {
                 );
                 self.ledger.event(&self.run_id, EventKind::Closing, &msg).await?;
                 tracing::info!(kind = "closing", "{msg}");
-                Ok(complete)
+                Ok(complete.then_some(done))
             }
             Err(why) => {
                 let msg = format!("closing comparison not made: {why}");
                 self.ledger.event(&self.run_id, EventKind::ClosingFailed, &msg).await?;
                 tracing::warn!(kind = "closing_failed", "{msg}");
-                Ok(false)
+                Ok(None)
             }
         }
     }
 
-    /// Record how long a complete closing took, for later runs on this GPU to keep as much.
-    pub(super) async fn record_closing_time(&self, took: Duration) -> anyhow::Result<()> {
+    /// Record how long a complete closing took, and its re-rank, for later runs on this GPU
+    /// to keep as much.
+    pub(super) async fn record_closing_time(&self, took: Duration, done: Complete) -> anyhow::Result<()> {
         let shapes = self.incumbents.len() as u32;
         let seconds = took.as_secs_f64();
         let c = &self.closing;
+        let work = self.closing_model.as_ref().map(|m| m.work);
+        let rerank = done.rerank.zip(work).filter(|_| c.rerank).map(|(t, w)| RerankTime {
+            seconds: t.as_secs_f64(),
+            window_s_per_shape: w.rerank_window_s(c.sustained_ms),
+            contenders: w.contenders(),
+        });
         let event = Event::ClosingTime {
             seconds,
             shapes,
             sustained_ms: c.sustained_ms,
             window_s_per_shape: Some(c.window_s_per_shape),
             rerank_s_per_shape: Some(c.rerank_s_per_shape),
+            rerank,
         };
         let msg = format!("closing comparison took {seconds:.1} s for {shapes} shape(s) ({:.1} s each)", seconds / f64::from(shapes.max(1)));
         self.ledger.record_event(&self.run_id, &event, &msg).await?;

@@ -143,8 +143,8 @@ pub async fn run(opts: RunOptions, shutdown: Shutdown) -> anyhow::Result<(String
     };
     if matches!(end, RunEnd::Finished(_)) {
         let started = Instant::now();
-        if engine.closing_comparison().await? {
-            engine.record_closing_time(started.elapsed()).await?;
+        if let Some(done) = engine.closing_comparison().await? {
+            engine.record_closing_time(started.elapsed(), done).await?;
         }
     }
     engine.finish(&end).await?;

@@ -10,10 +10,11 @@
 //! plus per shape a fixed part (builds, burst timings, graph captures) and the sustained
 //! windows (each `sustained_ms` of back-to-back replays: the re-rank's contenders and our best
 //! before and after the baselines, [`sustained_rounds`] windows each; SDPA's default backend
-//! and FA4, [`BASELINE_WINDOWS`] each) and the re-rank's loads ([`RERANK_S_PER_CONTENDER`]).
-//! Every closing records its length, its windows and its re-rank
+//! and FA4, [`BASELINE_WINDOWS`] each) and the re-rank's loads and burst timings per contender.
+//! Every closing records its length, its windows and what its re-rank took
 //! (`Event::ClosingTime`); a run on a GPU of the same name keeps the slowest fixed part of the
-//! last few, or [`DEFAULT_FIXED_S_PER_SHAPE`] (and [`DEFAULT_FA4_S_PER_SHAPE`]) before any.
+//! last few, or [`DEFAULT_FIXED_S_PER_SHAPE`] (and [`DEFAULT_FA4_S_PER_SHAPE`]) before any, and
+//! the slowest re-rank per contender among them, or [`RERANK_S_PER_CONTENDER`] before any.
 //!
 //! At most a quarter of the budget is kept ([`MAX_SHARE`]): a short run still searches. Where
 //! the whole closing needs more, it is cut to fit rather than run past the budget (2026-11-30:
@@ -27,7 +28,7 @@
 use std::time::Duration;
 
 use crate::spec::protocol::sustained_rounds;
-use crate::storage::ledger::Event;
+use crate::storage::ledger::{Event, RerankTime};
 
 /// Seconds of every closing whatever its shape count: the SDPA script's start-up (a Python
 /// process importing torch, creating its CUDA context, importing FA4 where it is installed).
@@ -51,8 +52,11 @@ pub(crate) const DEFAULT_FIXED_S_PER_SHAPE: f64 = 3.0;
 /// re-rank's builds were shared).
 pub(crate) const DEFAULT_FA4_S_PER_SHAPE: f64 = 5.0;
 /// The re-rank's own time per shape and contender besides its windows (loading the contender's
-/// module, its burst samples): on the H200 the re-rank of a 4-minute Llama-3-8B run took 22.0 s
-/// for 9 shapes and 2 contenders each, 13.5 s of it 167-ms windows (2026-11-30): 0.47 s.
+/// module, its burst samples), before a re-rank was recorded on the GPU (each closing records
+/// its re-rank's time since 2026-11-30 (36), and later runs keep the slowest of the last few):
+/// on the H200 the re-rank of a 4-minute Llama-3-8B run took 22.0 s for 9 shapes and 2
+/// contenders each, 13.5 s of it 167-ms windows (2026-11-30): 0.47 s; the LLM workload's, whose
+/// contenders include 50-230-us prefill kernels, ~0.7 (a closing 5 s longer than modelled).
 pub(crate) const RERANK_S_PER_CONTENDER: f64 = 0.5;
 /// How much longer a sustained window lasts than asked: its replay count is sized from the burst
 /// time, and back-to-back replays run 12-18% slower (the power cap). On the H200 a 4-minute
@@ -81,12 +85,23 @@ pub(crate) struct ClosingWork {
     pub(crate) sdpa: bool,
     /// Whether FA4 was measured at the run's start (a second baseline with windows).
     pub(crate) fa4: bool,
+    /// The re-rank's seconds per contender and shape besides its windows: the built-in
+    /// [`RERANK_S_PER_CONTENDER`], or what the re-ranks recorded on this GPU took
+    /// ([`Model::learn`]).
+    pub(crate) rerank_s_per_contender: f64,
 }
 
 impl ClosingWork {
     pub(crate) fn new(cfg: &crate::spec::config::Config, sdpa: bool, fa4: bool) -> ClosingWork {
         let t = &cfg.timing;
-        ClosingWork { sustained_ms: t.sustained_ms, rerank_top: t.rerank_top, rounds: sustained_rounds(&cfg.timing_spec()), sdpa, fa4 }
+        ClosingWork {
+            sustained_ms: t.sustained_ms,
+            rerank_top: t.rerank_top,
+            rounds: sustained_rounds(&cfg.timing_spec()),
+            sdpa,
+            fa4,
+            rerank_s_per_contender: RERANK_S_PER_CONTENDER,
+        }
     }
 
     /// The whole closing as configured.
@@ -96,9 +111,20 @@ impl ClosingWork {
     }
 
     fn closing(&self, sustained_ms: f64, rerank: bool, trim: Trim) -> Closing {
-        let rerank_s_per_shape = if rerank { RERANK_S_PER_CONTENDER * f64::from(self.rerank_top.saturating_sub(1)) } else { 0.0 };
+        let rerank_s_per_shape = if rerank { self.rerank_s_per_contender * f64::from(self.contenders()) } else { 0.0 };
         let window_s_per_shape = f64::from(self.windows(rerank)) * sustained_ms.max(0.0) / 1000.0 * WINDOW_STRETCH;
         Closing { sustained_ms, rerank, window_s_per_shape, rerank_s_per_shape, trim }
+    }
+
+    /// The re-rank's contenders per shape besides the incumbent.
+    pub(crate) fn contenders(&self) -> u32 {
+        self.rerank_top.saturating_sub(1)
+    }
+
+    /// Seconds of the re-rank's own sustained windows per shape, at `sustained_ms` (its
+    /// `rerank_top` entries, `rounds` windows each; stretched as every window).
+    pub(crate) fn rerank_window_s(&self, sustained_ms: f64) -> f64 {
+        f64::from(self.rerank_top * self.rounds) * sustained_ms.max(0.0) / 1000.0 * WINDOW_STRETCH
     }
 
     fn any(&self) -> bool {
@@ -181,22 +207,38 @@ pub(crate) struct Model {
 impl Model {
     /// The model for a run of `shapes` shapes, given the closings recorded on its GPU (newest
     /// first; other events are ignored).
-    pub(crate) fn learn(work: ClosingWork, shapes: usize, covers_closing: bool, history: &[Event]) -> Model {
+    pub(crate) fn learn(mut work: ClosingWork, shapes: usize, covers_closing: bool, history: &[Event]) -> Model {
         // Each closing's time beyond the start-up, its windows and its re-rank, per shape (never
         // below zero: a closing quicker than the start-up term says only that the shapes cost
         // little). One recorded before windows were (None) counts whole: an overestimate,
-        // for at most HISTORY runs.
-        let measured: Vec<f64> = history
+        // for at most HISTORY runs. Where the re-rank was measured, what it took comes off
+        // whole; before that, as it was modelled.
+        let closings: Vec<(f64, f64, Option<RerankTime>)> = history
             .iter()
             .filter_map(|e| match e {
-                Event::ClosingTime { seconds, shapes, window_s_per_shape, rerank_s_per_shape, .. } if *shapes > 0 && seconds.is_finite() => {
-                    let modelled = window_s_per_shape.unwrap_or(0.0) + rerank_s_per_shape.unwrap_or(0.0);
-                    Some(((seconds - START_S) / f64::from(*shapes) - modelled).max(0.0))
+                Event::ClosingTime { seconds, shapes, window_s_per_shape, rerank_s_per_shape, rerank, .. } if *shapes > 0 && seconds.is_finite() => {
+                    let n = f64::from(*shapes);
+                    let fixed = match rerank {
+                        Some(r) => (seconds - START_S - r.seconds) / n - (window_s_per_shape.unwrap_or(0.0) - r.window_s_per_shape),
+                        None => (seconds - START_S) / n - window_s_per_shape.unwrap_or(0.0) - rerank_s_per_shape.unwrap_or(0.0),
+                    };
+                    Some((fixed.max(0.0), n, *rerank))
                 }
                 _ => None,
             })
             .take(HISTORY as usize)
             .collect();
+        let measured: Vec<f64> = closings.iter().map(|c| c.0).collect();
+        // The re-rank's own cost per contender: the slowest of those measured among the same
+        // closings (a re-rank's loads and burst timings grow with its kernels' length: Llama-3
+        // decode ~0.5 s, the LLM workload's prefill contenders ~0.7 on the H200, 2026-11-30).
+        let rerank_costs = closings.iter().filter_map(|&(_, n, r)| {
+            let r = r.filter(|r| r.contenders > 0 && r.seconds.is_finite())?;
+            Some(((r.seconds / n - r.window_s_per_shape) / f64::from(r.contenders)).max(0.0))
+        });
+        if let Some(slowest) = rerank_costs.reduce(f64::max) {
+            work.rerank_s_per_contender = slowest;
+        }
         let (fixed_s_per_shape, basis) = if !covers_closing {
             (0.0, Basis::Off)
         } else if !work.any() || shapes == 0 {
@@ -319,11 +361,12 @@ mod tests {
     use super::*;
 
     /// The shipped timing (200-ms windows, top 3, 3 windows per entry), baselines on, FA4 absent.
-    const SUSTAINED: ClosingWork = ClosingWork { sustained_ms: 200.0, rerank_top: 3, rounds: 3, sdpa: true, fa4: false };
+    const SUSTAINED: ClosingWork =
+        ClosingWork { sustained_ms: 200.0, rerank_top: 3, rounds: 3, sdpa: true, fa4: false, rerank_s_per_contender: RERANK_S_PER_CONTENDER };
     const BURST: ClosingWork = ClosingWork { sustained_ms: 0.0, ..SUSTAINED };
 
     fn time(seconds: f64, shapes: u32, window_s_per_shape: Option<f64>) -> Event {
-        Event::ClosingTime { seconds, shapes, sustained_ms: 200.0, window_s_per_shape, rerank_s_per_shape: None }
+        Event::ClosingTime { seconds, shapes, sustained_ms: 200.0, window_s_per_shape, rerank_s_per_shape: None, rerank: None }
     }
 
     fn model(work: ClosingWork, shapes: usize, history: &[Event]) -> Model {
@@ -454,6 +497,70 @@ mod tests {
         // The re-rank alone is a closing: 6 + 4 x (3 + 9 windows x 0.2 s x 1.15 + 1.0).
         let rerank_only = model(ClosingWork { sdpa: false, ..SUSTAINED }, 4, &[]);
         assert!((plan(Duration::from_secs(600), &rerank_only).seconds - 30.28).abs() < 1e-9);
+    }
+
+    /// A closing with a measured re-rank: what the re-rank took comes off whole before the fixed
+    /// part is learned, and its cost per contender beyond its windows is learned too (the
+    /// slowest of the last few), so a closing learned without one keeps the built-in figure.
+    /// Figures of session 36's LLM run on the H200: 11 shapes, 103-ms windows, top 3 in 3
+    /// rounds, a 58.0-s closing (here: its re-rank 27.5 s).
+    #[test]
+    fn a_measured_rerank_is_learned_per_contender_and_leaves_the_fixed_part_alone() {
+        let windows = 18.0 * 0.103 * WINDOW_STRETCH;
+        let rerank_windows = SUSTAINED.rerank_window_s(103.0);
+        assert!((rerank_windows - 9.0 * 0.103 * WINDOW_STRETCH).abs() < 1e-12);
+        let rerank = RerankTime { seconds: 27.5, window_s_per_shape: rerank_windows, contenders: 2 };
+        let with = Event::ClosingTime {
+            seconds: 58.0,
+            shapes: 11,
+            sustained_ms: 103.0,
+            window_s_per_shape: Some(windows),
+            rerank_s_per_shape: Some(1.0),
+            rerank: Some(rerank),
+        };
+        let m = model(SUSTAINED, 11, &[with.clone()]);
+        let per_contender = (27.5 / 11.0 - rerank_windows) / 2.0;
+        assert!((m.work.rerank_s_per_contender - per_contender).abs() < 1e-12, "{m:?}");
+        let fixed = (58.0 - START_S - 27.5) / 11.0 - (windows - rerank_windows);
+        assert!((m.fixed_s_per_shape - fixed).abs() < 1e-12, "{m:?}");
+        // The whole closing again at the same windows: what it took, to the second.
+        let again = m.work.closing(103.0, true, Trim::ShortWindows);
+        assert!((m.seconds(&again) - 58.0).abs() < 1e-9, "{}", m.seconds(&again));
+        // The slowest of the recorded re-ranks; one without a re-rank leaves the figure as it is.
+        let quick = Event::ClosingTime {
+            seconds: 42.5,
+            shapes: 11,
+            sustained_ms: 103.0,
+            window_s_per_shape: Some(windows),
+            rerank_s_per_shape: Some(1.0),
+            rerank: Some(RerankTime { seconds: 12.0, ..rerank }),
+        };
+        assert!((model(SUSTAINED, 11, &[quick, with.clone()]).work.rerank_s_per_contender - per_contender).abs() < 1e-12);
+        let none = model(SUSTAINED, 11, &[time(39.0, 11, Some(1.84))]);
+        assert_eq!(none.work.rerank_s_per_contender, RERANK_S_PER_CONTENDER);
+        // Learned from a closing without the re-rank, the same run expected ~53 s and took 58.
+        let before = model(SUSTAINED, 11, &[time(39.0, 11, Some(1.84))]);
+        let expected = before.seconds(&before.work.closing(103.0, true, Trim::ShortWindows));
+        assert!(expected < 54.0, "{expected}");
+    }
+
+    /// Ledgers written before the re-rank was measured read as before: `rerank` absent.
+    #[test]
+    fn a_closing_time_without_a_rerank_field_reads() {
+        let old: Event = serde_json::from_str(
+            r#"{"event":"closing_time","seconds":39.0,"shapes":11,"sustained_ms":178.0,"window_s_per_shape":1.84,"rerank_s_per_shape":0.0}"#,
+        )
+        .unwrap();
+        assert!(matches!(old, Event::ClosingTime { rerank: None, .. }), "{old:?}");
+        let new = Event::ClosingTime {
+            seconds: 1.0,
+            shapes: 1,
+            sustained_ms: 100.0,
+            window_s_per_shape: Some(0.5),
+            rerank_s_per_shape: Some(0.5),
+            rerank: Some(RerankTime { seconds: 0.4, window_s_per_shape: 0.3, contenders: 1 }),
+        };
+        assert_eq!(serde_json::from_str::<Event>(&serde_json::to_string(&new).unwrap()).unwrap(), new);
     }
 
     #[test]

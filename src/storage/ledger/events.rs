@@ -111,10 +111,26 @@ pub enum Event {
         /// none; None: recorded before it was modelled).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rerank_s_per_shape: Option<f64>,
+        /// The re-rank as it ran, where it did (None: no re-rank, or recorded before it was
+        /// measured): later runs learn its cost per contender from it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rerank: Option<RerankTime>,
     },
     /// The run ends its search `seconds` before its budget, for its closing; a resumed run
     /// keeps the figure it was started with.
     ClosingReserve { seconds: f64 },
+}
+
+/// How long a closing's sustained re-rank took, beside what of it was sustained windows.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RerankTime {
+    /// Wall seconds of the whole re-rank (every shape).
+    pub seconds: f64,
+    /// Of which sustained windows per shape, as modelled (counted windows x their length,
+    /// stretched: engine/reserve.rs).
+    pub window_s_per_shape: f64,
+    /// Contenders per shape besides the incumbent (`timing.rerank_top` - 1).
+    pub contenders: u32,
 }
 
 impl Event {

@@ -19,7 +19,7 @@ mod results;
 mod runs;
 pub mod time_to_best;
 
-pub use events::{Event, EventKind, EventRow, StageHistory};
+pub use events::{Event, EventKind, EventRow, RerankTime, StageHistory};
 pub use groups::{GpuSlot, GroupRow, ItemRow, NewGroup, NewItem};
 pub(crate) use groups::ITEM_COLUMNS;
 pub use iterations::{BestRow, IterationRecord, ShapeRecord, UnreadableIteration};
