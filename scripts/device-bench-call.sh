@@ -54,7 +54,12 @@ if [[ $rc == 0 && "${EXPORT_CHECK:-0}" == 1 ]]; then
     echo "compare_exported --warm rc=$?"; tail -n 16 "$out/compare_exported_warm.txt"
   fi
 fi
+# The open issues' bars against this run's closing (scripts/acceptance.py), once it has one.
+if [[ $rc == 0 ]]; then
+  python3 scripts/acceptance.py "$out/optimizer.db" > "$out/acceptance.txt" 2>&1
+  grep -E "NOT MET|^issue " "$out/acceptance.txt"
+fi
 # The device tool brings back only so many files from $OUT (2026-11-29: the ledger and
 # run_exported.txt were left out): the small ones travel as one archive.
-( cd "$out" && tar czf misc.tgz --remove-files $(ls status.txt status.json history.json smi.txt manifest.json export.txt 2>/dev/null) )
+( cd "$out" && tar czf misc.tgz --remove-files $(ls status.txt status.json history.json smi.txt manifest.json export.txt acceptance.txt 2>/dev/null) )
 echo "benchmark rc=$rc (75: still running, call again now)"
