@@ -113,7 +113,8 @@ impl Engine {
             rerank_s_per_shape: Some(c.rerank_s_per_shape),
             rerank,
         };
-        let msg = format!("closing comparison took {seconds:.1} s for {shapes} shape(s) ({:.1} s each)", seconds / f64::from(shapes.max(1)));
+        let of_which = rerank.map(|r| format!("; the re-rank {:.1} s of it", r.seconds)).unwrap_or_default();
+        let msg = format!("closing comparison took {seconds:.1} s for {shapes} shape(s) ({:.1} s each{of_which})", seconds / f64::from(shapes.max(1)));
         self.ledger.record_event(&self.run_id, &event, &msg).await?;
         tracing::info!(kind = "closing_time", seconds, shapes, "{msg}");
         Ok(())
