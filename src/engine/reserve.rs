@@ -56,7 +56,8 @@ pub(crate) const DEFAULT_FA4_S_PER_SHAPE: f64 = 5.0;
 /// its re-rank's time since 2026-11-30 (36), and later runs keep the slowest of the last few):
 /// on the H200 the re-rank of a 4-minute Llama-3-8B run took 22.0 s for 9 shapes and 2
 /// contenders each, 13.5 s of it 167-ms windows (2026-11-30): 0.47 s; the LLM workload's, whose
-/// contenders include 50-230-us prefill kernels, ~0.7 (a closing 5 s longer than modelled).
+/// contenders include 50-230-us prefill kernels, about 0.7 if the rest of its closing was as
+/// modelled (that closing took 5 s longer than expected; its re-rank's own time was not recorded).
 pub(crate) const RERANK_S_PER_CONTENDER: f64 = 0.5;
 /// How much longer a sustained window lasts than asked: its replay count is sized from the burst
 /// time, and back-to-back replays run 12-18% slower (the power cap). On the H200 a 4-minute
@@ -231,7 +232,7 @@ impl Model {
         let measured: Vec<f64> = closings.iter().map(|c| c.0).collect();
         // The re-rank's own cost per contender: the slowest of those measured among the same
         // closings (a re-rank's loads and burst timings grow with its kernels' length: Llama-3
-        // decode ~0.5 s, the LLM workload's prefill contenders ~0.7 on the H200, 2026-11-30).
+        // decode ~0.5 s on the H200, 2026-11-30; the LLM workload's prefill contenders more).
         let rerank_costs = closings.iter().filter_map(|&(_, n, r)| {
             let r = r.filter(|r| r.contenders > 0 && r.seconds.is_finite())?;
             Some(((r.seconds / n - r.window_s_per_shape) / f64::from(r.contenders)).max(0.0))
