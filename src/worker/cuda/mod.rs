@@ -63,8 +63,7 @@ pub struct CudaBackend {
     pending: Vec<(String, std::thread::JoinHandle<Builds>)>,
     /// The builds of the last few sources loaded (`load::BuildCache`).
     built: load::BuildCache<(crate::nvrtc::Compiled, crate::nvrtc::Compiled)>,
-    /// The last `Time` request's input sets, for the next request with the same seed (an
-    /// iteration's full timing after its screen): see `timing::TimingInputs`.
+    /// Timing input sets kept by shape across requests: see `timing::TimingInputs`.
     timing_inputs: timing::TimingInputs,
 }
 
@@ -92,9 +91,10 @@ impl CudaBackend {
             unsafe { ctx.disable_event_tracking() };
             let stream = ctx.new_stream().map_err(cuda("creating a stream"))?;
             let device = device_info(&ctx, &toolchain).map_err(cuda("querying the device"))?;
-            Ok((ctx, stream, device))
+            let (_, total) = ctx.mem_get_info().map_err(cuda("querying the device's memory"))?;
+            Ok((ctx, stream, device, total as u64))
         });
-        let (ctx, stream, device) = match built {
+        let (ctx, stream, device, memory) = match built {
             Ok(r) => r?,
             Err(p) => return Err(InitError::Panic(panic_message(p.as_ref()))),
         };
@@ -114,7 +114,7 @@ impl CudaBackend {
             candidates: HashMap::new(),
             pending: Vec::new(),
             built: Default::default(),
-            timing_inputs: timing::TimingInputs::default(),
+            timing_inputs: timing::TimingInputs::new(memory / 8),
         })
     }
 

@@ -1,4 +1,5 @@
-//! Timing candidates: per case, enough input sets to spill L2, each entry's launch count
+//! Timing candidates: per case, enough input sets to spill L2 (kept by shape for later
+//! requests: `TimingInputs`), each entry's launch count
 //! per sample from its first warm-up, CUDA graphs of one sample each (graph mode), and
 //! samples taken round by round with the entries' order alternating, timed with events;
 //! with `sustained_ms`, then one back-to-back window per entry and round (the same graphs).
@@ -18,39 +19,73 @@ use super::CudaBackend;
 use crate::spec::protocol::{Response, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec, ViewStrides};
 use crate::worker::reference;
 
-/// Input sets kept from one `Time` request for the next with the same seed: an iteration's
-/// screen (a brief timing on a few shapes) and its full timing use the same seed, so the full
-/// timing reuses the screened shapes' sets instead of generating and uploading them again
-/// (for a large shape, most of a brief timing's cost). A request with another seed frees
-/// them first, so at most one request's sets stay on the GPU between requests.
-#[derive(Default)]
-pub(super) struct TimingInputs {
-    seed: Option<u64>,
-    /// Shape key -> its sets (as many as the request's L2 rotation wanted).
-    sets: HashMap<String, Vec<TensorSet>>,
+/// Input sets kept between `Time` requests, by shape, for the rest of the worker's life:
+/// drawing a shape's sets on the CPU and uploading them cost more than timing a candidate
+/// on it for a large decode shape (B 64 x S_k 4096: ~1 GB of K/V per set), and every
+/// iteration times the same shapes again. Correctness does not rest on them: every check
+/// draws fresh inputs. Nor does keeping them open a way to cheat that a request did not
+/// already have, since within one request each set is launched on many times.
+///
+/// Bounded: at most an eighth of the device's memory (checked against its size when the
+/// backend starts), the least recently used shapes freed first, so a check's own sets and
+/// a large timing still find room.
+pub(super) type TimingInputs = Kept<Vec<TensorSet>>;
+
+/// Values by key within a byte budget, the least recently kept freed first.
+pub(super) struct Kept<V> {
+    /// Key -> (value, its bytes, the `clock` when it was kept).
+    map: HashMap<String, (V, u64, u64)>,
+    /// Bytes held by `map`.
+    bytes: u64,
+    /// The most `map` may hold.
+    cap_bytes: u64,
+    /// Values kept so far, for least-recently-kept order.
+    clock: u64,
 }
 
-impl TimingInputs {
-    /// Forget sets of any other seed.
-    fn begin(&mut self, seed: u64) {
-        if self.seed != Some(seed) {
-            self.sets.clear();
-            self.seed = Some(seed);
+impl<V> Kept<V> {
+    /// Keep at most `cap_bytes`.
+    pub(super) fn new(cap_bytes: u64) -> Self {
+        Kept { map: HashMap::new(), bytes: 0, cap_bytes, clock: 0 }
+    }
+
+    /// Take `key`'s value out (to give it back with `keep` after use).
+    fn take(&mut self, key: &str) -> Option<V> {
+        let (v, b, _) = self.map.remove(key)?;
+        self.bytes -= b;
+        Some(v)
+    }
+
+    /// Keep `value` of `bytes` for `key`, freeing the least recently kept others beyond the
+    /// cap; a value larger than the cap alone is freed at once.
+    fn keep(&mut self, key: String, value: V, bytes: u64) {
+        self.clock += 1;
+        if let Some((_, b, _)) = self.map.remove(&key) {
+            self.bytes -= b;
         }
-    }
-
-    /// The kept sets of `key`, if there are exactly `n` of them.
-    fn take(&mut self, key: &str, n: u32) -> Option<Vec<TensorSet>> {
-        self.sets.remove(key).filter(|s| s.len() == n as usize)
-    }
-
-    fn keep(&mut self, key: String, sets: Vec<TensorSet>) {
-        self.sets.insert(key, sets);
+        if bytes > self.cap_bytes {
+            return;
+        }
+        while self.bytes + bytes > self.cap_bytes {
+            let Some(oldest) = self.map.iter().min_by_key(|(_, (_, _, at))| *at).map(|(k, _)| k.clone()) else {
+                break;
+            };
+            if let Some((_, b, _)) = self.map.remove(&oldest) {
+                self.bytes -= b;
+            }
+        }
+        self.bytes += bytes;
+        self.map.insert(key, (value, bytes, self.clock));
     }
 }
 
-/// A case's input seed: from the request's seed and the shape, not the case's position,
-/// so the same shape gets the same inputs in an iteration's screen and its full timing.
+/// Device bytes of some tensor sets.
+fn sets_bytes(sets: &[TensorSet]) -> u64 {
+    sets.iter().map(|s| 2 * (s.q.len() + s.k.len() + s.v.len() + s.o.len()) as u64).sum()
+}
+
+/// The seed a case's input sets are drawn from when none are kept: from the request's seed
+/// and the shape, not the case's position in the request.
 fn case_seed(seed: u64, key: &str) -> u64 {
     let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
     reference::mix_seed(seed, h)
@@ -86,7 +121,6 @@ impl CudaBackend {
                 }
             }
         }
-        self.timing_inputs.begin(seed);
         let mut out = Vec::with_capacity(cases.len());
         for case in cases {
             out.push(self.time_case(case, spec, case_seed(seed, &case.shape.key()))?);
@@ -128,7 +162,8 @@ impl CudaBackend {
         }
         .clamp(1, cap);
 
-        let sets = match self.timing_inputs.take(&key, n_sets) {
+        // Kept sets of another count (another rotation asked) are freed and drawn again.
+        let sets = match self.timing_inputs.take(&key).filter(|s| s.len() == n_sets as usize) {
             Some(kept) => kept,
             None => {
                 let bits = reference::randn_inputs(&shape, seed);
@@ -316,7 +351,8 @@ impl CudaBackend {
         after(stream.synchronize(), || format!("{what}: finishing"))?;
         drop(graphs);
         drop(abis);
-        self.timing_inputs.keep(key, sets);
+        let bytes = sets_bytes(&sets);
+        self.timing_inputs.keep(key, sets, bytes);
 
         Ok(TimedCase {
             shape,
@@ -349,4 +385,35 @@ fn median(samples: &[f64]) -> f64 {
 fn elapsed(start: &CudaEvent, end: &CudaEvent) -> Result<f32, DriverError> {
     end.synchronize()?;
     start.elapsed_ms(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kept;
+
+    #[test]
+    fn kept_values_stay_within_the_cap_least_recently_kept_freed_first() {
+        let mut k = Kept::new(100);
+        k.keep("a".into(), 'a', 40);
+        k.keep("b".into(), 'b', 40);
+        // Using "a" again makes "b" the oldest.
+        let a = k.take("a").unwrap();
+        k.keep("a".into(), a, 40);
+        k.keep("c".into(), 'c', 40);
+        assert_eq!(k.take("b"), None, "the least recently kept is freed");
+        assert_eq!(k.bytes, 80);
+        assert_eq!(k.take("a"), Some('a'));
+        assert_eq!(k.take("c"), Some('c'));
+        assert_eq!(k.bytes, 0);
+        // Larger than the cap alone: not kept, and nothing else freed for it.
+        k.keep("d".into(), 'd', 10);
+        k.keep("huge".into(), 'h', 101);
+        assert_eq!(k.take("huge"), None);
+        assert_eq!(k.take("d"), Some('d'));
+        // Keeping a key again replaces its value and its bytes.
+        k.keep("e".into(), 'e', 60);
+        k.keep("e".into(), 'E', 30);
+        assert_eq!(k.bytes, 30);
+        assert_eq!(k.take("e"), Some('E'));
+    }
 }
