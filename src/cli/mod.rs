@@ -277,7 +277,14 @@ fn worker(script: Option<PathBuf>, list_devices: bool) -> anyhow::Result<u8> {
                 .with_context(|| format!("cannot load worker script {}", path.display()))?;
             crate::worker::serve(&mut backend)?;
         }
-        None => crate::worker::cuda::run_cuda_worker()?,
+        None => {
+            // Before this, the CUDA worker's own lines (the backend it found, a failed
+            // start) went nowhere.
+            if let Err(e) = crate::daemon::logging::init_worker() {
+                note(&format!("worker: no log ({e:#})"));
+            }
+            crate::worker::cuda::run_cuda_worker()?
+        }
     }
     Ok(exit::SUCCESS)
 }

@@ -65,3 +65,15 @@ pub fn init(json_log: Option<&Path>) -> anyhow::Result<()> {
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(stderr).with(json))?;
     Ok(())
 }
+
+/// A worker process's logging: timestamped lines on its stderr, which the daemon keeps as
+/// the run's `worker.log` (stdout carries the protocol). `RUST_LOG` sets the level
+/// (`optimizerd::worker=debug`: where each check's time goes); info by default.
+pub fn init_worker() -> anyhow::Result<()> {
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_filter(EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new("info")));
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(stderr))?;
+    Ok(())
+}

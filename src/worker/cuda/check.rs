@@ -70,14 +70,18 @@ impl CudaBackend {
         let _spacer = if probes.after_timing { Some(probe::spacer(&self.stream, seed, &key)?) } else { None };
         // Bit patterns from the start, for both views and the reference (a decode shape's
         // K and V are 537M values: no f32 copy of them is made).
+        let t0 = std::time::Instant::now();
         let bits = reference::randn_inputs(&shape, seed);
+        let t_inputs = t0.elapsed();
         let logical = [bits[0].as_slice(), bits[1].as_slice(), bits[2].as_slice()];
         // The contiguous view first (what timing launches on), with the probes when asked.
         let first = self.launch_view(plan, fns, ViewStrides::contiguous(&shape), logical, probes.on, &key)?;
+        let t_launch = t0.elapsed();
 
         // The reference runs on the CPU while the GPU works.
         let rows = reference::select_rows(&shape, seed);
         let want = reference::reference_rows(&shape, logical[0], logical[1], logical[2], &rows);
+        let t_reference = t0.elapsed();
         // What the input probe expects to read back: the inputs themselves where the view is
         // the logical order (borrowed, no copy), else as laid out.
         let sent = probes.on.then(|| {
@@ -85,6 +89,7 @@ impl CudaBackend {
                 .map(|(x, t)| reference::scatter(&shape, &first.set.view, t, x, reference::nan_bits(shape.dtype)))
         });
         let seen = self.finish_view(&first, fns, &rows, &want, tol, &key)?;
+        let t_results = t0.elapsed();
         let mut reasons = seen.reasons.clone();
 
         // The same inputs on padded views (rows VIEW_PAD elements apart beyond D, the gaps
@@ -94,6 +99,7 @@ impl CudaBackend {
             let p = self.finish_view(&padded, fns, &rows, &want, tol, &key)?;
             reasons.extend(p.reasons.iter().map(|r| format!("padded view: {r}")));
         }
+        let t_padded = t0.elapsed();
 
         let mut probe_failures = Vec::new();
         if probes.after_timing && !reasons.is_empty() {
@@ -113,6 +119,20 @@ impl CudaBackend {
                 probe_failures.push(why);
             }
         }
+        // Where a check's time goes (RUST_LOG=optimizerd::worker=debug in the worker's log):
+        // on decode shapes the inputs are ~1 GB and the check, not the timing, is most of a
+        // candidate's cost.
+        let ms = |a: std::time::Duration, b: std::time::Duration| (b.saturating_sub(a)).as_secs_f64() * 1e3;
+        tracing::debug!(
+            "check {key}: {:.0} ms: inputs drawn {:.0}, uploaded and launched {:.0}, reference {:.0}, results {:.0}, padded view {:.0}, probes {:.0}",
+            t0.elapsed().as_secs_f64() * 1e3,
+            ms(Default::default(), t_inputs),
+            ms(t_inputs, t_launch),
+            ms(t_launch, t_reference),
+            ms(t_reference, t_results),
+            ms(t_results, t_padded),
+            ms(t_padded, t0.elapsed()),
+        );
         for p in &probe_failures {
             if !reasons.contains(p) {
                 reasons.push(p.clone());
