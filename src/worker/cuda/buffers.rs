@@ -70,6 +70,61 @@ impl CudaBackend {
         Ok(TensorSet { q, k, v, o, view })
     }
 
+    /// Q, K, V of `src` copied on the device into new buffers laid out by `view` (gaps NaN,
+    /// as [`upload_set`] leaves them), O allocated the same way; `None` when some tensor's
+    /// two views are not one pitched 2D copy apart (`reference::pitched_copy`). Queued on
+    /// the stream, so it reads `src` before anything queued after it. Why: the check's
+    /// padded view is the same inputs laid out again; built on the host it was a second
+    /// upload of ~1.5 GB for a large decode shape (half of that shape's check).
+    pub(super) fn copy_set(&self, shape: &Shape, src: &TensorSet, view: ViewStrides, what: &str) -> Result<Option<TensorSet>, Failure> {
+        let copies = [TensorName::Q, TensorName::K, TensorName::V].map(|t| reference::pitched_copy(shape, &src.view, &view, t));
+        let [Some(cq), Some(ck), Some(cv)] = copies else {
+            return Ok(None);
+        };
+        let stream = &self.stream;
+        let nan = reference::nan_bits(shape.dtype);
+        let copy = |from: &CudaSlice<u16>, t: TensorName, p: reference::Pitched| {
+            let n = view.extent(shape, t) as usize;
+            let name = t.as_str().to_uppercase();
+            let to = api(stream.alloc_zeros::<u16>(n), || format!("{what}: allocating {name} ({:.1} MiB)", n as f64 * 2.0 / (1 << 20) as f64))?;
+            poison_u16(stream, &to, nan).map_err(|e| Failure::cuda(format!("{what}: filling {name}'s gaps"), e, Stage::Api))?;
+            let desc = sys::CUDA_MEMCPY2D {
+                srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                srcDevice: dptr(from, stream),
+                srcPitch: p.src_pitch as usize * 2,
+                dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstDevice: dptr(&to, stream),
+                dstPitch: p.dst_pitch as usize * 2,
+                WidthInBytes: p.width as usize * 2,
+                Height: p.height as usize,
+                srcXInBytes: 0,
+                srcY: 0,
+                srcHost: std::ptr::null(),
+                srcArray: std::ptr::null_mut(),
+                dstXInBytes: 0,
+                dstY: 0,
+                dstHost: std::ptr::null_mut(),
+                dstArray: std::ptr::null_mut(),
+            };
+            // SAFETY: both pointers address live allocations of this context that hold
+            // `height` rows at their pitches (`pitched_copy` derived them from the views'
+            // extents); both outlive the asynchronous copy, since every request
+            // synchronises the stream before its buffers are freed.
+            unsafe { sys::cuMemcpy2DAsync_v2(&desc, stream.cu_stream()) }
+                .result()
+                .map_err(|e| Failure::cuda(format!("{what}: copying {name} into another view on the device"), e, Stage::Api))?;
+            Ok::<_, Failure>(to)
+        };
+        let q = copy(&src.q, TensorName::Q, cq)?;
+        let k = copy(&src.k, TensorName::K, ck)?;
+        let v = copy(&src.v, TensorName::V, cv)?;
+        let n_o = view.extent(shape, TensorName::O) as usize;
+        let o = api(stream.alloc_zeros::<u16>(n_o), || {
+            format!("{what}: allocating O ({:.1} MiB)", n_o as f64 * 2.0 / (1 << 20) as f64)
+        })?;
+        Ok(Some(TensorSet { q, k, v, o, view }))
+    }
+
     /// Allocate the split-KV partials for `n_splits`, zeroed; when `poison`, o_partial and
     /// the LSE words are NaN-poisoned but the semaphore words stay zero (the ABI's
     /// precondition for a plan's first launch).

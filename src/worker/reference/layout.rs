@@ -75,6 +75,44 @@ pub fn scatter<'a>(shape: &Shape, view: &ViewStrides, t: TensorName, logical: &'
     }
 }
 
+/// A copy of one tensor from a buffer laid out by one view into a buffer laid out by
+/// another, as a single pitched 2D copy (the worker's cuMemcpy2D on the device): `height`
+/// rows of `width` elements, `src_pitch` and `dst_pitch` elements apart. In elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pitched {
+    pub width: u64,
+    pub height: u64,
+    pub src_pitch: u64,
+    pub dst_pitch: u64,
+}
+
+/// Tensor `t` under strides `st` as `(width, pitch, height)` rows in one of two forms, both
+/// enumerating the view's rows in the same (b, h, i) order: form 0, one row per (b, h, i)
+/// of D elements, every head's rows one pitch apart and the heads and batches back to back
+/// (bhsd and its padded view); form 1, one row per (b, i) holding every head's D elements
+/// side by side (bshd and its padded view).
+fn pitched_rows(shape: &Shape, view: &ViewStrides, t: TensorName, form: u8) -> Option<(u64, u64, u64)> {
+    let st = view.of(t);
+    let (heads, rows) = shape.dims_of(t);
+    let (b, h, s, d) = (shape.b as u64, heads as u64, rows as u64, shape.d as u64);
+    match form {
+        0 if st.s >= d && st.h == s * st.s && st.b == h * st.h => Some((d, st.s, b * h * s)),
+        1 if st.h == d && st.s >= h * d && st.b == s * st.s => Some((h * d, st.s, b * s)),
+        _ => None,
+    }
+}
+
+/// Tensor `t` copied from its buffer under `from` into a buffer under `to` (whose gaps
+/// already hold the fill) as one pitched 2D copy, when both views have the same form of
+/// rows (the contiguous and the padded view of one layout always do).
+pub fn pitched_copy(shape: &Shape, from: &ViewStrides, to: &ViewStrides, t: TensorName) -> Option<Pitched> {
+    (0..2).find_map(|form| {
+        let (w, sp, n) = pitched_rows(shape, from, t, form)?;
+        let (w2, dp, n2) = pitched_rows(shape, to, t, form)?;
+        (w == w2 && n == n2).then_some(Pitched { width: w, height: n, src_pitch: sp, dst_pitch: dp })
+    })
+}
+
 /// Tensor `t` read back from its strided buffer.
 pub struct Gathered {
     /// The tensor in logical order.
@@ -108,6 +146,34 @@ mod tests {
 
     fn gqa(layout: Layout) -> Shape {
         Shape { b: 2, hq: 4, hkv: 2, sq: 3, sk: 5, d: 8, causal: true, window: None, dtype: DType::Bf16, layout }
+    }
+
+    /// The device's pitched copy from the contiguous view to the padded one, done here on
+    /// host buffers, gives the buffer `scatter` builds for the padded view (gaps included),
+    /// in both layouts, for Q and K of a GQA shape with SQ != SK, and at B = 1, H = 1.
+    #[test]
+    fn a_pitched_copy_of_the_contiguous_view_is_the_padded_view() {
+        let one = Shape { b: 1, hq: 1, hkv: 1, sq: 1, sk: 7, d: 16, causal: false, window: None, dtype: DType::Fp16, layout: Layout::Bhsd };
+        for shape in Layout::ALL.into_iter().flat_map(|layout| [gqa(layout), Shape { layout, ..one }]) {
+            let (from, to) = (ViewStrides::contiguous(&shape), ViewStrides::padded(&shape));
+            for t in [TensorName::Q, TensorName::K, TensorName::V, TensorName::O] {
+                let (heads, rows) = shape.dims_of(t);
+                let n = (shape.b * heads * rows * shape.d) as usize;
+                let logical: Vec<u16> = (1..=n as u16).collect();
+                let src = scatter(&shape, &from, t, &logical, 0xFFFF);
+                let p = pitched_copy(&shape, &from, &to, t).expect("the contiguous and padded views of one layout copy as 2D");
+                let mut dst = vec![0xFFFFu16; to.extent(&shape, t) as usize];
+                for r in 0..p.height as usize {
+                    let (s, d, w) = (r * p.src_pitch as usize, r * p.dst_pitch as usize, p.width as usize);
+                    dst[d..d + w].copy_from_slice(&src[s..s + w]);
+                }
+                assert_eq!(dst, scatter(&shape, &to, t, &logical, 0xFFFF).into_owned(), "{shape:?} {t:?}");
+            }
+        }
+        // Views of different forms do not copy as one 2D copy.
+        let s = gqa(Layout::Bhsd);
+        let bshd = ViewStrides::contiguous(&Shape { layout: Layout::Bshd, ..s });
+        assert_eq!(pitched_copy(&s, &ViewStrides::contiguous(&s), &bshd, TensorName::K), None);
     }
 
     /// Every layout and view round-trips, puts row (b, h, i) where the strides say, and
