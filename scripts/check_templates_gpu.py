@@ -158,7 +158,7 @@ import sys
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -2126,6 +2126,7 @@ def fa4_fn(gpu: "Gpu", fa4_func, shape: Shape, q, k, v):
 #   testing/oob_write.cu       launched once: must die with an illegal address
 #   testing/infinite_loop.cu   launched once: must still run --fault-timeout s later
 #   testing/*probe*.cu         not a fault: a plumbing probe that must pass the check
+#   testing/contiguous_rows.cu checked on FAULT_CHECK_SHAPES' padded views: must fail
 #   other testing templates    launched once: must crash or hang
 #   real templates with [[tensor_map]]: rendered with OPTD_FAULT_MBAR_PHASE = 1 and
 #       checked on FAULT_CHECK_SHAPES: "caught" when a check fails, it crashes or hangs.
@@ -2177,6 +2178,9 @@ def fault_cases(templates: list[Template], cc: int) -> list[FaultCase]:
             cases.append(FaultCase(tpl.rel, tpl, "launch", False, "hang"))
         elif is_probe(tpl):
             cases.append(FaultCase(tpl.rel, tpl, "check", False, "pass"))
+        elif "contiguous" in name:
+            # Ignores the strides: right on contiguous tensors, caught on padded views.
+            cases.append(FaultCase(tpl.rel, tpl, "check", False, "caught"))
         else:
             cases.append(FaultCase(tpl.rel, tpl, "launch", False, "crash or hang"))
     return cases
@@ -2208,7 +2212,10 @@ def fault_child(rel: str, mode: str, mbar_fault: bool, cubin_dir: str | None) ->
     print("launching", flush=True)
     checked = failed = 0
     for knobs in combos:
-        for shape in FAULT_CHECK_SHAPES:
+        shapes = FAULT_CHECK_SHAPES
+        if "contiguous" in Path(rel).name:
+            shapes = [replace(s, padded=True) for s in shapes]
+        for shape in shapes:
             try:
                 ok, msg = gpu.check(tpl, knobs, shape, "fp16", mbar_fault=mbar_fault)
             except DoesNotFit as e:

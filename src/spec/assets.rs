@@ -48,6 +48,7 @@ static EMBEDDED: &[(&str, &str)] = embed! {
     "decode_cluster.cu" => "kernel-templates/decode_cluster.cu",
     "testing/oob_write.cu" => "kernel-templates/testing/oob_write.cu",
     "testing/infinite_loop.cu" => "kernel-templates/testing/infinite_loop.cu",
+    "testing/contiguous_rows.cu" => "kernel-templates/testing/contiguous_rows.cu",
     "testing/tensor_map_probe.cu" => "kernel-templates/testing/tensor_map_probe.cu",
     "default.toml" => "strategies/default.toml",
     "fault-drill.toml" => "strategies/fault-drill.toml",
