@@ -167,6 +167,37 @@ enabled = false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_candidate_waits_no_later_than_the_budgets_end() {
+    // worker.check_timeout is 60 s, the budget 3 s: the hung check is given up at the
+    // budget's end (5 s at least), not a minute later, and the reason says why so soon.
+    let plan = r#"
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4] }
+
+[open_phase]
+enabled = false
+"#;
+    let p = Project::new(plan, json!([]), json!({ "hang": { "step": "check" } }));
+    let path = p.path().join("agent.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("check_timeout = \"2s\"\n"), "the fixture's [worker] table moved");
+    std::fs::write(&path, text.replace("check_timeout = \"2s\"\n", "check_timeout = \"60s\"\n")).unwrap();
+    let started = std::time::Instant::now();
+    let end = p.run("cut", Duration::from_secs(3)).await;
+    let took = started.elapsed();
+    assert_eq!(end, RunEnd::Finished("budget spent".into()));
+    assert!(took < Duration::from_secs(30), "the run took {took:?}: the 60-s timeout was not cut at the budget's end");
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("cut").await.unwrap();
+    assert_eq!(its.len(), 1, "{:?}", its.iter().map(|i| &i.verdict).collect::<Vec<_>>());
+    assert_eq!(its[0].verdict.as_str(), "timeout");
+    assert!(its[0].reason.contains("no answer within 5s (the budget's end; worker.check_timeout is 1m)"), "{}", its[0].reason);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_whose_ctas_exit_early_is_caught_and_a_sticky_error_restarts_the_worker() {
     let plan = r#"
 [[stage]]

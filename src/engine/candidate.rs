@@ -3,7 +3,7 @@
 //! searches, the open phase, the warm start, the agent) is a [`Policy`], not a second copy
 //! of this path.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::pipeline::decide::{self, geomean, ShapeDecision, Stats};
 use crate::pipeline::outcome::{Failure, Verdict};
@@ -220,7 +220,10 @@ impl Engine {
         // check
         let probes = Probes { on: policy.probes, after_timing: false };
         let check_started = Instant::now();
-        let checked = check::run_probed(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, self.cfg.worker.check_timeout, probes).await;
+        let (timeout, configured) = (self.request_timeout(self.cfg.worker.check_timeout), self.cfg.worker.check_timeout);
+        let checked = check::run_probed(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed, timeout, probes)
+            .await
+            .map_err(|(f, c)| (budget_cut(f, timeout, configured, "worker.check_timeout"), c));
         rec.check_ms = Some(check_started.elapsed().as_secs_f64() * 1e3);
         match checked {
             Ok(checked) => record::checked(&mut shapes, &checked),
@@ -232,14 +235,17 @@ impl Engine {
             }
         }
 
-        // time (candidate and each shape's incumbent, interleaved; the worker still holds the
-        // screened shapes' inputs, as the seed is the same)
+        // time (candidate and each shape's incumbent, interleaved; the worker keeps each
+        // shape's timing inputs from one request to the next)
         if let Err(f) = self.ensure_incumbents_loaded().await {
             return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await;
         }
         let time_started = Instant::now();
         let cases = self.against_incumbents(&id, &plans);
-        let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, self.cfg.worker.time_timeout).await;
+        let (timeout, configured) = (self.request_timeout(self.cfg.worker.time_timeout), self.cfg.worker.time_timeout);
+        let timed = timing::run(&mut self.sup, cases, self.cfg.timing_spec(), seed, timeout)
+            .await
+            .map_err(|f| budget_cut(f, timeout, configured, "worker.time_timeout"));
         rec.time_ms = Some(screen_ms + time_started.elapsed().as_secs_f64() * 1e3);
         let timed = match timed {
             Ok(t) => t,
@@ -249,8 +255,10 @@ impl Engine {
         if policy.probes {
             let after = Probes { on: true, after_timing: true };
             let t0 = Instant::now();
-            let rechecked =
-                check::run_probed(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed ^ RECHECK_SEED, self.cfg.worker.check_timeout, after).await;
+            let (timeout, configured) = (self.request_timeout(self.cfg.worker.check_timeout), self.cfg.worker.check_timeout);
+            let rechecked = check::run_probed(&mut self.sup, &id, &plans, self.cfg.tolerance(), seed ^ RECHECK_SEED, timeout, after)
+                .await
+                .map_err(|(f, c)| (budget_cut(f, timeout, configured, "worker.check_timeout"), c));
             rec.check_ms = Some(rec.check_ms.unwrap_or(0.0) + t0.elapsed().as_secs_f64() * 1e3);
             if let Err((f, _)) = rechecked {
                 // Correct on the first inputs, wrong on the second: it kept something between runs.
@@ -305,7 +313,10 @@ impl Engine {
         let class_of = |s: &Shape| classes.iter().find(|c| c.shapes.contains(s)).map_or_else(String::new, |c| c.name.clone());
         let Some(picked) = screen::choose(plans, class_of, |s| self.incumbents.get(&s.key()).map(|i| i.median_us)) else { return Ok(()) };
         let cases = self.against_incumbents(id, &picked);
-        let timed = timing::run(&mut self.sup, cases, screen::brief(&self.cfg.timing_spec()), seed, self.cfg.worker.time_timeout).await?;
+        let (timeout, configured) = (self.request_timeout(self.cfg.worker.time_timeout), self.cfg.worker.time_timeout);
+        let timed = timing::run(&mut self.sup, cases, screen::brief(&self.cfg.timing_spec()), seed, timeout)
+            .await
+            .map_err(|f| budget_cut(f, timeout, configured, "worker.time_timeout"))?;
         let Some(screened) = screen::results(&timed, id) else { return Ok(()) };
         if !screen::rejects(&screened, margin) {
             return Ok(());
@@ -454,4 +465,15 @@ struct Decided {
     score_us: Option<f64>,
     /// Why its speed is not believable (plausibility-bounded candidates only).
     implausible: Vec<String>,
+}
+
+/// A timeout that the budget's end cut short (`Engine::request_timeout`) says so, and
+/// which setting it was under: "no answer within 12s" alone reads as a hung kernel.
+fn budget_cut(f: Failure, timeout: Duration, configured: Duration, key: &str) -> Failure {
+    if f.verdict == Verdict::Timeout && timeout < configured {
+        let reason = format!("{} (the budget's end; {key} is {})", f.reason, humantime::format_duration(configured));
+        Failure { reason, ..f }
+    } else {
+        f
+    }
 }

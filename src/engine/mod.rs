@@ -20,6 +20,9 @@ use crate::storage::workspace::Workspace;
 use crate::strategy::plan::Plan;
 use crate::strategy::search::Canonical;
 
+/// The shortest wait for a candidate's worker request that the budget's end imposes.
+const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
 mod agent_stage;
 mod candidate;
 mod closing;
@@ -155,6 +158,14 @@ impl Engine {
 
     fn used(&self) -> Duration {
         (self.used_before + self.started.elapsed()).saturating_sub(self.paused)
+    }
+
+    /// A candidate's worker request waits at most `configured`, and no later than the
+    /// budget's end (at least [`MIN_REQUEST_TIMEOUT`], so that a request started just
+    /// before it can still answer). Why: a kernel that hangs near the end held a 2-minute
+    /// run for its whole 3-minute `worker.time_timeout` (3m14s used, H200, 2026-11-30).
+    fn request_timeout(&self, configured: Duration) -> Duration {
+        configured.min(self.budget.saturating_sub(self.used()).max(MIN_REQUEST_TIMEOUT))
     }
 
     /// Whether the search may go on: the budget less what the closing keeps.
