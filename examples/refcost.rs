@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use optimizerd::spec::protocol::{DType, Layout, Shape};
+use optimizerd::spec::protocol::{DType, Layout, Shape, TensorName, ViewStrides};
 use optimizerd::worker::reference as r;
 
 fn main() {
@@ -23,6 +23,9 @@ fn main() {
         .collect();
     // Llama-3-8B decode at B 64: K and V are 268M values each.
     shapes.push(Shape { b: 64, hq: 32, hkv: 8, sq: 1, sk: 4096, d: 128, causal: false, window: None, dtype: DType::Bf16, layout: Layout::Bhsd });
+    // The LLM workload's Llama-3-8B prefill and chunked prefill.
+    shapes.push(Shape { b: 1, hq: 32, hkv: 8, sq: 4096, sk: 4096, d: 128, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bhsd });
+    shapes.push(Shape { b: 1, hq: 32, hkv: 8, sq: 512, sk: 4096, d: 128, causal: true, window: None, dtype: DType::Bf16, layout: Layout::Bhsd });
     for shape in shapes {
         let t = Instant::now();
         let [q, k, v] = r::randn_inputs(&shape, 7);
@@ -30,14 +33,26 @@ fn main() {
         let rows = r::select_rows(&shape, 7);
         let reference = r::reference_rows(&shape, &q, &k, &v, &rows);
         let referenced = t.elapsed();
+        // Reading a result back: the output (here Q's bits stand in for it) gathered from the
+        // contiguous and the padded view, widened and compared, as `finish_view` does.
+        let mut read = Vec::new();
+        for view in [ViewStrides::contiguous(&shape), ViewStrides::padded(&shape)] {
+            let buffer = r::scatter(&shape, &view, TensorName::O, &q, r::nan_bits(shape.dtype)).into_owned();
+            let t = Instant::now();
+            let o = r::gather(&shape, &view, TensorName::O, &buffer, r::nan_bits(shape.dtype));
+            let cmp = r::compare(&shape, &o.logical, &rows, &reference);
+            read.push((t.elapsed(), cmp.rows_compared));
+        }
         println!(
-            "{}: randn {:?} ({} values), reference {:?} ({} rows, {} values)",
+            "{}: randn {:?} ({} values), reference {:?} ({} rows, {} values), result read back {:?} contiguous, {:?} padded",
             shape.key(),
             generated,
             q.len() + k.len() + v.len(),
             referenced - generated,
             rows.len(),
             reference.len(),
+            read[0].0,
+            read[1].0,
         );
     }
 }

@@ -115,8 +115,7 @@ impl CudaBackend {
             .result()
             .map_err(|e| Failure::cuda(format!("check {key}: rerun probe: reading O"), e, Stage::AfterLaunch))?;
         let o = reference::gather(&shape, &set.view, TensorName::O, &out_bits, nan);
-        let out = reference::from_bits(&o.logical, shape.dtype);
-        let cmp = reference::compare(&shape, &out, &rows, &want);
+        let cmp = reference::compare(&shape, &o.logical, &rows, &want);
         let bad = cmp.max_abs > tol.atol || cmp.max_abs.is_nan() || cmp.rel_l2 > tol.rtol_l2 || cmp.rel_l2.is_nan() || cmp.unwritten > 0;
         Ok(bad.then(|| {
             format!(

@@ -1,8 +1,10 @@
 //! Comparing a GPU output with the reference: outputs never written (non-finite) counted
 //! over the whole tensor, maximum absolute and relative L2 error over the compared rows.
 
+use super::inputs::widen;
+use super::parallel::par_chunks;
 use super::rows::{row_offset, Row};
-use crate::spec::protocol::Shape;
+use crate::spec::protocol::{DType, Shape};
 
 /// How a GPU output compares with the reference.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -16,20 +18,35 @@ pub struct Comparison {
     pub rows_compared: u64,
 }
 
-/// Compare the GPU output `out` (whole [B,H,S,D] tensor, as f32) against `reference`
-/// (the rows of [`reference_rows`] for `rows`). Non-finite outputs are counted in
-/// `unwritten` and left out of the error norms, so every field stays finite.
-pub fn compare(shape: &Shape, out: &[f32], rows: &[Row], reference: &[f32]) -> Comparison {
+/// Compare the GPU output `out` (whole [B,H,S,D] tensor, as bit patterns of the shape's
+/// element type) against `reference` (the rows of [`reference_rows`] for `rows`).
+/// Non-finite outputs are counted in `unwritten` (over the whole tensor, on parallel
+/// threads, from the bits) and left out of the error norms, so every field stays finite.
+/// Only the compared rows are widened to f32: a prefill's O is ~17M values, its compared
+/// rows ~1M.
+pub fn compare(shape: &Shape, out: &[u16], rows: &[Row], reference: &[f32]) -> Comparison {
     let d = shape.d as usize;
-    let unwritten = out.iter().filter(|x| !x.is_finite()).count() as u64;
+    // Exponent all ones: infinity or NaN.
+    let exp = match shape.dtype {
+        DType::Fp16 => 0x7C00u16,
+        DType::Bf16 => 0x7F80,
+    };
+    let mut counts = vec![0u64; out.len().div_ceil(COUNT_CHUNK).max(1)];
+    par_chunks(&mut counts, 1, |i, c| {
+        let bits = out.get(i * COUNT_CHUNK..).map_or(&[][..], |b| &b[..b.len().min(COUNT_CHUNK)]);
+        c[0] = bits.iter().filter(|&&b| b & exp == exp).count() as u64;
+    });
+    let unwritten = counts.iter().sum();
     let mut max_abs = 0f64;
     let mut err2 = 0f64;
     let mut ref2 = 0f64;
+    let mut o = vec![0f32; d];
     for (r, &row) in reference.chunks(d.max(1)).zip(rows) {
         let off = row_offset(shape, row);
-        let Some(o) = out.get(off..off + d) else {
+        let Some(bits) = out.get(off..off + d) else {
             continue;
         };
+        widen(bits, shape.dtype, &mut o);
         for (&g, &want) in o.iter().zip(r) {
             let want = want as f64;
             ref2 += want * want;
@@ -57,11 +74,19 @@ pub fn compare(shape: &Shape, out: &[f32], rows: &[Row], reference: &[f32]) -> C
     }
 }
 
+/// Elements per thread's share when counting unwritten outputs.
+const COUNT_CHUNK: usize = 1 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::protocol::DType;
     use crate::worker::reference::test_shape as shape;
+    use crate::worker::reference::to_bits;
+
+    /// `compare` on `out` rounded to the shape's element type (every value below is exact).
+    fn compare_f32(sh: &Shape, out: &[f32], rows: &[Row], reference: &[f32]) -> Comparison {
+        compare(sh, &to_bits(out, sh.dtype), rows, reference)
+    }
 
     #[test]
     fn compare_counts_nans_and_measures_errors() {
@@ -74,7 +99,7 @@ mod tests {
         out[1] = 2.0;
         out[4] = 3.5;
         out[5] = 4.0;
-        let c = compare(&sh, &out, &rows, &reference);
+        let c = compare_f32(&sh, &out, &rows, &reference);
         assert_eq!(c.unwritten, 4);
         assert_eq!(c.rows_compared, 2);
         assert!((c.max_abs - 0.5).abs() < 1e-12);
@@ -84,11 +109,11 @@ mod tests {
         out[3] = 0.0;
         out[6] = 0.0;
         out[7] = 0.0;
-        assert_eq!(compare(&sh, &out, &rows, &reference).unwritten, 1);
+        assert_eq!(compare_f32(&sh, &out, &rows, &reference).unwritten, 1);
 
         // A NaN inside a compared row keeps the norms finite (it is counted as unwritten).
         out[1] = f32::NAN;
-        let c = compare(&sh, &out, &rows, &reference);
+        let c = compare_f32(&sh, &out, &rows, &reference);
         assert_eq!(c.unwritten, 2);
         assert!(c.max_abs.is_finite() && c.rel_l2.is_finite());
     }

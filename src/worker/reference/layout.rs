@@ -5,6 +5,7 @@
 //! that reads them produces NaN; in O, a write there is caught by [`gather`].
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::parallel::par_chunks;
 use crate::spec::protocol::{Shape, TensorName, ViewStrides};
@@ -114,30 +115,51 @@ pub fn pitched_copy(shape: &Shape, from: &ViewStrides, to: &ViewStrides, t: Tens
 }
 
 /// Tensor `t` read back from its strided buffer.
-pub struct Gathered {
-    /// The tensor in logical order.
-    pub logical: Vec<u16>,
+pub struct Gathered<'a> {
+    /// The tensor in logical order (the buffer itself where the view is the logical layout).
+    pub logical: Cow<'a, [u16]>,
     /// Elements outside the view (a padded view's gaps) that no longer hold the fill.
     pub outside_written: usize,
 }
 
 /// The logical tensor `t` out of `buffer` (laid out by `view`), and how many elements
-/// outside the view changed from `fill`.
-pub fn gather(shape: &Shape, view: &ViewStrides, t: TensorName, buffer: &[u16], fill: u16) -> Gathered {
+/// outside the view changed from `fill`, on parallel threads: rows are copied in chunks,
+/// and the changed gaps are the buffer's elements other than `fill` less those inside the
+/// view (the views the worker builds never overlap themselves). Why parallel: a padded
+/// view's O at Llama-3-8B prefill (B 1) is 25M elements, read back twice per check.
+pub fn gather<'a>(shape: &Shape, view: &ViewStrides, t: TensorName, buffer: &'a [u16], fill: u16) -> Gathered<'a> {
     if is_logical(shape, view, t) {
-        return Gathered { logical: buffer.to_vec(), outside_written: 0 };
+        return Gathered { logical: Cow::Borrowed(buffer), outside_written: 0 };
     }
     let d = shape.d as usize;
+    let st = view.of(t);
     let (heads, rows) = shape.dims_of(t);
-    let mut logical = vec![0u16; shape.b as usize * heads as usize * rows as usize * d];
-    let mut inside = vec![false; buffer.len()];
-    for_each_row(shape, view, t, |to, from| {
-        logical[to..to + d].copy_from_slice(&buffer[from..from + d]);
-        inside[from..from + d].iter_mut().for_each(|x| *x = true);
+    let (heads, rows) = (heads as usize, rows as usize);
+    let mut logical = vec![0u16; shape.b as usize * heads * rows * d];
+    let rows_per_chunk = (GATHER_CHUNK / d.max(1)).max(1);
+    let inside_changed = AtomicUsize::new(0);
+    par_chunks(&mut logical, rows_per_chunk * d.max(1), |c, out| {
+        let mut changed = 0;
+        for (j, row) in out.chunks_mut(d.max(1)).enumerate() {
+            let r = c * rows_per_chunk + j;
+            let (b, h, i) = (r / (heads * rows), r / rows % heads, r % rows);
+            let from = b * st.b as usize + h * st.h as usize + i * st.s as usize;
+            row.copy_from_slice(&buffer[from..from + d]);
+            changed += row.iter().filter(|&&x| x != fill).count();
+        }
+        inside_changed.fetch_add(changed, Ordering::Relaxed);
     });
-    let outside_written = buffer.iter().zip(&inside).filter(|(&x, &inside)| !inside && x != fill).count();
-    Gathered { logical, outside_written }
+    let mut counts = vec![0usize; buffer.len().div_ceil(GATHER_CHUNK).max(1)];
+    par_chunks(&mut counts, 1, |i, c| {
+        let part = buffer.get(i * GATHER_CHUNK..).map_or(&[][..], |b| &b[..b.len().min(GATHER_CHUNK)]);
+        c[0] = part.iter().filter(|&&x| x != fill).count();
+    });
+    let outside_written = counts.iter().sum::<usize>().saturating_sub(inside_changed.into_inner());
+    Gathered { logical: Cow::Owned(logical), outside_written }
 }
+
+/// Elements per thread's share when gathering.
+const GATHER_CHUNK: usize = 1 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -221,6 +243,19 @@ mod tests {
                         let d = shape.d as usize;
                         for_each_row(&shape, &view, t, |from, to| want[to..to + d].copy_from_slice(&logical[from..from + d]));
                         assert_eq!(scatter(&shape, &view, t, &logical, 0xABCD).as_ref(), want.as_slice(), "{layout} b {b} {t:?}");
+                        // Gathered back on parallel threads: the rows, and the gaps written.
+                        let mut inside = vec![false; want.len()];
+                        for_each_row(&shape, &view, t, |_, to| inside[to..to + d].iter_mut().for_each(|x| *x = true));
+                        let gaps: Vec<usize> = (0..want.len()).filter(|&i| !inside[i]).collect();
+                        for &g in gaps.iter().step_by(7) {
+                            want[g] = 1;
+                        }
+                        // An element inside the view that holds the fill is no gap written.
+                        let first_row = (0..want.len()).find(|&i| inside[i]).unwrap();
+                        want[first_row] = 0xABCD;
+                        let back = gather(&shape, &view, t, &want, 0xABCD);
+                        assert_eq!(back.outside_written, gaps.iter().step_by(7).count(), "{layout} b {b} {t:?}");
+                        assert_eq!(back.logical[1..], logical[1..], "{layout} b {b} {t:?}");
                     }
                 }
             }
