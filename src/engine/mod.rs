@@ -165,7 +165,9 @@ impl Engine {
     /// before it can still answer). Why: a kernel that hangs near the end held a 2-minute
     /// run for its whole 3-minute `worker.time_timeout` (3m14s used, H200, 2026-11-30).
     fn request_timeout(&self, configured: Duration) -> Duration {
-        configured.min(self.budget.saturating_sub(self.used()).max(MIN_REQUEST_TIMEOUT))
+        // Whole seconds: the reason prints it ("1m 57s", not down to the nanosecond).
+        let left = Duration::from_secs(self.budget.saturating_sub(self.used()).as_secs_f64().ceil() as u64);
+        configured.min(left.max(MIN_REQUEST_TIMEOUT))
     }
 
     /// Whether the search may go on: the budget less what the closing keeps.
