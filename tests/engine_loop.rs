@@ -140,9 +140,8 @@ async fn a_run_records_every_outcome_and_keeps_the_workspace_on_best() {
     assert!(events.iter().any(|e| e.kind.as_str() == "worker_restart"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_budget_ends_the_run_between_iterations() {
-    // Every kv-split candidate hangs until its 2 s timeout; a 3 s budget allows two of them.
+/// A plan of two kv-split candidates, every one of which hangs the worker in its check.
+fn hanging_checks() -> Project {
     let plan = r#"
 [[stage]]
 name = "kv-split"
@@ -153,7 +152,13 @@ space = { BLOCK_M = [32], NUM_WARPS = [4] }
 [open_phase]
 enabled = false
 "#;
-    let p = Project::new(plan, json!([]), json!({ "hang": { "step": "check" } }));
+    Project::new(plan, json!([]), json!({ "hang": { "step": "check" } }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_ends_the_run_between_iterations() {
+    // Every kv-split candidate hangs until its 2 s timeout; a 3 s budget allows two of them.
+    let p = hanging_checks();
     let end = p.run("budget", Duration::from_secs(3)).await;
     assert_eq!(end, RunEnd::Finished("budget spent".into()));
     let ledger = Ledger::open(&p.db()).await.unwrap();
@@ -170,17 +175,7 @@ enabled = false
 async fn a_hung_candidate_waits_no_later_than_the_budgets_end() {
     // worker.check_timeout is 60 s, the budget 3 s: the hung check is given up at the
     // budget's end (5 s at least), not a minute later, and the reason says why so soon.
-    let plan = r#"
-[[stage]]
-name = "kv-split"
-template = "kv_split.cu"
-search = "exhaustive"
-space = { BLOCK_M = [32], NUM_WARPS = [4] }
-
-[open_phase]
-enabled = false
-"#;
-    let p = Project::new(plan, json!([]), json!({ "hang": { "step": "check" } }));
+    let p = hanging_checks();
     let path = p.path().join("agent.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.contains("check_timeout = \"2s\"\n"), "the fixture's [worker] table moved");
