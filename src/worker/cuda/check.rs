@@ -123,7 +123,8 @@ impl CudaBackend {
         // The rerun probe draws new inputs: these go first, freed on another thread (a large
         // decode shape's 1 GB took 65 ms to give back, H200 host).
         drop(sent);
-        std::thread::spawn(move || drop(bits));
+        // (Builder: if no thread can be started, the closure and the inputs drop here.)
+        let _ = std::thread::Builder::new().name("free-inputs".into()).spawn(move || drop(bits));
         if probes.on && reasons.is_empty() && probe_failures.is_empty() {
             if let Some(why) = self.rerun_probe(plan, fns, &first.set, &first.abi, first.counter_base, tol, seed)? {
                 probe_failures.push(why);
