@@ -2,7 +2,7 @@
 //! over the whole tensor, maximum absolute and relative L2 error over the compared rows.
 
 use super::inputs::widen;
-use super::parallel::par_chunks;
+use super::parallel::par_count;
 use super::rows::{row_offset, Row};
 use crate::spec::protocol::{DType, Shape};
 
@@ -31,12 +31,7 @@ pub fn compare(shape: &Shape, out: &[u16], rows: &[Row], reference: &[f32]) -> C
         DType::Fp16 => 0x7C00u16,
         DType::Bf16 => 0x7F80,
     };
-    let mut counts = vec![0u64; out.len().div_ceil(COUNT_CHUNK).max(1)];
-    par_chunks(&mut counts, 1, |i, c| {
-        let bits = out.get(i * COUNT_CHUNK..).map_or(&[][..], |b| &b[..b.len().min(COUNT_CHUNK)]);
-        c[0] = bits.iter().filter(|&&b| b & exp == exp).count() as u64;
-    });
-    let unwritten = counts.iter().sum();
+    let unwritten = par_count(out, COUNT_CHUNK, |&b| b & exp == exp) as u64;
     let mut max_abs = 0f64;
     let mut err2 = 0f64;
     let mut ref2 = 0f64;

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::parallel::par_chunks;
+use super::parallel::{par_chunks, par_count};
 use crate::spec::protocol::{Shape, TensorName, ViewStrides};
 
 /// Calls `f(logical offset, buffer offset)` for the first element of every row of
@@ -149,12 +149,7 @@ pub fn gather<'a>(shape: &Shape, view: &ViewStrides, t: TensorName, buffer: &'a 
         }
         inside_changed.fetch_add(changed, Ordering::Relaxed);
     });
-    let mut counts = vec![0usize; buffer.len().div_ceil(GATHER_CHUNK).max(1)];
-    par_chunks(&mut counts, 1, |i, c| {
-        let part = buffer.get(i * GATHER_CHUNK..).map_or(&[][..], |b| &b[..b.len().min(GATHER_CHUNK)]);
-        c[0] = part.iter().filter(|&&x| x != fill).count();
-    });
-    let outside_written = counts.iter().sum::<usize>().saturating_sub(inside_changed.into_inner());
+    let outside_written = par_count(buffer, GATHER_CHUNK, |&x| x != fill).saturating_sub(inside_changed.into_inner());
     Gathered { logical: Cow::Owned(logical), outside_written }
 }
 

@@ -31,3 +31,13 @@ pub(super) fn par_chunks<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize,
         }
     });
 }
+
+/// How many of `xs` satisfy `f`, counted on parallel threads in chunks of `chunk`.
+pub(super) fn par_count<T: Sync>(xs: &[T], chunk: usize, f: impl Fn(&T) -> bool + Sync) -> usize {
+    let chunk = chunk.max(1);
+    let mut counts = vec![0usize; xs.len().div_ceil(chunk).max(1)];
+    par_chunks(&mut counts, 1, |i, c| {
+        c[0] = xs.chunks(chunk).nth(i).map_or(0, |part| part.iter().filter(|x| f(x)).count());
+    });
+    counts.iter().sum()
+}
