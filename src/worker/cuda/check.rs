@@ -56,7 +56,7 @@ impl CudaBackend {
     }
 
     fn check_shape(
-        &self,
+        &mut self,
         plan: &ShapePlan,
         fns: &[Resolved<'_>],
         tol: Tolerance,
@@ -72,9 +72,9 @@ impl CudaBackend {
         // Bit patterns from the start, for both views and the reference (a decode shape's
         // K and V are 537M values: no f32 copy of them is made).
         let t0 = std::time::Instant::now();
-        let bits = reference::randn_inputs(&shape, seed);
+        self.staging.draw(&self.ctx, &self.stream, &shape, seed, &format!("check {key}"))?;
         let t_inputs = t0.elapsed();
-        let logical = [bits[0].as_slice(), bits[1].as_slice(), bits[2].as_slice()];
+        let logical = self.staging.inputs();
         // The contiguous view first (what timing launches on), with the probes when asked;
         // the padded view's inputs copied from it on the device before its launches run.
         let what = format!("check {key}");
@@ -120,16 +120,14 @@ impl CudaBackend {
         if let Some(sent) = &sent {
             probe_failures.extend(probe::changed_inputs(&self.stream, &first.set, [&sent[0], &sent[1], &sent[2]], &key)?);
         }
-        // The rerun probe draws new inputs: these go first, freed on another thread (a large
-        // decode shape's 1 GB took 65 ms to give back, H200 host).
+        // The rerun probe draws new inputs in their place.
         drop(sent);
-        // (Builder: if no thread can be started, the closure and the inputs drop here.)
-        let _ = std::thread::Builder::new().name("free-inputs".into()).spawn(move || drop(bits));
         if probes.on && reasons.is_empty() && probe_failures.is_empty() {
             if let Some(why) = self.rerun_probe(plan, fns, &first.set, &first.abi, first.counter_base, tol, seed)? {
                 probe_failures.push(why);
             }
         }
+        self.staging.release();
         // Where a check's time goes (RUST_LOG=optimizerd::worker=debug in the worker's log):
         // on decode shapes the inputs are ~1 GB and the check, not the timing, is most of a
         // candidate's cost.

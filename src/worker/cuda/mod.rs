@@ -17,7 +17,8 @@
 //! This module holds the backend and its request dispatch; each concern lives in its own
 //! file: `error` (failure classification), `plan` (request validation), `load`
 //! (compiling and loading, with the look-ahead's pending builds), `kernels` (modules and
-//! resolved launches), `buffers` (tensor sets, partials, poisoning), `abi` (kernel
+//! resolved launches), `buffers` (tensor sets, partials, poisoning), `staging` (the
+//! host memory inputs are drawn into), `abi` (kernel
 //! parameters), `tensor_map` (TMA descriptors), `check` (correctness), `probe`
 //! (anti-cheat probes), `timing` (interleaved timing) and `device` (device facts,
 //! occupancy).
@@ -31,6 +32,7 @@ mod kernels;
 mod load;
 mod plan;
 mod probe;
+mod staging;
 mod tensor_map;
 mod timing;
 
@@ -65,6 +67,8 @@ pub struct CudaBackend {
     built: load::BuildCache<(crate::nvrtc::Compiled, crate::nvrtc::Compiled)>,
     /// Timing input sets kept by shape across requests: see `timing::TimingInputs`.
     timing_inputs: timing::TimingInputs,
+    /// The host memory checks and timings draw their inputs into: see `staging`.
+    staging: staging::InputStaging,
 }
 
 impl CudaBackend {
@@ -115,6 +119,7 @@ impl CudaBackend {
             pending: Vec::new(),
             built: Default::default(),
             timing_inputs: timing::TimingInputs::new(memory / 8),
+            staging: staging::InputStaging::new(),
         })
     }
 

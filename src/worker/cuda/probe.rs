@@ -69,7 +69,7 @@ impl CudaBackend {
     /// work when O looks written, or keys a cache on addresses, returns stale output.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rerun_probe(
-        &self,
+        &mut self,
         plan: &ShapePlan,
         fns: &[Resolved<'_>],
         set: &TensorSet,
@@ -84,11 +84,12 @@ impl CudaBackend {
         let seed2 = reference::mix_seed(seed, 0x2E2E);
         // The raw driver calls below need this context current on the thread.
         api(self.ctx.bind_to_thread(), || format!("check {key}: rerun probe: binding the context"))?;
-        let [q, k, v] = reference::randn_inputs(&shape, seed2);
         // The first run's work (and its reads) must be over before the buffers change.
         after(stream.synchronize(), || format!("check {key}: rerun probe: after the first run"))?;
+        self.staging.draw(&self.ctx, stream, &shape, seed2, &format!("check {key}: rerun probe"))?;
+        let [q, k, v] = self.staging.inputs();
         let nan = reference::nan_bits(shape.dtype);
-        for (t, host, dev) in [(TensorName::Q, &q, &set.q), (TensorName::K, &k, &set.k), (TensorName::V, &v, &set.v)] {
+        for (t, host, dev) in [(TensorName::Q, q, &set.q), (TensorName::K, k, &set.k), (TensorName::V, v, &set.v)] {
             let name = t.as_str().to_uppercase();
             let bits = reference::scatter(&shape, &set.view, t, host, nan);
             let p = dptr(dev, stream);
@@ -105,7 +106,7 @@ impl CudaBackend {
                 .map_err(|e| Failure::cuda(format!("check {key}: rerun probe: launch {i} ({})", r.launch.kernel), e, Stage::Launch))?;
         }
         let rows = reference::select_rows(&shape, seed2);
-        let want = reference::reference_rows(&shape, &q, &k, &v, &rows);
+        let want = reference::reference_rows(&shape, q, k, v, &rows);
         after(second.synchronize(), || format!("check {key}: rerun probe: running on the second stream"))?;
         let n = set.o.len();
         let mut out_bits = vec![0u16; n];

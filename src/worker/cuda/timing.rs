@@ -166,16 +166,17 @@ impl CudaBackend {
         let sets = match self.timing_inputs.take(&key).filter(|s| s.len() == n_sets as usize) {
             Some(kept) => kept,
             None => {
-                let bits = reference::randn_inputs(&shape, seed);
+                self.staging.draw(&self.ctx, &self.stream, &shape, seed, &what)?;
                 let mut sets = Vec::with_capacity(n_sets as usize);
                 for s in 0..n_sets {
                     sets.push(self.upload_set(
                         &shape,
                         ViewStrides::contiguous(&shape),
-                        [&bits[0], &bits[1], &bits[2]],
+                        self.staging.inputs(),
                         &format!("{what}: input set {s} of {n_sets}"),
                     )?);
                 }
+                self.staging.release();
                 sets
             }
         };

@@ -85,13 +85,18 @@ pub const NAN_BITS_F32: u32 = 0x7FC0_0000;
 /// (xoshiro256++): these are test inputs, not secrets.
 pub fn randn_bits(len: usize, dtype: DType, seed: u64, stream: u64) -> Vec<u16> {
     let mut out = vec![0u16; len];
+    randn_fill(&mut out, dtype, seed, stream);
+    out
+}
+
+/// [`randn_bits`] into `out` (whatever it held): the same values for the same length.
+pub fn randn_fill(out: &mut [u16], dtype: DType, seed: u64, stream: u64) {
     let base = mix_seed(seed, stream);
     let sampler = Sampler::of(dtype);
-    par_chunks(&mut out, GEN_CHUNK, |i, c| {
+    par_chunks(out, GEN_CHUNK, |i, c| {
         let mut rng = SmallRng::seed_from_u64(mix_seed(base, i as u64));
         sampler.fill(&mut rng, c);
     });
-    out
 }
 
 /// Bit patterns drawn from the distribution of `round(x)`, x standard normal, rounded to
@@ -253,10 +258,43 @@ pub fn randn_inputs(shape: &Shape, seed: u64) -> [Vec<u16>; 3] {
     [(nq, 1), (nkv, 2), (nkv, 3)].map(|(n, stream)| randn_bits(n, shape.dtype, seed, stream))
 }
 
+/// How many elements [`randn_inputs`] draws for Q, K and V of `shape`.
+pub fn input_lens(shape: &Shape) -> [usize; 3] {
+    let (nq, nkv) = (shape.q_elems() as usize, shape.kv_elems() as usize);
+    [nq, nkv, nkv]
+}
+
+/// [`randn_inputs`] into buffers the caller keeps (of [`input_lens`]' lengths): the same
+/// values, without faulting in a gigabyte of fresh pages per draw.
+pub fn randn_inputs_into(shape: &Shape, seed: u64, [q, k, v]: [&mut [u16]; 3]) {
+    debug_assert_eq!([q.len(), k.len(), v.len()], input_lens(shape));
+    for (out, stream) in [(q, 1), (k, 2), (v, 3)] {
+        randn_fill(out, shape.dtype, seed, stream);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::worker::reference::test_shape as shape;
+
+    #[test]
+    fn inputs_drawn_into_kept_buffers_are_the_fresh_draw() {
+        // A kept buffer holds the last draw (here a larger shape's, then garbage): what
+        // is drawn into it must not depend on that.
+        let (big, small) = (shape(2, 4, 600, 64, true, DType::Bf16), shape(1, 2, 300, 64, false, DType::Bf16));
+        let mut store = vec![0xABCDu16; input_lens(&big).iter().sum()];
+        for (sh, seed) in [(big, 3), (small, 4), (big, 5)] {
+            let [nq, nk, _] = input_lens(&sh);
+            let (q, rest) = store.split_at_mut(nq);
+            let (k, rest) = rest.split_at_mut(nk);
+            randn_inputs_into(&sh, seed, [q, k, &mut rest[..nk]]);
+            let fresh = randn_inputs(&sh, seed);
+            assert_eq!(&store[..nq], fresh[0].as_slice());
+            assert_eq!(&store[nq..nq + nk], fresh[1].as_slice());
+            assert_eq!(&store[nq + nk..nq + 2 * nk], fresh[2].as_slice());
+        }
+    }
 
     #[test]
     fn inputs_are_deterministic_distinct_and_standard_normal() {

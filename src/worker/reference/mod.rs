@@ -29,7 +29,7 @@ mod rows;
 pub use self::attention::{reference_rows, softmax_scale};
 pub use self::compare::{compare, Comparison};
 pub use self::inputs::{
-    from_bits, mix_seed, nan_bits, randn_inputs, to_bits, NAN_BITS_F32,
+    from_bits, input_lens, mix_seed, nan_bits, randn_inputs, randn_inputs_into, to_bits, NAN_BITS_F32,
 };
 pub use self::layout::{gather, pitched_copy, scatter, Gathered, Pitched};
 pub use self::rows::{kv_head_offset, row_offset, select_rows, visible_keys, Row, ALL_ROWS_LIMIT, SAMPLE_BLOCK};
