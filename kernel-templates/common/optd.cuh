@@ -3,7 +3,7 @@
  *
  * The renderer puts a block of `#define KNOB value` lines (plus OPTD_BF16, the
  * OPTD_SMEM_BYTES_<ROLE>_D<d> values below, one per head dim the template's
- * spec lists in `head_dims` and, for check builds,
+ * spec lists in `head_dims` and, in the daemon's builds,
  * -DOPTD_COUNT_CTAS=1) in front of a template and replaces the template's
  * `#include "common/optd.cuh"` line with this file, so nothing here may rely
  * on a real include path except the CUDA half/bfloat16 headers.
@@ -12,7 +12,7 @@
  *   elem_t, to_f32(), from_f32()  the storage type of Q, K, V and O
  *   elem2_t, to_f32x2(), from_f32x2(), unpack8()   paired / 16-byte forms
  *   OPTD_ARGS, OPTD_ARG_NAMES      the kernel ABI (parameters / their names)
- *   OPTD_CTA_DONE()                the per-CTA completion count of check builds
+ *   OPTD_CTA_DONE()                the per-CTA completion count (counting builds)
  *   OPTD_BUILD_D64, _D96, _D128, _D256  whether this build holds that head dim's kernels
  *   OPTD_BUILD_WINDOW, optd_window()  whether it holds the window's code; the window
  *                                  a kernel applies
@@ -135,7 +135,8 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
 //                  so a kernel may not assume row stride == D
 //   o_partial      [n_splits, B, heads_q, seq_q, D] fp32 scratch, contiguous
 //   lse_partial    [n_splits, B, heads_q, seq_q] fp32 scratch, contiguous
-//   cta_counter    one uint, counted by OPTD_CTA_DONE() in check builds
+//   cta_counter    one uint, counted by OPTD_CTA_DONE() in counting builds
+//                  (-DOPTD_COUNT_CTAS=1) when not null
 // ---------------------------------------------------------------------------
 struct optd_strides {
     long long q_b, q_h, q_s;
@@ -170,15 +171,20 @@ __device__ __forceinline__ long long optd_head_off(long long sb, long long sh, i
 }
 
 // ---------------------------------------------------------------------------
-// CTA completion count. The check build compares the count with the planned
+// CTA completion count. The daemon's check compares the count with the planned
 // grid size, which catches CTAs that never ran or died. Call it last in every
 // exported kernel, on every path; the device implementations may return early
-// because the exported wrappers call it after them.
+// because the exported wrappers call it after them. Built with
+// -DOPTD_COUNT_CTAS=1 (the daemon's one build of a candidate, checked and
+// timed), a kernel counts into cta_counter when it is not null: the check
+// passes a zeroed counter, timing passes null. Built without it (an exported
+// source as users compile it), the kernel never touches cta_counter.
 // ---------------------------------------------------------------------------
 #if defined(OPTD_COUNT_CTAS) && OPTD_COUNT_CTAS
 #define OPTD_CTA_DONE()                                                         \
     do {                                                                        \
-        if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {         \
+        if (cta_counter != nullptr && threadIdx.x == 0 && threadIdx.y == 0 &&   \
+            threadIdx.z == 0) {                                                 \
             atomicAdd(cta_counter, 1u);                                         \
         }                                                                       \
     } while (0)

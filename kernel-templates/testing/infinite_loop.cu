@@ -1,8 +1,9 @@
 /******************************************************************************
  * test-infinite-loop: a planted fault, for testing the daemon, never for use.
  *
- * Every thread spins forever: it re-reads *cta_counter with a volatile load
- * and only leaves if the value read is odd and seq_q is negative, which
+ * Every thread spins forever: it re-reads Q's first word with a volatile load
+ * (not cta_counter: timing passes a null one) and only leaves if the value
+ * read is odd and seq_q is negative, which
  * cannot happen (seq_q >= 1); the compiler cannot prove it, and the volatile
  * asm cannot be removed, so the loop stays. __nanosleep keeps the spinning
  * cheap for the SMs. The daemon must time the launch out (record `timeout`)
@@ -51,7 +52,7 @@ __device__ __forceinline__ void spin_forever(const unsigned int* flag, int seq_q
 
 template <int D>
 __device__ __forceinline__ void infinite_fwd(OPTD_ARGS) {
-    spin_forever(cta_counter, seq_q);
+    spin_forever(reinterpret_cast<const unsigned int*>(q), seq_q);
 }
 
 #if OPTD_BUILD_D64

@@ -9,7 +9,8 @@
 //! [`crate::spec::protocol::TensorMap::geometry`], shared with the gate and the worker).
 //!
 //! With [`ExportOptions::cubins`] each kernel is also compiled to `<file>.cubin` for its
-//! `arch`, with the options of the timed build (the binary that was measured), so a
+//! `arch`, with the options of the measured build less its CTA count (compiled in there,
+//! untaken while timing), so a
 //! runtime can load it without a compiler; `export --python` uses that
 //! ([`crate::ops::python_package`]).
 
@@ -287,7 +288,7 @@ fn abi() -> Abi {
             ("causal", "int", "0 or 1"),
             ("window", "int", "0 (none) or W >= 1 with causal: a sliding window of W keys"),
             ("strides", "struct optd_strides (by value)", "12 int64 element strides: q_b, q_h, q_s, k_b, k_h, k_s, v_b, v_h, v_s, o_b, o_h, o_s"),
-            ("cta_counter", "unsigned int*", "any valid device pointer (counts CTAs only when built with -DOPTD_COUNT_CTAS=1)"),
+            ("cta_counter", "unsigned int*", "null or a valid device pointer (built with -DOPTD_COUNT_CTAS=1, a kernel adds its finished CTAs to it when not null; built without, never touched)"),
         ],
         layout: "each row of D elements contiguous and 16-byte aligned; rows addressed as base + b * stride_b + h * stride_h + s * stride_s (elements), so [B,H,S,D], [B,S,H,D] and views with a unit last stride (each stride a multiple of 8 elements) need no copy",
         strides: "struct optd_strides { long long q_b, q_h, q_s, k_b, k_h, k_s, v_b, v_h, v_s, o_b, o_h, o_s; } passed by value (96 bytes, 8-byte aligned); for [B,H,S,D] contiguous: _b = H*S*D, _h = S*D, _s = D; for [B,S,H,D]: _b = S*H*D, _h = D, _s = H*D (H, S of that tensor)",
@@ -478,9 +479,10 @@ fn sdpa_faster_notes(closing: &[crate::storage::ledger::ClosingRow], best: &[cra
 }
 
 /// Compile each kernel to `<file>.cubin` for its `arch` and record it in its entry;
-/// returns notes on the kernels left without one. The options are those of the timed
-/// build (no defines: the CTA-counting check build is the one with `OPTD_COUNT_CTAS`),
-/// so the cubin is the binary that was measured, given the same NVRTC. Kernels compile
+/// returns notes on the kernels left without one. The options are those of the daemon's
+/// build less `OPTD_COUNT_CTAS` (compiled in there for the check; timing passes a null
+/// counter, so the branch is never taken): the binary that was measured, given the same
+/// NVRTC, without the count. Kernels compile
 /// side by side: each is one NVRTC call of a few seconds.
 fn write_cubins(tc: &Toolchain, kernels: &mut [KernelEntry], sources: &[String], out: &Path, device: Option<&DeviceInfo>) -> anyhow::Result<Vec<String>> {
     let results: Vec<Option<anyhow::Result<Vec<u8>>>> = std::thread::scope(|s| {

@@ -8,7 +8,7 @@ use crate::pipeline::outcome::{Failure, Verdict};
 use crate::spec::protocol::{Checked, Probes, Request, Response, ShapePlan, Tolerance};
 use crate::daemon::supervisor::Supervisor;
 
-/// Run the check build of `id` on every plan, smallest shape first.
+/// Check `id` on every plan, smallest shape first.
 pub async fn run(
     sup: &mut Supervisor,
     id: &str,

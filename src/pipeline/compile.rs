@@ -1,5 +1,6 @@
-//! Compile: have the worker build a candidate with NVRTC (timed build and a
-//! CTA-counting check build), load it, and report its resource usage.
+//! Compile: have the worker build a candidate with NVRTC (one build, checked and
+//! timed: it counts its CTAs when the launch gives it a counter), load it, and report
+//! its resource usage.
 //!
 //! The target is the caller's: the device's `sm_<cc>`, or `sm_<cc>a` for arch-specific
 //! templates (see [`crate::spec::template::Meta::target_arch`]); the ledger records which.

@@ -254,7 +254,7 @@ pub struct WorkerSection {
     /// timed (the worker compiles on background threads). Order and results are unchanged:
     /// a wrong guess only costs CPU time.
     pub lookahead: bool,
-    /// How many candidates ahead the look-ahead compiles (each on two threads): a Hopper
+    /// How many candidates ahead the look-ahead compiles (one NVRTC build each): a Hopper
     /// build takes ~4 s of NVRTC where a candidate's check and timing take ~1.5, so one guess
     /// ahead left the open phase waiting on the compiler (H200, 2026-11-29).
     pub lookahead_depth: u32,

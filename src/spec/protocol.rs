@@ -722,8 +722,9 @@ fn with_windows() -> bool {
 pub enum Request {
     /// Describe the device. First request on every (re)started worker.
     Hello,
-    /// Compile `source` twice (timed build, and a check build with `-DOPTD_COUNT_CTAS=1`),
-    /// load both, and report the resources of the timed build's `kernels`.
+    /// Compile `source` (one build, CTA counting compiled in with `-DOPTD_COUNT_CTAS=1`:
+    /// the kernels count when given a counter, which the check does and timing does not),
+    /// load it, and report the resources of its `kernels`.
     Load {
         id: String,
         source: String,
@@ -742,7 +743,7 @@ pub enum Request {
         #[serde(default = "with_windows")]
         windows: bool,
     },
-    /// Run the check build on fresh random inputs, smallest shape first, stop at the first failure.
+    /// Run the candidate on fresh random inputs, counting its CTAs, smallest shape first; stop at the first failure.
     Check {
         id: String,
         plans: Vec<ShapePlan>,
@@ -760,7 +761,7 @@ pub enum Request {
         spec: TimingSpec,
         seed: u64,
     },
-    /// Start compiling `source` (both builds) on background threads and answer at once: a
+    /// Start compiling `source` on a background thread and answer at once: a
     /// later `Load` of the same source and arch takes the result instead of compiling. The
     /// engine sends the candidate it expects next while the current one is checked and timed,
     /// and the closing's re-rank its contenders (at most [`PRECOMPILE_SLOTS`]; past that the
@@ -862,11 +863,11 @@ pub struct Loaded {
     pub compile_ms: f64,
     pub kernels: Vec<KernelResources>,
     pub occupancy: Vec<OccupancyResult>,
-    /// NVRTC's log for the timed build (warnings), possibly empty.
+    /// NVRTC's log for the build (warnings), possibly empty.
     pub log: String,
 }
 
-/// From cuFuncGetAttribute on the loaded function (timed build).
+/// From cuFuncGetAttribute on the loaded function.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelResources {
     pub kernel: String,
@@ -908,7 +909,7 @@ pub struct ShapeCheck {
     pub unwritten: u64,
     /// Output rows compared with the fp32 reference (all rows for small shapes, a stratified sample beyond).
     pub rows_compared: u64,
-    /// CTAs counted per launch (check build), in launch order.
+    /// CTAs counted per launch (through the ABI's `cta_counter`), in launch order.
     pub ctas_ran: Vec<u64>,
     /// CTAs planned per launch (grid product), in launch order.
     pub ctas_planned: Vec<u64>,

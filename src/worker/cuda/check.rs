@@ -1,4 +1,4 @@
-//! The correctness check of a candidate's check build, shape by shape (smallest first,
+//! The correctness check of a candidate's build, shape by shape (smallest first,
 //! stopping at the first failure): fresh random inputs, O and the partials poisoned with
 //! NaN, the launches run while the CPU computes the fp32 reference, then unwritten
 //! outputs, the error against the tolerance, the CTAs counted against the plan and the
@@ -37,7 +37,7 @@ impl CudaBackend {
         let mut resolved = Vec::with_capacity(plans.len());
         for p in plans {
             resolved.push(resolve(
-                &mut cand.check,
+                &mut cand.build,
                 p,
                 &format!("check {}", p.shape.key()),
             )?);

@@ -69,10 +69,10 @@ impl Build {
     }
 }
 
-/// A candidate: the timed build and the CTA-counting check build of the same source.
+/// A candidate: its one build, CTA counting compiled in (counting only when the launch's
+/// counter is not null), checked and timed.
 pub(super) struct Candidate {
-    pub(super) timed: Build,
-    pub(super) check: Build,
+    pub(super) build: Build,
 }
 
 /// A kernel resolved for a launch, with the launch it serves.

@@ -1,7 +1,7 @@
-//! Compiling and loading a candidate: both builds (timed, and CTA-counting check) compiled
-//! side by side, the look-ahead's pending builds started by `Precompile` and taken by a
-//! later `Load` of the same source, and loading both cubins with their kernels' resources
-//! and the occupancy queries answered.
+//! Compiling and loading a candidate: its one build (CTA counting compiled in, checked and
+//! timed), the look-ahead's pending builds started by `Precompile` and taken by a later
+//! `Load` of the same source, and loading the cubin with its kernels' resources and the
+//! occupancy queries answered.
 
 use std::time::{Duration, Instant};
 
@@ -9,17 +9,18 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::nvrtc::Ptx;
 
 use super::device::occupancy_of;
-use super::error::{after, api, compile_failure, panic_message, Failure, Stage};
+use super::error::{after, api, compile_failure, Failure, Stage};
 use super::kernels::{Build, Candidate};
 use super::CudaBackend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
 use crate::spec::protocol::{BuildScope, KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response};
 
-/// The macro that turns on CTA counting in the check build.
+/// The macro that compiles CTA counting in (counting when the launch passes a counter).
 pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
 
-/// The timed and the check build of one source, and how long compiling them took.
-pub(super) type Builds = (Result<Compiled, CompileFailure>, Result<Compiled, CompileFailure>, f64);
+/// The one build of a source (checked and timed: see [`compile_build`]), and how long
+/// compiling it took.
+pub(super) type Builds = (Result<Compiled, CompileFailure>, f64);
 
 /// How many precompiled sources the worker keeps waiting for a `Load` (a bounded look-ahead:
 /// older guesses are dropped, their threads finish on their own). The search guesses one
@@ -33,7 +34,7 @@ const MAX_CACHED: usize = 8;
 
 /// The builds of the last few sources loaded, newest last: a `Load` of a source loaded
 /// moments ago (the re-rank loads a kernel once per shape it contends for, under one id per
-/// shape) takes its cubins instead of compiling both builds again. Bounded; a source
+/// shape) takes its cubin instead of compiling it again. Bounded; a source
 /// used again moves to the back.
 pub(super) struct BuildCache<T> {
     entries: Vec<(String, T)>,
@@ -65,28 +66,26 @@ impl<T: Clone> BuildCache<T> {
     }
 }
 
-impl Default for BuildCache<(Compiled, Compiled)> {
+impl Default for BuildCache<Compiled> {
     fn default() -> Self {
         BuildCache::new(MAX_CACHED)
     }
 }
 
-/// Compile both builds of `source` side by side, each holding what `scope` says (its head
-/// dims' kernels only, empty: all; the window's code or not).
-fn compile_builds(tc: &Toolchain, source: &str, name: &str, arch: &str, scope: &BuildScope, timeout: Option<Duration>) -> Builds {
+/// Compile `source`'s one build, holding what `scope` says (its head dims' kernels only,
+/// empty: all; the window's code or not), with CTA counting compiled in
+/// (`-DOPTD_COUNT_CTAS=1`): its kernels count into `cta_counter` when it is not null, so the
+/// check (a zeroed counter) and the timing (null) run the same binary. Until 2026-11-30 a
+/// second build with the define was checked while the first was timed: twice the NVRTC time
+/// per candidate (2.7-6 s for a Hopper one on the H200's host, against 0.1-0.9 s for its
+/// check and timing: the search waited on the compiler), and the binary checked was not the
+/// one timed.
+fn compile_build(tc: &Toolchain, source: &str, name: &str, arch: &str, scope: &BuildScope, timeout: Option<Duration>) -> Builds {
     let started = Instant::now();
-    let timed_defines = scope.defines();
-    let mut check_defines = timed_defines.clone();
-    check_defines.push((COUNT_CTAS_DEFINE, "1".to_string()));
-    let (timed, check) = std::thread::scope(|s| {
-        let check = s.spawn(|| nvrtc::compile_with_timeout(tc, source, name, arch, &check_defines, timeout));
-        let timed = nvrtc::compile_with_timeout(tc, source, name, arch, &timed_defines, timeout);
-        let check = check.join().unwrap_or_else(|p| {
-            Err(CompileFailure::InvalidInput(format!("check-build compile thread panicked: {}", panic_message(p.as_ref()))))
-        });
-        (timed, check)
-    });
-    (timed, check, started.elapsed().as_secs_f64() * 1e3)
+    let mut defines = scope.defines();
+    defines.push((COUNT_CTAS_DEFINE, "1".to_string()));
+    let build = nvrtc::compile_with_timeout(tc, source, name, arch, &defines, timeout);
+    (build, started.elapsed().as_secs_f64() * 1e3)
 }
 
 /// What a build is keyed by: the same source built for another scope is another build.
@@ -95,7 +94,7 @@ fn pending_key(arch: &str, scope: &BuildScope, source: &str) -> String {
 }
 
 impl CudaBackend {
-    /// Start both builds of `source` on a background thread, unless already started.
+    /// Start the build of `source` on a background thread, unless already started.
     pub(super) fn precompile(&mut self, source: String, arch: String, scope: BuildScope, compile_timeout_ms: u64) {
         let key = pending_key(&arch, &scope, &source);
         if self.pending.iter().any(|(k, _)| *k == key) {
@@ -106,11 +105,11 @@ impl CudaBackend {
         }
         let tc = self.toolchain.clone();
         let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
-        let handle = std::thread::spawn(move || compile_builds(&tc, &source, "candidate.cu", &arch, &scope, timeout));
+        let handle = std::thread::spawn(move || compile_build(&tc, &source, "candidate.cu", &arch, &scope, timeout));
         self.pending.push((key, handle));
     }
 
-    /// Compile (or take the pending builds of) `source`, load both builds under `id`,
+    /// Compile (or take the pending build of) `source`, load it under `id`,
     /// and report the kernels' resources and the occupancy queries' answers.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn load(
@@ -128,58 +127,46 @@ impl CudaBackend {
         // A source loaded moments ago: its cubins. A precompiled one: wait for its threads
         // (usually done) instead of compiling again.
         let key = pending_key(arch, scope, source);
-        let (timed, check, compile_ms) = match self.built.get(&key) {
-            Some((timed, check)) => (Ok(timed), Ok(check), 0.0),
+        let waited = Instant::now();
+        let mut ahead = false;
+        let (build, compile_ms) = match self.built.get(&key) {
+            Some(build) => (Ok(build), 0.0),
             None => {
-                let ahead = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
-                match ahead.map(|h| h.join()) {
-                    Some(Ok(builds)) => builds,
-                    _ => compile_builds(&self.toolchain, source, &name, arch, scope, timeout),
+                let pending = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
+                match pending.map(|h| h.join()) {
+                    Some(Ok(builds)) => {
+                        ahead = true;
+                        builds
+                    }
+                    _ => compile_build(&self.toolchain, source, &name, arch, scope, timeout),
                 }
             }
         };
-        let timed = timed.map_err(|e| compile_failure(e, "", compile_timeout_ms))?;
-        let check = check.map_err(|e| {
-            compile_failure(e, "check build (-DOPTD_COUNT_CTAS=1): ", compile_timeout_ms)
-        })?;
-        tracing::debug!(%id, compile_ms, timed_bytes = timed.cubin.len(), "compiled");
-        self.built.put(key, (timed.clone(), check.clone()));
+        let build = build.map_err(|e| compile_failure(e, "", compile_timeout_ms))?;
+        // `waited_ms`: how long this load waited for the compiler (a build the look-ahead
+        // started and finished in time: ~0).
+        tracing::debug!(%id, compile_ms, ahead, waited_ms = waited.elapsed().as_secs_f64() * 1e3, bytes = build.cubin.len(), "compiled");
+        self.built.put(key, build.clone());
 
-        let Compiled {
-            cubin: timed_cubin,
-            log,
-            ..
-        } = timed;
-        let timed_module = api(self.ctx.load_module(Ptx::from_binary(timed_cubin)), || {
-            "load: loading the timed build's CUBIN".into()
-        })?;
-        let check_module = api(self.ctx.load_module(Ptx::from_binary(check.cubin)), || {
-            "load: loading the check build's CUBIN".into()
-        })?;
-        let mut cand = Candidate {
-            timed: Build::new(timed_module),
-            check: Build::new(check_module),
-        };
+        let Compiled { cubin, log, .. } = build;
+        let module = api(self.ctx.load_module(Ptx::from_binary(cubin)), || "load: loading the CUBIN".into())?;
+        let mut cand = Candidate { build: Build::new(module) };
 
         let mut resources = Vec::with_capacity(kernels.len());
         for k in kernels {
-            let missing = |build: &str| {
+            let missing = || {
                 Failure::Compile(format!(
-                    "kernel `{k}` not found in the {build} build (built for head dims {}): the source must define \
+                    "kernel `{k}` not found in the build (built for head dims {}): the source must define \
                      it as extern \"C\" __global__ void {k}(...) (without C++ name mangling), under \
                      `#if OPTD_BUILD_D<d>` for its head dim{}{log}",
                     if scope.head_dims.is_empty() { "all".to_string() } else { format!("{:?}", scope.head_dims) },
                     if log.is_empty() { "" } else { "\n" }
                 ))
             };
-            let f = api(cand.timed.function(k), || {
+            let f = api(cand.build.function(k), || {
                 format!("load: resolving kernel {k}")
             })?
-            .ok_or_else(|| missing("timed"))?;
-            api(cand.check.function(k), || {
-                format!("load: resolving kernel {k} (check build)")
-            })?
-            .ok_or_else(|| missing("check"))?;
+            .ok_or_else(missing)?;
             let attr = |a: CUfunction_attribute| {
                 api(f.get_attribute(a), || {
                     format!("load: reading attributes of {k}")
@@ -197,7 +184,7 @@ impl CudaBackend {
 
         let mut occ = Vec::with_capacity(occupancy.len());
         for q in occupancy {
-            let f = api(cand.timed.function(&q.kernel), || {
+            let f = api(cand.build.function(&q.kernel), || {
                 format!("load: resolving kernel {}", q.kernel)
             })?
             .ok_or_else(|| {
@@ -206,7 +193,7 @@ impl CudaBackend {
                     q.kernel
                 ))
             })?;
-            let blocks = occupancy_of(&mut cand.timed, &f, q).map_err(|e| {
+            let blocks = occupancy_of(&mut cand.build, &f, q).map_err(|e| {
                 Failure::cuda(
                     format!(
                         "load: occupancy of {} ({} threads, {} B smem)",

@@ -2,9 +2,9 @@
 //! [`crate::nvrtc`].
 //!
 //! [`CudaBackend`] owns one context on device 0 and one stream, and answers every
-//! [`Request`]: it describes the device, compiles candidates twice (a timed build and a
-//! CTA-counting check build with `-DOPTD_COUNT_CTAS=1`) and loads them, checks a
-//! candidate's check build against the fp32 reference of [`super::reference`] on fresh
+//! [`Request`]: it describes the device, compiles each candidate once (CTA counting
+//! compiled in with `-DOPTD_COUNT_CTAS=1`, taken only when a launch passes a counter) and
+//! loads it, checks the candidate against the fp32 reference of [`super::reference`] on fresh
 //! random inputs with NaN-poisoned outputs, and times several candidates with CUDA
 //! events, interleaved round by round over rotating input sets that exceed the L2 cache.
 //!
@@ -64,7 +64,7 @@ pub struct CudaBackend {
     /// Builds started by `Precompile`, keyed by arch and source, oldest first.
     pending: Vec<(String, std::thread::JoinHandle<Builds>)>,
     /// The builds of the last few sources loaded (`load::BuildCache`).
-    built: load::BuildCache<(crate::nvrtc::Compiled, crate::nvrtc::Compiled)>,
+    built: load::BuildCache<crate::nvrtc::Compiled>,
     /// Timing input sets kept by shape across requests: see `timing::TimingInputs`.
     timing_inputs: timing::TimingInputs,
     /// The host memory checks and timings draw their inputs into: see `staging`.

@@ -11,7 +11,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaEvent, DriverError};
 
 use super::abi::Abi;
-use super::buffers::{dptr, Partials, TensorSet};
+use super::buffers::{Partials, TensorSet};
 use super::error::{after, api, Failure, Stage};
 use super::kernels::{resolve, Resolved};
 use super::plan::{validate_plan, validate_shape};
@@ -138,14 +138,14 @@ impl CudaBackend {
         let key = shape.key();
         let what = format!("time {key}");
 
-        // Resolve every entry's kernels in its timed build.
+        // Resolve every entry's kernels in its build.
         let mut entries: Vec<Vec<Resolved<'_>>> = Vec::with_capacity(case.entries.len());
         for e in &case.entries {
             let cand = self.candidates.get_mut(&e.id).ok_or_else(|| {
                 Failure::Bad(format!("time: no candidate loaded with id {:?}", e.id))
             })?;
             entries.push(resolve(
-                &mut cand.timed,
+                &mut cand.build,
                 &e.plan,
                 &format!("{what} ({})", e.id),
             )?);
@@ -190,11 +190,10 @@ impl CudaBackend {
                 slot.insert(self.alloc_partials(&shape, e.plan.n_splits, false, &format!("{what} ({})", e.id))?);
             }
         }
-        let scratch = api(self.stream.alloc_zeros::<u32>(1), || {
-            format!("{what}: allocating the scratch counter")
-        })?;
         let stream = &self.stream;
-        let counter = dptr(&scratch, stream);
+        // No CTA counter: the build counts only when given one (the check's), so what is
+        // timed is the kernel as exported, less one untaken branch per CTA.
+        let counter: sys::CUdeviceptr = 0;
 
         // Per entry and set: the launch arguments, built once (tensor maps encoded against
         // that set's buffers), before any capture: a captured graph keeps copies of them.
