@@ -30,6 +30,15 @@ for k, v in sorted(rows.items(), key=lambda kv: -st.median(r[0] for r in kv[1]))
     med = [st.median(r[i] for r in v) for i in range(7)]
     print(f"{k:42} {len(v):3d} " + " ".join(f"{m:6.0f}" for m in med[:5]) + f" {med[5]:6.0f} {med[6]:6.0f}")
 PY
+python3 - $OUT/worker.log <<'PY'
+import re, sys, statistics as st
+# Loads (one per iteration): whether the look-ahead had the build, and how long the load waited for NVRTC.
+rows = [(m.group(1), float(m.group(2)), m.group(3) == "true", float(m.group(4))) for m in
+        (re.search(r"compiled id=(\S+) compile_ms=([\d.]+) ahead=(\w+) waited_ms=([\d.]+)", l) for l in open(sys.argv[1], errors="replace")) if m]
+if rows:
+    print(f"loads {len(rows)}: ahead {sum(r[2] for r in rows)}, median compile {st.median(r[1] for r in rows):.0f} ms, "
+          f"waited median {st.median(r[3] for r in rows):.0f} ms, total {sum(r[3] for r in rows)/1e3:.1f} s")
+PY
 python3 - $OUT/optimizer.db <<'PY'
 import sqlite3, sys
 d = sqlite3.connect(sys.argv[1])
