@@ -61,6 +61,23 @@ class SassSameTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("no knob 'NO_SUCH_KNOB'", r.stderr)
 
+    def test_the_cta_count_moves_code_but_not_the_hot_loops(self):
+        # The daemon's one build (-DOPTD_COUNT_CTAS=1: the count compiled in, a null counter
+        # when timing) against the export build: the tail differs, the key loop does not.
+        env = dict(os.environ, PYTHONPATH=str(ROOT / ".deps/py"))
+        def run(*extra):
+            return subprocess.run(
+                [sys.executable, str(ROOT / "scripts/sass_same.py"), "--template", "decode.cu", "--d", "128",
+                 "--a", str(ROOT / "kernel-templates"), "", "--b", str(ROOT / "kernel-templates"), "",
+                 "--b-define", "OPTD_COUNT_CTAS=1", *extra],
+                capture_output=True, text=True, env=env, timeout=600)
+        whole = run()
+        self.assertEqual(whole.returncode, 1, whole.stdout + whole.stderr)
+        self.assertIn("D 128: DIFFERENT", whole.stdout)
+        loops = run("--hot-loops")
+        self.assertEqual(loops.returncode, 0, loops.stdout + loops.stderr)
+        self.assertRegex(loops.stdout, r"D 128: same \([1-9]\d* lines of hot loops\)")
+
 
 if __name__ == "__main__":
     unittest.main()
