@@ -209,6 +209,9 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
         let hits = l.iter().filter(|&&x| x > 0).count();
         assert!(hits * 2 > l.len(), "{name}: {hits} of {} loads were compiled ahead", l.len());
     }
+    // The plan's second stage's first candidate (the second load) is asked for while the
+    // first stage runs, though that stage's own search has nothing more to guess.
+    assert!(deep[1] > 0 && shallow[1] > 0, "the next stage's start was not compiled ahead: {deep:?} {shallow:?}");
     // One guess ahead is asked for while the load before it runs; three ahead, up to three loads earlier.
     assert!(shallow.iter().all(|&x| x <= 1), "{shallow:?}");
     assert!(deep.iter().all(|&x| x <= 3), "{deep:?}");

@@ -128,6 +128,9 @@ pub struct Engine {
     memory: Option<crate::storage::memory::Memory>,
     /// Shapes whose remembered best failed this run's re-check: their memory is not used.
     stale: std::collections::BTreeSet<String>,
+    /// The first candidate of the plan's next stage that would run, compiled ahead while the
+    /// current stage runs (`plan_stage::next_stage_guess`); None in the open phase.
+    next_stage: Option<(crate::strategy::plan::Stage, crate::spec::template::Params, Vec<Shape>)>,
     /// Held while the run is alive; released on drop or death.
     _lock: Option<GpuLock>,
 }
@@ -197,11 +200,13 @@ impl Engine {
             return Ok(end);
         }
         let stages = self.plan.stages.clone();
-        for stage in &stages {
+        for (i, stage) in stages.iter().enumerate() {
+            self.next_stage = self.next_stage_guess(&stages[i + 1..]);
             if let Some(end) = self.plan_stage(stage, &recorded, &history).await? {
                 return Ok(end);
             }
         }
+        self.next_stage = None;
         if let Some(end) = self.must_end() {
             return Ok(end);
         }

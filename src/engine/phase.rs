@@ -60,6 +60,11 @@ impl Engine {
                 for (stage, params, shapes) in proposer.after_loss(&candidate, self.cfg.worker.lookahead_depth as usize) {
                     self.lookahead(&stage, &params, &shapes).await;
                 }
+                // Asked again with every candidate: the worker keeps an asked-again build
+                // among its newest, so the guesses above do not push it out.
+                if let Some((stage, params, shapes)) = self.next_stage.clone() {
+                    self.lookahead(&stage, &params, &shapes).await;
+                }
             }
             let outcome = self.iterate(&candidate).await?;
             if self.shutdown.now_requested() {

@@ -114,6 +114,30 @@ impl Engine {
         }
     }
 
+    /// The first candidate of the first of `later` stages that would run here (its template
+    /// runs on this GPU and admits some workload shape; not an agent stage), for the
+    /// look-ahead to compile while the stage before it runs: each stage's first build was
+    /// a wait for NVRTC (H200, Llama-3-8B, 2 minutes: 9 stage starts, 1-4 s each, with the
+    /// rest of the look-ahead hitting). A guess: a stage the diagnosis then skips (`when`),
+    /// or one starting from the best point found by then, costs only CPU time.
+    pub(super) fn next_stage_guess(&self, later: &[Stage]) -> Option<(Stage, Params, Vec<Shape>)> {
+        for stage in later {
+            if matches!(stage.spec.search, SearchKind::Agent | SearchKind::AgentTuning) {
+                return None;
+            }
+            if stage.template.meta.target_arch(&self.device).is_err() {
+                continue;
+            }
+            let Ok(shapes) = stage_shapes(stage, &self.shapes, &self.device) else { continue };
+            if shapes.is_empty() {
+                continue;
+            }
+            let start = if stage.spec.start_from_best { self.best_params_for(stage, &shapes) } else { None };
+            return Some((stage.clone(), start.unwrap_or_else(|| stage.start.clone()), shapes));
+        }
+        None
+    }
+
     /// A stage whose candidates come from a knob search, on `shapes` (the workload's
     /// shapes its template admits).
     async fn search_stage(&mut self, stage: &Stage, shapes: Vec<Shape>, recorded: &[IterationRecord], history: &StageHistory) -> anyhow::Result<Option<RunEnd>> {

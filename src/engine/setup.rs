@@ -222,6 +222,7 @@ impl Engine {
             started: Instant::now(),
             used_before,
             paused: Duration::ZERO,
+            next_stage: None,
             budget,
             closing_reserve: Duration::ZERO,
             closing_model: None,

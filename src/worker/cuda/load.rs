@@ -23,7 +23,7 @@ pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
 pub(super) type Builds = (Result<Compiled, CompileFailure>, f64);
 
 /// How many precompiled sources the worker keeps waiting for a `Load` (a bounded look-ahead:
-/// older guesses are dropped, their threads finish on their own). The search guesses one
+/// the least recently asked-for guesses are dropped, their threads finish on their own). The search guesses one
 /// source ahead; the closing's re-rank starts every contender's build at once (on the H200's
 /// 16-core host a wgmma build took 4.6 s, and one after the other they were most of the
 /// re-rank's 81 s for 8 shapes, 2026-11-29).
@@ -97,7 +97,12 @@ impl CudaBackend {
     /// Start the build of `source` on a background thread, unless already started.
     pub(super) fn precompile(&mut self, source: String, arch: String, scope: BuildScope, compile_timeout_ms: u64) {
         let key = pending_key(&arch, &scope, &source);
-        if self.pending.iter().any(|(k, _)| *k == key) {
+        if let Some(i) = self.pending.iter().position(|(k, _)| *k == key) {
+            // Asked again: kept among the newest, so that newer guesses do not push out a
+            // build the engine still expects (the next stage's first candidate, asked for
+            // with every candidate of the stage before it).
+            let again = self.pending.remove(i);
+            self.pending.push(again);
             return;
         }
         if self.pending.len() >= MAX_PENDING {
