@@ -141,7 +141,7 @@ enabled = false
 }
 
 /// The look-ahead compiles the candidates the search expects next while the current one is
-/// checked and timed. Guesses change nothing: with it on (three ahead, the default, or one)
+/// checked and timed. Guesses change nothing: with it on (six ahead, the default, or one)
 /// and off, and with a candidate that crashes the worker, the ledger holds the same candidates
 /// in the same order and verdicts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,7 +168,7 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
     worker(&one, "lookahead_depth = 1");
     worker(&off, "lookahead = false");
     assert!(!off.config().worker.lookahead && on.config().worker.lookahead);
-    assert_eq!((on.config().worker.lookahead_depth, one.config().worker.lookahead_depth), (3, 1));
+    assert_eq!((on.config().worker.lookahead_depth, one.config().worker.lookahead_depth), (6, 1));
 
     let end_on = on.run("on", Duration::from_secs(600)).await;
     let end_one = one.run("one", Duration::from_secs(600)).await;
@@ -205,17 +205,19 @@ async fn the_lookahead_compiles_ahead_and_keeps_the_order_under_crashes() {
         out
     };
     let (deep, shallow) = (leads(&log(&on, "on")), leads(&log(&one, "one")));
-    for (name, l) in [("depth 3", &deep), ("depth 1", &shallow)] {
+    for (name, l) in [("depth 6", &deep), ("depth 1", &shallow)] {
         let hits = l.iter().filter(|&&x| x > 0).count();
         assert!(hits * 2 > l.len(), "{name}: {hits} of {} loads were compiled ahead", l.len());
     }
     // The plan's second stage's first candidate (the second load) is asked for while the
     // first stage runs, though that stage's own search has nothing more to guess.
     assert!(deep[1] > 0 && shallow[1] > 0, "the next stage's start was not compiled ahead: {deep:?} {shallow:?}");
-    // One guess ahead is asked for while the load before it runs; three ahead, up to three loads earlier.
+    // One guess ahead is asked for while the load before it runs; six ahead, up to six loads
+    // earlier (a guess first asked for before the crash and loaded after the worker's restart
+    // counts from its first ask: at most one such).
     assert!(shallow.iter().all(|&x| x <= 1), "{shallow:?}");
-    assert!(deep.iter().all(|&x| x <= 3), "{deep:?}");
-    assert!(deep.iter().filter(|&&x| x >= 2).count() * 2 > deep.len(), "most loads were asked for two or three ahead: {deep:?}");
+    assert!(deep.iter().filter(|&&x| x > 6).count() <= 1, "{deep:?}");
+    assert!(deep.iter().filter(|&&x| x >= 2).count() * 2 > deep.len(), "most loads were asked for two or more ahead: {deep:?}");
 }
 
 /// Every build a run asks for holds its shapes' head dims and no others: a workload of one

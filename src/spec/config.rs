@@ -254,9 +254,11 @@ pub struct WorkerSection {
     /// timed (the worker compiles on background threads). Order and results are unchanged:
     /// a wrong guess only costs CPU time.
     pub lookahead: bool,
-    /// How many candidates ahead the look-ahead compiles (one NVRTC build each): a Hopper
-    /// build takes ~4 s of NVRTC where a candidate's check and timing take ~1.5, so one guess
-    /// ahead left the open phase waiting on the compiler (H200, 2026-11-29).
+    /// How many candidates ahead the look-ahead compiles (one NVRTC build each, one thread):
+    /// a Hopper build takes ~3.5 s of NVRTC where a candidate's check and timing take
+    /// 0.1-0.9 s. On the H200's 16-core host a 2-minute LLM run checked 95 candidates three
+    /// ahead and 125 six ahead (2026-11-30, docs/BENCHMARKS.md (38)); on a host with few cores
+    /// per GPU the builds compete with the check's reference for them: fewer.
     pub lookahead_depth: u32,
 }
 
@@ -343,7 +345,7 @@ impl Default for WorkerSection {
             gpu_wait_limit: Duration::from_secs(600),
             gpu_retry_max: Duration::from_secs(30),
             lookahead: true,
-            lookahead_depth: 3,
+            lookahead_depth: 6,
         }
     }
 }
