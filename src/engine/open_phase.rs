@@ -8,7 +8,6 @@
 //! said in a tracing line (`kind = "open_floor"`).
 
 use crate::pipeline::decide::geomean;
-use crate::spec::protocol::Shape;
 use crate::spec::template::Params;
 use crate::storage::ledger::{EventKind, IterationRecord};
 use crate::strategy::open::{class_templates, classify, Candidates, ClassSearch, OpenSearch, Proposal, ShapeClass};
@@ -16,7 +15,7 @@ use crate::strategy::plan::{Stage, StageSpec};
 use crate::strategy::search::{Canonical, SearchKind};
 
 use super::candidate::{Candidate, Policy};
-use super::phase::{Next, Proposer};
+use super::phase::{Guesses, Next, Proposer};
 use super::{Engine, Outcome, RunEnd};
 
 /// Stage names of the open phase's iterations: `open/<class>`.
@@ -67,18 +66,15 @@ impl Proposer for OpenProposer {
         Ok(Next::Run(Box::new(c)))
     }
 
-    fn after_loss(&self, _current: &Candidate, depth: usize) -> Vec<(Stage, Params, Vec<Shape>)> {
-        let mut out = Vec::with_capacity(depth);
-        let Some((ci, p)) = self.pending.as_ref() else { return out };
-        let mut ahead = self.open.clone();
-        ahead.report(*ci, p, None, false);
-        while out.len() < depth {
-            let Some((cj, q)) = ahead.next() else { break };
-            ahead.report(cj, &q, None, false);
-            let Some(stage) = self.stages.iter().find(|s| s.template.name() == q.template) else { break };
-            out.push((stage.clone(), q.params, ahead.classes[cj].class.shapes.clone()));
-        }
-        out
+    fn ahead(&self, _current: &Candidate, depth: usize) -> Guesses {
+        let Some((ci, p)) = self.pending.as_ref() else { return Guesses::default() };
+        let guess = |(cj, q): (usize, Proposal)| {
+            let stage = self.stages.iter().find(|s| s.template.name() == q.template)?;
+            Some((stage.clone(), q.params, self.open.classes.get(cj)?.class.shapes.clone()))
+        };
+        let (loss, win) = self.open.ahead(*ci, p, depth);
+        // A proposal of a template the phase has no stage for ends the guesses there.
+        Guesses { loss: loss.into_iter().map_while(guess).collect(), win: win.and_then(guess) }
     }
 
     async fn report(&mut self, engine: &mut Engine, _c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {

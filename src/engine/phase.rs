@@ -4,7 +4,7 @@
 //! worker if the candidate killed it. The plan's stages, the open phase, the warm start
 //! and the agent differ only in how they propose and what they learn.
 
-use crate::spec::protocol::Shape;
+use crate::spec::protocol::{Shape, PRECOMPILE_SLOTS};
 use crate::spec::template::Params;
 use crate::storage::ledger::EventKind;
 use crate::strategy::plan::Stage;
@@ -25,16 +25,50 @@ pub(crate) enum Next {
     Done,
 }
 
+/// A candidate the look-ahead may compile: its stage, knob point and shapes.
+pub(crate) type Guess = (Stage, Params, Vec<Shape>);
+
+/// A proposer's guesses of what comes after the candidate in flight ([`Proposer::ahead`]).
+#[derive(Default)]
+pub(crate) struct Guesses {
+    /// If the candidate and every one after it lose, in order.
+    pub(crate) loss: Vec<Guess>,
+    /// The first candidate after a win that `loss` does not hold.
+    pub(crate) win: Option<Guess>,
+}
+
+impl Guesses {
+    /// What to compile, at most `room` builds: the loss branch's first ones, then the win
+    /// branch's point (a sweep that ends on a win starts the next knob from the winner: until
+    /// 2026-12-01 that build was a miss after every win), then the rest of the loss branch.
+    fn to_compile(self, room: usize) -> Vec<Guess> {
+        compile_order(self.loss, self.win, room)
+    }
+}
+
+fn compile_order<T>(mut loss: Vec<T>, win: Option<T>, room: usize) -> Vec<T> {
+    let Some(win) = win else {
+        loss.truncate(room);
+        return loss;
+    };
+    loss.truncate(room.saturating_sub(1));
+    let at = loss.len().min(2);
+    loss.insert(at, win);
+    loss.truncate(room);
+    loss
+}
+
 /// A source of candidates: a plan stage's search, the open phase, the warm start, the agent.
 pub(crate) trait Proposer {
     /// The next candidate. May read and write the ledger (the agent asks its endpoint here).
     async fn next(&mut self, engine: &mut Engine) -> anyhow::Result<Next>;
 
-    /// What `next` would offer, up to `depth` candidates in order, if `current` and each of
-    /// them does not win (most do not): the look-ahead compiles them while `current` is
-    /// checked and timed. Empty: no guess.
-    fn after_loss(&self, _current: &Candidate, _depth: usize) -> Vec<(Stage, Params, Vec<Shape>)> {
-        Vec::new()
+    /// What `next` would offer after `current`: up to `depth` candidates in order if it and
+    /// each of them does not win (most do not), and the first one it would offer if `current`
+    /// won that those do not hold. The look-ahead compiles them while `current` is checked
+    /// and timed. Empty: no guess.
+    fn ahead(&self, _current: &Candidate, _depth: usize) -> Guesses {
+        Guesses::default()
     }
 
     /// Learn from `c`'s outcome.
@@ -57,7 +91,11 @@ impl Engine {
                 Next::Done => return Ok(None),
             };
             if self.cfg.worker.lookahead && self.sup.is_running() {
-                for (stage, params, shapes) in proposer.after_loss(&candidate, self.cfg.worker.lookahead_depth as usize) {
+                // The worker keeps PRECOMPILE_SLOTS builds waiting, dropping the least
+                // recently asked for: everything sent here (and the next stage's guess) fits.
+                let depth = self.cfg.worker.lookahead_depth as usize;
+                let room = (depth + 1).min(PRECOMPILE_SLOTS - usize::from(self.next_stage.is_some()));
+                for (stage, params, shapes) in proposer.ahead(&candidate, depth).to_compile(room) {
                     self.lookahead(&stage, &params, &shapes).await;
                 }
                 // Asked again with every candidate: the worker keeps an asked-again build
@@ -112,5 +150,20 @@ impl Engine {
             Err(WaitEnd::Stopped) => Some(RunEnd::Stopped),
             Err(WaitEnd::GaveUp(m)) => Some(RunEnd::Interrupted(m)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compile_order;
+
+    #[test]
+    fn the_win_guess_comes_third_and_everything_fits_the_room() {
+        assert_eq!(compile_order(vec![1, 2, 3, 4], Some(9), 5), [1, 2, 9, 3, 4]);
+        assert_eq!(compile_order(vec![1, 2, 3, 4, 5, 6], Some(9), 5), [1, 2, 9, 3, 4]);
+        assert_eq!(compile_order(vec![1], Some(9), 2), [1, 9]);
+        assert_eq!(compile_order(vec![1, 2, 3], None, 2), [1, 2]);
+        assert_eq!(compile_order(Vec::new(), Some(9), 1), [9]);
+        assert_eq!(compile_order(vec![1, 2], Some(9), 0), Vec::<i32>::new());
     }
 }

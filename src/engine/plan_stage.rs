@@ -11,7 +11,7 @@ use crate::strategy::plan::Stage;
 use crate::strategy::search::{Search, SearchKind};
 
 use super::candidate::{Candidate, Policy};
-use super::phase::{Next, Proposer};
+use super::phase::{Guesses, Next, Proposer};
 use super::{Engine, Incumbent, Outcome, RunEnd};
 
 /// A plan stage's search over its template's knobs, on every workload shape.
@@ -35,16 +35,10 @@ impl Proposer for StageSearch {
         })
     }
 
-    fn after_loss(&self, current: &Candidate, depth: usize) -> Vec<(Stage, Params, Vec<Shape>)> {
-        let mut ahead = self.search.clone();
-        ahead.report(&current.params, None);
-        let mut out = Vec::with_capacity(depth);
-        while out.len() < depth {
-            let Some(p) = ahead.next() else { break };
-            ahead.report(&p, None);
-            out.push((self.stage.clone(), p, self.shapes.clone()));
-        }
-        out
+    fn ahead(&self, current: &Candidate, depth: usize) -> Guesses {
+        let guess = |p: Params| (self.stage.clone(), p, self.shapes.clone());
+        let ahead = self.search.ahead(&current.params, depth);
+        Guesses { loss: ahead.loss.into_iter().map(guess).collect(), win: ahead.win.map(guess) }
     }
 
     async fn report(&mut self, _engine: &mut Engine, c: &Candidate, outcome: Outcome) -> anyhow::Result<()> {

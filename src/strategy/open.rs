@@ -533,6 +533,30 @@ impl OpenSearch {
         }
     }
 
+    /// What [`OpenSearch::next`] would propose after `p` of class `class` (proposed, its
+    /// outcome not reported): up to `depth` proposals if it and every one after it lose, and
+    /// the first one after a win of `p` (a new elite: the class's mutations move to it) that
+    /// those do not hold. The look-ahead compiles them; see [`crate::strategy::search::Search::ahead`].
+    pub fn ahead(&self, class: usize, p: &Proposal, depth: usize) -> (Vec<(usize, Proposal)>, Option<(usize, Proposal)>) {
+        let walk = |mut s: OpenSearch, n: usize| {
+            let mut out = Vec::with_capacity(n);
+            while out.len() < n {
+                let Some((c, q)) = s.next() else { break };
+                s.report(c, &q, None, false);
+                out.push((c, q));
+            }
+            out
+        };
+        let mut lost = self.clone();
+        lost.report(class, p, None, false);
+        let loss = walk(lost, depth);
+        let mut won = self.clone();
+        let score = self.classes.get(class).and_then(|c| c.elites.get(&p.template)).map_or(1.0, |(s, _)| s * 0.5);
+        won.report(class, p, Some(score), true);
+        let win = walk(won, depth).into_iter().find(|q| !loss.contains(q));
+        (loss, win)
+    }
+
     /// "converged: compute-d64: 40 candidates in a row ...; latency-d64: ..."
     pub fn summary(&self) -> String {
         let parts: Vec<String> =
@@ -725,6 +749,28 @@ mod tests {
             assert!((1..=2).contains(&changed), "{p:?} is not a neighbour of the best point");
             s.report(&p, Some(5.0), false);
         }
+    }
+
+    #[test]
+    fn ahead_is_what_the_search_proposes_after_a_loss_and_after_a_win() {
+        let spec = OpenPhaseSpec { random_fraction: 0.0, ..OpenPhaseSpec::default() };
+        let mut open = OpenSearch::new(vec![search(vec![space()], spec)]);
+        let (c, first) = open.next().unwrap();
+        open.report(c, &first, Some(10.0), true);
+        let (c, p) = open.next().unwrap();
+        let (loss, win) = open.ahead(c, &p, 3);
+        assert_eq!(loss.len(), 3);
+        let mut lost = open.clone();
+        lost.report(c, &p, Some(20.0), false);
+        assert_eq!(lost.next().as_ref(), loss.first(), "a loss: the first guess is next");
+        // A win makes `p` the elite, so what comes next mutates `p`; the guess is the first
+        // such point the loss branch does not already hold.
+        let win = win.expect("a win changes the mutations' base");
+        assert!(!loss.contains(&win));
+        let mut won = open.clone();
+        won.report(c, &p, Some(5.0), true);
+        let after: Vec<_> = std::iter::from_fn(|| won.next().inspect(|(c, q)| won.report(*c, q, None, false))).take(3).collect();
+        assert!(after.contains(&win), "{win:?} not among {after:?}");
     }
 
     #[test]

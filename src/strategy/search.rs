@@ -74,6 +74,15 @@ fn key(params: &Params) -> String {
     serde_json::to_string(params).unwrap_or_default()
 }
 
+/// The points a search expects to propose next ([`Search::ahead`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ahead {
+    /// If the current point and every one after it lose, in order.
+    pub loss: Vec<Params>,
+    /// The first point proposed if the current point wins that `loss` does not hold.
+    pub win: Option<Params>,
+}
+
 #[derive(Clone)]
 pub struct Search {
     kind: SearchKind,
@@ -84,11 +93,12 @@ pub struct Search {
     /// Exhaustive: index into the cartesian product.
     cursor: usize,
     /// Coordinate: the current point, the knob being swept, the next value to try,
-    /// and the best (score, value) found for that knob so far.
+    /// and the best score so far with the swept knob's value that got it (None: the
+    /// current point's own value, whose score carried over from the knob before).
     point: Params,
     knob: usize,
     value: usize,
-    best: Option<(f64, i64)>,
+    best: Option<(f64, Option<i64>)>,
     started: bool,
     /// Evolve: the best point and score so far, and the generator of mutations.
     elite: Option<(f64, Params)>,
@@ -166,7 +176,7 @@ impl Search {
         swept.insert(name.clone(), v);
         let same_elsewhere = self.canon.apply(&swept) == self.canon.apply(params);
         if same_elsewhere && self.best.is_none_or(|(s, _)| score < s) {
-            self.best = Some((score, v));
+            self.best = Some((score, Some(v)));
         }
     }
 
@@ -204,13 +214,16 @@ impl Search {
                 }
                 return Some(p);
             }
-            // Knob swept: keep its best value, move to the next knob.
-            if let Some((_, v)) = self.best.take() {
+            // Knob swept: keep its best value, move to the next knob. The point's score
+            // stays the bar the next knob's values must beat: that knob's current value is
+            // this very point, measured already and never proposed again, so without the
+            // bar the better of its other values would win even when slower than the point.
+            if let Some((_, Some(v))) = self.best {
                 self.point.insert(name.clone(), v);
             }
+            self.best = self.best.map(|(s, _)| (s, None));
             self.knob += 1;
             self.value = 0;
-            // The start point's score carries over as the baseline for the next knob.
         }
     }
 
@@ -243,6 +256,41 @@ impl Search {
             }
         }
         None
+    }
+
+    /// What the search would propose after `current` (proposed, its outcome not reported
+    /// yet): `loss`, up to `depth` points, if it and every point after it lose (most
+    /// candidates do); `win`, the first point it would propose if `current` won instead and
+    /// that `loss` does not hold (a coordinate sweep that ends on a win moves on from the
+    /// winner; evolve mutates the new elite). The look-ahead compiles them while `current`
+    /// is checked and timed.
+    pub fn ahead(&self, current: &Params, depth: usize) -> Ahead {
+        let walk = |mut s: Search, n: usize| {
+            let mut out = Vec::with_capacity(n);
+            while out.len() < n {
+                let Some(p) = s.next() else { break };
+                s.report(&p, None);
+                out.push(p);
+            }
+            out
+        };
+        let mut lost = self.clone();
+        lost.report(current, None);
+        let loss = walk(lost, depth);
+        let mut won = self.clone();
+        won.report(current, Some(self.winning_score()));
+        let win = walk(won, depth).into_iter().find(|p| !loss.contains(p));
+        Ahead { loss, win }
+    }
+
+    /// A score that beats every score the search holds (a win, for [`Search::ahead`]).
+    fn winning_score(&self) -> f64 {
+        let held = match self.kind {
+            SearchKind::Coordinate => self.best.map(|(s, _)| s),
+            SearchKind::Evolve | SearchKind::AgentTuning => self.elite.as_ref().map(|(s, _)| *s),
+            SearchKind::Exhaustive | SearchKind::Agent => None,
+        };
+        held.map_or(1.0, |s| s * 0.5)
     }
 
     /// The start point was already measured (by an earlier stage): count it as seen
@@ -322,6 +370,81 @@ mod tests {
         }
         assert_eq!(order, vec![(1, 10), (2, 10), (3, 10), (3, 20)]);
         assert_eq!(s.point(), &params(3, 20));
+    }
+
+    #[test]
+    fn coordinate_stays_on_the_current_value_when_every_other_value_of_a_knob_is_slower() {
+        // The start is the best point there is. Sweeping B tries 20 and 30 only (10 is the
+        // current point, measured in A's sweep): both slower, so C must be swept from B = 10,
+        // not from the better of the two losers.
+        let space = vec![("A".to_string(), vec![1, 2]), ("B".to_string(), vec![10, 20, 30]), ("C".to_string(), vec![0, 1])];
+        let score = |p: &Params| Some(if p["A"] == 1 && p["B"] == 10 && p["C"] == 0 { 1.0 } else { 2.0 + p["B"] as f64 / 100.0 + p["C"] as f64 });
+        let mut s = Search::new(SearchKind::Coordinate, space, point3(1, 10, 0), 100);
+        let mut got = Vec::new();
+        while let Some(p) = s.next() {
+            got.push((p["A"], p["B"], p["C"]));
+            s.report(&p, score(&p));
+        }
+        assert_eq!(got, vec![(1, 10, 0), (2, 10, 0), (1, 20, 0), (1, 30, 0), (1, 10, 1)]);
+        assert_eq!(s.point(), &point3(1, 10, 0));
+        // A primed start (measured by an earlier stage) is a baseline as good as a measured one.
+        let space = vec![("B".to_string(), vec![10, 20]), ("C".to_string(), vec![0, 1])];
+        let mut s = Search::new(SearchKind::Coordinate, space, point3(1, 10, 0), 100);
+        s.prime(&point3(1, 10, 0), 1.0);
+        let mut got = Vec::new();
+        while let Some(p) = s.next() {
+            got.push((p["B"], p["C"]));
+            s.report(&p, score(&p));
+        }
+        assert_eq!(got, vec![(20, 0), (10, 1)]);
+    }
+
+    #[test]
+    fn ahead_guesses_both_ends_of_a_sweep_and_replays_as_the_search_will() {
+        let space = vec![("A".to_string(), vec![1, 2]), ("B".to_string(), vec![10, 20, 30]), ("C".to_string(), vec![0, 1])];
+        let mut s = Search::new(SearchKind::Coordinate, space, point3(1, 10, 0), 100);
+        let start = s.next().unwrap();
+        // While the start runs: nothing measured, so its winning or losing leaves A's sweep
+        // as it is and B's sweep from A = 1 either way (the start is A = 1).
+        let a = s.ahead(&start, 3);
+        assert_eq!(a.loss, vec![point3(2, 10, 0), point3(1, 20, 0), point3(1, 30, 0)]);
+        assert_eq!(a.win, None);
+        s.report(&start, Some(5.0));
+        let a2 = s.next().unwrap();
+        assert_eq!(a2, point3(2, 10, 0));
+        // A's last value: if it loses B is swept from A = 1, if it wins from A = 2.
+        let a = s.ahead(&a2, 2);
+        assert_eq!(a.loss, vec![point3(1, 20, 0), point3(1, 30, 0)]);
+        assert_eq!(a.win, Some(point3(2, 20, 0)));
+        // Each branch is what the search then proposes.
+        let mut lost = s.clone();
+        lost.report(&a2, Some(6.0));
+        assert_eq!(lost.next(), Some(point3(1, 20, 0)));
+        s.report(&a2, Some(4.0));
+        assert_eq!(s.next(), Some(point3(2, 20, 0)));
+        // Exhaustive: the order does not depend on the outcome; no win branch.
+        let mut e = Search::new(SearchKind::Exhaustive, space_ab(), point3(1, 10, 0), 100);
+        let first = e.next().unwrap();
+        assert_eq!(e.ahead(&first, 2), Ahead { loss: vec![params(1, 20), params(2, 10)], win: None });
+        // Evolve: a win moves the elite, so the win branch mutates the current point.
+        let mut v = Search::new(SearchKind::Evolve, space_ab(), params(1, 10), 100);
+        let first = v.next().unwrap();
+        v.report(&first, Some(3.0));
+        let second = v.next().unwrap();
+        let a = v.ahead(&second, 1);
+        let changed = |p: &Params, from: &Params| p.iter().filter(|(k, x)| from[*k] != **x).count();
+        assert!((1..=2).contains(&changed(&a.loss[0], &first)), "{a:?}");
+        if let Some(w) = &a.win {
+            assert!((1..=2).contains(&changed(w, &second)), "{a:?}");
+        }
+    }
+
+    fn space_ab() -> Vec<(String, Vec<i64>)> {
+        vec![("A".into(), vec![1, 2, 3]), ("B".into(), vec![10, 20])]
+    }
+
+    fn point3(a: i64, b: i64, c: i64) -> Params {
+        [("A".to_string(), a), ("B".to_string(), b), ("C".to_string(), c)].into_iter().collect()
     }
 
     #[test]
