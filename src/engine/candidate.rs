@@ -170,7 +170,6 @@ impl Engine {
         let mut plans = gated.plans;
         let mut shapes = record::planned_shapes(&plans);
         record::refused(&mut shapes, &c.shapes, &gated.refused);
-        let mut any_refused = !gated.refused.is_empty();
 
         // compile (the gate has already refused a target this device cannot run)
         let arch = match stage.template.meta.target_arch(&self.device) {
@@ -188,7 +187,6 @@ impl Engine {
         // The gate's last word, now that the built kernels' static shared memory is known.
         let fits = gate::check_loaded(plans, &loaded, &self.device);
         if !fits.refused.is_empty() {
-            any_refused = true;
             record::gated_after_compile(&mut shapes, &fits.refused);
             if fits.plans.is_empty() {
                 let why: Vec<&str> = fits.refused.iter().map(|(_, w)| w.as_str()).collect();
@@ -273,7 +271,8 @@ impl Engine {
             Err(f) => return self.conclude(rec, Some(commit), f, shapes).await,
         };
         rec.score_us = decided.score_us;
-        let outcome = Outcome { score: if any_refused { None } else { rec.score_us }, won: !decided.won.is_empty() };
+        // The score is the chained one (paired_score.rs), known once the record is in: below.
+        let outcome = Outcome { score: None, won: !decided.won.is_empty() };
         if !decided.implausible.is_empty() {
             for s in &mut shapes {
                 s.won = false;
@@ -283,7 +282,7 @@ impl Engine {
                 decided.implausible.join("; ")
             );
             self.conclude(rec, Some(commit), policy.failure(Verdict::Flagged, why), shapes).await?;
-            return Ok(Outcome { won: false, ..outcome });
+            return Ok(Outcome { won: false, score: self.paired.score(seq) });
         }
         let first_ever = self.incumbents.is_empty();
         let verdict = if first_ever {
@@ -297,7 +296,7 @@ impl Engine {
         let best_rows =
             if decided.won.is_empty() { vec![] } else { self.promote(seq, &id, stage.template.name(), params, &rendered.source, commit, &decided.won).await? };
         self.conclude_success(rec, commit, verdict, reason, shapes, best_rows).await?;
-        Ok(outcome)
+        Ok(Outcome { score: self.paired.score(seq), ..outcome })
     }
 
     /// The brief timing before the full one ([`screen`]): Err when the candidate is rejected
@@ -429,6 +428,7 @@ impl Engine {
         rec.shapes = shapes;
         rec.finished_at = ledger::now();
         self.ledger.record_iteration(&rec, &best, self.used().as_secs_f64()).await?;
+        self.paired.observe(&rec);
         self.log_iteration(&rec);
         self.unload_if_unused(&format!("it{}", rec.seq)).await;
         Ok(())
@@ -451,6 +451,7 @@ impl Engine {
         rec.shapes = shapes;
         rec.finished_at = ledger::now();
         self.ledger.record_iteration(&rec, &[], self.used().as_secs_f64()).await?;
+        self.paired.observe(&rec);
         self.log_iteration(&rec);
         self.unload_if_unused(&format!("it{}", rec.seq)).await;
         Ok(Outcome::FAILED)

@@ -31,6 +31,7 @@ mod reserve;
 mod gpu_wait;
 mod incumbents;
 mod open_phase;
+mod paired_score;
 mod phase;
 mod plan_stage;
 mod setup;
@@ -103,6 +104,9 @@ pub struct Engine {
     shapes: Vec<Shape>,
     plan: Plan,
     incumbents: BTreeMap<String, Incumbent>,
+    /// The searches' scores: every recorded iteration's times chained through its paired
+    /// incumbent timings (paired_score.rs).
+    paired: paired_score::PairedScores,
     baseline_us: BTreeMap<String, f64>,
     /// Sources of every incumbent's module, to reload after a worker restart.
     modules: HashMap<String, Module>,
@@ -286,7 +290,8 @@ impl Engine {
 }
 
 /// What a search learns from one candidate: its score (geometric-mean time over the
-/// shapes it was searched on; None when it failed or the gate refused one of them) and
+/// shapes it was searched on, chained through the incumbents timed beside it:
+/// paired_score.rs; None when it failed or the gate refused one of them) and
 /// whether it became the best kernel of any shape.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Outcome {
@@ -297,10 +302,10 @@ pub(crate) struct Outcome {
 impl Outcome {
     pub(crate) const FAILED: Outcome = Outcome { score: None, won: false };
 
-    /// The outcome as the ledger holds it, for replaying a resumed run.
-    pub(crate) fn of_record(it: &IterationRecord) -> Outcome {
-        let partial = it.shapes.iter().any(|s| s.gated.is_some());
-        Outcome { score: if partial { None } else { it.score_us }, won: it.shapes.iter().any(|s| s.won) }
+    /// The outcome as the ledger holds it, for replaying a resumed run: the score the live
+    /// run steered by (`paired` has seen every iteration of the run).
+    pub(crate) fn of_record(it: &IterationRecord, paired: &paired_score::PairedScores) -> Outcome {
+        Outcome { score: paired.score(it.seq), won: it.shapes.iter().any(|s| s.won) }
     }
 }
 

@@ -188,7 +188,7 @@ impl Engine {
                     it.params_json
                 );
             }
-            let o = Outcome::of_record(it);
+            let o = Outcome::of_record(it, &self.paired);
             open.report(ci, &p, o.score, o.won);
             log_floor_changes(&mut open.classes[ci]);
         }

@@ -160,7 +160,7 @@ impl Engine {
             for it in earlier {
                 let Ok(p) = serde_json::from_str::<Params>(&it.params_json) else { continue };
                 if canon.apply(&p) == start_canonical {
-                    start_score = Outcome::of_record(it).score.or(start_score);
+                    start_score = Outcome::of_record(it, &self.paired).score.or(start_score);
                 } else {
                     search.mark_seen(&p);
                 }
@@ -181,7 +181,7 @@ impl Engine {
                     it.params_json
                 );
             }
-            search.report(&p, Outcome::of_record(it).score);
+            search.report(&p, Outcome::of_record(it, &self.paired).score);
         }
         self.ledger.set_progress(&self.run_id, Some(name), self.used().as_secs_f64()).await?;
         if recorded_start.is_none() {

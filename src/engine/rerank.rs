@@ -298,28 +298,11 @@ impl Engine {
 /// kernel's median measures the clocks of its own timing as much as the kernel (the same
 /// kernel measured 161.9 and 170.9 us on one shape in one run), but the incumbent it was
 /// timed against, interleaved, drifted with it. So each median is expressed in the frame of
-/// the shape's first kernel: median x (the incumbent's corrected time / the incumbent's median
-/// in that same timing), the incumbent's corrected time being the one it got when it won.
+/// the shape's first kernel: its chained time (paired_score.rs, which the searches steer by).
 /// A row timed with no incumbent (the first kernel) or against one whose win is not in the
 /// ledger keeps its raw median.
 fn drift_corrected(its: &[IterationRecord], key: &str) -> BTreeMap<i64, f64> {
-    let mut frame: Option<f64> = None; // the current incumbent's corrected time
-    let mut out = BTreeMap::new();
-    let mut order: Vec<&IterationRecord> = its.iter().collect();
-    order.sort_by_key(|i| i.seq);
-    for it in order {
-        let Some(row) = it.shapes.iter().find(|s| s.shape == key) else { continue };
-        let Some(median) = row.median_us.filter(|m| m.is_finite() && *m > 0.0) else { continue };
-        let corrected = match (frame, row.incumbent_us.filter(|m| m.is_finite() && *m > 0.0)) {
-            (Some(f), Some(inc)) => f * median / inc,
-            _ => median,
-        };
-        out.insert(it.seq, corrected);
-        if row.won {
-            frame = Some(corrected);
-        }
-    }
-    out
+    super::paired_score::PairedScores::from_iterations(its).chained_on(key)
 }
 
 /// The next `n` distinct correct kernels for shape `key` by their drift-corrected median

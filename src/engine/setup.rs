@@ -214,6 +214,7 @@ impl Engine {
             shapes,
             plan,
             incumbents: BTreeMap::new(),
+            paired: Default::default(),
             baseline_us: BTreeMap::new(),
             modules: HashMap::new(),
             loaded_generation: generation,
@@ -238,6 +239,7 @@ impl Engine {
         // The SDPA measurement is a fixed, cached overhead: it is not charged to the budget.
         engine.started = Instant::now();
         if resuming {
+            engine.paired = super::paired_score::PairedScores::from_iterations(&engine.ledger.iterations(&engine.run_id).await?);
             engine.restore_incumbents().await?;
         }
         Ok(engine)

@@ -269,6 +269,7 @@ impl Engine {
         rec.score_us = geomean(hits.iter().map(|(_, r)| r.median_us));
         rec.finished_at = ledger::now();
         self.ledger.record_iteration(&rec, &[], self.used().as_secs_f64()).await?;
+        self.paired.observe(&rec);
         self.log_iteration(&rec);
         Ok(Outcome { score: rec.score_us, won: false })
     }
