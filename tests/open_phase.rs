@@ -264,6 +264,54 @@ enabled = false
     assert!(asked.is_some() && asked < loaded, "BLOCK_M 16 MAX_SPLITS 8 was not compiled ahead:\n{log}");
 }
 
+/// The look-ahead keeps what it expects within the worker's slots: on the shipped plan over
+/// decode shapes (gated candidates in a row, each asking for new guesses), every load but the
+/// run's first and the open phase's first has its build started while an earlier candidate ran,
+/// still waiting when it is loaded, not pushed out (and started again with its own iteration).
+/// (The scripted worker keeps its pending builds as the GPU worker does, and logs whether a
+/// precompile started a build and whether a load found one waiting.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_load_after_a_phase_start_finds_its_build_compiled_ahead() {
+    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
+    let p = Project::new(&shipped, json!([]), json!({ "ok": { "us": 100.0 } }));
+    let script_path = p.path().join("script.json");
+    let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&script_path).unwrap()).unwrap();
+    script["device"] = serde_json::to_value(common::h100()).unwrap();
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    p.append_config("\n[baseline]\nsdpa = false\n");
+    p.set_workload("shapes = [ { b = 1, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, { b = 8, hq = 32, hkv = 1, sq = 1, sk = 4096, d = 128, causal = true } ]");
+    p.run("slots", Duration::from_secs(20)).await;
+    let its = Ledger::open(&p.db()).await.unwrap().iterations("slots").await.unwrap();
+    let log = std::fs::read_to_string(p.path().join("runs/slots/worker.log")).unwrap();
+    // Per build, the line where it was last started; per candidate's first load, whether its
+    // build was started since the load before it (then it waited for a whole compile).
+    let mut started: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let (mut last_load, mut loads, mut missed) = (0, 0, Vec::new());
+    let mut seen = std::collections::HashSet::new();
+    for (n, line) in log.lines().enumerate() {
+        if let Some(rest) = line.split("scripted worker: precompile ").nth(1) {
+            let mut w = rest.split(' ');
+            let (hash, what) = (w.next().unwrap(), w.next().unwrap());
+            if what == "started" {
+                started.insert(hash, n);
+            }
+        } else if let Some(rest) = line.split("scripted worker: load ").nth(1) {
+            let mut w = rest.split(' ');
+            let (id, hash) = (w.next().unwrap(), w.next().unwrap());
+            if id.starts_with("it") && seen.insert(id.to_string()) {
+                loads += 1;
+                if rest.contains("ahead=false") || started.get(hash).is_none_or(|&at| at > last_load) {
+                    missed.push(id.to_string());
+                }
+            }
+            last_load = n;
+        }
+    }
+    assert!(loads >= 30 && its.iter().any(|i| i.stage == "decode-cluster") && its.iter().any(|i| i.stage.starts_with("open/")), "{loads} loads: {its:?}");
+    let first_open = its.iter().find(|i| i.stage.starts_with("open/")).map(|i| format!("it{}", i.seq)).unwrap();
+    assert!(missed.iter().all(|id| id == "it1" || *id == first_open), "loads whose build started with their own iteration: {missed:?} of {loads}");
+}
+
 /// Every build a run asks for holds its shapes' head dims and no others: a workload of one
 /// head dim gets builds of that one (half the code compiled), a mixed one of both, and no
 /// load names a kernel its builds leave out (the scripted worker refuses that, as the GPU

@@ -28,6 +28,13 @@ pub(crate) enum Next {
 /// A candidate the look-ahead may compile: its stage, knob point and shapes.
 pub(crate) type Guess = (Stage, Params, Vec<Shape>);
 
+/// A guess's build as the worker is asked for it.
+struct GuessBuild {
+    hash: String,
+    source: String,
+    arch: String,
+}
+
 /// A proposer's guesses of what comes after the candidate in flight ([`Proposer::ahead`]).
 #[derive(Default)]
 pub(crate) struct Guesses {
@@ -91,18 +98,7 @@ impl Engine {
                 Next::Done => return Ok(None),
             };
             if self.cfg.worker.lookahead && self.sup.is_running() {
-                // The worker keeps PRECOMPILE_SLOTS builds waiting, dropping the least
-                // recently asked for: everything sent here (and the next stage's guess) fits.
-                let depth = self.cfg.worker.lookahead_depth as usize;
-                let room = (depth + 1).min(PRECOMPILE_SLOTS - usize::from(self.next_stage.is_some()));
-                for (stage, params, shapes) in proposer.ahead(&candidate, depth).to_compile(room) {
-                    self.lookahead(&stage, &params, &shapes).await;
-                }
-                // Asked again with every candidate: the worker keeps an asked-again build
-                // among its newest, so the guesses above do not push it out.
-                if let Some((stage, params, shapes)) = self.next_stage.clone() {
-                    self.lookahead(&stage, &params, &shapes).await;
-                }
+                self.send_guesses(proposer, &candidate).await;
             }
             let outcome = self.iterate(&candidate).await?;
             if self.shutdown.now_requested() {
@@ -115,22 +111,62 @@ impl Engine {
         }
     }
 
-    /// Have the worker compile this candidate in the background, if it would be compiled at
-    /// all (not remembered, not refused by the gate on every shape; the worker starts a source
-    /// once however often it is asked). Best effort: a lost or wrong guess changes nothing but
-    /// CPU time; the ledger's order does not depend on it.
-    async fn lookahead(&mut self, stage: &Stage, params: &Params, shapes: &[Shape]) {
-        let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
-        let Ok(rendered) = render::render(&stage.template, params, self.cfg.workload.dtype, &templates_dir) else { return };
-        if self.remembered(&rendered.hash, shapes).is_some() || gate::check_each(&stage.template, params, shapes, &self.device, &stage.spec.min_ctas).is_err() {
-            return;
+    /// Have the worker compile, in the background, what `proposer` would offer after
+    /// `candidate` ([`Proposer::ahead`]) and the next stage's first candidate. Best effort: a
+    /// lost or wrong guess changes nothing but CPU time; the ledger's order does not depend on it.
+    ///
+    /// The worker keeps `PRECOMPILE_SLOTS` builds waiting and drops the least recently asked
+    /// for when a new one comes (its compile thread runs on, unused). So the builds asked for
+    /// with the candidate before are asked for again first, and the new ones after them,
+    /// each group soonest-needed last: a new guess then pushes out a build no longer guessed,
+    /// never one still expected. Asked in plain order, a new guess pushed out the oldest,
+    /// often the next candidate's own build, re-asked first or not at all (a scripted run of
+    /// the shipped plan on a decode workload, 2026-12-01: 5 loads of 55 missed, 4 of them so).
+    async fn send_guesses(&mut self, proposer: &impl Proposer, candidate: &Candidate) {
+        let depth = self.cfg.worker.lookahead_depth as usize;
+        // Room for the candidate itself and the next stage's start beside the guesses.
+        let room = (depth + 1).min(PRECOMPILE_SLOTS - 1 - usize::from(self.next_stage.is_some()));
+        let mut guesses = proposer.ahead(candidate, depth);
+        // A candidate the gate refuses on every shape cannot win: no win branch.
+        let stage = &candidate.stage;
+        if gate::check_each(&stage.template, &candidate.params, &candidate.shapes, &self.device, &stage.spec.min_ctas).is_err() {
+            guesses.win = None;
         }
-        let Ok(arch) = stage.template.meta.target_arch(&self.device) else { return };
+        // Soonest needed first: the candidate itself (its build, asked for as a guess before,
+        // must not be the one a new guess pushes out just before its load), the guesses, and
+        // the next stage's start, needed when this stage ends.
+        let mut wanted = vec![(candidate.stage.clone(), candidate.params.clone(), candidate.shapes.clone())];
+        wanted.extend(guesses.to_compile(room));
+        wanted.extend(self.next_stage.clone());
+        let mut builds = Vec::with_capacity(wanted.len());
+        for (stage, params, shapes) in &wanted {
+            if let Some(b) = self.guess_build(stage, params, shapes) {
+                if !builds.iter().any(|x: &GuessBuild| x.hash == b.hash) {
+                    builds.push(b);
+                }
+            }
+        }
+        let (again, new): (Vec<GuessBuild>, Vec<GuessBuild>) = builds.into_iter().partition(|b| self.asked.contains(&b.hash));
+        self.asked = again.iter().chain(&new).map(|b| b.hash.clone()).collect();
         let scope = self.build_scope();
-        if let Err(e) = compile::precompile(&mut self.sup, &rendered.source, &arch, &scope, self.cfg.worker.load_timeout).await {
-            tracing::debug!(error = %e, "look-ahead compile not started");
+        for b in again.into_iter().rev().chain(new.into_iter().rev()) {
+            if let Err(e) = compile::precompile(&mut self.sup, &b.source, &b.arch, &scope, self.cfg.worker.load_timeout).await {
+                tracing::debug!(error = %e, "look-ahead compile not started");
+            }
+            crate::failpoint::hit("lookahead-sent");
         }
-        crate::failpoint::hit("lookahead-sent");
+    }
+
+    /// The build a guess would need, if it would be compiled at all (not remembered, not
+    /// refused by the gate on every shape, a target this GPU runs).
+    fn guess_build(&self, stage: &Stage, params: &Params, shapes: &[Shape]) -> Option<GuessBuild> {
+        let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
+        let rendered = render::render(&stage.template, params, self.cfg.workload.dtype, &templates_dir).ok()?;
+        if self.remembered(&rendered.hash, shapes).is_some() || gate::check_each(&stage.template, params, shapes, &self.device, &stage.spec.min_ctas).is_err() {
+            return None;
+        }
+        let arch = stage.template.meta.target_arch(&self.device).ok()?;
+        Some(GuessBuild { hash: rendered.hash, source: rendered.source, arch })
     }
 
     /// After a candidate that killed the worker (crash, hang, lost device): wait for

@@ -120,6 +120,10 @@ fn probe_report(probe: &str) -> String {
 pub struct ScriptedBackend {
     script: Script,
     modules: HashMap<String, Behaviour>,
+    /// The look-ahead's builds waiting for their `Load`, kept as the GPU worker keeps them
+    /// (at most `PRECOMPILE_SLOTS`, asked again moves to the back, a new one pushes out the
+    /// least recently asked for), so the log can say whether a load had its build.
+    pending: Vec<String>,
 }
 
 impl ScriptedBackend {
@@ -131,7 +135,7 @@ impl ScriptedBackend {
         if let Some(d) = visible.and_then(|n| script.gpus.get(n)) {
             script.device = d.clone();
         }
-        Ok(ScriptedBackend { script, modules: HashMap::new() })
+        Ok(ScriptedBackend { script, modules: HashMap::new(), pending: Vec::new() })
     }
 
     /// The GPUs the script stands for (`worker --list-devices`).
@@ -198,11 +202,28 @@ impl Backend for ScriptedBackend {
             }
             Request::Precompile { source, arch, head_dims, windows, .. } => {
                 // Logged (the worker's stderr is the run's worker.log) so tests can see the look-ahead.
-                eprintln!("scripted worker: precompile {} {arch} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
+                let key = format!("{arch} {head_dims:?} {windows} {}", short_hash(&source));
+                let started = match self.pending.iter().position(|k| *k == key) {
+                    Some(i) => {
+                        let again = self.pending.remove(i);
+                        self.pending.push(again);
+                        "kept"
+                    }
+                    None => {
+                        if self.pending.len() >= crate::spec::protocol::PRECOMPILE_SLOTS {
+                            self.pending.remove(0);
+                        }
+                        self.pending.push(key);
+                        "started"
+                    }
+                };
+                eprintln!("scripted worker: precompile {} {started} {arch} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
                 Response::Precompiling
             }
             Request::Load { id, source, kernels, occupancy, arch, head_dims, windows, .. } => {
-                eprintln!("scripted worker: load {id} {} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
+                let key = format!("{arch} {head_dims:?} {windows} {}", short_hash(&source));
+                let ahead = self.pending.iter().position(|k| *k == key).map(|i| self.pending.remove(i)).is_some();
+                eprintln!("scripted worker: load {id} {} ahead={ahead} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
                 // The real worker builds only `head_dims`' kernels: one of another head dim
                 // would not be found in its cubin.
                 if let Some(k) = kernels.iter().find(|k| !head_dims.is_empty() && !head_dims.iter().any(|d| k.ends_with(&format!("_d{d}")))) {
