@@ -121,7 +121,7 @@ impl Engine {
     /// each group soonest-needed last: a new guess then pushes out a build no longer guessed,
     /// never one still expected. Asked in plain order, a new guess pushed out the oldest,
     /// often the next candidate's own build, re-asked first or not at all (a scripted run of
-    /// the shipped plan on a decode workload, 2026-12-01: 5 loads of 55 missed, 4 of them so).
+    /// the shipped plan on a decode workload, 2026-12-01: 5 loads of 55 missed, 3 of them so; the other 2 begin a phase).
     async fn send_guesses(&mut self, proposer: &impl Proposer, candidate: &Candidate) {
         let depth = self.cfg.worker.lookahead_depth as usize;
         // Room for the candidate itself and the next stage's start beside the guesses.
