@@ -274,10 +274,7 @@ enabled = false
 async fn every_load_after_a_phase_start_finds_its_build_compiled_ahead() {
     let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
     let p = Project::new(&shipped, json!([]), json!({ "ok": { "us": 100.0 } }));
-    let script_path = p.path().join("script.json");
-    let mut script: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&script_path).unwrap()).unwrap();
-    script["device"] = serde_json::to_value(common::h100()).unwrap();
-    std::fs::write(&script_path, script.to_string()).unwrap();
+    p.set_device(&common::h100());
     p.append_config("\n[baseline]\nsdpa = false\n");
     p.set_workload("shapes = [ { b = 1, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true }, { b = 8, hq = 32, hkv = 1, sq = 1, sk = 4096, d = 128, causal = true } ]");
     p.run("slots", Duration::from_secs(20)).await;
