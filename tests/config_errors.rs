@@ -77,6 +77,9 @@ fn a_zero_or_out_of_range_value_is_rejected_with_its_key() {
     let err = parse("[worker]\nlookahead_depth = 9\n").unwrap_err();
     assert!(err.contains("worker.lookahead_depth") && err.contains("is 9"), "{err}");
     assert_eq!(parse("[worker]\nlookahead_depth = 8\n").unwrap().worker.lookahead_depth, 8);
+    let err = parse("[worker]\ncompile_threads = 65\n").unwrap_err();
+    assert!(err.contains("worker.compile_threads") && err.contains("is 65") && err.contains("0 (a quarter"), "{err}");
+    assert_eq!(parse("[worker]\ncompile_threads = 3\n").unwrap().worker.compile_threads, 3);
 }
 
 #[test]

@@ -309,18 +309,20 @@ async fn every_load_after_a_phase_start_finds_its_build_compiled_ahead() {
     assert!(missed.iter().all(|id| id == "it1" || *id == first_open), "loads whose build started with their own iteration: {missed:?} of {loads}");
 }
 
-/// Every build a run asks for holds its shapes' head dims and no others: a workload of one
-/// head dim gets builds of that one (half the code compiled), a mixed one of both, and no
-/// load names a kernel its builds leave out (the scripted worker refuses that, as the GPU
-/// worker would fail to find it).
+/// Every build holds the head dims of the shapes it is loaded for and no others: a workload
+/// of one head dim gets builds of that one; on a mixed one a plan stage's candidate (both
+/// shapes) builds both, and an open-phase class (one head dim) only its own, half the code
+/// compiled. No load names a kernel its build leaves out (the scripted worker refuses that,
+/// as the GPU worker would fail to find it), and the look-ahead asks for the same builds the
+/// loads then take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn builds_hold_the_head_dims_of_the_run_and_no_others() {
+async fn builds_hold_the_head_dims_of_the_shapes_they_are_loaded_for() {
     let rules = json!([{ "source_contains": ["template `memory`"], "behaviour": { "ok": { "us": 20.0 } } }]);
-    for (workload, want) in [
-        ("shapes = [ { b = 1, h = 1, s = 128, d = 128 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [128], no window code"),
-        ("shapes = [ { b = 1, h = 1, s = 128, d = 64 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", "head dims [64, 128], no window code"),
+    for (workload, open) in [
+        ("shapes = [ { b = 1, h = 1, s = 128, d = 128 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", false),
+        ("shapes = [ { b = 1, h = 1, s = 128, d = 64 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]", true),
     ] {
-        let plan = SLOW_PLAN.replace("[open_phase]\npatience = 30", "[open_phase]\nenabled = false");
+        let plan = if open { SLOW_PLAN.replace("patience = 30", "patience = 4") } else { SLOW_PLAN.replace("[open_phase]\npatience = 30", "[open_phase]\nenabled = false") };
         let p = Project::new(&plan, rules.clone(), json!({ "ok": { "us": 80.0 } }));
         p.set_workload(workload);
         p.run("dims", Duration::from_secs(60)).await;
@@ -328,11 +330,33 @@ async fn builds_hold_the_head_dims_of_the_run_and_no_others() {
         assert!(its.iter().all(|i| i.verdict != Verdict::CompileError), "{its:?}");
         assert!(its.iter().any(|i| i.verdict == Verdict::Accepted), "{its:?}");
         let log = std::fs::read_to_string(p.path().join("runs/dims/worker.log")).unwrap();
-        let builds: Vec<&str> = log.lines().filter(|l| l.contains("scripted worker: load ") || l.contains("scripted worker: precompile ")).collect();
-        assert!(builds.len() >= 3, "{log}");
-        for line in builds {
-            assert!(line.ends_with(want), "{workload}: {line}");
+        // "load <id> <hash> ahead=<bool> head dims [..], no window code"
+        let mut seen = BTreeSet::new();
+        let mut ahead = 0;
+        for line in log.lines().filter_map(|l| l.split("scripted worker: load ").nth(1)) {
+            assert!(line.ends_with(", no window code"), "{line}");
+            let id = line.split(' ').next().unwrap();
+            let dims = line.split("head dims ").nth(1).unwrap().trim_end_matches(", no window code").to_string();
+            ahead += usize::from(line.contains("ahead=true"));
+            let Some(it) = id.strip_prefix("it").and_then(|n| n.parse::<i64>().ok()).and_then(|n| its.iter().find(|i| i.seq == n)) else { continue };
+            // The iteration's shapes the gate let through, by head dim.
+            let mut want: Vec<u64> = it
+                .shapes
+                .iter()
+                .filter(|s| s.gated.is_none())
+                .map(|s| serde_json::from_str::<serde_json::Value>(&s.shape_json).unwrap()["d"].as_u64().unwrap())
+                .collect();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(dims, format!("{want:?}"), "{} ({}): {line}", it.seq, it.stage);
+            if it.stage.starts_with("open/") {
+                assert_eq!(want.len(), 1, "an open-phase class is one head dim: {line}");
+            }
+            seen.insert(dims);
         }
+        let want: BTreeSet<String> = if open { ["[128]", "[64]", "[64, 128]"].map(String::from).into() } else { ["[128]".to_string()].into() };
+        assert_eq!(seen, want, "{workload}");
+        assert!(ahead >= 3, "{ahead} loads found their build asked for ahead:\n{log}");
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -450,7 +451,7 @@ async fn a_closing_without_the_time_for_its_windows_is_cut_to_burst_timing_and_s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_re_rank_starts_every_contenders_build_once_before_loading_any() {
+async fn the_re_rank_asks_for_every_contenders_build_once_before_loading_any() {
     let p = project(1.5);
     fake_sdpa(&p, false);
     assert_eq!(p.run("pre", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
@@ -461,15 +462,18 @@ async fn the_re_rank_starts_every_contenders_build_once_before_loading_any() {
     let first_load = lines.iter().position(|l| l.starts_with("load rerank")).expect("the re-rank loads its contenders");
     let loads: Vec<&str> = lines[first_load..].iter().filter(|l| l.starts_with("load rerank")).copied().collect();
     assert_eq!(loads.len(), 4, "{loads:?}");
-    // "load <id> <source hash> head dims [..], no window code"
-    let hash = |l: &str| l.split(' ').nth(2).unwrap().to_string();
-    let mut contenders: Vec<String> = loads.iter().map(|l| hash(l)).collect();
-    contenders.sort();
-    contenders.dedup();
-    assert_eq!(contenders.len(), 2, "{loads:?}");
-    // Right before the first of those loads: one precompile per distinct contender.
-    let before: Vec<String> = lines[..first_load].iter().rev().take_while(|l| l.starts_with("precompile ")).map(|l| l.split(' ').nth(1).unwrap().to_string()).collect();
+    // "load <id> <source hash> ahead=<bool> head dims [..], no window code": a contender's
+    // build per head dim it contends at (the two shapes here are of head dims 64 and 128).
+    let build = |l: &str, hash_at: usize| (l.split(' ').nth(hash_at).unwrap().to_string(), l.split("head dims ").nth(1).unwrap().to_string());
+    let mut builds: Vec<(String, String)> = loads.iter().map(|l| build(l, 2)).collect();
+    builds.sort();
+    builds.dedup();
+    assert_eq!(builds.len(), 4, "{loads:?}");
+    assert_eq!(builds.iter().map(|b| &b.0).collect::<BTreeSet<_>>().len(), 2, "two contenders: {loads:?}");
+    // Right before the first of those loads: one precompile per build, each found by its load.
+    let before: Vec<(String, String)> = lines[..first_load].iter().rev().take_while(|l| l.starts_with("precompile ")).map(|l| build(l, 1)).collect();
     let mut started = before.clone();
     started.sort();
-    assert_eq!(started, contenders, "{:?}", &lines[first_load.saturating_sub(4)..first_load]);
+    assert_eq!(started, builds, "{:?}", &lines[first_load.saturating_sub(4)..first_load]);
+    assert!(loads.iter().all(|l| l.contains("ahead=true")), "{loads:?}");
 }

@@ -135,9 +135,6 @@ pub struct Engine {
     /// The first candidate of the plan's next stage that would run, compiled ahead while the
     /// current stage runs (`plan_stage::next_stage_guess`); None in the open phase.
     next_stage: Option<(crate::strategy::plan::Stage, crate::spec::template::Params, Vec<Shape>)>,
-    /// Source hashes of the look-ahead's builds asked for with the candidate before (phase.rs's
-    /// `send_guesses`: asked again before any new one, so that a new one pushes out none of them).
-    asked: Vec<String>,
     /// Held while the run is alive; released on drop or death.
     _lock: Option<GpuLock>,
 }

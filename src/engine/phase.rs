@@ -4,7 +4,7 @@
 //! worker if the candidate killed it. The plan's stages, the open phase, the warm start
 //! and the agent differ only in how they propose and what they learn.
 
-use crate::spec::protocol::{Shape, PRECOMPILE_SLOTS};
+use crate::spec::protocol::{BuildAsk, Shape, PRECOMPILE_SLOTS};
 use crate::spec::template::Params;
 use crate::storage::ledger::EventKind;
 use crate::strategy::plan::Stage;
@@ -27,13 +27,6 @@ pub(crate) enum Next {
 
 /// A candidate the look-ahead may compile: its stage, knob point and shapes.
 pub(crate) type Guess = (Stage, Params, Vec<Shape>);
-
-/// A guess's build as the worker is asked for it.
-struct GuessBuild {
-    hash: String,
-    source: String,
-    arch: String,
-}
 
 /// A proposer's guesses of what comes after the candidate in flight ([`Proposer::ahead`]).
 #[derive(Default)]
@@ -115,13 +108,14 @@ impl Engine {
     /// `candidate` ([`Proposer::ahead`]) and the next stage's first candidate. Best effort: a
     /// lost or wrong guess changes nothing but CPU time; the ledger's order does not depend on it.
     ///
-    /// The worker keeps `PRECOMPILE_SLOTS` builds waiting and drops the least recently asked
-    /// for when a new one comes (its compile thread runs on, unused). So the builds asked for
-    /// with the candidate before are asked for again first, and the new ones after them,
-    /// each group soonest-needed last: a new guess then pushes out a build no longer guessed,
-    /// never one still expected. Asked in plain order, a new guess pushed out the oldest,
-    /// often the next candidate's own build, re-asked first or not at all (a scripted run of
-    /// the shipped plan on a decode workload, 2026-12-01: 5 loads of 55 missed, 3 of them so; the other 2 begin a phase).
+    /// One list, soonest needed first: the candidate itself (its build, asked for as a guess
+    /// before and perhaps not started yet, is needed at once), the guesses, and the next
+    /// stage's start, needed when this stage ends. The worker's compile pool builds them in
+    /// that order and drops the unstarted builds of the list before (`worker::compile_pool`):
+    /// nothing the engine still expects is pushed out by a new guess, and a new guess never
+    /// runs before the build the next load needs. (Until 2026-12-01 every ask started its
+    /// own thread, up to eight at once; under that contention the next candidate's build
+    /// finished no sooner than the deepest guess's.)
     async fn send_guesses(&mut self, proposer: &impl Proposer, candidate: &Candidate) {
         let depth = self.cfg.worker.lookahead_depth as usize;
         // Room for the candidate itself and the next stage's start beside the guesses.
@@ -132,41 +126,37 @@ impl Engine {
         if gate::check_each(&stage.template, &candidate.params, &candidate.shapes, &self.device, &stage.spec.min_ctas).is_err() {
             guesses.win = None;
         }
-        // Soonest needed first: the candidate itself (its build, asked for as a guess before,
-        // must not be the one a new guess pushes out just before its load), the guesses, and
-        // the next stage's start, needed when this stage ends.
         let mut wanted = vec![(candidate.stage.clone(), candidate.params.clone(), candidate.shapes.clone())];
         wanted.extend(guesses.to_compile(room));
         wanted.extend(self.next_stage.clone());
-        let mut builds = Vec::with_capacity(wanted.len());
+        let mut builds: Vec<BuildAsk> = Vec::with_capacity(wanted.len());
         for (stage, params, shapes) in &wanted {
             if let Some(b) = self.guess_build(stage, params, shapes) {
-                if !builds.iter().any(|x: &GuessBuild| x.hash == b.hash) {
+                if !builds.contains(&b) {
                     builds.push(b);
                 }
             }
         }
-        let (again, new): (Vec<GuessBuild>, Vec<GuessBuild>) = builds.into_iter().partition(|b| self.asked.contains(&b.hash));
-        self.asked = again.iter().chain(&new).map(|b| b.hash.clone()).collect();
-        let scope = self.build_scope();
-        for b in again.into_iter().rev().chain(new.into_iter().rev()) {
-            if let Err(e) = compile::precompile(&mut self.sup, &b.source, &b.arch, &scope, self.cfg.worker.load_timeout).await {
-                tracing::debug!(error = %e, "look-ahead compile not started");
-            }
-            crate::failpoint::hit("lookahead-sent");
+        let windows = self.build_scope([]).windows;
+        if let Err(e) = compile::precompile(&mut self.sup, builds, self.cfg.worker.compile_threads, windows, self.cfg.worker.load_timeout).await {
+            tracing::debug!(error = %e, "look-ahead compile not started");
         }
+        crate::failpoint::hit("lookahead-sent");
     }
 
     /// The build a guess would need, if it would be compiled at all (not remembered, not
-    /// refused by the gate on every shape, a target this GPU runs).
-    fn guess_build(&self, stage: &Stage, params: &Params, shapes: &[Shape]) -> Option<GuessBuild> {
+    /// refused by the gate on every shape, a target this GPU runs): the head dims of the
+    /// shapes the gate plans, as the candidate's load will name them.
+    fn guess_build(&self, stage: &Stage, params: &Params, shapes: &[Shape]) -> Option<BuildAsk> {
         let templates_dir = self.cfg.resolve(&self.cfg.run.templates_dir);
         let rendered = render::render(&stage.template, params, self.cfg.workload.dtype, &templates_dir).ok()?;
-        if self.remembered(&rendered.hash, shapes).is_some() || gate::check_each(&stage.template, params, shapes, &self.device, &stage.spec.min_ctas).is_err() {
+        if self.remembered(&rendered.hash, shapes).is_some() {
             return None;
         }
+        let gated = gate::check_each(&stage.template, params, shapes, &self.device, &stage.spec.min_ctas).ok()?;
         let arch = stage.template.meta.target_arch(&self.device).ok()?;
-        Some(GuessBuild { hash: rendered.hash, source: rendered.source, arch })
+        let scope = self.build_scope(gated.plans.iter().map(|p| p.shape.d));
+        Some(BuildAsk { source: rendered.source, arch, head_dims: scope.head_dims })
     }
 
     /// After a candidate that killed the worker (crash, hang, lost device): wait for

@@ -76,7 +76,7 @@ impl Engine {
             .filter(|k| !done(k.as_str()))
             .filter_map(|k| self.incumbents.get(k).map(|inc| (k.clone(), ranked(&its, k, inc.seq, top.saturating_sub(1)))))
             .collect();
-        let loading_order = keys.iter().filter_map(|k| plan.get(k)).flat_map(|r| r.iter().map(|(seq, _)| *seq));
+        let loading_order = keys.iter().filter_map(|k| plan.get(k).map(|r| (k, r))).flat_map(|(k, r)| r.iter().map(move |(seq, _)| (*seq, k.clone())));
         self.precompile_contenders(&its, loading_order).await;
         for key in keys {
             if done(&key) {
@@ -175,30 +175,35 @@ impl Engine {
         Ok(Ok(()))
     }
 
-    /// Start the builds of these iterations' kernels (each once) on the worker, side by
-    /// side, before any is loaded: compiled one after the other as each shape loaded its
+    /// Ask the worker for the builds of these iterations' kernels (each once), in loading
+    /// order, before any is loaded: compiled one after the other as each shape loaded its
     /// contenders, they were most of the re-rank's time (81 s for 8 shapes on the H200,
     /// 2026-11-29: 16 loads of ~4.6 s). A kernel that contends for several shapes is then
-    /// compiled once (the worker keeps the builds it loaded). The first
-    /// [`PRECOMPILE_SLOTS`](crate::spec::protocol::PRECOMPILE_SLOTS) in loading order are
-    /// started; a build that cannot be started costs nothing but the guess: the load compiles it.
-    async fn precompile_contenders(&mut self, its: &[IterationRecord], seqs: impl Iterator<Item = i64>) {
+    /// compiled once per head dim (the worker keeps the builds it loaded). The first
+    /// [`PRECOMPILE_SLOTS`](crate::spec::protocol::PRECOMPILE_SLOTS) are asked for, the
+    /// first loaded first; a build that is not ready costs nothing but the guess: the load
+    /// compiles it.
+    async fn precompile_contenders(&mut self, its: &[IterationRecord], contenders: impl Iterator<Item = (i64, String)>) {
         if !self.cfg.worker.lookahead {
             return;  // no background builds asked of this worker
         }
-        let mut started: Vec<i64> = Vec::new();
-        for seq in seqs {
-            // Past the worker's slots a guess would push out the first ones, loaded first.
-            if started.contains(&seq) || started.len() == crate::spec::protocol::PRECOMPILE_SLOTS {
-                continue;
+        let mut builds: Vec<crate::spec::protocol::BuildAsk> = Vec::new();
+        for (seq, key) in contenders {
+            if builds.len() == crate::spec::protocol::PRECOMPILE_SLOTS {
+                break;
             }
-            started.push(seq);
+            // Loaded for one shape: a build of its head dim (one per head dim a kernel contends at).
+            let Some(d) = self.shapes.iter().find(|s| s.key() == key).map(|s| s.d) else { continue };
             let Ok((_, source, template)) = self.source_of(its, seq) else { continue };
             let Ok(arch) = template.meta.target_arch(&self.device) else { continue };
-            let scope = self.build_scope();
-            if let Err(why) = compile::precompile(&mut self.sup, &source, &arch, &scope, self.cfg.worker.load_timeout).await {
-                tracing::debug!(kind = "rerank", "iteration {seq}'s build not started ahead: {why}");
+            let build = crate::spec::protocol::BuildAsk { source, arch, head_dims: vec![d] };
+            if !builds.contains(&build) {
+                builds.push(build);
             }
+        }
+        let windows = self.build_scope([]).windows;
+        if let Err(why) = compile::precompile(&mut self.sup, builds, self.cfg.worker.compile_threads, windows, self.cfg.worker.load_timeout).await {
+            tracing::debug!(kind = "rerank", "contenders' builds not started ahead: {why}");
         }
     }
 

@@ -224,7 +224,6 @@ impl Engine {
             used_before,
             paused: Duration::ZERO,
             next_stage: None,
-            asked: Vec::new(),
             budget,
             closing_reserve: Duration::ZERO,
             closing_model: None,

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::pipeline::outcome::Failure;
-use crate::spec::protocol::{BuildScope, Loaded, OccupancyQuery, Request, Response, ShapePlan};
+use crate::spec::protocol::{BuildAsk, BuildScope, Loaded, OccupancyQuery, Request, Response, ShapePlan};
 use crate::daemon::supervisor::Supervisor;
 
 /// Compile and load `source` as module `id` for `arch` (e.g. `sm_90`, `sm_90a`), its builds
@@ -51,17 +51,14 @@ pub async fn load(
     }
 }
 
-/// Have the worker start compiling `source` for `arch` on background threads and return at
-/// once (the look-ahead); a later [`load`] of the same source takes the result. A failure
-/// here loses only the guess: the caller logs it and goes on.
-pub async fn precompile(sup: &mut Supervisor, source: &str, arch: &str, scope: &BuildScope, timeout: Duration) -> Result<(), String> {
-    let request = Request::Precompile {
-        source: source.to_string(),
-        arch: arch.to_string(),
-        compile_timeout_ms: (timeout.as_millis() as u64) * 4 / 5,
-        head_dims: scope.head_dims.clone(),
-        windows: scope.windows,
-    };
+/// Have the worker compile `builds` (soonest needed first, at most
+/// [`PRECOMPILE_SLOTS`](crate::spec::protocol::PRECOMPILE_SLOTS); `windows`: the run's
+/// [`BuildScope::windows`]) on `threads` background threads (0: the worker's choice) and
+/// return at once (the look-ahead); the list replaces the one asked for before, and a later
+/// [`load`] of one of them takes its result. A failure here loses only the guesses: the
+/// caller logs it and goes on.
+pub async fn precompile(sup: &mut Supervisor, builds: Vec<BuildAsk>, threads: u32, windows: bool, timeout: Duration) -> Result<(), String> {
+    let request = Request::Precompile { builds, compile_timeout_ms: (timeout.as_millis() as u64) * 4 / 5, threads, windows };
     match sup.request(&request, Duration::from_secs(10)).await {
         Ok(Response::Precompiling) => Ok(()),
         Ok(other) => Err(format!("unexpected answer to precompile: {other:?}")),

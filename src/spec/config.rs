@@ -260,6 +260,11 @@ pub struct WorkerSection {
     /// ahead and 125 six ahead (2026-11-30, docs/BENCHMARKS.md (38)); on a host with few cores
     /// per GPU the builds compete with the check's reference for them: fewer.
     pub lookahead_depth: u32,
+    /// How many threads compile the look-ahead's builds, the soonest needed first
+    /// (`worker::compile_pool`); 0: a quarter of the host's cores, 2 to 8. More threads
+    /// finish more guesses but slow each build and the check's fp32 reference, which share
+    /// the cores.
+    pub compile_threads: u32,
 }
 
 /// The longest duration any key takes.
@@ -346,6 +351,7 @@ impl Default for WorkerSection {
             gpu_retry_max: Duration::from_secs(30),
             lookahead: true,
             lookahead_depth: 6,
+            compile_threads: 0,
         }
     }
 }
@@ -502,6 +508,12 @@ impl Config {
                 format!("is {}; allowed: 1 to {slots} (the builds a worker keeps waiting; to compile nothing ahead, set worker.lookahead = false)", self.worker.lookahead_depth),
             ));
         }
+        if self.worker.compile_threads > 64 {
+            return Err(self.invalid(
+                "worker.compile_threads",
+                format!("is {}; allowed: 0 (a quarter of the host's cores, 2 to 8) or 1 to 64", self.worker.compile_threads),
+            ));
+        }
         for (k, v) in [("check.atol", self.check.atol), ("check.rtol_l2", self.check.rtol_l2)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(self.invalid(k, format!("is {v}; must be a number > 0 (e.g. 0.02)")));
@@ -555,7 +567,7 @@ impl Config {
                         "min_gain": t.min_gain, "early_reject": t.early_reject, "method": t.method,
                         "sustained_ms": t.sustained_ms, "rerank_top": t.rerank_top, "rerank_min_gain": t.rerank_min_gain },
             "worker": { "hello_timeout": d(w.hello_timeout), "load_timeout": d(w.load_timeout), "check_timeout": d(w.check_timeout),
-                        "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead, "lookahead_depth": w.lookahead_depth },
+                        "time_timeout": d(w.time_timeout), "gpu_wait_limit": d(w.gpu_wait_limit), "gpu_retry_max": d(w.gpu_retry_max), "lookahead": w.lookahead, "lookahead_depth": w.lookahead_depth, "compile_threads": w.compile_threads },
             "baseline": { "sdpa": self.baseline.sdpa, "sdpa_command": self.baseline.sdpa_command, "sdpa_timeout": d(self.baseline.sdpa_timeout) },
             "agent": self.agent.effective(),
         })

@@ -673,7 +673,8 @@ pub fn sample_plan(spec: &TimingSpec, slowest_us: f64) -> SamplePlan {
     SamplePlan { per_sample, samples_per_round, rounds }
 }
 
-/// How many `Precompile`d sources a worker keeps waiting for their `Load`.
+/// How many builds one `Precompile` asks for at most (the worker keeps that many waiting
+/// for their `Load`).
 pub const PRECOMPILE_SLOTS: usize = 8;
 
 /// The defines that leave out of a build the kernels of every head dim the templates are
@@ -690,9 +691,9 @@ pub fn head_dim_defines(head_dims: &[u32]) -> Vec<(&'static str, String)> {
     MACROS.iter().filter(|(d, _)| !head_dims.contains(d)).map(|(_, name)| (*name, "0".to_string())).collect()
 }
 
-/// What every build of a run holds: the kernels of its shapes' head dims (empty: all) and,
-/// unless no shape has a sliding window, the window's code. One scope for the whole run, so
-/// a source precompiled for one shape is the build a later load for another takes.
+/// What a build holds: the kernels of the head dims of the shapes it is loaded for (empty:
+/// all) and, unless no shape of the run has a sliding window, the window's code (run-wide:
+/// `export` writes the run's choice into the exported sources).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildScope {
     pub head_dims: Vec<u32>,
@@ -734,8 +735,8 @@ pub enum Request {
         /// Occupancy queries: (kernel, threads per block, dynamic smem bytes).
         occupancy: Vec<OccupancyQuery>,
         compile_timeout_ms: u64,
-        /// The head dims whose kernels the builds hold (the run's, so that every `Load` and
-        /// `Precompile` of one source in a run asks for the same builds); empty: all
+        /// The head dims whose kernels the build holds: those of the shapes it is loaded for
+        /// (a candidate of one head dim compiles half the code of a run's two); empty: all
         /// ([`head_dim_defines`]).
         #[serde(default)]
         head_dims: Vec<u32>,
@@ -761,25 +762,39 @@ pub enum Request {
         spec: TimingSpec,
         seed: u64,
     },
-    /// Start compiling `source` on a background thread and answer at once: a
-    /// later `Load` of the same source and arch takes the result instead of compiling. The
-    /// engine sends the candidate it expects next while the current one is checked and timed,
-    /// and the closing's re-rank its contenders (at most [`PRECOMPILE_SLOTS`]; past that the
-    /// worker drops the oldest guess).
+    /// The builds the engine expects to `Load` next, soonest needed first (the candidate
+    /// about to be loaded, the search's guesses, the next stage's start; the closing's
+    /// re-rank: its contenders in loading order), at most [`PRECOMPILE_SLOTS`]. The worker
+    /// answers at once and compiles them on a few threads, the soonest needed first; a later
+    /// `Load` of the same source, arch and scope takes the result instead of compiling. Each
+    /// list replaces the one before: a build no longer asked for is dropped if it has not
+    /// started (`worker::compile_pool`).
     Precompile {
-        source: String,
-        arch: String,
+        builds: Vec<BuildAsk>,
         compile_timeout_ms: u64,
-        /// As in `Load`: a later `Load` takes these builds only if it names the same head dims
-        /// and windows.
+        /// Compile threads (`worker.compile_threads`; 0: the worker's choice,
+        /// `worker::compile_pool::auto_threads`). A worker's pool only grows.
         #[serde(default)]
-        head_dims: Vec<u32>,
+        threads: u32,
+        /// As in `Load`: a later `Load` takes one of these builds only if it names the same
+        /// head dims (the build's) and windows.
         #[serde(default = "with_windows")]
         windows: bool,
     },
     /// Drop a loaded module.
     Unload { id: String },
     Shutdown,
+}
+
+/// One build a [`Request::Precompile`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildAsk {
+    pub source: String,
+    /// NVRTC target, as in `Load`.
+    pub arch: String,
+    /// The head dims whose kernels the build holds, as the `Load` that takes it will name
+    /// them (the shapes the candidate is loaded for).
+    pub head_dims: Vec<u32>,
 }
 
 /// Which anti-cheat probes a check runs (see [`Request::Check`]).
@@ -1045,8 +1060,10 @@ mod tests {
 
     #[test]
     fn a_load_without_head_dims_from_an_older_daemon_builds_every_head_dim() {
-        let r: Request = serde_json::from_str(r#"{"op":"precompile","source":"x","arch":"sm_90","compile_timeout_ms":1}"#).unwrap();
-        assert!(matches!(r, Request::Precompile { ref head_dims, windows: true, .. } if head_dims.is_empty()), "{r:?}");
+        let r: Request = serde_json::from_str(r#"{"op":"load","id":"a","source":"x","arch":"sm_90","kernels":[],"occupancy":[],"compile_timeout_ms":1}"#).unwrap();
+        assert!(matches!(r, Request::Load { ref head_dims, windows: true, .. } if head_dims.is_empty()), "{r:?}");
+        let r: Request = serde_json::from_str(r#"{"op":"precompile","builds":[{"source":"x","arch":"sm_90","head_dims":[]}],"compile_timeout_ms":1}"#).unwrap();
+        assert!(matches!(r, Request::Precompile { windows: true, threads: 0, .. }), "{r:?}");
         // Without a windowed shape the builds leave the window's code out.
         let scope = BuildScope { head_dims: vec![64, 96, 128, 256], windows: false };
         assert_eq!(scope.defines(), [("OPTD_BUILD_WINDOW", "0".to_string())]);

@@ -5,6 +5,7 @@
 //! the daemon's supervisor restarts it. After a sticky CUDA error (illegal address,
 //! trap) the context is unusable, so the worker replies and exits.
 
+pub mod compile_pool;
 pub mod cuda;
 pub mod reference;
 pub mod scripted;

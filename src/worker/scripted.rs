@@ -13,7 +13,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::spec::protocol::{
-    Checked, DeviceInfo, KernelResources, Loaded, OccupancyResult, Request, Response, ShapeCheck, Timed, TimedCase, TimedEntry,
+    BuildAsk, Checked, DeviceInfo, KernelResources, Loaded, OccupancyResult, Request, Response, ShapeCheck, Timed, TimedCase, TimedEntry,
 };
 use crate::worker::Backend;
 
@@ -120,9 +120,8 @@ fn probe_report(probe: &str) -> String {
 pub struct ScriptedBackend {
     script: Script,
     modules: HashMap<String, Behaviour>,
-    /// The look-ahead's builds waiting for their `Load`, kept as the GPU worker keeps them
-    /// (at most `PRECOMPILE_SLOTS`, asked again moves to the back, a new one pushes out the
-    /// least recently asked for), so the log can say whether a load had its build.
+    /// The look-ahead's builds waiting for their `Load`: the last `Precompile`'s list, as
+    /// the GPU worker's compile pool keeps it, so the log can say whether a load had its build.
     pending: Vec<String>,
 }
 
@@ -200,24 +199,27 @@ impl Backend for ScriptedBackend {
                 }
                 Response::Hello(self.script.device.clone())
             }
-            Request::Precompile { source, arch, head_dims, windows, .. } => {
-                // Logged (the worker's stderr is the run's worker.log) so tests can see the look-ahead.
-                let key = format!("{arch} {head_dims:?} {windows} {}", short_hash(&source));
-                let started = match self.pending.iter().position(|k| *k == key) {
-                    Some(i) => {
-                        let again = self.pending.remove(i);
-                        self.pending.push(again);
-                        "kept"
+            Request::Precompile { builds, windows, .. } => {
+                // Logged (the worker's stderr is the run's worker.log) so tests can see the
+                // look-ahead: as the GPU worker's compile pool, the list replaces the one
+                // before (here every build no longer asked for is dropped: the pool keeps
+                // those it had started, which a script cannot tell), soonest needed first.
+                let keys: Vec<(String, &BuildAsk)> = builds.iter().map(|b| (format!("{} {:?} {windows} {}", b.arch, b.head_dims, short_hash(&b.source)), b)).collect();
+                for old in &self.pending {
+                    if !keys.iter().any(|(k, _)| k == old) {
+                        eprintln!("scripted worker: dropped {}", old.rsplit(' ').next().unwrap_or(""));
                     }
-                    None => {
-                        if self.pending.len() >= crate::spec::protocol::PRECOMPILE_SLOTS {
-                            self.pending.remove(0);
-                        }
-                        self.pending.push(key);
-                        "started"
+                }
+                let mut asked: Vec<String> = Vec::with_capacity(keys.len());
+                for (key, b) in keys.into_iter().take(crate::spec::protocol::PRECOMPILE_SLOTS) {
+                    if asked.contains(&key) {
+                        continue;
                     }
-                };
-                eprintln!("scripted worker: precompile {} {started} {arch} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
+                    let started = if self.pending.contains(&key) { "kept" } else { "started" };
+                    eprintln!("scripted worker: precompile {} {started} {} head dims {:?}{}", key.rsplit(' ').next().unwrap_or(""), b.arch, b.head_dims, no_window_code(windows));
+                    asked.push(key);
+                }
+                self.pending = asked;
                 Response::Precompiling
             }
             Request::Load { id, source, kernels, occupancy, arch, head_dims, windows, .. } => {

@@ -1,7 +1,7 @@
 //! Compiling and loading a candidate: its one build (CTA counting compiled in, checked and
-//! timed), the look-ahead's pending builds started by `Precompile` and taken by a later
-//! `Load` of the same source, and loading the cubin with its kernels' resources and the
-//! occupancy queries answered.
+//! timed), the look-ahead's builds asked for by `Precompile` (compiled by the worker's
+//! [`CompilePool`], soonest needed first) and taken by a later `Load` of the same source,
+//! and loading the cubin with its kernels' resources and the occupancy queries answered.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,8 @@ use super::error::{after, api, compile_failure, Failure, Stage};
 use super::kernels::{Build, Candidate};
 use super::CudaBackend;
 use crate::nvrtc::{self, CompileFailure, Compiled, Toolchain};
-use crate::spec::protocol::{BuildScope, KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response};
+use crate::spec::protocol::{BuildAsk, BuildScope, KernelResources, Loaded, OccupancyQuery, OccupancyResult, Response, PRECOMPILE_SLOTS};
+use crate::worker::compile_pool::{auto_threads, CompilePool, Work};
 
 /// The macro that compiles CTA counting in (counting when the launch passes a counter).
 pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
@@ -21,13 +22,6 @@ pub const COUNT_CTAS_DEFINE: &str = "OPTD_COUNT_CTAS";
 /// The one build of a source (checked and timed: see [`compile_build`]), and how long
 /// compiling it took.
 pub(super) type Builds = (Result<Compiled, CompileFailure>, f64);
-
-/// How many precompiled sources the worker keeps waiting for a `Load` (a bounded look-ahead:
-/// the least recently asked-for guesses are dropped, their threads finish on their own). The search guesses one
-/// source ahead; the closing's re-rank starts every contender's build at once (on the H200's
-/// 16-core host a wgmma build took 4.6 s, and one after the other they were most of the
-/// re-rank's 81 s for 8 shapes, 2026-11-29).
-const MAX_PENDING: usize = crate::spec::protocol::PRECOMPILE_SLOTS;
 
 /// How many successful builds the worker keeps after loading them.
 const MAX_CACHED: usize = 8;
@@ -94,24 +88,29 @@ fn pending_key(arch: &str, scope: &BuildScope, source: &str) -> String {
 }
 
 impl CudaBackend {
-    /// Start the build of `source` on a background thread, unless already started.
-    pub(super) fn precompile(&mut self, source: String, arch: String, scope: BuildScope, compile_timeout_ms: u64) {
-        let key = pending_key(&arch, &scope, &source);
-        if let Some(i) = self.pending.iter().position(|(k, _)| *k == key) {
-            // Asked again: kept among the newest, so that newer guesses do not push out a
-            // build the engine still expects (the next stage's first candidate, asked for
-            // with every candidate of the stage before it).
-            let again = self.pending.remove(i);
-            self.pending.push(again);
-            return;
-        }
-        if self.pending.len() >= MAX_PENDING {
-            self.pending.remove(0);
-        }
-        let tc = self.toolchain.clone();
+    /// The builds the engine expects to load next, soonest first: the pool compiles them in
+    /// that order on `threads` threads (0: a quarter of the host's cores, 2 to 8; the pool
+    /// is made on the first ask and only grows), dropping the last list's unstarted builds.
+    pub(super) fn precompile(&mut self, builds: Vec<BuildAsk>, threads: u32, windows: bool, compile_timeout_ms: u64) {
+        let threads = match threads {
+            0 => auto_threads(std::thread::available_parallelism().map_or(8, |n| n.get())),
+            n => n as usize,
+        };
+        let pool = self.pool.get_or_insert_with(|| CompilePool::new(threads, PRECOMPILE_SLOTS));
+        pool.grow(threads);
         let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
-        let handle = std::thread::spawn(move || compile_build(&tc, &source, "candidate.cu", &arch, &scope, timeout));
-        self.pending.push((key, handle));
+        let asks: Vec<(String, Work<Builds>)> = builds
+            .into_iter()
+            .map(|BuildAsk { source, arch, head_dims }| {
+                let scope = BuildScope { head_dims, windows };
+                let key = pending_key(&arch, &scope, &source);
+                let tc = self.toolchain.clone();
+                let work: Work<Builds> = Box::new(move || compile_build(&tc, &source, "candidate.cu", &arch, &scope, timeout));
+                (key, work)
+            })
+            .collect();
+        let fresh = pool.expect(asks);
+        tracing::debug!(asked = fresh.len(), new = fresh.iter().filter(|&&f| f).count(), threads = pool.threads(), "precompile");
     }
 
     /// Compile (or take the pending build of) `source`, load it under `id`,
@@ -129,21 +128,20 @@ impl CudaBackend {
     ) -> Result<Response, Failure> {
         let timeout = (compile_timeout_ms > 0).then(|| Duration::from_millis(compile_timeout_ms));
         let name = format!("{}.cu", id.replace(['\0', '/'], "_"));
-        // A source loaded moments ago: its cubins. A precompiled one: wait for its threads
-        // (usually done) instead of compiling again.
+        // A source loaded moments ago: its cubins. One asked for ahead: the pool's build
+        // (usually done; still queued, compiled here at once) instead of compiling again.
         let key = pending_key(arch, scope, source);
         let waited = Instant::now();
         let mut ahead = false;
         let (build, compile_ms) = match self.built.get(&key) {
             Some(build) => (Ok(build), 0.0),
             None => {
-                let pending = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
-                match pending.map(|h| h.join()) {
-                    Some(Ok(builds)) => {
-                        ahead = true;
-                        builds
+                match self.pool.as_ref().and_then(|p| p.take(&key)) {
+                    Some(taken) => {
+                        ahead = taken.ahead;
+                        taken.value
                     }
-                    _ => compile_build(&self.toolchain, source, &name, arch, scope, timeout),
+                    None => compile_build(&self.toolchain, source, &name, arch, scope, timeout),
                 }
             }
         };

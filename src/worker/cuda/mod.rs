@@ -16,7 +16,7 @@
 //!
 //! This module holds the backend and its request dispatch; each concern lives in its own
 //! file: `error` (failure classification), `plan` (request validation), `load`
-//! (compiling and loading, with the look-ahead's pending builds), `kernels` (modules and
+//! (compiling and loading, the look-ahead's builds through `worker::compile_pool`), `kernels` (modules and
 //! resolved launches), `buffers` (tensor sets, partials, poisoning), `staging` (the
 //! host memory inputs are drawn into), `abi` (kernel
 //! parameters), `tensor_map` (TMA descriptors), `check` (correctness), `probe`
@@ -61,8 +61,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     device: DeviceInfo,
     candidates: HashMap<String, Candidate>,
-    /// Builds started by `Precompile`, keyed by arch and source, oldest first.
-    pending: Vec<(String, std::thread::JoinHandle<Builds>)>,
+    /// The builds `Precompile` asks for, keyed by arch, scope and source (made on the first).
+    pool: Option<crate::worker::compile_pool::CompilePool<Builds>>,
     /// The builds of the last few sources loaded (`load::BuildCache`).
     built: load::BuildCache<crate::nvrtc::Compiled>,
     /// Timing input sets kept by shape across requests: see `timing::TimingInputs`.
@@ -116,7 +116,7 @@ impl CudaBackend {
             stream,
             device,
             candidates: HashMap::new(),
-            pending: Vec::new(),
+            pool: None,
             built: Default::default(),
             timing_inputs: timing::TimingInputs::new(memory / 8),
             staging: staging::InputStaging::new(),
@@ -144,8 +144,8 @@ impl CudaBackend {
                 head_dims,
                 windows,
             } => self.load(id, &source, &arch, &crate::spec::protocol::BuildScope { head_dims, windows }, &kernels, &occupancy, compile_timeout_ms),
-            Request::Precompile { source, arch, compile_timeout_ms, head_dims, windows } => {
-                self.precompile(source, arch, crate::spec::protocol::BuildScope { head_dims, windows }, compile_timeout_ms);
+            Request::Precompile { builds, compile_timeout_ms, threads, windows } => {
+                self.precompile(builds, threads, windows, compile_timeout_ms);
                 Ok(Response::Precompiling)
             }
             Request::Check {
