@@ -151,7 +151,8 @@ impl<T: Send + 'static> CompilePool<T> {
     }
 
     /// The build under `key`: finished, or waited for while a thread compiles it, or (still
-    /// queued) compiled now on this thread. None if it was never asked for or was dropped.
+    /// queued) compiled now on this thread. None if it was never asked for, was dropped, or
+    /// its build panicked.
     pub fn take(&self, key: &str) -> Option<Taken<T>> {
         let mut st = self.lock();
         loop {
@@ -225,11 +226,19 @@ fn compile_loop<T: Send + 'static>(shared: &Shared<T>) {
         };
         drop(st);
         let started = Instant::now();
-        let value = work();
-        tracing::debug!(key = %key.lines().next().unwrap_or(""), ms = started.elapsed().as_secs_f64() * 1e3, "pool build finished");
+        // A build that panics (NVRTC's wrapper) is dropped, not left compiling: a `take`
+        // waiting for it then finds nothing and compiles on its own thread, and this thread
+        // lives on for the next build.
+        let value = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        tracing::debug!(key = %key.lines().next().unwrap_or(""), ms = started.elapsed().as_secs_f64() * 1e3, ok = value.is_ok(), "pool build finished");
         st = lock();
-        if let Some(j) = st.jobs.iter_mut().find(|j| j.key == key && matches!(j.status, Status::Compiling)) {
-            j.status = Status::Done(value);
+        if let Some(i) = st.jobs.iter().position(|j| j.key == key && matches!(j.status, Status::Compiling)) {
+            match value {
+                Ok(value) => st.jobs[i].status = Status::Done(value),
+                Err(_) => {
+                    st.jobs.remove(i);
+                }
+            }
         }
         shared.changed.notify_all();
     }
@@ -317,6 +326,25 @@ mod tests {
         assert_eq!(keys, ["c", "d", "a"]);
         // Asked for twice in one list: once, at its first place.
         assert_eq!(pool.expect(vec![done("x"), done("x")]), [true, false]);
+    }
+
+    #[test]
+    fn a_build_that_panics_is_dropped_and_its_thread_goes_on() {
+        let pool: CompilePool<String> = CompilePool::new(1, 8);
+        let (tx, rx) = mpsc::channel();
+        let go = Arc::new((Mutex::new(false), Condvar::new()));
+        let boom: Work<String> = Box::new(|| panic!("a build that panics"));
+        pool.expect(vec![gated("first", &tx, &go), ("boom".to_string(), boom), gated("after", &tx, &go)]);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), "first");
+        open(&go);
+        // The load of the panicking build does not hang: it finds nothing (and compiles itself).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.snapshot().iter().any(|(k, _)| k == "boom") {
+            assert!(Instant::now() < deadline, "{:?}", pool.snapshot());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(pool.take("boom").is_none());
+        assert_eq!(pool.take("after").unwrap().value, "after", "the thread went on to the next build");
     }
 
     #[test]
