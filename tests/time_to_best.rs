@@ -107,3 +107,41 @@ async fn status_and_report_show_when_each_best_was_reached_and_the_budget_lost_t
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("<table id=\"time-to-best\">"), "{html}");
 }
+
+/// How long loads waited for the compiler: with the look-ahead off every load waits for its
+/// build (the scripted worker's `compile_ms`), with it on only those it did not ask for ahead
+/// (the run's first); the ledger keeps each iteration's wait, and `status` sums them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_to_best_line_says_how_long_loads_waited_for_the_compiler() {
+    let mut waits = Vec::new();
+    for lookahead in [false, true] {
+        let p = Project::new(PLAN, rules(), json!({ "ok": { "us": 500.0 } }));
+        p.without_screening();
+        p.append_config("\n[baseline]\nsdpa_command = \"python3-that-does-not-exist {script}\"\n");
+        p.set_compile_ms(60);
+        if !lookahead {
+            let text = std::fs::read_to_string(p.path().join("agent.toml")).unwrap();
+            std::fs::write(p.path().join("agent.toml"), text.replace("[worker]\n", "[worker]\nlookahead = false\n")).unwrap();
+        }
+        assert_eq!(p.run("wait", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+        let ledger = Ledger::open_read_only(&p.db()).await.unwrap();
+        let its = ledger.iterations("wait").await.unwrap();
+        // Every candidate that reached its load (all but the one that does not compile,
+        // which the scripted worker refuses before answering) has its wait recorded.
+        let loaded: Vec<f64> = its.iter().filter(|i| i.compile_ms.is_some()).map(|i| i.compile_wait_ms.unwrap()).collect();
+        assert_eq!(loaded.len(), 5, "{its:?}");
+        if lookahead {
+            assert_eq!(loaded.iter().filter(|&&w| w > 0.0).count(), 1, "only the baseline's build was asked for just before its own load: {loaded:?}");
+        } else {
+            assert!(loaded.iter().all(|&w| w == 60.0), "{loaded:?}");
+        }
+        let s = optimizerd::ops::report::status(&ledger, Some("wait")).await.unwrap();
+        let t = &s.time_to_best;
+        let sum: f64 = loaded.iter().sum::<f64>() / 1e3;
+        assert!((t.budget_s_waiting_for_compiler - sum).abs() < 1e-9, "{t:?} {loaded:?}");
+        let text = optimizerd::ops::report::status_text(&s);
+        assert!(text.lines().any(|l| l.starts_with("to best") && l.ends_with("waiting for the compiler")), "{text}");
+        waits.push(t.budget_s_waiting_for_compiler);
+    }
+    assert!(waits[1] < waits[0], "{waits:?}");
+}

@@ -177,6 +177,7 @@ mod tests {
     fn loaded(static_smem: u32) -> Loaded {
         Loaded {
             compile_ms: 1.0,
+            waited_ms: 1.0,
             kernels: vec![KernelResources { kernel: "optd_fwd_d128".into(), registers: 168, static_smem, local_bytes: 0, max_threads: 384 }],
             occupancy: vec![],
             log: String::new(),

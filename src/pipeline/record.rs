@@ -49,6 +49,7 @@ pub fn gated_after_compile(rows: &mut [ShapeRecord], refused: &[(String, String)
 
 pub fn resources(rec: &mut IterationRecord, loaded: &Loaded) {
     rec.compile_ms = Some(loaded.compile_ms);
+    rec.compile_wait_ms = Some(loaded.waited_ms);
     if let Some(k) = loaded.kernels.first() {
         rec.registers = Some(k.registers as i64);
         rec.local_bytes = Some(loaded.kernels.iter().map(|k| k.local_bytes as i64).max().unwrap_or(0));

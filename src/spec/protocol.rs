@@ -875,7 +875,13 @@ impl DeviceInfo {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Loaded {
+    /// How long the build took NVRTC (on a compile thread when the look-ahead asked for it;
+    /// 0: built moments before and kept).
     pub compile_ms: f64,
+    /// How long this load waited for its build: 0 when the look-ahead's was ready, the
+    /// rest of it when still compiling, the whole build when it was not asked for ahead.
+    #[serde(default)]
+    pub waited_ms: f64,
     pub kernels: Vec<KernelResources>,
     pub occupancy: Vec<OccupancyResult>,
     /// NVRTC's log for the build (warnings), possibly empty.

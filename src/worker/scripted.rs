@@ -43,6 +43,11 @@ pub struct Script {
     /// NVRTC rejects answers `compile_error` with NVRTC's own log, whatever the rules say.
     #[serde(default)]
     pub nvrtc: bool,
+    /// Milliseconds a load waits for its build unless the look-ahead asked for it before
+    /// the previous load (then it had a candidate's time to compile), reported as the
+    /// load's `waited_ms`.
+    #[serde(default)]
+    pub compile_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,7 +127,12 @@ pub struct ScriptedBackend {
     modules: HashMap<String, Behaviour>,
     /// The look-ahead's builds waiting for their `Load`: the last `Precompile`'s list, as
     /// the GPU worker's compile pool keeps it, so the log can say whether a load had its build.
-    pending: Vec<String>,
+    /// Each with the number of loads served when it was first asked for: a build asked for
+    /// only just before its own load is still compiling (it waits `compile_ms`), one asked for
+    /// before an earlier load had a candidate's time to finish.
+    pending: Vec<(String, usize)>,
+    /// Loads served so far.
+    loads: usize,
 }
 
 impl ScriptedBackend {
@@ -134,7 +144,7 @@ impl ScriptedBackend {
         if let Some(d) = visible.and_then(|n| script.gpus.get(n)) {
             script.device = d.clone();
         }
-        Ok(ScriptedBackend { script, modules: HashMap::new(), pending: Vec::new() })
+        Ok(ScriptedBackend { script, modules: HashMap::new(), pending: Vec::new(), loads: 0 })
     }
 
     /// The GPUs the script stands for (`worker --list-devices`).
@@ -205,26 +215,32 @@ impl Backend for ScriptedBackend {
                 // before (here every build no longer asked for is dropped: the pool keeps
                 // those it had started, which a script cannot tell), soonest needed first.
                 let keys: Vec<(String, &BuildAsk)> = builds.iter().map(|b| (format!("{} {:?} {windows} {}", b.arch, b.head_dims, short_hash(&b.source)), b)).collect();
-                for old in &self.pending {
+                for (old, _) in &self.pending {
                     if !keys.iter().any(|(k, _)| k == old) {
                         eprintln!("scripted worker: dropped {}", old.rsplit(' ').next().unwrap_or(""));
                     }
                 }
-                let mut asked: Vec<String> = Vec::with_capacity(keys.len());
+                let mut asked: Vec<(String, usize)> = Vec::with_capacity(keys.len());
                 for (key, b) in keys.into_iter().take(crate::spec::protocol::PRECOMPILE_SLOTS) {
-                    if asked.contains(&key) {
+                    if asked.iter().any(|(k, _)| *k == key) {
                         continue;
                     }
-                    let started = if self.pending.contains(&key) { "kept" } else { "started" };
+                    let kept = self.pending.iter().find(|(k, _)| *k == key).map(|(_, at)| *at);
+                    let started = if kept.is_some() { "kept" } else { "started" };
                     eprintln!("scripted worker: precompile {} {started} {} head dims {:?}{}", key.rsplit(' ').next().unwrap_or(""), b.arch, b.head_dims, no_window_code(windows));
-                    asked.push(key);
+                    asked.push((key, kept.unwrap_or(self.loads)));
                 }
                 self.pending = asked;
                 Response::Precompiling
             }
             Request::Load { id, source, kernels, occupancy, arch, head_dims, windows, .. } => {
                 let key = format!("{arch} {head_dims:?} {windows} {}", short_hash(&source));
-                let ahead = self.pending.iter().position(|k| *k == key).map(|i| self.pending.remove(i)).is_some();
+                let asked_at = self.pending.iter().position(|(k, _)| *k == key).map(|i| self.pending.remove(i).1);
+                let ahead = asked_at.is_some();
+                let ready = asked_at.is_some_and(|at| at < self.loads);
+                self.loads += 1;
+                let waited_ms = if ready { 0 } else { self.script.compile_ms };
+                std::thread::sleep(std::time::Duration::from_millis(waited_ms));
                 eprintln!("scripted worker: load {id} {} ahead={ahead} head dims {head_dims:?}{}", short_hash(&source), no_window_code(windows));
                 // The real worker builds only `head_dims`' kernels: one of another head dim
                 // would not be found in its cubin.
@@ -253,6 +269,7 @@ impl Backend for ScriptedBackend {
                 self.modules.insert(id, b);
                 Response::Loaded(Loaded {
                     compile_ms: 1.0,
+                    waited_ms: waited_ms as f64,
                     kernels: kernels
                         .into_iter()
                         .map(|k| KernelResources { kernel: k, registers: 64, static_smem, local_bytes: 0, max_threads: 1024 })

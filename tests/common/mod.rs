@@ -169,6 +169,11 @@ impl Project {
         self.set_script("step_delay_ms", serde_json::json!(ms));
     }
 
+    /// A load whose build the look-ahead did not ask for waits this long for it (and says so).
+    pub fn set_compile_ms(&self, ms: u64) {
+        self.set_script("compile_ms", serde_json::json!(ms));
+    }
+
     /// Replace the worker script's rules (e.g. a kernel that was correct becomes wrong).
     pub fn set_rules(&self, rules: serde_json::Value) {
         self.set_script("rules", rules);

@@ -77,7 +77,8 @@ fn reached_at(d: &RunData, shape: &str, seq: i64) -> String {
 }
 
 /// The run's time-to-best figures in one table: budget on candidates that lost by more
-/// than 20% and on those that failed before timing, with counts and shares of the budget used.
+/// than 20% and on those that failed before timing, and waiting for the compiler, with counts and
+/// shares of the budget used.
 pub fn time_to_best_table(d: &RunData) -> Table {
     let t = &d.time_to_best;
     let used = d.run.used_s;
@@ -92,6 +93,7 @@ pub fn time_to_best_table(d: &RunData) -> Table {
         ],
         vec!["candidates losing by >20%".into(), format!("{:.1} s", t.budget_s_on_losers_20pct), t.losers_20pct.to_string(), share(t.budget_s_on_losers_20pct)],
         vec!["candidates that failed before timing".into(), format!("{:.1} s", t.budget_s_on_failed), t.failed.to_string(), share(t.budget_s_on_failed)],
+        vec!["waiting for the compiler".into(), format!("{:.1} s", t.budget_s_waiting_for_compiler), "-".into(), share(t.budget_s_waiting_for_compiler)],
         vec!["all candidates".into(), format!("{:.1} s", t.budget_s_on_candidates), "-".into(), share(t.budget_s_on_candidates)],
     ];
     Table {

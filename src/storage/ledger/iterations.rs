@@ -21,6 +21,8 @@ pub struct IterationRecord {
     pub verdict: Verdict,
     pub reason: String,
     pub compile_ms: Option<f64>,
+    /// How long its load waited for the compiler (0: the look-ahead's build was ready).
+    pub compile_wait_ms: Option<f64>,
     pub registers: Option<i64>,
     pub local_bytes: Option<i64>,
     pub static_smem: Option<i64>,
@@ -53,6 +55,7 @@ impl Default for IterationRecord {
             verdict: Verdict::Running,
             reason: String::new(),
             compile_ms: None,
+            compile_wait_ms: None,
             registers: None,
             local_bytes: None,
             static_smem: None,
@@ -142,8 +145,8 @@ impl Ledger {
         sqlx::query(
             "INSERT INTO iterations (run_id, seq, stage, template, params_json, source_hash, git_commit, verdict, reason,
                 compile_ms, registers, local_bytes, static_smem, resources_json, score_us, error, started_at, finished_at, used_s, arch,
-                check_ms, time_ms)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                check_ms, time_ms, compile_wait_ms)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&it.run_id)
         .bind(it.seq)
@@ -167,6 +170,7 @@ impl Ledger {
         .bind(&it.arch)
         .bind(it.check_ms)
         .bind(it.time_ms)
+        .bind(it.compile_wait_ms)
         .execute(&mut *tx)
         .await
         .map_err(self.q("insert iteration"))?;

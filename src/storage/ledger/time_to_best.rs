@@ -22,6 +22,8 @@ grew since the previous recorded iteration (GPU waits are not charged); time bet
 Lost by >20%: timed, won no shape, and the geometric mean over its timed shapes of (its median / the incumbent's median, \
 timed beside it) is above 1.20. Failed before timing: timed on no shape and verdict gated, compile_error, incorrect, \
 cta_mismatch, crashed, timeout, error, cheating or rejected_proposal; counted apart from the losers. \
+Waiting for the compiler: the seconds candidates' loads waited for their builds (none when the look-ahead had a build ready), \
+within those candidates' budgets; raise worker.compile_threads or worker.lookahead_depth where the host has idle cores. \
 Iterations without a recorded budget (interrupted, in flight) are charged to neither.";
 
 /// When one shape's final best was first reached.
@@ -46,6 +48,9 @@ pub struct TimeToBest {
     /// Budget seconds charged to candidates that failed before any timing.
     pub budget_s_on_failed: f64,
     pub failed: usize,
+    /// Budget seconds candidates' loads waited for their builds (0 in ledgers from before
+    /// `compile_wait_ms` was recorded).
+    pub budget_s_waiting_for_compiler: f64,
     /// Budget seconds charged to every candidate (the denominator for shares).
     pub budget_s_on_candidates: f64,
     pub definition: &'static str,
@@ -111,6 +116,7 @@ pub fn compute(its: &[IterationRecord]) -> TimeToBest {
         prev_used = prev_used.max(used);
         let cost = wall_s(it).map_or(grew, |w| w.min(grew));
         out.budget_s_on_candidates += cost;
+        out.budget_s_waiting_for_compiler += it.compile_wait_ms.map_or(0.0, |ms| (ms / 1e3).clamp(0.0, cost));
         let timed = it.shapes.iter().any(|s| s.median_us.is_some());
         let won = it.shapes.iter().any(|s| s.won);
         if !timed && fails_before_timing(it.verdict) {
@@ -143,8 +149,14 @@ impl TimeToBest {
         let which = if finished { "final" } else { "current" };
         let share = |x: f64| if used_s > 0.0 { format!(" ({:.0}%)", 100.0 * x / used_s) } else { String::new() };
         let last = self.last_reached_s().map(|t| format!("every shape's {which} best reached by {}; ", fmt(t))).unwrap_or_default();
+        // Said only where some load waited (a ledger from before it was recorded: never).
+        let waits = if self.budget_s_waiting_for_compiler >= 0.05 {
+            format!(", {}{} waiting for the compiler", fmt(self.budget_s_waiting_for_compiler), share(self.budget_s_waiting_for_compiler))
+        } else {
+            String::new()
+        };
         format!(
-            "{last}{}{} on {} candidate(s) losing by >20%, {}{} on {} that failed before timing",
+            "{last}{}{} on {} candidate(s) losing by >20%, {}{} on {} that failed before timing{waits}",
             fmt(self.budget_s_on_losers_20pct),
             share(self.budget_s_on_losers_20pct),
             self.losers_20pct,
@@ -243,6 +255,31 @@ mod tests {
         assert_eq!(t.shape(A).map(|s| s.seq), Some(4));
         let line = t.summary_line(22.0, true, |s| format!("{s:.1}s"));
         assert_eq!(line, "every shape's final best reached by 9.0s; 1.0s (5%) on 1 candidate(s) losing by >20%, 7.0s (32%) on 3 that failed before timing");
+    }
+
+    #[test]
+    fn loads_waiting_for_the_compiler_are_summed_within_each_candidates_budget() {
+        let waited = |mut it: IterationRecord, ms: Option<f64>| {
+            it.compile_wait_ms = ms;
+            it
+        };
+        let its = vec![
+            waited(it(1, Verdict::Baseline, 0.0, 2.0, Some(2.0), vec![timed(A, 10.0, None, true)]), Some(1500.0)),
+            waited(it(2, Verdict::Rejected, 2.0, 4.0, Some(4.0), vec![timed(A, 11.0, Some(10.0), false)]), Some(0.0)),
+            // More than the candidate's own budget (a clock step): charged at most its 1 s.
+            waited(it(3, Verdict::Rejected, 4.0, 5.0, Some(5.0), vec![timed(A, 11.0, Some(10.0), false)]), Some(9000.0)),
+            // Interrupted: charged nothing.
+            waited(it(4, Verdict::Interrupted, 5.0, 9.0, None, vec![]), Some(3000.0)),
+            // Recorded before the column existed.
+            waited(it(5, Verdict::Rejected, 5.0, 6.0, Some(6.0), vec![timed(A, 11.0, Some(10.0), false)]), None),
+        ];
+        let t = compute(&its);
+        assert!(close(t.budget_s_waiting_for_compiler, 2.5), "{t:?}");
+        let line = t.summary_line(10.0, true, |s| format!("{s:.1}s"));
+        assert!(line.ends_with("that failed before timing, 2.5s (25%) waiting for the compiler"), "{line}");
+        // None recorded: the line as before.
+        let old: Vec<IterationRecord> = its.into_iter().map(|i| waited(i, None)).collect();
+        assert!(compute(&old).summary_line(10.0, true, |s| format!("{s:.1}s")).ends_with("that failed before timing"));
     }
 
     #[test]

@@ -148,7 +148,8 @@ impl CudaBackend {
         let build = build.map_err(|e| compile_failure(e, "", compile_timeout_ms))?;
         // `waited_ms`: how long this load waited for the compiler (a build the look-ahead
         // started and finished in time: ~0).
-        tracing::debug!(%id, compile_ms, ahead, waited_ms = waited.elapsed().as_secs_f64() * 1e3, bytes = build.cubin.len(), "compiled");
+        let waited_ms = waited.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(%id, compile_ms, ahead, waited_ms, bytes = build.cubin.len(), "compiled");
         self.built.put(key, build.clone());
 
         let Compiled { cubin, log, .. } = build;
@@ -223,6 +224,7 @@ impl CudaBackend {
         self.candidates.insert(id, cand);
         Ok(Response::Loaded(Loaded {
             compile_ms,
+            waited_ms,
             kernels: resources,
             occupancy: occ,
             log,
