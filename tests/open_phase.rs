@@ -360,6 +360,65 @@ async fn builds_hold_the_head_dims_of_the_shapes_they_are_loaded_for() {
     }
 }
 
+/// A candidate the gate's last word narrows (static shared memory known after the build:
+/// its head-dim-128 shapes refused, its head-dim-64 one kept) keeps the build it was loaded
+/// with: when a crash restarts the worker, the incumbent is built again with both head dims,
+/// so every kernel it names is found (a rebuild of only its remaining shapes' head dim left
+/// its D 128 kernels out, and the next candidate failed with "reloading incumbent").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incumbent_narrowed_after_its_build_is_reloaded_with_the_head_dims_it_was_built_for() {
+    const PLAN: &str = r#"
+[[stage]]
+name = "baseline"
+template = "baseline.cu"
+search = "exhaustive"
+max_candidates = 1
+
+[[stage]]
+name = "memory"
+template = "memory.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [8], VEC_LOADS = [1], CP_ASYNC = [1], STAGES = [2], SWIZZLE = [1] }
+
+[[stage]]
+name = "kv-split"
+template = "kv_split.cu"
+search = "exhaustive"
+space = { BLOCK_M = [32], NUM_WARPS = [4], MAX_SPLITS = [8, 16] }
+
+[open_phase]
+enabled = false
+"#;
+    // memory.cu at this point (fp16): 24,576 B of dynamic shared memory at D 64, 49,152 at
+    // D 128; with 190,000 B static, D 64 fits the H100's 232,448 and D 128 does not.
+    let rules = json!([
+        { "source_contains": ["template `memory`"], "behaviour": { "ok": { "us": 20.0 } }, "static_smem": 190000 },
+        { "source_contains": ["template `kv-split`", "#define MAX_SPLITS 8\n"], "behaviour": { "crash": { "step": "time" } } },
+        { "source_contains": ["template `kv-split`", "#define MAX_SPLITS 16\n"], "behaviour": { "ok": { "us": 40.0 } } }
+    ]);
+    let p = Project::new(PLAN, rules, json!({ "ok": { "us": 80.0 } }));
+    p.set_device(&common::h100());
+    p.without_screening();
+    p.set_workload("shapes = [ { b = 1, h = 1, s = 128, d = 64 }, { b = 2, h = 8, s = 512, d = 128, causal = true } ]");
+    assert_eq!(p.run("narrow", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    let its = Ledger::open(&p.db()).await.unwrap().iterations("narrow").await.unwrap();
+    let verdicts: Vec<(String, Verdict)> = its.iter().map(|i| (i.stage.clone(), i.verdict)).collect();
+    use Verdict::*;
+    assert_eq!(
+        verdicts,
+        [("baseline".to_string(), Baseline), ("memory".into(), Accepted), ("kv-split".into(), Crashed), ("kv-split".into(), Accepted)],
+        "{its:?}"
+    );
+    // The memory kernel kept only its D 64 shape, and won it.
+    let memory = &its[1];
+    assert!(memory.shapes.iter().any(|s| s.won && s.shape.ends_with("d64")), "{memory:?}");
+    assert!(memory.shapes.iter().any(|s| s.gated.is_some() && s.shape.contains("d128")), "{memory:?}");
+    // After the crash the incumbents were loaded again, the memory kernel with both head dims.
+    let log = std::fs::read_to_string(p.path().join("runs/narrow/worker.log")).unwrap();
+    let reloads: Vec<&str> = log.lines().filter(|l| l.contains("[worker 2]") && l.contains("scripted worker: load it2 ")).collect();
+    assert!(!reloads.is_empty() && reloads.iter().all(|l| l.contains("head dims [64, 128]")), "{reloads:?}\n{log}");
+}
+
 /// The bandit over templates: kv-split is always 3x slower than memory on both classes.
 const SLOW_PLAN: &str = r#"
 [[stage]]

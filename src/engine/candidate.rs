@@ -178,7 +178,8 @@ impl Engine {
         };
         rec.arch = Some(arch.clone());
         let id = format!("it{seq}");
-        let kernels = stage.template.kernel_names(&dedup(plans.iter().map(|p| p.shape.d)));
+        let head_dims = dedup(plans.iter().map(|p| p.shape.d));
+        let kernels = stage.template.kernel_names(&head_dims);
         let loaded = match self.load(&id, &rendered.source, &arch, kernels.clone(), &plans).await {
             Ok(l) => l,
             Err(f) => return self.conclude(rec, Some(commit), policy.prefixed(f), shapes).await,
@@ -195,7 +196,7 @@ impl Engine {
         }
         plans = fits.plans;
         record::waves(&mut shapes, &plans, &loaded, self.device.sm_count);
-        self.modules.insert(id.clone(), Module { source: rendered.source.clone(), arch, kernels, plans: plans.clone(), loaded: Some(loaded) });
+        self.modules.insert(id.clone(), Module { source: rendered.source.clone(), arch, kernels, plans: plans.clone(), head_dims, loaded: Some(loaded) });
 
         // screen (search candidates): before the check, whose fp32 reference costs more than a
         // brief timing. A kernel far slower than the incumbents is never accepted, so whether

@@ -52,6 +52,10 @@ pub(super) struct Module {
     pub(super) arch: String,
     pub(super) kernels: Vec<String>,
     pub(super) plans: Vec<ShapePlan>,
+    /// The head dims its build holds: those of the shapes it was loaded for, which the gate's
+    /// last word (static shared memory, after the build) may narrow `plans` below. A reload
+    /// builds these again, so that every kernel in `kernels` is found.
+    pub(super) head_dims: Vec<u32>,
 }
 
 impl Engine {
@@ -146,7 +150,7 @@ impl Engine {
                 continue;
             }
             let Some(m) = self.modules.get(&id).cloned() else { continue };
-            let scope = self.build_scope(m.plans.iter().map(|p| p.shape.d));
+            let scope = self.build_scope(m.head_dims.iter().copied());
             let loaded = compile::load(&mut self.sup, &id, &m.source, &m.arch, &scope, m.kernels, &m.plans, self.cfg.worker.load_timeout)
                 .await
                 .map_err(|f| Failure::new(Verdict::Error, format!("reloading incumbent {id}: {}", f.reason)))?;

@@ -240,7 +240,7 @@ impl Engine {
         }
         let id = format!("rerank{seq}-{}", row.shape);
         let loaded = self.load(&id, &source, &arch, kernels.clone(), std::slice::from_ref(&plan)).await.map_err(|f| f.reason)?;
-        self.modules.insert(id.clone(), Module { loaded: Some(loaded), source: source.clone(), arch: arch.clone(), kernels: kernels.clone(), plans: vec![plan.clone()] });
+        self.modules.insert(id.clone(), Module { loaded: Some(loaded), source: source.clone(), arch: arch.clone(), kernels: kernels.clone(), plans: vec![plan.clone()], head_dims: vec![plan.shape.d] });
         let recorded_us = row.median_us.unwrap_or(f64::INFINITY);
         Ok(Contender { seq, id, template: it.template.clone(), params, source, arch, kernels, source_hash: it.source_hash.clone(), plan, recorded_us, row })
     }
@@ -281,7 +281,7 @@ impl Engine {
         // must be known again to be reloaded after a worker restart.
         self.modules.insert(
             c.id.clone(),
-            Module { loaded: None, source: c.source.clone(), arch: c.arch.clone(), kernels: c.kernels.clone(), plans: vec![c.plan.clone()] },
+            Module { loaded: None, source: c.source.clone(), arch: c.arch.clone(), kernels: c.kernels.clone(), plans: vec![c.plan.clone()], head_dims: vec![c.plan.shape.d] },
         );
         let best_rows = self.promote(seq, &c.id, &c.template, &c.params, &c.source, commit, &[(c.plan.clone(), burst.median_us)]).await?;
         crate::failpoint::hit("rerank-promoted");

@@ -325,11 +325,14 @@ impl Engine {
                 .meta
                 .target_arch(&self.device)
                 .map_err(|why| anyhow::anyhow!("incumbent {id} for {} cannot run on this GPU: {why}", b.shape))?;
-            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, arch, kernels: vec![], plans: vec![], loaded: None });
+            let module = self.modules.entry(id.clone()).or_insert_with(|| Module { source, arch, kernels: vec![], plans: vec![], head_dims: vec![], loaded: None });
             for l in &plan.launches {
                 if !module.kernels.contains(&l.kernel) {
                     module.kernels.push(l.kernel.clone());
                 }
+            }
+            if !module.head_dims.contains(&plan.shape.d) {
+                module.head_dims.push(plan.shape.d);
             }
             module.plans.push(plan.clone());
             if let Some(base) = b.baseline_us {
