@@ -49,7 +49,12 @@ For each shape and backend (SDPA's default, flash, cudnn, efficient; then "fa4")
             the same graph replayed back to back until at least N ms of GPU time have passed,
             events around the whole window, time per call = window / (replays * calls); the
             median of 3 windows, and the last window's length and replays. A model step runs
-            attention this long, at lower clocks than one short replay; absent without it;
+            attention this long, at lower clocks than one short replay; absent without it.
+            Every shape's short replays are timed first, the sustained windows after them all
+            (with the default backend's graph made again): a window leaves the GPU at its power
+            cap for a while, and the next shape's short replays would run at those clocks.
+            sustained_ran: present only when the default backend picked another kernel for the
+            windows than for the short replays;
   error     instead of the timings when the backend cannot run the shape in any form (a
             forced backend whose kernels did not run counts as refused: under the
             lower-right mask SDPA dispatches by itself).
@@ -450,6 +455,55 @@ def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0, fa4_func=N
     return out
 
 
+SUSTAINED_KEYS = ("sustained_us", "sustained_ms", "sustained_replays")
+
+
+def merge_sustained(burst, windows):
+    """Adds a sustained pass's figures (`windows`, an entry of time_sdpa or time_fa4) to the
+    burst pass's entry of the same backend; a pass that failed adds its error as
+    `sustained_error`. Returns `burst`."""
+    if "error" in burst:
+        return burst
+    if "error" in windows:
+        burst["sustained_error"] = windows["error"]
+        return burst
+    for key in SUSTAINED_KEYS:
+        burst[key] = windows[key]
+    if windows.get("ran") != burst.get("ran"):
+        burst["sustained_ran"] = windows.get("ran")
+    return burst
+
+
+def time_sustained(torch, result, calls, replays, l2_bytes, target_us, fa4_func, sustained_ms):
+    """The sustained windows of one shape's default backend and FA4, after every shape's
+    burst timing (see the module's docstring), merged into `result` (time_shape's)."""
+    inputs = Inputs(torch, normalize(result["shape"]), l2_bytes)
+    try:
+        windows = time_sdpa(torch, inputs, "default", calls, replays, target_us, sustained_ms)
+    except Exception as e:  # the backend context itself failed
+        windows = {"error": first_line(e)}
+    torch.cuda.synchronize()
+    merge_sustained(result["default"], windows)
+    if fa4_func is not None and FA4 in result:
+        merge_sustained(result[FA4], time_fa4(torch, inputs, fa4_func, calls, replays, target_us, sustained_ms))
+        torch.cuda.synchronize()
+
+
+def time_shapes(torch, shapes, calls, replays, l2_bytes, target_us, fa4_func, sustained_ms):
+    """Every shape's burst timing, then (sustained_ms > 0) every shape's sustained windows."""
+    results = []
+    for shape in shapes:
+        r = time_shape(torch, shape, calls, replays, l2_bytes, target_us, fa4_func)
+        r["shape"] = shape
+        results.append(r)
+        torch.cuda.empty_cache()
+    if sustained_ms > 0:
+        for r in results:
+            time_sustained(torch, r, calls, replays, l2_bytes, target_us, fa4_func, sustained_ms)
+            torch.cuda.empty_cache()
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--versions", action="store_true")
@@ -485,12 +539,7 @@ def main():
         print(f"bad shape: {e}", file=sys.stderr)
         return 2
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 1024 * 1024)
-    results = []
-    for shape in shapes:
-        r = time_shape(torch, shape, args.calls, args.replays, l2, args.target_us, fa4[0], args.sustained_ms)
-        r["shape"] = shape
-        results.append(r)
-        torch.cuda.empty_cache()
+    results = time_shapes(torch, shapes, args.calls, args.replays, l2, args.target_us, fa4[0], args.sustained_ms)
     print(json.dumps({"versions": v, "method": {"calls": args.calls, "replays": args.replays, "target_us": args.target_us,
                                                "sustained_ms": args.sustained_ms,
                                                "graph": "median replay of a CUDA graph of `calls` calls / calls",

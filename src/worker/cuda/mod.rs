@@ -67,6 +67,9 @@ pub struct CudaBackend {
     built: load::BuildCache<crate::nvrtc::Compiled>,
     /// Timing input sets kept by shape across requests: see `timing::TimingInputs`.
     timing_inputs: timing::TimingInputs,
+    /// When this worker's last sustained window ended: the next burst samples wait out
+    /// `timing::COOL_DOWN` from it.
+    windows_ended: Option<std::time::Instant>,
     /// The host memory checks and timings draw their inputs into: see `staging`.
     staging: staging::InputStaging,
 }
@@ -119,6 +122,7 @@ impl CudaBackend {
             pool: None,
             built: Default::default(),
             timing_inputs: timing::TimingInputs::new(memory / 8),
+            windows_ended: None,
             staging: staging::InputStaging::new(),
         })
     }

@@ -2,7 +2,18 @@
 //! requests: `TimingInputs`), each entry's launch count
 //! per sample from its first warm-up, CUDA graphs of one sample each (graph mode), and
 //! samples taken round by round with the entries' order alternating, timed with events;
-//! with `sustained_ms`, then one back-to-back window per entry and round (the same graphs).
+//! with `sustained_ms`, once every case's samples are taken, one back-to-back window per
+//! entry and round (each case prepared again: its kept sets, new graphs).
+//!
+//! Why every burst sample comes before any sustained window: a sustained window holds the
+//! GPU at its power cap for `sustained_ms` (an H200 drops from 1980 MHz to 1500-1785), and
+//! the clocks take a while to come back. Timed case by case, the next case's short samples
+//! ran at the capped clocks the previous case's windows left: in a closing of the LLM
+//! workload a prefill kernel the search timed at ~70 us read 80 us "burst" there. The same
+//! holds across requests (the closing times our kernels right after the re-rank's windows),
+//! so a request's samples also wait until `COOL_DOWN` has passed since the worker's last
+//! window: the clocks read full again within half a second, but the power limiter still
+//! held a B 4 x S 1024 prefill at 77 us (69 at full speed) for about a second more.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -121,9 +132,23 @@ impl CudaBackend {
                 }
             }
         }
+        if let Some(wait) = self.windows_ended.and_then(|t| COOL_DOWN.checked_sub(t.elapsed())) {
+            tracing::debug!(wait_ms = wait.as_millis() as u64, "burst samples wait for the last sustained window's power to settle");
+            std::thread::sleep(wait);
+        }
         let mut out = Vec::with_capacity(cases.len());
         for case in cases {
-            out.push(self.time_case(case, spec, case_seed(seed, &case.shape.key()))?);
+            out.push(self.time_case(case, spec, case_seed(seed, &case.shape.key()), Pass::Burst)?);
+        }
+        if spec.sustained_ms > 0.0 {
+            for (case, timed) in cases.iter().zip(out.iter_mut()) {
+                let burst_us: Vec<f64> = timed.entries.iter().map(|e| median(&e.samples_us)).collect();
+                let windows = self.time_case(case, spec, case_seed(seed, &case.shape.key()), Pass::Sustained { burst_us: &burst_us })?;
+                for (entry, sus) in timed.entries.iter_mut().zip(windows.entries) {
+                    entry.sustained_us = sus.sustained_us;
+                }
+            }
+            self.windows_ended = Some(std::time::Instant::now());
         }
         Ok(Response::Timed(Timed { cases: out }))
     }
@@ -133,6 +158,7 @@ impl CudaBackend {
         case: &TimeCase,
         spec: &TimingSpec,
         seed: u64,
+        pass: Pass<'_>,
     ) -> Result<TimedCase, Failure> {
         let shape = case.shape;
         let key = shape.key();
@@ -316,7 +342,8 @@ impl CudaBackend {
         let n_entries = case.entries.len();
         // Alternate the order round by round so that no entry always runs first.
         let order = |round: u32, j: usize| if round.is_multiple_of(2) { j } else { n_entries - 1 - j };
-        for round in 0..rounds {
+        let burst_rounds = if matches!(pass, Pass::Burst) { rounds } else { 0 };
+        for round in 0..burst_rounds {
             for j in 0..n_entries {
                 let ei = order(round, j);
                 for _ in 0..samples_per_round {
@@ -325,13 +352,13 @@ impl CudaBackend {
             }
         }
         // Sustained: per round, each entry replayed back to back for at least `sustained_ms`
-        // (entries interleaved like the samples, so each sees the same power state in turn).
+        // (entries interleaved like the samples, so each sees the same power state in turn),
+        // windows sized from the burst pass's medians.
         let mut sustained: Vec<Vec<f64>> = vec![Vec::new(); n_entries];
-        if spec.sustained_ms > 0.0 {
+        if let Pass::Sustained { burst_us } = pass {
             let replay_us = |us: f64| us * per_sample as f64;
-            let mut replays: Vec<u32> = samples
-                .iter()
-                .map(|s| crate::spec::protocol::sustained_replays(spec.sustained_ms, replay_us(median(s))))
+            let mut replays: Vec<u32> = (0..n_entries)
+                .map(|ei| crate::spec::protocol::sustained_replays(spec.sustained_ms, replay_us(burst_us.get(ei).copied().unwrap_or(0.0))))
                 .collect();
             for round in 0..crate::spec::protocol::sustained_rounds(spec) {
                 for j in 0..n_entries {
@@ -369,6 +396,19 @@ impl CudaBackend {
                 .collect(),
         })
     }
+}
+
+/// How long burst samples wait after the worker's last sustained window (see the module's
+/// comment). Only closings and re-ranks time windows, so the search never waits.
+const COOL_DOWN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Which part of a case's timing a pass over it takes (see the module's comment).
+#[derive(Clone, Copy)]
+enum Pass<'a> {
+    /// The interleaved short samples (`samples_us`).
+    Burst,
+    /// The back-to-back windows (`sustained_us`), each sized from its entry's burst median.
+    Sustained { burst_us: &'a [f64] },
 }
 
 /// The median of some samples (0 when there are none: one replay per sustained window).
