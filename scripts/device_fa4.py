@@ -7,12 +7,13 @@ most 64 MiB of it (../shared/notes/fa4-on-device.md). The largest wheel alone is
 the pinned wheels into carry folders under a size, splitting large files, and installs them there
 once every piece has arrived, whatever the order of the calls:
 
-    # the CPU machine (network): download once, pack into folders of at most --part-mb MB
+    # the CPU machine (network): download once, pack into folders that each fit one call beside the
+    # working tree and the gzipped binary (--part-mb, default from the tree's size: 5 folders at 28 MB)
     python3 scripts/device_fa4.py pack            # prints the folders, one per device call
-    # the GPU machine, one call per folder (carry it); the last call completes the install
+    # the GPU machine, one call per folder (carry it), back to back; the last call completes the install
     python3 scripts/device_fa4.py install .dev/fa4/parts/part1
-    python3 scripts/device_fa4.py install .dev/fa4/parts/part2
-    python3 scripts/device_fa4.py install .dev/fa4/parts/part3   # small: carry it with .dev/bin and start a run
+    ...
+    python3 scripts/device_fa4.py install .dev/fa4/parts/part5   # carry it with .dev/bin and start a run
     # then, in any later command on that warm machine
     eval "$(python3 scripts/device_fa4.py env)"   # PYTHONPATH for flash_attn.cute
 
@@ -159,16 +160,44 @@ def pythonpath(stage: Path) -> str:
     return f"{site}:{site / 'nvidia_cutlass_dsl' / 'dsl_packages'}"
 
 
+# What one device call carries (64 MiB), and the room kept beside every part: the binary that travels
+# with the last one (.dev/bin/optimizerd.gz, 9.5 MB on 2026-12-01) and a margin for the tree growing
+# between pack and call.
+CARRY_BYTES = 64 * 1024 * 1024
+SPARE_BYTES = 14_000_000
+
+
+def tree_bytes(root: Path) -> int:
+    """Bytes of what the device tool carries from `root` besides the carry paths: the tracked and
+    the untracked-not-ignored files (0 outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root,
+                             capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    total = 0
+    for name in out.split(b"\0"):
+        f = root / os.fsdecode(name)
+        if name and f.is_file():
+            total += f.stat().st_size
+    return total
+
+
+def default_part_mb(tree: int) -> float:
+    """The largest part that travels beside a tree of `tree` bytes, in MB, at most 42; <= 0: none does."""
+    return min(42.0, (CARRY_BYTES - tree - SPARE_BYTES) // 1_000_000)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="CPU machine: download (if needed) and pack the wheels into carry folders")
     p.add_argument("--wheels", type=Path, default=Path(".dev/fa4/wheels"), help="where the wheels are (downloaded there if empty)")
     p.add_argument("--out", type=Path, default=Path(".dev/fa4/parts"), help="the carry folders' parent (replaced)")
-    p.add_argument("--part-mb", type=float, default=42.0,
-                   help="largest folder, MB (default 42: three folders, the last ~18 MB, small enough to travel with the "
-                        "gzipped binary; a call carries 64 MiB = 67.1 MB with the working tree, 19 MB on 2026-11-29, "
-                        "when 47 MB folders no longer fit beside it)")
+    p.add_argument("--part-mb", type=float, default=None,
+                   help="largest folder, MB (default: what fits beside the working tree in one call, at most 42; "
+                        "a call carries 64 MiB = 67.1 MB with the tree: 19 MB on 2026-11-29, 28 MB on 2026-12-01, "
+                        "when 42 MB folders no longer fit beside it)")
     i = sub.add_parser("install", help="GPU machine: gather the carried part folders, install once complete")
     i.add_argument("parts", type=Path, nargs="*", help="part folders carried in this call")
     i.add_argument("--no-pip", action="store_true", help="join and check only (tests)")
@@ -178,7 +207,11 @@ def main(argv=None) -> int:
         if args.cmd == "pack":
             if not any(args.wheels.glob("*.whl")):
                 download(args.wheels)
-            parts = pack(args.wheels, args.out, int(args.part_mb * 1e6))
+            part_mb = args.part_mb if args.part_mb is not None else default_part_mb(tree_bytes(Path.cwd()))
+            if part_mb <= 0:
+                raise Fa4Error(f"the working tree is {tree_bytes(Path.cwd()) / 1e6:.0f} MB: no room beside it in a "
+                               f"call's {CARRY_BYTES / 1e6:.1f} MB; move large untracked files out of it or into .gitignore")
+            parts = pack(args.wheels, args.out, int(part_mb * 1e6))
             for d in parts:
                 mb = sum(f.stat().st_size for f in d.iterdir()) / 1e6
                 print(f"{d}  {mb:.1f} MB: one device call carrying it runs `python3 scripts/device_fa4.py install {d}`")

@@ -48,6 +48,27 @@ class PackInstallTest(unittest.TestCase):
     def tearDown(self):
         subprocess.run(["rm", "-rf", str(self.tmp)])
 
+    def test_the_default_part_fits_beside_the_tree_and_the_binary(self):
+        for tree_mb in (0, 19, 28, 40, 53):
+            part = fa4.default_part_mb(tree_mb * 1_000_000)
+            self.assertLessEqual(part, 42.0)
+            if part > 0:
+                self.assertLessEqual(tree_mb * 1_000_000 + part * 1_000_000 + 9_500_000, fa4.CARRY_BYTES, tree_mb)
+        self.assertEqual(fa4.default_part_mb(19_000_000), 34.0)
+        self.assertLessEqual(fa4.default_part_mb(60_000_000), 0, "no room: pack refuses rather than make parts that cannot travel")
+
+    def test_the_tree_counts_tracked_and_untracked_files_but_not_ignored_ones(self):
+        repo = self.tmp / "repo"
+        repo.mkdir()
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        (repo / ".gitignore").write_text("/big\n")
+        (repo / "tracked").write_bytes(b"x" * 1000)
+        subprocess.run(["git", "-C", str(repo), "add", "tracked", ".gitignore"], check=True)
+        (repo / "untracked").write_bytes(b"y" * 500)
+        (repo / "big").write_bytes(b"z" * 100_000)
+        self.assertEqual(fa4.tree_bytes(repo), 1000 + 500 + len("/big\n"))
+        self.assertEqual(fa4.tree_bytes(self.tmp / "not-a-repo-at-all"), 0)
+
     def test_parts_stay_under_the_limit_and_hold_every_byte(self):
         limit = 100_000
         parts = fa4.pack(self.wheels, self.tmp / "parts", limit)
