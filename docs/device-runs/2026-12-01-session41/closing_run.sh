@@ -1,6 +1,6 @@
 # Session 41: the LLM workload for RUN_BUDGET (default 4m) from an empty ledger with this tree's binary (every
 # case's burst samples taken before any sustained window, in the worker and in scripts/sdpa_baseline.py), the
-# CUDA compute cache off (call 2 on: burst samples also wait 2 s after the worker's last sustained window), nvidia-smi sampling clocks and power every 250 ms beside it (smi.csv.gz).
+# CUDA compute cache off, worker debug lines (call 7: each case's timing, timed_cases.jsonl.gz) (call 2 on: burst samples also wait 2 s after the worker's last sustained window), nvidia-smi sampling clocks and power every 250 ms beside it (smi.csv.gz).
 # Prints the closing comparison, each shape's best kernel as the search timed it against the closing's burst
 # figures (before / after the baselines) and sustained one, and issue 17's acceptance lines.
 set -u
@@ -8,13 +8,14 @@ export PYTHONUNBUFFERED=1 CUDA_CACHE_DISABLE=1
 exec > >(tee "$OUT/summary.txt") 2>&1
 mkdir -p target/release && gunzip -c .dev/bin/optimizerd.gz > target/release/optimizerd && chmod +x target/release/optimizerd
 W=/tmp/s41; rm -rf $W; mkdir -p $W
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 250 > $W/smi.csv 2>&1 &
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms ${SMI_MS:-250} > $W/smi.csv 2>&1 &
 SMI=$!
-RUST_LOG="info" python3 scripts/benchmark.py --bin target/release/optimizerd --budget "${RUN_BUDGET:-4m}" --workload llm --work $W/w --out $OUT/BENCH.md > $OUT/run.log 2>&1
+RUST_LOG="info,optimizerd::worker=debug" python3 scripts/benchmark.py --bin target/release/optimizerd --budget "${RUN_BUDGET:-4m}" --workload llm --work $W/w --out $OUT/BENCH.md > $OUT/run.log 2>&1
 echo "run rc=$?"
 kill $SMI 2>/dev/null; wait $SMI 2>/dev/null
 gzip -9c $W/smi.csv > $OUT/smi.csv.gz
 target/release/optimizerd status --config $W/w/agent.toml > $OUT/status.txt 2>&1
+grep -h 'timed case' $W/w/runs/*/worker.log | gzip -9 > $OUT/timed_cases.jsonl.gz
 python3 -c "import sqlite3,sys; d=sqlite3.connect(sys.argv[2]); sqlite3.connect(sys.argv[1]).backup(d); d.execute('pragma journal_mode=delete'); d.close()" $W/w/runs/optimizer.db $OUT/optimizer.db
 sed -n '/^closing comparison/,/^sdpa:/p' $OUT/status.txt | cut -c1-150; grep -E "^budget|^to best|^iterations" $OUT/status.txt
 python3 - $OUT/optimizer.db <<'PY'

@@ -160,6 +160,7 @@ impl CudaBackend {
         seed: u64,
         pass: Pass<'_>,
     ) -> Result<TimedCase, Failure> {
+        let case_started = std::time::Instant::now();
         let shape = case.shape;
         let key = shape.key();
         let what = format!("time {key}");
@@ -376,6 +377,15 @@ impl CudaBackend {
             }
         }
         after(stream.synchronize(), || format!("{what}: finishing"))?;
+        // With timestamps, these lines let a clock log (nvidia-smi) be read against each case.
+        tracing::debug!(
+            shape = %key,
+            pass = if matches!(pass, Pass::Burst) { "burst" } else { "sustained" },
+            entries = n_entries,
+            ms = case_started.elapsed().as_secs_f64() * 1000.0,
+            medians_us = ?samples.iter().map(|s| (median(s) * 100.0).round() / 100.0).collect::<Vec<_>>(),
+            "timed case"
+        );
         drop(graphs);
         drop(abis);
         let bytes = sets_bytes(&sets);
