@@ -164,9 +164,10 @@ impl Engine {
         Ok(())
     }
 
-    /// The closing's timing: the run's, with the closing's sustained windows.
+    /// The closing's timing: the run's, with the closing's sustained windows and burst samples
+    /// as long as the SDPA script's (`closing_sample`).
     pub(super) fn closing_spec(&self) -> TimingSpec {
-        TimingSpec { sustained_ms: self.closing.sustained_ms, ..self.cfg.timing_spec() }
+        closing_sample(TimingSpec { sustained_ms: self.closing.sustained_ms, ..self.cfg.timing_spec() })
     }
 
     async fn closing_rows(&mut self) -> Result<(Vec<ClosingRow>, Versions), String> {
@@ -229,6 +230,24 @@ impl Engine {
 
 /// The worker's time limit for a timing with sustained windows: the configured limit plus
 /// twice the GPU time the windows take (each entry, each round, `sustained_ms`).
+/// `spec` with each burst sample lasting `sample_target_us`, as a replay of the SDPA script's
+/// graph does (scripts/sdpa_baseline.py's `calls_for`: round(target / one call), at most
+/// `sdpa::MAX_CALLS_PER_GRAPH`): the run's `launches_per_sample` cap lifted to that. A sample
+/// is one graph replay between two events, and the GPU waits between the start event and the
+/// replay's first kernel for the CPU to submit it (~0.5 us); the search's samples, capped at
+/// a few launches (5 in the benchmark workloads: a Llama-3 B 1 decode sample is 22 us), carry
+/// that wait into every execution's time (~2.5% there), SDPA's 2-ms graphs did not. The
+/// search compares candidates sample against sample, both carrying it, so only the closing,
+/// which sets ours against SDPA and FA4, needs the same length as theirs. Without a target
+/// (`sample_target_us` 0) the script also falls back to fixed calls: unchanged.
+pub(super) fn closing_sample(spec: TimingSpec) -> TimingSpec {
+    if spec.sample_target_us > 0.0 {
+        TimingSpec { launches_per_sample: spec.launches_per_sample.max(crate::storage::sdpa::MAX_CALLS_PER_GRAPH), ..spec }
+    } else {
+        spec
+    }
+}
+
 pub(super) fn sustained_timeout(base: Duration, spec: &TimingSpec, cases: &[TimeCase]) -> Duration {
     let windows: usize = cases.iter().map(|c| c.entries.len()).sum::<usize>() * crate::spec::protocol::sustained_rounds(spec) as usize;
     base + Duration::from_secs_f64(2.0 * windows as f64 * spec.sustained_ms.max(0.0) / 1000.0)
@@ -259,5 +278,36 @@ mod tests {
         // 3 entries x 3 rounds x 200 ms = 1.8 s of windows: 3.6 s more.
         assert_eq!(sustained_timeout(Duration::from_secs(180), &spec, std::slice::from_ref(&case)), Duration::from_millis(183_600));
         assert_eq!(sustained_timeout(Duration::from_secs(180), &TimingSpec { sustained_ms: 0.0, ..spec }, &[case]), Duration::from_secs(180));
+    }
+
+    #[test]
+    fn a_closing_sample_lasts_as_long_as_the_sdpa_scripts_graph() {
+        let run = TimingSpec {
+            warmup: 5,
+            rounds: 4,
+            samples_per_round: 5,
+            launches_per_sample: 5,
+            l2_multiple: 3.0,
+            max_input_sets: 32,
+            graph: true,
+            sample_target_us: 2000.0,
+            max_entry_ms: 300.0,
+            sustained_ms: 0.0,
+        };
+        // A Llama-3 B 1 decode call of 4.4 us: the search's samples are 5 calls (22 us), the
+        // closing's as many as fill the 2-ms target, as the script's graph of round(2000 / 4.4).
+        let search = crate::spec::protocol::sample_plan(&run, 4.4);
+        assert_eq!(search.per_sample, 5);
+        let closing = crate::spec::protocol::sample_plan(&closing_sample(run), 4.4);
+        assert_eq!(closing.per_sample, 455);
+        assert!(4.4 * f64::from(closing.per_sample) >= 2000.0);
+        // The same number of samples in all (rounds x samples per round), one per round.
+        assert_eq!((closing.samples_per_round, closing.rounds), (1, 20));
+        // A long call is one per sample either way; the script's cap holds for tiny ones.
+        assert_eq!(crate::spec::protocol::sample_plan(&closing_sample(run), 3000.0).per_sample, 1);
+        assert_eq!(crate::spec::protocol::sample_plan(&closing_sample(run), 0.5).per_sample, crate::storage::sdpa::MAX_CALLS_PER_GRAPH);
+        // No target: the script times fixed calls, and so does the closing, as the run does.
+        let fixed = TimingSpec { sample_target_us: 0.0, ..run };
+        assert_eq!(closing_sample(fixed).launches_per_sample, 5);
     }
 }

@@ -141,6 +141,11 @@ async fn run_script(cmd: &str, args: &str, timeout: Duration) -> Result<String, 
 
 /// Keyed by what changes the answer: device, driver, torch, cuDNN, FA4 (installing it adds
 /// a backend), the shape, and the length of a timed graph (sized like a candidate's sample).
+/// The most calls scripts/sdpa_baseline.py captures in one graph (`calls_for`: as many as
+/// last `timing.sample_target_us`, at most this); the closing sizes our samples the same way
+/// (engine/closing.rs `closing_sample`).
+pub const MAX_CALLS_PER_GRAPH: u32 = 1000;
+
 fn cache_key(device: &DeviceInfo, v: &Versions, shape: &Shape, target_us: f64) -> String {
     format!(
         "{}|sm_{}|driver {}|torch {}|cudnn {}|fa4 {}|graph {}us|{}",
