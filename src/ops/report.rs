@@ -205,7 +205,7 @@ pub fn closing_table(rows: &[ClosingRow], workload: &[Shape]) -> String {
     let _ = writeln!(out, "\nclosing comparison ({}; best kernel timed before and after a fresh measurement of the baselines):", rows[0].measured_at);
     if sustained {
         let ms = rows.iter().find_map(|r| r.sustained_ms).map(|m| format!("{m:.0} ms")).unwrap_or_else(|| "-".into());
-        let _ = writeln!(out, "(burst: ~2 ms samples, as candidates are timed; sus: each replayed back to back for at least {ms}, as in a model step)");
+        let _ = writeln!(out, "(burst: ~2 ms samples, each a CUDA graph replay as the baselines' are; sus: each replayed back to back for at least {ms}, as in a model step)");
     }
     let mut head = format!("{:<40} {:>5} {:>11} {:>11} {:>16} {:>8}", "shape", "iter", "best us", "(before)", "sdpa us", "vs sdpa");
     if fa4 {
