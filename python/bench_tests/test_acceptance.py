@@ -33,6 +33,9 @@ def ledger(path: Path, shapes: list[dict], rows: dict[str, dict]) -> None:
                     "VALUES ('r1', ?, 1, ?, ?, ?, ?, 'now', ?, ?, ?, ?)",
                     (key, r["ours"][0], r["ours"][1], r["sdpa"], json.dumps(backends), *r.get("ours_sus", (None, None)),
                      r.get("sdpa_sus"), 200.0 if "ours_sus" in r else None))
+        if "sdpa_start" in r:
+            con.execute("INSERT INTO sdpa (run_id, shape, default_graph_us, picked, result_json, versions_json, cached) "
+                        "VALUES ('r1', ?, ?, 'cudnn', '{}', '{}', 0)", (key, r["sdpa_start"]))
     con.commit()
     con.close()
 
@@ -106,6 +109,31 @@ class VerdictTest(unittest.TestCase):
         self.assertTrue(med.met)
         self.assertIn(("b1hq32hkv8s4096d128-causal-bf16", ">= 1.0x SDPA default (FA4 not measured)"), vs)
         self.assertFalse(any(v.issue == 19 for (k, _), v in vs.items() if k.startswith("b1hq32")), "GQA: no issue 19 bar")
+
+    def test_a_bar_against_sdpa_is_cautioned_when_sdpa_moved_since_the_runs_start(self):
+        b1 = {"b": 1, "hq": 32, "hkv": 8, "sq": 1, "sk": 4096, "d": 128, "causal": True, "dtype": "bf16"}
+        b8 = {"b": 8, "hq": 32, "hkv": 8, "sq": 1, "sk": 4096, "d": 128, "causal": True, "dtype": "bf16"}
+        vs = self.run_on([b1, b8], {
+            # SDPA 12.1 us at the start, 13.91 in the closing (+15%): 1.57x "met" on its swing alone.
+            "b1hq32hkv8sq1sk4096d128-causal-bf16": {"ours": (8.85, 8.85), "sdpa": 13.91, "sdpa_start": 12.1},
+            # SDPA within 5% of its start: no caution.
+            "b8hq32hkv8sq1sk4096d128-causal-bf16": {"ours": (33.5, 33.5), "sdpa": 37.35, "sdpa_start": 36.9, "fa4": 47.0},
+        })
+        one = "b1hq32hkv8sq1sk4096d128-causal-bf16"
+        v = vs[(one, ">= 1.4x SDPA default (K/V < 32 MiB)")]
+        self.assertTrue(v.met, "the verdict stays the closing's")
+        self.assertIn("SDPA read +15% against the run's start (12.10 -> 13.91 us)", v.caution)
+        self.assertEqual(vs[(one, ">= 1.0x FA4")].caution, "", "a bar FA4 decides (here unchecked) carries no SDPA caution")
+        eight = "b8hq32hkv8sq1sk4096d128-causal-bf16"
+        self.assertEqual(vs[(eight, ">= 1.0x SDPA default")].caution, "")
+        text = A.table(list(vs.values()))
+        self.assertIn("(caution: SDPA read +15%", text)
+        self.assertIn("(2 with SDPA more than 5% off its start-of-run figure)", text)
+
+    def test_a_ledger_without_start_figures_gives_no_caution(self):
+        f = A.Figures(10.0, None, 14.0, None, None, None, None)
+        self.assertEqual(A.sdpa_caution(f), "")
+        self.assertIn("-20%", A.sdpa_caution(A.Figures(10.0, None, 12.0, None, None, None, None, sdpa_start=15.0)))
 
     def test_the_table_counts_met_and_unchecked_bars(self):
         vs = [A.Verdict(17, "s", "b", 1.0, 1.1, None, True), A.Verdict(17, "s", "c", 1.4, 1.1, None, False),
