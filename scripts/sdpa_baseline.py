@@ -437,20 +437,20 @@ def time_fa4(torch, inputs, fa4_func, calls, replays, target_us, sustained_ms=0.
     return entry
 
 
-def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0, fa4_func=None, sustained_ms=0.0):
+def time_shape(torch, shape, calls, replays, l2_bytes, target_us=0.0, fa4_func=None):
+    """One shape's burst samples: every SDPA backend, then FA4 where it imports (the sustained
+    windows come later, from `time_sustained`)."""
     s = normalize(shape)
     inputs = Inputs(torch, s, l2_bytes)
     out = {"input_sets": inputs.n}
     for name in SDPA_BACKENDS:
         try:
-            # Sustained windows for the default backend only: the comparisons read its and FA4's
-            # sustained figures, and the named backends' windows were a fifth of a closing's time.
-            out[name] = time_sdpa(torch, inputs, name, calls, replays, target_us, sustained_ms if name == "default" else 0.0)
+            out[name] = time_sdpa(torch, inputs, name, calls, replays, target_us)
         except Exception as e:  # the backend context itself failed
             out[name] = {"error": first_line(e)}
         torch.cuda.synchronize()
     if fa4_func is not None:
-        out[FA4] = time_fa4(torch, inputs, fa4_func, calls, replays, target_us, sustained_ms)
+        out[FA4] = time_fa4(torch, inputs, fa4_func, calls, replays, target_us)
         torch.cuda.synchronize()
     return out
 

@@ -1,6 +1,7 @@
 //! Timing candidates: per case, enough input sets to spill L2 (kept by shape for later
 //! requests: `TimingInputs`), each entry's launch count
-//! per sample from its first warm-up, CUDA graphs of one sample each (graph mode), and
+//! per sample from its first warm-up, CUDA graphs of one sample each, as many per entry as
+//! its samples need to read every set in turn (graph mode: `rotation_graphs`), and
 //! samples taken round by round with the entries' order alternating, timed with events;
 //! with `sustained_ms`, once every case's samples are taken, one back-to-back window per
 //! entry and round (each case prepared again: its kept sets, new graphs).
@@ -13,7 +14,11 @@
 //! holds across requests (the closing times our kernels right after the re-rank's windows),
 //! so a request's samples also wait until `COOL_DOWN` has passed since the worker's last
 //! window: the clocks read full again within half a second, but the power limiter still
-//! held a B 4 x S 1024 prefill at 77 us (69 at full speed) for about a second more.
+//! held a B 4 x S 1024 prefill at 77 us (69 at full speed) for about a second more. The
+//! pause is not the whole story: a closing's first timing read a few percent slow even
+//! with no window before it, at the same clocks (docs/device-runs/2026-12-01-session41,
+//! call 7); most of that gap came from short samples, which the closing no longer takes
+//! (see `engine::closing`).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -287,42 +292,57 @@ impl CudaBackend {
             }
         }
         after(stream.synchronize(), || format!("{what}: warmup"))?;
-        // Graph mode: capture `per_sample` executions of each entry once; a sample is one
-        // replay, so the CPU's launch cost drops out and the time is the GPU's.
-        let mut graphs = Vec::new();
+        // Graph mode: capture each entry's executions in graphs of `per_sample` each; a
+        // sample is one replay, so the CPU's launch cost drops out and the time is the GPU's.
+        // Several graphs per entry, replayed in turn, when one sample reads fewer sets than
+        // the case has: one graph replayed sample after sample would read the same few sets
+        // again and again, from L2 for a small decode cache (B 1 x S_k 1024: 5 sets of 4 MB
+        // timed at 4.4 us where a rotation over all 16 read 4.98).
+        let n_graphs = rotation_graphs(sets.len(), per_sample as usize);
+        let mut graphs: Vec<Vec<_>> = Vec::new();
         if spec.graph {
             for ei in 0..case.entries.len() {
-                api(
-                    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                    || format!("{what}: beginning graph capture"),
-                )?;
-                let mut captured = Ok(());
-                for _ in 0..per_sample {
-                    if let Err(e) = execute(ei, &mut cursor) {
-                        captured = Err(e);
-                        break;
+                let mut own = Vec::with_capacity(n_graphs);
+                for _ in 0..n_graphs {
+                    api(
+                        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                        || format!("{what}: beginning graph capture"),
+                    )?;
+                    let mut captured = Ok(());
+                    for _ in 0..per_sample {
+                        if let Err(e) = execute(ei, &mut cursor) {
+                            captured = Err(e);
+                            break;
+                        }
                     }
+                    // End the capture whatever happened, so the stream is usable again.
+                    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+                    captured?;
+                    let graph = api(graph, || format!("{what}: instantiating the graph of {}", case.entries[ei].id))?
+                        .ok_or_else(|| Failure::Bad(format!("{what}: captured an empty graph")))?;
+                    api(graph.upload(), || format!("{what}: uploading the graph"))?;
+                    after(graph.launch(), || format!("{what}: warming the graph of {}", case.entries[ei].id))?;
+                    own.push(graph);
                 }
-                // End the capture whatever happened, so the stream is usable again.
-                let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-                captured?;
-                let graph = api(graph, || format!("{what}: instantiating the graph of {}", case.entries[ei].id))?
-                    .ok_or_else(|| Failure::Bad(format!("{what}: captured an empty graph")))?;
-                api(graph.upload(), || format!("{what}: uploading the graph"))?;
-                after(graph.launch(), || format!("{what}: warming the graph of {}", case.entries[ei].id))?;
-                graphs.push(graph);
+                graphs.push(own);
             }
             after(stream.synchronize(), || format!("{what}: graph warmup"))?;
         }
-        // One timed window: `replays` back-to-back replays of entry `ei`'s graph (without
-        // graphs, `per_sample` executions each) between one pair of events; the result is
-        // per execution. A sample is a window of one replay; a sustained window is many.
-        let window = |ei: usize, replays: u32, cursor: &mut usize| -> Result<f64, Failure> {
+        // The next graph each entry replays.
+        let mut next_graph = vec![0usize; case.entries.len()];
+        // One timed window: `replays` back-to-back replays of entry `ei`'s graphs, in turn
+        // (without graphs, `per_sample` executions each) between one pair of events; the
+        // result is per execution. A sample is a window of one replay; a sustained window is many.
+        let mut window = |ei: usize, replays: u32, cursor: &mut usize| -> Result<f64, Failure> {
             let id = &case.entries[ei].id;
             after(start.record(stream), || format!("{what}: recording the start event"))?;
             for _ in 0..replays {
                 match graphs.get(ei) {
-                    Some(g) => after(g.launch(), || format!("{what}: replaying the graph of {id}"))?,
+                    Some(own) => {
+                        let g = &own[next_graph[ei] % own.len()];
+                        next_graph[ei] += 1;
+                        after(g.launch(), || format!("{what}: replaying the graph of {id}"))?
+                    }
                     None => {
                         for _ in 0..per_sample {
                             execute(ei, cursor)?;
@@ -421,6 +441,33 @@ enum Pass<'a> {
     Sustained { burst_us: &'a [f64] },
 }
 
+/// How many graphs of `per_sample` executions an entry's samples rotate through so that,
+/// replayed in turn, they read the case's `n_sets` input sets in one unbroken rotation:
+/// the executions of lcm(n_sets, per_sample) / per_sample graphs end where the first began.
+/// One graph where that would capture more than `MAX_ROTATION_LAUNCHES` executions (a
+/// sample of hundreds of launches already reads every set, and only the few launches
+/// around a replay's end read a set again soon).
+fn rotation_graphs(n_sets: usize, per_sample: usize) -> usize {
+    if n_sets <= 1 || per_sample == 0 {
+        return 1;
+    }
+    let (mut a, mut b) = (n_sets, per_sample);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    let graphs = n_sets / a;
+    if graphs * per_sample > MAX_ROTATION_LAUNCHES.max(per_sample) {
+        1
+    } else {
+        graphs
+    }
+}
+
+/// The most executions an entry's rotation of graphs captures (above one graph's own):
+/// with at most 32 sets and a sample shorter than that, lcm(n_sets, per_sample) stays
+/// within 32 x 31 launches, so small samples always rotate.
+const MAX_ROTATION_LAUNCHES: usize = 1024;
+
 /// The median of some samples (0 when there are none: one replay per sustained window).
 fn median(samples: &[f64]) -> f64 {
     let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
@@ -439,7 +486,31 @@ fn elapsed(start: &CudaEvent, end: &CudaEvent) -> Result<f32, DriverError> {
 
 #[cfg(test)]
 mod tests {
-    use super::Kept;
+    use super::{rotation_graphs, Kept};
+
+    #[test]
+    fn samples_rotate_through_every_input_set_without_a_seam() {
+        // 16 sets, 5 launches per sample: 16 graphs (80 executions, 5 rotations).
+        assert_eq!(rotation_graphs(16, 5), 16);
+        // A sample that reads half the sets: two graphs.
+        assert_eq!(rotation_graphs(16, 8), 2);
+        assert_eq!(rotation_graphs(16, 16), 1);
+        assert_eq!(rotation_graphs(1, 5), 1);
+        // Longer samples than sets rotate while lcm stays small ...
+        assert_eq!(rotation_graphs(16, 20), 4);
+        // ... and take one graph where lcm would be thousands of launches.
+        assert_eq!(rotation_graphs(16, 437), 1);
+        // Whatever the counts, the graphs' executions end on a whole number of rotations.
+        for n in 1..=32usize {
+            for p in 1..=40usize {
+                let g = rotation_graphs(n, p);
+                assert!(g >= 1 && g <= n);
+                if p < n {
+                    assert_eq!((g * p) % n, 0, "{n} sets, {p} per sample: {g} graphs leave a seam");
+                }
+            }
+        }
+    }
 
     #[test]
     fn kept_values_stay_within_the_cap_least_recently_kept_freed_first() {
