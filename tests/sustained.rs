@@ -2,7 +2,8 @@
 //! correct kernels re-ranked under back-to-back timing, a faster one recorded as a win
 //! (ledger, incumbents, git) with its reason; the closing rows' sustained figures; off, the
 //! closing as before; a crash after the re-rank resumes without applying it twice; a closing
-//! without the time left for its windows cut to burst timing.
+//! without the time left for its windows cut to burst timing; the closing's second timing of
+//! ours waits for the power the script's windows drew to settle.
 //! Scripted worker (its `sustained` factor makes kernels slow down differently under
 //! sustained load); SQLite, git and files are real.
 
@@ -44,6 +45,7 @@ if [ "$1" = "--versions" ]; then echo "$V"; exit 0; fi
 echo "$@" >> "$(dirname "$0")/sdpa_args.log"
 case "$*" in *--sustained-ms*) S=1;; *) S=0;; esac
 if [ $S = 1 ]; then SD=',"sustained_us":70.0'; SF=',"sustained_us":54.0'; else SD=''; SF=''; fi
+date +%s.%N >> "$(dirname "$0")/sdpa_ended.log"
 E='{{"default":{{"graph_us":60.0,"picked":"cudnn"'$SD'}}{fa4}}}'
 echo '{{"versions":'"$V"',"results":['"$E"','"$E"']}}'
 "#,
@@ -232,6 +234,35 @@ async fn sustained_ms_0_keeps_the_closing_as_it_was() {
     assert_eq!(iterations(&p, "top1").await.len(), 3);
     let closing = Ledger::open(&p.db()).await.unwrap().closing("top1").await.unwrap();
     assert!((closing[0].ours_sustained_us().unwrap() - 59.82).abs() < 1e-9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_closing_times_ours_again_only_once_the_baselines_windows_have_settled() {
+    let p = project(1.0);
+    fake_sdpa(&p, false);
+    assert_eq!(p.run("cool", Duration::from_secs(60)).await, RunEnd::Finished("plan exhausted".into()));
+    // The script ran twice: at the run's start and in the closing, with sustained windows.
+    let ended: Vec<f64> = std::fs::read_to_string(p.path().join("sdpa_ended.log")).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    let log = std::fs::read_to_string(p.path().join("runs/cool/worker.log")).unwrap();
+    // "time <n> case(s) sustained_ms <ms> at <unix seconds>", one per timing request.
+    let times: Vec<(f64, f64)> = log
+        .lines()
+        .filter_map(|l| l.split("scripted worker: time ").nth(1))
+        .map(|l| {
+            let ms = l.split("sustained_ms ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+            (ms, l.rsplit(' ').next().unwrap().parse().unwrap())
+        })
+        .collect();
+    let (before, after): (Vec<(f64, f64)>, Vec<(f64, f64)>) = times.iter().partition(|(_, at)| *at < ended[1]);
+    // Our kernels' first closing timing came before the script, the second after it: that one
+    // waited out the pause the script's windows need, as the worker does after its own.
+    assert_eq!(before.last().map(|t| t.0), Some(200.0), "{times:?}");
+    let (ms, at) = *after.first().expect("the closing's second timing");
+    assert_eq!(ms, 200.0, "{times:?}");
+    let waited = at - ended[1];
+    let pause = optimizerd::spec::protocol::COOL_DOWN.as_secs_f64();
+    assert!(waited >= pause - 0.05 && waited < pause + 5.0, "waited {waited:.3} s after the script's windows: {times:?}");
 }
 
 /// The daemon's CLI in the project with its scripted worker, optionally with a failpoint armed.

@@ -176,6 +176,15 @@ impl Engine {
         let sustained_ms = self.closing.sustained_ms;
         let before = self.time_incumbents(SALT_BEFORE).await?;
         let (sdpa, versions) = crate::storage::sdpa::measure_fresh(&self.cfg, &self.run_dir, &shapes, sustained_ms).await?;
+        if sustained_ms > 0.0 {
+            // The script's last act was its sustained windows, and the worker's own pause
+            // only follows the worker's windows: without this one the "after" bursts ran at
+            // the power limit those windows left (an H200's B 4 x S 1024 prefill read 79.8 us
+            // after, 69.0 before: docs/device-runs/2026-12-01-session42). The script starts
+            // cool by itself: importing torch takes longer than the pause.
+            tracing::debug!(wait_ms = crate::spec::protocol::COOL_DOWN.as_millis() as u64, "the closing's second timing waits for the baselines' windows' power to settle");
+            tokio::time::sleep(crate::spec::protocol::COOL_DOWN).await;
+        }
         let after = self.time_incumbents(SALT_AFTER).await?;
         let measured_at = ledger::now();
         let mut rows = Vec::new();

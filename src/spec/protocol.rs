@@ -606,6 +606,12 @@ pub struct TimingSpec {
     pub sustained_ms: f64,
 }
 
+/// How long burst samples wait after sustained windows, whoever ran them: a window holds the
+/// GPU at its power limit, and the limiter keeps the clocks down for about a second after it
+/// ends (the worker's own windows: `worker::cuda::timing`; the SDPA script's, which end right
+/// before the closing times our kernels again: `engine::closing`).
+pub const COOL_DOWN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Sustained windows per entry: both orders and a third for a median, never more than the
 /// spec's rounds. Each costs `sustained_ms` of GPU time per entry.
 pub fn sustained_rounds(spec: &TimingSpec) -> u32 {

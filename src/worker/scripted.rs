@@ -322,6 +322,9 @@ impl Backend for ScriptedBackend {
                 Response::Checked(Checked { shapes })
             }
             Request::Time { cases, spec, .. } => {
+                // When each timing began (Unix seconds), for tests of what the engine waits for.
+                let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+                eprintln!("scripted worker: time {} case(s) sustained_ms {} at {at:.3}", cases.len(), spec.sustained_ms);
                 let mut out = Vec::new();
                 for case in cases {
                     let mut entries = Vec::new();

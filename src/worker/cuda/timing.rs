@@ -32,7 +32,7 @@ use super::error::{after, api, Failure, Stage};
 use super::kernels::{resolve, Resolved};
 use super::plan::{validate_plan, validate_shape};
 use super::CudaBackend;
-use crate::spec::protocol::{Response, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec, ViewStrides};
+use crate::spec::protocol::{Response, TimeCase, Timed, TimedCase, TimedEntry, TimingSpec, ViewStrides, COOL_DOWN};
 use crate::worker::reference;
 
 /// Input sets kept between `Time` requests, by shape, for the rest of the worker's life:
@@ -137,6 +137,7 @@ impl CudaBackend {
                 }
             }
         }
+        // Only closings and re-ranks time windows, so the search never waits.
         if let Some(wait) = self.windows_ended.and_then(|t| COOL_DOWN.checked_sub(t.elapsed())) {
             tracing::debug!(wait_ms = wait.as_millis() as u64, "burst samples wait for the last sustained window's power to settle");
             std::thread::sleep(wait);
@@ -427,10 +428,6 @@ impl CudaBackend {
         })
     }
 }
-
-/// How long burst samples wait after the worker's last sustained window (see the module's
-/// comment). Only closings and re-ranks time windows, so the search never waits.
-const COOL_DOWN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Which part of a case's timing a pass over it takes (see the module's comment).
 #[derive(Clone, Copy)]
