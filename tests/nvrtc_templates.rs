@@ -1,6 +1,8 @@
 //! Template variants compile with NVRTC for sm_80, sm_89 and sm_90 (those at or above its
 //! `min_cc`), in both builds (timed, and the CTA-counting check build) and both element
-//! types, and export the kernels their spec launches. An arch-specific template
+//! types, and export the kernels their spec launches: the default variant for every arch
+//! and type, every other variant for one of them, so that each knob value compiles for
+//! each arch and in each type (`target_cover`). An arch-specific template
 //! (`arch_specific = true`, e.g. wgmma_tma.cu) is compiled only for its own target,
 //! `sm_<min_cc>a`, the one the daemon uses. A variant is a combination of the knobs the
 //! code uses (knobs only the launch formulas read change no code); each template compiles
@@ -85,16 +87,14 @@ fn every_template_variant_compiles_for_every_arch() {
         let cover = pairwise_cover(&t.default_params(), distinct, &code_knobs);
         let mut builds: Vec<(Params, Vec<u32>)> = vec![(cover[0].clone(), t.meta.head_dims.clone())];
         builds.extend(head_dim_cover(&cover, &code_knobs, &t.meta.head_dims).into_iter().map(|(p, d)| (p, vec![d])));
-        for (n, (p, dims)) in builds.into_iter().enumerate() {
-            for dtype in [DType::Fp16, DType::Bf16] {
-                let src = render(&t, &p, dtype, &dir).unwrap();
-                for arch in &archs {
-                    // The check build differs by one define; compile it for the first variant of each template and arch.
-                    jobs.push((t.clone(), p.clone(), dims.clone(), dtype, arch.clone(), src.source.clone(), false));
-                    if n == 0 {
-                        jobs.push((t.clone(), p.clone(), dims.clone(), dtype, arch.clone(), src.source.clone(), true));
-                    }
-                }
+        // Each build in one element type for one arch, but the first (every target); see target_cover.
+        let first_targets = TYPES.len() * archs.len();
+        for (n, (p, dims, dtype, arch)) in target_cover(&builds, &code_knobs, &TYPES, &archs).into_iter().enumerate() {
+            let src = render(&t, &p, dtype, &dir).unwrap();
+            jobs.push((t.clone(), p.clone(), dims.clone(), dtype, arch.clone(), src.source.clone(), false));
+            // The check build differs by one define; compile it for the first variant of each template, at every target.
+            if n < first_targets {
+                jobs.push((t.clone(), p, dims, dtype, arch, src.source, true));
             }
         }
     }
@@ -238,6 +238,63 @@ fn head_dim_cover(cover: &[Params], knobs: &[String], head_dims: &[u32]) -> Vec<
     out
 }
 
+/// The element types a variant compiles in.
+const TYPES: [DType; 2] = [DType::Fp16, DType::Bf16];
+
+/// The target, element type and arch, of every compile of `builds` (variant, head dims).
+/// The first build (the daemon's start point, every head dim) compiles for every target;
+/// every other build for one, chosen greedily so that every knob value and every head dim
+/// also compiles in every element type and for every arch; a build compiles for a second
+/// target only where those pairs outnumber the builds. (Every build for every target was
+/// 2-6 compiles per build, most of this test's 8 minutes on CI; a knob that breaks one
+/// type or arch breaks it at any value pairing, so the value's pair with the target is
+/// what needs a compile.) Deterministic: ties keep the builds' and the targets' order.
+fn target_cover(builds: &[(Params, Vec<u32>)], knobs: &[String], types: &[DType], archs: &[String]) -> Vec<(Params, Vec<u32>, DType, String)> {
+    // (knob index, or usize::MAX for a head dim; its value; 0 = element type, 1 = arch; that target's index)
+    type Feature = (usize, i64, u8, usize);
+    let targets: Vec<(usize, usize)> = (0..types.len()).flat_map(|t| (0..archs.len()).map(move |a| (t, a))).collect();
+    let features = |b: usize, (t, a): (usize, usize)| -> Vec<Feature> {
+        let (p, dims) = &builds[b];
+        let mut out = Vec::new();
+        for (side, i) in [(0u8, t), (1u8, a)] {
+            out.extend(knobs.iter().enumerate().map(|(k, name)| (k, p[name], side, i)));
+            out.extend(dims.iter().map(|&d| (usize::MAX, i64::from(d), side, i)));
+        }
+        out
+    };
+    let mut uncovered: std::collections::BTreeSet<Feature> =
+        (0..builds.len()).flat_map(|b| targets.iter().flat_map(move |&tg| features(b, tg))).collect();
+    let mut chosen: Vec<(usize, (usize, usize))> = Vec::new();
+    let take = |b: usize, tg: (usize, usize), uncovered: &mut std::collections::BTreeSet<Feature>, chosen: &mut Vec<(usize, (usize, usize))>| {
+        for f in features(b, tg) {
+            uncovered.remove(&f);
+        }
+        chosen.push((b, tg));
+    };
+    for &tg in &targets {
+        take(0, tg, &mut uncovered, &mut chosen);
+    }
+    for b in 1..builds.len() {
+        let gain = |tg: (usize, usize)| features(b, tg).iter().filter(|f| uncovered.contains(*f)).count();
+        let best = *targets.iter().rev().max_by_key(|&&tg| gain(tg)).expect("at least one target");
+        take(b, best, &mut uncovered, &mut chosen);
+    }
+    while !uncovered.is_empty() {
+        let gain = |b: usize, tg: (usize, usize)| features(b, tg).iter().filter(|f| uncovered.contains(*f)).count();
+        let (b, tg) = (0..builds.len())
+            .flat_map(|b| targets.iter().map(move |&tg| (b, tg)))
+            .filter(|x| !chosen.contains(x))
+            .rev()
+            .max_by_key(|&(b, tg)| gain(b, tg))
+            .expect("uncovered pairs come from the builds");
+        take(b, tg, &mut uncovered, &mut chosen);
+    }
+    chosen
+        .into_iter()
+        .map(|(b, (t, a))| (builds[b].0.clone(), builds[b].1.clone(), types[t], archs[a].clone()))
+        .collect()
+}
+
 /// A covering set of `variants` (distinct in their `knobs`): `default` first when it is
 /// one of them, then, greedily, the variant that covers the most pairs of (knob, value)
 /// not covered yet, until every pair that occurs in `variants` is covered (with fewer
@@ -340,6 +397,51 @@ fn every_knob_value_is_built_at_every_head_dim_and_every_variant_once() {
     assert_eq!(distinct.len(), builds.len());
     // One head dim: each variant once, at it.
     assert_eq!(head_dim_cover(&cover, &knobs, &[128]).len(), cover.len());
+}
+
+#[test]
+fn every_knob_value_and_head_dim_compiles_in_every_type_for_every_arch_in_far_fewer_compiles() {
+    let knobs: Vec<String> = ["A", "B", "C"].iter().map(|s| s.to_string()).collect();
+    let mut all = Vec::new();
+    for a in [1, 2, 3] {
+        for b in [0, 1] {
+            for c in [16, 32] {
+                all.push(Params::from_iter([("A".into(), a), ("B".into(), b), ("C".into(), c)]));
+            }
+        }
+    }
+    let cover = pairwise_cover(&all[0], all.clone(), &knobs);
+    let dims = [64, 128];
+    let mut builds: Vec<(Params, Vec<u32>)> = vec![(cover[0].clone(), dims.to_vec())];
+    builds.extend(head_dim_cover(&cover, &knobs, &dims).into_iter().map(|(p, d)| (p, vec![d])));
+    let archs: Vec<String> = ["sm_80", "sm_89", "sm_90"].iter().map(|s| s.to_string()).collect();
+    let compiles = target_cover(&builds, &knobs, &TYPES, &archs);
+    // The first build for every target, first; every build at least once; no compile twice.
+    assert!(compiles.len() >= 6 && compiles[..6].iter().all(|(p, d, _, _)| *p == builds[0].0 && *d == builds[0].1), "{compiles:?}");
+    for (p, d) in &builds {
+        assert!(compiles.iter().any(|(q, e, _, _)| q == p && e == d), "{p:?} D {d:?} never compiled");
+    }
+    let distinct: std::collections::BTreeSet<String> = compiles.iter().map(|(p, d, t, a)| format!("{p:?}{d:?}{}{a}", t.as_str())).collect();
+    assert_eq!(distinct.len(), compiles.len());
+    // Every knob value and head dim in both types and for all three archs.
+    for t in TYPES {
+        for arch in &archs {
+            for k in &knobs {
+                for p in &all {
+                    assert!(compiles.iter().any(|(q, _, u, _)| q[k] == p[k] && *u == t), "{k}={} never in {}", p[k], t.as_str());
+                    assert!(compiles.iter().any(|(q, _, _, a)| q[k] == p[k] && a == arch), "{k}={} never for {arch}", p[k]);
+                }
+            }
+            for d in dims {
+                assert!(compiles.iter().any(|(_, e, u, _)| e.contains(&d) && *u == t), "D {d} never in {}", t.as_str());
+                assert!(compiles.iter().any(|(_, e, _, a)| e.contains(&d) && a == arch), "D {d} never for {arch}");
+            }
+        }
+    }
+    // Far fewer than every build for every target (what the test compiled before).
+    assert!(compiles.len() * 2 < builds.len() * 6, "{} compiles for {} builds", compiles.len(), builds.len());
+    // One target: each build once.
+    assert_eq!(target_cover(&builds, &knobs, &TYPES[..1], &archs[..1]).len(), builds.len());
 }
 
 /// The CUDA text without /* */ and // comments (the prose header names every knob).
