@@ -31,8 +31,10 @@ For each shape and backend (SDPA's default, flash, cudnn, efficient; then "fa4")
   graph_us  GPU time per call: a CUDA graph of `calls` back-to-back calls, median of
             `replays` replays, divided by `calls`. With --target-us T (the daemon passes
             its timing.sample_target_us) `calls` is chosen per shape and backend so that
-            one replay lasts about T, as long as one timed sample of a candidate: a long
-            graph runs the GPU hotter, at lower clocks, than the candidates' samples;
+            one replay lasts about T of GPU time (measured by a short graph's replay, not
+            eagerly: a small kernel's eager call is its CPU dispatch), as long as one timed
+            sample of a candidate: a long graph runs the GPU hotter, at lower clocks, than
+            the candidates' samples, and a short one carries more of a replay's fixed cost;
   calls     the calls per graph that were used;
   eager_us  CUDA events around `calls` back-to-back Python calls (includes CPU dispatch);
   ran       the backend whose kernels ran (torch.profiler: cudnn, flash, efficient, math; fa4);
@@ -204,17 +206,38 @@ def ran_backend(torch, fn):
     return "math"
 
 
+# Calls in the graph whose replay measures a call's GPU time for calls_for.
+PROBE_CALLS = 8
+
+
 def calls_for(torch, call, target_us, fallback):
-    """Calls per graph so that one replay lasts about target_us (eager estimate)."""
+    """Calls per graph so that one replay lasts about target_us of GPU time, from a replay of a
+    PROBE_CALLS-call graph (the fastest of 3). Timed eagerly, a small kernel's call is its
+    Python dispatch (~80 us for SDPA on the H200): decode shapes got graphs of 20-27 calls,
+    ~0.3 ms, where the candidates' samples last target_us, so SDPA's per-call figure carried
+    a replay's fixed cost spread over fewer calls (2026-12-02, session 44)."""
     if target_us <= 0:
         return fallback
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
         call()
-    end.record()
-    end.synchronize()
-    per_call = max(start.elapsed_time(end) * 1000.0 / 3, 1e-3)
+    torch.cuda.current_stream().wait_stream(stream)
+    probe = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(probe):
+        for _ in range(PROBE_CALLS):
+            call()
+    probe.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replay_us = []
+    for _ in range(3):
+        start.record()
+        probe.replay()
+        end.record()
+        end.synchronize()
+        replay_us.append(start.elapsed_time(end) * 1000.0)
+    per_call = max(min(replay_us) / PROBE_CALLS, 1e-3)
     return max(1, min(1000, round(target_us / per_call)))
 
 

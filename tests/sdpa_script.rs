@@ -202,6 +202,14 @@ fn sustained_timing_replays_each_graph_for_the_asked_time_with_and_without_fa4()
         assert!(res["default"]["sustained_us"].as_f64().unwrap() > res["default"]["graph_us"].as_f64().unwrap());
     }
 
+    // A CPU slower to dispatch a call (100 us) than the GPU to run it (50): eager calls show
+    // the dispatch, but the graph is still sized by GPU time, 2000 us / 50 us = 40 calls (sized
+    // by the eager time it was 20, the replay's fixed cost over half as many calls).
+    let slow_cpu = [("FAKE_TORCH_DISPATCH_US", "100")];
+    let r = run_script_env(dir.path(), &shapes(), false, &["--target-us", "2000"], &slow_cpu).unwrap();
+    let dec = &r.out["results"][0]["default"];
+    assert_eq!((dec["calls"].clone(), dec["graph_us"].clone(), dec["eager_us"].clone()), (json!(40), json!(50.0), json!(100.0)), "{dec}");
+
     // Without --sustained-ms: no sustained fields, as before.
     let r = run_script_env(dir.path(), &shapes(), true, &["--target-us", "2000"], &throttle).unwrap();
     assert!(r.out["results"][0]["default"].get("sustained_us").is_none());

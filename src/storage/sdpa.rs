@@ -140,15 +140,20 @@ async fn run_script(cmd: &str, args: &str, timeout: Duration) -> Result<String, 
 }
 
 /// Keyed by what changes the answer: device, driver, torch, cuDNN, FA4 (installing it adds
-/// a backend), the shape, and the length of a timed graph (sized like a candidate's sample).
+/// a backend), the shape, and the length of a timed graph (sized like a candidate's sample,
+/// by GPU time: `GRAPH_SIZING` keeps out the entries of the script that sized it by eager
+/// time, whose decode graphs were a tenth as long).
 /// The most calls scripts/sdpa_baseline.py captures in one graph (`calls_for`: as many as
 /// last `timing.sample_target_us`, at most this); the closing sizes our samples the same way
 /// (engine/closing.rs `closing_sample`).
 pub const MAX_CALLS_PER_GRAPH: u32 = 1000;
 
+/// How scripts/sdpa_baseline.py sizes its graphs (`calls_for`), in the cache key.
+const GRAPH_SIZING: &str = "by gpu time";
+
 fn cache_key(device: &DeviceInfo, v: &Versions, shape: &Shape, target_us: f64) -> String {
     format!(
-        "{}|sm_{}|driver {}|torch {}|cudnn {}|fa4 {}|graph {}us|{}",
+        "{}|sm_{}|driver {}|torch {}|cudnn {}|fa4 {}|graph {}us {GRAPH_SIZING}|{}",
         device.name,
         device.cc(),
         device.driver_version,
@@ -330,5 +335,7 @@ mod tests {
         let dev = crate::test_fixtures::h100();
         assert_ne!(cache_key(&dev, &absent, &decode(), 2000.0), cache_key(&dev, &present, &decode(), 2000.0));
         assert!(cache_key(&dev, &present, &decode(), 2000.0).contains("|fa4 4.0.0b36|"));
+        // An entry of the script that sized its graphs by eager time is not reused.
+        assert!(cache_key(&dev, &present, &decode(), 2000.0).contains("|graph 2000us by gpu time|"));
     }
 }
