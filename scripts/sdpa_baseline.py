@@ -210,6 +210,24 @@ def ran_backend(torch, fn):
 PROBE_CALLS = 8
 
 
+def captured(torch, call, n_calls, warm):
+    """A CUDA graph of `n_calls` calls, after `warm` calls on a side stream (as capture wants),
+    replayed once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warm):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n_calls):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 def calls_for(torch, call, target_us, fallback):
     """Calls per graph so that one replay lasts about target_us of GPU time, from a replay of a
     PROBE_CALLS-call graph (the fastest of 3). Timed eagerly, a small kernel's call is its
@@ -218,17 +236,7 @@ def calls_for(torch, call, target_us, fallback):
     a replay's fixed cost spread over fewer calls (2026-12-02, session 44)."""
     if target_us <= 0:
         return fallback
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    probe = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(probe):
-        for _ in range(PROBE_CALLS):
-            call()
-    probe.replay()
-    torch.cuda.synchronize()
+    probe = captured(torch, call, PROBE_CALLS, warm=1)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     replay_us = []
     for _ in range(3):
@@ -281,18 +289,7 @@ def time_call(torch, call, calls, replays, target_us, sustained_ms=0.0):
         end.record()
         end.synchronize()
         eager.append(start.elapsed_time(end) * 1000.0 / n_calls)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n_calls):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = captured(torch, call, n_calls, warm=3)
     g = []
     for _ in range(replays):
         start.record()
