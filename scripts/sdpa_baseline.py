@@ -231,7 +231,7 @@ def captured(torch, call, n_calls, warm):
 def calls_for(torch, call, target_us, fallback):
     """Calls per graph so that one replay lasts about target_us of GPU time, from a replay of a
     PROBE_CALLS-call graph (the fastest of 3). Timed eagerly, a small kernel's call is its
-    Python dispatch (~80 us for SDPA on the H200): decode shapes got graphs of 20-27 calls,
+    Python dispatch (~80 us for SDPA on the H200): decode shapes got graphs of 11-27 calls,
     ~0.3 ms, where the candidates' samples last target_us, so SDPA's per-call figure carried
     a replay's fixed cost spread over fewer calls (2026-12-02, session 44)."""
     if target_us <= 0:
