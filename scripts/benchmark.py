@@ -34,6 +34,9 @@ Workloads (--workload; --config names any other file):
   llama3-8b  scripts/benchmark-llama3-8b.toml: Llama-3-8B's attention as `workload --from-hf`
             writes it from scripts/models/llama-3-8b-config.json (prefill B 1/4/8 x S 1024/4096,
             decode B 1/4/8 over 4096 keys; the shapes scripts/model_e2e.sh tunes), bf16.
+  spec-decode  scripts/benchmark-spec-decode.toml: speculative decoding's verification (4-16
+            query rows per sequence against 4K keys, causal; Llama-3-8B-like and Qwen2-7B-like
+            groups), bf16.
 
 Run it on the GPU machine (the binary is built elsewhere and carried). Standard
 library only. `--worker-script` and `--sdpa-command` exist for the CPU test.
@@ -74,6 +77,7 @@ WORKLOADS = {
     "window": "scripts/benchmark-window.toml",
     "long-decode": "scripts/benchmark-long-decode.toml",
     "llama3-8b": "scripts/benchmark-llama3-8b.toml",
+    "spec-decode": "scripts/benchmark-spec-decode.toml",
 }
 
 DECODE_MAX_SQ = 16  # as optimizerd's Shape::is_decode

@@ -865,6 +865,20 @@ LONG_DECODE_POINTS = [
     ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1),
      [gqa(8, 32, 1, 1, 16384, 128, True)]),
 ]
+# --points decode_wgmma: decode-wgmma (one wgmma warpgroup per KV split, K/V by TMA, the cluster's
+# scatter combine) at points over every knob value (keys per tile, ring depth, cluster size, 32 or
+# 64 packed rows per CTA), with decode-cluster's MQA winner (decode-wide's start) beside it, on the
+# decode shapes (4 packed GQA rows, ragged SK, MQA's 32 rows, D 64 bshd with SQ 3: 48 rows, two row
+# tiles at ROWS 32) and, in check_points.py, the checker's (head dims 64 and 128 only).
+DECODE_WGMMA_POINTS = [
+    ("decode_wgmma.cu", dict(BLOCK_N=bn, STAGES=st, CLUSTER=cl, ROWS=rows),
+     _DEC_SHAPES + [gqa(2, 32, 8, 16, 1000, 128, True), gqa(1, 32, 4, 8, 2049, 64, True, "bshd")])
+    for bn, st, cl, rows in ((128, 3, 8, 32), (64, 4, 8, 32), (128, 2, 4, 64), (64, 2, 2, 64), (64, 3, 8, 64),
+                             (128, 2, 2, 32))
+] + [
+    ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1),
+     _DEC_SHAPES),
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -877,7 +891,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "large": LARGE_POINTS, "large_nc": LARGE_NC_POINTS, "persist_nc": PERSIST_NC_POINTS,
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
-              "bulk_send": BULK_SEND_POINTS, "window": WINDOW_POINTS,
+              "bulk_send": BULK_SEND_POINTS, "decode_wgmma": DECODE_WGMMA_POINTS, "window": WINDOW_POINTS,
               "long_decode": LONG_DECODE_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2

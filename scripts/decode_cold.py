@@ -36,6 +36,13 @@ issue 17's 1.4x bar): decode-cluster at clusters of 8 and 4 over every tile shap
 
     python3 scripts/decode_cold.py OUT.json --b1 [--cubin-dir DIR]
 
+--wgmma: decode-wgmma's whole space against decode-cluster's winners on MQA B 8 and B 1 x SK 4096
+and 1024 (causal). --wide: decode-wgmma against a grid of decode-cluster where the packed rows fill
+the m64 tile (SQ 16 x 4 query heads per KV head, SQ 8 x 8). Build with --build-cubins DIR --wgmma
+(or --wide).
+
+    python3 scripts/decode_cold.py OUT.json --wgmma|--wide [--cubin-dir DIR]
+
 --b4: Llama-3 B 4 x SK 4096 (67 MB; 32 groups): decode-cluster at clusters of 4, 2 and 8 over 16 and 32
 keys x 4 and 8 warps x 3 and 4 stages x COMBINE 2 and 3, and decode-split around its stage's start, non-causal
 and causal. Build with --build-cubins DIR --b4.
@@ -95,7 +102,7 @@ import decode_sweep as DS
 from nvrtc_compile_check import combo_label, load_templates
 gqa = C.gqa
 tpls = {t.rel: t for t in load_templates()}
-split, cluster = tpls["decode.cu"], tpls["decode_cluster.cu"]
+split, cluster, wg = tpls["decode.cu"], tpls["decode_cluster.cu"], tpls["decode_wgmma.cu"]
 gpu = cp = torch = None  # init(): the GPU is opened on first use, so --build-cubins needs none
 L2_BYTES = 50e6
 FULL_SHAPES = [gqa(1, 32, 8, 1, 4096, 128, False), gqa(8, 32, 1, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, False)]
@@ -130,6 +137,32 @@ def mqa_points():
     pts += [(cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=st, CLUSTER=cl, COMBINE=cb, WARP_LOADS=wl, M_TILES=2))
             for bn in (32, 64) for cb in (2, 3) for w in (4, 8) for st in (2, 3, 4) for cl in (8, 4) for wl in (0, 1)]
     return pts
+
+
+# --wgmma: decode-wgmma's whole space against decode-cluster's winners (decode-wide's start for MQA,
+# the LLM run's batch-1 points), on the shapes issue 17's 1.4x bar is about.
+WGMMA_SHAPES = [gqa(8, 32, 1, 1, 4096, 128, True), gqa(1, 32, 8, 1, 4096, 128, True), gqa(1, 32, 8, 1, 1024, 128, True)]
+
+
+def wgmma_points():
+    return [(wg, kn) for kn in wg.knob_combos()] + [
+        (cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1)),
+        (cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=3, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1)),
+        (cluster, dict(BLOCK_N=16, NUM_WARPS=4, STAGES=4, CLUSTER=8, COMBINE=2, WARP_LOADS=0, M_TILES=1, K_FIRST=1)),
+    ]
+
+
+# --wide: speculative decode's query rows (SQ 8 and 16) fill the m64 tile: 64 packed rows per group.
+# Does decode-wgmma (one accumulator for the 64 rows) beat decode-cluster (4 m16 row tiles over
+# M_TILES x its CTAs) where its padding is gone?
+WIDE_SHAPES = [gqa(8, 32, 8, 16, 4096, 128, True), gqa(1, 32, 8, 16, 4096, 128, True), gqa(8, 32, 4, 8, 4096, 128, True)]
+
+
+def wide_points():
+    return [(wg, dict(BLOCK_N=bn, STAGES=st, CLUSTER=cl, ROWS=rows))
+            for bn in (128, 64) for st in (2, 3) for cl in (8, 4, 2) for rows in (64, 32)] + [
+        (cluster, dict(BLOCK_N=bn, NUM_WARPS=w, STAGES=3, CLUSTER=cl, COMBINE=3, WARP_LOADS=wl, M_TILES=mt, K_FIRST=1))
+        for bn in (16, 32) for w in (4, 8) for cl in (8, 4) for wl in (0, 1) for mt in (1, 2)]
 
 
 def b8_points():
@@ -345,7 +378,7 @@ def full_sweep(out_json, points=None, shapes=None, top=4):
         kv = 2 * shape.b * shape.hkv * shape.sk * shape.d * 2
         print(f"{C.shape_key(shape)} KV {kv / 1e6:.1f} MB, {sets_for(shape)} input sets, {len(rows)} points; "
               f"SDPA default cold {sd:.2f} us", flush=True)
-        for name in ("decode-split", "decode-cluster"):
+        for name in ("decode-split", "decode-cluster", "decode-wgmma"):
             for us, _, lab in [r for r in rows if r[1] == name][:top]:
                 print(f"   {name:<15} cold {us:7.2f} us  {sd / us:4.2f}x SDPA  {kv / us / 1e6:5.2f} TB/s  {lab}", flush=True)
         res.append(dict(shape=C.shape_key(shape), sdpa_cold=sd, rows=rows))
@@ -477,6 +510,8 @@ if __name__ == "__main__":
                else [(cluster, k) for _, kn in DEEP_AB for k in (kn, deep_of(kn))] if "--deep-ab" in sys.argv
                else against_points(sys.argv[sys.argv.index("--against") + 1]) if "--against" in sys.argv
                else b4_points() if "--b4" in sys.argv
+               else wgmma_points() if "--wgmma" in sys.argv
+               else wide_points() if "--wide" in sys.argv
                else b1_points() if "--b1" in sys.argv else None)
         sys.exit(build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], vary(pts) if pts is not None else None))
     if "--mqa" in sys.argv:
@@ -485,6 +520,12 @@ if __name__ == "__main__":
     elif "--b8" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], vary(b8_points()), [gqa(8, 32, 8, 1, 4096, 128, False), gqa(8, 32, 8, 1, 4096, 128, True), gqa(8, 32, 8, 1, 4000, 128, True)], top=12)
+    elif "--wgmma" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1], vary(wgmma_points()), WGMMA_SHAPES, top=8)
+    elif "--wide" in sys.argv:
+        init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
+        full_sweep(sys.argv[1], wide_points(), WIDE_SHAPES, top=8)
     elif "--b4" in sys.argv:
         init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
         full_sweep(sys.argv[1], b4_points(), [gqa(4, 32, 8, 1, 4096, 128, False), gqa(4, 32, 8, 1, 4096, 128, True)], top=12)

@@ -216,10 +216,27 @@ fn the_llm_workloads_load_with_the_shapes_the_benchmark_promises() {
     let mut want: Vec<String> = [1, 4, 8].iter().flat_map(|b| [1024, 4096].map(|s| format!("b{b}hq32hkv8s{s}d128-causal-bf16"))).collect();
     want.extend([1, 4, 8].map(|b| format!("b{b}hq32hkv8sq1sk4096d128-bf16")));
     assert_eq!(keys, want);
+    // Speculative decoding's verification: decode shapes (SQ <= 16) whose packed rows reach
+    // decode-wgmma's stage (G x SQ > 16), and a short draft that does not.
+    let spec = Config::load_file(&common::repo_root().join("scripts/benchmark-spec-decode.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<String> = spec.shapes().iter().map(|s| s.key()).collect();
+    assert_eq!(
+        keys,
+        [
+            "b8hq32hkv8sq16sk4096d128-causal-bf16",
+            "b8hq32hkv8sq8sk4096d128-causal-bf16",
+            "b1hq32hkv8sq16sk4096d128-causal-bf16",
+            "b8hq28hkv4sq8sk4000d128-causal-bf16",
+            "b4hq32hkv8sq4sk8192d128-causal-bf16",
+        ]
+    );
+    assert!(spec.shapes().iter().all(|s| s.is_decode()));
+    let wide: Vec<u32> = spec.shapes().iter().map(|s| s.hq / s.hkv * s.sq).collect();
+    assert_eq!(wide, [64, 32, 64, 56, 16]);
     // Each --workload names a file that exists.
     let o = Command::new("python3").current_dir(common::repo_root()).args(["scripts/benchmark.py", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&o.stdout);
-    for w in ["llm ", "llm-bshd ", "default ", "unseen ", "medium ", "llama3-8b "] {
+    for w in ["llm ", "llm-bshd ", "default ", "unseen ", "medium ", "llama3-8b ", "spec-decode "] {
         assert!(help.contains(w), "--help lists {w}: {help}");
     }
 }

@@ -229,6 +229,45 @@ fn every_pairwise_variant_compiles_with_nvrtc() {
         &[("COMBINE", 3), ("M_TILES", 2), ("WARP_LOADS", 1), ("K_FIRST", 1)],
         &["sm_90"],
     );
+    // One wgmma warpgroup per split (sm_90a only): the ring depths against the cluster sizes
+    // (whose receive area and scatter shares change) at the largest tile with two 32-row CTAs,
+    // and at 64 keys with one CTA of 64 rows.
+    for (block_n, rows) in [(128, 32), (64, 64)] {
+        compile_covering_set("decode_wgmma.cu", &["STAGES", "CLUSTER"], &[("BLOCK_N", block_n), ("ROWS", rows)], &["sm_90a"]);
+    }
+}
+
+/// decode-wgmma: CLUSTER splits x (B x HKV groups) x row tiles of ROWS packed rows, 160 threads
+/// (a consumer warpgroup and a producer warp), K and V by tensor maps of BLOCK_N rows, shared
+/// memory as its spec's formula; Hopper only, decode only, head dims 64 and 128.
+#[test]
+fn the_wgmma_decode_template_holds_a_splits_packed_rows_in_one_warpgroup_and_needs_sm_90a() {
+    use optimizerd::spec::protocol::TensorName;
+    let t = Template::load(&common::repo_root().join("kernel-templates"), "decode_wgmma.cu").unwrap();
+    assert_eq!((t.name(), t.meta.max_sq, t.meta.min_cc, t.meta.arch_specific), ("decode-wgmma", Some(16), 90, true));
+    assert_eq!(t.meta.head_dims, [64, 128]);
+    let mut p = t.default_params();
+    assert_eq!((p["BLOCK_N"], p["STAGES"], p["CLUSTER"], p["ROWS"]), (128, 3, 8, 32));
+    // Llama-3 x SQ 16: 4 query heads x 16 rows = 64 packed rows, two CTAs of 32 per split.
+    let plan = t.plan(&p, &gqa(8, 32, 8, 16, 4096, true), &h100()).unwrap();
+    assert_eq!((plan.n_splits, plan.launches.len()), (1, 1), "no global partials, one launch");
+    assert_eq!((plan.launches[0].grid, plan.launches[0].block), ([8, 64, 2], [160, 1, 1]));
+    let recv = 7 * ((32 * 128 / 4usize).div_ceil(8) * 16 + 32 * 4);
+    assert_eq!(plan.launches[0].dyn_smem as usize, 1024 + 2 * 128 * 64 + 2 * 3 * 2 * 128 * 128 + recv + 128);
+    let maps: Vec<_> = plan.tensor_maps.iter().map(|m| (m.tensor, m.box_rows, m.swizzle)).collect();
+    assert_eq!(maps, [(TensorName::K, 128, 128), (TensorName::V, 128, 128)]);
+    // ROWS 64: one CTA per split holds the 64 rows; MQA's 32 rows at ROWS 32 are one row tile.
+    p.insert("ROWS".into(), 64);
+    p.insert("CLUSTER".into(), 2);
+    assert_eq!(t.plan(&p, &gqa(8, 32, 8, 16, 4096, true), &h100()).unwrap().launches[0].grid, [2, 64, 1]);
+    assert_eq!(t.plan(&p, &gqa(8, 32, 1, 1, 4096, true), &h100()).unwrap().launches[0].grid, [2, 8, 1]);
+    // Refused below sm_90, on prefill shapes and at head dims it has no kernel for.
+    let err = gate::check(&t, &p, &[gqa(8, 32, 8, 16, 4096, true)], &common::l4(), "1").unwrap_err();
+    assert!(err.0.contains("needs sm_90a"), "{}", err.0);
+    let err = gate::check(&t, &p, &[gqa(1, 32, 8, 64, 1024, false)], &h100(), "1").unwrap_err();
+    assert!(err.0.contains("SQ <= 16"), "{}", err.0);
+    let d256 = Shape { d: 256, ..gqa(1, 16, 8, 1, 1024, true) };
+    assert!(gate::check(&t, &p, &[d256], &h100(), "1").is_err(), "no D 256 kernel");
 }
 
 #[test]
@@ -266,15 +305,16 @@ fn the_cluster_template_is_one_launch_of_one_cluster_per_group_and_needs_sm_90()
 /// its prefill shapes at all (docs/BENCHMARKS.md (36): behind the decode stages' 96 s they ended
 /// on the baseline kernel at 0.01-0.03x SDPA); then decode-split (B 64's best, which a
 /// decode-cluster incumbent within the 2% min_gain would keep out), the wide groups' stage (a
-/// few seconds, MQA's best), decode-cluster and the deep ring.
+/// few seconds, MQA's best), decode-wgmma (speculative decoding's wide groups), decode-cluster
+/// and the deep ring.
 #[test]
 fn the_default_plan_runs_the_hopper_prefill_stages_then_the_decode_stages_after_the_baseline() {
     let path = common::repo_root().join("strategies/default.toml");
     let plan = optimizerd::strategy::plan::Plan::load(&path, &common::repo_root().join("kernel-templates")).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
     assert_eq!(
-        &names[..7],
-        ["baseline", "tensor-cores-hopper", "tensor-cores-hopper-d256", "decode", "decode-wide", "decode-cluster", "decode-deep-ring"]
+        &names[..8],
+        ["baseline", "tensor-cores-hopper", "tensor-cores-hopper-d256", "decode", "decode-wide", "decode-wgmma", "decode-cluster", "decode-deep-ring"]
     );
     let stage = |name: &str| plan.stages.iter().find(|s| s.spec.name == name).unwrap_or_else(|| panic!("no stage {name}"));
     let shapes = [gqa(1, 32, 8, 1, 1024, false), gqa(8, 32, 1, 1, 4096, true), gqa(64, 32, 8, 1, 16384, false)];
@@ -289,6 +329,12 @@ fn the_default_plan_runs_the_hopper_prefill_stages_then_the_decode_stages_after_
     assert_eq!((wide.template.name(), wide.spec.shapes.as_str()), ("decode-cluster", "G * SQ > 16"));
     assert_eq!(wide.start["M_TILES"], 2);
     gate::check(&wide.template, &wide.start, &shapes[1..2], &h100(), &wide.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    // Groups whose packed rows fill most of an m64 tile (speculative decoding's SQ 8-16):
+    // decode-wgmma, whose start fits them (and MQA, which it is also tried on).
+    let wg = stage("decode-wgmma");
+    assert_eq!((wg.template.name(), wg.spec.shapes.as_str()), ("decode-wgmma", "G * SQ > 16"));
+    let spec = [gqa(8, 32, 8, 16, 4096, true), gqa(8, 28, 4, 8, 4000, true), gqa(8, 32, 1, 1, 4096, true)];
+    gate::check(&wg.template, &wg.start, &spec, &h100(), &wg.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
     // Long caches of narrow groups: the deep ring (32 keys x 3 stages, the scatter combine) as
     // the start, which the decode-cluster stage's one-knob moves cannot reach (32 keys x 3
     // stages with its push combine does not fit at clusters of 8: the gate refuses it).

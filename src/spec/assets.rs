@@ -46,6 +46,7 @@ static EMBEDDED: &[(&str, &str)] = embed! {
     "wgmma_tma.cu" => "kernel-templates/wgmma_tma.cu",
     "decode.cu" => "kernel-templates/decode.cu",
     "decode_cluster.cu" => "kernel-templates/decode_cluster.cu",
+    "decode_wgmma.cu" => "kernel-templates/decode_wgmma.cu",
     "testing/oob_write.cu" => "kernel-templates/testing/oob_write.cu",
     "testing/infinite_loop.cu" => "kernel-templates/testing/infinite_loop.cu",
     "testing/contiguous_rows.cu" => "kernel-templates/testing/contiguous_rows.cu",
