@@ -122,15 +122,16 @@ impl Engine {
 
     /// What this run keeps of its budget for the closing: decided once when the run is
     /// created and recorded; a resumed run reads it back. The closing's cost model is learned
-    /// either way (`reserve.rs`).
-    pub(super) async fn decide_closing_reserve(&mut self, resuming: bool) -> anyhow::Result<()> {
+    /// either way (`reserve.rs`), from `baselines_s` too: how long this run's start took to
+    /// measure the baselines of every shape afresh, where it did.
+    pub(super) async fn decide_closing_reserve(&mut self, resuming: bool, baselines_s: Option<f64>) -> anyhow::Result<()> {
         // The baselines are measured again at the closing only where they were at the start.
         let sdpa_rows = if self.cfg.baseline.sdpa { self.ledger.sdpa(&self.run_id).await? } else { Vec::new() };
         // FA4 counts where it ran at the start (a shape it refused has no graph time).
         let fa4 = sdpa_rows.iter().any(|r| r.backends.get(crate::storage::sdpa::FA4).and_then(|b| b.get("graph_us")).is_some_and(serde_json::Value::is_f64));
         let work = reserve::ClosingWork::new(&self.cfg, !sdpa_rows.is_empty(), fa4);
         let history = self.ledger.closing_times(&self.device.name, reserve::HISTORY * 4).await?;
-        let model = reserve::Model::learn(work, self.shapes.len(), self.cfg.run.budget_covers_closing, &history);
+        let model = reserve::Model::learn(work, self.shapes.len(), self.cfg.run.budget_covers_closing, &history, baselines_s);
         self.closing = model.work.configured();
         if resuming {
             let kept = self.ledger.closing_reserve(&self.run_id).await?;

@@ -15,6 +15,9 @@
 //! (`Event::ClosingTime`); a run on a GPU of the same name keeps the slowest fixed part of the
 //! last few, or [`DEFAULT_FIXED_S_PER_SHAPE`] (and [`DEFAULT_FA4_S_PER_SHAPE`]) before any, and
 //! the slowest re-rank per contender among them, or [`RERANK_S_PER_CONTENDER`] before any.
+//! Before any, a run that measured its baselines afresh at its start also bounds the fixed part
+//! by what that measurement took per shape: the closing measures the same baselines again (and
+//! FA4 no longer compiles), so on a fast machine a first short run keeps its sustained windows.
 //!
 //! At most a quarter of the budget is kept ([`MAX_SHARE`]): a short run still searches. Where
 //! the whole closing needs more, it is cut to fit rather than run past the budget (2026-11-30:
@@ -191,6 +194,9 @@ pub(crate) enum Basis {
     NoClosing,
     /// The slowest of `runs` closings recorded on this GPU.
     Measured { runs: usize },
+    /// Nothing recorded on this GPU, and this run's start measured its baselines afresh in
+    /// `seconds`, less per shape than the built-in figure: that.
+    RunStart { seconds: f64 },
     /// Nothing recorded on this GPU: the built-in figure.
     Default,
 }
@@ -207,8 +213,9 @@ pub(crate) struct Model {
 
 impl Model {
     /// The model for a run of `shapes` shapes, given the closings recorded on its GPU (newest
-    /// first; other events are ignored).
-    pub(crate) fn learn(mut work: ClosingWork, shapes: usize, covers_closing: bool, history: &[Event]) -> Model {
+    /// first; other events are ignored) and, where this run's start measured the baselines of
+    /// every shape afresh, how long that took (`baselines_s`).
+    pub(crate) fn learn(mut work: ClosingWork, shapes: usize, covers_closing: bool, history: &[Event], baselines_s: Option<f64>) -> Model {
         // Each closing's time beyond the start-up, its windows and its re-rank, per shape (never
         // below zero: a closing quicker than the start-up term says only that the shapes cost
         // little). One recorded before windows were (None) counts whole: an overestimate,
@@ -245,7 +252,20 @@ impl Model {
         } else if !work.any() || shapes == 0 {
             (0.0, Basis::NoClosing)
         } else if measured.is_empty() {
-            (DEFAULT_FIXED_S_PER_SHAPE + if work.fa4 { DEFAULT_FA4_S_PER_SHAPE } else { 0.0 }, Basis::Default)
+            // The start's measurement (the SDPA script's start-up twice, every backend, FA4's
+            // first compile) is an upper bound of the closing's fixed part: on the H200 the LLM
+            // workload's 11 shapes took 45.7 and 46.0 s at the start (2026-12-01 and -02) and
+            // 2.5 and 1.7 s per shape at the closing (full, and burst only), where the built-in
+            // figure with FA4 is 8 and had cut the second closing to burst timing with 105 s
+            // left. It only lowers the built-in figure: a slow start (a long first FA4 compile
+            // the closing does not repeat) does not raise the reserve.
+            let default = DEFAULT_FIXED_S_PER_SHAPE + if work.fa4 { DEFAULT_FA4_S_PER_SHAPE } else { 0.0 };
+            match baselines_s.filter(|s| s.is_finite() && work.sdpa) {
+                Some(seconds) if (seconds - START_S).max(0.0) / (shapes as f64) < default => {
+                    ((seconds - START_S).max(0.0) / shapes as f64, Basis::RunStart { seconds })
+                }
+                _ => (default, Basis::Default),
+            }
         } else {
             (measured.iter().copied().fold(0.0, f64::max), Basis::Measured { runs: measured.len() })
         };
@@ -316,9 +336,12 @@ impl Reserve {
         match model.basis {
             Basis::Off => format!("the search uses the whole budget ({}); the closing comparison runs past it (run.budget_covers_closing = false)", fmt(b)),
             Basis::NoClosing => format!("the search uses the whole budget ({}): no closing comparison to keep time for", fmt(b)),
-            Basis::Measured { .. } | Basis::Default => {
+            Basis::Measured { .. } | Basis::RunStart { .. } | Basis::Default => {
                 let source = match model.basis {
                     Basis::Measured { runs } => format!("the slowest of the last {runs} closing(s) on this GPU"),
+                    Basis::RunStart { seconds } => format!(
+                        "no closing measured on this GPU yet: as long per shape as this run's start took to measure the baselines ({seconds:.1} s), less the start-up"
+                    ),
                     _ => "no closing measured on this GPU yet: the built-in figure".to_string(),
                 };
                 let c = &self.closing;
@@ -371,7 +394,7 @@ mod tests {
     }
 
     fn model(work: ClosingWork, shapes: usize, history: &[Event]) -> Model {
-        Model::learn(work, shapes, true, history)
+        Model::learn(work, shapes, true, history, None)
     }
 
     /// Llama-3-8B's 9 shapes on the H200 after its 2-minute closing (78.7 s, 27 windows of 200 ms).
@@ -412,6 +435,33 @@ mod tests {
         // Two of the 2-shape burst closings measured on the H200 (10.6 and 12.5 s) are covered
         // from the first run; that of two 1.5-ms kernels (16.2 s) is learned from.
         assert!(plan(Duration::from_secs(10 * 60), &model(BURST, 2, &[])).seconds >= 12.0);
+    }
+
+    /// Session 46's 4-minute LLM run on the H200 (11 shapes, FA4): its start measured the
+    /// baselines in 46.0 s; the built-in 8 s per shape expected 94 s even of a burst-only closing
+    /// and cut the closing to that with 105 s left (it took 24.2 s). From the start's figure the
+    /// same 105 s keep the re-rank and 180-ms windows; a closing recorded on the GPU still wins,
+    /// and a start slower than the built-in figure leaves it.
+    #[test]
+    fn a_first_run_bounds_the_fixed_part_by_what_its_start_took_to_measure_the_baselines() {
+        let fa4 = ClosingWork { fa4: true, ..SUSTAINED };
+        let default = Model::learn(fa4, 11, true, &[], None);
+        assert_eq!((default.fixed_s_per_shape, &default.basis), (8.0, &Basis::Default));
+        assert_eq!(default.fit(105.0).trim, Trim::BurstOnly);
+        let m = Model::learn(fa4, 11, true, &[], Some(46.0));
+        assert_eq!(m.basis, Basis::RunStart { seconds: 46.0 });
+        assert!((m.fixed_s_per_shape - 40.0 / 11.0).abs() < 1e-12, "{m:?}");
+        let c = m.fit(105.0);
+        assert_eq!((c.trim, c.rerank, c.sustained_ms), (Trim::ShortWindows, true, 180.0));
+        assert!(m.seconds(&c) <= 105.0);
+        let line = plan(Duration::from_secs(240), &m).describe(&m, Duration::from_secs(240));
+        assert!(line.contains("no closing measured on this GPU yet: as long per shape as this run's start took to measure the baselines (46.0 s), less the start-up"), "{line}");
+        // Recorded closings come first; a slow start (or a start-up longer than the measurement)
+        // never raises the figure, and without baselines there is nothing to learn from.
+        assert_eq!(Model::learn(fa4, 11, true, &[time(97.2, 11, Some(4.83))], Some(46.0)).basis, Basis::Measured { runs: 1 });
+        assert_eq!(Model::learn(fa4, 11, true, &[], Some(400.0)).basis, Basis::Default);
+        assert_eq!(Model::learn(fa4, 11, true, &[], Some(2.0)).fixed_s_per_shape, 0.0);
+        assert_eq!(Model::learn(ClosingWork { sdpa: false, ..fa4 }, 11, true, &[], Some(46.0)).basis, Basis::Default);
     }
 
     #[test]
@@ -486,7 +536,7 @@ mod tests {
     #[test]
     fn nothing_is_kept_or_cut_when_off_or_when_there_is_no_closing() {
         let d = Duration::from_secs(60);
-        let off = Model::learn(SUSTAINED, 4, false, &[]);
+        let off = Model::learn(SUSTAINED, 4, false, &[], Some(10.0));
         assert_eq!((off.basis.clone(), plan(d, &off).seconds), (Basis::Off, 0.0));
         // Off: the closing runs whole, past the budget, whatever the time left.
         assert_eq!(off.fit(0.0), SUSTAINED.configured());

@@ -234,8 +234,8 @@ impl Engine {
             stale: Default::default(),
             _lock: lock,
         };
-        engine.measure_sdpa().await?;
-        engine.decide_closing_reserve(resuming).await?;
+        let baselines_s = engine.measure_sdpa().await?;
+        engine.decide_closing_reserve(resuming, baselines_s).await?;
         // The SDPA measurement is a fixed, cached overhead: it is not charged to the budget.
         engine.started = Instant::now();
         if resuming {
@@ -246,12 +246,18 @@ impl Engine {
     }
 
     /// PyTorch SDPA on the workload, once per run (cached across runs on the same stack).
-    pub(super) async fn measure_sdpa(&mut self) -> anyhow::Result<()> {
+    /// Returns how long the measurement took where it measured every shape afresh (none from
+    /// the cache): the closing measures the same baselines again, so a first run on a GPU can
+    /// size its closing from it (`reserve::Model::learn`).
+    pub(super) async fn measure_sdpa(&mut self) -> anyhow::Result<Option<f64>> {
         if !self.cfg.baseline.sdpa || !self.ledger.sdpa(&self.run_id).await?.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
+        let t0 = Instant::now();
         match crate::storage::sdpa::measure(&self.cfg, &self.ledger, &self.run_id, &self.run_dir, &self.device, &self.shapes).await {
             Ok(rows) => {
+                let took = t0.elapsed().as_secs_f64();
+                let fresh = !rows.is_empty() && rows.iter().all(|b| !b.cached);
                 let parts: Vec<String> = rows
                     .iter()
                     .map(|b| {
@@ -268,14 +274,15 @@ impl Engine {
                 let msg = format!("SDPA default, CUDA-graph time per call: {}", parts.join(", "));
                 self.ledger.event(&self.run_id, EventKind::Sdpa, &msg).await?;
                 tracing::info!(kind = "sdpa", "{msg}");
+                Ok(fresh.then_some(took))
             }
             Err(e) => {
                 let msg = format!("SDPA baseline unavailable ({e}); speedups are reported over the baseline kernel only");
                 self.ledger.event(&self.run_id, EventKind::SdpaUnavailable, &msg).await?;
                 tracing::warn!(kind = "sdpa_unavailable", "{msg}");
+                Ok(None)
             }
         }
-        Ok(())
     }
 
     /// Rebuild each shape's incumbent from the ledger's best table and the workspace's
