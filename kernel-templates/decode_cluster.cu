@@ -215,34 +215,14 @@ __device__ __forceinline__ elem_t* dec_out_chunk(elem_t* o, const optd_strides& 
     return o + optd_head_off(strides.o_b, strides.o_h, b, out.hq) + (long long)out.s * strides.o_s + 4 * c4;
 }
 
-// A chunk (4 columns of a packed row), combined over the CLUSTER splits and
-// stored at dst: O = sum_z w_z O_z / sum_z w_z with w_z = exp(lse_z - max_z lse_z).
-// A split that saw no key of the row has LSE -inf, weight 0 and a zero row (never
-// NaN). chunk_at(z) gives split z's float4.
+// A chunk (4 columns of a packed row), combined over the CLUSTER splits
+// (cluster_combine_chunk) and stored at dst. chunk_at(z) gives split z's float4.
 template <typename ChunkAt>
 __device__ __forceinline__ void dec_combine_chunk(const float (&lse)[CLUSTER], ChunkAt chunk_at, elem_t* dst) {
-    float m = OPTD_NEG_INF;
-#pragma unroll
-    for (int z = 0; z < CLUSTER; ++z) m = fmaxf(m, lse[z]);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float wsum = 0.f;
-    if (m != OPTD_NEG_INF) {
-#pragma unroll
-        for (int z = 0; z < CLUSTER; ++z) {
-            const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
-            const float4 x = chunk_at(z);
-            wsum += w;
-            acc.x = fmaf(w, x.x, acc.x);
-            acc.y = fmaf(w, x.y, acc.y);
-            acc.z = fmaf(w, x.z, acc.z);
-            acc.w = fmaf(w, x.w, acc.w);
-        }
-    }
-    // wsum >= 1 (the largest LSE weighs 1): the fast reciprocal, no IEEE slow path.
-    const float inv = wsum > 0.f ? __fdividef(1.f, wsum) : 0.f;
+    const float4 r = cluster_combine_chunk(lse, chunk_at);
     uint2 packed;
-    packed.x = pack2(acc.x * inv, acc.y * inv);
-    packed.y = pack2(acc.z * inv, acc.w * inv);
+    packed.x = pack2(r.x, r.y);
+    packed.y = pack2(r.z, r.w);
     *reinterpret_cast<uint2*>(dst) = packed;
 }
 

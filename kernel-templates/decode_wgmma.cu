@@ -407,28 +407,13 @@ __device__ __forceinline__ void decode_wgmma_fwd(OPTD_ARGS, const optd_tensor_ma
         float lse[CLUSTER];
 #pragma unroll
         for (int z = 0; z < CLUSTER; ++z) lse[z] = z == split ? lse_s[row] : rxl[slot_of(z, split) * ROWS + row];
-        float mx = OPTD_NEG_INF;
-#pragma unroll
-        for (int z = 0; z < CLUSTER; ++z) mx = fmaxf(mx, lse[z]);
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        float wsum = 0.f;
-        if (mx != OPTD_NEG_INF) {
-#pragma unroll
-            for (int z = 0; z < CLUSTER; ++z) {
-                const float w = fast_exp2((lse[z] - mx) * OPTD_LOG2E);
-                const float4 x = z == split ? *reinterpret_cast<const float4*>(stage + 4 * c)
-                                            : *reinterpret_cast<const float4*>(rxf + (slot_of(z, split) * L::PER + c - own_begin) * 4);
-                wsum += w;
-                acc.x = fmaf(w, x.x, acc.x);
-                acc.y = fmaf(w, x.y, acc.y);
-                acc.z = fmaf(w, x.z, acc.z);
-                acc.w = fmaf(w, x.w, acc.w);
-            }
-        }
-        const float winv = wsum > 0.f ? __fdividef(1.f, wsum) : 0.f;
+        const float4 r = cluster_combine_chunk(lse, [&](int z) {
+            return z == split ? *reinterpret_cast<const float4*>(stage + 4 * c)
+                              : *reinterpret_cast<const float4*>(rxf + (slot_of(z, split) * L::PER + c - own_begin) * 4);
+        });
         uint2 packed;
-        packed.x = pack2(acc.x * winv, acc.y * winv);
-        packed.y = pack2(acc.z * winv, acc.w * winv);
+        packed.x = pack2(r.x, r.y);
+        packed.y = pack2(r.z, r.w);
         *reinterpret_cast<uint2*>(dw_out_chunk(o, strides, b, kvh, row0 + row, c4, group, seq_q)) = packed;
     }
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");

@@ -15,12 +15,16 @@
  *                              cluster scope (what another CTA stored before
  *                              arriving, or its st.async bytes, are visible)
  *   cluster_sync()             every thread of every CTA of the cluster
+ *   cluster_combine_chunk()    4 columns of a row merged over the cluster's KV
+ *                              splits by their LSEs (decode-cluster, decode-wgmma)
  *
  * A CTA must not exit while another may still access its shared memory: the
  * callers' protocols say why each access ends before its target CTA does.
  ******************************************************************************/
 #ifndef OPTD_CLUSTER_CUH
 #define OPTD_CLUSTER_CUH
+
+#include "common/online_softmax.cuh"
 
 __device__ __forceinline__ unsigned cluster_ctarank() {
     unsigned r;
@@ -101,6 +105,35 @@ __device__ __forceinline__ void cluster_mbar_wait(unsigned bar, unsigned parity)
         "}\n" ::"r"(bar),
         "r"(parity)
         : "memory");
+}
+
+// A chunk (4 columns of a packed row) combined over N KV splits and returned
+// normalized: O = sum_z w_z O_z / sum_z w_z with w_z = exp(lse_z - max_z lse_z).
+// A split that saw no key of the row has LSE -inf, weight 0 and a zero row (never
+// NaN); a row no split saw is 0. chunk_at(z) gives split z's float4 (its shared
+// memory, or another rank's copy received into this one's).
+template <int N, typename ChunkAt>
+__device__ __forceinline__ float4 cluster_combine_chunk(const float (&lse)[N], ChunkAt chunk_at) {
+    float m = OPTD_NEG_INF;
+#pragma unroll
+    for (int z = 0; z < N; ++z) m = fmaxf(m, lse[z]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float wsum = 0.f;
+    if (m != OPTD_NEG_INF) {
+#pragma unroll
+        for (int z = 0; z < N; ++z) {
+            const float w = fast_exp2((lse[z] - m) * OPTD_LOG2E);
+            const float4 x = chunk_at(z);
+            wsum += w;
+            acc.x = fmaf(w, x.x, acc.x);
+            acc.y = fmaf(w, x.y, acc.y);
+            acc.z = fmaf(w, x.z, acc.z);
+            acc.w = fmaf(w, x.w, acc.w);
+        }
+    }
+    // wsum >= 1 (the largest LSE weighs 1): the fast reciprocal, no IEEE slow path.
+    const float inv = wsum > 0.f ? __fdividef(1.f, wsum) : 0.f;
+    return make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
 #endif  // OPTD_CLUSTER_CUH
