@@ -36,7 +36,7 @@ fn round_trip(config: &serde_json::Value, l: &Lengths, dtype: Option<DType>, lay
 }
 
 fn lengths(prefill: &[u32], decode: &[u32], chunk: Option<u32>, batch: &[u32]) -> Lengths {
-    Lengths { prefill: prefill.to_vec(), decode_context: decode.to_vec(), chunk, batch: batch.to_vec() }
+    Lengths { prefill: prefill.to_vec(), decode_context: decode.to_vec(), chunk, draft: Vec::new(), batch: batch.to_vec() }
 }
 
 fn llama3_8b() -> serde_json::Value {
@@ -221,6 +221,37 @@ fn configs_it_cannot_serve_are_refused_with_the_key_and_the_fix() {
     assert!(e.contains("`text_config.num_key_value_heads` is 3"), "{e}");
     let e = refused("{not json", None);
     assert!(e.contains("not JSON"), "{e}");
+}
+
+/// Speculative decoding: each draft size against each cache, causal (the draft's rows are the
+/// cache's last), per batch size, in their own group, beside plain decode; the shapes a
+/// `spec-decode` workload tunes (decode-wgmma's regime where G x SQ > 16).
+#[test]
+fn a_draft_gives_speculative_decodings_verification_shapes() {
+    let l = Lengths { draft: vec![8, 16], ..lengths(&[], &[4096], None, &[1, 8]) };
+    let (text, c) = round_trip(&llama3_8b(), &l, None, Layout::Bhsd);
+    assert_eq!(
+        rows(&c.shapes()),
+        vec![
+            (1, 32, 8, 8, 4096, 128, true),
+            (1, 32, 8, 16, 4096, 128, true),
+            (8, 32, 8, 8, 4096, 128, true),
+            (8, 32, 8, 16, 4096, 128, true),
+            (1, 32, 8, 1, 4096, 128, false),
+            (8, 32, 8, 1, 4096, 128, false),
+        ]
+    );
+    assert!(c.shapes().iter().all(|s| s.is_decode()), "SQ <= 16: the decode templates' regime");
+    assert_eq!(c.shapes()[3].key(), "b8hq32hkv8sq16sk4096d128-causal-bf16");
+    assert_eq!(text.matches("# speculative decoding (a draft's rows verified against the cache)").count(), 1, "{text}");
+    let model = ModelAttention::parse(&llama3_8b().to_string(), Path::new("config.json"), None).unwrap();
+    let refuse = |l: &Lengths| workload_toml(&model, l, Layout::Bhsd, "optimizerd workload").unwrap_err().to_string();
+    let e = refuse(&Lengths { draft: vec![8], ..lengths(&[4096], &[], None, &[1]) });
+    assert!(e.contains("--draft 8 verifies a draft against a KV cache; give --decode-context too"), "{e}");
+    let e = refuse(&Lengths { draft: vec![1], ..lengths(&[], &[4096], None, &[1]) });
+    assert!(e.contains("--draft 1: a draft of one token is plain decode"), "{e}");
+    let e = refuse(&Lengths { draft: vec![64], ..lengths(&[], &[32], None, &[1]) });
+    assert!(e.contains("--draft 64 is longer than the --decode-context 32"), "{e}");
 }
 
 #[test]

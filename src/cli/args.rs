@@ -354,6 +354,11 @@ pub struct WorkloadArgs {
     /// (the last chunk of a long prompt), causal.
     #[arg(long, value_name = "N", value_parser = parse_positive)]
     pub chunk: Option<u32>,
+    /// Speculative decoding: also shapes of N query rows (a draft's tokens, verified in one
+    /// call) against each --decode-context length, causal (bottom-right: row i sees the keys
+    /// up to its own position); N >= 2, comma-separated or repeated.
+    #[arg(long, value_name = "N", value_delimiter = ',', value_parser = parse_positive)]
+    pub draft: Vec<u32>,
     /// Batch sizes: every shape once per batch size.
     #[arg(long, value_name = "B", value_delimiter = ',', value_parser = parse_positive, default_value = "1")]
     pub batch: Vec<u32>,

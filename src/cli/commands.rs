@@ -176,7 +176,13 @@ pub async fn export(args: ExportArgs, config_path: Option<&Path>, out: &mut Out)
 
 pub fn workload(args: WorkloadArgs, out: &mut Out) -> anyhow::Result<u8> {
     let model = crate::spec::hf_config::ModelAttention::load(&args.from_hf, args.dtype)?;
-    let lengths = crate::ops::workload::Lengths { prefill: args.prefill, decode_context: args.decode_context, chunk: args.chunk, batch: args.batch };
+    let lengths = crate::ops::workload::Lengths {
+        prefill: args.prefill,
+        decode_context: args.decode_context,
+        chunk: args.chunk,
+        draft: args.draft,
+        batch: args.batch,
+    };
     let text = crate::ops::workload::workload_toml(&model, &lengths, args.layout, &command_line())?;
     match &args.out {
         Some(path) => {

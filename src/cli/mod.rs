@@ -67,13 +67,16 @@ Read from the config: num_attention_heads, num_key_value_heads (default: as many
 num_attention_heads) and torch_dtype (or dtype); a multimodal model's under text_config. Shapes, for each --batch:\n  \
 prefill          sq = sk = each --prefill length, causal\n  \
 chunked prefill  sq = --chunk, sk = each longer --prefill length, causal (bottom-right)\n  \
-decode           sq = 1, sk = each --decode-context length, not causal (the newest row sees the whole cache)\n\n\
+decode           sq = 1, sk = each --decode-context length, not causal (the newest row sees the whole cache)\n  \
+draft            sq = each --draft size, sk = each --decode-context length, causal (bottom-right): \
+speculative decoding's verification of a draft's tokens\n\n\
 What is written loads with the configuration loader (checked before it is written): paste it over the [workload] \
 of agent.toml, or use the file as the whole configuration (every other key takes its default).";
 
 const WORKLOAD_EXAMPLES: &str = "Examples:\n  \
 optimizerd workload --from-hf Meta-Llama-3-8B/config.json --prefill 4096 --decode-context 4096 --batch 1,8\n  \
 optimizerd workload --from-hf config.json --prefill 1024,4096 --chunk 512 --decode-context 4096,16384 --out llama.toml\n  \
+optimizerd workload --from-hf config.json --decode-context 4096 --draft 8,16 --batch 8   # speculative decoding\n  \
 optimizerd --config llama.toml start --budget 20m        # tune it; then export --python";
 
 #[derive(Debug, Parser)]

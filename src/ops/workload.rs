@@ -2,11 +2,13 @@
 //! transformers config ([`crate::spec::hf_config`]) and the lengths it will run at.
 //!
 //! Per batch size: prefill (SQ = SK = P, causal), chunked prefill (a chunk of queries,
-//! the last rows of a longer causal prefill: SQ = chunk, SK = P), and decode (one query
-//! row against a KV cache of SK keys). Decode is written `causal = false`: the single
-//! row is the newest position and sees the whole cache, which is how transformers calls
-//! attention during generation (no mask, `is_causal` only when SQ > 1). The text is
-//! checked with the config loader before it is returned, so what is written loads.
+//! the last rows of a longer causal prefill: SQ = chunk, SK = P), decode (one query
+//! row against a KV cache of SK keys) and speculative decoding's verification (a draft of
+//! N rows against the cache: SQ = N, SK = the cache with them, causal). Decode is written
+//! `causal = false`: the single row is the newest position and sees the whole cache, which
+//! is how transformers calls attention during generation (no mask, `is_causal` only when
+//! SQ > 1). The text is checked with the config loader before it is returned, so what is
+//! written loads.
 
 use std::path::Path;
 
@@ -20,6 +22,8 @@ pub struct Lengths {
     pub prefill: Vec<u32>,
     pub decode_context: Vec<u32>,
     pub chunk: Option<u32>,
+    /// Draft sizes of speculative decoding: SQ = N rows against each decode context.
+    pub draft: Vec<u32>,
     pub batch: Vec<u32>,
 }
 
@@ -90,6 +94,16 @@ fn entries(m: &ModelAttention, l: &Lengths) -> Vec<Entry> {
         }
     }
     for &b in &l.batch {
+        for (&n, &ctx) in l.draft.iter().flat_map(|n| l.decode_context.iter().map(move |c| (n, c))) {
+            push(
+                "draft",
+                format!("b = {b}, hq = {hq}, hkv = {hkv}, sq = {n}, sk = {ctx}, d = {d}"),
+                ctx,
+                "causal = true",
+            );
+        }
+    }
+    for &b in &l.batch {
         for &ctx in &l.decode_context {
             push(
                 "decode",
@@ -117,6 +131,21 @@ pub fn workload_toml(m: &ModelAttention, l: &Lengths, layout: Layout, command: &
                 "--chunk {c} is not shorter than any --prefill length ({}): no prompt is chunked; give a smaller chunk (e.g. 512)",
                 l.prefill.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
             )));
+        }
+    }
+    if !l.draft.is_empty() {
+        if l.decode_context.is_empty() {
+            return Err(WorkloadError::Lengths(format!(
+                "--draft {} verifies a draft against a KV cache; give --decode-context too (e.g. --decode-context 4096 --draft {})",
+                join(&l.draft),
+                join(&l.draft)
+            )));
+        }
+        if let Some(n) = l.draft.iter().find(|&&n| n < 2) {
+            return Err(WorkloadError::Lengths(format!("--draft {n}: a draft of one token is plain decode, which --decode-context writes already; give 2 or more (e.g. --draft 8)")));
+        }
+        if let Some((n, ctx)) = l.draft.iter().flat_map(|&n| l.decode_context.iter().map(move |&c| (n, c))).find(|&(n, c)| n > c) {
+            return Err(WorkloadError::Lengths(format!("--draft {n} is longer than the --decode-context {ctx} it is verified against (its rows are the cache's last {n}); give a longer context or a shorter draft")));
         }
     }
     // ModelAttention::load demands a dtype unless --dtype gave one.
@@ -154,8 +183,9 @@ pub fn workload_toml(m: &ModelAttention, l: &Lengths, layout: Layout, command: &
         t.push_str(&format!("# Note: {c}.\n"));
     }
     t.push_str(
-        "# Prefill: sq = sk = prompt length, causal. Chunked prefill: a chunk of queries, the last rows of a longer\n\
+            "# Prefill: sq = sk = prompt length, causal. Chunked prefill: a chunk of queries, the last rows of a longer\n\
          # causal prompt. Decode: one query row against the KV cache, not causal (the newest row sees every key).\n\
+         # Draft (speculative decoding): a draft's rows, the cache's last, verified in one call, causal.\n\
          # Paste it over the [workload] of agent.toml, or use this file as the whole config (every other key takes\n\
          # its default): optimizerd --config THIS_FILE start --budget 20m\n",
     );
@@ -166,6 +196,7 @@ pub fn workload_toml(m: &ModelAttention, l: &Lengths, layout: Layout, command: &
             let title = match e.kind {
                 "prefill" => "prefill",
                 "chunk" => "chunked prefill",
+                "draft" => "speculative decoding (a draft's rows verified against the cache)",
                 _ => "decode",
             };
             t.push_str(&format!("  # {title}\n"));
@@ -178,4 +209,8 @@ pub fn workload_toml(m: &ModelAttention, l: &Lengths, layout: Layout, command: &
     Config::parse(&t, Path::new("<workload from --from-hf>"), Path::new("."))
         .map_err(|source| WorkloadError::DoesNotLoad { model: m.path.clone(), source })?;
     Ok(t)
+}
+
+fn join(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
