@@ -23,6 +23,13 @@
  * keys at D 128, under a ~5 us stream), and a warp whose 16 rows are all
  * padding skips the softmax (warp-uniform).
  *
+ * Measured (H200, BENCHMARKS (45)): where the groups are many and wide it
+ * streams the cache 1.6-1.8x faster than decode-cluster (speculative
+ * decoding, B 8 x SQ 16 x 4 heads per KV head: 42 us against 77, 3.2 TB/s,
+ * 1.15x FlashAttention-4); at MQA (8 groups: 64 CTAs) and at batch 1 the
+ * call ends on its tail and decode-cluster stays ahead (MQA 12.5 us against
+ * 10.5). The plan's decode-wgmma stage runs it where G x SQ > 16.
+ *
  * Per CTA (blockIdx.x = rank z in the cluster = the split, blockIdx.y =
  * b * HKV + kv head, blockIdx.z = row tile of ROWS packed rows r = gi * SQ + s):
  *   - warp 4 (the producer), lane 0: for each key tile of the split, waits for
