@@ -247,18 +247,33 @@ __device__ __forceinline__ void decode_wgmma_fwd(OPTD_ARGS, const optd_tensor_ma
         // Consumer warpgroup. Q's packed rows -> the swizzled Q tile (zero past the valid rows,
         // and rows ROWS..63 of the m64 tile).
         const int g = lane / 4, tq = lane % 4;
-        constexpr int CH = D / 8;  // 16-byte chunks of a row
-        for (int c = tid; c < 64 * CH; c += DW_CONSUMERS) {
-            const int r = c / CH, ch = c % CH;
-            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        // Every load of the thread's Q chunks is issued before any of them is stored: the
+        // compiler cannot tell the global q from the shared tile apart (both generic pointers),
+        // so a load-store loop runs one global round trip per chunk. That was the CTA's first
+        // K tile "landing" 2 us late at MQA (4 chunks a thread) and 6.5 us late at 64 rows
+        // (8 chunks), against 1.2 us with one chunk (scripts/decode_timeline.py, H200, 2026-12-02).
+        constexpr int CH = D / 8;                    // 16-byte chunks of a row
+        constexpr int QI = 64 * CH / DW_CONSUMERS;   // of the m64 tile, per consumer thread
+        static_assert(DW_CONSUMERS % CH == 0 && 64 % (DW_CONSUMERS / CH) == 0, "whole chunk columns per thread");
+        constexpr int RS = DW_CONSUMERS / CH;        // rows between a thread's chunks (one chunk column)
+        const int ch = tid % CH, r0 = tid / CH;
+        const elem_t* qg = q + optd_head_off(strides.q_b, strides.q_h, b, kvh * group) + 8 * ch;  // the group's first head
+        uint4 qv[QI];
+#pragma unroll
+        for (int i = 0; i < QI; ++i) {
+            const int r = r0 + i * RS;
+            qv[i] = make_uint4(0u, 0u, 0u, 0u);
             if (r < rows_valid) {
-                const int pr = row0 + r;
-                const int hq = kvh * group + pr / seq_q, s = pr % seq_q;
-                const elem_t* src = q + optd_head_off(strides.q_b, strides.q_h, b, hq) + (long long)s * strides.q_s + 8 * ch;
-                val = *reinterpret_cast<const uint4*>(src);
+                const int pr = row0 + r;  // packed row: head pr / SQ of the group, query row pr % SQ
+                const int hi = seq_q == 1 ? pr : pr / seq_q, s = pr - hi * seq_q;
+                qv[i] = __ldg(reinterpret_cast<const uint4*>(qg + (long long)hi * strides.q_h + (long long)s * strides.q_s));
             }
-            const int panel = ch / 8, cc = ch % 8;
-            *reinterpret_cast<uint4*>(smem + L::Q + panel * 64 * L::PANEL_ROW + r * L::PANEL_ROW + ((cc ^ (r & 7)) << 4)) = val;
+        }
+        const int panel = ch / 8, cc = ch % 8;
+#pragma unroll
+        for (int i = 0; i < QI; ++i) {
+            const int r = r0 + i * RS;
+            *reinterpret_cast<uint4*>(smem + L::Q + panel * 64 * L::PANEL_ROW + r * L::PANEL_ROW + ((cc ^ (r & 7)) << 4)) = qv[i];
         }
         fence_proxy_async_smem();  // the Q tile is read by wgmma (the async proxy)
         named_bar_sync(1, DW_CONSUMERS);

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Where a decode call's time goes, CTA by CTA (issue 17): timestamps from inside the kernel.
 
-    python3 scripts/decode_timeline.py OUT.json [--samples 15] [--last N]   (--last: only the last N points)
+    python3 scripts/decode_timeline.py OUT.json [--samples 15] [--last N] [--only TEMPLATE] [--cubin-dir DIR]
+    python3 scripts/decode_timeline.py --build-cubins DIR [--last N] [--only TEMPLATE]   (no GPU)
+        (--last: only the last N points; --only: only that template's, e.g. decode-wgmma)
 
 scripts/decode_overhead.py found the decode templates about 4.6 us per call above
 bytes / bandwidth (a plain streaming read of the same bytes: 1.7 us), and decode_ablation.py
@@ -130,12 +132,62 @@ TAIL_PATCHES = {
 WRAPS = re.compile(r"if \(optd_windowed\(window\)\) (decode(?:_cluster)?_fwd)<128, true>\(OPTD_ARG_NAMES\);\n"
                    r"\s*else \1<128, false>\(OPTD_ARG_NAMES\);"
                    r"|decode(?:_cluster)?_fwd<128>\(OPTD_ARG_NAMES\);")
+# decode-wgmma (decode_wgmma.cu) has its own body: no common/decode_split.cuh. Its stamps: issued =
+# the producer's first K and V loads issued (lane 0 of warp 4, hence tl_mark_any), first / last =
+# thread 0 (a consumer) past the first / last tile's K wait, v_last past the last V wait, loop =
+# the last P V done, sync_a = the cluster wait (every rank's mbarrier initialised), sync_b = the
+# consumers' barrier before staging, merged = the rows staged (the CTA barrier after it), sent =
+# the bulk copies issued, pushed = this rank's share and LSEs all landed, combined = its share
+# combined and stored.
+WGMMA_PATCHES = [
+    ("                tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n",
+     "                tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n"
+     "                if (i == 0) tl_mark_any(1);\n"),
+    ("            mbar_wait(full_k(slot), ph);\n",
+     "            mbar_wait(full_k(slot), ph);\n            if (i == 0) tl_mark(2);\n            if (t == t_end - 1) tl_mark(3);\n"),
+    ("            mbar_wait(full_v(slot), ph);\n",
+     "            mbar_wait(full_v(slot), ph);\n            if (t == t_end - 1) tl_mark(12);\n"),
+    ("        wgmma_wait<0>();\n        reg_fence(acc_o);\n        // (The last slot",
+     "        wgmma_wait<0>();\n        reg_fence(acc_o);\n        tl_mark(4);\n        // (The last slot"),
+    ('        asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n'
+     "        named_bar_sync(1, DW_CONSUMERS);",
+     '        asm volatile("barrier.cluster.wait.aligned;\\n" ::: "memory");  // every rank\'s mbarrier is initialised\n'
+     "        tl_mark(5);\n        named_bar_sync(1, DW_CONSUMERS);\n        tl_mark(6);"),
+    ("    __syncthreads();\n\n    // Send:", "    __syncthreads();\n    tl_mark(7);\n\n    // Send:"),
+    ("    cluster_mbar_wait(cbar, 0);\n", "    tl_mark(14);\n    cluster_mbar_wait(cbar, 0);\n    tl_mark(9);\n"),
+    ('        *reinterpret_cast<uint2*>(dw_out_chunk(o, strides, b, kvh, row0 + row, c4, group, seq_q)) = packed;\n    }\n',
+     '        *reinterpret_cast<uint2*>(dw_out_chunk(o, strides, b, kvh, row0 + row, c4, group, seq_q)) = packed;\n    }\n'
+     "    tl_mark(10);\n"),
+    ("        decode_wgmma_fwd<DIM>(OPTD_ARG_NAMES, &tm_k, &tm_v);",
+     "        tl_mark(0); decode_wgmma_fwd<DIM>(OPTD_ARG_NAMES, &tm_k, &tm_v); tl_mark(11);"),
+]
+TL_ANY = """
+__device__ __forceinline__ void tl_mark_any(int ev) {  // any one thread (the caller picks it)
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    optd_tl[cta * 16 + ev] = t;
+    optd_tc[cta * 16 + ev] = clock64();
+}
+"""
 
 _build = C.build_source
 
 
+def patch(src, patches):
+    for old, new in patches:
+        if old not in src:
+            raise RuntimeError(f"decode_timeline: the template changed, no `{old[:60]}` to stamp")
+        src = src.replace(old, new)
+    return src
+
+
 def build_source(tpl, knobs, bf16, mbar_fault=False):
     src = _build(tpl, knobs, bf16, mbar_fault)
+    if tpl.name == "decode-wgmma":
+        src = patch(src, WGMMA_PATCHES)
+        at = src.rindex("template <", 0, src.index("__device__ __forceinline__ void decode_wgmma_fwd("))
+        return src[:at] + TL_DEF + TL_ANY + src[at:]
     for old, new in PATCHES:
         if old not in src:
             raise RuntimeError(f"decode_timeline: the template changed, no `{old[:60]}` to stamp")
@@ -171,6 +223,14 @@ POINTS = [
     # The same with K_FIRST 1 (2026-11-28, session 19): the last tile's S while its V lands.
     (DC.cluster, dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1),
      [gqa(8, 32, 1, 1, 4096, 128, False)]),
+    # decode-wgmma (2026-12-02): the same 16.8 MB on the same 64 CTAs at MQA and at B 1 (12.5 against
+    # 9.5-9.9 us cold, session 46: Q's loads, one round trip per chunk, since issued together), and its
+    # stage's start on speculative decoding's B 8 x SQ 16.
+    (DC.wg, dict(BLOCK_N=64, STAGES=3, CLUSTER=8, ROWS=32),
+     [gqa(8, 32, 1, 1, 4096, 128, False), gqa(1, 32, 8, 1, 4096, 128, False)]),
+    (DC.wg, dict(BLOCK_N=128, STAGES=3, CLUSTER=8, ROWS=32),
+     [gqa(8, 32, 1, 1, 4096, 128, False), gqa(1, 32, 8, 1, 4096, 128, False)]),
+    (DC.wg, dict(BLOCK_N=64, STAGES=3, CLUSTER=2, ROWS=64), [gqa(8, 32, 8, 16, 4096, 128, True)]),
 ]
 
 
@@ -251,14 +311,22 @@ def timeline(tpl, kn, shape, samples):
     return out
 
 
+def selected():
+    """POINTS after --last N and --only TEMPLATE."""
+    last = int(sys.argv[sys.argv.index("--last") + 1]) if "--last" in sys.argv else len(POINTS)
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    return [p for p in POINTS[len(POINTS) - last:] if not only or p[0].name == only]
+
+
 def main():
     samples = int(sys.argv[sys.argv.index("--samples") + 1]) if "--samples" in sys.argv else 15
     install()
-    DC.init()
+    if "--build-cubins" in sys.argv:  # no GPU: the stamped modules, NVRTC from .deps
+        sys.exit(DC.build_cubins(sys.argv[sys.argv.index("--build-cubins") + 1], [(t, k) for t, k, _ in selected()]))
+    DC.init(sys.argv[sys.argv.index("--cubin-dir") + 1] if "--cubin-dir" in sys.argv else None)
     t0 = time.time()
     res = []
-    last = int(sys.argv[sys.argv.index("--last") + 1]) if "--last" in sys.argv else len(POINTS)
-    for tpl, kn, shapes in POINTS[len(POINTS) - last:]:
+    for tpl, kn, shapes in selected():
         for shape in shapes:
             r = timeline(tpl, kn, shape, samples)
             res.append(r)

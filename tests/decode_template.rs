@@ -305,16 +305,16 @@ fn the_cluster_template_is_one_launch_of_one_cluster_per_group_and_needs_sm_90()
 /// its prefill shapes at all (docs/BENCHMARKS.md (36): behind the decode stages' 96 s they ended
 /// on the baseline kernel at 0.01-0.03x SDPA); then decode-split (B 64's best, which a
 /// decode-cluster incumbent within the 2% min_gain would keep out), the wide groups' stage (a
-/// few seconds, MQA's best), decode-wgmma (speculative decoding's wide groups), decode-cluster
-/// and the deep ring.
+/// few seconds), decode-wgmma (speculative decoding's wide groups) and its start for few wide
+/// groups (MQA's best), decode-cluster and the deep ring.
 #[test]
 fn the_default_plan_runs_the_hopper_prefill_stages_then_the_decode_stages_after_the_baseline() {
     let path = common::repo_root().join("strategies/default.toml");
     let plan = optimizerd::strategy::plan::Plan::load(&path, &common::repo_root().join("kernel-templates")).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = plan.stages.iter().map(|s| s.spec.name.as_str()).collect();
     assert_eq!(
-        &names[..8],
-        ["baseline", "tensor-cores-hopper", "tensor-cores-hopper-d256", "decode", "decode-wide", "decode-wgmma", "decode-cluster", "decode-deep-ring"]
+        &names[..9],
+        ["baseline", "tensor-cores-hopper", "tensor-cores-hopper-d256", "decode", "decode-wide", "decode-wgmma", "decode-wgmma-few", "decode-cluster", "decode-deep-ring"]
     );
     let stage = |name: &str| plan.stages.iter().find(|s| s.spec.name == name).unwrap_or_else(|| panic!("no stage {name}"));
     let shapes = [gqa(1, 32, 8, 1, 1024, false), gqa(8, 32, 1, 1, 4096, true), gqa(64, 32, 8, 1, 16384, false)];
@@ -335,6 +335,12 @@ fn the_default_plan_runs_the_hopper_prefill_stages_then_the_decode_stages_after_
     assert_eq!((wg.template.name(), wg.spec.shapes.as_str()), ("decode-wgmma", "G * SQ > 16"));
     let spec = [gqa(8, 32, 8, 16, 4096, true), gqa(8, 28, 4, 8, 4000, true), gqa(8, 32, 1, 1, 4096, true)];
     gate::check(&wg.template, &wg.start, &spec, &h100(), &wg.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
+    // Few wide groups (MQA at batch 8: 8 groups of 32 rows): 128-key tiles at clusters of 8, two
+    // knobs from decode-wgmma's start, in a stage of its own that the many-group shapes skip.
+    let few = stage("decode-wgmma-few");
+    assert_eq!((few.template.name(), few.spec.shapes.as_str()), ("decode-wgmma", "G * SQ > 16 and B * HKV <= 16"));
+    assert_eq!((few.start["BLOCK_N"], few.start["STAGES"], few.start["CLUSTER"], few.start["ROWS"]), (128, 3, 8, 32));
+    gate::check(&few.template, &few.start, &spec[2..], &h100(), &few.spec.min_ctas).unwrap_or_else(|e| panic!("{}", e.0));
     // Long caches of narrow groups: the deep ring (32 keys x 3 stages, the scatter combine) as
     // the start, which the decode-cluster stage's one-knob moves cannot reach (32 keys x 3
     // stages with its push combine does not fit at clusters of 8: the gate refuses it).
