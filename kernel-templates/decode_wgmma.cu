@@ -23,12 +23,14 @@
  * keys at D 128, under a ~5 us stream), and a warp whose 16 rows are all
  * padding skips the softmax (warp-uniform).
  *
- * Measured (H200, BENCHMARKS (45)): where the groups are many and wide it
- * streams the cache 1.6-1.8x faster than decode-cluster (speculative
- * decoding, B 8 x SQ 16 x 4 heads per KV head: 42 us against 77, 3.2 TB/s,
- * 1.15x FlashAttention-4); at MQA (8 groups: 64 CTAs) and at batch 1 the
- * call ends on its tail and decode-cluster stays ahead (MQA 12.5 us against
- * 10.5). The plan's decode-wgmma stage runs it where G x SQ > 16.
+ * Measured (H200, BENCHMARKS (45), (46)): where the groups are many and wide
+ * it streams the cache ~2x faster than decode-cluster (speculative decoding,
+ * B 8 x SQ 16 x 4 heads per KV head: 39.7 us against 77.9, 3.4 TB/s, 1.22x
+ * FlashAttention-4 sustained; B 1 x SQ 16 12.6 against 14.6); at MQA (8
+ * groups of 32 rows, 64 CTAs) 10.05 us against decode-cluster's 10.45, at
+ * batch 1 x SQ 1 (4 rows) decode-cluster stays ahead (9.07 against 9.49).
+ * The plan runs it where G x SQ > 16: decode-wgmma's stage from clusters of
+ * 2, decode-wgmma-few's from MQA's point (128 keys, clusters of 8).
  *
  * Per CTA (blockIdx.x = rank z in the cluster = the split, blockIdx.y =
  * b * HKV + kv head, blockIdx.z = row tile of ROWS packed rows r = gi * SQ + s):

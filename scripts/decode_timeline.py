@@ -54,13 +54,15 @@ import decode_cold as DC  # noqa: E402
 C, gqa = DC.C, DC.gqa
 EVENTS = ["entry", "issued", "first", "last", "loop", "sync_a", "sync_b", "merged", "summed", "pushed", "combined", "exit",
           "v_last", "xo_own", "sent"]
-# Events that only one template's tail has (the scatter combine of decode-cluster).
-ONLY = {"sent": "decode-cluster"}
+# Events that only some templates' tails have (the scatter combine's bulk sends), and the ones
+# decode-wgmma lacks (no key warps to merge, its combine sums nothing before it sends).
+ONLY = {"sent": ("decode-cluster", "decode-wgmma"), "xo_own": ("decode-split", "decode-cluster"),
+        "summed": ("decode-split", "decode-cluster")}
 
 
 def events_of(template_name):
     """The slots stamped in `template_name`'s source (all of EVENTS but other templates' own)."""
-    return [i for i, e in enumerate(EVENTS) if ONLY.get(e, template_name) == template_name]
+    return [i for i, e in enumerate(EVENTS) if template_name in ONLY.get(e, (template_name,))]
 
 
 SLOTS = 16

@@ -31,10 +31,11 @@ class DecodeTimelineTest(unittest.TestCase):
                 kn = tpl.complete(knobs if combine is None else {**knobs, "COMBINE": combine})
                 with self.subTest(template=tpl.name, knobs=nvc.combo_label(kn)):
                     src = tl.build_source(tpl, kn, False)
-                    stamps = {int(x) for x in re.findall(r"tl_mark\((\d+)\);", src)}
+                    stamps = {int(x) for x in re.findall(r"tl_mark(?:_any)?\((\d+)\);", src)}
                     self.assertEqual(stamps, set(tl.events_of(tpl.name)), "one stamp per event")
+                    arch = "sm_90a" if tpl.arch_specific else "sm_90"  # decode-wgmma: wgmma
                     ok, log, cubin = nvc._NVRTC.compile(
-                        src, "timeline", ["--gpu-architecture=sm_90", "-std=c++17", f"--include-path={nvc._INCLUDE}"])
+                        src, "timeline", [f"--gpu-architecture={arch}", "-std=c++17", f"--include-path={nvc._INCLUDE}"])
                     self.assertTrue(ok, log[:2000])
                     self.assertIn(b"optd_tl", cubin)
 
