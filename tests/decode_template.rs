@@ -588,3 +588,50 @@ async fn the_deep_ring_stage_runs_on_long_caches_of_narrow_groups_only() {
         assert_eq!(dispatch[other]["template"], "baseline", "{other}: not the stage's shape");
     }
 }
+
+/// decode-wgmma-few runs where a workload's wide groups are few (MQA at batch 8, one sequence of
+/// 16 draft rows), starting at MQA's point (128-key tiles, clusters of 8, 32 rows), and leaves
+/// speculative decoding at batch 8 (64 groups: decode-wgmma's own stage) and narrow groups alone.
+#[tokio::test]
+async fn the_few_wide_groups_stage_starts_at_mqas_point_on_those_shapes_only() {
+    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
+    let stage = shipped.split("[[stage]]").find(|s| s.contains("name = \"decode-wgmma-few\"")).expect("the shipped plan has the stage");
+    let plan = format!(
+        "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 1\n\n\
+         [[stage]]{stage}\n[open_phase]\nenabled = false\n"
+    );
+    let wg = "template `decode-wgmma`";
+    let rules = json!([
+        { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 500.0 } } },
+        { "source_contains": [wg, "#define BLOCK_N 128\n"], "behaviour": { "ok": { "us": 40.0 } } },
+        { "source_contains": [wg], "behaviour": { "ok": { "us": 60.0 } } }
+    ]);
+    let p = Project::new(&plan, rules, json!({ "ok": { "us": 900.0 } }));
+    p.append_config("\n[baseline]\nsdpa = false\n");
+    p.set_workload(
+        "shapes = [ { b = 8, hq = 32, hkv = 1, sq = 1, sk = 4096, d = 128, causal = true }, \
+         { b = 1, hq = 32, hkv = 8, sq = 16, sk = 4096, d = 128, causal = true }, \
+         { b = 8, hq = 32, hkv = 8, sq = 16, sk = 4096, d = 128, causal = true }, \
+         { b = 1, hq = 32, hkv = 8, sq = 1, sk = 4096, d = 128, causal = true } ]",
+    );
+    assert_eq!(p.run("few", Duration::from_secs(600)).await, RunEnd::Finished("plan exhausted".into()));
+    let ledger = Ledger::open(&p.db()).await.unwrap();
+    let its = ledger.iterations("few").await.unwrap();
+    let (mqa, draft) = ("b8hq32hkv1sq1sk4096d128-causal", "b1hq32hkv8sq16sk4096d128-causal");
+    let few: Vec<_> = its.iter().filter(|i| i.stage == "decode-wgmma-few").collect();
+    assert_eq!(few.len(), 2, "the start and one neighbour (max_candidates)");
+    let start: optimizerd::spec::template::Params = serde_json::from_str(&few[0].params_json).unwrap();
+    assert_eq!((start["BLOCK_N"], start["STAGES"], start["CLUSTER"], start["ROWS"]), (128, 3, 8, 32), "{}", few[0].params_json);
+    for it in &few {
+        let measured: Vec<&str> = it.shapes.iter().filter(|s| s.median_us.is_some()).map(|s| s.shape.as_str()).collect();
+        assert!(!measured.is_empty() && measured.iter().all(|s| [mqa, draft].contains(s)), "iteration {}: {measured:?}", it.seq);
+    }
+    let dispatch: Value = serde_json::from_str(&std::fs::read_to_string(p.workspace("few").join("kernels/dispatch.json")).unwrap()).unwrap();
+    for shape in [mqa, draft] {
+        assert_eq!(dispatch[shape]["template"], "decode-wgmma", "{shape}");
+        assert_eq!(dispatch[shape]["params"]["BLOCK_N"], 128, "{shape}: the start, the faster one");
+    }
+    for other in ["b8hq32hkv8sq16sk4096d128-causal", "b1hq32hkv8sq1sk4096d128-causal"] {
+        assert_eq!(dispatch[other]["template"], "baseline", "{other}: not the stage's shape");
+    }
+}
