@@ -18,6 +18,10 @@ and, in thread 0 of every CTA, a %globaltimer stamp (ns) and a clock64 stamp at
   xo_own     thread 0's warp has written its merge rows (before the barrier that ends the merge; slot 13)
   sent       decode-cluster scatter (COMBINE 3): the bulk copies of the split's staged chunks
              and LSEs issued (slot 14)
+  k0_copy    decode-split / decode-cluster: the prologue's index math done, tile 0's first
+             copy next (slot 15; "issued" comes after all the prologue's copies)
+  inited, prefetched   decode-wgmma: past the mbarrier init's barrier; the producer past its
+             tensor-map prefetches (slots 16, 17; decode-wgmma's own stamps are listed below)
   loop       the key loop done (math of the last tile included)
   sync_a     the merge's first barrier passed (every warp out of its key loop)
   sync_b     its second (the warps' row maxima and sums published)
@@ -53,11 +57,12 @@ import decode_cold as DC  # noqa: E402
 
 C, gqa = DC.C, DC.gqa
 EVENTS = ["entry", "issued", "first", "last", "loop", "sync_a", "sync_b", "merged", "summed", "pushed", "combined", "exit",
-          "v_last", "xo_own", "sent"]
+          "v_last", "xo_own", "sent", "k0_copy", "inited", "prefetched"]
 # Events that only some templates' tails have (the scatter combine's bulk sends), and the ones
 # decode-wgmma lacks (no key warps to merge, its combine sums nothing before it sends).
 ONLY = {"sent": ("decode-cluster", "decode-wgmma"), "xo_own": ("decode-split", "decode-cluster"),
-        "summed": ("decode-split", "decode-cluster")}
+        "summed": ("decode-split", "decode-cluster"), "k0_copy": ("decode-split", "decode-cluster"),
+        "inited": ("decode-wgmma",), "prefetched": ("decode-wgmma",)}
 
 
 def events_of(template_name):
@@ -65,27 +70,29 @@ def events_of(template_name):
     return [i for i, e in enumerate(EVENTS) if template_name in ONLY.get(e, (template_name,))]
 
 
-SLOTS = 16
+SLOTS = 24       # per CTA: the EVENTS, then SM_SLOT
+SM_SLOT = SLOTS - 1
 MAX_CTAS = 8192
+assert len(EVENTS) < SM_SLOT
 
 TL_DEF = """
-__device__ unsigned long long optd_tl[%d * 16];
-__device__ long long optd_tc[%d * 16];
+__device__ unsigned long long optd_tl[%d * %d];
+__device__ long long optd_tc[%d * %d];
 __device__ __forceinline__ void tl_mark(int ev) {
     if (threadIdx.x == 0) {
         unsigned long long t;
         asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
         const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-        optd_tl[cta * 16 + ev] = t;
-        optd_tc[cta * 16 + ev] = clock64();
-        if (ev == 0) {  // slot 15 (no event uses it): the SM the CTA ran on
+        optd_tl[cta * %d + ev] = t;
+        optd_tc[cta * %d + ev] = clock64();
+        if (ev == 0) {  // the last slot (no event uses it): the SM the CTA ran on
             unsigned sm;
             asm volatile("mov.u32 %%0, %%%%smid;" : "=r"(sm));
-            optd_tc[cta * 16 + 15] = sm;
+            optd_tc[cta * %d + %d] = sm;
         }
     }
 }
-""" % (MAX_CTAS, MAX_CTAS)
+""" % (MAX_CTAS, SLOTS, MAX_CTAS, SLOTS, SLOTS, SLOTS, SLOTS, SM_SLOT)
 
 # (old, new) replacements in the rendered source; each must apply (checked).
 PATCHES = [
@@ -101,6 +108,9 @@ PATCHES = [
     ("            tile_barrier();                // ... and every copier's\n",
      "            tile_barrier();                // ... and every copier's\n            if (i == my_tiles - 1) tl_mark(12);\n"),
     ("    cp_async_wait<0>();  // only empty groups", "    tl_mark(4);\n    cp_async_wait<0>();  // only empty groups"),
+    # The prologue's index math done: tile 0's first copy is next (k0_copy; "issued" follows its copies).
+    ("        if (s == 0) {\n            if (s < my_tiles) load_kv(t_begin, K_FIRST ? 1 : 3);",
+     "        if (s == 0) {\n            tl_mark(15);\n            if (s < my_tiles) load_kv(t_begin, K_FIRST ? 1 : 3);"),
     ("    __syncthreads();\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH", "    __syncthreads();\n    tl_mark(7);\n}\n\n\n#endif  // OPTD_DECODE_SPLIT_CUH"),
     ("    __syncthreads();  // every warp is past its last K/V tile\n",
      "    __syncthreads();  // every warp is past its last K/V tile\n    tl_mark(5);\n"),
@@ -134,8 +144,10 @@ TAIL_PATCHES = {
 WRAPS = re.compile(r"if \(optd_windowed\(window\)\) (decode(?:_cluster)?_fwd)<128, true>\(OPTD_ARG_NAMES\);\n"
                    r"\s*else \1<128, false>\(OPTD_ARG_NAMES\);"
                    r"|decode(?:_cluster)?_fwd<128>\(OPTD_ARG_NAMES\);")
-# decode-wgmma (decode_wgmma.cu) has its own body: no common/decode_split.cuh. Its stamps: issued =
-# the producer's first K and V loads issued (lane 0 of warp 4, hence tl_mark_any), first / last =
+# decode-wgmma (decode_wgmma.cu) has its own body: no common/decode_split.cuh. Its stamps: inited =
+# past the mbarrier init's CTA barrier and the cluster arrive, prefetched = the producer (lane 0 of
+# warp 4, hence tl_mark_any) past its tensor-map prefetches, issued = its first K and V loads
+# issued, first / last =
 # thread 0 (a consumer) past the first / last tile's K wait, v_last past the last V wait, loop =
 # the last P V done, sync_a = the cluster wait (every rank's mbarrier initialised), sync_b = the
 # consumers' barrier before staging, merged = the rows staged (the CTA barrier after it), sent =
@@ -145,6 +157,8 @@ WGMMA_PATCHES = [
     ("                tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n",
      "                tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n"
      "                if (i == 0) tl_mark_any(1);\n"),
+    ("    // Online softmax state of the thread's rows", "    tl_mark(16);\n    // Online softmax state of the thread's rows"),
+    ("            tma_prefetch_map(tm_v);\n", "            tma_prefetch_map(tm_v);\n            tl_mark_any(17);\n"),
     ("            mbar_wait(full_k(slot), ph);\n",
      "            mbar_wait(full_k(slot), ph);\n            if (i == 0) tl_mark(2);\n            if (t == t_end - 1) tl_mark(3);\n"),
     ("            mbar_wait(full_v(slot), ph);\n",
@@ -166,12 +180,12 @@ WGMMA_PATCHES = [
 TL_ANY = """
 __device__ __forceinline__ void tl_mark_any(int ev) {  // any one thread (the caller picks it)
     unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
     const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    optd_tl[cta * 16 + ev] = t;
-    optd_tc[cta * 16 + ev] = clock64();
+    optd_tl[cta * %d + ev] = t;
+    optd_tc[cta * %d + ev] = clock64();
 }
-"""
+""" % (SLOTS, SLOTS)
 
 _build = C.build_source
 
@@ -248,8 +262,8 @@ def timeline(tpl, kn, shape, samples):
     bufs = [gpu.buffers(shape, splits, "fp16", fill=0.0, need_ref=False) for _ in range(n)]
     args = [gpu.launch_args(shape, splits, launches, *b[:6]) for b in bufs]
     kernels = [gpu.prepare(mod, l) for l in launches]
-    tl = cp.ndarray((MAX_CTAS * 16,), cp.uint64, mod.get_global("optd_tl"))
-    tc = cp.ndarray((MAX_CTAS * 16,), cp.int64, mod.get_global("optd_tc"))
+    tl = cp.ndarray((MAX_CTAS * SLOTS,), cp.uint64, mod.get_global("optd_tl"))
+    tc = cp.ndarray((MAX_CTAS * SLOTS,), cp.int64, mod.get_global("optd_tc"))
     DC.torch.cuda.synchronize()
 
     def launch(i):
@@ -271,8 +285,8 @@ def timeline(tpl, kn, shape, samples):
             end.record(stream)
             end.synchronize()
             per_call.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
-            t = tl[: ctas * 16].get().reshape(ctas, 16).astype("int64")
-            c = tc[: ctas * 16].get().reshape(ctas, 16)
+            t = tl[: ctas * SLOTS].get().reshape(ctas, SLOTS).astype("int64")
+            c = tc[: ctas * SLOTS].get().reshape(ctas, SLOTS)
             t0 = int(t[:, 0].min())
             spans.append((int(t[:, 11].max()) - t0) / 1000.0)
             last = (t[:, 3] - t0) / 1000.0
@@ -282,7 +296,7 @@ def timeline(tpl, kn, shape, samples):
                 grp = [float(last[i:i + gx].max() - last[i:i + gx].min()) for i in range(0, ctas, gx)]
                 spread_grp.append(statistics.median(grp))
                 for i in range(ctas):
-                    last_by_sm.setdefault(int(c[i, 15]), []).append(float(last[i] - statistics.median(last.tolist())))
+                    last_by_sm.setdefault(int(c[i, SM_SLOT]), []).append(float(last[i] - statistics.median(last.tolist())))
             for j, e in enumerate(EVENTS):
                 col = [x for x in t[:, j] if x >= t0]  # earlier: a stamp left by an earlier call
                 if col:
