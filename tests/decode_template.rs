@@ -527,6 +527,20 @@ fn a_shapes_filter_that_names_no_shape_variable_fails_at_load_naming_the_stage()
     assert!(err.contains("wide") && err.contains("G * SQQ > 16") && err.contains("HQ, HKV, G, SQ"), "{err}");
 }
 
+/// A plan of the baseline and one stage of the shipped plan, as the file has it, without the
+/// open phase: what one stage does on a workload, with the scripted worker.
+fn shipped_stage_after_baseline(name: &str) -> String {
+    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
+    let stage = shipped
+        .split("[[stage]]")
+        .find(|s| s.contains(&format!("name = \"{name}\"")))
+        .unwrap_or_else(|| panic!("the shipped plan has no stage {name}"));
+    format!(
+        "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 1\n\n\
+         [[stage]]{stage}\n[open_phase]\nenabled = false\n"
+    )
+}
+
 /// The shipped plan's `decode-deep-ring` stage: on narrow groups whose call reads >= 64 MiB of K
 /// and V (a long cache at batch 1, a 4K cache at batch 4), not on a 16.8 MB call (B 1 x SK 4096),
 /// not on MQA, whose packed rows are decode-wide's, not under a window of 4096 keys over a long
@@ -534,12 +548,7 @@ fn a_shapes_filter_that_names_no_shape_variable_fails_at_load_naming_the_stage()
 /// candidates, and the winner serves those shapes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deep_ring_stage_runs_on_long_caches_of_narrow_groups_only() {
-    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
-    let stage = shipped.split("[[stage]]").find(|s| s.contains("name = \"decode-deep-ring\"")).expect("the shipped plan has the stage");
-    let plan = format!(
-        "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 1\n\n\
-         [[stage]]{stage}\n[open_phase]\nenabled = false\n"
-    );
+    let plan = shipped_stage_after_baseline("decode-deep-ring");
     let dc = "template `decode-cluster`";
     let rules = json!([
         { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 500.0 } } },
@@ -594,12 +603,7 @@ async fn the_deep_ring_stage_runs_on_long_caches_of_narrow_groups_only() {
 /// speculative decoding at batch 8 (64 groups: decode-wgmma's own stage) and narrow groups alone.
 #[tokio::test]
 async fn the_few_wide_groups_stage_starts_at_mqas_point_on_those_shapes_only() {
-    let shipped = std::fs::read_to_string(common::repo_root().join("strategies/default.toml")).unwrap();
-    let stage = shipped.split("[[stage]]").find(|s| s.contains("name = \"decode-wgmma-few\"")).expect("the shipped plan has the stage");
-    let plan = format!(
-        "[[stage]]\nname = \"baseline\"\ntemplate = \"baseline.cu\"\nsearch = \"exhaustive\"\nmax_candidates = 1\n\n\
-         [[stage]]{stage}\n[open_phase]\nenabled = false\n"
-    );
+    let plan = shipped_stage_after_baseline("decode-wgmma-few");
     let wg = "template `decode-wgmma`";
     let rules = json!([
         { "source_contains": ["template `baseline`"], "behaviour": { "ok": { "us": 500.0 } } },
