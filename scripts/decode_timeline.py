@@ -78,19 +78,20 @@ assert len(EVENTS) < SM_SLOT
 TL_DEF = """
 __device__ unsigned long long optd_tl[%d * %d];
 __device__ long long optd_tc[%d * %d];
-__device__ __forceinline__ void tl_mark(int ev) {
-    if (threadIdx.x == 0) {
-        unsigned long long t;
-        asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
-        const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-        optd_tl[cta * %d + ev] = t;
-        optd_tc[cta * %d + ev] = clock64();
-        if (ev == 0) {  // the last slot (no event uses it): the SM the CTA ran on
-            unsigned sm;
-            asm volatile("mov.u32 %%0, %%%%smid;" : "=r"(sm));
-            optd_tc[cta * %d + %d] = sm;
-        }
+__device__ __forceinline__ void tl_mark_any(int ev) {  // any one thread (the caller picks it)
+    unsigned long long t;
+    asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
+    const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    optd_tl[cta * %d + ev] = t;
+    optd_tc[cta * %d + ev] = clock64();
+    if (ev == 0) {  // the last slot (no event uses it): the SM the CTA ran on
+        unsigned sm;
+        asm volatile("mov.u32 %%0, %%%%smid;" : "=r"(sm));
+        optd_tc[cta * %d + %d] = sm;
     }
+}
+__device__ __forceinline__ void tl_mark(int ev) {
+    if (threadIdx.x == 0) tl_mark_any(ev);
 }
 """ % (MAX_CTAS, SLOTS, MAX_CTAS, SLOTS, SLOTS, SLOTS, SLOTS, SM_SLOT)
 
@@ -177,15 +178,6 @@ WGMMA_PATCHES = [
     ("        decode_wgmma_fwd<DIM>(OPTD_ARG_NAMES, &tm_k, &tm_v);",
      "        tl_mark(0); decode_wgmma_fwd<DIM>(OPTD_ARG_NAMES, &tm_k, &tm_v); tl_mark(11);"),
 ]
-TL_ANY = """
-__device__ __forceinline__ void tl_mark_any(int ev) {  // any one thread (the caller picks it)
-    unsigned long long t;
-    asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
-    const unsigned cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    optd_tl[cta * %d + ev] = t;
-    optd_tc[cta * %d + ev] = clock64();
-}
-""" % (SLOTS, SLOTS)
 
 _build = C.build_source
 
@@ -203,7 +195,7 @@ def build_source(tpl, knobs, bf16, mbar_fault=False):
     if tpl.name == "decode-wgmma":
         src = patch(src, WGMMA_PATCHES)
         at = src.rindex("template <", 0, src.index("__device__ __forceinline__ void decode_wgmma_fwd("))
-        return src[:at] + TL_DEF + TL_ANY + src[at:]
+        return src[:at] + TL_DEF + src[at:]
     for old, new in PATCHES:
         if old not in src:
             raise RuntimeError(f"decode_timeline: the template changed, no `{old[:60]}` to stamp")
