@@ -227,14 +227,30 @@ __device__ __forceinline__ void kv_split_fwd(OPTD_ARGS) {
     }
 
     if (t_begin < t_end) {
-        // Stage Q once; rows past SQ are zero (their scores are masked anyway).
-        const float scale_log2 = softmax_scale * OPTD_LOG2E;
-        for (int c = tid; c < BLOCK_M * CHUNKS; c += FWD_THREADS) {
+        // Stage Q once; rows past SQ are zero (their scores are masked anyway). The thread's
+        // chunks c = tid + i * FWD_THREADS are all loaded before the first is stored: in a
+        // load-store loop the compiler kept each chunk's load behind the previous chunk's
+        // shared store (q and q_s are both generic pointers), one global round trip per chunk.
+        constexpr int Q_CH = BLOCK_M * CHUNKS;
+        constexpr int Q_ITERS = (Q_CH + FWD_THREADS - 1) / FWD_THREADS;  // 1 to 16
+        constexpr bool Q_PARTIAL = Q_CH % FWD_THREADS != 0;  // BLOCK_M 16, D 64, 256 threads: half idle
+        uint4 qv[Q_ITERS];
+#pragma unroll
+        for (int i = 0; i < Q_ITERS; ++i) {
+            const int c = tid + i * FWD_THREADS;
             const int r = c / CHUNKS, cc = c % CHUNKS;
-            float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            if (m0 + r < seq_q) {
-                unpack8(*reinterpret_cast<const uint4*>(qh + (m0 + r) * strides.q_s + cc * 8), f);
-            }
+            qv[i] = make_uint4(0u, 0u, 0u, 0u);
+            if ((!Q_PARTIAL || c < Q_CH) && m0 + r < seq_q)
+                qv[i] = __ldg(reinterpret_cast<const uint4*>(qh + (m0 + r) * strides.q_s + cc * 8));
+        }
+        const float scale_log2 = softmax_scale * OPTD_LOG2E;
+#pragma unroll
+        for (int i = 0; i < Q_ITERS; ++i) {
+            const int c = tid + i * FWD_THREADS;
+            if (Q_PARTIAL && c >= Q_CH) break;
+            const int r = c / CHUNKS, cc = c % CHUNKS;
+            float f[8];
+            unpack8(qv[i], f);
             float4* dst = reinterpret_cast<float4*>(&q_s[r * D + cc * 8]);
             dst[0] = make_float4(f[0] * scale_log2, f[1] * scale_log2, f[2] * scale_log2, f[3] * scale_log2);
             dst[1] = make_float4(f[4] * scale_log2, f[5] * scale_log2, f[6] * scale_log2, f[7] * scale_log2);

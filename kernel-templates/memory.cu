@@ -54,8 +54,8 @@
  * VEC_LOADS  1: global loads of Q (and of K, V when CP_ASYNC = 0) are 16-byte
  *            uint4 loads, 8 elements per thread per load, consecutive threads
  *            on consecutive 16-byte chunks of a row (a warp reads 512
- *            contiguous bytes); the K/V loads of a tile are all issued before
- *            the first shared-memory store.
+ *            contiguous bytes); the K/V loads of a tile, and a thread's Q
+ *            loads, are all issued before the first shared-memory store.
  *            0: one 2-byte element per thread per load (a warp reads 64
  *            contiguous bytes), the naive form.
  *            With CP_ASYNC = 1 the K/V copies are 16-byte cp.async whatever
@@ -351,11 +351,29 @@ template <int D>
 __device__ __forceinline__ void load_q(float* q_s, const elem_t* qh, long long q_stride, int m0, int seq_q,
                                        float scale_log2, int tid) {
 #if VEC_LOADS
+    // The thread's chunks c = tid + i * FWD_THREADS are all loaded before the first is stored:
+    // in a load-store loop the compiler kept each chunk's load behind the previous chunk's
+    // shared store (q and q_s are both generic pointers), one global round trip per chunk.
     constexpr int CH = D / 8;
-    for (int c = tid; c < BLOCK_M * CH; c += FWD_THREADS) {
+    constexpr int Q_CH = BLOCK_M * CH;
+    constexpr int Q_ITERS = (Q_CH + FWD_THREADS - 1) / FWD_THREADS;  // 1 to 16
+    constexpr bool Q_PARTIAL = Q_CH % FWD_THREADS != 0;  // BLOCK_M 16, D 64, 256 threads: half idle
+    uint4 qv[Q_ITERS];
+#pragma unroll
+    for (int i = 0; i < Q_ITERS; ++i) {
+        const int c = tid + i * FWD_THREADS;
         const int r = c / CH, cc = c % CH;
-        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (m0 + r < seq_q) unpack8(*reinterpret_cast<const uint4*>(qh + (m0 + r) * q_stride + cc * 8), f);
+        qv[i] = make_uint4(0u, 0u, 0u, 0u);
+        if ((!Q_PARTIAL || c < Q_CH) && m0 + r < seq_q)
+            qv[i] = __ldg(reinterpret_cast<const uint4*>(qh + (m0 + r) * q_stride + cc * 8));
+    }
+#pragma unroll
+    for (int i = 0; i < Q_ITERS; ++i) {
+        const int c = tid + i * FWD_THREADS;
+        if (Q_PARTIAL && c >= Q_CH) break;
+        const int r = c / CH, cc = c % CH;
+        float f[8];
+        unpack8(qv[i], f);
         float4* dst = reinterpret_cast<float4*>(&q_s[r * D + cc * 8]);
         dst[0] = make_float4(f[0] * scale_log2, f[1] * scale_log2, f[2] * scale_log2, f[3] * scale_log2);
         dst[1] = make_float4(f[4] * scale_log2, f[5] * scale_log2, f[6] * scale_log2, f[7] * scale_log2);

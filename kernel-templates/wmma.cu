@@ -292,16 +292,27 @@ __device__ __forceinline__ void wmma_fwd(OPTD_ARGS) {
     const int t0 = mask.keys_from(m0) / BLOCK_N;
 
     // --- Q tile, rows >= SQ zero-filled (visible after the loop's first barrier) ---
+    // The thread's chunks are all loaded before the first is stored: in a load-store loop the
+    // compiler may keep a chunk's load behind the previous chunk's shared store (q and q_s are
+    // both generic pointers; it did after D 96's guarded step), one global round trip per chunk.
     {
+        constexpr bool Q_PARTIAL = BLOCK_M * CH % WM_THREADS != 0;  // D 96: a partial last step
         const elem_t* qh = q + optd_head_off(strides.q_b, strides.q_h, b, h);
+        uint4 qv[Q_ITERS];
 #pragma unroll
         for (int i = 0; i < Q_ITERS; ++i) {
             const int c = tid + i * WM_THREADS;
-            if (BLOCK_M * CH % WM_THREADS != 0 && c >= BLOCK_M * CH) break;  // D 96: a partial last step
             const int r = c / CH, ch = c % CH;
-            uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (m0 + r < seq_q) val = *reinterpret_cast<const uint4*>(qh + (m0 + r) * strides.q_s + ch * 8);
-            *reinterpret_cast<uint4*>(q_s + r * QK_LD + ch * 8) = val;
+            qv[i] = make_uint4(0u, 0u, 0u, 0u);
+            if ((!Q_PARTIAL || c < BLOCK_M * CH) && m0 + r < seq_q)
+                qv[i] = __ldg(reinterpret_cast<const uint4*>(qh + (m0 + r) * strides.q_s + ch * 8));
+        }
+#pragma unroll
+        for (int i = 0; i < Q_ITERS; ++i) {
+            const int c = tid + i * WM_THREADS;
+            if (Q_PARTIAL && c >= BLOCK_M * CH) break;
+            const int r = c / CH, ch = c % CH;
+            *reinterpret_cast<uint4*>(q_s + r * QK_LD + ch * 8) = qv[i];
         }
     }
 

@@ -132,7 +132,9 @@ ragged SK; templates whose spec sets `max_sq` skip shapes above it (as the gate 
               of that A/B; lazy_ab's non-OVERLAP point still differs),
               --points window the windowed templates on sliding-window
               shapes (Mistral, Gemma 3 local layers; SDPA with the window's
-              boolean mask, FA4 with window_size = (W - 1, 0)). Where
+              boolean mask, FA4 with window_size = (W - 1, 0)), --points
+              generic_q kv-split, memory and wmma at their first knob values
+              (for --time-against: their Q staging). Where
               flash_attn.cute imports
               (FlashAttention-4), it is timed on every shape too, the same
               way, in an `fa4 us` column.
@@ -879,6 +881,13 @@ DECODE_WGMMA_POINTS = [
     ("decode_cluster.cu", dict(BLOCK_N=32, NUM_WARPS=8, STAGES=3, CLUSTER=8, COMBINE=3, WARP_LOADS=1, M_TILES=2, K_FIRST=1),
      _DEC_SHAPES),
 ]
+# --points generic_q: the generic templates (kv-split, memory, wmma: the plan's stages before tensor
+# cores, and the tuned kernels on GPUs without Hopper's) at their first knob values, for a
+# --time-against A/B of their Q staging (every chunk loaded before any is stored).
+GENERIC_Q_POINTS = [
+    (name, {}, mhas([(1, 16, 512, 64, False), (8, 16, 1024, 64, True), (2, 32, 2048, 128, False)]))
+    for name in ("kv_split.cu", "memory.cu", "wmma.cu")
+]
 POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POINTS, "pingpong": PINGPONG_POINTS,
               "qstages": QSTAGES_POINTS, "medium_causal": MEDIUM_CAUSAL_POINTS, "gqa_causal": GQA_CAUSAL_POINTS,
               "causal_ring": CAUSAL_RING_POINTS, "chunked": CHUNKED_POINTS, "chunked_code": CHUNKED_CODE_POINTS,
@@ -892,7 +901,7 @@ POINT_SETS = {"best": BEST_POINTS, "ragged": RAGGED_POINTS, "medium": MEDIUM_POI
               "sk_causal": SK_CAUSAL_POINTS, "sk_diag": SK_DIAG_POINTS,
               "lazy_pv": LAZY_PV_POINTS, "lazy_ab": LAZY_AB_POINTS, "k_first": K_FIRST_POINTS,
               "bulk_send": BULK_SEND_POINTS, "decode_wgmma": DECODE_WGMMA_POINTS, "window": WINDOW_POINTS,
-              "long_decode": LONG_DECODE_POINTS}
+              "long_decode": LONG_DECODE_POINTS, "generic_q": GENERIC_Q_POINTS}
 ATOL = {"fp16": 2e-2, "bf16": 6e-2}
 RTOL_L2 = 1e-2
 H100 = dict(SMS=132, SMEM_OPTIN=232448, CC=90)
