@@ -37,7 +37,9 @@
  *   - warp 4 (the producer), lane 0: for each key tile of the split, waits for
  *     its ring slot to be empty, then loads K's and V's BLOCK_N rows by TMA,
  *     each completing on its own mbarrier (so S and the softmax wait for K
- *     only, as decode-cluster's K_FIRST);
+ *     only, as decode-cluster's K_FIRST); it initialises the ring's
+ *     mbarriers and issues the first STAGES tiles first thing, before the
+ *     CTA barrier;
  *   - warps 0-3 (the consumer warpgroup): Q's packed rows into shared memory
  *     (128-byte swizzle, zero past the valid rows), then per tile:
  *     S = Q K^T (wgmma, both operands in shared memory), mask (ragged SK,
@@ -208,12 +210,60 @@ __device__ __forceinline__ void decode_wgmma_fwd(OPTD_ARGS, const optd_tensor_ma
     const int own_begin = min(total, split * per);
     const int own_end = min(total, own_begin + per);
 
-    if (tid == 0) {
+    // K/V tile i of the split (t_begin + i) -> ring slot i % STAGES, K and V each completing on
+    // their own mbarrier (S and the softmax wait for K only).
+    const int my_tiles = t_end - t_begin;
+    auto issue = [&](int i) {
+        const int s = i % STAGES, t = t_begin + i;
+        mbar_arrive_expect_tx(full_k(s), (unsigned)L::KV_BYTES);
+        tma_load_5d(base + L::K + (unsigned)(s * L::KV_BYTES), tm_k, full_k(s), 0, t * BLOCK_N, 0, kvh, b);
+        mbar_arrive_expect_tx(full_v(s), (unsigned)L::KV_BYTES);
+        tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);
+    };
+    // The producer starts the stream first thing: the maps' prefetch, the ring's mbarriers and the
+    // first STAGES tiles (fresh slots: nothing to wait for) before the CTA barrier, so the maps'
+    // fetch overlaps the init and neither waits for the other warps. With thread 0 initialising
+    // every mbarrier, then the barrier, then the prefetches, the first TMA left 0.74 us (1200
+    // cycles) after the CTA's entry (scripts/decode_timeline.py, H200, 2026-12-02).
+    if (warp == 4 && lane == 0) {
+        tma_prefetch_map(tm_k);
+        tma_prefetch_map(tm_v);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full_k(s), 1);
             mbar_init(full_v(s), 1);
             mbar_init(empty(s), 4);  // one arrive per consumer warp
         }
+        mbar_fence_init();  // before the TMA's complete_tx on them
+        for (int i = 0; i < min(STAGES, my_tiles); ++i) issue(i);
+    }
+
+    // Consumers: every load of the thread's Q chunks is issued before any of them is stored: the
+    // compiler cannot tell the global q from the shared tile apart (both generic pointers),
+    // so a load-store loop runs one global round trip per chunk. That was the CTA's first
+    // K tile "landing" 2 us late at MQA (4 chunks a thread) and 6.5 us late at 64 rows
+    // (8 chunks), against 1.2 us with one chunk (scripts/decode_timeline.py, H200, 2026-12-02).
+    // Issued before the CTA barrier too: their latency overlaps the init.
+    constexpr int CH = D / 8;                    // 16-byte chunks of a row
+    constexpr int QI = 64 * CH / DW_CONSUMERS;   // of the m64 tile, per consumer thread
+    static_assert(DW_CONSUMERS % CH == 0 && 64 % (DW_CONSUMERS / CH) == 0, "whole chunk columns per thread");
+    constexpr int RS = DW_CONSUMERS / CH;        // rows between a thread's chunks (one chunk column)
+    const int ch = tid % CH, r0 = tid / CH;
+    uint4 qv[QI];
+    if (warp < 4) {
+        const elem_t* qg = q + optd_head_off(strides.q_b, strides.q_h, b, kvh * group) + 8 * ch;  // the group's first head
+#pragma unroll
+        for (int i = 0; i < QI; ++i) {
+            const int r = r0 + i * RS;
+            qv[i] = make_uint4(0u, 0u, 0u, 0u);
+            if (r < rows_valid) {
+                const int pr = row0 + r;  // packed row: head pr / SQ of the group, query row pr % SQ
+                const int hi = seq_q == 1 ? pr : pr / seq_q, s = pr - hi * seq_q;
+                qv[i] = __ldg(reinterpret_cast<const uint4*>(qg + (long long)hi * strides.q_h + (long long)s * strides.q_s));
+            }
+        }
+    }
+
+    if (tid == 0) {
         // The combine's mbarrier: this rank's own arrive and every byte the others send it.
         mbar_init(cbar, 1);
         mbar_arrive_expect_tx(cbar, (unsigned)((CLUSTER - 1) * (rows_valid * 4 + (own_end - own_begin) * 16)));
@@ -230,47 +280,18 @@ __device__ __forceinline__ void decode_wgmma_fwd(OPTD_ARGS, const optd_tensor_ma
     for (int i = 0; i < D / 2; ++i) acc_o[i] = 0.f;
 
     if (warp == 4) {
-        // Producer.
+        // Producer: the rest of the split's tiles, each once its slot is released.
         if (lane == 0) {
-            tma_prefetch_map(tm_k);
-            tma_prefetch_map(tm_v);
-            for (int t = t_begin, i = 0; t < t_end; ++t, ++i) {
-                const int s = i % STAGES;
-                const unsigned ph = (unsigned)(i / STAGES) & 1u;
-                mbar_wait(empty(s), ph ^ 1u);
-                mbar_arrive_expect_tx(full_k(s), (unsigned)L::KV_BYTES);
-                tma_load_5d(base + L::K + (unsigned)(s * L::KV_BYTES), tm_k, full_k(s), 0, t * BLOCK_N, 0, kvh, b);
-                mbar_arrive_expect_tx(full_v(s), (unsigned)L::KV_BYTES);
-                tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);
+            for (int i = STAGES; i < my_tiles; ++i) {
+                mbar_wait(empty(i % STAGES), (unsigned)(i / STAGES - 1) & 1u);
+                issue(i);
             }
         }
         __syncwarp();
     } else {
-        // Consumer warpgroup. Q's packed rows -> the swizzled Q tile (zero past the valid rows,
+        // Consumer warpgroup: Q's packed rows -> the swizzled Q tile (zero past the valid rows,
         // and rows ROWS..63 of the m64 tile).
         const int g = lane / 4, tq = lane % 4;
-        // Every load of the thread's Q chunks is issued before any of them is stored: the
-        // compiler cannot tell the global q from the shared tile apart (both generic pointers),
-        // so a load-store loop runs one global round trip per chunk. That was the CTA's first
-        // K tile "landing" 2 us late at MQA (4 chunks a thread) and 6.5 us late at 64 rows
-        // (8 chunks), against 1.2 us with one chunk (scripts/decode_timeline.py, H200, 2026-12-02).
-        constexpr int CH = D / 8;                    // 16-byte chunks of a row
-        constexpr int QI = 64 * CH / DW_CONSUMERS;   // of the m64 tile, per consumer thread
-        static_assert(DW_CONSUMERS % CH == 0 && 64 % (DW_CONSUMERS / CH) == 0, "whole chunk columns per thread");
-        constexpr int RS = DW_CONSUMERS / CH;        // rows between a thread's chunks (one chunk column)
-        const int ch = tid % CH, r0 = tid / CH;
-        const elem_t* qg = q + optd_head_off(strides.q_b, strides.q_h, b, kvh * group) + 8 * ch;  // the group's first head
-        uint4 qv[QI];
-#pragma unroll
-        for (int i = 0; i < QI; ++i) {
-            const int r = r0 + i * RS;
-            qv[i] = make_uint4(0u, 0u, 0u, 0u);
-            if (r < rows_valid) {
-                const int pr = row0 + r;  // packed row: head pr / SQ of the group, query row pr % SQ
-                const int hi = seq_q == 1 ? pr : pr / seq_q, s = pr - hi * seq_q;
-                qv[i] = __ldg(reinterpret_cast<const uint4*>(qg + (long long)hi * strides.q_h + (long long)s * strides.q_s));
-            }
-        }
         const int panel = ch / 8, cc = ch % 8;
 #pragma unroll
         for (int i = 0; i < QI; ++i) {

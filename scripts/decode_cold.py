@@ -70,7 +70,8 @@ paired median of 1 / 0 per shape and SDPA default cold beside. Build with --buil
     python3 scripts/decode_cold.py OUT.json --kfirst [--rounds 9] [--cubin-dir DIR]
 
 --against DIR: the decode winners with this checkout's templates against DIR's (an earlier
-kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`), paired, cold:
+kernel-templates/, e.g. `git archive HEAD kernel-templates | tar -x -C .dev/old`), paired, cold
+(decode-cluster's, decode-split's and decode-wgmma's winners; --wgmma-only: decode-wgmma's alone):
 
     python3 scripts/decode_cold.py OUT.json --against DIR/kernel-templates [--rounds 9] [--cubin-dir DIR2]
 
@@ -308,25 +309,38 @@ AGAINST_SPLIT_POINTS = [
                                               FUSED_COMBINE=1, WARP_LOADS=0, M_TILES=1, K_FIRST=0)),
 ]
 
+# ... and decode-wgmma's: MQA's point in the LLM runs (decode-wgmma-few's start) on MQA and B 1 x SK 4096,
+# and speculative decoding's B 8 x SQ 16 at decode-wgmma's start.
+AGAINST_WGMMA_POINTS = [
+    (gqa(8, 32, 1, 1, 4096, 128, True), dict(BLOCK_N=128, STAGES=3, CLUSTER=8, ROWS=32)),
+    (gqa(1, 32, 8, 1, 4096, 128, True), dict(BLOCK_N=128, STAGES=3, CLUSTER=8, ROWS=32)),
+    (gqa(1, 32, 8, 1, 1024, 128, True), dict(BLOCK_N=64, STAGES=3, CLUSTER=8, ROWS=32)),
+    (gqa(8, 32, 8, 16, 4096, 128, True), dict(BLOCK_N=64, STAGES=3, CLUSTER=2, ROWS=64)),
+]
+
 
 def _old_templates(old_root):
     tpls = {t.rel: t for t in load_templates(Path(old_root))}
-    return tpls["decode_cluster.cu"], tpls["decode.cu"]
+    return tpls["decode_cluster.cu"], tpls["decode.cu"], tpls["decode_wgmma.cu"]
 
 
 def against_points(old_root):
-    old_cluster, old_split = _old_templates(old_root)
+    old_cluster, old_split, old_wg = _old_templates(old_root)
+    if "--wgmma-only" in sys.argv:
+        return [(t, kn) for _, kn in AGAINST_WGMMA_POINTS for t in (wg, old_wg)]
     return ([(t, kn) for _, kn in AGAINST_POINTS for t in (cluster, old_cluster)]
-            + [(t, kn) for _, kn in AGAINST_SPLIT_POINTS for t in (split, old_split)])
+            + [(t, kn) for _, kn in AGAINST_SPLIT_POINTS for t in (split, old_split)]
+            + [(t, kn) for _, kn in AGAINST_WGMMA_POINTS for t in (wg, old_wg)])
 
 
 def tree_ab(out_json, rounds, old_root):
     """DIR's decode templates (a) against this checkout's (b) at each AGAINST_POINTS (decode-cluster)
     and AGAINST_SPLIT_POINTS (decode-split) point."""
-    old_cluster, old_split = _old_templates(old_root)
+    old_cluster, old_split, old_wg = _old_templates(old_root)
     print(f"a = {old_root}, b = {cluster.root}", flush=True)
-    rows = [(shape, combo_label(kn), (old_cluster, kn), (cluster, kn)) for shape, kn in AGAINST_POINTS]
-    rows += [(shape, "split " + combo_label(kn), (old_split, kn), (split, kn)) for shape, kn in AGAINST_SPLIT_POINTS]
+    rows = [] if "--wgmma-only" in sys.argv else [(shape, combo_label(kn), (old_cluster, kn), (cluster, kn)) for shape, kn in AGAINST_POINTS]
+    rows += [] if "--wgmma-only" in sys.argv else [(shape, "split " + combo_label(kn), (old_split, kn), (split, kn)) for shape, kn in AGAINST_SPLIT_POINTS]
+    rows += [(shape, "wgmma " + combo_label(kn), (old_wg, kn), (wg, kn)) for shape, kn in AGAINST_WGMMA_POINTS]
     paired_ab(out_json, rounds, rows, ("old", "new"))
 
 

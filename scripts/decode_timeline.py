@@ -147,19 +147,19 @@ WRAPS = re.compile(r"if \(optd_windowed\(window\)\) (decode(?:_cluster)?_fwd)<12
                    r"|decode(?:_cluster)?_fwd<128>\(OPTD_ARG_NAMES\);")
 # decode-wgmma (decode_wgmma.cu) has its own body: no common/decode_split.cuh. Its stamps: inited =
 # past the mbarrier init's CTA barrier and the cluster arrive, prefetched = the producer (lane 0 of
-# warp 4, hence tl_mark_any) past its tensor-map prefetches, issued = its first K and V loads
-# issued, first / last =
+# warp 4, hence tl_mark_any) past its tensor-map prefetches (its first statement), issued = its
+# first K and V loads issued (before the CTA barrier), first / last =
 # thread 0 (a consumer) past the first / last tile's K wait, v_last past the last V wait, loop =
 # the last P V done, sync_a = the cluster wait (every rank's mbarrier initialised), sync_b = the
 # consumers' barrier before staging, merged = the rows staged (the CTA barrier after it), sent =
 # the bulk copies issued, pushed = this rank's share and LSEs all landed, combined = its share
 # combined and stored.
 WGMMA_PATCHES = [
-    ("                tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n",
-     "                tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n"
-     "                if (i == 0) tl_mark_any(1);\n"),
+    ("        tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n",
+     "        tma_load_5d(base + L::V + (unsigned)(s * L::KV_BYTES), tm_v, full_v(s), 0, t * BLOCK_N, 0, kvh, b);\n"
+     "        if (i == 0) tl_mark_any(1);\n"),
     ("    // Online softmax state of the thread's rows", "    tl_mark(16);\n    // Online softmax state of the thread's rows"),
-    ("            tma_prefetch_map(tm_v);\n", "            tma_prefetch_map(tm_v);\n            tl_mark_any(17);\n"),
+    ("        tma_prefetch_map(tm_v);\n", "        tma_prefetch_map(tm_v);\n        tl_mark_any(17);\n"),
     ("            mbar_wait(full_k(slot), ph);\n",
      "            mbar_wait(full_k(slot), ph);\n            if (i == 0) tl_mark(2);\n            if (t == t_end - 1) tl_mark(3);\n"),
     ("            mbar_wait(full_v(slot), ph);\n",

@@ -62,27 +62,45 @@ class PairedAbTest(unittest.TestCase):
         shutil.copytree(ROOT / "kernel-templates", old / "kernel-templates")
         pts = [p for p in DC.AGAINST_POINTS if "K_FIRST" not in p[1]][:1]
         split_pts = DC.AGAINST_SPLIT_POINTS[:1]
-        saved_points, saved_split = DC.AGAINST_POINTS, DC.AGAINST_SPLIT_POINTS
-        DC.AGAINST_POINTS, DC.AGAINST_SPLIT_POINTS = pts, split_pts
+        wg_pts = DC.AGAINST_WGMMA_POINTS[:1]
+        saved = DC.AGAINST_POINTS, DC.AGAINST_SPLIT_POINTS, DC.AGAINST_WGMMA_POINTS
+        DC.AGAINST_POINTS, DC.AGAINST_SPLIT_POINTS, DC.AGAINST_WGMMA_POINTS = pts, split_pts, wg_pts
         try:
             DC.tree_ab(self.tmp / "t.json", 2, old / "kernel-templates")
         finally:
-            DC.AGAINST_POINTS, DC.AGAINST_SPLIT_POINTS = saved_points, saved_split
+            DC.AGAINST_POINTS, DC.AGAINST_SPLIT_POINTS, DC.AGAINST_WGMMA_POINTS = saved
         folders = [path.parent for path, _ in self.calls]
         old_dir, new_dir = old / "kernel-templates", DC.cluster.path.parent
-        self.assertEqual(folders, [old_dir, new_dir, new_dir, old_dir] * 2, "old first in round 0, new first in round 1")
-        # decode-cluster's row, then decode-split's (decode.cu shares the merge): each its own template.
+        self.assertEqual(folders, [old_dir, new_dir, new_dir, old_dir] * 3, "old first in round 0, new first in round 1")
+        # decode-cluster's row, then decode-split's (decode.cu shares the merge), then decode-wgmma's:
+        # each its own template.
         names = [path.name for path, _ in self.calls]
-        self.assertEqual(names, ["decode_cluster.cu"] * 4 + ["decode.cu"] * 4)
+        self.assertEqual(names, ["decode_cluster.cu"] * 4 + ["decode.cu"] * 4 + ["decode_wgmma.cu"] * 4)
         rows = json.loads((self.tmp / "t.json").read_text())["rows"]
-        self.assertEqual(len(rows), 2)
+        self.assertEqual(len(rows), 3)
         self.assertTrue(rows[1]["knobs"].startswith("split "), rows[1]["knobs"])
+        self.assertTrue(rows[2]["knobs"].startswith("wgmma "), rows[2]["knobs"])
         self.assertAlmostEqual(rows[0]["paired"], 0.9)
         # --build-cubins keeps the two folders' modules apart (same file name, other source).
         points = DC.against_points(old / "kernel-templates")
-        self.assertEqual(len(points), 2 * (len(saved_points) + len(saved_split)))
+        self.assertEqual(len(points), 2 * sum(len(x) for x in saved))
         self.assertEqual({t.path.parent for t, _ in points}, {old / "kernel-templates", DC.cluster.path.parent})
-        self.assertEqual({t.path.name for t, _ in points}, {"decode_cluster.cu", "decode.cu"})
+        self.assertEqual({t.path.name for t, _ in points}, {"decode_cluster.cu", "decode.cu", "decode_wgmma.cu"})
+
+    def test_wgmma_only_times_and_builds_decode_wgmmas_rows_alone(self):
+        old = self.tmp / "old"
+        shutil.copytree(ROOT / "kernel-templates", old / "kernel-templates")
+        saved_argv, saved_wg = sys.argv, DC.AGAINST_WGMMA_POINTS
+        sys.argv = ["decode_cold.py", "out.json", "--against", str(old / "kernel-templates"), "--wgmma-only"]
+        DC.AGAINST_WGMMA_POINTS = saved_wg[:1]
+        try:
+            DC.tree_ab(self.tmp / "w.json", 2, old / "kernel-templates")
+            points = DC.against_points(old / "kernel-templates")
+        finally:
+            sys.argv, DC.AGAINST_WGMMA_POINTS = saved_argv, saved_wg
+        self.assertEqual([path.name for path, _ in self.calls], ["decode_wgmma.cu"] * 4)
+        self.assertEqual(len(json.loads((self.tmp / "w.json").read_text())["rows"]), 1)
+        self.assertEqual(sorted(t.path.parent == old / "kernel-templates" for t, _ in points), [False, True])
 
     def test_a_row_over_shared_memory_is_skipped_and_the_others_timed(self):
         shape, kn = DC.KFIRST_WINNERS[0]
